@@ -1,0 +1,58 @@
+/*
+ * refit/layout.h - layout schemes and geometries.
+ *
+ * A layout string names a scheme and its geometry:
+ *   "hf"                                  one rank holding every canonical tensor
+ *   "megatron:tp=T,pp=P,ep=E,etp=X,dp=D,pad=N"
+ *                                         Megatron-Core (Transformer Engine spec)
+ *   "vllm:tp=T,ep=E,dp=D,pad=N"           vLLM
+ * Omitted knobs take defaults: tp=pp=ep=1; megatron etp=tp, dp = the least
+ * value for which ep*etp divides tp*dp, pad=128 (vocab padded to a multiple of
+ * pad*tp as Megatron-LM does; pad=0 for none, as Megatron-Bridge); vllm dp=1,
+ * pad=64 (vocab padded to a multiple of 64).  docs/layouts.md spells out every
+ * tensor of every scheme, the rank order, and what is covered.
+ *
+ * Rank order.  megatron: rank = tp_rank + tp*(dp_rank + dp*pp_rank); inside a
+ * pipeline stage, experts regroup the tp*dp ranks as
+ * etp_rank + etp*(ep_rank + ep*edp_rank).  vllm: rank = tp_rank + tp*dp_rank;
+ * with expert parallel (ep = tp*dp) the expert rank is the rank.
+ */
+#ifndef REFIT_LAYOUT_H
+#define REFIT_LAYOUT_H
+
+#include "refit/manifest.h"
+#include "refit/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct refit_layout refit_layout_t;
+
+/* Parses a layout string.  REFIT_ERR_PARSE for syntax errors and unknown
+ * knobs, REFIT_ERR_NOT_FOUND for unknown schemes, REFIT_ERR_GEOMETRY for a
+ * geometry that breaks its framework's rules independent of the model (e.g.
+ * megatron ep*etp not dividing tp*dp, vllm ep not 1 or tp*dp), each with a
+ * detail naming the rule. */
+REFIT_API refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out);
+REFIT_API void refit_layout_destroy(refit_layout_t *layout);
+
+/* The normalized string, every knob explicit (e.g. "megatron:tp=1,pp=1,ep=8,etp=1,dp=8,pad=128"). */
+REFIT_API const char *refit_layout_string(const refit_layout_t *layout);
+/* Number of ranks. */
+REFIT_API uint32_t refit_layout_world(const refit_layout_t *layout);
+
+/* Checks the geometry against a model: heads, kv groups, layers, experts,
+ * intermediate sizes and vocab divisible as the scheme needs.
+ * REFIT_ERR_GEOMETRY with a detail naming the rule and the numbers. */
+REFIT_API refit_status_t refit_layout_check(const refit_layout_t *layout, const refit_model_t *model);
+
+/* The finalized manifest of one rank: one memory region (an arena) holding
+ * every local tensor in declaration order, each aligned to 256 bytes. */
+REFIT_API refit_status_t refit_layout_manifest(const refit_layout_t *layout, const refit_model_t *model, uint32_t rank,
+                                               refit_manifest_t **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,25 @@
+/*
+ * refit/refit.h - the umbrella header.
+ *
+ * refit moves model weights from the ranks that train them to the ranks that
+ * serve them.  Start with refit/model.h (what a model is), refit/layout.h
+ * (how a framework shards it), refit/manifest.h (what one rank holds) and
+ * refit/plan.h (the byte plan between two layouts).
+ */
+#ifndef REFIT_REFIT_H
+#define REFIT_REFIT_H
+
+#include "refit/status.h"
+#include "refit/types.h"
+#include "refit/model.h"
+#include "refit/manifest.h"
+#include "refit/layout.h"
+#include "refit/plan.h"
+#include "refit/truth.h"
+#include "refit/safetensors.h"
+
+#define REFIT_VERSION_MAJOR 0
+#define REFIT_VERSION_MINOR 1
+#define REFIT_VERSION_PATCH 0
+
+#endif

@@ -1,0 +1,76 @@
+/* Small helpers: growable arrays, strings, hashing, clocks. */
+#include "util/util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+int refit_vec_grow_(void **data, size_t *cap, size_t elem, size_t need)
+{
+    if (need <= *cap) return 0;
+    size_t ncap = *cap ? *cap : 8;
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2) return -1;
+        ncap *= 2;
+    }
+    if (ncap > SIZE_MAX / elem) return -1;
+    void *p = realloc(*data, ncap * elem);
+    if (!p) return -1;
+    *data = p;
+    *cap = ncap;
+    return 0;
+}
+
+char *refit_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = malloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+char *refit_asprintf(const char *fmt, ...)
+{
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *p = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (p) vsnprintf(p, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    return p;
+}
+
+uint64_t refit_hash64(const void *data, size_t len, uint64_t seed)
+{
+    const unsigned char *p = data;
+    uint64_t h = refit_mix64(seed ^ (len * 0x9e3779b97f4a7c15ULL));
+    while (len >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ refit_mix64(w)) * 0xbf58476d1ce4e5b9ULL;
+        h ^= h >> 29;
+        p += 8;
+        len -= 8;
+    }
+    uint64_t tail = 0;
+    for (size_t i = 0; i < len; i++) tail |= (uint64_t)p[i] << (8 * i);
+    h = (h ^ refit_mix64(tail ^ 0xa0761d6478bd642fULL)) * 0x94d049bb133111ebULL;
+    return refit_mix64(h);
+}
+
+void refit_hasher_bytes(refit_hasher_t *s, const void *data, size_t len)
+{
+    refit_hasher_u64(s, refit_hash64(data, len, s->n));
+}
+
+uint64_t refit_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+double refit_now(void) { return (double)refit_now_ns() * 1e-9; }
