@@ -49,6 +49,6 @@ refit_status_t refit_error_prefix(const char *fmt, ...)
     vsnprintf(prefix, sizeof(prefix), fmt, ap);
     va_end(ap);
     memcpy(old, g_last_error, sizeof(old));
-    snprintf(g_last_error, sizeof(g_last_error), "%s: %s", prefix, old);
+    snprintf(g_last_error, sizeof(g_last_error), "%.400s: %.600s", prefix, old);
     return REFIT_OK;
 }
