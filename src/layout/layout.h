@@ -1,0 +1,66 @@
+/* Internal: parsed layouts and the helpers scheme files use to emit local
+ * tensors and placements into a manifest. */
+#ifndef REFIT_LAYOUT_INTERNAL_H
+#define REFIT_LAYOUT_INTERNAL_H
+
+#include "layout/manifest.h"
+#include "model/model.h"
+#include "refit/layout.h"
+
+typedef enum { REFIT_SCHEME_HF = 1, REFIT_SCHEME_MEGATRON = 2, REFIT_SCHEME_VLLM = 3 } refit_scheme_t;
+
+struct refit_layout {
+    refit_scheme_t scheme;
+    uint32_t tp, pp, ep, etp, dp, pad;
+    uint32_t world;
+    char str[160];
+};
+
+#define REFIT_LAYOUT_ALIGN 256
+
+/* Emits local tensors packed into region 0 and placements onto canonical
+ * tensors of the model.  Errors are sticky: after the first failure every
+ * call is a no-op and `st` holds the status. */
+typedef struct {
+    refit_manifest_t *m;
+    const refit_model_t *model;
+    uint64_t cursor; /* next free byte of region 0 */
+    refit_status_t st;
+} refit_lbuild_t;
+
+/* Declares a local tensor of the model's dtype (or `dtype` if not INVALID);
+ * returns its id, or UINT32_MAX after an error. */
+uint32_t refit_lb_local(refit_lbuild_t *b, refit_dtype_t dtype, uint32_t ndim, const uint64_t *shape, const char *fmt,
+                        ...) REFIT_PRINTF(5, 6);
+/* Places rows [crow, crow+nrows) of canonical tensor `canon` (all of its other
+ * dims) at row `lrow` of local tensor `local`; for a 3-d local tensor the
+ * rows land in slot `lead` of dim 0 (pass 0 otherwise). */
+void refit_lb_rows(refit_lbuild_t *b, uint32_t local, uint64_t lead, uint64_t lrow, const char *canon, uint64_t crow,
+                   uint64_t nrows);
+/* Places columns [ccol, ccol+ncols) of 2-d canonical `canon` (all rows) at
+ * column 0 of `local` (slot `lead` of dim 0 for a 3-d local tensor). */
+void refit_lb_cols(refit_lbuild_t *b, uint32_t local, uint64_t lead, const char *canon, uint64_t ccol, uint64_t ncols);
+/* A whole canonical tensor as its own local tensor named `local_name`. */
+void refit_lb_whole(refit_lbuild_t *b, const char *local_name, const char *canon);
+
+/* One contiguous run of rows of a fused (concatenated or interleaved) tensor. */
+typedef struct {
+    char canon[200];
+    uint64_t crow;  /* first row in the canonical tensor */
+    uint64_t frow;  /* first row in the fused global tensor */
+    uint64_t nrows;
+} refit_fused_seg_t;
+/* Places the rows [lo, hi) of a fused global tensor, described by segments,
+ * at local rows starting from 0. */
+void refit_lb_fused_rows(refit_lbuild_t *b, uint32_t local, const refit_fused_seg_t *segs, size_t nsegs, uint64_t lo,
+                         uint64_t hi);
+
+uint64_t refit_round_up(uint64_t x, uint64_t m);
+
+refit_status_t refit_scheme_hf(refit_lbuild_t *b, const refit_layout_t *l, uint32_t rank);
+refit_status_t refit_scheme_megatron(refit_lbuild_t *b, const refit_layout_t *l, uint32_t rank);
+refit_status_t refit_scheme_vllm(refit_lbuild_t *b, const refit_layout_t *l, uint32_t rank);
+refit_status_t refit_scheme_megatron_check(const refit_layout_t *l, const refit_model_spec_t *s);
+refit_status_t refit_scheme_vllm_check(const refit_layout_t *l, const refit_model_spec_t *s);
+
+#endif
