@@ -16,6 +16,7 @@
 #include "refit/layout.h"
 #include "refit/plan.h"
 #include "refit/truth.h"
+#include "refit/safetensors.h"
 
 
 #define REFIT_VERSION_MAJOR 0

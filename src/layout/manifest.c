@@ -57,6 +57,9 @@ void refit_manifest_destroy(refit_manifest_t *m)
     REFIT_VEC_FREE(&m->attrs);
     refit_strmap_free(&m->canon_index);
     refit_strmap_free(&m->local_index);
+    free(m->pl_start);
+    free(m->pl_list);
+    free(m->placed);
     free(m->model);
     free(m->layout);
     free(m);
@@ -366,6 +369,30 @@ refit_status_t refit_manifest_finalize(refit_manifest_t *m)
     if (!m) return refit_error(REFIT_ERR_INVALID_ARG, "manifest is NULL");
     if (m->finalized) return REFIT_OK;
     if ((st = refit_manifest_validate(m))) return st;
+    size_t nl = m->locals.len, np = m->placements.len;
+    m->pl_start = calloc(nl + 1, sizeof(uint32_t));
+    m->pl_list = malloc((np ? np : 1) * sizeof(uint32_t));
+    m->placed = calloc(nl ? nl : 1, sizeof(uint64_t));
+    if (!m->pl_start || !m->pl_list || !m->placed) {
+        free(m->pl_start), free(m->pl_list), free(m->placed);
+        m->pl_start = m->pl_list = NULL;
+        m->placed = NULL;
+        return refit_error(REFIT_ERR_NO_MEMORY, "finalizing a manifest");
+    }
+    for (size_t i = 0; i < np; i++) {
+        const refit_placement_t *p = &m->placements.data[i];
+        uint64_t v = 1;
+        for (uint32_t d = 0; d < p->ndim; d++) v *= p->extent[d];
+        m->placed[p->local] += v;
+        m->pl_start[p->local + 1]++;
+    }
+    for (size_t l = 0; l < nl; l++) m->pl_start[l + 1] += m->pl_start[l];
+    for (size_t i = 0; i < np; i++) {
+        uint32_t l = m->placements.data[i].local;
+        m->pl_list[m->pl_start[l]++] = (uint32_t)i;
+    }
+    for (size_t l = nl; l > 0; l--) m->pl_start[l] = m->pl_start[l - 1];
+    m->pl_start[0] = 0;
     m->signature = refit_manifest_compute_signature(m);
     m->finalized = true;
     return REFIT_OK;
@@ -447,4 +474,41 @@ void refit_manifest_local(const refit_manifest_t *m, uint32_t id, refit_tensor_i
 void refit_manifest_placement(const refit_manifest_t *m, uint32_t i, refit_placement_t *out)
 {
     *out = m->placements.data[i];
+}
+
+typedef REFIT_VEC(refit_box_t) boxvec_t;
+
+refit_status_t refit_manifest_padding(const refit_manifest_t *m, uint32_t li, refit_box_t **boxes_out, size_t *n_out)
+{
+    const refit_local_t *l = &m->locals.data[li];
+    boxvec_t todo = {0}, next = {0};
+    refit_box_t whole = {.ndim = l->d.ndim};
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < l->d.ndim; d++) whole.ext[d] = l->d.shape[d], numel *= l->d.shape[d];
+    *boxes_out = NULL;
+    *n_out = 0;
+    if (m->placed[li] == numel) return REFIT_OK;
+    if (REFIT_VEC_PUSH(&todo, whole)) goto nomem;
+    for (uint32_t k = m->pl_start[li]; k < m->pl_start[li + 1] && todo.len; k++) {
+        refit_box_t pb;
+        placement_local_box(m, &m->placements.data[m->pl_list[k]], &pb);
+        next.len = 0;
+        for (size_t u = 0; u < todo.len; u++) {
+            refit_box_t rest[2 * REFIT_MAX_DIMS];
+            size_t nr = refit_box_subtract(&todo.data[u], &pb, rest);
+            for (size_t r = 0; r < nr; r++)
+                if (REFIT_VEC_PUSH(&next, rest[r])) goto nomem;
+        }
+        boxvec_t tmp = todo;
+        todo = next;
+        next = tmp;
+    }
+    REFIT_VEC_FREE(&next);
+    *boxes_out = todo.data;
+    *n_out = todo.len;
+    return REFIT_OK;
+nomem:
+    REFIT_VEC_FREE(&todo);
+    REFIT_VEC_FREE(&next);
+    return refit_error(REFIT_ERR_NO_MEMORY, "computing padding of %s", l->d.name);
 }

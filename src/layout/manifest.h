@@ -4,6 +4,7 @@
 #define REFIT_MANIFEST_INTERNAL_H
 
 #include "model/model.h" /* refit_tdesc_t */
+#include "plan/box.h"
 #include "refit/manifest.h"
 #include "util/strmap.h"
 #include "util/util.h"
@@ -34,6 +35,11 @@ struct refit_manifest {
     refit_strmap_t local_index; /* local name -> id */
     bool finalized;
     uint64_t signature;
+    /* Built by finalize: placements grouped by local tensor (CSR) and the
+     * number of elements placed in each local tensor. */
+    uint32_t *pl_start; /* locals.len + 1 */
+    uint32_t *pl_list;  /* placements.len */
+    uint64_t *placed;   /* locals.len */
 };
 
 /* Checks everything finalize checks (see refit/manifest.h) without signing. */
@@ -47,5 +53,10 @@ void refit_tdesc_strides(const refit_tdesc_t *d, uint64_t strides[REFIT_MAX_DIMS
  * coordinates) under placement p. */
 uint64_t refit_placement_local_index(const refit_manifest_t *m, const refit_placement_t *p,
                                      const uint64_t cpoint[REFIT_MAX_DIMS]);
+
+/* Boxes (in local coordinates) of local tensor `li` that no placement
+ * covers: the padding.  *boxes is malloc'ed (free it); *n may be 0.  Needs a
+ * finalized manifest. */
+refit_status_t refit_manifest_padding(const refit_manifest_t *m, uint32_t li, refit_box_t **boxes, size_t *n);
 
 #endif
