@@ -30,6 +30,7 @@ static const knob_t g_knobs[] = {
     {"tp", offsetof(refit_layout_t, tp), true, true},   {"pp", offsetof(refit_layout_t, pp), true, false},
     {"ep", offsetof(refit_layout_t, ep), true, true},   {"etp", offsetof(refit_layout_t, etp), true, false},
     {"dp", offsetof(refit_layout_t, dp), true, true},   {"pad", offsetof(refit_layout_t, pad), true, true},
+    {"first", offsetof(refit_layout_t, first), true, false}, {"last", offsetof(refit_layout_t, last), true, false},
 };
 
 static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const char *args)
@@ -50,11 +51,11 @@ static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const cha
         if (!k)
             return refit_error(REFIT_ERR_PARSE, "layout '%s': unknown knob '%s' (%s takes %s)", spec, kv,
                                l->scheme == REFIT_SCHEME_MEGATRON ? "megatron" : "vllm",
-                               l->scheme == REFIT_SCHEME_MEGATRON ? "tp, pp, ep, etp, dp, pad" : "tp, ep, dp, pad");
+                               l->scheme == REFIT_SCHEME_MEGATRON ? "tp, pp, ep, etp, dp, pad, first, last" : "tp, ep, dp, pad");
         char *end;
         errno = 0;
         unsigned long v = strtoul(eq + 1, &end, 10);
-        bool zero_ok = strcmp(k->name, "pad") == 0;
+        bool zero_ok = strcmp(k->name, "pad") == 0 || strcmp(k->name, "first") == 0 || strcmp(k->name, "last") == 0;
         if (errno || end == eq + 1 || *end || eq[1] == '-' || v > 65536 || (!zero_ok && v == 0))
             return refit_error(REFIT_ERR_PARSE, "layout '%s': %s=%s is not a %s integer up to 65536", spec, kv, eq + 1,
                                zero_ok ? "non-negative" : "positive");
@@ -82,7 +83,7 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
     if (l.scheme == REFIT_SCHEME_HF) {
         if (colon && colon[1]) return refit_error(REFIT_ERR_PARSE, "layout '%s': hf takes no knobs", spec);
         l.tp = l.pp = l.ep = l.etp = l.dp = 1;
-        l.pad = 0;
+        l.pad = l.first = l.last = 0;
     } else if (colon && colon[1] && (st = parse_knobs(&l, spec, colon + 1))) {
         return st;
     }
@@ -94,17 +95,24 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
         uint32_t ee = l.ep * l.etp;
         if (l.dp == UINT32_MAX) l.dp = ee / gcd32(ee, l.tp); /* least dp with ee | tp*dp */
         if (l.pad == UINT32_MAX) l.pad = 128;
+        if (l.first == UINT32_MAX) l.first = 0;
+        if (l.last == UINT32_MAX) l.last = 0;
+        if ((l.first || l.last) && l.pp < 2)
+            return refit_error(REFIT_ERR_GEOMETRY, "layout '%s': first= and last= need pp >= 2", spec);
         if ((uint64_t)l.tp * l.dp % ee != 0)
             return refit_error(REFIT_ERR_GEOMETRY,
                                "layout '%s': expert parallel x expert tensor parallel (%u x %u = %u) must divide "
                                "tensor x data parallel (%u x %u = %u)",
                                spec, l.ep, l.etp, ee, l.tp, l.dp, l.tp * l.dp);
-        snprintf(l.str, sizeof(l.str), "megatron:tp=%u,pp=%u,ep=%u,etp=%u,dp=%u,pad=%u", l.tp, l.pp, l.ep, l.etp,
-                 l.dp, l.pad);
+        int n = snprintf(l.str, sizeof(l.str), "megatron:tp=%u,pp=%u,ep=%u,etp=%u,dp=%u,pad=%u", l.tp, l.pp, l.ep,
+                         l.etp, l.dp, l.pad);
+        if (l.first) n += snprintf(l.str + n, sizeof(l.str) - (size_t)n, ",first=%u", l.first);
+        if (l.last) snprintf(l.str + n, sizeof(l.str) - (size_t)n, ",last=%u", l.last);
     } else if (l.scheme == REFIT_SCHEME_VLLM) {
         if (l.dp == UINT32_MAX) l.dp = l.ep > l.tp && l.ep % l.tp == 0 ? l.ep / l.tp : 1;
         if (l.pad == UINT32_MAX) l.pad = 64;
         l.etp = 1;
+        l.first = l.last = 0;
         if (l.ep != 1 && l.ep != l.tp * l.dp)
             return refit_error(REFIT_ERR_GEOMETRY,
                                "layout '%s': vllm's expert parallel size is 1 (off) or tp x dp = %u (on), not %u",

@@ -12,6 +12,7 @@ typedef enum { REFIT_SCHEME_HF = 1, REFIT_SCHEME_MEGATRON = 2, REFIT_SCHEME_VLLM
 struct refit_layout {
     refit_scheme_t scheme;
     uint32_t tp, pp, ep, etp, dp, pad;
+    uint32_t first, last; /* megatron: layers of the first / last pipeline stage (0: even split) */
     uint32_t world;
     char str[160];
 };

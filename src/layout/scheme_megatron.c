@@ -29,9 +29,37 @@ static uint64_t padded_vocab(const refit_layout_t *l, const refit_model_spec_t *
     return l->pad ? refit_round_up(s->vocab, (uint64_t)l->pad * l->tp) : s->vocab;
 }
 
+/* Layers [*start, *start + *count) of a pipeline stage.  first= and last=
+ * fix the first and last stages' counts (Megatron-Core's
+ * num_layers_in_first/last_pipeline_stage); the other stages split the rest
+ * evenly.  Returns false if they cannot. */
+static bool stage_layers(const refit_layout_t *l, uint32_t layers, uint32_t stage, uint32_t *start, uint32_t *count)
+{
+    uint32_t pp = l->pp, fixed = 0, even = pp;
+    if (l->first) fixed += l->first, even--;
+    if (l->last) fixed += l->last, even--;
+    if (fixed > layers || (even == 0 && fixed != layers)) return false;
+    uint32_t rest = layers - fixed;
+    if (even && rest % even) return false;
+    uint32_t per = even ? rest / even : 0, pos = 0;
+    for (uint32_t k = 0; k <= stage; k++) {
+        uint32_t n = (k == 0 && l->first) ? l->first : (k == pp - 1 && l->last) ? l->last : per;
+        if (k == stage) {
+            *start = pos;
+            *count = n;
+        }
+        pos += n;
+    }
+    return true;
+}
+
 refit_status_t refit_scheme_megatron_check(const refit_layout_t *l, const refit_model_spec_t *s)
 {
-    RULE(s->layers % l->pp == 0, "%s: %u layers do not split evenly over pp=%u pipeline stages", l->str, s->layers, l->pp);
+    uint32_t a, n;
+    RULE(stage_layers(l, s->layers, 0, &a, &n),
+         "%s: %u layers do not split evenly over pp=%u pipeline stages (set first= and/or last= to the layers of "
+         "the first/last stage, as Megatron-Core's num_layers_in_first/last_pipeline_stage)",
+         l->str, s->layers, l->pp);
     RULE(s->heads % l->tp == 0, "%s: %u attention heads are not divisible by tp=%u", l->str, s->heads, l->tp);
     if (s->arch != REFIT_ARCH_MLA)
         RULE(s->kv_heads % l->tp == 0 || l->tp % s->kv_heads == 0,
@@ -211,11 +239,12 @@ refit_status_t refit_scheme_megatron(refit_lbuild_t *b, const refit_layout_t *l,
 {
     const refit_model_spec_t *s = &b->model->spec;
     const uint32_t t = rank % l->tp, stage = rank / (l->tp * l->dp), local_rank = rank % (l->tp * l->dp);
-    const uint32_t per_stage = s->layers / l->pp;
+    uint32_t first_layer = 0, nlayers = 0;
+    stage_layers(l, s->layers, stage, &first_layer, &nlayers);
     const uint64_t vp = padded_vocab(l, s);
     if (stage == 0) vocab_shard(b, s, vp, l->tp, t, "embedding.word_embeddings.weight", "model.embed_tokens.weight");
-    for (uint32_t i = 0; i < per_stage && !b->st; i++) {
-        uint32_t layer = stage * per_stage + i;
+    for (uint32_t i = 0; i < nlayers && !b->st; i++) {
+        uint32_t layer = first_layer + i;
         char lp[64], cp[64];
         snprintf(lp, sizeof(lp), "decoder.layers.%u.", i);
         snprintf(cp, sizeof(cp), "model.layers.%u", layer);
