@@ -22,3 +22,20 @@ void refit_test_assert_err(refit_status_t got, refit_status_t want, const char *
                            const char *file, int line);
 
 #endif
+
+#ifndef REFIT_TESTUTIL_HELPERS
+#define REFIT_TESTUTIL_HELPERS
+#include "plan/local.h"
+/* Opens a built-in model / parses a layout, failing the test on error. */
+refit_model_t *t_model(const char *name);
+refit_layout_t *t_layout(const char *spec);
+refit_manifest_t *t_manifest(const refit_model_t *m, const char *spec, uint32_t rank);
+/* Index of the placement of canonical `canon` in local `local` whose box
+ * starts at canonical row `crow`, or -1. */
+int t_find_placement(const refit_manifest_t *m, const char *local, const char *canon, uint64_t crow,
+                     refit_placement_t *out);
+/* Plans and executes every destination rank of dst_spec from every rank of
+ * src_spec (synthetic truth, version v) and verifies every byte; returns the
+ * number of destination ranks checked. */
+uint32_t t_execute_pair(const char *model, const char *src_spec, const char *dst_spec, uint64_t v);
+#endif
