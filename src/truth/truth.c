@@ -17,7 +17,7 @@ uint64_t refit_truth_value(uint64_t seed, refit_dtype_t dtype, uint64_t index, u
     uint64_t sign = h >> 63, par = (index & 1) | ((version & 1) << 1);
     switch (dtype) {
     case REFIT_DTYPE_BF16: /* exponent 118..133: magnitudes ~2^-9..2^6 */
-        return sign << 15 | (118 + ((h >> 8) & 15)) << 7 | ((h >> 20) & 0x1c) | par;
+        return sign << 15 | (118 + ((h >> 8) & 15)) << 7 | ((h >> 20) & 0x7c) | par;
     case REFIT_DTYPE_F16: /* exponent 8..23 */
         return sign << 15 | (8 + ((h >> 8) & 15)) << 10 | ((h >> 20) & 0x3fc) | par;
     case REFIT_DTYPE_F32:
