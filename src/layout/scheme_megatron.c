@@ -256,6 +256,9 @@ refit_status_t refit_scheme_megatron(refit_lbuild_t *b, const refit_layout_t *l,
     if (stage == l->pp - 1) {
         refit_lb_whole(b, "decoder.final_layernorm.weight", "model.norm.weight");
         if (!s->tie) vocab_shard(b, s, vp, l->tp, t, "output_layer.weight", "lm_head.weight");
+        /* Tied and pipelined: the last stage keeps its own copy of the
+         * embedding as output_layer (synced by Megatron after each step). */
+        else if (l->pp > 1) vocab_shard(b, s, vp, l->tp, t, "output_layer.weight", "model.embed_tokens.weight");
     }
     return b->st;
 }
