@@ -1,5 +1,6 @@
 #include "testutil.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <stdio.h>
 
