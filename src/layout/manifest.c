@@ -16,6 +16,10 @@ static refit_status_t check_string(const char *s, const char *what)
     if (n == 0 || n > REFIT_MANIFEST_MAX_NAME)
         return refit_error(REFIT_ERR_INVALID_ARG, "%s has length %zu (must be 1..%d)", what, n,
                            REFIT_MANIFEST_MAX_NAME);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
+            return refit_error(REFIT_ERR_INVALID_ARG, "%s has a byte 0x%02x at %zu (names are printable ASCII)", what,
+                               (unsigned char)s[i], i);
     return REFIT_OK;
 }
 

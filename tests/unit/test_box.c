@@ -403,6 +403,44 @@ static void test_find_overlap_many_row_slices(void **state)
     free(rows);
 }
 
+static void test_find_overlap_many_column_slices(void **state)
+{
+    (void)state;
+    enum { N = 20000 };
+    refit_box_t *boxes = malloc(N * sizeof(*boxes));
+    uint32_t *groups = malloc(N * sizeof(*groups));
+    uint32_t *rows = malloc(N * sizeof(*rows));
+    assert_non_null(boxes);
+    assert_non_null(groups);
+    assert_non_null(rows);
+    for (uint32_t k = 0; k < N; k++) rows[k] = k;
+    for (uint32_t k = N; k > 1; k--) { /* shuffled order */
+        uint32_t r = (uint32_t)rnd_below(k), t = rows[k - 1];
+        rows[k - 1] = rows[r];
+        rows[r] = t;
+    }
+    for (uint32_t k = 0; k < N; k++) {
+        boxes[k] = box2(0, 4096, rows[k], 1); /* all share dim 0: the sweep must pick dim 1 */
+        groups[k] = 0;
+    }
+    size_t i = 0, j = 0;
+    int err = 1;
+    assert_false(refit_boxes_find_overlap(boxes, groups, N, &i, &j, &err));
+    assert_int_equal(err, 0);
+    /* one slice grows into the next column */
+    uint32_t victim = 12345, below = 0;
+    for (uint32_t k = 0; k < N; k++)
+        if (rows[k] == rows[victim] + 1) below = k;
+    boxes[victim].ext[1] = 2;
+    assert_true(refit_boxes_find_overlap(boxes, groups, N, &i, &j, &err));
+    assert_int_equal(err, 0);
+    assert_int_equal(i, REFIT_MIN(victim, below));
+    assert_int_equal(j, REFIT_MAX(victim, below));
+    free(boxes);
+    free(groups);
+    free(rows);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -413,6 +451,7 @@ int main(void)
         cmocka_unit_test(test_find_overlap_small_cases),
         cmocka_unit_test(test_find_overlap_random),
         cmocka_unit_test(test_find_overlap_many_row_slices),
+        cmocka_unit_test(test_find_overlap_many_column_slices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

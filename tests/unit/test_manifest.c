@@ -284,6 +284,8 @@ static void test_create_rejects_bad_identity(void **state)
                      REFIT_ERR_INVALID_ARG, "layout string has length 256");
     REFIT_ASSERT_ERR(refit_manifest_create(&(refit_manifest_identity_t){NULL, "l", 0, 1}, &m), REFIT_ERR_INVALID_ARG,
                      "model name is NULL");
+    REFIT_ASSERT_ERR(refit_manifest_create(&(refit_manifest_identity_t){"m\x1b[31m", "l", 0, 1}, &m),
+                     REFIT_ERR_INVALID_ARG, "byte 0x1b at 1 (names are printable ASCII)");
     assert_null(m);
 }
 
