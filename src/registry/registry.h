@@ -1,0 +1,93 @@
+/* The registry: where manifests, heartbeats, version records and leases live.
+ *
+ * One job (a namespace) holds source groups (e.g. "trainer"); each source
+ * rank of a group stores its encoded manifest, a heartbeat that expires, and
+ * a version record per publish.  Receivers take leases on the version they
+ * read; a publisher in in-place mode retires a version (no new leases) and
+ * waits for its leases to drain before overwriting its memory.
+ *
+ * URLs: "file:DIR" (embedded, no server; processes on one host or a shared
+ * filesystem; atomic renames, inotify for waits) and "redis://HOST:PORT"
+ * (a real Redis through hiredis; pub/sub for waits).
+ *
+ * Thread safety: one registry object may be used from several threads (the
+ * publisher's heartbeat thread and its caller); backends serialise access.
+ * Every call is bounded in time: a backend that cannot reach its store
+ * returns REFIT_ERR_REGISTRY within its I/O timeout (and reconnects on the
+ * next call). */
+#ifndef REFIT_REGISTRY_H
+#define REFIT_REGISTRY_H
+
+#include "util/util.h"
+
+typedef struct refit_registry refit_registry_t;
+
+/* Opens a registry for `job` (namespace; [A-Za-z0-9._-], 1..64 chars).
+ * REFIT_ERR_INVALID_ARG for a malformed URL or job, REFIT_ERR_UNSUPPORTED for
+ * a scheme not built in (e.g. redis without hiredis), REFIT_ERR_REGISTRY if
+ * the store cannot be reached or created (detail names URL and reason). */
+refit_status_t refit_registry_open(const char *url, const char *job, refit_registry_t **out);
+void refit_registry_close(refit_registry_t *r);
+const char *refit_registry_url(const refit_registry_t *r);
+
+/* ---- sources ------------------------------------------------------------ */
+typedef struct {
+    uint64_t incarnation; /* random per publisher process start */
+    uint32_t pid;
+    char host[64];
+} refit_source_info_t;
+
+/* Stores rank's encoded manifest (replacing any previous one). */
+refit_status_t refit_registry_put_manifest(refit_registry_t *r, const char *group, uint32_t rank, const void *buf,
+                                           size_t len);
+/* Fetches it (malloc'ed; free it).  REFIT_ERR_NOT_FOUND if absent. */
+refit_status_t refit_registry_get_manifest(refit_registry_t *r, const char *group, uint32_t rank, void **buf,
+                                           size_t *len);
+/* Refreshes rank's heartbeat; it expires ttl_ms later unless refreshed. */
+refit_status_t refit_registry_heartbeat(refit_registry_t *r, const char *group, uint32_t rank,
+                                        const refit_source_info_t *info, uint32_t ttl_ms);
+/* alive[k] = 1 if rank k's heartbeat has not expired (infos[k] filled when
+ * infos != NULL), for k < world.  One round trip where the backend allows. */
+refit_status_t refit_registry_alive(refit_registry_t *r, const char *group, uint32_t world, uint8_t *alive,
+                                    refit_source_info_t *infos);
+/* Removes rank's manifest, heartbeat and record (a clean shutdown). */
+refit_status_t refit_registry_remove_source(refit_registry_t *r, const char *group, uint32_t rank);
+
+/* ---- versions ----------------------------------------------------------- */
+typedef struct {
+    uint64_t version;     /* the training step */
+    uint64_t signature;   /* layout signature of the manifest the bytes follow */
+    uint64_t incarnation; /* of the publisher that published it */
+    uint32_t buffer;      /* snapshot buffer index (0 in in-place mode) */
+    uint32_t flags;
+    uint64_t digest;      /* optional content digest (0: none) */
+} refit_version_record_t;
+
+/* Rank publishes a version record (replacing its previous one) and notifies waiters. */
+refit_status_t refit_registry_publish(refit_registry_t *r, const char *group, uint32_t rank,
+                                      const refit_version_record_t *rec);
+/* Records of ranks 0..world-1: present[k] = 0 where none.  One round trip where the backend allows. */
+refit_status_t refit_registry_records(refit_registry_t *r, const char *group, uint32_t world,
+                                      refit_version_record_t *recs, uint8_t *present);
+
+/* ---- leases ------------------------------------------------------------- */
+/* Marks `version` retired: later lease_acquire calls on it fail with REFIT_ERR_STALE. */
+refit_status_t refit_registry_retire(refit_registry_t *r, const char *group, uint64_t version);
+/* Takes (or renews) reader's lease on version, expiring ttl_ms later.
+ * REFIT_ERR_STALE (and no lease left behind) if the version is retired. */
+refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *group, uint64_t version,
+                                            const char *reader, uint32_t ttl_ms);
+refit_status_t refit_registry_lease_release(refit_registry_t *r, const char *group, uint64_t version,
+                                            const char *reader);
+/* Unexpired leases on version. */
+refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n);
+
+/* ---- waiting ------------------------------------------------------------ */
+/* Blocks until something in this job changed since the previous call to
+ * refit_registry_wait on this object (or since open), or timeout_ms passed
+ * (REFIT_ERR_TIMEOUT).  No busy polling: inotify (file) or pub/sub (redis).
+ * Changes are never lost: a change between two calls makes the next return
+ * at once. */
+refit_status_t refit_registry_wait(refit_registry_t *r, int timeout_ms);
+
+#endif

@@ -1,0 +1,70 @@
+/* Transports: how bytes move from a source rank's memory into a receiver's.
+ *
+ * Publisher side: a transport exposes a memory region and returns an access
+ * descriptor (opaque bytes) that travels in the manifest as the attribute
+ * "<transport>.region.<i>".  Receiver side: from a source manifest's
+ * descriptors it connects a peer, then executes plans: every source at
+ * once, each region of the plan read from its source's region.
+ *
+ * Implementations: shm (same host: memfd / POSIX shared memory mapped by the
+ * receiver, or process_vm_readv for memory that is not shared) and ucx
+ * (network, through UCX).  Each optional dependency lives in its own file;
+ * everything else talks to it through this table. */
+#ifndef REFIT_TRANSPORT_H
+#define REFIT_TRANSPORT_H
+
+#include "plan/plan.h"
+#include "util/util.h"
+
+typedef struct refit_transport refit_transport_t; /* per-process context of one transport */
+typedef struct refit_peer refit_peer_t;           /* a connected source rank */
+
+typedef struct {
+    uint64_t bytes;       /* moved by this pull */
+    uint64_t requests;    /* network requests or copy tasks issued */
+    char lanes[256];      /* what carried the bytes, e.g. "shm:mmap" or "ucx:tcp/veth0 (am)" */
+} refit_pull_stats_t;
+
+typedef struct {
+    double deadline;      /* refit_now() time by which the pull must end (REFIT_ERR_TIMEOUT) */
+    unsigned threads;     /* copy threads for local transports (0: one per CPU) */
+    /* Called now and then during long pulls (from the pulling thread); a
+     * non-zero status aborts the pull with that status (used to renew leases
+     * and to notice dead sources). */
+    refit_status_t (*tick)(void *user);
+    void *user;
+} refit_pull_ctl_t;
+
+typedef struct {
+    const char *name;
+    /* options: transport-specific "key=value,..." (NULL for defaults) */
+    refit_status_t (*create)(const char *options, refit_transport_t **out);
+    void (*destroy)(refit_transport_t *t);
+
+    /* Publisher side. alloc may be NULL (the transport reads any memory). */
+    refit_status_t (*alloc)(refit_transport_t *t, uint64_t size, void **base);
+    void (*free)(refit_transport_t *t, void *base, uint64_t size);
+    /* Makes [base, base+size) readable by peers; *desc (malloc'ed) describes how. */
+    refit_status_t (*expose)(refit_transport_t *t, void *base, uint64_t size, void **desc, size_t *len);
+    void (*unexpose)(refit_transport_t *t, void *base);
+
+    /* Receiver side: descs[i]/lens[i] are the descriptors of the source's regions. */
+    refit_status_t (*connect)(refit_transport_t *t, const void *const *descs, const size_t *lens, uint32_t nregions,
+                              refit_peer_t **out);
+    void (*disconnect)(refit_peer_t *peer);
+    /* Executes every region of plan; peers[i] is source i of the plan (NULL
+     * where the plan reads nothing from it).  dst_bases[r] is the receiver's
+     * region r. */
+    refit_status_t (*pull)(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                           void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats);
+} refit_transport_ops_t;
+
+extern const refit_transport_ops_t refit_transport_shm;
+#ifdef REFIT_HAVE_UCX
+extern const refit_transport_ops_t refit_transport_ucx;
+#endif
+
+/* The transport named `name`, or NULL. */
+const refit_transport_ops_t *refit_transport_find(const char *name);
+
+#endif
