@@ -17,6 +17,7 @@
 #include "refit/plan.h"
 #include "refit/truth.h"
 #include "refit/safetensors.h"
+#include "refit/engine.h"
 
 
 #define REFIT_VERSION_MAJOR 0

@@ -1,0 +1,138 @@
+/*
+ * refit/engine.h - publishers (trainer ranks) and receivers (rollout ranks).
+ *
+ * A publisher owns one rank's manifest and memory.  publish(version) makes the
+ * bytes currently in its memory visible as `version`: the first call also
+ * exposes the memory through the transports and stores the manifest in the
+ * registry; later calls write a small version record.  A version is visible
+ * to receivers only when every live rank of the group has published it.
+ *
+ *   in-place mode: the caller must not change its memory until
+ *     refit_publisher_wait_readers(version) returned REFIT_OK (the version is
+ *     retired, no new reader may start, and every lease was released or
+ *     expired);
+ *   snapshot mode: publish copies the memory into one of two staging arenas
+ *     and returns; the caller may change its memory at once.  A staging
+ *     arena is reused only after the readers of the version it held are done.
+ *
+ * A receiver owns one rank's manifest and memory.  pull(version) discovers the
+ * sources, plans (once per pair of layout signatures; later pulls read no
+ * manifest they already have and plan nothing), transfers from all sources at
+ * once, checks that no source changed or died during the transfer, verifies
+ * (optionally against the synthetic truth), commits and releases its lease.
+ * A pull that fails after it started writing leaves the receiver marked
+ * unusable (refit_receiver_usable() false) until a later pull completes;
+ * one that fails before leaves the previous version intact.
+ *
+ * Threads: a publisher runs a heartbeat thread of its own; both objects may be
+ * used from one thread at a time.  Every wait is bounded by a timeout.
+ */
+#ifndef REFIT_ENGINE_H
+#define REFIT_ENGINE_H
+
+#include <stdbool.h>
+
+#include "refit/manifest.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct refit_publisher refit_publisher_t;
+typedef struct refit_receiver refit_receiver_t;
+
+typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_mode_t;
+
+/* Registry URL used when params leave it NULL: $REFIT_REGISTRY, else "file:/tmp/refit-registry". */
+REFIT_API const char *refit_default_registry(void);
+
+#define REFIT_PUBLISHER_PARAMS_VERSION 1
+typedef struct {
+    unsigned version;              /* REFIT_PUBLISHER_PARAMS_VERSION */
+    const char *registry;          /* "file:DIR" or "redis://HOST:PORT"; NULL: refit_default_registry() */
+    const char *job;               /* namespace shared by publishers and receivers; NULL: "default" */
+    const char *group;             /* source group; NULL: "trainer" */
+    const char *transports;        /* transports to expose memory through, e.g. "shm,ucx"; NULL: every built-in one */
+    const char *transport_options; /* e.g. "ucx.listen=10.77.0.1"; NULL: defaults */
+    refit_publish_mode_t mode;
+    uint32_t heartbeat_ms;         /* 0: 200 */
+    uint32_t dead_ms;              /* a rank silent this long is dead; 0: 2000 */
+} refit_publisher_params_t;
+#define REFIT_PUBLISHER_PARAMS_INIT {REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0}
+
+/* Creates a publisher for the rank `manifest` describes (finalized).  On
+ * success the publisher owns the manifest.  Opens the registry (errors as
+ * refit_registry_open: REFIT_ERR_REGISTRY, REFIT_ERR_UNSUPPORTED). */
+REFIT_API refit_status_t refit_publisher_create(const refit_publisher_params_t *params, refit_manifest_t *manifest,
+                                                refit_publisher_t **out);
+/* Memory for region r that every transport reads well (shared memory for
+ * shm); owned by the publisher.  *base stays valid until destroy. */
+REFIT_API refit_status_t refit_publisher_alloc(refit_publisher_t *p, uint32_t region, void **base);
+/* Uses the caller's memory for region r (read by process_vm_readv for shm). */
+REFIT_API refit_status_t refit_publisher_attach(refit_publisher_t *p, uint32_t region, void *base);
+/* Publishes the memory as `version` (greater than any published before).
+ * REFIT_ERR_INVALID_ARG if a region has no memory or versions go backwards;
+ * REFIT_ERR_TIMEOUT in snapshot mode if a staging arena's readers did not
+ * finish within dead_ms * 4. */
+REFIT_API refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version);
+/* In-place mode: retires `version` and waits until no reader holds it.
+ * REFIT_ERR_TIMEOUT (with the number of readers) after timeout_ms. */
+REFIT_API refit_status_t refit_publisher_wait_readers(refit_publisher_t *p, uint64_t version, int timeout_ms);
+/* Waits until `n` distinct receivers reported committing `version` (or a
+ * later one).  For drivers that want every receiver to see every version. */
+REFIT_API refit_status_t refit_publisher_wait_acks(refit_publisher_t *p, uint64_t version, uint32_t n, int timeout_ms);
+/* Stops the heartbeat, removes the rank from the registry, frees its memory. */
+REFIT_API void refit_publisher_destroy(refit_publisher_t *p);
+
+typedef enum { REFIT_VERIFY_NONE = 0, REFIT_VERIFY_TRUTH = 1 } refit_verify_mode_t;
+
+#define REFIT_RECEIVER_PARAMS_VERSION 1
+typedef struct {
+    unsigned version;              /* REFIT_RECEIVER_PARAMS_VERSION */
+    const char *registry, *job, *group; /* as for publishers */
+    const char *transports;        /* preference order, e.g. "shm,ucx"; NULL: "shm,ucx" */
+    const char *transport_options; /* e.g. "ucx.require=rdma" */
+    const char *reader;            /* lease holder name; NULL: "<host>:<pid>:r<rank>" */
+    uint32_t lease_ms;             /* lease ttl, renewed during pulls; 0: 10000 */
+    unsigned threads;              /* copy threads for shm; 0: one per CPU */
+    refit_verify_mode_t verify;
+} refit_receiver_params_t;
+#define REFIT_RECEIVER_PARAMS_INIT {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE}
+
+REFIT_API refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *manifest,
+                                               refit_receiver_t **out);
+REFIT_API refit_status_t refit_receiver_alloc(refit_receiver_t *r, uint32_t region, void **base);
+REFIT_API refit_status_t refit_receiver_attach(refit_receiver_t *r, uint32_t region, void *base);
+
+#define REFIT_VERSION_NEWEST UINT64_MAX
+
+typedef struct {
+    uint64_t version;        /* the version pulled */
+    uint64_t bytes;          /* bytes moved */
+    uint32_t sources;        /* source ranks read from */
+    bool planned;            /* a plan was computed (false: cached) */
+    uint32_t manifests_read; /* manifests fetched from the registry */
+    double discover_ms, plan_ms, transfer_ms, verify_ms, total_ms;
+    char transport[32];      /* transports used, e.g. "shm" */
+    char lanes[256];         /* what carried the bytes */
+} refit_pull_report_t;
+
+/* Pulls `version` (or the newest complete version newer than the committed
+ * one, with REFIT_VERSION_NEWEST), waiting up to timeout_ms for it.
+ * REFIT_ERR_TIMEOUT, REFIT_ERR_STALE (that version was retired),
+ * REFIT_ERR_PEER (a source died or changed during the transfer),
+ * REFIT_ERR_MISSING_SOURCE / UNCOVERED / MISMATCH / IDENTITY (planning),
+ * REFIT_ERR_VERIFY, REFIT_ERR_TRANSPORT, REFIT_ERR_REGISTRY, REFIT_ERR_CORRUPT
+ * (a manifest in the registry) - each with a detail. */
+REFIT_API refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t version, int timeout_ms,
+                                             refit_pull_report_t *report);
+/* The last version pulled completely (0: none). */
+REFIT_API uint64_t refit_receiver_committed(const refit_receiver_t *r);
+/* False while the memory holds a partially written version. */
+REFIT_API bool refit_receiver_usable(const refit_receiver_t *r);
+REFIT_API void refit_receiver_destroy(refit_receiver_t *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
