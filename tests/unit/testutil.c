@@ -1,5 +1,6 @@
 #include "testutil.h"
 
+#include <stdio.h>
 #include <string.h>
 
 void refit_test_assert_err(refit_status_t got, refit_status_t want, const char *needle, const char *expr,
