@@ -30,7 +30,19 @@ static void add(builder_t *b, refit_dtype_t dtype, uint32_t ndim, uint64_t d0, u
         b->st = refit_error(REFIT_ERR_NO_MEMORY, "building the tensor table");
         return;
     }
-    b->m->total_bytes += d0 * (ndim > 1 ? d1 : 1) * refit_dtype_size(dtype);
+    uint64_t bytes;
+    if (!refit_mul_u64(d0, ndim > 1 ? d1 : 1, &bytes) || !refit_mul_u64(bytes, refit_dtype_size(dtype), &bytes) ||
+        !refit_add_u64(b->m->total_bytes, bytes, &b->m->total_bytes))
+        b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: the size of %s overflows 64 bits", b->m->spec.name, name);
+}
+
+/* x * y for a dimension; 0 (and the builder fails) if it overflows. */
+static uint64_t mul_dim(builder_t *b, uint64_t x, uint64_t y)
+{
+    uint64_t r;
+    if (refit_mul_u64(x, y, &r)) return r;
+    if (!b->st) b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: a tensor dimension overflows 64 bits", b->m->spec.name);
+    return 0;
 }
 
 static void add_layer(builder_t *b, const refit_model_spec_t *s, uint32_t l)
@@ -40,13 +52,13 @@ static void add_layer(builder_t *b, const refit_model_spec_t *s, uint32_t l)
     const char *p = "model.layers";
     add(b, dt, 1, H, 0, "%s.%u.input_layernorm.weight", p, l);
     if (s->arch == REFIT_ARCH_MLA) {
-        uint64_t qk = s->qk_nope_dim + s->qk_rope_dim;
+        uint64_t qk = (uint64_t)s->qk_nope_dim + s->qk_rope_dim;
         add(b, dt, 2, s->q_lora_rank, H, "%s.%u.self_attn.q_a_proj.weight", p, l);
         add(b, dt, 1, s->q_lora_rank, 0, "%s.%u.self_attn.q_a_layernorm.weight", p, l);
-        add(b, dt, 2, (uint64_t)s->heads * qk, s->q_lora_rank, "%s.%u.self_attn.q_b_proj.weight", p, l);
+        add(b, dt, 2, mul_dim(b, s->heads, qk), s->q_lora_rank, "%s.%u.self_attn.q_b_proj.weight", p, l);
         add(b, dt, 2, (uint64_t)s->kv_lora_rank + s->qk_rope_dim, H, "%s.%u.self_attn.kv_a_proj_with_mqa.weight", p, l);
         add(b, dt, 1, s->kv_lora_rank, 0, "%s.%u.self_attn.kv_a_layernorm.weight", p, l);
-        add(b, dt, 2, (uint64_t)s->heads * (s->qk_nope_dim + s->v_head_dim), s->kv_lora_rank,
+        add(b, dt, 2, mul_dim(b, s->heads, (uint64_t)s->qk_nope_dim + s->v_head_dim), s->kv_lora_rank,
             "%s.%u.self_attn.kv_b_proj.weight", p, l);
         add(b, dt, 2, H, (uint64_t)s->heads * s->v_head_dim, "%s.%u.self_attn.o_proj.weight", p, l);
     } else {

@@ -59,6 +59,11 @@ static inline bool refit_spec_layer_is_moe(const refit_model_spec_t *s, uint32_t
  * its numbers are consistent (REFIT_ERR_INVALID_ARG naming the field). */
 refit_status_t refit_model_from_spec(const refit_model_spec_t *spec, refit_model_t **out);
 
+/* refit_model_from_config on the text of a config.json (len bytes, not
+ * necessarily NUL-terminated); name_hint names the model when the config's
+ * "_name_or_path" is absent or unusable (NULL: "custom"). */
+refit_status_t refit_model_from_config_text(const char *text, size_t len, const char *name_hint, refit_model_t **out);
+
 /* The built-in spec table (name == NULL terminates). */
 const refit_model_spec_t *refit_builtin_specs(void);
 
