@@ -1,6 +1,8 @@
-/* In-process plan execution with memcpy.  Regions are cut into tasks of
- * roughly equal bytes (a task is a range of a region's innermost runs, or a
- * slice of one long run) and threads take tasks from a shared counter. */
+/* Plan execution in this process.  Regions are cut into tasks of roughly
+ * equal bytes (a task is a range of a region's innermost runs, or a slice of
+ * one long run) and threads take tasks from a shared counter.  Copies are
+ * memcpy from mapped source memory, or a caller-supplied copy function (e.g.
+ * process_vm_readv).  The first failure stops every thread. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -17,8 +19,12 @@ typedef struct {
     task_t *tasks;
     size_t ntasks;
     atomic_size_t next;
+    atomic_int failed;
+    refit_status_t status; /* first failure (written once, under failed) */
+    char detail[512];
     const void *const *const *src_bases;
     void *const *dst_bases;
+    const refit_exec_opts_t *o;
 } exec_ctx_t;
 
 static uint64_t region_rows(const refit_plan_region_t *r)
@@ -42,41 +48,61 @@ static void row_offsets(const refit_plan_region_t *r, uint64_t row, uint64_t *so
     *dof = d;
 }
 
-static void run_task(const exec_ctx_t *c, const task_t *t)
+static refit_status_t copy_bytes(exec_ctx_t *c, const refit_plan_region_t *r, uint64_t so, unsigned char *dst,
+                                 uint64_t len)
+{
+    if (r->src == REFIT_PLAN_FILL) {
+        memset(dst, 0, len);
+        return REFIT_OK;
+    }
+    if (c->o->copy) return c->o->copy(c->o->user, r->src, r->src_region, so, dst, len);
+    memcpy(dst, (const unsigned char *)c->src_bases[r->src][r->src_region] + so, len);
+    return REFIT_OK;
+}
+
+static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
 {
     const refit_plan_region_t *r = t->r;
     unsigned char *dst = c->dst_bases[r->dst_region];
-    const unsigned char *src = r->src == REFIT_PLAN_FILL ? NULL : c->src_bases[r->src][r->src_region];
-    if (r->nloops == 0) {
-        if (src) memcpy(dst + r->dst_offset + t->begin, src + r->src_offset + t->begin, t->end - t->begin);
-        else memset(dst + r->dst_offset + t->begin, 0, t->end - t->begin);
-        return;
-    }
-    for (uint64_t row = t->begin; row < t->end; row++) {
+    refit_status_t st = REFIT_OK;
+    if (r->nloops == 0)
+        return copy_bytes(c, r, r->src_offset + t->begin, dst + r->dst_offset + t->begin, t->end - t->begin);
+    for (uint64_t row = t->begin; row < t->end && !st; row++) {
         uint64_t so, dof;
         row_offsets(r, row, &so, &dof);
-        if (src) memcpy(dst + dof, src + so, r->run);
-        else memset(dst + dof, 0, r->run);
+        st = copy_bytes(c, r, so, dst + dof, r->run);
+    }
+    return st;
+}
+
+static void record_failure(exec_ctx_t *c, refit_status_t st)
+{
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&c->failed, &expected, 1)) {
+        c->status = st;
+        strncpy(c->detail, refit_last_error(), sizeof(c->detail) - 1);
     }
 }
 
 static void *worker(void *arg)
 {
     exec_ctx_t *c = arg;
-    for (;;) {
+    while (!atomic_load(&c->failed)) {
         size_t i = atomic_fetch_add(&c->next, 1);
         if (i >= c->ntasks) break;
-        run_task(c, &c->tasks[i]);
+        refit_status_t st = run_task(c, &c->tasks[i]);
+        if (st) record_failure(c, st);
     }
     return NULL;
 }
 
 /* Cuts regions into tasks of about `chunk` bytes. */
-static refit_status_t make_tasks(const refit_plan_region_t *v, size_t n, uint64_t chunk, task_t **tasks, size_t *nt,
-                                 size_t *cap)
+static refit_status_t make_tasks(const refit_plan_region_t *v, size_t n, uint64_t chunk, const uint8_t *only,
+                                 task_t **tasks, size_t *nt, size_t *cap)
 {
     for (size_t i = 0; i < n; i++) {
         const refit_plan_region_t *r = &v[i];
+        if (only && r->src != REFIT_PLAN_FILL && !only[r->src]) continue;
         uint64_t units, per;
         if (r->nloops == 0) {
             units = r->run;
@@ -99,35 +125,66 @@ static refit_status_t make_tasks(const refit_plan_region_t *v, size_t n, uint64_
     return REFIT_OK;
 }
 
-refit_status_t refit_plan_execute_memcpy(const refit_plan_t *plan, const void *const *const *src_bases,
-                                         void *const *dst_bases, unsigned threads)
+refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *const *src_bases,
+                                  void *const *dst_bases, const refit_exec_opts_t *o)
 {
     refit_status_t st;
-    if (!plan || !dst_bases || (plan->regions.len && !src_bases))
-        return refit_error(REFIT_ERR_INVALID_ARG, "refit_plan_execute_memcpy: NULL argument");
+    unsigned threads = o->threads;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (unsigned)n : 1;
     }
     uint64_t total = plan->stats.bytes_written + plan->stats.bytes_fill;
-    uint64_t chunk = total / ((uint64_t)threads * 8) + 1;
+    uint64_t chunk = total / ((uint64_t)threads * 16) + 1;
     if (chunk < (256u << 10)) chunk = 256u << 10;
-    if (chunk > (16u << 20)) chunk = 16u << 20;
-    exec_ctx_t c = {.src_bases = src_bases, .dst_bases = dst_bases};
+    if (chunk > (8u << 20)) chunk = 8u << 20;
+    exec_ctx_t c = {.src_bases = src_bases, .dst_bases = dst_bases, .o = o};
     size_t cap = 0;
-    if ((st = make_tasks(plan->fills.data, plan->fills.len, chunk, &c.tasks, &c.ntasks, &cap)) ||
-        (st = make_tasks(plan->regions.data, plan->regions.len, chunk, &c.tasks, &c.ntasks, &cap))) {
+    if ((!o->skip_fills && (st = make_tasks(plan->fills.data, plan->fills.len, chunk, NULL, &c.tasks, &c.ntasks, &cap))) ||
+        (st = make_tasks(plan->regions.data, plan->regions.len, chunk, o->only, &c.tasks, &c.ntasks, &cap))) {
         free(c.tasks);
         return st;
     }
     atomic_init(&c.next, 0);
+    atomic_init(&c.failed, 0);
     if (threads > c.ntasks) threads = c.ntasks ? (unsigned)c.ntasks : 1;
     pthread_t tids[64];
     unsigned started = 0;
     for (unsigned t = 1; t < threads && t < 64; t++)
         if (pthread_create(&tids[started], NULL, worker, &c) == 0) started++;
-    worker(&c);
+    /* The calling thread works too, and between tasks checks the deadline and
+     * calls tick. */
+    double last_tick = refit_now();
+    while (!atomic_load(&c.failed)) {
+        double now = refit_now();
+        if (o->deadline > 0 && now > o->deadline) {
+            record_failure(&c, refit_error(REFIT_ERR_TIMEOUT, "plan execution ran past its deadline"));
+            break;
+        }
+        if (o->tick && now - last_tick > 0.01) {
+            last_tick = now;
+            refit_status_t ts = o->tick(o->tick_user);
+            if (ts) {
+                record_failure(&c, ts);
+                break;
+            }
+        }
+        size_t i = atomic_fetch_add(&c.next, 1);
+        if (i >= c.ntasks) break;
+        refit_status_t ts = run_task(&c, &c.tasks[i]);
+        if (ts) record_failure(&c, ts);
+    }
     for (unsigned t = 0; t < started; t++) pthread_join(tids[t], NULL);
     free(c.tasks);
+    if (atomic_load(&c.failed)) return refit_error(c.status, "%s", c.detail);
     return REFIT_OK;
+}
+
+refit_status_t refit_plan_execute_memcpy(const refit_plan_t *plan, const void *const *const *src_bases,
+                                         void *const *dst_bases, unsigned threads)
+{
+    if (!plan || !dst_bases || (plan->regions.len && !src_bases))
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_plan_execute_memcpy: NULL argument");
+    refit_exec_opts_t o = {.threads = threads};
+    return refit_plan_execute(plan, src_bases, dst_bases, &o);
 }

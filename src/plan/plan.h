@@ -22,4 +22,24 @@ uint64_t refit_region_dst_end(const refit_plan_region_t *r);
  * the bytes moved identical.  Regions must be sorted (see plan.c). */
 refit_status_t refit_plan_coalesce(refit_plan_t *plan);
 
+/* Plan execution with options (the public memcpy entry point and the local
+ * transports share it). */
+typedef struct {
+    unsigned threads; /* 0: one per online CPU */
+    /* Copies len bytes of source `src` (region, offset) to dst.  NULL: memcpy
+     * from src_bases.  Returns non-zero status to abort. */
+    refit_status_t (*copy)(void *user, uint32_t src, uint32_t src_region, uint64_t src_offset, void *dst, uint64_t len);
+    void *user;
+    /* Called from the calling thread between tasks, at most every ~10 ms; a
+     * non-zero status aborts. */
+    refit_status_t (*tick)(void *user);
+    void *tick_user;
+    double deadline;  /* refit_now() limit; 0: none (REFIT_ERR_TIMEOUT) */
+    const uint8_t *only; /* if set, execute only regions whose source s has only[s] != 0 (fills always run) */
+    bool skip_fills;
+} refit_exec_opts_t;
+
+refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *const *src_bases,
+                                  void *const *dst_bases, const refit_exec_opts_t *opts);
+
 #endif

@@ -82,6 +82,12 @@ refit_status_t refit_registry_lease_release(refit_registry_t *r, const char *gro
 /* Unexpired leases on version. */
 refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n);
 
+/* ---- receivers' acknowledgements ---------------------------------------- */
+/* Reader reports that it committed `version` (replacing its previous report). */
+refit_status_t refit_registry_ack(refit_registry_t *r, const char *group, const char *reader, uint64_t version);
+/* Readers whose last report is >= version. */
+refit_status_t refit_registry_acks(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n);
+
 /* ---- waiting ------------------------------------------------------------ */
 /* Blocks until something in this job changed since the previous call to
  * refit_registry_wait on this object (or since open), or timeout_ms passed
