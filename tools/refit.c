@@ -18,17 +18,18 @@
 #include <unistd.h>
 
 #include "plan/local.h"
+#include "tool.h"
 #include "util/util.h"
 #include "refit/refit.h"
 
-static int fail(refit_status_t st, const char *what)
+int tool_fail(refit_status_t st, const char *what)
 {
     fprintf(stderr, "refit: %s: %s (%s)\n", what, refit_last_error()[0] ? refit_last_error() : refit_status_message(st),
             refit_status_name(st));
     return 1;
 }
 
-static int usage_error(const char *cmd, const char *msg)
+int tool_usage(const char *cmd, const char *msg)
 {
     fprintf(stderr, "refit %s: %s\nrun 'refit help' for usage\n", cmd, msg);
     return 2;
@@ -59,7 +60,7 @@ static void print_help(FILE *f)
             "environment: REFIT_LOG_LEVEL=error|warn|info|debug|trace\n");
 }
 
-static int parse_u64(const char *s, uint64_t *out)
+int tool_parse_u64(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
@@ -75,15 +76,15 @@ static uint64_t physical_memory(void)
     return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
 }
 
-static void json_string(const char *s)
+void tool_json_string(FILE *f, const char *s)
 {
-    putchar('"');
+    fputc('"', f);
     for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
-        else putchar(*s);
+        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
+        else fputc(*s, f);
     }
-    putchar('"');
+    fputc('"', f);
 }
 
 static int cmd_plan(int argc, char **argv)
@@ -107,48 +108,48 @@ static int cmd_plan(int argc, char **argv)
         case O_SRC: src_spec = optarg; break;
         case O_DST: dst_spec = optarg; break;
         case O_RANK:
-            if (parse_u64(optarg, &rank) || rank > UINT32_MAX) return usage_error("plan", "--rank takes a rank number");
+            if (tool_parse_u64(optarg, &rank) || rank > UINT32_MAX) return tool_usage("plan", "--rank takes a rank number");
             rank_given = true;
             break;
         case O_ALL: all = true; break;
         case O_JSON: json = true; break;
         case O_EXEC: execute = true; break;
         case O_VERSION:
-            if (parse_u64(optarg, &version)) return usage_error("plan", "--version takes a non-negative integer");
+            if (tool_parse_u64(optarg, &version)) return tool_usage("plan", "--version takes a non-negative integer");
             break;
         case O_DUMP: dump = optarg; break;
         case O_SPLIT:
-            if (parse_u64(optarg, &split) || split == 0) return usage_error("plan", "--split-bytes takes a positive integer");
+            if (tool_parse_u64(optarg, &split) || split == 0) return tool_usage("plan", "--split-bytes takes a positive integer");
             break;
         case O_HELP: print_help(stdout); return 0;
-        default: return usage_error("plan", "unknown option");
+        default: return tool_usage("plan", "unknown option");
         }
     }
-    if (optind < argc) return usage_error("plan", "unexpected argument");
-    if (!model_name || !src_spec || !dst_spec) return usage_error("plan", "--model, --src and --dst are required");
-    if (all && rank_given) return usage_error("plan", "--rank and --all-ranks exclude each other");
-    if (dump && !execute) return usage_error("plan", "--dump needs --execute");
+    if (optind < argc) return tool_usage("plan", "unexpected argument");
+    if (!model_name || !src_spec || !dst_spec) return tool_usage("plan", "--model, --src and --dst are required");
+    if (all && rank_given) return tool_usage("plan", "--rank and --all-ranks exclude each other");
+    if (dump && !execute) return tool_usage("plan", "--dump needs --execute");
 
     int rc = 1;
     refit_status_t st;
     refit_model_t *model = NULL;
     refit_layout_t *src = NULL, *dst = NULL;
     refit_local_set_t set = {0};
-    if ((st = refit_model_open(model_name, &model))) return fail(st, "model");
+    if ((st = refit_model_open(model_name, &model))) return tool_fail(st, "model");
     if ((st = refit_layout_parse(src_spec, &src))) {
-        fail(st, "--src");
+        tool_fail(st, "--src");
         goto out;
     }
     if ((st = refit_layout_parse(dst_spec, &dst))) {
-        fail(st, "--dst");
+        tool_fail(st, "--dst");
         goto out;
     }
     if ((st = refit_layout_check(src, model))) {
-        fail(st, "--src");
+        tool_fail(st, "--src");
         goto out;
     }
     if ((st = refit_layout_check(dst, model))) {
-        fail(st, "--dst");
+        tool_fail(st, "--dst");
         goto out;
     }
     uint32_t world = refit_layout_world(dst);
@@ -170,7 +171,7 @@ static int cmd_plan(int argc, char **argv)
     }
     double t0 = refit_now();
     if ((st = refit_local_set_create(model, src, execute, version, &set))) {
-        fail(st, "building source manifests");
+        tool_fail(st, "building source manifests");
         goto out;
     }
     double src_ms = (refit_now() - t0) * 1e3;
@@ -178,11 +179,11 @@ static int cmd_plan(int argc, char **argv)
     params.split_bytes = split;
     if (json) {
         printf("{\"model\":");
-        json_string(refit_model_name(model));
+        tool_json_string(stdout, refit_model_name(model));
         printf(",\"src\":");
-        json_string(refit_layout_string(src));
+        tool_json_string(stdout, refit_layout_string(src));
         printf(",\"dst\":");
-        json_string(refit_layout_string(dst));
+        tool_json_string(stdout, refit_layout_string(dst));
         printf(",\"model_bytes\":%" PRIu64 ",\"src_ranks\":%u,\"dst_ranks\":%u,\"src_manifest_ms\":%.3f,\"executed\":%s,"
                "\"ranks\":[",
                refit_model_total_bytes(model), set.n, world, src_ms, execute ? "true" : "false");
@@ -200,7 +201,7 @@ static int cmd_plan(int argc, char **argv)
         refit_local_result_t res;
         char path[4096] = "";
         if ((st = refit_layout_manifest(dst, model, r, &dm))) {
-            fail(st, "destination manifest");
+            tool_fail(st, "destination manifest");
             ok = false;
             break;
         }
@@ -225,7 +226,7 @@ static int cmd_plan(int argc, char **argv)
         if (st) {
             char what[64];
             snprintf(what, sizeof(what), "destination rank %u", r);
-            fail(st, what);
+            tool_fail(st, what);
             ok = false;
             break;
         }
@@ -265,7 +266,7 @@ static int cmd_models(int argc, char **argv)
     for (size_t i = 0; refit_model_builtin_name(i); i++) {
         refit_model_t *m;
         refit_status_t st = refit_model_builtin(refit_model_builtin_name(i), &m);
-        if (st) return fail(st, "model");
+        if (st) return tool_fail(st, "model");
         if (json)
             printf("%s{\"name\":\"%s\",\"tensors\":%zu,\"bytes\":%" PRIu64 "}", i ? "," : "", refit_model_name(m),
                    refit_model_num_tensors(m), refit_model_total_bytes(m));
@@ -286,18 +287,18 @@ static int cmd_manifest(int argc, char **argv)
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model_name = argv[++i];
         else if (!strcmp(argv[i], "--layout") && i + 1 < argc) spec = argv[++i];
         else if (!strcmp(argv[i], "--rank") && i + 1 < argc) {
-            if (parse_u64(argv[++i], &rank) || rank > UINT32_MAX) return usage_error("manifest", "--rank takes a number");
-        } else return usage_error("manifest", "usage: refit manifest --model M --layout LAYOUT [--rank R]");
+            if (tool_parse_u64(argv[++i], &rank) || rank > UINT32_MAX) return tool_usage("manifest", "--rank takes a number");
+        } else return tool_usage("manifest", "usage: refit manifest --model M --layout LAYOUT [--rank R]");
     }
-    if (!model_name || !spec) return usage_error("manifest", "--model and --layout are required");
+    if (!model_name || !spec) return tool_usage("manifest", "--model and --layout are required");
     refit_model_t *model = NULL;
     refit_layout_t *layout = NULL;
     refit_manifest_t *m = NULL;
     refit_status_t st;
     int rc = 1;
-    if ((st = refit_model_open(model_name, &model))) return fail(st, "model");
+    if ((st = refit_model_open(model_name, &model))) return tool_fail(st, "model");
     if ((st = refit_layout_parse(spec, &layout)) || (st = refit_layout_manifest(layout, model, (uint32_t)rank, &m))) {
-        fail(st, "manifest");
+        tool_fail(st, "manifest");
         goto out;
     }
     refit_manifest_identity_t id;
@@ -305,7 +306,7 @@ static int cmd_manifest(int argc, char **argv)
     void *enc;
     size_t enc_len;
     if ((st = refit_manifest_encode(m, &enc, &enc_len))) {
-        fail(st, "encode");
+        tool_fail(st, "encode");
         goto out;
     }
     free(enc);
@@ -350,6 +351,9 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "models")) return cmd_models(argc - 1, argv + 1);
     if (!strcmp(cmd, "manifest")) return cmd_manifest(argc - 1, argv + 1);
+    if (!strcmp(cmd, "publish")) return cmd_publish(argc - 1, argv + 1);
+    if (!strcmp(cmd, "pull")) return cmd_pull(argc - 1, argv + 1);
+    if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
         printf("refit %d.%d.%d\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR, REFIT_VERSION_PATCH);
         return 0;

@@ -33,6 +33,12 @@ static const refit_model_spec_t g_specs[] = {
      .kv_heads = 64, .intermediate = 18432, .experts = 384, .moe_intermediate = 2048, .shared_experts = 1,
      .first_dense = 1, .vocab = 163840, .router_bias = true, .q_lora_rank = 1536, .kv_lora_rank = 512,
      .qk_nope_dim = 128, .qk_rope_dim = 64, .v_head_dim = 128},
+    /* The demo's model: qwen3-30b-a3b's structure (48 layers, 128 experts, 32
+     * heads / 4 kv heads, q/k norms, real vocabulary) with narrower matrices,
+     * 1.06 GB in bf16, so that trainer and rollout ranks fit one small host. */
+    {.name = "qwen3-30b-a3b-mini", .arch = REFIT_ARCH_MOE, .dtype = BF16, .hidden = 256, .layers = 48, .heads = 32,
+     .kv_heads = 4, .head_dim = 32, .intermediate = 768, .experts = 128, .moe_intermediate = 96, .vocab = 151936,
+     .qk_norm = true},
     /* Test models.  tiny-dense: GQA with 2 kv heads (fewer than tp 4 and 8),
      * odd vocab, head_dim != hidden/heads as in Qwen3. */
     {.name = "tiny-dense", .arch = REFIT_ARCH_DENSE, .dtype = BF16, .hidden = 64, .layers = 4, .heads = 8,

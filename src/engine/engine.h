@@ -1,0 +1,34 @@
+/* Internal helpers shared by publishers and receivers. */
+#ifndef REFIT_ENGINE_INTERNAL_H
+#define REFIT_ENGINE_INTERNAL_H
+
+#include "layout/manifest.h"
+#include "refit/engine.h"
+#include "plan/plan.h"
+#include "refit/truth.h"
+#include "registry/registry.h"
+#include "transport/transport.h"
+
+#define REFIT_MAX_TRANSPORTS 4
+
+typedef struct {
+    uint32_t n;
+    const refit_transport_ops_t *ops[REFIT_MAX_TRANSPORTS];
+    refit_transport_t *ctx[REFIT_MAX_TRANSPORTS];
+} refit_tset_t;
+
+/* Parses "shm,ucx" (NULL: every built-in transport, shm first) and creates
+ * each with its options taken from `options` ("ucx.listen=...,shm.x=..."). */
+refit_status_t refit_tset_open(refit_tset_t *ts, const char *names, const char *options);
+void refit_tset_close(refit_tset_t *ts);
+
+/* Manifest attribute naming one region's descriptor for one transport and buffer. */
+void refit_desc_key(char *buf, size_t n, const char *transport, uint32_t region, uint32_t buffer);
+
+/* Validates a group or reader name ([A-Za-z0-9._:-], 1..100). */
+refit_status_t refit_check_name(const char *what, const char *s);
+
+uint64_t refit_random_u64(void);
+void refit_hostname(char *buf, size_t n);
+
+#endif

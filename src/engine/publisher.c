@@ -1,0 +1,283 @@
+/* Publishers.  The first publish exposes every region through every
+ * transport (descriptors go into the manifest's attributes), stores the
+ * manifest and starts the heartbeat; each publish then writes one small
+ * version record.  In snapshot mode two staging arenas alternate, and one is
+ * reused only after the readers of the version it held are done. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+
+#define NBUF_SNAPSHOT 2
+
+struct refit_publisher {
+    refit_registry_t *reg;
+    char group[104];
+    refit_manifest_t *m;
+    refit_publisher_params_t params;
+    refit_tset_t ts;
+    refit_source_info_t info;
+    uint32_t nregions;
+    void **mem;         /* the caller's view: region bases (alloc'ed or attached) */
+    int *mem_owner;     /* transport index that allocated mem[r], or -1 */
+    void *stage[NBUF_SNAPSHOT][64]; /* snapshot staging arenas (region < 64) */
+    int stage_owner[NBUF_SNAPSHOT][64];
+    uint64_t stage_version[NBUF_SNAPSHOT];
+    uint32_t next_buffer;
+    bool announced;
+    uint64_t last_version;
+    /* heartbeat thread */
+    pthread_t hb;
+    bool hb_running, hb_stop;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+};
+
+static const char *or_default(const char *s, const char *d) { return s && s[0] ? s : d; }
+
+refit_status_t refit_publisher_create(const refit_publisher_params_t *params, refit_manifest_t *m,
+                                      refit_publisher_t **out)
+{
+    refit_status_t st;
+    refit_publisher_params_t defaults = REFIT_PUBLISHER_PARAMS_INIT;
+    if (!m || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_create: NULL argument");
+    if (params && params->version != REFIT_PUBLISHER_PARAMS_VERSION)
+        return refit_error(REFIT_ERR_UNSUPPORTED, "publisher params version %u (this library knows %u)", params->version,
+                           REFIT_PUBLISHER_PARAMS_VERSION);
+    if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "the publisher's manifest is not finalized");
+    if (m->regions.len > 64) return refit_error(REFIT_ERR_INVALID_ARG, "a manifest may have at most 64 regions");
+    refit_publisher_t *p = calloc(1, sizeof(*p));
+    if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "publisher");
+    p->params = params ? *params : defaults;
+    if (!p->params.heartbeat_ms) p->params.heartbeat_ms = 200;
+    if (!p->params.dead_ms) p->params.dead_ms = 2000;
+    if (p->params.dead_ms < 2 * p->params.heartbeat_ms) p->params.dead_ms = 2 * p->params.heartbeat_ms;
+    snprintf(p->group, sizeof(p->group), "%s", or_default(p->params.group, "trainer"));
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->cond, NULL);
+    p->nregions = (uint32_t)m->regions.len;
+    p->mem = calloc(p->nregions ? p->nregions : 1, sizeof(void *));
+    p->mem_owner = malloc((p->nregions ? p->nregions : 1) * sizeof(int));
+    if (!p->mem || !p->mem_owner) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "publisher");
+        goto err;
+    }
+    for (uint32_t r = 0; r < p->nregions; r++) p->mem_owner[r] = -1;
+    if ((st = refit_check_name("group", p->group))) goto err;
+    if ((st = refit_tset_open(&p->ts, p->params.transports, p->params.transport_options))) goto err;
+    if ((st = refit_registry_open(or_default(p->params.registry, refit_default_registry()),
+                                  or_default(p->params.job, "default"), &p->reg)))
+        goto err;
+    p->info.incarnation = refit_random_u64();
+    p->info.pid = (uint32_t)getpid();
+    refit_hostname(p->info.host, sizeof(p->info.host));
+    p->m = m;
+    *out = p;
+    return REFIT_OK;
+err:
+    p->m = NULL; /* the caller keeps the manifest on failure */
+    refit_publisher_destroy(p);
+    return st;
+}
+
+static refit_status_t alloc_with(refit_publisher_t *p, uint64_t size, void **base, int *owner)
+{
+    for (uint32_t i = 0; i < p->ts.n; i++)
+        if (p->ts.ops[i]->alloc) {
+            *owner = (int)i;
+            return p->ts.ops[i]->alloc(p->ts.ctx[i], size, base);
+        }
+    *owner = -1;
+    void *mem = NULL;
+    if (posix_memalign(&mem, 4096, size ? size : 1)) return refit_error(REFIT_ERR_NO_MEMORY, "%" PRIu64 " bytes", size);
+    memset(mem, 0, size);
+    *base = mem;
+    return REFIT_OK;
+}
+
+static void free_with(refit_publisher_t *p, void *base, uint64_t size, int owner)
+{
+    if (!base) return;
+    if (owner >= 0) p->ts.ops[owner]->free(p->ts.ctx[owner], base, size);
+    else free(base);
+}
+
+refit_status_t refit_publisher_alloc(refit_publisher_t *p, uint32_t region, void **base)
+{
+    if (!p || !base || region >= p->nregions)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_alloc: bad region %u", region);
+    if (p->mem[region]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u already has memory", region);
+    refit_status_t st = alloc_with(p, p->m->regions.data[region], &p->mem[region], &p->mem_owner[region]);
+    if (st) p->mem[region] = NULL;
+    else *base = p->mem[region];
+    return st;
+}
+
+refit_status_t refit_publisher_attach(refit_publisher_t *p, uint32_t region, void *base)
+{
+    if (!p || !base || region >= p->nregions)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_attach: bad region %u", region);
+    if (p->mem[region]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u already has memory", region);
+    if (p->announced) return refit_error(REFIT_ERR_INVALID_ARG, "memory cannot change after the first publish");
+    p->mem[region] = base;
+    p->mem_owner[region] = -2; /* the caller's */
+    return REFIT_OK;
+}
+
+static void *heartbeat_main(void *arg)
+{
+    refit_publisher_t *p = arg;
+    pthread_mutex_lock(&p->lock);
+    while (!p->hb_stop) {
+        pthread_mutex_unlock(&p->lock);
+        refit_status_t st = refit_registry_heartbeat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms);
+        if (st) refit_log(REFIT_LOG_WARN, "rank %u heartbeat: %s", p->m->rank, refit_last_error());
+        pthread_mutex_lock(&p->lock);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)p->params.heartbeat_ms * 1000000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        while (!p->hb_stop && pthread_cond_timedwait(&p->cond, &p->lock, &ts) == 0) {
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+/* First publish: stage buffers, expose, store the manifest, start the heartbeat. */
+static refit_status_t announce(refit_publisher_t *p)
+{
+    refit_status_t st;
+    uint32_t nbuf = p->params.mode == REFIT_MODE_SNAPSHOT ? NBUF_SNAPSHOT : 1;
+    void *enc = NULL;
+    size_t enc_len = 0;
+    for (uint32_t b = 0; b < nbuf && p->params.mode == REFIT_MODE_SNAPSHOT; b++)
+        for (uint32_t r = 0; r < p->nregions; r++)
+            if (!p->stage[b][r] &&
+                (st = alloc_with(p, p->m->regions.data[r], &p->stage[b][r], &p->stage_owner[b][r])))
+                return st;
+    for (uint32_t t = 0; t < p->ts.n; t++)
+        for (uint32_t b = 0; b < nbuf; b++)
+            for (uint32_t r = 0; r < p->nregions; r++) {
+                void *base = p->params.mode == REFIT_MODE_SNAPSHOT ? p->stage[b][r] : p->mem[r];
+                void *desc;
+                size_t len;
+                char key[96];
+                if ((st = p->ts.ops[t]->expose(p->ts.ctx[t], base, p->m->regions.data[r], &desc, &len))) return st;
+                refit_desc_key(key, sizeof(key), p->ts.ops[t]->name, r, b);
+                st = refit_manifest_set_attr(p->m, key, desc, len);
+                free(desc);
+                if (st) return st;
+            }
+    uint32_t nb = nbuf;
+    if ((st = refit_manifest_set_attr(p->m, "refit.buffers", &nb, sizeof(nb)))) return st;
+    if ((st = refit_manifest_encode(p->m, &enc, &enc_len))) return st;
+    st = refit_registry_put_manifest(p->reg, p->group, p->m->rank, enc, enc_len);
+    free(enc);
+    if (st) return st;
+    if ((st = refit_registry_heartbeat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms))) return st;
+    if (pthread_create(&p->hb, NULL, heartbeat_main, p) != 0)
+        return refit_error(REFIT_ERR_NO_MEMORY, "starting the heartbeat thread");
+    p->hb_running = true;
+    p->announced = true;
+    return REFIT_OK;
+}
+
+static refit_status_t wait_leases(refit_publisher_t *p, uint64_t version, int timeout_ms)
+{
+    refit_status_t st;
+    if ((st = refit_registry_retire(p->reg, p->group, version))) return st;
+    double deadline = refit_now() + timeout_ms / 1e3;
+    for (;;) {
+        uint32_t n = 0;
+        if ((st = refit_registry_lease_count(p->reg, p->group, version, &n))) return st;
+        if (n == 0) return REFIT_OK;
+        double left = deadline - refit_now();
+        if (left <= 0)
+            return refit_error(REFIT_ERR_TIMEOUT, "%u reader(s) still hold version %" PRIu64 " after %d ms", n, version,
+                               timeout_ms);
+        /* A release is a registry change; an expiry is not, so wake up now and then. */
+        int slice = (int)(left * 1e3) < 100 ? (int)(left * 1e3) + 1 : 100;
+        st = refit_registry_wait(p->reg, slice);
+        if (st && st != REFIT_ERR_TIMEOUT) return st;
+    }
+}
+
+refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
+{
+    refit_status_t st;
+    if (!p) return refit_error(REFIT_ERR_INVALID_ARG, "publisher is NULL");
+    if (version == 0 || version == REFIT_VERSION_NEWEST || version <= p->last_version)
+        return refit_error(REFIT_ERR_INVALID_ARG, "version %" PRIu64 " is not after the last published %" PRIu64, version,
+                           p->last_version);
+    for (uint32_t r = 0; r < p->nregions; r++)
+        if (!p->mem[r]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u has no memory (alloc or attach it)", r);
+    if (!p->announced && (st = announce(p))) return st;
+    refit_version_record_t rec = {.version = version, .signature = p->m->signature, .incarnation = p->info.incarnation};
+    if (p->params.mode == REFIT_MODE_SNAPSHOT) {
+        uint32_t b = p->next_buffer;
+        if (p->stage_version[b] && (st = wait_leases(p, p->stage_version[b], (int)p->params.dead_ms * 4))) return st;
+        for (uint32_t r = 0; r < p->nregions; r++) memcpy(p->stage[b][r], p->mem[r], p->m->regions.data[r]);
+        p->stage_version[b] = version;
+        p->next_buffer = (b + 1) % NBUF_SNAPSHOT;
+        rec.buffer = b;
+    }
+    if ((st = refit_registry_publish(p->reg, p->group, p->m->rank, &rec))) return st;
+    p->last_version = version;
+    return REFIT_OK;
+}
+
+refit_status_t refit_publisher_wait_readers(refit_publisher_t *p, uint64_t version, int timeout_ms)
+{
+    if (!p) return refit_error(REFIT_ERR_INVALID_ARG, "publisher is NULL");
+    return wait_leases(p, version, timeout_ms);
+}
+
+refit_status_t refit_publisher_wait_acks(refit_publisher_t *p, uint64_t version, uint32_t n, int timeout_ms)
+{
+    refit_status_t st;
+    if (!p) return refit_error(REFIT_ERR_INVALID_ARG, "publisher is NULL");
+    double deadline = refit_now() + timeout_ms / 1e3;
+    for (;;) {
+        uint32_t have = 0;
+        if ((st = refit_registry_acks(p->reg, p->group, version, &have))) return st;
+        if (have >= n) return REFIT_OK;
+        double left = deadline - refit_now();
+        if (left <= 0)
+            return refit_error(REFIT_ERR_TIMEOUT, "%u of %u receivers committed version %" PRIu64 " within %d ms", have,
+                               n, version, timeout_ms);
+        st = refit_registry_wait(p->reg, (int)(left * 1e3) + 1);
+        if (st && st != REFIT_ERR_TIMEOUT) return st;
+    }
+}
+
+void refit_publisher_destroy(refit_publisher_t *p)
+{
+    if (!p) return;
+    if (p->hb_running) {
+        pthread_mutex_lock(&p->lock);
+        p->hb_stop = true;
+        pthread_cond_signal(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+        pthread_join(p->hb, NULL);
+    }
+    if (p->reg && p->announced) refit_registry_remove_source(p->reg, p->group, p->m->rank);
+    for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++)
+        for (uint32_t r = 0; r < p->nregions && r < 64; r++)
+            free_with(p, p->stage[b][r], p->m->regions.data[r], p->stage_owner[b][r]);
+    /* Memory from refit_publisher_alloc is ours; attached memory is the caller's. */
+    for (uint32_t r = 0; p->m && p->mem && p->mem_owner && r < p->nregions; r++)
+        if (p->mem_owner[r] != -2) free_with(p, p->mem[r], p->m->regions.data[r], p->mem_owner[r]);
+    refit_tset_close(&p->ts);
+    refit_registry_close(p->reg);
+    refit_manifest_destroy(p->m);
+    free(p->mem);
+    free(p->mem_owner);
+    pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->cond);
+    free(p);
+}

@@ -1,0 +1,508 @@
+/* Receivers.
+ *
+ * pull():  discover -> lease -> (re)load changed manifests -> plan (cached by
+ * signatures) -> connect peers (cached per source incarnation and buffer) ->
+ * transfer (all transports, all sources) -> re-check that every source still
+ * holds the version and is alive -> verify -> commit -> ack -> release.
+ *
+ * Discovery reads one record and one heartbeat per source rank (one round
+ * trip each with Redis) and nothing else in steady state.  The receiver's
+ * memory is marked unusable from the first byte written until a pull
+ * completes, so a failed pull never passes for a good one. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+
+#define PLAN_CACHE 4
+#define MAX_BUFFERS 2
+
+typedef struct {
+    refit_manifest_t *m; /* decoded, NULL until fetched */
+    uint64_t signature, incarnation;
+    int transport;                                         /* index into ts, -1 none yet */
+    refit_peer_t *peer[REFIT_MAX_TRANSPORTS][MAX_BUFFERS]; /* connected peers */
+} source_t;
+
+typedef struct {
+    refit_plan_key_t key;
+    refit_plan_t *plan;
+    uint64_t last_used;
+} cached_plan_t;
+
+struct refit_receiver {
+    refit_registry_t *reg;
+    char group[104], reader[128];
+    refit_manifest_t *m;
+    refit_receiver_params_t params;
+    refit_tset_t ts;
+    uint32_t nregions;
+    void **mem;
+    bool *owned;
+    uint32_t world;
+    source_t *src;
+    cached_plan_t plans[PLAN_CACHE];
+    uint64_t uses;
+    uint64_t committed;
+    bool usable;
+    /* during a pull */
+    uint64_t lease_version;
+    double lease_renewed;
+};
+
+static const char *or_default(const char *s, const char *d) { return s && s[0] ? s : d; }
+
+refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *m,
+                                     refit_receiver_t **out)
+{
+    refit_status_t st;
+    refit_receiver_params_t defaults = REFIT_RECEIVER_PARAMS_INIT;
+    if (!m || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_receiver_create: NULL argument");
+    if (params && params->version != REFIT_RECEIVER_PARAMS_VERSION)
+        return refit_error(REFIT_ERR_UNSUPPORTED, "receiver params version %u (this library knows %u)", params->version,
+                           REFIT_RECEIVER_PARAMS_VERSION);
+    if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "the receiver's manifest is not finalized");
+    refit_receiver_t *r = calloc(1, sizeof(*r));
+    if (!r) return refit_error(REFIT_ERR_NO_MEMORY, "receiver");
+    r->params = params ? *params : defaults;
+    if (!r->params.lease_ms) r->params.lease_ms = 10000;
+    snprintf(r->group, sizeof(r->group), "%s", or_default(r->params.group, "trainer"));
+    if (r->params.reader && r->params.reader[0]) {
+        snprintf(r->reader, sizeof(r->reader), "%s", r->params.reader);
+    } else {
+        char host[64];
+        refit_hostname(host, sizeof(host));
+        snprintf(r->reader, sizeof(r->reader), "%.60s:%d:r%u", host, (int)getpid(), m->rank);
+    }
+    r->nregions = (uint32_t)m->regions.len;
+    r->mem = calloc(r->nregions ? r->nregions : 1, sizeof(void *));
+    r->owned = calloc(r->nregions ? r->nregions : 1, sizeof(bool));
+    if (!r->mem || !r->owned) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "receiver");
+        goto err;
+    }
+    if ((st = refit_check_name("group", r->group)) || (st = refit_check_name("reader", r->reader))) goto err;
+    if ((st = refit_tset_open(&r->ts, r->params.transports, r->params.transport_options))) goto err;
+    if ((st = refit_registry_open(or_default(r->params.registry, refit_default_registry()),
+                                  or_default(r->params.job, "default"), &r->reg)))
+        goto err;
+    r->m = m;
+    r->usable = true; /* nothing written yet: whatever the caller put there stands */
+    *out = r;
+    return REFIT_OK;
+err:
+    refit_receiver_destroy(r);
+    return st;
+}
+
+refit_status_t refit_receiver_alloc(refit_receiver_t *r, uint32_t region, void **base)
+{
+    if (!r || !base || region >= r->nregions)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_receiver_alloc: bad region %u", region);
+    if (r->mem[region]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u already has memory", region);
+    void *p = NULL;
+    uint64_t size = r->m->regions.data[region];
+    if (posix_memalign(&p, 4096, size ? size : 1))
+        return refit_error(REFIT_ERR_NO_MEMORY, "receiver region %u: %" PRIu64 " bytes", region, size);
+    memset(p, 0, size); /* fault the pages in now, not during the first refit */
+    r->mem[region] = p;
+    r->owned[region] = true;
+    *base = p;
+    return REFIT_OK;
+}
+
+refit_status_t refit_receiver_attach(refit_receiver_t *r, uint32_t region, void *base)
+{
+    if (!r || !base || region >= r->nregions)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_receiver_attach: bad region %u", region);
+    if (r->mem[region]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u already has memory", region);
+    r->mem[region] = base;
+    return REFIT_OK;
+}
+
+uint64_t refit_receiver_committed(const refit_receiver_t *r) { return r ? r->committed : 0; }
+bool refit_receiver_usable(const refit_receiver_t *r) { return r && r->usable; }
+
+static void drop_source(refit_receiver_t *r, source_t *s)
+{
+    for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++)
+        for (uint32_t b = 0; b < MAX_BUFFERS; b++)
+            if (s->peer[t][b]) {
+                r->ts.ops[t]->disconnect(s->peer[t][b]);
+                s->peer[t][b] = NULL;
+            }
+    refit_manifest_destroy(s->m);
+    s->m = NULL;
+    s->signature = s->incarnation = 0;
+    s->transport = -1;
+}
+
+static void drop_plans(refit_receiver_t *r)
+{
+    for (int i = 0; i < PLAN_CACHE; i++) {
+        refit_plan_destroy(r->plans[i].plan);
+        memset(&r->plans[i], 0, sizeof(r->plans[i]));
+    }
+}
+
+void refit_receiver_destroy(refit_receiver_t *r)
+{
+    if (!r) return;
+    for (uint32_t k = 0; r->src && k < r->world; k++) drop_source(r, &r->src[k]);
+    free(r->src);
+    drop_plans(r);
+    refit_tset_close(&r->ts);
+    refit_registry_close(r->reg);
+    for (uint32_t i = 0; r->mem && i < r->nregions; i++)
+        if (r->owned[i]) free(r->mem[i]);
+    free(r->mem);
+    free(r->owned);
+    refit_manifest_destroy(r->m);
+    free(r);
+}
+
+/* Fetches and decodes rank k's manifest; checks it against its record. */
+static refit_status_t load_manifest(refit_receiver_t *r, uint32_t k, refit_manifest_t **out)
+{
+    refit_status_t st;
+    void *buf = NULL;
+    size_t len = 0;
+    if ((st = refit_registry_get_manifest(r->reg, r->group, k, &buf, &len))) {
+        if (st == REFIT_ERR_NOT_FOUND)
+            return refit_error(REFIT_ERR_MISSING_SOURCE, "source rank %u of group %s has no manifest in %s", k,
+                               r->group, refit_registry_url(r->reg));
+        return st;
+    }
+    st = refit_manifest_decode(buf, len, out);
+    free(buf);
+    if (st) {
+        refit_error_prefix("manifest of source rank %u in %s", k, refit_registry_url(r->reg));
+        return st;
+    }
+    if ((*out)->rank != k) {
+        refit_manifest_destroy(*out);
+        return refit_error(REFIT_ERR_CORRUPT, "the manifest stored for rank %u says it is rank %u", k, (*out)->rank);
+    }
+    return REFIT_OK;
+}
+
+static refit_status_t learn_world(refit_receiver_t *r)
+{
+    refit_status_t st;
+    refit_manifest_t *m0;
+    if ((st = load_manifest(r, 0, &m0))) return st;
+    if (strcmp(m0->model, r->m->model) != 0) {
+        st = refit_error(REFIT_ERR_IDENTITY, "group %s publishes model %s; this receiver holds %s", r->group, m0->model,
+                         r->m->model);
+        refit_manifest_destroy(m0);
+        return st;
+    }
+    r->world = m0->world;
+    r->src = calloc(r->world, sizeof(source_t));
+    if (!r->src) {
+        refit_manifest_destroy(m0);
+        r->world = 0;
+        return refit_error(REFIT_ERR_NO_MEMORY, "receiver sources");
+    }
+    for (uint32_t k = 0; k < r->world; k++) r->src[k].transport = -1;
+    /* Rank 0's manifest is read again with the others, against its record. */
+    refit_manifest_destroy(m0);
+    return REFIT_OK;
+}
+
+typedef struct {
+    refit_version_record_t *recs;
+    uint8_t *present, *alive;
+} snapshot_t;
+
+static refit_status_t read_state(refit_receiver_t *r, snapshot_t *s)
+{
+    refit_status_t st;
+    if ((st = refit_registry_records(r->reg, r->group, r->world, s->recs, s->present))) return st;
+    return refit_registry_alive(r->reg, r->group, r->world, s->alive, NULL);
+}
+
+/* The version every live rank holds, or 0 if they disagree or none is live. */
+static uint64_t common_version(const refit_receiver_t *r, const snapshot_t *s, uint32_t *live)
+{
+    uint64_t v = 0;
+    *live = 0;
+    for (uint32_t k = 0; k < r->world; k++) {
+        if (!s->present[k] || !s->alive[k]) continue;
+        if (v && s->recs[k].version != v) return 0;
+        v = s->recs[k].version;
+        (*live)++;
+    }
+    return v;
+}
+
+static refit_status_t tick(void *user)
+{
+    refit_receiver_t *r = user;
+    double now = refit_now();
+    if (now - r->lease_renewed < r->params.lease_ms / 3e3) return REFIT_OK;
+    r->lease_renewed = now;
+    return refit_registry_lease_acquire(r->reg, r->group, r->lease_version, r->reader, r->params.lease_ms);
+}
+
+static refit_plan_t *find_plan(refit_receiver_t *r, const refit_plan_key_t *key)
+{
+    for (int i = 0; i < PLAN_CACHE; i++)
+        if (r->plans[i].plan && r->plans[i].key.src == key->src && r->plans[i].key.dst == key->dst) {
+            r->plans[i].last_used = ++r->uses;
+            return r->plans[i].plan;
+        }
+    return NULL;
+}
+
+static void keep_plan(refit_receiver_t *r, const refit_plan_key_t *key, refit_plan_t *plan)
+{
+    int victim = 0;
+    for (int i = 1; i < PLAN_CACHE; i++)
+        if (r->plans[i].last_used < r->plans[victim].last_used) victim = i;
+    refit_plan_destroy(r->plans[victim].plan);
+    r->plans[victim] = (cached_plan_t){*key, plan, ++r->uses};
+}
+
+/* Connects source k for buffer b through the first transport that works. */
+static refit_status_t connect_source(refit_receiver_t *r, uint32_t k, uint32_t b, int *tidx)
+{
+    source_t *s = &r->src[k];
+    refit_status_t st = REFIT_OK, first = REFIT_OK;
+    char first_detail[512] = "";
+    uint32_t n = (uint32_t)s->m->regions.len;
+    for (uint32_t t = 0; t < r->ts.n; t++) {
+        if (s->peer[t][b]) {
+            *tidx = (int)t;
+            return REFIT_OK;
+        }
+        const void **descs = calloc(n ? n : 1, sizeof(void *));
+        size_t *lens = calloc(n ? n : 1, sizeof(size_t));
+        if (!descs || !lens) {
+            free(descs);
+            free(lens);
+            return refit_error(REFIT_ERR_NO_MEMORY, "connecting");
+        }
+        bool have = true;
+        for (uint32_t i = 0; i < n && have; i++) {
+            char key[96];
+            refit_desc_key(key, sizeof(key), r->ts.ops[t]->name, i, b);
+            have = refit_manifest_get_attr(s->m, key, &descs[i], &lens[i]) == REFIT_OK;
+        }
+        if (have) st = r->ts.ops[t]->connect(r->ts.ctx[t], descs, lens, n, &s->peer[t][b]);
+        free(descs);
+        free(lens);
+        if (have && !st) {
+            *tidx = (int)t;
+            return REFIT_OK;
+        }
+        if (have && !first) {
+            first = st;
+            snprintf(first_detail, sizeof(first_detail), "%s", refit_last_error());
+        }
+    }
+    if (first) return refit_error(first, "source rank %u: %s", k, first_detail);
+    return refit_error(REFIT_ERR_TRANSPORT, "source rank %u exposes none of this receiver's transports", k);
+}
+
+/* Appends sep (if buf is not empty) and s to buf, truncating. */
+static void append(char *buf, size_t size, const char *sep, const char *s)
+{
+    size_t len = strlen(buf);
+    if (len && len + 1 < size) {
+        size_t n = strlen(sep) < size - len - 1 ? strlen(sep) : size - len - 1;
+        memcpy(buf + len, sep, n);
+        len += n;
+    }
+    size_t n = strlen(s) < size - len - 1 ? strlen(s) : size - len - 1;
+    memcpy(buf + len, s, n);
+    buf[len + n] = '\0';
+}
+
+static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadline, refit_pull_report_t *rep)
+{
+    refit_status_t st;
+    double t0 = refit_now();
+    if (!r->world && (st = learn_world(r))) return st;
+    snapshot_t s = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1)};
+    const refit_manifest_t **srcs = calloc(r->world, sizeof(void *));
+    refit_peer_t **peers = calloc(r->world, sizeof(void *));
+    int *tix = calloc(r->world, sizeof(int));
+    bool leased = false;
+    if (!s.recs || !s.present || !s.alive || !srcs || !peers || !tix) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
+        goto out;
+    }
+    /* 1. Discover a complete version and lease it. */
+    uint64_t v = 0;
+    for (;;) {
+        uint32_t live;
+        if ((st = read_state(r, &s))) goto out;
+        uint64_t c = common_version(r, &s, &live);
+        if (c && want != REFIT_VERSION_NEWEST && c > want) {
+            st = refit_error(REFIT_ERR_STALE, "version %" PRIu64 " was replaced by %" PRIu64 " before it was pulled",
+                             want, c);
+            goto out;
+        }
+        bool ready = c && (want == REFIT_VERSION_NEWEST ? c > r->committed : c == want);
+        if (ready) {
+            st = refit_registry_lease_acquire(r->reg, r->group, c, r->reader, r->params.lease_ms);
+            if (!st) {
+                v = c;
+                leased = true;
+                break;
+            }
+            if (st != REFIT_ERR_STALE) goto out;
+        }
+        double left = deadline - refit_now();
+        if (left <= 0) {
+            st = refit_error(REFIT_ERR_TIMEOUT,
+                             "no complete version %s%" PRIu64 " of group %s appeared (%u of %u source ranks live%s)",
+                             want == REFIT_VERSION_NEWEST ? "newer than " : "", want == REFIT_VERSION_NEWEST ? r->committed : want,
+                             r->group, live, r->world, c ? "" : ", their versions differ or none published");
+            goto out;
+        }
+        /* Publishes wake us; expiries of heartbeats do not, so look again now and then. */
+        double w0 = refit_now();
+        st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1);
+        rep->wait_ms += (refit_now() - w0) * 1e3;
+        if (st && st != REFIT_ERR_TIMEOUT) goto out;
+    }
+    r->lease_version = v;
+    r->lease_renewed = refit_now();
+    /* 2. Manifests that changed (or were never read). */
+    for (uint32_t k = 0; k < r->world; k++) {
+        source_t *src = &r->src[k];
+        if (!s.present[k] || !s.alive[k] || s.recs[k].version != v) continue;
+        if (!src->m || src->signature != s.recs[k].signature || src->incarnation != s.recs[k].incarnation) {
+            refit_manifest_t *m;
+            if ((st = load_manifest(r, k, &m))) goto out;
+            if (m->signature != s.recs[k].signature) {
+                refit_manifest_destroy(m);
+                st = refit_error(REFIT_ERR_STALE, "source rank %u's manifest changed while being read", k);
+                goto out;
+            }
+            drop_source(r, src);
+            src->m = m;
+            src->signature = m->signature;
+            src->incarnation = s.recs[k].incarnation;
+            rep->manifests_read++;
+        }
+        srcs[k] = src->m;
+    }
+    double t1 = refit_now();
+    rep->discover_ms = (t1 - t0) * 1e3 - rep->wait_ms;
+    /* 3. Plan, or reuse. */
+    refit_plan_key_t key;
+    refit_plan_key_of(srcs, r->world, r->m, &key);
+    refit_plan_t *plan = find_plan(r, &key);
+    if (!plan) {
+        if ((st = refit_plan_create(srcs, r->world, r->m, NULL, &plan))) goto out;
+        keep_plan(r, &key, plan);
+        rep->planned = true;
+    }
+    double t2 = refit_now();
+    rep->plan_ms = (t2 - t1) * 1e3;
+    /* 4. Peers for the sources this plan reads. */
+    for (uint32_t k = 0; k < r->world; k++) {
+        tix[k] = -1;
+        if (!refit_plan_source_bytes(plan, k)) continue;
+        uint32_t b = s.recs[k].buffer;
+        if (b >= MAX_BUFFERS) {
+            st = refit_error(REFIT_ERR_CORRUPT, "source rank %u names staging buffer %u", k, b);
+            goto out;
+        }
+        if ((st = connect_source(r, k, b, &tix[k]))) goto out;
+        rep->sources++;
+    }
+    /* 5. Transfer: from here the memory holds a partial version until committed. */
+    r->usable = false;
+    refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .tick = tick, .user = r};
+    refit_pull_stats_t stats = {0};
+    rep->transport[0] = rep->lanes[0] = '\0';
+    for (uint32_t t = 0; t < r->ts.n; t++) {
+        bool any = false;
+        for (uint32_t k = 0; k < r->world; k++) {
+            peers[k] = tix[k] == (int)t ? r->src[k].peer[t][s.recs[k].buffer] : NULL;
+            any |= peers[k] != NULL;
+        }
+        if (!any) continue;
+        refit_pull_stats_t ts = {0};
+        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, plan, r->mem, &ctl, &ts))) goto out;
+        stats.bytes += ts.bytes;
+        append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
+        append(rep->lanes, sizeof(rep->lanes), " ", ts.lanes);
+    }
+    /* Padding (zeros) is ours to write. */
+    uint8_t *only = calloc(r->world ? r->world : 1, 1);
+    if (!only) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "fills");
+        goto out;
+    }
+    refit_exec_opts_t fo = {.threads = 1, .only = only};
+    st = refit_plan_execute(plan, NULL, r->mem, &fo);
+    free(only);
+    if (st) goto out;
+    rep->bytes = stats.bytes;
+    /* 6. Nothing changed under us: same records, sources alive. */
+    snapshot_t s2 = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1)};
+    if (!s2.recs || !s2.present || !s2.alive) st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
+    else st = read_state(r, &s2);
+    for (uint32_t k = 0; !st && k < r->world; k++) {
+        if (tix[k] < 0) continue;
+        if (!s2.present[k] || !s2.alive[k])
+            st = refit_error(REFIT_ERR_PEER, "source rank %u died during the transfer of version %" PRIu64, k, v);
+        else if (s2.recs[k].version != v || s2.recs[k].incarnation != s.recs[k].incarnation)
+            st = refit_error(REFIT_ERR_PEER, "source rank %u moved to version %" PRIu64 " during the transfer of %" PRIu64,
+                             k, s2.recs[k].version, v);
+    }
+    free(s2.recs);
+    free(s2.present);
+    free(s2.alive);
+    if (st) goto out;
+    double t3 = refit_now();
+    rep->transfer_ms = (t3 - t2) * 1e3;
+    /* 7. Verify. */
+    if (r->params.verify == REFIT_VERIFY_TRUTH &&
+        (st = refit_truth_verify(r->m, (const void *const *)r->mem, v, NULL)))
+        goto out;
+    rep->verify_ms = (refit_now() - t3) * 1e3;
+    /* 8. Commit. */
+    r->committed = v;
+    r->usable = true;
+    rep->version = v;
+    if ((st = refit_registry_ack(r->reg, r->group, r->reader, v)))
+        refit_log(REFIT_LOG_WARN, "ack of version %" PRIu64 ": %s", v, refit_last_error());
+    st = REFIT_OK;
+out:
+    if (leased) {
+        refit_status_t keep = st;
+        char detail[1024];
+        snprintf(detail, sizeof(detail), "%s", refit_last_error());
+        if (refit_registry_lease_release(r->reg, r->group, v, r->reader))
+            refit_log(REFIT_LOG_WARN, "releasing lease on %" PRIu64 ": %s", v, refit_last_error());
+        if (keep) refit_error(keep, "%s", detail);
+    }
+    free(s.recs);
+    free(s.present);
+    free(s.alive);
+    free(srcs);
+    free(peers);
+    free(tix);
+    rep->total_ms = (refit_now() - t0) * 1e3;
+    return st;
+}
+
+refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t version, int timeout_ms, refit_pull_report_t *report)
+{
+    if (!r) return refit_error(REFIT_ERR_INVALID_ARG, "receiver is NULL");
+    for (uint32_t i = 0; i < r->nregions; i++)
+        if (!r->mem[i]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u has no memory (alloc or attach it)", i);
+    refit_pull_report_t rep;
+    memset(&rep, 0, sizeof(rep));
+    refit_status_t st = do_pull(r, version, refit_now() + (timeout_ms < 0 ? 0 : timeout_ms) / 1e3, &rep);
+    if (report) *report = rep;
+    return st;
+}

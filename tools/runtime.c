@@ -1,0 +1,226 @@
+/* refit publish, refit pull and refit demo: the runtime from the command line.
+ *
+ * publish and pull run one rank each and print one JSON object per version
+ * on stdout; demo starts P publishers and R receivers as child processes of
+ * this very binary, drives K refit cycles, and prints a table (or --json). */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tool.h"
+#include "util/json.h"
+#include "util/util.h"
+
+typedef struct {
+    const char *model, *layout, *registry, *job, *group, *transports, *topts, *reader;
+    uint64_t rank, versions, first, acks, timeout_ms, threads, hold_ms, lease_ms, dead_ms;
+    bool snapshot, json, verify, newest;
+} rt_opts_t;
+
+enum { O_MODEL = 1, O_LAYOUT, O_RANK, O_REGISTRY, O_JOB, O_GROUP, O_TRANSPORTS, O_TOPTS, O_MODE, O_VERSIONS,
+       O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD };
+
+static const struct option g_rt_opts[] = {
+    {"model", required_argument, 0, O_MODEL},       {"layout", required_argument, 0, O_LAYOUT},
+    {"rank", required_argument, 0, O_RANK},         {"registry", required_argument, 0, O_REGISTRY},
+    {"job", required_argument, 0, O_JOB},           {"group", required_argument, 0, O_GROUP},
+    {"transports", required_argument, 0, O_TRANSPORTS}, {"transport-options", required_argument, 0, O_TOPTS},
+    {"mode", required_argument, 0, O_MODE},         {"versions", required_argument, 0, O_VERSIONS},
+    {"first", required_argument, 0, O_FIRST},       {"acks", required_argument, 0, O_ACKS},
+    {"timeout-ms", required_argument, 0, O_TIMEOUT}, {"json", no_argument, 0, O_JSON},
+    {"verify", no_argument, 0, O_VERIFY},           {"threads", required_argument, 0, O_THREADS},
+    {"hold-ms", required_argument, 0, O_HOLD},      {"newest", no_argument, 0, O_NEWEST},
+    {"reader", required_argument, 0, O_READER},     {"lease-ms", required_argument, 0, O_LEASE},
+    {"dead-ms", required_argument, 0, O_DEAD},      {0, 0, 0, 0}};
+
+static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->versions = 1;
+    o->first = 1;
+    o->timeout_ms = 60000;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", g_rt_opts, NULL)) != -1) {
+        uint64_t *num = NULL;
+        switch (c) {
+        case O_MODEL: o->model = optarg; break;
+        case O_LAYOUT: o->layout = optarg; break;
+        case O_REGISTRY: o->registry = optarg; break;
+        case O_JOB: o->job = optarg; break;
+        case O_GROUP: o->group = optarg; break;
+        case O_TRANSPORTS: o->transports = optarg; break;
+        case O_TOPTS: o->topts = optarg; break;
+        case O_READER: o->reader = optarg; break;
+        case O_MODE:
+            if (!strcmp(optarg, "snapshot")) o->snapshot = true;
+            else if (strcmp(optarg, "in-place")) return tool_usage(cmd, "--mode is in-place or snapshot");
+            break;
+        case O_JSON: o->json = true; break;
+        case O_VERIFY: o->verify = true; break;
+        case O_NEWEST: o->newest = true; break;
+        case O_RANK: num = &o->rank; break;
+        case O_VERSIONS: num = &o->versions; break;
+        case O_FIRST: num = &o->first; break;
+        case O_ACKS: num = &o->acks; break;
+        case O_TIMEOUT: num = &o->timeout_ms; break;
+        case O_THREADS: num = &o->threads; break;
+        case O_HOLD: num = &o->hold_ms; break;
+        case O_LEASE: num = &o->lease_ms; break;
+        case O_DEAD: num = &o->dead_ms; break;
+        default: return tool_usage(cmd, "unknown option");
+        }
+        if (num && tool_parse_u64(optarg, num)) return tool_usage(cmd, "numeric options take non-negative integers");
+    }
+    if (optind < argc) return tool_usage(cmd, "unexpected argument");
+    if (!o->model || !o->layout) return tool_usage(cmd, "--model and --layout are required");
+    if (o->timeout_ms > INT32_MAX || o->first == 0) return tool_usage(cmd, "bad --timeout-ms or --first");
+    return 0;
+}
+
+static refit_status_t rank_manifest(const rt_opts_t *o, refit_manifest_t **out)
+{
+    refit_status_t st;
+    refit_model_t *model = NULL;
+    refit_layout_t *layout = NULL;
+    if ((st = refit_model_open(o->model, &model))) return st;
+    if (!(st = refit_layout_parse(o->layout, &layout))) st = refit_layout_manifest(layout, model, (uint32_t)o->rank, out);
+    refit_layout_destroy(layout);
+    refit_model_destroy(model);
+    return st;
+}
+
+int cmd_publish(int argc, char **argv)
+{
+    rt_opts_t o;
+    int rc = parse_rt("publish", argc, argv, &o);
+    if (rc) return rc;
+    refit_status_t st;
+    refit_manifest_t *m = NULL;
+    refit_publisher_t *p = NULL;
+    void *base = NULL;
+    if ((st = rank_manifest(&o, &m))) return tool_fail(st, "manifest");
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    pp.registry = o.registry;
+    pp.job = o.job;
+    pp.group = o.group;
+    pp.transports = o.transports;
+    pp.transport_options = o.topts;
+    pp.mode = o.snapshot ? REFIT_MODE_SNAPSHOT : REFIT_MODE_IN_PLACE;
+    pp.dead_ms = (uint32_t)o.dead_ms;
+    if ((st = refit_publisher_create(&pp, m, &p))) {
+        refit_manifest_destroy(m);
+        return tool_fail(st, "publisher");
+    }
+    if ((st = refit_publisher_alloc(p, 0, &base))) {
+        rc = tool_fail(st, "memory");
+        goto out;
+    }
+    for (uint64_t v = o.first; v < o.first + o.versions; v++) {
+        double t0 = refit_now();
+        if ((st = refit_truth_fill(m, &base, v))) { /* m is owned by p and lives as long */
+            rc = tool_fail(st, "fill");
+            goto out;
+        }
+        double t1 = refit_now();
+        if ((st = refit_publisher_publish(p, v))) {
+            rc = tool_fail(st, "publish");
+            goto out;
+        }
+        double t2 = refit_now();
+        if (o.json)
+            printf("{\"event\":\"published\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64 ",\"fill_ms\":%.3f,\"publish_ms\":%.3f}\n",
+                   o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3);
+        else
+            printf("rank %" PRIu64 " published version %" PRIu64 " (fill %.1f ms, publish %.2f ms)\n", o.rank, v,
+                   (t1 - t0) * 1e3, (t2 - t1) * 1e3);
+        fflush(stdout);
+        if (o.acks && (st = refit_publisher_wait_acks(p, v, (uint32_t)o.acks, (int)o.timeout_ms))) {
+            rc = tool_fail(st, "waiting for receivers");
+            goto out;
+        }
+        if (!o.snapshot && v + 1 < o.first + o.versions &&
+            (st = refit_publisher_wait_readers(p, v, (int)o.timeout_ms))) {
+            rc = tool_fail(st, "waiting for readers");
+            goto out;
+        }
+    }
+    if (o.hold_ms) usleep((useconds_t)(o.hold_ms * 1000));
+out:
+    refit_publisher_destroy(p);
+    return rc;
+}
+
+int cmd_pull(int argc, char **argv)
+{
+    rt_opts_t o;
+    int rc = parse_rt("pull", argc, argv, &o);
+    if (rc) return rc;
+    refit_status_t st;
+    refit_manifest_t *m = NULL;
+    refit_receiver_t *r = NULL;
+    void *base;
+    if ((st = rank_manifest(&o, &m))) return tool_fail(st, "manifest");
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = o.registry;
+    rp.job = o.job;
+    rp.group = o.group;
+    rp.transports = o.transports;
+    rp.transport_options = o.topts;
+    rp.reader = o.reader;
+    rp.threads = (unsigned)o.threads;
+    rp.lease_ms = (uint32_t)o.lease_ms;
+    rp.verify = o.verify ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
+    if ((st = refit_receiver_create(&rp, m, &r))) {
+        refit_manifest_destroy(m);
+        return tool_fail(st, "receiver");
+    }
+    if ((st = refit_receiver_alloc(r, 0, &base))) {
+        rc = tool_fail(st, "memory");
+        goto out;
+    }
+    for (uint64_t i = 0; i < o.versions; i++) {
+        refit_pull_report_t rep;
+        uint64_t want = o.newest ? REFIT_VERSION_NEWEST : o.first + i;
+        st = refit_receiver_pull(r, want, (int)o.timeout_ms, &rep);
+        if (st) {
+            if (o.json) {
+                printf("{\"event\":\"failed\",\"rank\":%" PRIu64 ",\"status\":\"%s\",\"error\":", o.rank,
+                       refit_status_name(st));
+                tool_json_string(stdout, refit_last_error());
+                printf(",\"usable\":%s,\"committed\":%" PRIu64 "}\n", refit_receiver_usable(r) ? "true" : "false",
+                       refit_receiver_committed(r));
+                fflush(stdout);
+            }
+            rc = tool_fail(st, "pull");
+            goto out;
+        }
+        if (o.json) {
+            printf("{\"event\":\"pulled\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64 ",\"bytes\":%" PRIu64
+                   ",\"sources\":%u,\"planned\":%s,\"manifests_read\":%u,\"wait_ms\":%.3f,\"discover_ms\":%.3f,"
+                   "\"plan_ms\":%.3f,\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"verified\":%s,"
+                   "\"transport\":\"%s\",\"lanes\":",
+                   o.rank, rep.version, rep.bytes, rep.sources, rep.planned ? "true" : "false", rep.manifests_read,
+                   rep.wait_ms, rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
+                   o.verify ? "true" : "false", rep.transport);
+            tool_json_string(stdout, rep.lanes);
+            printf("}\n");
+        } else {
+            printf("rank %" PRIu64 " pulled version %" PRIu64 ": %" PRIu64 " bytes from %u sources over %s in %.1f ms "
+                   "(discover %.2f, plan %.2f, transfer %.1f, verify %.1f)%s\n",
+                   o.rank, rep.version, rep.bytes, rep.sources, rep.transport, rep.total_ms, rep.discover_ms,
+                   rep.plan_ms, rep.transfer_ms, rep.verify_ms, o.verify ? ", verified" : "");
+        }
+        fflush(stdout);
+    }
+out:
+    refit_receiver_destroy(r);
+    return rc;
+}
