@@ -1,0 +1,587 @@
+/* The registry, built once on top of the key-value backend table
+ * (registry/backend.h): URL parsing, key layout, value encodings and the
+ * lease protocol.  Backends only store bytes under keys.
+ *
+ * Key layout (inside the job namespace the backend adds: a directory
+ * DIR/<job>/ for file:, the prefix "refit:<job>:" for redis:):
+ *
+ *   <group>/src/<rank>/manifest           encoded manifest, as given
+ *   <group>/src/<rank>/hb                 heartbeat (ttl = the caller's)
+ *   <group>/src/<rank>/rec                version record
+ *   <group>/v/<version>/retired           retired marker (ttl RETIRED_TTL_MS)
+ *   <group>/v/<version>/lease/<reader>    a reader's lease (ttl = the caller's)
+ *
+ * <rank> and <version> are decimal.  Group names follow the job rule
+ * ([A-Za-z0-9._-], 1..64); reader names may also hold ':' and '@' (1..128).
+ * Neither can contain '/', so "<group>/v/7/lease/" never matches version 70.
+ *
+ * Values.  Manifests are stored verbatim (their codec checks them).  Records
+ * and heartbeats are fixed-size little-endian structures:
+ *
+ *   record (56 bytes)             heartbeat (96 bytes)
+ *   0  magic "RFVR"               0  magic "RFHB"
+ *   4  format u16 = 1             4  format u16 = 1
+ *   6  size u16 = 56              6  size u16 = 96
+ *   8  version u64                8  incarnation u64
+ *   16 signature u64              16 pid u32
+ *   24 incarnation u64            20 reserved u32 = 0
+ *   32 buffer u32                 24 host char[64], NUL-terminated, NUL-padded
+ *   36 flags u32                  88 checksum u64
+ *   40 digest u64
+ *   48 checksum u64
+ *
+ * checksum = refit_hash64(bytes before it, seed).  Anything else (length,
+ * magic, size, checksum, reserved bits, unterminated host) is
+ * REFIT_ERR_CORRUPT naming the key; another format number is
+ * REFIT_ERR_UNSUPPORTED.
+ *
+ * Lease protocol.  acquire(v, r): (1) get retired(v): present -> STALE;
+ * (2) put lease(v, r) with ttl; (3) get retired(v) again: present -> delete
+ * the lease, STALE.  retire(v): put retired(v).  The publisher then waits
+ * for lease_count(v) (a list of lease(v, *)) to reach 0.
+ *   Why no reader can hold a lease the publisher misses, with sequentially
+ * consistent (linearizable) backend operations: let acquire return OK; its
+ * step (3) read "absent", so it is ordered before the retirer's put of the
+ * marker, and the lease put (2) precedes (3).  Every lease_count the retirer
+ * issues after retire returned therefore sees that lease (until released or
+ * expired).  A reader whose step (3) comes after the marker sees it and
+ * deletes its lease; the retirer may count such a lease for a moment, which
+ * only makes it wait a little longer (never too little).  Renewal is the
+ * same call, so renewing a lease on a retired version fails with STALE and
+ * removes it: the reader must stop reading that version.
+ *   Retired markers expire after RETIRED_TTL_MS (10 min) so that a
+ * long-running job does not accumulate one key per step; leases expire by
+ * themselves.  A marker that has expired no longer blocks acquires: by then
+ * the publisher has long published a newer record, and readers acquire only
+ * versions they have just read from a record (and re-read the record after
+ * acquiring), so the expired marker is never needed.  Deleting old versions'
+ * keys at retire time instead would need a list of the group's versions on
+ * every retire (a SCAN of the keyspace in redis) and buys nothing more. */
+#include "registry/registry.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "registry/backend.h"
+
+#define RETIRED_TTL_MS (10u * 60u * 1000u)
+#define MAX_WORLD (1u << 17)
+#define KEY_MAX 256
+
+#define REC_MAGIC "RFVR"
+#define REC_SIZE 56u
+#define REC_SEED 0x5246565231ULL /* "RFVR1" */
+#define HB_MAGIC "RFHB"
+#define HB_SIZE 96u
+#define HB_SEED 0x5246484231ULL /* "RFHB1" */
+#define FORMAT 1u
+
+struct refit_registry {
+    const refit_kv_ops_t *ops;
+    refit_kv_t *kv;
+    char *url;
+};
+
+/* ---- names -------------------------------------------------------------- */
+
+static bool name_ok(const char *s, size_t max, const char *extra)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                  c == '_' || c == '-' || (extra && strchr(extra, c));
+        if (!ok || n >= max) return false;
+    }
+    return n > 0;
+}
+
+static refit_status_t check_group(const char *group)
+{
+    if (!group || !name_ok(group, 64, NULL))
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry: group name \"%.80s\" must be 1..64 of [A-Za-z0-9._-]",
+                           group ? group : "(null)");
+    return REFIT_OK;
+}
+
+static refit_status_t check_reader(const char *reader)
+{
+    if (!reader || !name_ok(reader, 128, ":@"))
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "registry: reader name \"%.140s\" must be 1..128 of [A-Za-z0-9._:@-]",
+                           reader ? reader : "(null)");
+    return REFIT_OK;
+}
+
+static void src_key(char *key, const char *group, uint32_t rank, const char *what)
+{
+    snprintf(key, KEY_MAX, "%s/src/%" PRIu32 "/%s", group, rank, what);
+}
+
+/* ---- encodings ---------------------------------------------------------- */
+
+static void put_le(uint8_t *p, uint64_t v, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static void seal(uint8_t *p, const char *magic, unsigned size, uint64_t seed)
+{
+    memcpy(p, magic, 4);
+    put_le(p + 4, FORMAT, 2);
+    put_le(p + 6, size, 2);
+    put_le(p + size - 8, refit_hash64(p, size - 8, seed), 8);
+}
+
+/* Checks length, magic, format, size and checksum of a fixed-size value. */
+static refit_status_t check_sealed(const uint8_t *p, size_t len, const char *magic, unsigned size, uint64_t seed,
+                                   const char *key)
+{
+    if (len != size)
+        return refit_error(REFIT_ERR_CORRUPT, "registry key %s: %zu bytes, want %u", key, len, size);
+    if (memcmp(p, magic, 4) != 0) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: bad magic", key);
+    if (get_le(p + 4, 2) != FORMAT)
+        return refit_error(REFIT_ERR_UNSUPPORTED, "registry key %s: format %u, want %u", key,
+                           (unsigned)get_le(p + 4, 2), FORMAT);
+    if (get_le(p + 6, 2) != size)
+        return refit_error(REFIT_ERR_CORRUPT, "registry key %s: size field %u, want %u", key,
+                           (unsigned)get_le(p + 6, 2), size);
+    if (get_le(p + size - 8, 8) != refit_hash64(p, size - 8, seed))
+        return refit_error(REFIT_ERR_CORRUPT, "registry key %s: checksum mismatch", key);
+    return REFIT_OK;
+}
+
+static void encode_record(uint8_t p[REC_SIZE], const refit_version_record_t *rec)
+{
+    memset(p, 0, REC_SIZE);
+    put_le(p + 8, rec->version, 8);
+    put_le(p + 16, rec->signature, 8);
+    put_le(p + 24, rec->incarnation, 8);
+    put_le(p + 32, rec->buffer, 4);
+    put_le(p + 36, rec->flags, 4);
+    put_le(p + 40, rec->digest, 8);
+    seal(p, REC_MAGIC, REC_SIZE, REC_SEED);
+}
+
+static refit_status_t decode_record(const void *buf, size_t len, const char *key, refit_version_record_t *out)
+{
+    const uint8_t *p = buf;
+    refit_status_t st = check_sealed(p, len, REC_MAGIC, REC_SIZE, REC_SEED, key);
+    if (st) return st;
+    refit_version_record_t rec = {
+        .version = get_le(p + 8, 8),
+        .signature = get_le(p + 16, 8),
+        .incarnation = get_le(p + 24, 8),
+        .buffer = (uint32_t)get_le(p + 32, 4),
+        .flags = (uint32_t)get_le(p + 36, 4),
+        .digest = get_le(p + 40, 8),
+    };
+    *out = rec;
+    return REFIT_OK;
+}
+
+static void encode_heartbeat(uint8_t p[HB_SIZE], const refit_source_info_t *info, size_t host_len)
+{
+    memset(p, 0, HB_SIZE);
+    put_le(p + 8, info->incarnation, 8);
+    put_le(p + 16, info->pid, 4);
+    memcpy(p + 24, info->host, host_len);
+    seal(p, HB_MAGIC, HB_SIZE, HB_SEED);
+}
+
+static refit_status_t decode_heartbeat(const void *buf, size_t len, const char *key, refit_source_info_t *out)
+{
+    const uint8_t *p = buf;
+    refit_status_t st = check_sealed(p, len, HB_MAGIC, HB_SIZE, HB_SEED, key);
+    if (st) return st;
+    if (get_le(p + 20, 4) != 0) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: reserved field set", key);
+    if (!memchr(p + 24, '\0', 64)) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: host not terminated", key);
+    refit_source_info_t info = {.incarnation = get_le(p + 8, 8), .pid = (uint32_t)get_le(p + 16, 4)};
+    memcpy(info.host, p + 24, 64);
+    *out = info;
+    return REFIT_OK;
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+refit_status_t refit_registry_open(const char *url, const char *job, refit_registry_t **out)
+{
+    if (!url || !out) return refit_error(REFIT_ERR_INVALID_ARG, "registry open: NULL url or out");
+    if (!job || !name_ok(job, 64, NULL))
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry open %s: job name \"%.80s\" must be 1..64 of [A-Za-z0-9._-]",
+                           url, job ? job : "(null)");
+    const char *colon = strchr(url, ':');
+    if (!colon || colon == url)
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry url \"%s\": want file:DIR or redis://HOST:PORT", url);
+    size_t slen = (size_t)(colon - url);
+    const char *rest = colon + 1;
+
+    const refit_kv_ops_t *ops = NULL;
+    if (slen == 4 && memcmp(url, "file", 4) == 0) {
+        ops = &refit_kv_file_ops;
+    } else if (slen == 5 && memcmp(url, "redis", 5) == 0) {
+#ifdef REFIT_HAVE_REDIS
+        ops = &refit_kv_redis_ops;
+#else
+        return refit_error(REFIT_ERR_UNSUPPORTED, "registry url \"%s\": refit was built without hiredis", url);
+#endif
+    } else {
+        return refit_error(REFIT_ERR_UNSUPPORTED, "registry url \"%s\": unknown scheme \"%.*s\" (file, redis)", url,
+                           (int)REFIT_MIN(slen, 32), url);
+    }
+    if (!*rest) return refit_error(REFIT_ERR_INVALID_ARG, "registry url \"%s\": nothing after the scheme", url);
+
+    refit_registry_t *r = calloc(1, sizeof(*r));
+    if (!r) return refit_error(REFIT_ERR_NO_MEMORY, "registry open %s", url);
+    r->ops = ops;
+    r->url = refit_strdup(url);
+    refit_status_t st = REFIT_OK;
+    if (!r->url) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "registry open %s", url);
+        goto free_registry;
+    }
+    st = ops->open(rest, job, &r->kv);
+    if (st) goto free_url;
+    *out = r;
+    return REFIT_OK;
+
+free_url:
+    free(r->url);
+free_registry:
+    free(r);
+    return st;
+}
+
+void refit_registry_close(refit_registry_t *r)
+{
+    if (!r) return;
+    r->ops->close(r->kv);
+    free(r->url);
+    free(r);
+}
+
+const char *refit_registry_url(const refit_registry_t *r) { return r ? r->url : NULL; }
+
+/* ---- small helpers on the backend -------------------------------------- */
+
+/* One key: *val malloc'ed or NULL when absent. */
+static refit_status_t get_one(refit_registry_t *r, const char *key, void **val, size_t *len)
+{
+    const char *keys[1] = {key};
+    void *vals[1] = {NULL};
+    size_t lens[1] = {0};
+    refit_status_t st = r->ops->get_many(r->kv, keys, 1, vals, lens);
+    if (st) return st;
+    *val = vals[0];
+    *len = lens[0];
+    return REFIT_OK;
+}
+
+static refit_status_t is_present(refit_registry_t *r, const char *key, bool *present)
+{
+    void *val = NULL;
+    size_t len = 0;
+    refit_status_t st = get_one(r, key, &val, &len);
+    if (st) return st;
+    *present = val != NULL;
+    free(val);
+    return REFIT_OK;
+}
+
+static refit_status_t check_world(uint32_t world, const void *out)
+{
+    if (!out) return refit_error(REFIT_ERR_INVALID_ARG, "registry: NULL output array");
+    if (world > MAX_WORLD) return refit_error(REFIT_ERR_INVALID_ARG, "registry: world %u above %u", world, MAX_WORLD);
+    return REFIT_OK;
+}
+
+/* Fetches the key <group>/src/<k>/<what> of every rank k < world in one
+ * get_many.  vals[k] malloc'ed or NULL; free with free_many. */
+static refit_status_t get_ranks(refit_registry_t *r, const char *group, uint32_t world, const char *what,
+                                char **keybuf, void ***vals, size_t **lens)
+{
+    char *kb = malloc((size_t)world * KEY_MAX);
+    const char **keys = malloc((size_t)world * sizeof(*keys));
+    void **v = calloc(world, sizeof(*v));
+    size_t *l = calloc(world, sizeof(*l));
+    refit_status_t st = REFIT_OK;
+    if (!kb || !keys || !v || !l) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "registry: key arrays for world %u", world);
+        goto free_arrays;
+    }
+    for (uint32_t k = 0; k < world; k++) {
+        src_key(kb + (size_t)k * KEY_MAX, group, k, what);
+        keys[k] = kb + (size_t)k * KEY_MAX;
+    }
+    st = r->ops->get_many(r->kv, keys, world, v, l);
+    if (st) goto free_arrays;
+    free(keys);
+    *keybuf = kb;
+    *vals = v;
+    *lens = l;
+    return REFIT_OK;
+
+free_arrays:
+    free(l);
+    free(v);
+    free(keys);
+    free(kb);
+    return st;
+}
+
+static void free_many(char *keybuf, void **vals, size_t *lens, uint32_t n)
+{
+    for (uint32_t k = 0; k < n; k++) free(vals[k]);
+    free(vals);
+    free(lens);
+    free(keybuf);
+}
+
+/* ---- sources ------------------------------------------------------------ */
+
+refit_status_t refit_registry_put_manifest(refit_registry_t *r, const char *group, uint32_t rank, const void *buf,
+                                           size_t len)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    if (!buf || len == 0) return refit_error(REFIT_ERR_INVALID_ARG, "registry put_manifest %s/%u: empty", group, rank);
+    char key[KEY_MAX];
+    src_key(key, group, rank, "manifest");
+    return r->ops->put(r->kv, key, buf, len, 0);
+}
+
+refit_status_t refit_registry_get_manifest(refit_registry_t *r, const char *group, uint32_t rank, void **buf,
+                                           size_t *len)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    if (!buf || !len) return refit_error(REFIT_ERR_INVALID_ARG, "registry get_manifest: NULL output");
+    char key[KEY_MAX];
+    src_key(key, group, rank, "manifest");
+    void *val = NULL;
+    size_t n = 0;
+    st = get_one(r, key, &val, &n);
+    if (st) return st;
+    if (!val) return refit_error(REFIT_ERR_NOT_FOUND, "registry: no manifest for %s rank %u", group, rank);
+    *buf = val;
+    *len = n;
+    return REFIT_OK;
+}
+
+refit_status_t refit_registry_heartbeat(refit_registry_t *r, const char *group, uint32_t rank,
+                                        const refit_source_info_t *info, uint32_t ttl_ms)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    if (!info || ttl_ms == 0)
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry heartbeat %s/%u: NULL info or zero ttl", group, rank);
+    size_t host_len = strnlen(info->host, sizeof(info->host));
+    if (host_len == sizeof(info->host))
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry heartbeat %s/%u: host not NUL-terminated", group, rank);
+    uint8_t val[HB_SIZE];
+    encode_heartbeat(val, info, host_len);
+    char key[KEY_MAX];
+    src_key(key, group, rank, "hb");
+    return r->ops->put(r->kv, key, val, sizeof(val), ttl_ms);
+}
+
+refit_status_t refit_registry_alive(refit_registry_t *r, const char *group, uint32_t world, uint8_t *alive,
+                                    refit_source_info_t *infos)
+{
+    refit_status_t st = check_group(group);
+    if (!st) st = check_world(world, alive);
+    if (st) return st;
+    if (world == 0) return REFIT_OK;
+    char *keybuf = NULL;
+    void **vals = NULL;
+    size_t *lens = NULL;
+    st = get_ranks(r, group, world, "hb", &keybuf, &vals, &lens);
+    if (st) return st;
+    refit_source_info_t *tmp = calloc(world, sizeof(*tmp));
+    if (!tmp) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "registry alive: %u infos", world);
+        goto free_values;
+    }
+    for (uint32_t k = 0; k < world; k++) {
+        if (!vals[k]) continue;
+        st = decode_heartbeat(vals[k], lens[k], keybuf + (size_t)k * KEY_MAX, &tmp[k]);
+        if (st) goto free_tmp;
+    }
+    for (uint32_t k = 0; k < world; k++) {
+        alive[k] = vals[k] != NULL;
+        if (infos) infos[k] = tmp[k];
+    }
+free_tmp:
+    free(tmp);
+free_values:
+    free_many(keybuf, vals, lens, world);
+    return st;
+}
+
+refit_status_t refit_registry_remove_source(refit_registry_t *r, const char *group, uint32_t rank)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    /* Heartbeat first: the rank is seen dead before its data disappears. */
+    static const char *const what[] = {"hb", "rec", "manifest"};
+    for (size_t i = 0; i < REFIT_ARRAY_LEN(what); i++) {
+        char key[KEY_MAX];
+        src_key(key, group, rank, what[i]);
+        st = r->ops->del(r->kv, key);
+        if (st) return st;
+    }
+    return REFIT_OK;
+}
+
+/* ---- versions ----------------------------------------------------------- */
+
+refit_status_t refit_registry_publish(refit_registry_t *r, const char *group, uint32_t rank,
+                                      const refit_version_record_t *rec)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    if (!rec) return refit_error(REFIT_ERR_INVALID_ARG, "registry publish %s/%u: NULL record", group, rank);
+    uint8_t val[REC_SIZE];
+    encode_record(val, rec);
+    char key[KEY_MAX];
+    src_key(key, group, rank, "rec");
+    return r->ops->put(r->kv, key, val, sizeof(val), 0);
+}
+
+refit_status_t refit_registry_records(refit_registry_t *r, const char *group, uint32_t world,
+                                      refit_version_record_t *recs, uint8_t *present)
+{
+    refit_status_t st = check_group(group);
+    if (!st) st = check_world(world, present);
+    if (!st) st = check_world(world, recs);
+    if (st) return st;
+    if (world == 0) return REFIT_OK;
+    char *keybuf = NULL;
+    void **vals = NULL;
+    size_t *lens = NULL;
+    st = get_ranks(r, group, world, "rec", &keybuf, &vals, &lens);
+    if (st) return st;
+    refit_version_record_t *tmp = calloc(world, sizeof(*tmp));
+    if (!tmp) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "registry records: %u records", world);
+        goto free_values;
+    }
+    for (uint32_t k = 0; k < world; k++) {
+        if (!vals[k]) continue;
+        st = decode_record(vals[k], lens[k], keybuf + (size_t)k * KEY_MAX, &tmp[k]);
+        if (st) goto free_tmp;
+    }
+    for (uint32_t k = 0; k < world; k++) {
+        present[k] = vals[k] != NULL;
+        recs[k] = tmp[k];
+    }
+free_tmp:
+    free(tmp);
+free_values:
+    free_many(keybuf, vals, lens, world);
+    return st;
+}
+
+/* ---- leases ------------------------------------------------------------- */
+
+static void retired_key(char *key, const char *group, uint64_t version)
+{
+    snprintf(key, KEY_MAX, "%s/v/%" PRIu64 "/retired", group, version);
+}
+
+static void lease_key(char *key, const char *group, uint64_t version, const char *reader)
+{
+    snprintf(key, KEY_MAX, "%s/v/%" PRIu64 "/lease/%s", group, version, reader);
+}
+
+refit_status_t refit_registry_retire(refit_registry_t *r, const char *group, uint64_t version)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    char key[KEY_MAX];
+    retired_key(key, group, version);
+    return r->ops->put(r->kv, key, "retired", 7, RETIRED_TTL_MS);
+}
+
+refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *group, uint64_t version,
+                                            const char *reader, uint32_t ttl_ms)
+{
+    refit_status_t st = check_group(group);
+    if (!st) st = check_reader(reader);
+    if (st) return st;
+    if (ttl_ms == 0) return refit_error(REFIT_ERR_INVALID_ARG, "registry lease %s/v/%" PRIu64 ": zero ttl", group, version);
+    char rkey[KEY_MAX], lkey[KEY_MAX];
+    retired_key(rkey, group, version);
+    lease_key(lkey, group, version, reader);
+
+    bool retired = false;
+    st = is_present(r, rkey, &retired);
+    if (st) return st;
+    if (retired) goto stale;
+    st = r->ops->put(r->kv, lkey, "lease", 5, ttl_ms);
+    if (st) return st;
+    st = is_present(r, rkey, &retired);
+    if (st || retired) {
+        /* Retired meanwhile (or unknown): take the lease back.  If that fails
+         * too, the lease expires after ttl_ms; report the first error. */
+        refit_status_t first = st;
+        char detail[512];
+        snprintf(detail, sizeof(detail), "%s", refit_last_error());
+        refit_status_t dst = r->ops->del(r->kv, lkey);
+        if (first) {
+            refit_error(first, "%s", detail);
+            return first;
+        }
+        if (dst) return dst;
+        goto stale;
+    }
+    return REFIT_OK;
+
+stale:
+    return refit_error(REFIT_ERR_STALE, "registry: version %" PRIu64 " of %s is retired (reader %s)", version, group,
+                       reader);
+}
+
+refit_status_t refit_registry_lease_release(refit_registry_t *r, const char *group, uint64_t version,
+                                            const char *reader)
+{
+    refit_status_t st = check_group(group);
+    if (!st) st = check_reader(reader);
+    if (st) return st;
+    char key[KEY_MAX];
+    lease_key(key, group, version, reader);
+    return r->ops->del(r->kv, key);
+}
+
+refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    if (!n) return refit_error(REFIT_ERR_INVALID_ARG, "registry lease_count: NULL output");
+    char prefix[KEY_MAX];
+    snprintf(prefix, sizeof(prefix), "%s/v/%" PRIu64 "/lease/", group, version);
+    char **keys = NULL;
+    size_t nkeys = 0;
+    st = r->ops->list(r->kv, prefix, &keys, &nkeys);
+    if (st) return st;
+    for (size_t i = 0; i < nkeys; i++) free(keys[i]);
+    free(keys);
+    *n = (uint32_t)REFIT_MIN(nkeys, (size_t)UINT32_MAX);
+    return REFIT_OK;
+}
+
+/* ---- waiting ------------------------------------------------------------ */
+
+refit_status_t refit_registry_wait(refit_registry_t *r, int timeout_ms)
+{
+    if (timeout_ms < 0) return refit_error(REFIT_ERR_INVALID_ARG, "registry wait: negative timeout %d", timeout_ms);
+    return r->ops->wait(r->kv, timeout_ms);
+}
