@@ -224,13 +224,18 @@ static refit_status_t read_state(refit_receiver_t *r, snapshot_t *s)
     return refit_registry_alive(r->reg, r->group, r->world, s->alive, NULL);
 }
 
-/* The version every live rank holds, or 0 if they disagree or none is live. */
+/* The version every live rank holds, or 0 if they disagree, none is live, or
+ * some rank has not published at all yet.  A rank that published and then
+ * stopped heartbeating is dead and left out (its bytes may still be held by
+ * replicas; the planner decides). */
 static uint64_t common_version(const refit_receiver_t *r, const snapshot_t *s, uint32_t *live)
 {
     uint64_t v = 0;
     *live = 0;
+    for (uint32_t k = 0; k < r->world; k++)
+        if (!s->present[k]) return 0;
     for (uint32_t k = 0; k < r->world; k++) {
-        if (!s->present[k] || !s->alive[k]) continue;
+        if (!s->alive[k]) continue;
         if (v && s->recs[k].version != v) return 0;
         v = s->recs[k].version;
         (*live)++;
@@ -325,7 +330,20 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
 {
     refit_status_t st;
     double t0 = refit_now();
-    if (!r->world && (st = learn_world(r))) return st;
+    /* The group may not have started yet: wait for rank 0's manifest. */
+    while (!r->world) {
+        st = learn_world(r);
+        if (!st) break;
+        if (st != REFIT_ERR_MISSING_SOURCE) return st;
+        double left = deadline - refit_now();
+        if (left <= 0)
+            return refit_error(REFIT_ERR_TIMEOUT, "no source of group %s appeared in %s", r->group,
+                               refit_registry_url(r->reg));
+        double w0 = refit_now();
+        st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1);
+        rep->wait_ms += (refit_now() - w0) * 1e3;
+        if (st && st != REFIT_ERR_TIMEOUT) return st;
+    }
     snapshot_t s = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1)};
     const refit_manifest_t **srcs = calloc(r->world, sizeof(void *));
     refit_peer_t **peers = calloc(r->world, sizeof(void *));

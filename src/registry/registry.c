@@ -10,6 +10,7 @@
  *   <group>/src/<rank>/rec                version record
  *   <group>/v/<version>/retired           retired marker (ttl RETIRED_TTL_MS)
  *   <group>/v/<version>/lease/<reader>    a reader's lease (ttl = the caller's)
+ *   <group>/ack/<reader>                  last version the reader committed (u64 LE)
  *
  * <rank> and <version> are decimal.  Group names follow the job rule
  * ([A-Za-z0-9._-], 1..64); reader names may also hold ':' and '@' (1..128).
@@ -576,6 +577,62 @@ refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group
     free(keys);
     *n = (uint32_t)REFIT_MIN(nkeys, (size_t)UINT32_MAX);
     return REFIT_OK;
+}
+
+/* ---- acknowledgements --------------------------------------------------- */
+
+/* "<group>/ack/<reader>" holds the last version the reader committed, as a
+ * u64 little-endian (8 bytes).  Acks have no ttl: a reader that went away
+ * still counts for the versions it did commit. */
+static void ack_key(char *key, const char *group, const char *reader)
+{
+    snprintf(key, KEY_MAX, "%s/ack/%s", group, reader);
+}
+
+refit_status_t refit_registry_ack(refit_registry_t *r, const char *group, const char *reader, uint64_t version)
+{
+    refit_status_t st = check_group(group);
+    if (!st) st = check_reader(reader);
+    if (st) return st;
+    char key[KEY_MAX];
+    uint8_t val[8];
+    ack_key(key, group, reader);
+    put_le(val, version, 8);
+    return r->ops->put(r->kv, key, val, sizeof(val), 0);
+}
+
+refit_status_t refit_registry_acks(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    if (!n) return refit_error(REFIT_ERR_INVALID_ARG, "registry acks: NULL output");
+    char prefix[KEY_MAX];
+    snprintf(prefix, sizeof(prefix), "%s/ack/", group);
+    char **keys = NULL;
+    size_t nkeys = 0;
+    if ((st = r->ops->list(r->kv, prefix, &keys, &nkeys))) return st;
+    void **vals = calloc(nkeys ? nkeys : 1, sizeof(void *));
+    size_t *lens = calloc(nkeys ? nkeys : 1, sizeof(size_t));
+    if (!vals || !lens) st = refit_error(REFIT_ERR_NO_MEMORY, "registry acks");
+    else if (nkeys) st = r->ops->get_many(r->kv, (const char *const *)keys, nkeys, vals, lens);
+    uint32_t count = 0;
+    for (size_t i = 0; !st && i < nkeys; i++) {
+        if (!vals[i]) continue; /* deleted between list and get */
+        if (lens[i] != 8) {
+            st = refit_error(REFIT_ERR_CORRUPT, "registry: %s holds %zu bytes, not an 8-byte version", keys[i], lens[i]);
+            break;
+        }
+        count += get_le(vals[i], 8) >= version;
+    }
+    for (size_t i = 0; i < nkeys; i++) {
+        free(keys[i]);
+        if (vals) free(vals[i]);
+    }
+    free(keys);
+    free(vals);
+    free(lens);
+    if (!st) *n = count;
+    return st;
 }
 
 /* ---- waiting ------------------------------------------------------------ */
