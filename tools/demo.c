@@ -268,6 +268,11 @@ int cmd_demo(int argc, char **argv)
     char ncyc[32], nacks[32], nthreads[32], rankbuf[MAX_CHILDREN][16], readers[MAX_CHILDREN][48], tmo[32];
     snprintf(ncyc, sizeof(ncyc), "%" PRIu64, cycles);
     snprintf(nacks, sizeof(nacks), "%u", R);
+    /* Receivers share this host's CPUs: by default each copies with its share. */
+    if (!threads) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = ncpu > (long)R ? (uint64_t)ncpu / R : 1;
+    }
     snprintf(nthreads, sizeof(nthreads), "%" PRIu64, threads);
     snprintf(tmo, sizeof(tmo), "%" PRIu64, timeout_s * 1000);
     bool failed = false;

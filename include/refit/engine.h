@@ -113,7 +113,8 @@ typedef struct {
     bool planned;            /* a plan was computed (false: cached) */
     uint32_t manifests_read; /* manifests fetched from the registry */
     double wait_ms;          /* waiting for the version to be complete (not part of discover_ms) */
-    double discover_ms, plan_ms, transfer_ms, verify_ms, total_ms;
+    double discover_ms, plan_ms, transfer_ms, verify_ms;
+    double total_ms;         /* the pull without wait_ms */
     char transport[32];      /* transports used, e.g. "shm" */
     char lanes[256];         /* what carried the bytes */
 } refit_pull_report_t;

@@ -29,6 +29,10 @@ struct refit_publisher {
     uint32_t next_buffer;
     bool announced;
     uint64_t last_version;
+    void *enc;              /* the encoded manifest, kept to re-announce */
+    size_t enc_len;
+    refit_version_record_t last_rec; /* under lock */
+    bool have_rec;
     /* heartbeat thread */
     pthread_t hb;
     bool hb_running, hb_stop;
@@ -127,14 +131,35 @@ refit_status_t refit_publisher_attach(refit_publisher_t *p, uint32_t region, voi
     return REFIT_OK;
 }
 
+/* After the registry failed (e.g. a Redis restart that lost its data), the
+ * manifest and the last record are written again. */
+static refit_status_t reannounce(refit_publisher_t *p)
+{
+    refit_status_t st = refit_registry_put_manifest(p->reg, p->group, p->m->rank, p->enc, p->enc_len);
+    pthread_mutex_lock(&p->lock);
+    refit_version_record_t rec = p->last_rec;
+    bool have = p->have_rec;
+    pthread_mutex_unlock(&p->lock);
+    if (!st && have) st = refit_registry_publish(p->reg, p->group, p->m->rank, &rec);
+    return st;
+}
+
 static void *heartbeat_main(void *arg)
 {
     refit_publisher_t *p = arg;
+    bool lost = false;
     pthread_mutex_lock(&p->lock);
     while (!p->hb_stop) {
         pthread_mutex_unlock(&p->lock);
         refit_status_t st = refit_registry_heartbeat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms);
-        if (st) refit_log(REFIT_LOG_WARN, "rank %u heartbeat: %s", p->m->rank, refit_last_error());
+        if (!st && lost && !(st = reannounce(p))) {
+            refit_log(REFIT_LOG_INFO, "rank %u: registry is back; manifest and record written again", p->m->rank);
+            lost = false;
+        }
+        if (st) {
+            lost = true;
+            refit_log(REFIT_LOG_WARN, "rank %u heartbeat: %s", p->m->rank, refit_last_error());
+        }
         pthread_mutex_lock(&p->lock);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -176,9 +201,9 @@ static refit_status_t announce(refit_publisher_t *p)
     uint32_t nb = nbuf;
     if ((st = refit_manifest_set_attr(p->m, "refit.buffers", &nb, sizeof(nb)))) return st;
     if ((st = refit_manifest_encode(p->m, &enc, &enc_len))) return st;
-    st = refit_registry_put_manifest(p->reg, p->group, p->m->rank, enc, enc_len);
-    free(enc);
-    if (st) return st;
+    p->enc = enc;
+    p->enc_len = enc_len;
+    if ((st = refit_registry_put_manifest(p->reg, p->group, p->m->rank, enc, enc_len))) return st;
     if ((st = refit_registry_heartbeat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms))) return st;
     if (pthread_create(&p->hb, NULL, heartbeat_main, p) != 0)
         return refit_error(REFIT_ERR_NO_MEMORY, "starting the heartbeat thread");
@@ -226,6 +251,10 @@ refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
         p->next_buffer = (b + 1) % NBUF_SNAPSHOT;
         rec.buffer = b;
     }
+    pthread_mutex_lock(&p->lock);
+    p->last_rec = rec;
+    p->have_rec = true;
+    pthread_mutex_unlock(&p->lock);
     if ((st = refit_registry_publish(p->reg, p->group, p->m->rank, &rec))) return st;
     p->last_version = version;
     return REFIT_OK;
@@ -275,6 +304,7 @@ void refit_publisher_destroy(refit_publisher_t *p)
     refit_tset_close(&p->ts);
     refit_registry_close(p->reg);
     refit_manifest_destroy(p->m);
+    free(p->enc);
     free(p->mem);
     free(p->mem_owner);
     pthread_mutex_destroy(&p->lock);

@@ -58,6 +58,7 @@ typedef struct {
 
 struct refit_peer {
     uint32_t pid, nregions;
+    uint64_t start_time;
     shm_region_t *regions;
 };
 
@@ -236,6 +237,7 @@ static refit_status_t shm_connect(refit_transport_t *t, const void *const *descs
             goto err;
         }
         peer->pid = d.pid;
+        peer->start_time = d.start_time;
         shm_region_t *r = &peer->regions[i];
         r->kind = d.kind;
         r->size = d.size;
@@ -350,6 +352,11 @@ static refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers,
                            .tick = ctl ? ctl->tick : NULL, .tick_user = ctl ? ctl->user : NULL,
                            .deadline = ctl ? ctl->deadline : 0, .only = only, .skip_fills = true};
     st = refit_plan_execute(plan, bases, dst_bases, &o);
+    /* A mapping outlives its publisher, so the bytes would look fine; but a
+     * publisher that died during the copy may have died while writing them. */
+    for (size_t s = 0; !st && s < nsrc; s++)
+        if (peers[s] && start_time(peers[s]->pid) != peers[s]->start_time)
+            st = refit_error(REFIT_ERR_PEER, "shm: source process %u died during the transfer", peers[s]->pid);
     if (!st && stats) {
         stats->bytes += bytes;
         stats->requests += n;
