@@ -961,6 +961,73 @@ static void test_redis_restart(void **state)
     print_message("redis restart case: %.0f ms\n", ms_since(t_start));
 }
 
+/* A server that stops answering (SIGSTOP): calls fail after the 2 s I/O
+ * timeout, waits just time out, and all is well once it answers again. */
+static void test_redis_hang(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    REFIT_ASSERT_OK(refit_registry_wait(r, 2000));
+    assert_int_equal(kill(b->server, SIGSTOP), 0);
+    double t0 = refit_now();
+    uint32_t n = 0;
+    refit_status_t st = refit_registry_lease_count(r, "g", 1, &n);
+    double el = ms_since(t0);
+    REFIT_ASSERT_ERR(st, REFIT_ERR_REGISTRY, "no answer within 2000 ms");
+    assert_true(el >= 1900.0 && el < 3500.0);
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 100), REFIT_ERR_TIMEOUT, NULL);
+    assert_int_equal(kill(b->server, SIGCONT), 0);
+    REFIT_ASSERT_OK(refit_registry_lease_count(r, "g", 1, &n));
+    assert_int_equal(n, 0);
+    refit_registry_close(r);
+}
+
+/* Sends one command on a fresh connection; true if the reply starts with want. */
+static bool redis_raw(int port, const char *cmd, const char *want)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char buf[64] = {0};
+    size_t len = strlen(cmd);
+    bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && send(fd, cmd, len, MSG_NOSIGNAL) == (ssize_t)len &&
+              recv(fd, buf, sizeof(buf) - 1, 0) > 0 && strncmp(buf, want, strlen(want)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* The server drops our connection and we then write a large command: the
+ * writes hit a reset socket (EPIPE), which must not kill the process with
+ * SIGPIPE (its default action here). */
+static void test_redis_sigpipe(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    assert_true(redis_raw(b->port, "CLIENT KILL TYPE normal\r\n", ":"));
+    msleep(50);
+    size_t big = 16u << 20;
+    char *val = calloc(1, big);
+    assert_non_null(val);
+    refit_status_t st = refit_registry_put_manifest(r, "g", 0, val, big);
+    print_message("large put on a killed connection: %s (%s)\n", refit_status_name(st), refit_last_error());
+    REFIT_ASSERT_ERR(st, REFIT_ERR_REGISTRY, "redis 127.0.0.1");
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, val, big)); /* reconnected */
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
+    assert_int_equal(len, big);
+    free(buf);
+    free(val);
+    refit_registry_close(r);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 #define BACKEND_TESTS(b)                                                                                       \
@@ -980,6 +1047,8 @@ int main(void)
     const struct CMUnitTest redis_tests[] = {
         BACKEND_TESTS(g_redis),
         cmocka_unit_test_prestate(test_redis_restart, &g_redis),
+        cmocka_unit_test_prestate(test_redis_hang, &g_redis),
+        cmocka_unit_test_prestate(test_redis_sigpipe, &g_redis),
     };
     const struct CMUnitTest misc_tests[] = {
         cmocka_unit_test(test_open_errors),
