@@ -36,9 +36,10 @@
  * REFIT_ERR_CORRUPT naming the key; another format number is
  * REFIT_ERR_UNSUPPORTED.
  *
- * Lease protocol.  acquire(v, r): (1) get retired(v): present -> STALE;
- * (2) put lease(v, r) with ttl; (3) get retired(v) again: present -> delete
- * the lease, STALE.  retire(v): put retired(v).  The publisher then waits
+ * Lease protocol.  acquire(v, r): (1) get retired(v) (and lease(v, r), to
+ * know whether this is a renewal): present -> STALE (deleting the reader's
+ * earlier lease, if any); (2) put lease(v, r) with ttl; (3) get retired(v)
+ * again: present -> delete the lease, STALE.  retire(v): put retired(v).  The publisher then waits
  * for lease_count(v) (a list of lease(v, *)) to reach 0.
  *   Why no reader can hold a lease the publisher misses, with sequentially
  * consistent (linearizable) backend operations: let acquire return OK; its
@@ -49,7 +50,8 @@
  * deletes its lease; the retirer may count such a lease for a moment, which
  * only makes it wait a little longer (never too little).  Renewal is the
  * same call, so renewing a lease on a retired version fails with STALE and
- * removes it: the reader must stop reading that version.
+ * removes it: after STALE the reader holds no lease on that version and must
+ * stop reading it (and discard what it read).
  *   Retired markers expire after RETIRED_TTL_MS (10 min) so that a
  * long-running job does not accumulate one key per step; leases expire by
  * themselves.  A marker that has expired no longer blocks acquires: by then
@@ -523,12 +525,25 @@ refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *gro
     retired_key(rkey, group, version);
     lease_key(lkey, group, version, reader);
 
-    bool retired = false;
-    st = is_present(r, rkey, &retired);
+    /* (1) The marker, and whether this is a renewal, in one round trip. */
+    const char *keys[2] = {rkey, lkey};
+    void *vals[2] = {NULL, NULL};
+    size_t lens[2] = {0, 0};
+    st = r->ops->get_many(r->kv, keys, 2, vals, lens);
     if (st) return st;
-    if (retired) goto stale;
+    bool retired = vals[0] != NULL, renewal = vals[1] != NULL;
+    free(vals[0]);
+    free(vals[1]);
+    if (retired) {
+        /* No lease stays behind, not even one taken earlier; deleting only
+         * what exists keeps refused acquires from notifying waiters. */
+        if (renewal && (st = r->ops->del(r->kv, lkey))) return st;
+        goto stale;
+    }
+    /* (2) The lease. */
     st = r->ops->put(r->kv, lkey, "lease", 5, ttl_ms);
     if (st) return st;
+    /* (3) The marker again. */
     st = is_present(r, rkey, &retired);
     if (st || retired) {
         /* Retired meanwhile (or unknown): take the lease back.  If that fails

@@ -1,0 +1,1060 @@
+/* Registry: the same cases against the file backend (a mkdtemp directory)
+ * and against a real redis-server this test starts on a free port of
+ * 127.0.0.1 (skipped, saying why, when hiredis or redis-server is missing).
+ * Each case uses its own job, so cases never see each other's keys. */
+#include "testutil.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "registry/backend.h"
+#include "registry/registry.h"
+
+typedef struct {
+    const char *name;
+    const refit_kv_ops_t *ops; /* NULL: backend not available */
+    const char *skip_why;
+    char url[PATH_MAX + 16];
+    char rest[PATH_MAX + 16]; /* url without "scheme:", for direct backend access */
+    char dir[PATH_MAX];       /* file: the registry; redis: the server's --dir */
+    pid_t server;
+    int port;
+} backend_t;
+
+static backend_t g_file = {.name = "file"};
+static backend_t g_redis = {.name = "redis"};
+static int g_job_seq;
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static double ms_since(double t0) { return (refit_now() - t0) * 1e3; }
+
+static backend_t *need(void **state)
+{
+    backend_t *b = *state;
+    if (!b->ops) {
+        print_message("[  SKIPPED ] %s backend: %s\n", b->name, b->skip_why);
+        skip();
+    }
+    return b;
+}
+
+static const char *new_job(char job[32])
+{
+    snprintf(job, 32, "t%d-%ld", ++g_job_seq, (long)getpid());
+    return job;
+}
+
+static refit_registry_t *open_job(const backend_t *b, const char *job)
+{
+    refit_registry_t *r = NULL;
+    REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r));
+    assert_non_null(r);
+    return r;
+}
+
+static refit_kv_t *open_kv(const backend_t *b, const char *job)
+{
+    refit_kv_t *kv = NULL;
+    REFIT_ASSERT_OK(b->ops->open(b->rest, job, &kv));
+    return kv;
+}
+
+static uint32_t count(refit_registry_t *r, const char *group, uint64_t v)
+{
+    uint32_t n = 12345;
+    REFIT_ASSERT_OK(refit_registry_lease_count(r, group, v, &n));
+    return n;
+}
+
+/* ---- redis-server ------------------------------------------------------- */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+static bool in_path(const char *prog)
+{
+    const char *path = getenv("PATH");
+    if (!path) path = "/usr/bin:/bin";
+    char buf[PATH_MAX];
+    for (const char *p = path; *p;) {
+        size_t n = strcspn(p, ":");
+        snprintf(buf, sizeof(buf), "%.*s/%s", (int)n, p, prog);
+        if (access(buf, X_OK) == 0) return true;
+        p += n;
+        if (*p == ':') p++;
+    }
+    return false;
+}
+
+/* PING with a short timeout; true on +PONG. */
+static bool redis_ping(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct timeval tv = {0, 200000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char buf[16] = {0};
+    bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6 &&
+              recv(fd, buf, sizeof(buf) - 1, 0) >= 5 && strncmp(buf, "+PONG", 5) == 0;
+    close(fd);
+    return ok;
+}
+
+static void stop_redis(backend_t *b)
+{
+    if (b->server <= 0) return;
+    kill(b->server, SIGTERM);
+    double t0 = refit_now();
+    int status;
+    while (waitpid(b->server, &status, WNOHANG) == 0) {
+        if (ms_since(t0) > 5000) {
+            kill(b->server, SIGKILL);
+            waitpid(b->server, &status, 0);
+            break;
+        }
+        msleep(5);
+    }
+    b->server = 0;
+}
+
+/* Starts redis-server on b->port and waits (at most 5 s) until it answers. */
+static bool start_redis(backend_t *b)
+{
+    char port[16];
+    snprintf(port, sizeof(port), "%d", b->port);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        if (getppid() != parent) _exit(1);
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly",
+               "no", "--daemonize", "no", "--dir", b->dir, (char *)NULL);
+        _exit(127);
+    }
+    b->server = pid;
+    double t0 = refit_now();
+    while (ms_since(t0) < 5000) {
+        if (redis_ping(b->port)) return true;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            b->server = 0;
+            return false;
+        }
+        msleep(10);
+    }
+    stop_redis(b);
+    return false;
+}
+
+static void stop_redis_at_exit(void) { stop_redis(&g_redis); }
+
+/* ---- group set-ups ------------------------------------------------------ */
+
+static int file_setup(void **state)
+{
+    snprintf(g_file.dir, sizeof(g_file.dir), "/tmp/refit-reg-XXXXXX");
+    if (!mkdtemp(g_file.dir)) return -1;
+    snprintf(g_file.url, sizeof(g_file.url), "file:%s", g_file.dir);
+    snprintf(g_file.rest, sizeof(g_file.rest), "%s", g_file.dir);
+    g_file.ops = &refit_kv_file_ops;
+    return 0;
+}
+
+static int rm_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return unlink(path);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char sub[PATH_MAX];
+        snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+        rm_tree(sub);
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+static int file_teardown(void **state)
+{
+    if (g_file.dir[0]) rm_tree(g_file.dir);
+    return 0;
+}
+
+static int redis_setup(void **state)
+{
+#ifndef REFIT_HAVE_REDIS
+    g_redis.skip_why = "refit was built without hiredis";
+    return 0;
+#else
+    if (!in_path("redis-server")) {
+        g_redis.skip_why = "redis-server is not installed (scripts/deps.sh installs it)";
+        return 0;
+    }
+    snprintf(g_redis.dir, sizeof(g_redis.dir), "/tmp/refit-redis-XXXXXX");
+    if (!mkdtemp(g_redis.dir)) return -1;
+    atexit(stop_redis_at_exit);
+    g_redis.port = free_port();
+    if (g_redis.port <= 0 || !start_redis(&g_redis)) {
+        g_redis.skip_why = "redis-server did not start";
+        print_message("redis-server did not answer PING on port %d\n", g_redis.port);
+        return -1;
+    }
+    snprintf(g_redis.url, sizeof(g_redis.url), "redis://127.0.0.1:%d", g_redis.port);
+    snprintf(g_redis.rest, sizeof(g_redis.rest), "//127.0.0.1:%d", g_redis.port);
+    g_redis.ops = &refit_kv_redis_ops;
+    return 0;
+#endif
+}
+
+static int redis_teardown(void **state)
+{
+    stop_redis(&g_redis);
+    if (g_redis.dir[0]) rm_tree(g_redis.dir);
+    return 0;
+}
+
+/* ---- cases -------------------------------------------------------------- */
+
+static void test_manifest(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_ERR(refit_registry_get_manifest(r, "trainer", 0, &buf, &len), REFIT_ERR_NOT_FOUND, "manifest");
+
+    uint8_t bytes[300];
+    for (size_t i = 0; i < sizeof(bytes); i++) bytes[i] = (uint8_t)i; /* zeros and high bytes too */
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "trainer", 0, bytes, sizeof(bytes)));
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "trainer", 0, &buf, &len));
+    assert_int_equal(len, sizeof(bytes));
+    assert_memory_equal(buf, bytes, sizeof(bytes));
+    free(buf);
+
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "trainer", 0, "second", 6));
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "trainer", 0, &buf, &len));
+    assert_int_equal(len, 6);
+    assert_memory_equal(buf, "second", 6);
+    free(buf);
+    REFIT_ASSERT_ERR(refit_registry_get_manifest(r, "trainer", 1, &buf, &len), REFIT_ERR_NOT_FOUND, "rank 1");
+    REFIT_ASSERT_ERR(refit_registry_get_manifest(r, "other", 0, &buf, &len), REFIT_ERR_NOT_FOUND, NULL);
+
+    REFIT_ASSERT_ERR(refit_registry_put_manifest(r, "trainer", 0, bytes, 0), REFIT_ERR_INVALID_ARG, "empty");
+    REFIT_ASSERT_ERR(refit_registry_put_manifest(r, "a/b", 0, bytes, 1), REFIT_ERR_INVALID_ARG, "group");
+    REFIT_ASSERT_ERR(refit_registry_put_manifest(r, "", 0, bytes, 1), REFIT_ERR_INVALID_ARG, "group");
+    refit_registry_close(r);
+}
+
+static void test_heartbeat(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    refit_source_info_t info = {.incarnation = 0x1122334455667788ULL, .pid = 4242};
+    snprintf(info.host, sizeof(info.host), "node-7.example");
+    uint8_t alive[3] = {9, 9, 9};
+    refit_source_info_t infos[3];
+    REFIT_ASSERT_OK(refit_registry_alive(r, "g", 3, alive, infos));
+    assert_memory_equal(alive, ((uint8_t[]){0, 0, 0}), 3);
+
+    double t0 = refit_now();
+    REFIT_ASSERT_OK(refit_registry_heartbeat(r, "g", 1, &info, 300));
+    REFIT_ASSERT_OK(refit_registry_alive(r, "g", 3, alive, infos));
+    assert_memory_equal(alive, ((uint8_t[]){0, 1, 0}), 3);
+    assert_int_equal(infos[1].incarnation, info.incarnation);
+    assert_int_equal(infos[1].pid, 4242);
+    assert_string_equal(infos[1].host, "node-7.example");
+    REFIT_ASSERT_OK(refit_registry_alive(r, "g", 3, alive, NULL));
+
+    /* Refreshed at 150 ms: still alive at 350 ms (past the first ttl). */
+    msleep(150);
+    REFIT_ASSERT_OK(refit_registry_heartbeat(r, "g", 1, &info, 300));
+    msleep(200);
+    REFIT_ASSERT_OK(refit_registry_alive(r, "g", 3, alive, NULL));
+    if (ms_since(t0) < 440) assert_int_equal(alive[1], 1); /* unless this machine stalled */
+    /* Not refreshed: dead after its ttl. */
+    msleep(300);
+    REFIT_ASSERT_OK(refit_registry_alive(r, "g", 3, alive, infos));
+    assert_memory_equal(alive, ((uint8_t[]){0, 0, 0}), 3);
+
+    REFIT_ASSERT_ERR(refit_registry_heartbeat(r, "g", 1, &info, 0), REFIT_ERR_INVALID_ARG, "ttl");
+    memset(info.host, 'x', sizeof(info.host));
+    REFIT_ASSERT_ERR(refit_registry_heartbeat(r, "g", 1, &info, 100), REFIT_ERR_INVALID_ARG, "host");
+    refit_registry_close(r);
+}
+
+static refit_version_record_t rec_of(uint64_t v, uint32_t rank)
+{
+    refit_version_record_t rec = {.version = v, .signature = 0xabcdef0123456789ULL ^ rank, .incarnation = 77 + rank,
+                                  .buffer = rank & 1, .flags = 0x80000001u, .digest = v * 1000 + rank};
+    return rec;
+}
+
+static void test_records(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    enum { W = 6 };
+    refit_version_record_t recs[W];
+    uint8_t present[W];
+    REFIT_ASSERT_OK(refit_registry_records(r, "g", 0, recs, present));
+    REFIT_ASSERT_OK(refit_registry_records(r, "g", W, recs, present));
+    for (int k = 0; k < W; k++) assert_int_equal(present[k], 0);
+
+    const uint32_t ranks[] = {0, 2, 5};
+    for (size_t i = 0; i < 3; i++) {
+        refit_version_record_t rec = rec_of(10, ranks[i]);
+        REFIT_ASSERT_OK(refit_registry_publish(r, "g", ranks[i], &rec));
+    }
+    REFIT_ASSERT_OK(refit_registry_records(r, "g", W, recs, present));
+    assert_memory_equal(present, ((uint8_t[]){1, 0, 1, 0, 0, 1}), W);
+    for (size_t i = 0; i < 3; i++) {
+        refit_version_record_t want = rec_of(10, ranks[i]);
+        assert_memory_equal(&recs[ranks[i]], &want, sizeof(want));
+    }
+    /* Publishing again replaces the rank's record. */
+    refit_version_record_t rec = rec_of(11, 2);
+    REFIT_ASSERT_OK(refit_registry_publish(r, "g", 2, &rec));
+    REFIT_ASSERT_OK(refit_registry_records(r, "g", W, recs, present));
+    assert_int_equal(recs[2].version, 11);
+    assert_int_equal(recs[2].digest, 11002);
+    assert_int_equal(recs[0].version, 10);
+    /* Other groups are separate. */
+    REFIT_ASSERT_OK(refit_registry_records(r, "h", W, recs, present));
+    for (int k = 0; k < W; k++) assert_int_equal(present[k], 0);
+    refit_registry_close(r);
+}
+
+static void test_lease_basic(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    assert_int_equal(count(r, "g", 7), 0);
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 7, "host-a:123@0", 5000));
+    assert_int_equal(count(r, "g", 7), 1);
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 7, "host-a:123@0", 5000)); /* renewal */
+    assert_int_equal(count(r, "g", 7), 1);
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 7, "r2", 5000));
+    assert_int_equal(count(r, "g", 7), 2);
+    assert_int_equal(count(r, "g", 70), 0); /* "7/" is not a prefix of "70/" */
+    assert_int_equal(count(r, "g2", 7), 0);
+    REFIT_ASSERT_OK(refit_registry_lease_release(r, "g", 7, "host-a:123@0"));
+    assert_int_equal(count(r, "g", 7), 1);
+    REFIT_ASSERT_OK(refit_registry_lease_release(r, "g", 7, "host-a:123@0")); /* absent: fine */
+    REFIT_ASSERT_OK(refit_registry_lease_release(r, "g", 7, "r2"));
+    assert_int_equal(count(r, "g", 7), 0);
+
+    REFIT_ASSERT_ERR(refit_registry_lease_acquire(r, "g", 7, "a/b", 100), REFIT_ERR_INVALID_ARG, "reader");
+    REFIT_ASSERT_ERR(refit_registry_lease_acquire(r, "g", 7, "a*", 100), REFIT_ERR_INVALID_ARG, "reader");
+    REFIT_ASSERT_ERR(refit_registry_lease_acquire(r, "g", 7, "r", 0), REFIT_ERR_INVALID_ARG, "ttl");
+    refit_registry_close(r);
+}
+
+static void test_lease_expiry(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 3, "survivor", 20000));
+    /* A reader process takes a 300 ms lease and dies without releasing it. */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        refit_registry_t *cr = NULL;
+        int rc = refit_registry_open(b->url, job, &cr) == REFIT_OK &&
+                         refit_registry_lease_acquire(cr, "g", 3, "doomed", 300) == REFIT_OK
+                     ? 0
+                     : 1;
+        _exit(rc);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    double t0 = refit_now();
+    assert_int_equal(count(r, "g", 3), 2);
+    uint32_t n = 2;
+    while (n == 2 && ms_since(t0) < 3000) {
+        msleep(20);
+        n = count(r, "g", 3);
+    }
+    assert_int_equal(n, 1);
+    assert_true(ms_since(t0) < 1500);
+    refit_registry_close(r);
+}
+
+static void test_retire(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 3, "early", 5000));
+    REFIT_ASSERT_OK(refit_registry_retire(r, "g", 3));
+    REFIT_ASSERT_OK(refit_registry_retire(r, "g", 3)); /* idempotent */
+    REFIT_ASSERT_ERR(refit_registry_lease_acquire(r, "g", 3, "late", 5000), REFIT_ERR_STALE, "retired");
+    assert_int_equal(count(r, "g", 3), 1); /* "early" only: "late" left nothing */
+    /* Renewing on a retired version fails and removes the lease. */
+    REFIT_ASSERT_ERR(refit_registry_lease_acquire(r, "g", 3, "early", 5000), REFIT_ERR_STALE, "version 3");
+    assert_int_equal(count(r, "g", 3), 0);
+    /* Other versions and groups are unaffected. */
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 4, "late", 5000));
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "h", 3, "late", 5000));
+    assert_int_equal(count(r, "g", 4), 1);
+    refit_registry_close(r);
+}
+
+/* ---- concurrency: readers acquiring while a retirer retires ------------- */
+
+enum { RACE_READERS = 4, RACE_ROUNDS = 12 };
+
+typedef struct {
+    const backend_t *b;
+    const char *job;
+    int id;
+    pthread_barrier_t *start;
+    uint64_t version;
+    int ok;        /* leases taken */
+    int stale;     /* STALE answers */
+    int late_ok;   /* OK for an acquire that started after retire returned */
+    int errors;
+    char error[256];
+    uint64_t *retired_at; /* refit_now_ns() after retire returned; 0 before */
+} race_reader_t;
+
+static void *race_reader(void *arg)
+{
+    race_reader_t *rd = arg;
+    refit_registry_t *r = NULL;
+    if (refit_registry_open(rd->b->url, rd->job, &r) != REFIT_OK) {
+        rd->errors++;
+        snprintf(rd->error, sizeof(rd->error), "open: %s", refit_last_error());
+    }
+    pthread_barrier_wait(rd->start);
+    for (int j = 0; r && j < 100000; j++) {
+        char name[64];
+        snprintf(name, sizeof(name), "reader%d-%d", rd->id, j);
+        uint64_t started = refit_now_ns();
+        uint64_t ret = __atomic_load_n(rd->retired_at, __ATOMIC_SEQ_CST);
+        refit_status_t st = refit_registry_lease_acquire(r, "g", rd->version, name, 30000);
+        bool after = ret > 0 && started > ret;
+        if (st == REFIT_OK) {
+            rd->ok++;
+            if (after) rd->late_ok++;
+        } else if (st == REFIT_ERR_STALE) {
+            rd->stale++;
+            break;
+        } else {
+            rd->errors++;
+            snprintf(rd->error, sizeof(rd->error), "%s: %s", refit_status_name(st), refit_last_error());
+            break;
+        }
+    }
+    refit_registry_close(r);
+    return NULL;
+}
+
+static void test_lease_race(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    unsigned seed = (unsigned)getpid();
+    int total_ok = 0, total_stale = 0;
+    for (int round = 0; round < RACE_ROUNDS; round++) {
+        uint64_t v = 100 + (uint64_t)round;
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, RACE_READERS + 1);
+        uint64_t retired_at = 0;
+        race_reader_t rd[RACE_READERS];
+        pthread_t th[RACE_READERS];
+        for (int i = 0; i < RACE_READERS; i++) {
+            rd[i] = (race_reader_t){.b = b, .job = job, .id = i, .start = &start, .version = v,
+                                    .retired_at = &retired_at};
+            assert_int_equal(pthread_create(&th[i], NULL, race_reader, &rd[i]), 0);
+        }
+        pthread_barrier_wait(&start);
+        msleep(1 + (int)(rand_r(&seed) % 8));
+        REFIT_ASSERT_OK(refit_registry_retire(r, "g", v));
+        __atomic_store_n(&retired_at, refit_now_ns(), __ATOMIC_SEQ_CST);
+        uint32_t counted = count(r, "g", v); /* what the publisher would wait for */
+        int ok = 0;
+        for (int i = 0; i < RACE_READERS; i++) {
+            pthread_join(th[i], NULL);
+            if (rd[i].errors) fail_msg("reader %d: %s", i, rd[i].error);
+            assert_int_equal(rd[i].late_ok, 0);
+            assert_int_equal(rd[i].stale, 1);
+            ok += rd[i].ok;
+            total_stale += rd[i].stale;
+        }
+        pthread_barrier_destroy(&start);
+        /* Every lease a reader holds was visible to the retirer's count. */
+        if (counted < (uint32_t)ok) fail_msg("round %d: retirer counted %u leases, readers hold %d", round, counted, ok);
+        /* STALE answers left no lease behind. */
+        assert_int_equal(count(r, "g", v), ok);
+        total_ok += ok;
+    }
+    print_message("lease race (%s): %d leases taken, %d refused over %d rounds\n", b->name, total_ok, total_stale,
+                  RACE_ROUNDS);
+    refit_registry_close(r);
+}
+
+/* ---- wait ----------------------------------------------------------------- */
+
+typedef struct {
+    refit_registry_t *r;
+    int delay_ms;
+    refit_status_t st;
+} putter_t;
+
+static void *delayed_put(void *arg)
+{
+    putter_t *p = arg;
+    msleep(p->delay_ms);
+    p->st = refit_registry_put_manifest(p->r, "g", 9, "x", 1);
+    return NULL;
+}
+
+static void test_wait(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+
+    /* Nothing happens: TIMEOUT, not early. */
+    double t0 = refit_now();
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 200), REFIT_ERR_TIMEOUT, NULL);
+    double el = ms_since(t0);
+    assert_true(el >= 199.0);
+    assert_true(el < 1000.0);
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 0), REFIT_ERR_TIMEOUT, NULL);
+    REFIT_ASSERT_ERR(refit_registry_wait(r, -1), REFIT_ERR_INVALID_ARG, NULL);
+
+    /* A put from another thread, on the same object (a blocked wait does
+     * not hold up puts), wakes the waiter promptly. */
+    putter_t p = {.r = r, .delay_ms = 100};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, delayed_put, &p), 0);
+    t0 = refit_now();
+    REFIT_ASSERT_OK(refit_registry_wait(r, 5000));
+    el = ms_since(t0);
+    pthread_join(th, NULL);
+    REFIT_ASSERT_OK(p.st);
+    assert_true(el >= 80.0);
+    assert_true(el < 1500.0);
+
+    /* Changes made between two waits (by another object) are not lost; one
+     * wait takes them all, and the next one blocks again. */
+    refit_registry_t *r2 = open_job(b, job);
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r2, "g", 1, "a", 1));
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r2, "g", 1, "rd", 5000));
+    REFIT_ASSERT_OK(refit_registry_lease_release(r2, "g", 1, "rd"));
+    msleep(50);
+    t0 = refit_now();
+    REFIT_ASSERT_OK(refit_registry_wait(r, 5000));
+    assert_true(ms_since(t0) < 500.0);
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 150), REFIT_ERR_TIMEOUT, NULL);
+
+    /* Reads are not changes. */
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r2, "g", 1, &buf, &len));
+    free(buf);
+    assert_int_equal(count(r2, "g", 1), 0);
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 150), REFIT_ERR_TIMEOUT, NULL);
+
+    /* A change from another process. */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        refit_registry_t *cr = NULL;
+        msleep(100);
+        refit_version_record_t rec = rec_of(5, 0);
+        int rc = refit_registry_open(b->url, job, &cr) == REFIT_OK &&
+                         refit_registry_publish(cr, "g", 0, &rec) == REFIT_OK
+                     ? 0
+                     : 1;
+        _exit(rc);
+    }
+    t0 = refit_now();
+    refit_status_t st = refit_registry_wait(r, 5000);
+    el = ms_since(t0);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    REFIT_ASSERT_OK(st);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_true(el < 2000.0);
+    refit_registry_close(r2);
+    refit_registry_close(r);
+}
+
+static void test_remove_source(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    refit_source_info_t info = {.incarnation = 1, .pid = 2};
+    snprintf(info.host, sizeof(info.host), "h");
+    for (uint32_t k = 0; k < 2; k++) {
+        refit_version_record_t rec = rec_of(3, k);
+        REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", k, "m", 1));
+        REFIT_ASSERT_OK(refit_registry_heartbeat(r, "g", k, &info, 10000));
+        REFIT_ASSERT_OK(refit_registry_publish(r, "g", k, &rec));
+    }
+    REFIT_ASSERT_OK(refit_registry_remove_source(r, "g", 1));
+    REFIT_ASSERT_OK(refit_registry_remove_source(r, "g", 1)); /* again: nothing to do */
+    REFIT_ASSERT_OK(refit_registry_remove_source(r, "g", 7));
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_ERR(refit_registry_get_manifest(r, "g", 1, &buf, &len), REFIT_ERR_NOT_FOUND, NULL);
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
+    free(buf);
+    uint8_t alive[2], present[2];
+    refit_version_record_t recs[2];
+    REFIT_ASSERT_OK(refit_registry_alive(r, "g", 2, alive, NULL));
+    REFIT_ASSERT_OK(refit_registry_records(r, "g", 2, recs, present));
+    assert_memory_equal(alive, ((uint8_t[]){1, 0}), 2);
+    assert_memory_equal(present, ((uint8_t[]){1, 0}), 2);
+    refit_registry_close(r);
+}
+
+static void test_corrupt(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    refit_kv_t *kv = open_kv(b, job);
+    refit_version_record_t rec = rec_of(4, 0);
+    REFIT_ASSERT_OK(refit_registry_publish(r, "g", 0, &rec));
+
+    uint8_t present[3] = {7, 7, 7};
+    refit_version_record_t recs[3];
+    memset(recs, 0x5a, sizeof(recs));
+    refit_version_record_t untouched[3];
+    memcpy(untouched, recs, sizeof(recs));
+
+    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/2/rec", "garbage", 7, 0));
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "g/src/2/rec");
+    assert_memory_equal(present, ((uint8_t[]){7, 7, 7}), 3); /* outputs only on success */
+    assert_memory_equal(recs, untouched, sizeof(recs));
+
+    /* Right size, right magic, one flipped bit: the checksum catches it. */
+    void *vals[1] = {NULL};
+    size_t lens[1] = {0};
+    const char *key0[1] = {"g/src/0/rec"};
+    REFIT_ASSERT_OK(b->ops->get_many(kv, key0, 1, vals, lens));
+    assert_non_null(vals[0]);
+    assert_int_equal(lens[0], 56);
+    ((uint8_t *)vals[0])[20] ^= 0x10;
+    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/2/rec", vals[0], lens[0], 0));
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "checksum");
+    ((uint8_t *)vals[0])[20] ^= 0x10;
+    ((uint8_t *)vals[0])[4] = 9; /* another format */
+    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/2/rec", vals[0], lens[0], 0));
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_UNSUPPORTED, "format");
+    free(vals[0]);
+    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/2/rec", "", 0, 0));
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "0 bytes");
+    REFIT_ASSERT_OK(b->ops->del(kv, "g/src/2/rec"));
+    REFIT_ASSERT_OK(refit_registry_records(r, "g", 3, recs, present));
+    assert_memory_equal(present, ((uint8_t[]){1, 0, 0}), 3);
+
+    /* A heartbeat with a record's bytes. */
+    uint8_t alive[2];
+    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/1/hb", "RFHB....", 8, 5000));
+    REFIT_ASSERT_ERR(refit_registry_alive(r, "g", 2, alive, NULL), REFIT_ERR_CORRUPT, "g/src/1/hb");
+    b->ops->close(kv);
+    refit_registry_close(r);
+}
+
+/* put_new: create-if-absent, also over an expired key; list skips expired keys. */
+static void test_kv_put_new(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_kv_t *kv = open_kv(b, new_job(job));
+    REFIT_ASSERT_OK(b->ops->put_new(kv, "g/x", "1", 1, 300));
+    REFIT_ASSERT_ERR(b->ops->put_new(kv, "g/x", "2", 1, 300), REFIT_ERR_BUSY, "g/x");
+    REFIT_ASSERT_OK(b->ops->put(kv, "g/y", "y", 1, 0));
+    char **keys = NULL;
+    size_t n = 0;
+    REFIT_ASSERT_OK(b->ops->list(kv, "g/", &keys, &n));
+    assert_int_equal(n, 2);
+    for (size_t i = 0; i < n; i++) free(keys[i]);
+    free(keys);
+    msleep(400);
+    REFIT_ASSERT_OK(b->ops->list(kv, "g/", &keys, &n));
+    assert_int_equal(n, 1);
+    assert_string_equal(keys[0], "g/y");
+    free(keys[0]);
+    free(keys);
+    REFIT_ASSERT_OK(b->ops->put(kv, "g/x", "3", 1, 100));
+    msleep(200); /* g/x is present but expired */
+    REFIT_ASSERT_OK(b->ops->put_new(kv, "g/x", "4", 1, 0));
+    const char *k[2] = {"g/x", "g/none"};
+    void *vals[2];
+    size_t lens[2];
+    REFIT_ASSERT_OK(b->ops->get_many(kv, k, 2, vals, lens));
+    assert_non_null(vals[0]);
+    assert_null(vals[1]);
+    assert_int_equal(lens[0], 1);
+    assert_memory_equal(vals[0], "4", 1);
+    free(vals[0]);
+    REFIT_ASSERT_OK(b->ops->del(kv, "g/x"));
+    REFIT_ASSERT_OK(b->ops->del(kv, "g/x"));
+    REFIT_ASSERT_OK(b->ops->put_new(kv, "g/x", "5", 1, 0));
+    b->ops->close(kv);
+}
+
+/* Concurrent put_new on one expired key from several threads: exactly one wins. */
+typedef struct {
+    const backend_t *b;
+    const char *job;
+    pthread_barrier_t *start;
+    refit_status_t st;
+} put_new_racer_t;
+
+static void *put_new_racer(void *arg)
+{
+    put_new_racer_t *p = arg;
+    refit_kv_t *kv = NULL;
+    p->st = p->b->ops->open(p->b->rest, p->job, &kv);
+    pthread_barrier_wait(p->start);
+    if (kv) p->st = p->b->ops->put_new(kv, "g/once", "w", 1, 0);
+    if (kv) p->b->ops->close(kv);
+    return NULL;
+}
+
+static void test_kv_put_new_race(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_kv_t *kv = open_kv(b, new_job(job));
+    enum { N = 4 };
+    for (int round = 0; round < 10; round++) {
+        REFIT_ASSERT_OK(b->ops->put(kv, "g/once", "old", 3, 1)); /* expires at once */
+        msleep(3);
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, N);
+        put_new_racer_t p[N];
+        pthread_t th[N];
+        for (int i = 0; i < N; i++) {
+            p[i] = (put_new_racer_t){.b = b, .job = job, .start = &start};
+            assert_int_equal(pthread_create(&th[i], NULL, put_new_racer, &p[i]), 0);
+        }
+        int won = 0;
+        for (int i = 0; i < N; i++) {
+            pthread_join(th[i], NULL);
+            if (p[i].st == REFIT_OK)
+                won++;
+            else if (p[i].st != REFIT_ERR_BUSY)
+                fail_msg("put_new: %s", refit_status_name(p[i].st));
+        }
+        pthread_barrier_destroy(&start);
+        assert_int_equal(won, 1);
+        REFIT_ASSERT_OK(b->ops->del(kv, "g/once"));
+    }
+    b->ops->close(kv);
+}
+
+/* ---- file backend specifics ---------------------------------------------- */
+
+static void test_file_layout(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    char path[PATH_MAX + 128];
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fsrc%%2F0%%2Fmanifest", b->dir, job);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+
+    /* A file that is not a registry file under a key's name. */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("hi", f);
+    fclose(f);
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_ERR(refit_registry_get_manifest(r, "g", 0, &buf, &len), REFIT_ERR_CORRUPT, "g%2Fsrc%2F0%2Fmanifest");
+
+    /* Expired leases are removed from the directory by lease_count. */
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 1, "rd", 50));
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fv%%2F1%%2Flease%%2Frd", b->dir, job);
+    assert_int_equal(stat(path, &sb), 0);
+    msleep(100);
+    assert_int_equal(count(r, "g", 1), 0);
+    assert_int_equal(stat(path, &sb), -1);
+
+    /* Stray files (foreign names, temp files) are not keys. */
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fv%%2F1%%2Flease%%ZZ", b->dir, job);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(count(r, "g", 1), 0);
+    refit_registry_close(r);
+}
+
+/* ---- open errors ---------------------------------------------------------- */
+
+static void test_open_errors(void **state)
+{
+    refit_registry_t *r = NULL;
+    char dir[] = "/tmp/refit-reg-open-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char url[PATH_MAX + 16];
+    snprintf(url, sizeof(url), "file:%s", dir);
+
+    REFIT_ASSERT_ERR(refit_registry_open("nonsense", "j", &r), REFIT_ERR_INVALID_ARG, "nonsense");
+    REFIT_ASSERT_ERR(refit_registry_open(":x", "j", &r), REFIT_ERR_INVALID_ARG, NULL);
+    REFIT_ASSERT_ERR(refit_registry_open("file:", "j", &r), REFIT_ERR_INVALID_ARG, "file:");
+    REFIT_ASSERT_ERR(refit_registry_open("ftp://h/x", "j", &r), REFIT_ERR_UNSUPPORTED, "ftp");
+    REFIT_ASSERT_ERR(refit_registry_open(NULL, "j", &r), REFIT_ERR_INVALID_ARG, NULL);
+#ifdef REFIT_HAVE_REDIS
+    static const char *const bad_redis[] = {"redis:", "redis://", "redis://:6379", "redis://h:", "redis://h:0",
+                                            "redis://h:65536", "redis://h:12ab", "redis://h:1/2", "redis:h:1",
+                                            "redis://[::1", "redis://h:1234567"};
+    for (size_t i = 0; i < REFIT_ARRAY_LEN(bad_redis); i++)
+        REFIT_ASSERT_ERR(refit_registry_open(bad_redis[i], "j", &r), REFIT_ERR_INVALID_ARG, NULL);
+#else
+    REFIT_ASSERT_ERR(refit_registry_open("redis://127.0.0.1:6379", "j", &r), REFIT_ERR_UNSUPPORTED, "hiredis");
+#endif
+
+    char long_job[66];
+    memset(long_job, 'j', 65);
+    long_job[65] = '\0';
+    static const char *const bad_jobs[] = {"", "a/b", "a b", "a:b", "..%", "x\n"};
+    for (size_t i = 0; i < REFIT_ARRAY_LEN(bad_jobs); i++)
+        REFIT_ASSERT_ERR(refit_registry_open(url, bad_jobs[i], &r), REFIT_ERR_INVALID_ARG, "job");
+    REFIT_ASSERT_ERR(refit_registry_open(url, long_job, &r), REFIT_ERR_INVALID_ARG, "job");
+    REFIT_ASSERT_ERR(refit_registry_open(url, NULL, &r), REFIT_ERR_INVALID_ARG, "job");
+    assert_null(r);
+    long_job[64] = '\0';
+    REFIT_ASSERT_OK(refit_registry_open(url, long_job, &r));
+    assert_string_equal(refit_registry_url(r), url);
+    refit_registry_close(r);
+    r = NULL;
+
+    /* A directory that cannot be created (a regular file is in the way;
+     * permissions would not stop root). */
+    char plain[PATH_MAX];
+    snprintf(plain, sizeof(plain), "%s/plain", dir);
+    FILE *f = fopen(plain, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(url, sizeof(url), "file:%s/sub", plain);
+    REFIT_ASSERT_ERR(refit_registry_open(url, "j", &r), REFIT_ERR_REGISTRY, plain);
+    snprintf(url, sizeof(url), "file:%s", plain);
+    REFIT_ASSERT_ERR(refit_registry_open(url, "j", &r), REFIT_ERR_REGISTRY, "Not a directory");
+    assert_null(r);
+    rm_tree(dir);
+
+#ifdef REFIT_HAVE_REDIS
+    /* Nothing listening: REGISTRY, quickly, naming the address. */
+    int port = free_port();
+    assert_true(port > 0);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+    char needle[64];
+    snprintf(needle, sizeof(needle), "redis 127.0.0.1:%d: Connection refused", port);
+    double t0 = refit_now();
+    REFIT_ASSERT_ERR(refit_registry_open(url, "j", &r), REFIT_ERR_REGISTRY, needle);
+    assert_true(ms_since(t0) < 2500.0);
+    assert_null(r);
+#endif
+}
+
+/* ---- redis going away and coming back ------------------------------------- */
+
+static void test_redis_restart(void **state)
+{
+    backend_t *b = need(state);
+    double t_start = refit_now();
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    REFIT_ASSERT_OK(refit_registry_wait(r, 2000)); /* our own put's event */
+
+    stop_redis(b);
+    char needle[64];
+    snprintf(needle, sizeof(needle), "redis 127.0.0.1:%d", b->port);
+    void *buf = NULL;
+    size_t len = 0;
+    double t0 = refit_now();
+    REFIT_ASSERT_ERR(refit_registry_get_manifest(r, "g", 0, &buf, &len), REFIT_ERR_REGISTRY, needle);
+    REFIT_ASSERT_ERR(refit_registry_put_manifest(r, "g", 0, "m", 1), REFIT_ERR_REGISTRY, "Connection refused");
+    uint32_t n = 0;
+    REFIT_ASSERT_ERR(refit_registry_lease_count(r, "g", 1, &n), REFIT_ERR_REGISTRY, "Connection refused");
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 1000), REFIT_ERR_REGISTRY, needle); /* subscriber lost */
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 1000), REFIT_ERR_REGISTRY, "Connection refused");
+    double el = ms_since(t0);
+    print_message("redis down: 5 calls failed in %.1f ms\n", el);
+    assert_true(el < 2500.0);
+
+    assert_true(start_redis(b));
+    /* Back: calls reconnect (the data is gone: no persistence). */
+    REFIT_ASSERT_ERR(refit_registry_get_manifest(r, "g", 0, &buf, &len), REFIT_ERR_NOT_FOUND, NULL);
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m2", 2));
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
+    assert_int_equal(len, 2);
+    free(buf);
+    /* The first wait re-subscribes and reports a possible change at once. */
+    t0 = refit_now();
+    REFIT_ASSERT_OK(refit_registry_wait(r, 2000));
+    assert_true(ms_since(t0) < 500.0);
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 100), REFIT_ERR_TIMEOUT, NULL);
+    putter_t p = {.r = r, .delay_ms = 50};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, delayed_put, &p), 0);
+    t0 = refit_now();
+    REFIT_ASSERT_OK(refit_registry_wait(r, 5000));
+    assert_true(ms_since(t0) < 1500.0);
+    pthread_join(th, NULL);
+    REFIT_ASSERT_OK(p.st);
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 1, "rd", 5000));
+    assert_int_equal(count(r, "g", 1), 1);
+    refit_registry_close(r);
+    print_message("redis restart case: %.0f ms\n", ms_since(t_start));
+}
+
+/* A server that stops answering (SIGSTOP): calls fail after the 2 s I/O
+ * timeout, waits just time out, and all is well once it answers again. */
+static void test_redis_hang(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    REFIT_ASSERT_OK(refit_registry_wait(r, 2000));
+    assert_int_equal(kill(b->server, SIGSTOP), 0);
+    double t0 = refit_now();
+    uint32_t n = 0;
+    refit_status_t st = refit_registry_lease_count(r, "g", 1, &n);
+    double el = ms_since(t0);
+    REFIT_ASSERT_ERR(st, REFIT_ERR_REGISTRY, "no answer within 2000 ms");
+    assert_true(el >= 1900.0 && el < 3500.0);
+    REFIT_ASSERT_ERR(refit_registry_wait(r, 100), REFIT_ERR_TIMEOUT, NULL);
+    assert_int_equal(kill(b->server, SIGCONT), 0);
+    REFIT_ASSERT_OK(refit_registry_lease_count(r, "g", 1, &n));
+    assert_int_equal(n, 0);
+    refit_registry_close(r);
+}
+
+/* Sends one command on a fresh connection; true if the reply starts with want. */
+static bool redis_raw(int port, const char *cmd, const char *want)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char buf[64] = {0};
+    size_t len = strlen(cmd);
+    bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && send(fd, cmd, len, MSG_NOSIGNAL) == (ssize_t)len &&
+              recv(fd, buf, sizeof(buf) - 1, 0) > 0 && strncmp(buf, want, strlen(want)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* The server drops our connection and we then write a large command: the
+ * writes hit a reset socket (EPIPE), which must not kill the process with
+ * SIGPIPE (its default action here). */
+static void test_redis_sigpipe(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    assert_true(redis_raw(b->port, "CLIENT KILL TYPE normal\r\n", ":"));
+    msleep(50);
+    size_t big = 16u << 20;
+    char *val = calloc(1, big);
+    assert_non_null(val);
+    refit_status_t st = refit_registry_put_manifest(r, "g", 0, val, big);
+    print_message("large put on a killed connection: %s (%s)\n", refit_status_name(st), refit_last_error());
+    REFIT_ASSERT_ERR(st, REFIT_ERR_REGISTRY, "redis 127.0.0.1");
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, val, big)); /* reconnected */
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
+    assert_int_equal(len, big);
+    free(buf);
+    free(val);
+    refit_registry_close(r);
+}
+
+/* ---- main ------------------------------------------------------------------- */
+
+#define BACKEND_TESTS(b)                                                                                       \
+    cmocka_unit_test_prestate(test_manifest, &(b)), cmocka_unit_test_prestate(test_heartbeat, &(b)),           \
+        cmocka_unit_test_prestate(test_records, &(b)), cmocka_unit_test_prestate(test_lease_basic, &(b)),      \
+        cmocka_unit_test_prestate(test_lease_expiry, &(b)), cmocka_unit_test_prestate(test_retire, &(b)),      \
+        cmocka_unit_test_prestate(test_lease_race, &(b)), cmocka_unit_test_prestate(test_wait, &(b)),          \
+        cmocka_unit_test_prestate(test_remove_source, &(b)), cmocka_unit_test_prestate(test_corrupt, &(b)),    \
+        cmocka_unit_test_prestate(test_kv_put_new, &(b)), cmocka_unit_test_prestate(test_kv_put_new_race, &(b))
+
+int main(void)
+{
+    const struct CMUnitTest file_tests[] = {
+        BACKEND_TESTS(g_file),
+        cmocka_unit_test_prestate(test_file_layout, &g_file),
+    };
+    const struct CMUnitTest redis_tests[] = {
+        BACKEND_TESTS(g_redis),
+        cmocka_unit_test_prestate(test_redis_restart, &g_redis),
+        cmocka_unit_test_prestate(test_redis_hang, &g_redis),
+        cmocka_unit_test_prestate(test_redis_sigpipe, &g_redis),
+    };
+    const struct CMUnitTest misc_tests[] = {
+        cmocka_unit_test(test_open_errors),
+    };
+    int failed = cmocka_run_group_tests_name("registry misc", misc_tests, NULL, NULL);
+    failed += cmocka_run_group_tests_name("registry file", file_tests, file_setup, file_teardown);
+    failed += cmocka_run_group_tests_name("registry redis", redis_tests, redis_setup, redis_teardown);
+    return failed;
+}
