@@ -43,14 +43,8 @@ static int g_job_seq;
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static double ms_since(double t0) { return (refit_now() - t0) * 1e3; }
+#define msleep t_msleep
+#define ms_since t_ms_since
 
 static backend_t *need(void **state)
 {
@@ -92,100 +86,21 @@ static uint32_t count(refit_registry_t *r, const char *group, uint64_t v)
 
 /* ---- redis-server ------------------------------------------------------- */
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
-static bool in_path(const char *prog)
-{
-    const char *path = getenv("PATH");
-    if (!path) path = "/usr/bin:/bin";
-    char buf[PATH_MAX];
-    for (const char *p = path; *p;) {
-        size_t n = strcspn(p, ":");
-        snprintf(buf, sizeof(buf), "%.*s/%s", (int)n, p, prog);
-        if (access(buf, X_OK) == 0) return true;
-        p += n;
-        if (*p == ':') p++;
-    }
-    return false;
-}
-
-/* PING with a short timeout; true on +PONG. */
-static bool redis_ping(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return false;
-    struct timeval tv = {0, 200000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    char buf[16] = {0};
-    bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6 &&
-              recv(fd, buf, sizeof(buf) - 1, 0) >= 5 && strncmp(buf, "+PONG", 5) == 0;
-    close(fd);
-    return ok;
-}
-
 static void stop_redis(backend_t *b)
 {
-    if (b->server <= 0) return;
-    kill(b->server, SIGTERM);
-    double t0 = refit_now();
-    int status;
-    while (waitpid(b->server, &status, WNOHANG) == 0) {
-        if (ms_since(t0) > 5000) {
-            kill(b->server, SIGKILL);
-            waitpid(b->server, &status, 0);
-            break;
-        }
-        msleep(5);
-    }
+    t_redis_t tr = {.pid = b->server, .port = b->port};
+    t_redis_stop(&tr);
     b->server = 0;
 }
 
-/* Starts redis-server on b->port and waits (at most 5 s) until it answers. */
+/* Starts redis-server on b->port (files in b->dir) and waits until it answers. */
 static bool start_redis(backend_t *b)
 {
-    char port[16];
-    snprintf(port, sizeof(port), "%d", b->port);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        if (getppid() != parent) _exit(1);
-        int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) {
-            dup2(null, 1);
-            dup2(null, 2);
-        }
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly",
-               "no", "--daemonize", "no", "--dir", b->dir, (char *)NULL);
-        _exit(127);
-    }
-    b->server = pid;
-    double t0 = refit_now();
-    while (ms_since(t0) < 5000) {
-        if (redis_ping(b->port)) return true;
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            b->server = 0;
-            return false;
-        }
-        msleep(10);
-    }
-    stop_redis(b);
-    return false;
+    t_redis_t tr = {0};
+    snprintf(tr.dir, sizeof(tr.dir), "%s", b->dir);
+    if (!t_redis_start(&tr, b->port)) return false;
+    b->server = tr.pid;
+    return true;
 }
 
 static void stop_redis_at_exit(void) { stop_redis(&g_redis); }
@@ -202,24 +117,9 @@ static int file_setup(void **state)
     return 0;
 }
 
-static int rm_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d) return unlink(path);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char sub[PATH_MAX];
-        snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
-        rm_tree(sub);
-    }
-    closedir(d);
-    return rmdir(path);
-}
-
 static int file_teardown(void **state)
 {
-    if (g_file.dir[0]) rm_tree(g_file.dir);
+    if (g_file.dir[0]) t_rm_tree(g_file.dir);
     return 0;
 }
 
@@ -229,14 +129,14 @@ static int redis_setup(void **state)
     g_redis.skip_why = "refit was built without hiredis";
     return 0;
 #else
-    if (!in_path("redis-server")) {
+    if (!t_in_path("redis-server")) {
         g_redis.skip_why = "redis-server is not installed (scripts/deps.sh installs it)";
         return 0;
     }
     snprintf(g_redis.dir, sizeof(g_redis.dir), "/tmp/refit-redis-XXXXXX");
     if (!mkdtemp(g_redis.dir)) return -1;
     atexit(stop_redis_at_exit);
-    g_redis.port = free_port();
+    g_redis.port = t_free_port();
     if (g_redis.port <= 0 || !start_redis(&g_redis)) {
         g_redis.skip_why = "redis-server did not start";
         print_message("redis-server did not answer PING on port %d\n", g_redis.port);
@@ -252,7 +152,7 @@ static int redis_setup(void **state)
 static int redis_teardown(void **state)
 {
     stop_redis(&g_redis);
-    if (g_redis.dir[0]) rm_tree(g_redis.dir);
+    if (g_redis.dir[0]) t_rm_tree(g_redis.dir);
     return 0;
 }
 
@@ -892,11 +792,11 @@ static void test_open_errors(void **state)
     snprintf(url, sizeof(url), "file:%s", plain);
     REFIT_ASSERT_ERR(refit_registry_open(url, "j", &r), REFIT_ERR_REGISTRY, "Not a directory");
     assert_null(r);
-    rm_tree(dir);
+    t_rm_tree(dir);
 
 #ifdef REFIT_HAVE_REDIS
     /* Nothing listening: REGISTRY, quickly, naming the address. */
-    int port = free_port();
+    int port = t_free_port();
     assert_true(port > 0);
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
     char needle[64];

@@ -2,7 +2,8 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <stdio.h>
+
+#include "util/util.h"
 
 void refit_test_assert_err(refit_status_t got, refit_status_t want, const char *needle, const char *expr,
                            const char *file, int line)
@@ -86,4 +87,141 @@ uint32_t t_execute_pair(const char *model_name, const char *src_spec, const char
     refit_layout_destroy(dst);
     refit_model_destroy(model);
     return world;
+}
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+void t_msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+double t_ms_since(double t0) { return (refit_now() - t0) * 1e3; }
+
+int t_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+bool t_in_path(const char *prog)
+{
+    const char *path = getenv("PATH");
+    if (!path) path = "/usr/bin:/bin";
+    char buf[PATH_MAX];
+    for (const char *p = path; *p;) {
+        size_t n = strcspn(p, ":");
+        snprintf(buf, sizeof(buf), "%.*s/%s", (int)n, p, prog);
+        if (access(buf, X_OK) == 0) return true;
+        p += n;
+        if (*p == ':') p++;
+    }
+    return false;
+}
+
+int t_rm_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return unlink(path);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char sub[PATH_MAX];
+        snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+        t_rm_tree(sub);
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+bool t_redis_ping(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct timeval tv = {0, 200000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char buf[16] = {0};
+    bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6 &&
+              recv(fd, buf, sizeof(buf) - 1, 0) >= 5 && strncmp(buf, "+PONG", 5) == 0;
+    close(fd);
+    return ok;
+}
+
+void t_redis_stop(t_redis_t *r)
+{
+    if (r->pid <= 0) return;
+    kill(r->pid, SIGTERM);
+    double t0 = refit_now();
+    int status;
+    while (waitpid(r->pid, &status, WNOHANG) == 0) {
+        if (t_ms_since(t0) > 5000) {
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &status, 0);
+            break;
+        }
+        t_msleep(5);
+    }
+    r->pid = 0;
+}
+
+bool t_redis_start(t_redis_t *r, int port)
+{
+    if (!r->dir[0]) {
+        snprintf(r->dir, sizeof(r->dir), "/tmp/refit-redis-XXXXXX");
+        if (!mkdtemp(r->dir)) return false;
+    }
+    r->port = port ? port : t_free_port();
+    char ports[16];
+    snprintf(ports, sizeof(ports), "%d", r->port);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        if (getppid() != parent) _exit(1);
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "", "--appendonly",
+               "no", "--daemonize", "no", "--dir", r->dir, (char *)NULL);
+        _exit(127);
+    }
+    r->pid = pid;
+    double t0 = refit_now();
+    while (t_ms_since(t0) < 5000) {
+        if (t_redis_ping(r->port)) return true;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            r->pid = 0;
+            return false;
+        }
+        t_msleep(10);
+    }
+    t_redis_stop(r);
+    return false;
 }

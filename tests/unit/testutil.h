@@ -39,3 +39,27 @@ int t_find_placement(const refit_manifest_t *m, const char *local, const char *c
  * number of destination ranks checked. */
 uint32_t t_execute_pair(const char *model, const char *src_spec, const char *dst_spec, uint64_t v);
 #endif
+
+#ifndef REFIT_TESTUTIL_PROCS
+#define REFIT_TESTUTIL_PROCS
+#include <stdbool.h>
+#include <sys/types.h>
+/* Process and server helpers for multi-process tests.  Every wait is bounded. */
+void t_msleep(int ms);
+double t_ms_since(double t0);
+int t_free_port(void);
+bool t_in_path(const char *prog);
+int t_rm_tree(const char *path);
+typedef struct {
+    pid_t pid;
+    int port;
+    char dir[4096];
+} t_redis_t;
+/* Starts redis-server on 127.0.0.1:port (port 0: a free one) with its files
+ * in a fresh temporary directory; waits (<= 5 s) until it answers PING.  The
+ * server dies with the test process. */
+bool t_redis_start(t_redis_t *r, int port);
+bool t_redis_ping(int port);
+/* SIGTERM (then SIGKILL after 5 s) and reap; keeps dir and port for a restart. */
+void t_redis_stop(t_redis_t *r);
+#endif
