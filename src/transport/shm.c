@@ -73,7 +73,8 @@ static void boot_id(char out[40])
     out[strcspn(out, "\n")] = '\0';
 }
 
-/* Start time of a process (field 22 of /proc/PID/stat), 0 if it is gone. */
+/* Start time of a process (field 22 of /proc/PID/stat), 0 if it is gone or
+ * a zombie (killed but not yet reaped: dead all the same). */
 static uint64_t start_time(uint32_t pid)
 {
     char path[64], buf[1024];
@@ -86,10 +87,11 @@ static uint64_t start_time(uint32_t pid)
     char *p = strrchr(buf, ')'); /* the command name may hold spaces */
     if (!p) return 0;
     unsigned long long v = 0;
-    /* after ") " come fields 3..: skip 19 fields to reach field 22 */
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &v) != 1)
+    char state = 0;
+    /* after ") " come fields 3..: the state, then 18 fields up to field 22 */
+    if (sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &state, &v) != 2)
         return 0;
-    return v;
+    return state == 'Z' || state == 'X' ? 0 : v;
 }
 
 static refit_status_t shm_create(const char *options, refit_transport_t **out)

@@ -169,6 +169,12 @@ static refit_status_t subscribe(refit_kv_t *kv)
 static refit_status_t run(refit_kv_t *kv, const char *what, size_t ncmd, const cmd_t *cmds, redisReply **replies)
 {
     refit_status_t st = REFIT_OK;
+    /* A connection kept from an earlier call may have been closed by a server
+     * that restarted since: one fresh connection is tried before failing.
+     * Every command refit sends is idempotent (SET, GET, MGET, DEL, SCAN,
+     * PUBLISH), so sending it twice is harmless. */
+    bool retry = kv->cmd != NULL;
+again:
     if (!kv->cmd) {
         st = connect_ctx(kv, &kv->cmd);
         if (st) {
@@ -195,6 +201,14 @@ static refit_status_t run(refit_kv_t *kv, const char *what, size_t ncmd, const c
     return REFIT_OK;
 
 conn_error:
+    /* ...but not after a timeout: a hung server would cost the timeout twice. */
+    if (retry && got == 0 && !(kv->cmd->err == REDIS_ERR_IO && strstr(kv->cmd->errstr, "temporarily unavailable"))) {
+        sigpipe_unblock(&g);
+        redisFree(kv->cmd);
+        kv->cmd = NULL;
+        retry = false;
+        goto again;
+    }
     st = conn_failed(kv, &kv->cmd, what);
     sigpipe_unblock(&g);
 free_replies:

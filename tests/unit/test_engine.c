@@ -1,0 +1,472 @@
+/* Publishers and receivers in separate processes, over the embedded file
+ * registry and a real Redis, through shm (and UCX when built): end to end,
+ * steady-state caching, in-place and snapshot modes, and faults - each ending
+ * in a clear error, never in a reported success, with the receiver's previous
+ * version intact or its memory marked unusable. */
+#include "testutil.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "registry/registry.h"
+
+/* ---- publisher processes, driven line by line over pipes ----------------- */
+
+typedef struct {
+    pid_t pid;
+    int cmd, resp;
+} pub_t;
+
+typedef struct {
+    const char *model, *layout, *registry, *job, *transports, *topts;
+    refit_publish_mode_t mode;
+    uint32_t dead_ms;
+} pubcfg_t;
+
+static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
+{
+    refit_manifest_t *m = t_manifest(t_model(c->model), c->layout, rank);
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    pp.registry = c->registry;
+    pp.job = c->job;
+    pp.transports = c->transports;
+    pp.transport_options = c->topts;
+    pp.mode = c->mode;
+    pp.dead_ms = c->dead_ms;
+    pp.heartbeat_ms = c->dead_ms ? c->dead_ms / 4 : 0;
+    refit_publisher_t *p;
+    void *base;
+    if (refit_publisher_create(&pp, m, &p) || refit_publisher_alloc(p, 0, &base)) _exit(3);
+    FILE *in = fdopen(cmd, "r");
+    char line[256];
+    while (fgets(line, sizeof(line), in)) {
+        unsigned long long v = 0, n = 0;
+        refit_status_t st = REFIT_OK;
+        if (sscanf(line, "publish %llu", &v) == 1) {
+            if (!(st = refit_truth_fill(m, &base, v))) st = refit_publisher_publish(p, v);
+        } else if (sscanf(line, "scribble %llu", &v) == 1) {
+            st = refit_truth_fill(m, &base, v); /* overwrite memory without publishing */
+        } else if (sscanf(line, "wait %llu %llu", &v, &n) == 2) {
+            st = refit_publisher_wait_readers(p, v, (int)n);
+        } else if (!strncmp(line, "quit", 4)) {
+            break;
+        }
+        char out[600];
+        int len = snprintf(out, sizeof(out), "%s %s\n", refit_status_name(st), st ? refit_last_error() : "");
+        if (write(resp, out, (size_t)len) != len) _exit(4);
+    }
+    refit_publisher_destroy(p);
+    _exit(0);
+}
+
+static pub_t pub_start(const pubcfg_t *c, uint32_t rank)
+{
+    int a[2], b[2];
+    assert_int_equal(pipe(a), 0);
+    assert_int_equal(pipe(b), 0);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+        close(a[1]);
+        close(b[0]);
+        child_main(c, rank, a[0], b[1]);
+    }
+    close(a[0]);
+    close(b[1]);
+    return (pub_t){pid, a[1], b[0]};
+}
+
+/* Sends a command; returns the status name the child answered (bounded: 30 s). */
+static const char *pub_cmd(pub_t *p, const char *fmt, ...)
+{
+    static char reply[600];
+    char cmd[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    cmd[n++] = '\n';
+    assert_int_equal(write(p->cmd, cmd, (size_t)n), n);
+    size_t len = 0;
+    double t0 = refit_now();
+    while (len < sizeof(reply) - 1 && t_ms_since(t0) < 30000) {
+        struct pollfd pfd = {p->resp, POLLIN, 0};
+        if (poll(&pfd, 1, 100) <= 0) continue;
+        ssize_t got = read(p->resp, reply + len, 1);
+        if (got <= 0) break;
+        if (reply[len++] == '\n') break;
+    }
+    reply[len] = '\0';
+    return reply;
+}
+
+#define PUB_OK(p, ...)                                                    \
+    do {                                                                  \
+        const char *r_ = pub_cmd((p), __VA_ARGS__);                       \
+        if (strncmp(r_, "REFIT_OK", 8)) fail_msg("publisher said: %s", r_); \
+    } while (0)
+
+static void pub_stop(pub_t *p)
+{
+    if (p->pid <= 0) return;
+    if (write(p->cmd, "quit\n", 5) != 5) kill(p->pid, SIGKILL);
+    double t0 = refit_now();
+    int status;
+    while (waitpid(p->pid, &status, WNOHANG) == 0) {
+        if (t_ms_since(t0) > 10000) {
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, &status, 0);
+            break;
+        }
+        t_msleep(5);
+    }
+    close(p->cmd);
+    close(p->resp);
+    p->pid = 0;
+}
+
+static void pub_kill(pub_t *p)
+{
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    close(p->cmd);
+    close(p->resp);
+    p->pid = 0;
+}
+
+/* ---- fixtures ------------------------------------------------------------- */
+
+typedef struct {
+    char dir[64];
+    char url[96];
+    char job[32];
+} reg_t;
+
+static void reg_file(reg_t *g)
+{
+    static int seq;
+    snprintf(g->dir, sizeof(g->dir), "/tmp/refit-engine-XXXXXX");
+    assert_non_null(mkdtemp(g->dir));
+    snprintf(g->url, sizeof(g->url), "file:%s", g->dir);
+    snprintf(g->job, sizeof(g->job), "job%d-%d", (int)getpid(), ++seq);
+}
+
+static refit_receiver_t *receiver(const char *model, const char *layout, uint32_t rank, const reg_t *g,
+                                  const char *transports, uint32_t lease_ms, void **base)
+{
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g->url;
+    rp.job = g->job;
+    rp.transports = transports;
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.lease_ms = lease_ms;
+    rp.threads = 2;
+    refit_receiver_t *r;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest(t_model(model), layout, rank), &r));
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
+    return r;
+}
+
+/* Independent proof: the receiver memory equals the truth of version v. */
+static void expect_truth(const char *model, const char *layout, uint32_t rank, void *base, uint64_t v)
+{
+    refit_manifest_t *m = t_manifest(t_model(model), layout, rank);
+    REFIT_ASSERT_OK(refit_truth_verify(m, (const void *const *)&base, v, NULL));
+    refit_manifest_destroy(m);
+}
+
+/* ---- cases ---------------------------------------------------------------- */
+
+static void end_to_end_shm_file(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0};
+    pub_t p[2];
+    for (uint32_t k = 0; k < 2; k++) p[k] = pub_start(&c, k);
+    void *b0, *b1;
+    refit_receiver_t *r0 = receiver("tiny-moe", "vllm:tp=2", 0, &g, "shm", 0, &b0);
+    refit_receiver_t *r1 = receiver("tiny-moe", "vllm:tp=2", 1, &g, "shm", 0, &b1);
+    for (uint64_t v = 1; v <= 3; v++) {
+        for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish %llu", (unsigned long long)v);
+        refit_pull_report_t rep;
+        /* Poison first: the pull must leave the memory byte-identical to the truth. */
+        memset(b0, 0xa5, 4096);
+        REFIT_ASSERT_OK(refit_receiver_pull(r0, REFIT_VERSION_NEWEST, 10000, &rep));
+        assert_int_equal(rep.version, v);
+        assert_int_equal(rep.sources, 2);
+        assert_string_equal(rep.transport, "shm");
+        /* First pull plans and reads both manifests; later ones neither. */
+        assert_int_equal(rep.planned, v == 1);
+        assert_int_equal(rep.manifests_read, v == 1 ? 2 : 0);
+        REFIT_ASSERT_OK(refit_receiver_pull(r1, v, 10000, &rep));
+        expect_truth("tiny-moe", "vllm:tp=2", 0, b0, v);
+        expect_truth("tiny-moe", "vllm:tp=2", 1, b1, v);
+        assert_int_equal(refit_receiver_committed(r0), v);
+        assert_true(refit_receiver_usable(r0));
+        for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait %llu 5000", (unsigned long long)v);
+    }
+    /* Nothing newer: a bounded wait that says what it waited for. */
+    REFIT_ASSERT_ERR(refit_receiver_pull(r0, REFIT_VERSION_NEWEST, 300, NULL), REFIT_ERR_TIMEOUT, "newer than 3");
+    assert_int_equal(refit_receiver_committed(r0), 3);
+    assert_true(refit_receiver_usable(r0));
+    refit_receiver_destroy(r0);
+    refit_receiver_destroy(r1);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
+static void snapshot_mode(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_SNAPSHOT, 0};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, NULL, 0, &b);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    /* The trainer goes on at once: its memory now holds other bytes, but the
+     * snapshot of version 1 is what receivers read. */
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "scribble 99");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, REFIT_VERSION_NEWEST, 10000, NULL));
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 2);
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
+static void end_to_end_redis(void **state)
+{
+    (void)state;
+#ifndef REFIT_HAVE_REDIS
+    skip();
+#else
+    if (!t_in_path("redis-server")) {
+        print_message("[  SKIPPED ] redis-server is not installed (scripts/deps.sh installs it)\n");
+        skip();
+    }
+    t_redis_t rs = {0};
+    assert_true(t_redis_start(&rs, 0));
+    reg_t g;
+    snprintf(g.url, sizeof(g.url), "redis://127.0.0.1:%d", rs.port);
+    snprintf(g.job, sizeof(g.job), "redis-%d", (int)getpid());
+    g.dir[0] = '\0';
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 600};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
+    expect_truth("tiny-moe", "vllm:tp=1", 0, b, 1);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    /* Redis goes away: a pull fails with a clear registry error, in bounded time. */
+    t_redis_stop(&rs);
+    double t0 = refit_now();
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, REFIT_VERSION_NEWEST, 2000, NULL), REFIT_ERR_REGISTRY, "redis");
+    assert_true(t_ms_since(t0) < 6000);
+    assert_int_equal(refit_receiver_committed(r), 1);
+    assert_true(refit_receiver_usable(r));
+    expect_truth("tiny-moe", "vllm:tp=1", 0, b, 1);
+    /* ...and comes back empty (no persistence): publishers write their
+     * manifests and records again on their next heartbeat. */
+    assert_true(t_redis_start(&rs, rs.port));
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
+    expect_truth("tiny-moe", "vllm:tp=1", 0, b, 2);
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_redis_stop(&rs);
+    t_rm_tree(rs.dir);
+#endif
+}
+
+/* A DP replica killed after the receiver began (memory marked partial): the
+ * pull fails, the receiver is marked unusable, and a retry completes from the
+ * surviving replica once the dead one's heartbeat expired. */
+static void publisher_killed_mid_transfer(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    /* The receiver pauses after it started writing; rank 1 dies meanwhile. */
+    setenv("REFIT_TEST_PAUSE_MS", "300", 1);
+    pid_t killer = fork();
+    if (killer == 0) {
+        t_msleep(100);
+        kill(p[1].pid, SIGKILL);
+        _exit(0);
+    }
+    double t0 = refit_now();
+    refit_status_t st = refit_receiver_pull(r, 2, 10000, NULL);
+    unsetenv("REFIT_TEST_PAUSE_MS");
+    waitpid(killer, NULL, 0);
+    waitpid(p[1].pid, NULL, 0);
+    assert_int_equal(st, REFIT_ERR_PEER);
+    assert_non_null(strstr(refit_last_error(), "died"));
+    assert_true(t_ms_since(t0) < 5000);
+    assert_false(refit_receiver_usable(r));
+    assert_int_equal(refit_receiver_committed(r), 1);
+    /* Retry: rank 1 is dropped once its heartbeat expires; rank 0 holds every byte. */
+    t_msleep(600);
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
+    assert_int_equal(rep.sources, 1);
+    assert_true(refit_receiver_usable(r));
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 2);
+    refit_receiver_destroy(r);
+    close(p[1].cmd);
+    close(p[1].resp);
+    pub_stop(&p[0]);
+    t_rm_tree(g.dir);
+}
+
+/* A publisher whose bytes nobody else holds dies: a clear error naming what
+ * is missing, and the previous version stays intact. */
+static void stale_entry_and_missing_rank(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    PUB_OK(&p[0], "publish 2");
+    PUB_OK(&p[1], "publish 2");
+    pub_kill(&p[1]); /* its manifest and record stay behind: a stale entry */
+    t_msleep(600);
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, 2, 3000, NULL), REFIT_ERR_MISSING_SOURCE, "source slot(s) 1 missing");
+    assert_true(refit_receiver_usable(r));
+    expect_truth("tiny-moe", "vllm:tp=1", 0, b, 1);
+    /* A new process takes rank 1 over (new incarnation): the receiver notices,
+     * reads its manifest again and completes. */
+    p[1] = pub_start(&c, 1);
+    PUB_OK(&p[1], "publish 2");
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
+    assert_int_equal(rep.manifests_read, 1);
+    expect_truth("tiny-moe", "vllm:tp=1", 0, b, 2);
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
+/* A receiver killed while it holds a lease: the publisher's wait ends when
+ * the lease expires, and another receiver is unaffected. */
+static void receiver_killed_mid_transfer(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    pid_t victim = fork();
+    if (victim == 0) {
+        void *vb;
+        setenv("REFIT_TEST_PAUSE_MS", "20000", 1);
+        refit_receiver_t *vr = receiver("tiny-moe", "vllm:tp=2", 0, &g, "shm", 500, &vb);
+        refit_receiver_pull(vr, 1, 30000, NULL);
+        _exit(0);
+    }
+    /* Wait until the victim holds its lease, then kill it. */
+    refit_registry_t *reg;
+    REFIT_ASSERT_OK(refit_registry_open(g.url, g.job, &reg));
+    uint32_t n = 0;
+    double t0 = refit_now();
+    while (n == 0 && t_ms_since(t0) < 10000) {
+        REFIT_ASSERT_OK(refit_registry_lease_count(reg, "trainer", 1, &n));
+        t_msleep(20);
+    }
+    assert_int_equal(n, 1);
+    kill(victim, SIGKILL);
+    waitpid(victim, NULL, 0);
+    /* Another receiver pulls normally. */
+    void *b;
+    refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=2", 1, &g, "shm", 0, &b);
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
+    expect_truth("tiny-moe", "vllm:tp=2", 1, b, 1);
+    /* The publishers' wait for readers ends once the dead lease expires (500 ms). */
+    t0 = refit_now();
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    assert_true(t_ms_since(t0) < 3000);
+    REFIT_ASSERT_OK(refit_registry_lease_count(reg, "trainer", 1, &n));
+    assert_int_equal(n, 0);
+    refit_registry_close(reg);
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
+static void identity_and_corrupt_manifest(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    /* A receiver of another model. */
+    void *b;
+    refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, 1, 2000, NULL), REFIT_ERR_IDENTITY,
+                     "group trainer publishes model tiny-moe; this receiver holds tiny-dense");
+    refit_receiver_destroy(r);
+    /* A corrupt manifest in the registry. */
+    refit_registry_t *reg;
+    REFIT_ASSERT_OK(refit_registry_open(g.url, g.job, &reg));
+    void *buf;
+    size_t len;
+    REFIT_ASSERT_OK(refit_registry_get_manifest(reg, "trainer", 0, &buf, &len));
+    ((unsigned char *)buf)[len / 2] ^= 0x40;
+    REFIT_ASSERT_OK(refit_registry_put_manifest(reg, "trainer", 0, buf, len / 2 + 7)); /* truncated, and flipped */
+    free(buf);
+    r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, 1, 2000, NULL), REFIT_ERR_CORRUPT, "manifest of source rank 0");
+    assert_true(refit_receiver_usable(r));
+    refit_receiver_destroy(r);
+    refit_registry_close(reg);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(end_to_end_shm_file),
+        cmocka_unit_test(snapshot_mode),
+        cmocka_unit_test(end_to_end_redis),
+        cmocka_unit_test(publisher_killed_mid_transfer),
+        cmocka_unit_test(stale_entry_and_missing_rank),
+        cmocka_unit_test(receiver_killed_mid_transfer),
+        cmocka_unit_test(identity_and_corrupt_manifest),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
