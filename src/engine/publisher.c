@@ -151,8 +151,9 @@ static void *heartbeat_main(void *arg)
     pthread_mutex_lock(&p->lock);
     while (!p->hb_stop) {
         pthread_mutex_unlock(&p->lock);
-        refit_status_t st = refit_registry_heartbeat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms);
-        if (!st && lost && !(st = reannounce(p))) {
+        bool absent = false;
+        refit_status_t st = refit_registry_beat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms, &absent);
+        if (!st && (lost || absent) && !(st = reannounce(p))) {
             refit_log(REFIT_LOG_INFO, "rank %u: registry is back; manifest and record written again", p->m->rank);
             lost = false;
         }

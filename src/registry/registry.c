@@ -382,6 +382,12 @@ refit_status_t refit_registry_get_manifest(refit_registry_t *r, const char *grou
 refit_status_t refit_registry_heartbeat(refit_registry_t *r, const char *group, uint32_t rank,
                                         const refit_source_info_t *info, uint32_t ttl_ms)
 {
+    return refit_registry_beat(r, group, rank, info, ttl_ms, NULL);
+}
+
+refit_status_t refit_registry_beat(refit_registry_t *r, const char *group, uint32_t rank,
+                                   const refit_source_info_t *info, uint32_t ttl_ms, bool *was_absent)
+{
     refit_status_t st = check_group(group);
     if (st) return st;
     if (!info || ttl_ms == 0)
@@ -393,6 +399,11 @@ refit_status_t refit_registry_heartbeat(refit_registry_t *r, const char *group, 
     encode_heartbeat(val, info, host_len);
     char key[KEY_MAX];
     src_key(key, group, rank, "hb");
+    if (was_absent) {
+        bool present = false;
+        if ((st = is_present(r, key, &present))) return st;
+        *was_absent = !present;
+    }
     return r->ops->put(r->kv, key, val, sizeof(val), ttl_ms);
 }
 

@@ -46,6 +46,11 @@ refit_status_t refit_registry_get_manifest(refit_registry_t *r, const char *grou
 /* Refreshes rank's heartbeat; it expires ttl_ms later unless refreshed. */
 refit_status_t refit_registry_heartbeat(refit_registry_t *r, const char *group, uint32_t rank,
                                         const refit_source_info_t *info, uint32_t ttl_ms);
+/* The same, and *was_absent = true if the heartbeat had expired or vanished
+ * before this beat (the publisher stalled, or the store lost its data): the
+ * caller should write its manifest and record again. */
+refit_status_t refit_registry_beat(refit_registry_t *r, const char *group, uint32_t rank,
+                                   const refit_source_info_t *info, uint32_t ttl_ms, bool *was_absent);
 /* alive[k] = 1 if rank k's heartbeat has not expired (infos[k] filled when
  * infos != NULL), for k < world.  One round trip where the backend allows. */
 refit_status_t refit_registry_alive(refit_registry_t *r, const char *group, uint32_t world, uint8_t *alive,

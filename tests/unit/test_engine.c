@@ -286,6 +286,17 @@ static void end_to_end_redis(void **state)
     /* ...and comes back empty (no persistence): publishers write their
      * manifests and records again on their next heartbeat. */
     assert_true(t_redis_start(&rs, rs.port));
+    refit_registry_t *reg;
+    REFIT_ASSERT_OK(refit_registry_open(g.url, g.job, &reg));
+    for (uint32_t k = 0; k < 2; k++) {
+        void *mb = NULL;
+        size_t ml;
+        t0 = refit_now();
+        while (refit_registry_get_manifest(reg, "trainer", k, &mb, &ml) && t_ms_since(t0) < 5000) t_msleep(20);
+        assert_non_null(mb);
+        free(mb);
+    }
+    refit_registry_close(reg);
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
     REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
     expect_truth("tiny-moe", "vllm:tp=1", 0, b, 2);
