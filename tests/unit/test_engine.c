@@ -32,7 +32,7 @@ typedef struct {
 
 static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
 {
-    refit_manifest_t *m = t_manifest(t_model(c->model), c->layout, rank);
+    refit_manifest_t *m = t_manifest_named(c->model, c->layout, rank);
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
     pp.registry = c->registry;
     pp.job = c->job;
@@ -172,7 +172,7 @@ static refit_receiver_t *receiver(const char *model, const char *layout, uint32_
     rp.lease_ms = lease_ms;
     rp.threads = 2;
     refit_receiver_t *r;
-    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest(t_model(model), layout, rank), &r));
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, layout, rank), &r));
     REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
     return r;
 }
@@ -180,7 +180,7 @@ static refit_receiver_t *receiver(const char *model, const char *layout, uint32_
 /* Independent proof: the receiver memory equals the truth of version v. */
 static void expect_truth(const char *model, const char *layout, uint32_t rank, void *base, uint64_t v)
 {
-    refit_manifest_t *m = t_manifest(t_model(model), layout, rank);
+    refit_manifest_t *m = t_manifest_named(model, layout, rank);
     REFIT_ASSERT_OK(refit_truth_verify(m, (const void *const *)&base, v, NULL));
     refit_manifest_destroy(m);
 }

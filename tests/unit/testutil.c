@@ -42,6 +42,14 @@ refit_manifest_t *t_manifest(const refit_model_t *m, const char *spec, uint32_t 
     return man;
 }
 
+refit_manifest_t *t_manifest_named(const char *model, const char *spec, uint32_t rank)
+{
+    refit_model_t *m = t_model(model);
+    refit_manifest_t *man = t_manifest(m, spec, rank);
+    refit_model_destroy(m);
+    return man;
+}
+
 int t_find_placement(const refit_manifest_t *m, const char *local, const char *canon, uint64_t crow,
                      refit_placement_t *out)
 {

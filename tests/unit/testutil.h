@@ -30,6 +30,8 @@ void refit_test_assert_err(refit_status_t got, refit_status_t want, const char *
 refit_model_t *t_model(const char *name);
 refit_layout_t *t_layout(const char *spec);
 refit_manifest_t *t_manifest(const refit_model_t *m, const char *spec, uint32_t rank);
+/* The same for a built-in model given by name. */
+refit_manifest_t *t_manifest_named(const char *model, const char *spec, uint32_t rank);
 /* Index of the placement of canonical `canon` in local `local` whose box
  * starts at canonical row `crow`, or -1. */
 int t_find_placement(const refit_manifest_t *m, const char *local, const char *canon, uint64_t crow,
