@@ -28,6 +28,7 @@ typedef struct {
     const char *model, *layout, *registry, *job, *transports, *topts;
     refit_publish_mode_t mode;
     uint32_t dead_ms;
+    bool attach; /* the caller's own (not shared) memory: read with process_vm_readv */
 } pubcfg_t;
 
 static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
@@ -43,7 +44,13 @@ static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
     pp.heartbeat_ms = c->dead_ms ? c->dead_ms / 4 : 0;
     refit_publisher_t *p;
     void *base;
-    if (refit_publisher_create(&pp, m, &p) || refit_publisher_alloc(p, 0, &base)) _exit(3);
+    if (refit_publisher_create(&pp, m, &p)) _exit(3);
+    if (c->attach) {
+        base = malloc(refit_manifest_region_size(m, 0));
+        if (!base || refit_publisher_attach(p, 0, base)) _exit(3);
+    } else if (refit_publisher_alloc(p, 0, &base)) {
+        _exit(3);
+    }
     FILE *in = fdopen(cmd, "r");
     char line[256];
     while (fgets(line, sizeof(line), in)) {
@@ -192,7 +199,7 @@ static void end_to_end_shm_file(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0};
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false};
     pub_t p[2];
     for (uint32_t k = 0; k < 2; k++) p[k] = pub_start(&c, k);
     void *b0, *b1;
@@ -227,12 +234,31 @@ static void end_to_end_shm_file(void **state)
     t_rm_tree(g.dir);
 }
 
+static void process_vm_readv_path(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-mla", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, true};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-mla", "vllm:tp=4", 3, &g, "shm", 0, &b);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
+    assert_string_equal(rep.lanes, "shm:process_vm_readv");
+    expect_truth("tiny-mla", "vllm:tp=4", 3, b, 1);
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
 static void snapshot_mode(void **state)
 {
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_SNAPSHOT, 0};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_SNAPSHOT, 0, false};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, NULL, 0, &b);
@@ -266,7 +292,7 @@ static void end_to_end_redis(void **state)
     snprintf(g.url, sizeof(g.url), "redis://127.0.0.1:%d", rs.port);
     snprintf(g.job, sizeof(g.job), "redis-%d", (int)getpid());
     g.dir[0] = '\0';
-    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 600};
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 600, false};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -315,7 +341,7 @@ static void publisher_killed_mid_transfer(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -362,7 +388,7 @@ static void stale_entry_and_missing_rank(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400};
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -396,7 +422,7 @@ static void receiver_killed_mid_transfer(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0};
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
     pid_t victim = fork();
@@ -441,7 +467,7 @@ static void identity_and_corrupt_manifest(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0};
+    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false};
     pub_t p = pub_start(&c, 0);
     PUB_OK(&p, "publish 1");
     /* A receiver of another model. */
@@ -472,6 +498,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(end_to_end_shm_file),
+        cmocka_unit_test(process_vm_readv_path),
         cmocka_unit_test(snapshot_mode),
         cmocka_unit_test(end_to_end_redis),
         cmocka_unit_test(publisher_killed_mid_transfer),
