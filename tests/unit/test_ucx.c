@@ -401,6 +401,45 @@ static void publisher_killed(void **state)
     nn_finish(&c, 5);
 }
 
+static refit_status_t destroy_on_tick(void *user)
+{
+    pub_t *p = user;
+    if (p->t) {
+        ops->destroy(p->t); /* without unexposing: destroy must cope */
+        p->t = NULL;
+    }
+    return REFIT_OK;
+}
+
+/* An in-process publisher destroyed mid-pull (its connections and replies in
+ * flight torn down): the receiver fails with REFIT_ERR_PEER, nothing leaks. */
+static void publisher_destroyed(void **state)
+{
+    (void)state;
+    const uint64_t size = 512u << 20;
+    pub_t a;
+    uint64_t as[] = {size};
+    pub_open(&a, "listen=127.0.0.1,tls=tcp", 1, as, 4);
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create("tls=tcp", &rt));
+    refit_peer_t *peer = pub_connect(rt, &a);
+    refit_plan_t *plan = whole_plan(size);
+    unsigned char *dst = big_alloc(size);
+    refit_pull_ctl_t ctl = {.deadline = refit_now() + 15, .tick = destroy_on_tick, .user = &a};
+    double t0 = refit_now();
+    refit_status_t st = ops->pull(rt, (refit_peer_t *const[]){peer}, plan, (void *const[]){dst}, &ctl, NULL);
+    print_message("pull after destroy: %s (%s) after %.2f s\n", refit_status_name(st), refit_last_error(),
+                  refit_now() - t0);
+    assert_null(a.t);
+    assert_true(st == REFIT_ERR_PEER || st == REFIT_ERR_TIMEOUT);
+    ops->disconnect(peer);
+    ops->destroy(rt);
+    big_free(dst, size);
+    big_free(a.base[0], size);
+    free(a.desc[0]);
+    refit_plan_destroy(plan);
+}
+
 static refit_status_t abort_tick(void *user)
 {
     (void)user;
@@ -695,6 +734,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(get_method),
         cmocka_unit_test(large_from_process),
         cmocka_unit_test(publisher_killed),
+        cmocka_unit_test(publisher_destroyed),
         cmocka_unit_test(deadline_and_tick),
         cmocka_unit_test(require_rdma_on_tcp),
         cmocka_unit_test(bad_inputs),

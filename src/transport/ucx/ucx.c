@@ -558,18 +558,21 @@ static ucs_status_t queue_job(refit_transport_t *t, int type, const void *hdr, s
         return UCS_OK; /* not from a refit receiver: drop */
     conn_t *c = conn_of(t, param->reply_ep);
     if (!c || c->failed) return UCS_OK;
+    /* UCX may hand headers over unaligned: copy before reading. */
     uint32_t n;
+    req_hdr_t rh;
+    hello_hdr_t hh;
     if (type == AM_REQ) {
-        const req_hdr_t *h = hdr;
-        if (hdr_len != sizeof(*h) || h->magic != UCX_MAGIC || h->nruns == 0 || h->nruns > UCX_MAX_RUNS ||
-            len != h->nruns * sizeof(wire_run_t))
+        if (hdr_len != sizeof(rh)) return UCS_OK;
+        memcpy(&rh, hdr, sizeof(rh));
+        if (rh.magic != UCX_MAGIC || rh.nruns == 0 || rh.nruns > UCX_MAX_RUNS || len != rh.nruns * sizeof(wire_run_t))
             return UCS_OK;
-        n = h->nruns * 2;
+        n = rh.nruns * 2;
     } else {
-        const hello_hdr_t *h = hdr;
-        if (hdr_len != sizeof(*h) || h->magic != UCX_MAGIC || h->nregions > 65536 || len != h->nregions * 8ull)
-            return UCS_OK;
-        n = h->nregions;
+        if (hdr_len != sizeof(hh)) return UCS_OK;
+        memcpy(&hh, hdr, sizeof(hh));
+        if (hh.magic != UCX_MAGIC || hh.nregions > 65536 || len != hh.nregions * 8ull) return UCS_OK;
+        n = hh.nregions;
     }
     job_t *j = calloc(1, sizeof(*j) + (size_t)n * 8);
     if (!j || REFIT_VEC_PUSH(&t->jobs, j)) {
@@ -580,8 +583,8 @@ static ucs_status_t queue_job(refit_transport_t *t, int type, const void *hdr, s
     j->conn = c;
     c->refs++;
     j->nitems = n;
-    if (type == AM_REQ) memcpy(&j->req, hdr, sizeof(j->req));
-    else memcpy(&j->hello, hdr, sizeof(j->hello));
+    if (type == AM_REQ) j->req = rh;
+    else j->hello = hh;
     if (len) memcpy(j->items, data, len);
     return UCS_OK;
 }
@@ -969,12 +972,13 @@ static ucs_status_t am_hello_reply_cb(void *arg, const void *hdr, size_t hdr_len
 {
     refit_transport_t *t = arg;
     hello_wait_t *w = t->hello;
-    const hello_reply_t *h = hdr;
-    if (!w || hdr_len != sizeof(*h) || h->cookie != w->cookie || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
-        return UCS_OK;
-    w->status = h->status;
-    if (h->status == PUB_OK && len == (size_t)w->nregions * 8) memcpy(w->sizes, data, len);
-    else if (h->status == PUB_OK) w->status = PUB_RANGE;
+    hello_reply_t h;
+    if (!w || hdr_len != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) return UCS_OK;
+    memcpy(&h, hdr, sizeof(h));
+    if (h.cookie != w->cookie) return UCS_OK;
+    w->status = h.status;
+    if (h.status == PUB_OK && len == (size_t)w->nregions * 8) memcpy(w->sizes, data, len);
+    else if (h.status == PUB_OK) w->status = PUB_RANGE;
     w->done = true;
     return UCS_OK;
 }
@@ -1020,7 +1024,8 @@ static void ep_force_close(refit_transport_t *t, ucp_ep_h ep)
     }
 }
 
-/* Closes an endpoint politely (flush), bounded. */
+/* Closes an endpoint politely (flush), waiting at most 2 s; a close still
+ * in progress then finishes on its own (its request is released by UCX). */
 static void ep_close(refit_transport_t *t, ucp_ep_h ep)
 {
     ucp_request_param_t rp = {.op_attr_mask = 0};
@@ -1028,12 +1033,6 @@ static void ep_close(refit_transport_t *t, ucp_ep_h ep)
     if (UCS_PTR_IS_PTR(r)) {
         double until = refit_now() + 2;
         while (ucp_request_check_status(r) == UCS_INPROGRESS && refit_now() < until) rwait(t, until, 0.0005);
-        if (ucp_request_check_status(r) == UCS_INPROGRESS) {
-            ucp_request_cancel(t->rw, r);
-            ucp_request_free(r);
-            ep_force_close(t, ep);
-            return;
-        }
         ucp_request_free(r);
     }
 }
@@ -1195,8 +1194,7 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
     if (req) {
         while (ucp_request_check_status(req) == UCS_INPROGRESS && p->failed == UCS_OK && refit_now() < until)
             rwait(t, until, 0.001);
-        if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(t->rw, req);
-        ucp_request_free(req);
+        ucp_request_free(req); /* if still in flight, closing the endpoint below completes it */
     }
     if (!w.done && p->failed != UCS_OK) st = ucx_err(REFIT_ERR_PEER, p->failed, "publisher %s", p->name);
     else if (!w.done)
@@ -1214,7 +1212,7 @@ out:
     free(ids);
     free(sizes);
     if (st) {
-        if (p->failed != UCS_OK) ep_force_close(t, p->ep);
+        if (p->failed != UCS_OK || st == REFIT_ERR_TIMEOUT) ep_force_close(t, p->ep);
         else ep_close(t, p->ep);
         p->ep = NULL;
     }
@@ -1524,16 +1522,18 @@ static ucs_status_t am_data_cb(void *arg, const void *hdr, size_t hdr_len, void 
 {
     refit_transport_t *t = arg;
     pull_t *pl = t->cur;
-    const data_hdr_t *h = hdr;
-    if (!pl || hdr_len != sizeof(*h) || h->seq != pl->seq || h->idx >= pl->nslots) return UCS_OK; /* stale */
-    slot_t *s = &pl->slots[h->idx];
-    if (s->gen != h->gen || s->state != SLOT_WAIT) return UCS_OK;
-    if (h->status != PUB_OK) {
-        s->pub_status = h->status;
+    data_hdr_t h;
+    if (!pl || hdr_len != sizeof(h)) return UCS_OK;
+    memcpy(&h, hdr, sizeof(h));
+    if (h.seq != pl->seq || h.idx >= pl->nslots) return UCS_OK; /* stale */
+    slot_t *s = &pl->slots[h.idx];
+    if (s->gen != h.gen || s->state != SLOT_WAIT) return UCS_OK;
+    if (h.status != PUB_OK) {
+        s->pub_status = h.status;
         mark_done(pl, s);
         return UCS_OK;
     }
-    if (len != s->bytes || h->len != s->bytes) {
+    if (len != s->bytes || h.len != s->bytes) {
         s->status = UCS_ERR_MESSAGE_TRUNCATED;
         mark_done(pl, s);
         return UCS_OK;
