@@ -1,6 +1,6 @@
 /* UCX over TCP against a plain TCP stream, between two network namespaces.
  *
- *   bench_ucx_tcp [--size BYTES] [--reps N] [--ucx-opts OPTS] [--pub-opts OPTS]
+ *   bench_ucx_tcp [--size BYTES] [--reps N] [--rows RUN] [--ucx-opts OPTS] [--pub-opts OPTS]
  *
  * (root; makes namespaces joined by a veth pair with 10.77.0.1/24 and
  * 10.77.0.2/24, deleted at the end).  In the same run it measures
@@ -12,6 +12,9 @@
  * each repeated REPS times (default 3), alternating (a) and (b) so that
  * other load on the host hits both alike, and prints the medians as JSON:
  *   {"tcp_gbps":..,"ucx_gbps":..,"ratio":..,"lanes":..,...}
+ * With --rows RUN, (b) pulls a strided plan instead: rows of RUN bytes every
+ * 2*RUN bytes of the source, packed in the destination (half the bytes; a
+ * tensor-parallel column slice), and ucx_gbps counts the bytes moved.
  * Both sides' buffers are faulted in before timing; GB/s are 1e9 bytes/s.
  * The pulled bytes are checked against the pattern after the last rep.
  *
@@ -131,7 +134,7 @@ static int publish(uint64_t size, const char *opts)
     return 0;
 }
 
-static int pull(const char *hex, uint64_t size, const char *opts, int reps)
+static int pull(const char *hex, uint64_t size, const char *opts, int reps, uint64_t rows)
 {
     const refit_transport_ops_t *ops = &refit_transport_ucx;
     refit_transport_t *t;
@@ -147,6 +150,12 @@ static int pull(const char *hex, uint64_t size, const char *opts, int reps)
     plan->nsrcs = 1;
     plan->src_bytes = calloc(1, sizeof(uint64_t));
     refit_plan_region_t r = {.run = size};
+    uint64_t moved = size;
+    if (rows) {
+        r = (refit_plan_region_t){.run = rows, .nloops = 1, .count = {size / (2 * rows)}, .src_stride = {2 * rows},
+                                  .dst_stride = {rows}};
+        moved = r.count[0] * rows;
+    }
     if (!plan->src_bytes || REFIT_VEC_PUSH(&plan->regions, r)) return 2;
     printf("READY\n");
     fflush(stdout);
@@ -160,10 +169,13 @@ static int pull(const char *hex, uint64_t size, const char *opts, int reps)
             return 2;
         }
         double dt = nn_now() - t0;
-        printf("UCX %.4f %s\n", (double)size / dt / 1e9, st.lanes);
+        printf("UCX %.4f %s\n", (double)moved / dt / 1e9, st.lanes);
         fflush(stdout);
     }
-    printf("VERIFY %s\n", nn_check(buf, size, SEED, 0) == UINT64_MAX ? "ok" : "bad");
+    bool ok = true;
+    if (!rows) ok = nn_check(buf, size, SEED, 0) == UINT64_MAX;
+    for (uint64_t i = 0; rows && ok && i < r.count[0]; i++) ok = nn_check(buf + i * rows, rows, SEED, 2 * rows * i) == UINT64_MAX;
+    printf("VERIFY %s\n", ok ? "ok" : "bad");
     refit_plan_destroy(plan);
     ops->disconnect(peer);
     ops->destroy(t);
@@ -191,19 +203,22 @@ int main(int argc, char **argv)
     if (argc >= 6 && !strcmp(argv[1], "--tcp-recv"))
         return tcp_recv(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 0), atoi(argv[5]));
     if (argc >= 4 && !strcmp(argv[1], "--publish")) return publish(strtoull(argv[2], NULL, 0), argv[3]);
-    if (argc >= 6 && !strcmp(argv[1], "--pull"))
-        return pull(argv[2], strtoull(argv[3], NULL, 0), argv[4], atoi(argv[5]));
+    if (argc >= 7 && !strcmp(argv[1], "--pull"))
+        return pull(argv[2], strtoull(argv[3], NULL, 0), argv[4], atoi(argv[5]), strtoull(argv[6], NULL, 0));
 
     uint64_t size = 2ull << 30;
     int reps = 3;
+    uint64_t rows = 0;
     const char *ucx_opts = "", *pub_opts = "";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--size") && i + 1 < argc) size = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--ucx-opts") && i + 1 < argc) ucx_opts = argv[++i];
         else if (!strcmp(argv[i], "--pub-opts") && i + 1 < argc) pub_opts = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--size BYTES] [--reps N] [--ucx-opts OPTS] [--pub-opts OPTS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--size BYTES] [--reps N] [--rows RUN] [--ucx-opts OPTS] [--pub-opts OPTS]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -220,7 +235,8 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     int rc = 2;
-    char sz[32], rp[16], line[70000];
+    char sz[32], rp[16], rw[32], line[70000];
+    snprintf(rw, sizeof(rw), "%" PRIu64, rows);
     snprintf(sz, sizeof(sz), "%" PRIu64, size);
     snprintf(rp, sizeof(rp), "%d", reps);
     double tcp[50], ucx[50];
@@ -240,7 +256,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "publisher did not start\n");
     } else {
         nn_spawn(&rcv, pair.b, (char *const[]){self, "--tcp-recv", NETNS_ADDR_A, "47001", sz, rp, NULL});
-        nn_spawn(&sub, pair.b, (char *const[]){self, "--pull", line + 5, sz, (char *)ucx_opts, rp, NULL});
+        nn_spawn(&sub, pair.b, (char *const[]){self, "--pull", line + 5, sz, (char *)ucx_opts, rp, rw, NULL});
         started = nn_readline(&rcv, line, sizeof(line), 60) && !strcmp(line, "READY") &&
                   nn_readline(&sub, line, sizeof(line), 60) && !strcmp(line, "READY");
         if (!started) fprintf(stderr, "receivers did not start\n");
@@ -282,8 +298,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < ntcp; i++) printf("%s%.3f", i ? "," : "", tcp[i]);
     printf("],\"ucx_runs\":[");
     for (int i = 0; i < nucx; i++) printf("%s%.3f", i ? "," : "", ucx[i]);
-    printf("],\"ucx_opts\":\"%s\",\"pub_opts\":\"%s\",\"verified\":%s}\n", ucx_opts, pub_opts,
-           verified ? "true" : "false");
+    printf("],\"rows\":%" PRIu64 ",\"ucx_opts\":\"%s\",\"pub_opts\":\"%s\",\"verified\":%s}\n", rows, ucx_opts,
+           pub_opts, verified ? "true" : "false");
     rc = verified ? 0 : 1;
 out:
     nn_pair_destroy(&pair);

@@ -158,7 +158,7 @@ typedef struct {
     bool require_rdma;
     int method;
     char tls[128], devices[128];
-    uint64_t chunk, rndv;
+    uint64_t chunk, rndv, solo;
     unsigned inflight, spin_us;
     double connect_timeout, stall_timeout;
 } ucx_opts_t;
@@ -186,7 +186,7 @@ static void copy_list(char *dst, size_t cap, const char *v)
 
 static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
 {
-    *o = (ucx_opts_t){.listen_ip = "0.0.0.0", .chunk = 4u << 20, .rndv = 64u << 10, .inflight = 8,
+    *o = (ucx_opts_t){.listen_ip = "0.0.0.0", .chunk = 4u << 20, .rndv = 64u << 10, .solo = 16u << 10, .inflight = 8,
                       .spin_us = 100, .connect_timeout = 10, .stall_timeout = 30};
     if (!s) return REFIT_OK;
     char *dup = refit_strdup(s), *save = NULL;
@@ -236,6 +236,8 @@ static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
             copy_list(o->devices, sizeof(o->devices), v);
         } else if (!strcmp(kv, "chunk")) {
             ok = parse_u64(v, &o->chunk) && o->chunk >= 4096 && o->chunk <= (1ull << 30);
+        } else if (!strcmp(kv, "solo")) {
+            ok = parse_u64(v, &o->solo) && o->solo > 0;
         } else if (!strcmp(kv, "rndv")) {
             ok = parse_u64(v, &o->rndv);
         } else if (!strcmp(kv, "inflight")) {
@@ -1391,6 +1393,7 @@ struct pull_peer {
     uint64_t row, row_off, rows;
     bool exhausted;
     unsigned busy;
+    uint64_t inflight_bytes;
     double last_data;
     uint64_t bytes;
 };
@@ -1450,12 +1453,15 @@ static bool next_request(pull_t *pl, pull_peer_t *pp, slot_t *s)
         uint64_t left = r->run - pp->row_off;
         uint64_t room = o->chunk - s->bytes;
         uint64_t take = left < room ? left : room;
-        /* A long run starts a request of its own rather than tailing a batch. */
-        if (s->nruns && take < left && left >= o->chunk / 2) break;
         unsigned char *dst = (unsigned char *)pl->dst_bases[r->dst_region] + dof + pp->row_off;
         so += pp->row_off;
         run_t *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
-        if (last && last->off + last->len == so && last->dst + last->len == dst) {
+        bool adjacent = last && last->off + last->len == so && last->dst + last->len == dst;
+        /* A request is one run (zero copy on both sides), or a batch of
+         * short runs (packed by the publisher, scattered here): a run of
+         * solo bytes or more never joins a batch. */
+        if (s->nruns && !adjacent && (left >= o->solo || s->runs[0].len >= o->solo)) break;
+        if (adjacent) {
             last->len += take;
         } else {
             if (s->nruns == UCX_MAX_RUNS) break;
@@ -1584,6 +1590,7 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
     s->staged = false;
     s->state = SLOT_WAIT;
     pp->busy++;
+    pp->inflight_bytes += s->bytes;
     pl->requests++;
     if (p->use_get) {
         const peer_region_t *pr = &p->regions[s->region];
@@ -1698,7 +1705,10 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
     }
     for (size_t k = 0; k < pl.npps; k++) pl.pps[k].rows = region_rows(&regs[pl.pps[k].regs[0]]);
 
-    unsigned per = t->o.inflight;
+    /* Per peer: up to inflight * chunk bytes in flight, in at most 4 *
+     * inflight requests (short solo runs make small requests). */
+    unsigned per = t->o.inflight * 4 > 256 ? 256 : t->o.inflight * 4;
+    uint64_t window = (uint64_t)t->o.inflight * t->o.chunk;
     pl.nslots = pl.npps * per;
     pl.slots = calloc(pl.nslots ? pl.nslots : 1, sizeof(slot_t));
     pl.done = calloc(pl.nslots ? pl.nslots : 1, sizeof(uint32_t));
@@ -1716,13 +1726,15 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
     double deadline = ctl && ctl->deadline > 0 ? ctl->deadline : 0;
     double now = refit_now(), next_tick = now + 0.05;
     for (size_t k = 0; k < pl.npps; k++) pl.pps[k].last_data = now;
-    /* Start every peer's window. */
-    for (size_t i = 0; i < pl.nslots; i++) {
-        slot_t *s = &pl.slots[i];
-        if (!s->pp->exhausted && next_request(&pl, s->pp, s)) issue(&pl, s);
-        else s->pp->exhausted = true;
-    }
     for (;;) {
+        /* Fill every peer's window with free slots. */
+        for (size_t i = 0; i < pl.nslots; i++) {
+            slot_t *s = &pl.slots[i];
+            pull_peer_t *pp = s->pp;
+            if (s->state != SLOT_FREE || pp->exhausted || pp->inflight_bytes >= window) continue;
+            if (next_request(&pl, pp, s)) issue(&pl, s);
+            else pp->exhausted = true;
+        }
         bool busy = false;
         for (size_t k = 0; k < pl.npps; k++) busy |= pl.pps[k].busy > 0;
         if (!busy) break;
@@ -1744,18 +1756,17 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
             }
             if (s->staged) scatter(s, s->stage);
             pp->bytes += s->bytes;
+            pp->inflight_bytes -= s->bytes;
             pp->last_data = now;
             s->state = SLOT_PARKED;
         }
         if (st) break;
-        /* Refill the windows with slots whose request send has completed. */
+        /* Slots whose request send has completed are free again. */
         for (size_t i = 0; i < pl.nslots; i++) {
             slot_t *s = &pl.slots[i];
             if (s->state != SLOT_PARKED || s->send_pending) continue;
             s->state = SLOT_FREE;
             s->pp->busy--;
-            if (!s->pp->exhausted && next_request(&pl, s->pp, s)) issue(&pl, s);
-            else s->pp->exhausted = true;
         }
         for (size_t k = 0; k < pl.npps && !st; k++) {
             pull_peer_t *pp = &pl.pps[k];
