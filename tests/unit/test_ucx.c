@@ -185,6 +185,9 @@ static void strided_two_sources(void **state)
     plan_add(plan, loop(R(0, 0, 0, 11, (7u << 19), 3), 1000, 7, 5));
     /* dst 0: three loops, innermost rows adjacent on both sides (coalesce) */
     plan_add(plan, loop(loop(loop(R(0, 0, 0, 9000, (4u << 20), 16), 4, 16, 16), 3, 100, 64), 5, 1000, 256));
+    /* dst 0: 400 rows of 1000 bytes: batched into requests above the
+     * rendezvous threshold (received into a staging buffer, scattered) */
+    plan_add(plan, loop(R(1, 0, 0, 12345, 3150000, 1000), 400, 1500, 1000));
     /* dst 1: rows of 100000 bytes every 200000 from b */
     plan_add(plan, loop(R(1, 0, 1, 1, 0, 100000), 20, 200000, 100000));
     /* dst 1: a whole region's tail from a region 0, odd sizes */

@@ -239,7 +239,8 @@ static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
         } else if (!strcmp(kv, "solo")) {
             ok = parse_u64(v, &o->solo) && o->solo > 0;
         } else if (!strcmp(kv, "rndv")) {
-            ok = parse_u64(v, &o->rndv);
+            if (!strcmp(v, "auto")) o->rndv = 0; /* UCX chooses */
+            else ok = parse_u64(v, &o->rndv) && o->rndv > 0;
         } else if (!strcmp(kv, "inflight")) {
             ok = parse_u64(v, &n) && n >= 1 && n <= 1024;
             o->inflight = (unsigned)n;
@@ -692,7 +693,7 @@ static void serve_job(refit_transport_t *t, job_t *j)
             d->len = total;
             j->region = r;
             r->inflight++;
-            if (total >= t->o.rndv) flags |= UCP_AM_SEND_FLAG_RNDV;
+            if (t->o.rndv) flags |= total >= t->o.rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
         }
     }
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -1201,9 +1202,10 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
     if (!w.done && p->failed != UCS_OK) st = ucx_err(REFIT_ERR_PEER, p->failed, "publisher %s", p->name);
     else if (!w.done)
         st = refit_error(REFIT_ERR_TIMEOUT, "ucx: publisher %s did not answer within the connect timeout", p->name);
+    else if (w.status == PUB_BAD_ID) /* another publisher answered there: try the next address */
+        st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)", p->name);
     else if (w.status != PUB_OK)
-        st = refit_error(w.status == PUB_BAD_ID ? REFIT_ERR_STALE : REFIT_ERR_PEER, "ucx: publisher %s: %s", p->name,
-                         pub_status_str(w.status));
+        st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s: %s", p->name, pub_status_str(w.status));
     for (uint32_t i = 0; !st && i < p->nregions; i++)
         if (sizes[i] != p->regions[i].size)
             st = refit_error(REFIT_ERR_STALE, "ucx: publisher %s: region %u is %s", p->name, i,
@@ -1286,7 +1288,10 @@ static refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs
     size_t tl = 0;
     st = REFIT_ERR_TRANSPORT;
     for (uint16_t k = 0; k < h0.naddrs && st; k++) {
-        st = try_addr(t, p, &addrs0[k], h0.port, until);
+        /* Each address gets its share of what is left (at least 1 s), so
+         * one that drops packets cannot use up the whole budget. */
+        double left = until - refit_now(), share = left / (h0.naddrs - k);
+        st = try_addr(t, p, &addrs0[k], h0.port, refit_now() + (share < 1 ? REFIT_MIN(1.0, left) : share));
         if (st == REFIT_ERR_STALE) break; /* reached it; it is not the right one */
         if (st) {
             int w = snprintf(tried + tl, sizeof(tried) - tl, "%s%s: %s", tl ? "; " : "", p->name, refit_last_error());
