@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,6 +444,67 @@ static void publisher_destroyed(void **state)
     refit_plan_destroy(plan);
 }
 
+typedef struct {
+    refit_transport_t *rt;
+    refit_peer_t *peer;
+    refit_plan_t *plan;
+    void *dst;
+    refit_status_t st;
+    char err[512];
+} pull_job_t;
+
+static void *pull_thread(void *arg)
+{
+    pull_job_t *j = arg;
+    refit_pull_ctl_t ctl = {.deadline = refit_now() + 15};
+    j->st = ops->pull(j->rt, (refit_peer_t *const[]){j->peer}, j->plan, (void *const[]){j->dst}, &ctl, NULL);
+    snprintf(j->err, sizeof(j->err), "%s", refit_last_error());
+    return NULL;
+}
+
+/* The publisher unexposes (and unmaps) a region while a receiver pulls it:
+ * unexpose waits for the replies UCX is sending from it, so unmapping right
+ * after is safe; the pull fails with REFIT_ERR_PEER or has finished. */
+static void unexpose_during_pull(void **state)
+{
+    (void)state;
+    const uint64_t size = 256u << 20;
+    pub_t a;
+    uint64_t as[] = {size, 4096};
+    pub_open(&a, "listen=127.0.0.1,tls=tcp", 2, as, 8);
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create("tls=tcp", &rt));
+    pull_job_t j = {.rt = rt, .peer = pub_connect(rt, &a), .plan = whole_plan(size), .dst = big_alloc(size)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, pull_thread, &j), 0);
+    usleep(30000);
+    double t0 = refit_now();
+    ops->unexpose(a.t, a.base[0]);
+    double dt = refit_now() - t0;
+    big_free(a.base[0], size); /* a late read from UCX would crash here */
+    pthread_join(th, NULL);
+    print_message("unexpose took %.3f s; pull: %s %s\n", dt, refit_status_name(j.st), j.err);
+    assert_true(dt < 6);
+    assert_true(j.st == REFIT_OK || j.st == REFIT_ERR_PEER);
+    if (j.st == REFIT_ERR_PEER) assert_non_null(strstr(j.err, "not exposed"));
+    /* Exposing again under the same address works and serves new bytes. */
+    a.base[0] = big_alloc(size);
+    nn_fill(a.base[0], size, 99);
+    free(a.desc[0]);
+    REFIT_ASSERT_OK(ops->expose(a.t, a.base[0], size, &a.desc[0], &a.len[0]));
+    refit_peer_t *p2 = pub_connect(rt, &a);
+    j.peer = p2;
+    pull_thread(&j);
+    REFIT_ASSERT_OK(j.st);
+    assert_int_equal(nn_check(j.dst, size, 99, 0), UINT64_MAX);
+    ops->disconnect(p2);
+    ops->disconnect(pub_connect(rt, &a)); /* connect + disconnect again: no leak */
+    refit_plan_destroy(j.plan);
+    big_free(j.dst, size);
+    ops->destroy(rt);
+    pub_close(&a);
+}
+
 static refit_status_t abort_tick(void *user)
 {
     (void)user;
@@ -739,6 +801,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(publisher_killed),
         cmocka_unit_test(publisher_destroyed),
         cmocka_unit_test(deadline_and_tick),
+        cmocka_unit_test(unexpose_during_pull),
         cmocka_unit_test(require_rdma_on_tcp),
         cmocka_unit_test(bad_inputs),
         cmocka_unit_test_setup_teardown(across_namespaces, ns_setup, ns_teardown),

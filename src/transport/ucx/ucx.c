@@ -324,6 +324,7 @@ struct refit_transport {
     pthread_t thread;
     bool thread_started;
     atomic_bool stop;
+    atomic_uint waiters; /* threads other than the progress thread wanting lock */
     uint16_t port;
     wire_addr_t addrs[UCX_MAX_ADDRS];
     uint16_t naddrs;
@@ -423,6 +424,7 @@ static refit_status_t ucx_create(const char *options, refit_transport_t **out)
     t->pub_id = random_id();
     t->next_region_id = 1;
     atomic_init(&t->stop, false);
+    atomic_init(&t->waiters, 0);
 
     if ((s = ucp_config_read(NULL, NULL, &cfg)) != UCS_OK) {
         st = ucx_err(REFIT_ERR_TRANSPORT, s, "reading the UCX configuration");
@@ -534,7 +536,7 @@ static void conn_req_cb(ucp_conn_request_h creq, void *arg)
                           .err_handler = {conn_err_cb, c}};
     if (ucp_ep_create(t->pw, &ep, &c->ep) != UCS_OK) {
         free(c);
-        return; /* UCX rejects the request itself on failure */
+        return; /* the client sees its endpoint fail or its hello time out */
     }
     t->conns.data[t->conns.len++] = c;
 }
@@ -743,6 +745,15 @@ static unsigned pub_round(refit_transport_t *t)
     return n;
 }
 
+/* The lock as taken by threads other than the progress thread: the
+ * progress thread steps back while someone waits (mutexes are not fair). */
+static void pub_lock(refit_transport_t *t)
+{
+    atomic_fetch_add(&t->waiters, 1);
+    pthread_mutex_lock(&t->lock);
+    atomic_fetch_sub(&t->waiters, 1);
+}
+
 static void *pub_thread(void *arg)
 {
     refit_transport_t *t = arg;
@@ -755,6 +766,7 @@ static void *pub_thread(void *arg)
         bool sleep = !n && now - idle_since >= t->o.spin_us * 1e-6;
         ucs_status_t s = sleep ? ucp_worker_arm(t->pw) : UCS_ERR_BUSY;
         pthread_mutex_unlock(&t->lock);
+        if (atomic_load(&t->waiters)) usleep(20);
         if (s == UCS_OK) {
             struct pollfd pf[2] = {{t->pw_efd, POLLIN, 0}, {t->wake_fd, POLLIN, 0}};
             if (poll(pf, 2, 100) > 0 && (pf[1].revents & POLLIN)) {
@@ -885,7 +897,7 @@ static refit_status_t ucx_expose(refit_transport_t *t, void *base, uint64_t size
             goto fail;
         }
     }
-    pthread_mutex_lock(&t->lock);
+    pub_lock(t);
     st = pub_start(t);
     if (!st && REFIT_VEC_PUSH(&t->regions, r)) st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
     if (!st) r->id = t->next_region_id++;
@@ -898,7 +910,7 @@ static refit_status_t ucx_expose(refit_transport_t *t, void *base, uint64_t size
     size_t n = sizeof(h) + h.naddrs * sizeof(wire_addr_t) + r->rkey_len;
     unsigned char *d = malloc(n);
     if (!d) {
-        pthread_mutex_lock(&t->lock);
+        pub_lock(t);
         r->dead = true; /* released by destroy; no request can use it */
         pthread_mutex_unlock(&t->lock);
         return refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
@@ -926,7 +938,7 @@ static void region_release(refit_transport_t *t, pub_region_t *r)
 static void ucx_unexpose(refit_transport_t *t, void *base)
 {
     if (!t) return;
-    pthread_mutex_lock(&t->lock);
+    pub_lock(t);
     for (size_t i = 0; i < t->regions.len; i++) {
         pub_region_t *r = t->regions.data[i];
         if (r->base != base || r->dead) continue;
@@ -936,6 +948,7 @@ static void ucx_unexpose(refit_transport_t *t, void *base)
          * connections that hold them, which completes their sends. */
         double t0 = refit_now();
         bool forced = false;
+        atomic_fetch_add(&t->waiters, 1); /* cond waits re-take the lock */
         while (r->inflight && t->thread_started) {
             if (!forced && refit_now() - t0 > 5) {
                 for (job_t *j = t->sending; j; j = j->next)
@@ -950,6 +963,7 @@ static void ucx_unexpose(refit_transport_t *t, void *base)
             if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
             pthread_cond_timedwait(&t->cond, &t->lock, &ts);
         }
+        atomic_fetch_sub(&t->waiters, 1);
         if (r->inflight == 0) {
             t->regions.data[i] = t->regions.data[--t->regions.len];
             region_release(t, r);
