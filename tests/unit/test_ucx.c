@@ -492,6 +492,7 @@ static void unexpose_during_pull(void **state)
     nn_fill(a.base[0], size, 99);
     free(a.desc[0]);
     REFIT_ASSERT_OK(ops->expose(a.t, a.base[0], size, &a.desc[0], &a.len[0]));
+    ops->disconnect(j.peer);
     refit_peer_t *p2 = pub_connect(rt, &a);
     j.peer = p2;
     pull_thread(&j);
