@@ -1010,8 +1010,9 @@ static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     if (p->failed == UCS_OK) p->failed = status == UCS_OK ? UCS_ERR_CONNECTION_RESET : status;
 }
 
-/* Waits (progressing the receiver worker) until *flag or the peer fails or
- * `until` passes; sleeps on the worker's fd after spin_us of idleness. */
+/* One step of waiting on the receiver worker: progresses it; after spin_s
+ * without events, sleeps on its event fd (at most 10 ms, and not past
+ * `until`).  Callers loop on their own condition. */
 static void rwait(refit_transport_t *t, double until, double spin_s)
 {
     unsigned n = progress_all(t->rw);
@@ -1645,10 +1646,11 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
     return UCS_OK;
 }
 
-/* True while UCX may still touch slot s. */
+/* True while UCX may still touch slot s, or its reply may still come. */
 static bool slot_busy(const slot_t *s)
 {
-    return s->send_pending || s->state == SLOT_RECV || s->gets_pending;
+    return s->send_pending || s->state == SLOT_RECV || s->gets_pending ||
+           (s->state == SLOT_WAIT && s->pp->peer->ep);
 }
 
 static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
@@ -1817,7 +1819,17 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
     }
     if (st) {
         /* Drain: let UCX finish (or cancel) everything that may touch the
-         * slots or the destination before returning. */
+         * slots or the destination before returning.  Failed peers are
+         * closed at once (that completes their requests); the replies of
+         * live ones get a second, then their endpoints are closed too. */
+        for (size_t k = 0; k < pl.npps; k++) {
+            refit_peer_t *p = pl.pps[k].peer;
+            if (p->failed != UCS_OK && p->ep) {
+                ep_force_close(t, p->ep);
+                p->ep = NULL;
+                p->broken = true;
+            }
+        }
         double until = refit_now() + 1;
         bool any;
         do {
