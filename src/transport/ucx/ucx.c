@@ -1,64 +1,83 @@
 /* The ucx transport: weights over the network through UCX (UCP API).
  *
- * DESIGN (measured on UCX 1.13.1, TCP only, 2-core VMs; see bench/ucx_tcp.c):
+ * DESIGN, and the measurements that chose it (UCX 1.13.1 without CUDA, a
+ * 2-core VM shared with other jobs, publisher and receiver in two network
+ * namespaces joined by veth; bench/ucx_tcp.c, bench/results/ucx-tcp.jsonl):
  *
- *   Pull by active messages, receiver-driven.  UCX 1.13 RMA GET over TCP is
- *   emulated with messages (the owner must progress) and ran 0.7-2.7 GB/s,
- *   while AM rendezvous over TCP is a PUT_ZCOPY from the publisher's memory
- *   straight into the receiver's destination (sendmsg on one side, recv into
- *   the final address on the other: no copy in UCX), which is as close to a
- *   plain TCP stream as UCX gets.  So:
+ *   Receiver-driven pull by active messages.  UCX 1.13 RMA GET on TCP is
+ *   emulated with messages (the owner must progress) and ran 0.7-2.7 GB/s
+ *   where AM ran 4.2-4.7; forcing UCX's get_zcopy rendezvous here gave
+ *   0.91x a plain TCP stream where its default (put_zcopy) gave 1.3-1.5x.
+ *   An AM reply in rendezvous is a PUT_ZCOPY from the publisher's memory
+ *   straight into the receiver's destination (sendmsg from the source,
+ *   recv into the final address: no copy in UCX).  Result: 2 GiB pulls at
+ *   1.09x, 1.47x, 1.53x the same run's plain TCP stream (0.9-1.1 GB/s);
+ *   UCX_TLS unset picks tcp on the veth (lanes "ucx:tcp/<veth> am").
  *
  *   - Publisher: create() makes a ucp context (AM|RMA|WAKEUP); the first
  *     expose() starts a worker, a ucp_listener on "listen=IP[:PORT]"
  *     (default 0.0.0.0, ephemeral port) and a progress thread.  expose()
  *     registers the memory (ucp_mem_map) and returns a descriptor: publisher
  *     id, region id, base, size, the host's IPs (non-loopback first) and the
- *     listener's port, and the packed rkey for true RMA.  The progress thread
- *     serves requests: REQ lists (offset, length) runs of one region; the
- *     reply is one AM_DATA carrying the runs' bytes: a single run is sent
- *     from the registered memory itself (zero copy), several small runs are
- *     packed first.  Replies of >= rndv bytes are forced to rendezvous.
- *     The thread spins spin_us after activity, then sleeps on the worker's
- *     event fd (2-core hosts need the CPU for the kernel's TCP work).
+ *     listener's port, and the packed rkey for true RMA.  The thread serves
+ *     REQ messages (up to 256 (offset, length) runs of one region) with one
+ *     AM_DATA reply carrying the runs' bytes: a single run is sent from the
+ *     registered memory itself (zero copy), several short runs are packed.
+ *     Replies of >= rndv bytes (64K) are forced to rendezvous, shorter ones
+ *     to eager (UCX's own switch, at 8-20K on TCP, made 16K replies
+ *     rendezvous: 0.4-0.8 GB/s against 1.5-1.7 eager).  It spins spin_us
+ *     after activity, then sleeps on the worker's event fd; unexpose() waits
+ *     for the replies still reading the region (force-closing their
+ *     connections after 5 s), so the caller may free the memory after.
  *
  *   - Receiver: connect() makes a client endpoint to IP:port (each IP in
- *     turn; error mode PEER so a dead publisher is an error, not a hang),
- *     says HELLO (which checks the publisher id and the regions' sizes) and
- *     reads the lanes UCX chose (ucp_ep_print_info, parsed: 1.13 has no
- *     ucp_ep_query for transports).  pull() flattens the plan's strided
- *     regions into runs (adjacent runs coalesced), batches them into
- *     requests of about `chunk` bytes (at most 256 runs; a run longer than a
- *     chunk is split), keeps `inflight` requests per peer in flight, every
- *     peer at once, and places data directly: a rendezvous reply is received
- *     with ucp_am_recv_data_nbx into the destination (one run) or into a
- *     staging buffer that is then scattered (several runs); an eager reply
- *     is copied from UCX's buffer.
+ *     turn, each with a share of connect_timeout; error mode PEER, so a dead
+ *     publisher is an error, not a hang), says HELLO (checks the publisher
+ *     instance and the regions' sizes) and reads the lanes UCX chose
+ *     (ucp_ep_print_info, parsed: 1.13 has no ucp_ep_query for transports).
+ *     pull() flattens the plan's strided regions into runs (adjacent runs
+ *     coalesced), per peer, every peer at once: a run of >= solo bytes (16K)
+ *     is a request of its own (zero copy on both sides; split at chunk, 4M),
+ *     shorter runs are batched up to chunk bytes.  Up to inflight * chunk
+ *     bytes (32M) per peer are in flight, in up to 4 * inflight requests.
+ *     Rendezvous replies are received with ucp_am_recv_data_nbx into the
+ *     destination (one run) or a staging buffer then scattered (a batch);
+ *     eager replies are copied out of UCX's buffer.  Packing costs a copy
+ *     on each side: 16K rows moved at 1.6x TCP zero copy against 0.5x
+ *     packed; 4K rows (packed) at 0.85x.  Chunk 1M-16M, 2-16 in flight and
+ *     spin 0-2000 us were all within this host's noise (+-20%), as were
+ *     UCX_TCP_SNDBUF/RCVBUF, UCX_TCP_MAX_POLL and segment sizes: no UCX
+ *     variable is changed (options tls= and devices= set UCX_TLS and
+ *     UCX_NET_DEVICES through ucp_config_modify when asked).
  *
  *   - Where the peer's RMA lanes are RDMA verbs (rc/dc), method=auto uses
  *     ucp_get_nbx with the rkey instead (one get per run, same windows);
- *     "method=get" forces it anywhere (tests), "method=am" forbids it.
- *     stats->lanes reports "ucx:<tl>/<dev>[+...] am|get" from the lanes.
- *     "require=rdma" fails connect with REFIT_ERR_TRANSPORT when no lane is
- *     RDMA (a silent TCP fallback costs 7x).
+ *     "method=get" forces it anywhere (tested over TCP, where UCX emulates
+ *     it), "method=am" forbids it.  stats->lanes reports
+ *     "ucx:<tl>/<dev>[+...] am|get".  "require=rdma" fails connect with
+ *     REFIT_ERR_TRANSPORT when no lane is RDMA (a silent TCP fallback once
+ *     cost ModelExpress users 7x).
  *
  *   - Every wait is bounded: connect by connect_timeout, pull by
- *     ctl->deadline (REFIT_ERR_TIMEOUT), by stall_timeout without a byte
- *     from a peer (REFIT_ERR_PEER), and a peer whose endpoint fails fails the
- *     pull with REFIT_ERR_PEER naming it.  After a failure, requests still
- *     in flight are drained (or their endpoints force-closed) before pull
- *     returns, so UCX never writes into the caller's memory afterwards; a
- *     peer that was force-closed must be reconnected.
+ *     ctl->deadline (REFIT_ERR_TIMEOUT), by stall_timeout without a reply
+ *     from a peer, and a peer whose endpoint fails fails the pull with
+ *     REFIT_ERR_PEER naming it (a SIGKILLed publisher: ~0.1 s).  ctl->tick
+ *     runs every 50 ms.  After a failure, requests in flight are drained
+ *     (replies of live peers get 1 s, then endpoints are force-closed), so
+ *     UCX never writes into the caller's memory after pull returns; a
+ *     force-closed peer fails later pulls with REFIT_ERR_PEER until it is
+ *     reconnected.  Fill regions are the caller's, as with every transport.
  *
  * Options ("key=value,..."): listen=IP[:PORT], require=rdma, method=auto|am|get,
- * tls=LIST and devices=LIST (UCX_TLS / UCX_NET_DEVICES, '+' separated),
- * chunk=BYTES (default 4M), inflight=N (default 8), rndv=BYTES (default 64K),
- * spin_us=N (default 100), connect_timeout=S (default 10),
- * stall_timeout=S (default 30).  UCX_* environment variables apply as usual;
- * the defaults are used untouched (UCX_TLS unset).
+ * tls=LIST and devices=LIST ('+' separated), chunk=BYTES (4M), inflight=N (8),
+ * solo=BYTES (16K), rndv=BYTES|auto (64K), spin_us=N (100),
+ * connect_timeout=S (10), stall_timeout=S (30).  UCX_* environment
+ * variables apply as usual.
  *
  * Threads: the publisher side is served by its own thread; the receiver side
- * (connect, pull, disconnect) may be called from any one thread at a time.
+ * (connect, pull, disconnect) may be called from any thread, one at a time
+ * (serialized).  Disconnect every peer before destroying its transport (a
+ * peer left over is closed by destroy and must still be disconnected).
  */
 #include <arpa/inet.h>
 #include <errno.h>
