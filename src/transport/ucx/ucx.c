@@ -24,8 +24,9 @@
  *     AM_DATA reply carrying the runs' bytes: a single run is sent from the
  *     registered memory itself (zero copy), several short runs are packed.
  *     Replies of >= rndv bytes (64K) are forced to rendezvous, shorter ones
- *     to eager (UCX's own switch, at 8-20K on TCP, made 16K replies
- *     rendezvous: 0.4-0.8 GB/s against 1.5-1.7 eager).  It spins spin_us
+ *     to eager (UCX's own switch moves between 8K and 20K with the lanes;
+ *     16K replies in rendezvous ran 0.36-0.98 GB/s, eager 0.85-1.7).  It
+ *     spins spin_us
  *     after activity, then sleeps on the worker's event fd; unexpose() waits
  *     for the replies still reading the region (force-closing their
  *     connections after 5 s), so the caller may free the memory after.
