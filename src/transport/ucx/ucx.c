@@ -26,10 +26,10 @@
  *     Replies of >= rndv bytes (64K) are forced to rendezvous, shorter ones
  *     to eager (UCX's own switch moves between 8K and 20K with the lanes;
  *     16K replies in rendezvous ran 0.36-0.98 GB/s, eager 0.85-1.7).  It
- *     spins spin_us
- *     after activity, then sleeps on the worker's event fd; unexpose() waits
- *     for the replies still reading the region (force-closing their
- *     connections after 5 s), so the caller may free the memory after.
+ *     spins spin_us after activity, then sleeps on the worker's event fd;
+ *     unexpose() waits for the replies still reading the region
+ *     (force-closing their connections after 5 s), so the caller may free
+ *     the memory after.
  *
  *   - Receiver: connect() makes a client endpoint to IP:port (each IP in
  *     turn, each with a share of connect_timeout; error mode PEER, so a dead
