@@ -1719,6 +1719,11 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
             st = ucx_err(REFIT_ERR_PEER, p->failed, "source %u (publisher %s) failed", r->src, p->name);
             break;
         }
+        if (p->use_get && !p->regions[r->src_region].rkey) {
+            st = refit_error(REFIT_ERR_TRANSPORT, "ucx: no remote key for region %u of publisher %s (method=get)",
+                             r->src_region, p->name);
+            break;
+        }
         if (refit_plan_region_bytes(r) == 0) continue;
         count[r->src]++;
         total += refit_plan_region_bytes(r);
