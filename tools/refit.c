@@ -19,6 +19,7 @@
 
 #include "plan/local.h"
 #include "tool.h"
+#include "transport/transport.h"
 #include "util/util.h"
 #include "refit/refit.h"
 
@@ -355,7 +356,14 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "pull")) return cmd_pull(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
-        printf("refit %d.%d.%d\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR, REFIT_VERSION_PATCH);
+        printf("refit %d.%d.%d (registries: file%s; transports: shm%s)\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
+               REFIT_VERSION_PATCH,
+#ifdef REFIT_HAVE_REDIS
+               " redis",
+#else
+               "",
+#endif
+               refit_transport_find("ucx") ? " ucx" : "");
         return 0;
     }
     fprintf(stderr, "refit: unknown command '%s'\n", cmd);

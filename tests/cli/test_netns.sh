@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# refit across two network namespaces joined by a veth pair: publishers in one,
+# receivers in the other, UCX over TCP between them, the embedded file registry
+# on the shared filesystem.  Skips (exit 77) when namespaces cannot be made
+# (not root, no iproute2) or refit was built without UCX.
+# Usage: test_netns.sh PATH_TO_REFIT
+set -u
+refit=$1
+skip() { echo "SKIPPED: $1"; exit 77; }
+[ "$(id -u)" -eq 0 ] || skip "needs root for ip netns"
+command -v ip >/dev/null || skip "ip (iproute2) is not installed"
+"$refit" version | grep -q "transports: shm ucx" || skip "refit was built without UCX"
+tag=$$
+a=refitA$tag b=refitB$tag va=rfa$tag vb=rfb$tag
+tmp=$(mktemp -d /tmp/refit-netns-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+ip netns add "$a" && ip netns add "$b" || skip "ip netns add failed"
+ip link add "$va" type veth peer name "$vb" || skip "veth failed"
+ip link set "$va" netns "$a" && ip link set "$vb" netns "$b"
+ip -n "$a" addr add 10.78.0.1/24 dev "$va" && ip -n "$b" addr add 10.78.0.2/24 dev "$vb"
+ip -n "$a" link set "$va" up && ip -n "$b" link set "$vb" up
+ip -n "$a" link set lo up && ip -n "$b" link set lo up
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "ok: $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
+reg=file:$tmp/reg
+common=(--model tiny-moe --registry "$reg" --job netns --timeout-ms 30000)
+for r in 0 1; do
+  ip netns exec "$a" "$refit" publish "${common[@]}" --layout megatron:ep=2 --rank $r --transports ucx \
+    --versions 2 --acks 2 --json >"$tmp/pub$r.log" 2>&1 &
+  pids+=($!)
+done
+for r in 0 1; do
+  ip netns exec "$b" "$refit" pull "${common[@]}" --layout vllm:tp=2 --rank $r --transports ucx \
+    --versions 2 --verify --json >"$tmp/pull$r.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+pids=()
+[ $rc -eq 0 ] && ok "publishers and receivers exited 0" || bad "a process failed: $(cat "$tmp"/*.log | tail -5)"
+for r in 0 1; do
+  if python3 - "$tmp/pull$r.log" "$vb" <<'PY'; then ok "receiver $r: 2 versions verified over ucx/tcp on the veth"; else bad "receiver $r: $(cat "$tmp/pull$r.log")"; fi
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]
+assert [r['version'] for r in rows] == [1, 2], rows
+assert all(r['event'] == 'pulled' and r['verified'] and r['transport'] == 'ucx' for r in rows), rows
+assert all('tcp/' + sys.argv[2] in r['lanes'] for r in rows), rows
+assert rows[0]['planned'] and not rows[1]['planned'] and rows[1]['manifests_read'] == 0, rows
+PY
+done
+# Requiring RDMA where only TCP exists fails loudly instead of running slowly.
+ip netns exec "$a" "$refit" publish "${common[@]}" --layout megatron:ep=2 --rank 0 --transports ucx --job rdma \
+  --versions 1 --hold-ms 15000 >/dev/null 2>&1 &
+pids+=($!)
+ip netns exec "$a" "$refit" publish "${common[@]}" --layout megatron:ep=2 --rank 1 --transports ucx --job rdma \
+  --versions 1 --hold-ms 15000 >/dev/null 2>&1 &
+pids+=($!)
+out=$(ip netns exec "$b" "$refit" pull "${common[@]}" --job rdma --layout vllm:tp=1 --rank 0 --transports ucx \
+  --transport-options ucx.require=rdma --timeout-ms 10000 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -qi "rdma" <<<"$out" && grep -q "REFIT_ERR_TRANSPORT" <<<"$out"; then ok "require=rdma over tcp refused"
+else bad "require=rdma: exit $rc: $out"; fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
