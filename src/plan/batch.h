@@ -129,7 +129,7 @@ REFIT_HD static inline uint32_t refit_batch_find(const refit_batch_region_t *r, 
         if (u0 >= u1) return;                                                                                     \
         refit_batch_cursor_t c;                                                                                   \
         refit_batch_seek(r, u0, &c);                                                                              \
-        const T z = {0};                                                                                          \
+        const T z = REFIT_ZERO_INIT;                                                                                   \
         for (uint64_t u = u0;;) {                                                                                 \
             uint64_t s0, d0, s1 = 0, d1 = 0, s2 = 0, d2 = 0, s3 = 0, d3 = 0;                                      \
             int n = 1;                                                                                            \

@@ -9,9 +9,16 @@
 #include <stdint.h>
 
 #ifdef __CUDACC__
-#define REFIT_HD __host__ __device__ __forceinline__
+#define REFIT_HD __host__ __device__
 #else
 #define REFIT_HD
+#endif
+
+/* Zero-initialiser valid for scalars and structs in both C and C++. */
+#ifdef __cplusplus
+#define REFIT_ZERO_INIT {}
+#else
+#define REFIT_ZERO_INIT {0}
 #endif
 
 /* 16 bytes moved as one access (a 128-bit load/store on the GPU). */
