@@ -151,8 +151,8 @@ static int pointer_device(const void *p)
 static int device_by_uuid(const char *uuid)
 {
     for (int d = 0; d < refit_gpu_count(); d++) {
-        refit_gpu_info_t info;
-        if (refit_gpu_info(d, &info) == REFIT_OK && strcmp(info.uuid, uuid) == 0) return d;
+        char u[48];
+        if (refit_gpu_uuid(d, u) == REFIT_OK && strcmp(u, uuid) == 0) return d;
     }
     return -1;
 }
@@ -250,8 +250,8 @@ static refit_status_t ipc_expose(refit_transport_t *t, void *base, uint64_t size
     size_t alloc_size = 0;
     get_range_fn range = get_range();
     cudaIpcMemHandle_t h;
-    refit_gpu_info_t info;
-    if ((st = refit_gpu_info(dev, &info))) goto out;
+    char uuid[48];
+    if ((st = refit_gpu_uuid(dev, uuid))) goto out;
     CK(cudaSetDevice(dev));
     if (range && range(&alloc_base, &alloc_size, (unsigned long long)(uintptr_t)base) != 0) {
         st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: cannot find the allocation holding %p", base);
@@ -271,7 +271,7 @@ static refit_status_t ipc_expose(refit_transport_t *t, void *base, uint64_t size
     d->size = size;
     d->addr = (uint64_t)(uintptr_t)base;
     refit_boot_id(d->boot_id);
-    snprintf(d->uuid, sizeof(d->uuid), "%s", info.uuid);
+    memcpy(d->uuid, uuid, sizeof(d->uuid));
     memcpy(d->handle, &h, sizeof(h));
 out:
     if (saved >= 0) cudaSetDevice(saved);

@@ -150,6 +150,25 @@ static int grid_for(int dev, uint64_t nchunks, const void *kernel)
     return nchunks < (uint64_t)per ? (int)(nchunks ? nchunks : 1) : per;
 }
 
+static void format_uuid(const cudaDeviceProp *p, char *out, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)p->uuid.bytes;
+    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3],
+             u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+extern "C" refit_status_t refit_gpu_uuid(int dev, char out[48])
+{
+    refit_status_t st = REFIT_OK;
+    cudaDeviceProp p;
+    out[0] = '\0';
+    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "CUDA device %d is not here", dev);
+    CK(cudaGetDeviceProperties(&p, dev));
+    format_uuid(&p, out, 48);
+out:
+    return st;
+}
+
 extern "C" refit_status_t refit_gpu_info(int dev, refit_gpu_info_t *o)
 {
     refit_status_t st = REFIT_OK;
@@ -161,9 +180,7 @@ extern "C" refit_status_t refit_gpu_info(int dev, refit_gpu_info_t *o)
         size_t fr = 0, tot = 0;
         CK(cudaGetDeviceProperties(&p, dev));
         snprintf(o->name, sizeof(o->name), "%s", p.name);
-        const unsigned char *u = (const unsigned char *)p.uuid.bytes;
-        snprintf(o->uuid, sizeof(o->uuid), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+        format_uuid(&p, o->uuid, sizeof(o->uuid));
         snprintf(o->pci, sizeof(o->pci), "%04x:%02x:%02x.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
         o->memory = p.totalGlobalMem;
         o->sms = p.multiProcessorCount;

@@ -31,6 +31,8 @@ typedef struct {
     int driver, runtime; /* versions, e.g. 13000 */
 } refit_gpu_info_t;
 refit_status_t refit_gpu_info(int dev, refit_gpu_info_t *out);
+/* The device's UUID ("GPU-..."), without creating a context on it. */
+refit_status_t refit_gpu_uuid(int dev, char out[48]);
 /* Whether device `dev` can read device `peer`'s memory directly (P2P). */
 bool refit_gpu_can_access_peer(int dev, int peer);
 
