@@ -93,7 +93,9 @@ typedef struct {
 
 struct refit_transport {
     pthread_mutex_t lock;
-    int device; /* -1: none given */
+    int device;    /* -1: none given */
+    bool exec_src; /* "exec=src": run the copy on the source's GPU, writing to the destination (push) */
+    uint64_t peer_enabled[64]; /* bit d of [e]: peer access e -> d enabled in this process */
     REFIT_VEC(reg_t) allocs;
     REFIT_VEC(reg_t) registered;
     opened_t opened[MAX_OPEN];
@@ -189,6 +191,14 @@ static refit_status_t ipc_create(const char *options, refit_transport_t **out)
             return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (device=N)", options);
         }
         t->device = (int)v;
+    }
+    const char *x = options ? strstr(options, "exec=") : NULL;
+    if (x && (x == options || x[-1] == ',')) {
+        if (!strncmp(x + 5, "src", 3) && (!x[8] || x[8] == ',')) t->exec_src = true;
+        else if (strncmp(x + 5, "dst", 3) || (x[8] && x[8] != ',')) {
+            free(t);
+            return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (exec=src|dst)", options);
+        }
     }
     pthread_mutex_init(&t->lock, NULL);
     *out = t;
@@ -390,7 +400,7 @@ static refit_status_t ipc_connect(refit_transport_t *t, const void *const *descs
         p->start_time = d.start_time;
         p->regions[i].size = d.size;
         if (p->src_dev < 0) p->src_dev = device_by_uuid(d.uuid);
-        if (p->dev < 0) p->dev = t->device >= 0 ? t->device : p->src_dev;
+        if (p->dev < 0) p->dev = (t->exec_src && p->src_dev >= 0) || t->device < 0 ? p->src_dev : t->device;
         if (p->dev < 0) {
             st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: the source's GPU %s is not visible here, and no device= is set",
                              d.uuid);
@@ -483,6 +493,33 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
     return REFIT_OK;
 }
 
+/* Lets kernels on device e write device d's memory (once per process). */
+static refit_status_t enable_peer(refit_transport_t *t, int e, int d)
+{
+    refit_status_t st = REFIT_OK;
+    if (e == d || e < 0 || d < 0 || e >= 64 || d >= 64) return REFIT_OK;
+    pthread_mutex_lock(&t->lock);
+    bool done = (t->peer_enabled[e] >> d) & 1;
+    pthread_mutex_unlock(&t->lock);
+    if (done) return REFIT_OK;
+    int saved = current_device();
+    cudaError_t err;
+    if (!refit_gpu_can_access_peer(e, d)) {
+        st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: GPU %d cannot write GPU %d directly (no peer access)", e, d);
+        goto out;
+    }
+    CK(cudaSetDevice(e));
+    err = cudaDeviceEnablePeerAccess(d, 0);
+    if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) CK(err);
+    cudaGetLastError();
+    pthread_mutex_lock(&t->lock);
+    t->peer_enabled[e] |= 1ull << d;
+    pthread_mutex_unlock(&t->lock);
+out:
+    if (saved >= 0) cudaSetDevice(saved);
+    return st;
+}
+
 static uint32_t align_shift(uint64_t a)
 {
     uint32_t s = 4;
@@ -499,7 +536,7 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
     uint8_t *only = (uint8_t *)calloc(nsrc ? nsrc : 1, 1);
     uint64_t *dst_end = NULL, *slots = NULL, bytes = 0, launches = 0, uploads = 0;
     uint32_t ndst = 0;
-    int dev = -1, src_dev = -1;
+    int dev = -1, src_dev = -1, dst_dev = -1;
     bool host_dst = false;
     refit_gpu_batch_t *g = NULL;
     if (!only) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
@@ -538,17 +575,22 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
             if (d < 0) {
                 host_dst = true;
                 if ((st = ensure_registered(t, dst_bases[r], dst_end[r]))) goto out;
-            } else if (!host_dst) {
-                dev = d;
+            } else {
+                dst_dev = d;
             }
             align |= (uint64_t)(uintptr_t)dst_bases[r];
         }
         for (size_t s = 0; s < nsrc; s++)
             for (uint32_t r = 0; only[s] && r < peers[s]->n; r++) align |= (uint64_t)(uintptr_t)peers[s]->regions[r].ptr;
+        /* dev is where the handles were opened: the source's GPU with
+         * exec=src (or for host destinations), else the destination's. */
+        if (!host_dst && !t->exec_src && dst_dev >= 0) dev = dst_dev;
         if (dev < 0) {
             st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: no device to run the copy on");
             goto out;
         }
+        if (!host_dst && dst_dev >= 0 && (st = enable_peer(t, dev, dst_dev))) goto out;
+        if (src_dev >= 0 && (st = enable_peer(t, dev, src_dev))) goto out;
         if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), &g))) goto out;
     }
     {
@@ -577,9 +619,11 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
         stats->bytes += bytes;
         stats->requests += launches + uploads;
         stats->launches += launches;
-        snprintf(stats->lanes, sizeof(stats->lanes), "cuda_ipc:%s GPU%d->%s%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
-                 host_dst ? "mapped-host" : (src_dev == dev ? "local" : "p2p"), src_dev, host_dst ? "host via GPU" : "GPU",
-                 dev, launches, launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
+        snprintf(stats->lanes, sizeof(stats->lanes),
+                 "cuda_ipc:%s GPU%d->%s%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
+                 host_dst ? "mapped-host" : (src_dev == dst_dev ? "local" : dev == dst_dev ? "p2p-pull" : "p2p-push"), src_dev,
+                 host_dst ? "host" : "GPU", host_dst ? -1 : dst_dev, dev, launches, launches == 1 ? "" : "es", uploads,
+                 uploads == 1 ? "" : "s");
     }
 out:
     free(only);

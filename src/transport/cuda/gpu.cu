@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(THREADS) digest_kernel(const unsigned char *p,
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_count = -1;
-static int g_blocks[64]; /* resident blocks per device for the kernels (0: not yet known) */
+static const void *g_kernels[4];
+static int g_blocks[4][64]; /* resident blocks per kernel and device (0: not yet known) */
 
 typedef struct {
     int saved;
@@ -136,7 +137,10 @@ extern "C" int refit_gpu_count(void)
 static int grid_for(int dev, uint64_t nchunks, const void *kernel)
 {
     pthread_mutex_lock(&g_lock);
-    int per = dev < 64 ? g_blocks[dev] : 0;
+    int k = 0;
+    while (k < 3 && g_kernels[k] && g_kernels[k] != kernel) k++;
+    g_kernels[k] = kernel;
+    int per = dev < 64 ? g_blocks[k][dev] : 0;
     pthread_mutex_unlock(&g_lock);
     if (!per) {
         int sms = 0, occ = 0;
@@ -144,7 +148,7 @@ static int grid_for(int dev, uint64_t nchunks, const void *kernel)
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, THREADS, 0);
         per = (sms > 0 ? sms : 1) * (occ > 0 ? occ : 4);
         pthread_mutex_lock(&g_lock);
-        if (dev < 64) g_blocks[dev] = per;
+        if (dev < 64) g_blocks[k][dev] = per;
         pthread_mutex_unlock(&g_lock);
     }
     return nchunks < (uint64_t)per ? (int)(nchunks ? nchunks : 1) : per;
