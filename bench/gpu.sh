@@ -22,7 +22,11 @@ echo "== environment"
 grep -E "Driver Version|H200|GPU0|GPU1|release" "$out/gpu-env.txt"
 echo "== build"
 t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DREFIT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release 2>&1 | grep -E "refit:|Error|error" || true
+nvcc_path=$(command -v nvcc || find / -xdev -name nvcc -type f -path '*bin*' 2>/dev/null | head -1)
+echo "nvcc: $nvcc_path"
+cmake -S . -B build-gpu -G Ninja -DREFIT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_COMPILER="$nvcc_path" > "$out/cmake.txt" 2>&1 || { tail -30 "$out/cmake.txt"; exit 1; }
+grep -E "refit:" "$out/cmake.txt"
 timeout 400 ninja -C build-gpu refit test_gpu 2>&1 | tail -5 || true
 echo "build: $(( $(date +%s) - t0 )) s"
 [ -x build-gpu/refit ] || { echo "no refit binary"; exit 1; }
