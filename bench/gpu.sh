@@ -3,8 +3,10 @@
 # NVLink (the results under bench/results/*h200*.json came from this):
 # builds refit with CUDA, runs the GPU tests, compares where the copy kernel
 # runs (exec=dst: the receiver's GPU pulls over P2P; exec=src: the source's
-# GPU pushes), then runs `refit bench --scenario gpu` on the full
-# qwen3-30b-a3b with the faster one.  Everything lands in $OUT (or
+# GPU pushes; exec=alt: receiver rank 0 pulls, rank 1 pushes), then runs
+# `refit bench --scenario gpu` on the full qwen3-30b-a3b with the fastest.
+# A diagnostic run with one receiver (vllm:tp=1) shows what two receiver
+# processes sharing one GPU cost (their kernels take turns).  Everything lands in $OUT (or
 # bench/results/gpu-run): environment, log, JSON.
 #   usage: bench/gpu.sh [MODEL]
 set -uo pipefail
@@ -36,13 +38,17 @@ timeout 150 build-gpu/tests/test_gpu 2>&1 | tail -25; echo "test_gpu exit: ${PIP
 timeout 150 tests/gpu/test_gpu_demo.sh build-gpu/refit 2>&1 | tail -6; echo "test_gpu_demo exit: ${PIPESTATUS[0]}"
 echo "== where the copy runs (full model, 3 versions each)"
 best=dst best_ms=1e9
-for ex in dst src; do
+for ex in dst src alt; do
   timeout 150 build-gpu/refit demo --json --model "$model" --src megatron:ep=2 --dst vllm:tp=2 --transport cuda_ipc \
-    --src-device 0 --dst-device 1 --cycles 3 --transport-options cuda_ipc.exec=$ex > "$out/variant-$ex.json" 2> "$out/variant-$ex.err"
+    --src-device 0 --dst-device 1 --cycles 3 --transport-options cuda_ipc.exec=$ex > "$out/variant-$ex.json"
   ms=$(python3 -c "import json; d=json.load(open('$out/variant-$ex.json')); print(d['steady_span_ms'] if d['verified'] else 1e9)" 2>/dev/null || echo 1e9)
-  echo "exec=$ex: steady refit span $ms ms"; tail -3 "$out/variant-$ex.err"
+  echo "exec=$ex: steady refit span $ms ms"
   if python3 -c "import sys; sys.exit(0 if float('$ms') < float('$best_ms') else 1)"; then best=$ex best_ms=$ms; fi
 done
+echo "== diagnostic: one receiver process (vllm:tp=1), exec=dst"
+timeout 150 build-gpu/refit demo --json --model "$model" --src megatron:ep=2 --dst vllm:tp=1 --transport cuda_ipc \
+  --src-device 0 --dst-device 1 --cycles 3 > "$out/diag-tp1.json"
+python3 -c "import json; d=json.load(open('$out/diag-tp1.json')); print('tp=1: steady span %.3f ms for %d bytes, verified %s' % (d['steady_span_ms'], d['bytes_per_cycle'], d['verified']))" || true
 echo "== benchmark (exec=$best)"
 timeout 400 build-gpu/refit bench --scenario gpu --model "$model" --src megatron:ep=2 --dst vllm:tp=2 \
   --src-device 0 --dst-device 1 --cycles 6 --iters 5 --transport-options cuda_ipc.exec=$best \

@@ -100,10 +100,14 @@ refit_status_t refit_check_name(const char *what, const char *s)
     return REFIT_OK;
 }
 
-char *refit_options_for_device(const char *options, int device)
+char *refit_options_for_device(const char *options, int device, uint32_t rank)
 {
-    if (device < 0 || (options && strstr(options, "cuda_ipc.device="))) return refit_strdup(options ? options : "");
-    return refit_asprintf("%s%scuda_ipc.device=%d", options ? options : "", options && options[0] ? "," : "", device);
+    const char *o = options ? options : "";
+    char dev[48] = "";
+    if (device >= 0 && !strstr(o, "cuda_ipc.device=")) snprintf(dev, sizeof(dev), ",cuda_ipc.device=%d", device);
+    char *s = refit_asprintf("%s%s,cuda_ipc.rank=%u", o, dev, rank);
+    if (s && s[0] == ',') memmove(s, s + 1, strlen(s));
+    return s;
 }
 
 const char *refit_transports_for_device(const char *names, int device)

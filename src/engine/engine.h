@@ -32,8 +32,8 @@ void refit_desc_key(char *buf, size_t n, const char *transport, uint32_t region,
 refit_status_t refit_check_name(const char *what, const char *s);
 
 /* transport_options plus "cuda_ipc.device=N" for device >= 0 (unless the
- * options already name one); malloc'ed, NULL on OOM. */
-char *refit_options_for_device(const char *options, int device);
+ * options already name one) and "cuda_ipc.rank=R"; malloc'ed, NULL on OOM. */
+char *refit_options_for_device(const char *options, int device, uint32_t rank);
 /* The transports to open: `names`, or for device memory when none are
  * named, "cuda_ipc". */
 const char *refit_transports_for_device(const char *names, int device);

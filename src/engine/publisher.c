@@ -84,7 +84,7 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     for (uint32_t r = 0; r < p->nregions; r++) p->mem_owner[r] = -1;
     if ((st = refit_check_name("group", p->group))) goto err;
     {
-        char *opts = refit_options_for_device(p->params.transport_options, p->params.device);
+        char *opts = refit_options_for_device(p->params.transport_options, p->params.device, m->rank);
         if (!opts) {
             st = refit_error(REFIT_ERR_NO_MEMORY, "publisher");
             goto err;

@@ -100,7 +100,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     }
     if ((st = refit_check_name("group", r->group)) || (st = refit_check_name("reader", r->reader))) goto err;
     {
-        char *opts = refit_options_for_device(r->params.transport_options, r->params.device);
+        char *opts = refit_options_for_device(r->params.transport_options, r->params.device, m->rank);
         if (!opts) {
             st = refit_error(REFIT_ERR_NO_MEMORY, "receiver");
             goto err;

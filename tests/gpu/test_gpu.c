@@ -201,6 +201,7 @@ static void batch_case(const char *model, const char *src_spec, const char *dst_
             for (uint32_t k = b.src_slot_base[s]; k < b.src_slot_base[s + 1]; k++) slots[k] = (uint64_t)(uintptr_t)sa[s];
         for (uint32_t k = b.dst_slot_base; k < b.nslots; k++) slots[k] = (uint64_t)(uintptr_t)d;
         refit_gpu_batch_t *g;
+        REFIT_ASSERT_OK(refit_gpu_enable_peer(g_dst_dev, 0)); /* the kernel on the destination reads GPU 0 */
         REFIT_ASSERT_OK(refit_gpu_batch_create(g_dst_dev, &b, &g));
         uint64_t launches = 0, uploads = 0;
         REFIT_ASSERT_OK(refit_gpu_batch_launch(g, slots, &launches, &uploads));

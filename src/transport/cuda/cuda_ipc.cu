@@ -94,7 +94,7 @@ typedef struct {
 struct refit_transport {
     pthread_mutex_t lock;
     int device;    /* -1: none given */
-    bool exec_src; /* "exec=src": run the copy on the source's GPU, writing to the destination (push) */
+    bool exec_src; /* run the copy on the source's GPU, writing to the destination (push) */
     uint64_t peer_enabled[64]; /* bit d of [e]: peer access e -> d enabled in this process */
     REFIT_VEC(reg_t) allocs;
     REFIT_VEC(reg_t) registered;
@@ -192,12 +192,21 @@ static refit_status_t ipc_create(const char *options, refit_transport_t **out)
         }
         t->device = (int)v;
     }
+    /* exec=dst (default): the receiver's GPU pulls over P2P; exec=src: the
+     * source's GPU pushes; exec=alt: even receiver ranks pull, odd ones push,
+     * which spreads the copies of receivers that share a GPU over both GPUs
+     * (kernels of different processes on one GPU take turns). */
+    long rank = 0;
+    const char *rk = options ? strstr(options, "rank=") : NULL;
+    if (rk && (rk == options || rk[-1] == ',')) rank = strtol(rk + 5, NULL, 10);
     const char *x = options ? strstr(options, "exec=") : NULL;
     if (x && (x == options || x[-1] == ',')) {
-        if (!strncmp(x + 5, "src", 3) && (!x[8] || x[8] == ',')) t->exec_src = true;
-        else if (strncmp(x + 5, "dst", 3) || (x[8] && x[8] != ',')) {
+        bool end = !x[8] || x[8] == ',';
+        if (end && !strncmp(x + 5, "src", 3)) t->exec_src = true;
+        else if (end && !strncmp(x + 5, "alt", 3)) t->exec_src = rank % 2 == 1;
+        else if (!end || strncmp(x + 5, "dst", 3)) {
             free(t);
-            return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (exec=src|dst)", options);
+            return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (exec=dst|src|alt)", options);
         }
     }
     pthread_mutex_init(&t->lock, NULL);

@@ -211,6 +211,24 @@ extern "C" bool refit_gpu_can_access_peer(int dev, int peer)
     return ok != 0;
 }
 
+extern "C" refit_status_t refit_gpu_enable_peer(int dev, int peer)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    if (dev == peer) return REFIT_OK;
+    if (!refit_gpu_can_access_peer(dev, peer))
+        return refit_error(REFIT_ERR_TRANSPORT, "GPU %d cannot access GPU %d directly (no peer access)", dev, peer);
+    if ((st = enter(dev, &g))) return st;
+    {
+        cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+        else CK(e);
+    }
+out:
+    leave(&g);
+    return st;
+}
+
 extern "C" refit_status_t refit_gpu_alloc(int dev, uint64_t size, void **out)
 {
     refit_status_t st = REFIT_OK;

@@ -36,6 +36,9 @@ refit_status_t refit_gpu_uuid(int dev, char out[48]);
 /* Whether device `dev` can read device `peer`'s memory directly (P2P). */
 bool refit_gpu_can_access_peer(int dev, int peer);
 
+/* Lets kernels on dev read and write peer's memory (cudaDeviceEnablePeerAccess; idempotent). */
+refit_status_t refit_gpu_enable_peer(int dev, int peer);
+
 /* Device memory on dev, zeroed.  REFIT_ERR_NO_MEMORY / REFIT_ERR_UNSUPPORTED. */
 refit_status_t refit_gpu_alloc(int dev, uint64_t size, void **out);
 void refit_gpu_free(void *p);
