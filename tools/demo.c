@@ -36,6 +36,10 @@ typedef struct {
     uint64_t bytes;
     double discover, plan, transfer, verify, total; /* max over receivers */
     bool planned;
+    double begin, end;          /* earliest begin_s, latest end_s over receivers (CLOCK_MONOTONIC) */
+    double connect;             /* max over receivers */
+    uint64_t launches, requests; /* sums over receivers */
+    double published, publish_ms, fill_ms; /* latest publish time, max publish_ms / fill_ms over publishers */
 } cycle_t;
 
 static double measure_memcpy_gbps(void)
@@ -117,6 +121,16 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             cy->transfer = REFIT_MAX(cy->transfer, num(o, "transfer_ms"));
             cy->verify = REFIT_MAX(cy->verify, num(o, "verify_ms"));
             cy->total = REFIT_MAX(cy->total, num(o, "total_ms"));
+            cy->connect = REFIT_MAX(cy->connect, num(o, "connect_ms"));
+            double b = num(o, "begin_s"), e = num(o, "end_s");
+            if (b > 0 && (cy->begin == 0 || b < cy->begin)) cy->begin = b;
+            cy->end = REFIT_MAX(cy->end, e);
+            int64_t x = 0;
+            refit_json_int(refit_json_get(o, "launches"), &x);
+            cy->launches += (uint64_t)x;
+            x = 0;
+            refit_json_int(refit_json_get(o, "requests"), &x);
+            cy->requests += (uint64_t)x;
             bool planned = false;
             refit_json_bool(refit_json_get(o, "planned"), &planned);
             cy->planned |= planned;
@@ -124,6 +138,15 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             if (t) snprintf(transport, tsize, "%s", t);
             const char *l = refit_json_string(refit_json_get(o, "lanes"), &len);
             if (l) snprintf(lanes, lsize, "%s", l);
+        }
+    } else if (ev && !strcmp(ev, "published")) {
+        int64_t v = 0;
+        refit_json_int(refit_json_get(o, "version"), &v);
+        if (v >= (int64_t)first && (uint64_t)v < first + ncycles) {
+            cycle_t *cy = &cycles[v - (int64_t)first];
+            cy->published = REFIT_MAX(cy->published, num(o, "at_s"));
+            cy->publish_ms = REFIT_MAX(cy->publish_ms, num(o, "publish_ms"));
+            cy->fill_ms = REFIT_MAX(cy->fill_ms, num(o, "fill_ms"));
         }
     } else if (ev && !strcmp(ev, "failed")) {
         const char *e = refit_json_string(refit_json_get(o, "error"), &len);
@@ -166,18 +189,21 @@ static double median(double *v, size_t n)
 int cmd_demo(int argc, char **argv)
 {
     const char *model_name = "qwen3-30b-a3b-mini", *src_spec = "megatron:ep=8", *dst_spec = "vllm:tp=2";
-    const char *transport = "shm", *registry = NULL, *mode = "in-place";
+    const char *transport = "shm", *registry = NULL, *mode = "in-place", *topts = NULL;
+    int64_t src_device = -1, dst_device = -1;
     uint64_t cycles = 5, timeout_s = 900, threads = 0, replicas = 1;
     bool json = false;
     enum { D_MODEL = 1, D_SRC, D_DST, D_CYCLES, D_TRANSPORT, D_REGISTRY, D_JSON, D_TIMEOUT, D_THREADS, D_MODE,
-           D_REPLICAS };
+           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS };
     static const struct option opts[] = {
         {"model", required_argument, 0, D_MODEL},         {"src", required_argument, 0, D_SRC},
         {"dst", required_argument, 0, D_DST},             {"cycles", required_argument, 0, D_CYCLES},
         {"transport", required_argument, 0, D_TRANSPORT}, {"registry", required_argument, 0, D_REGISTRY},
         {"json", no_argument, 0, D_JSON},                 {"timeout-s", required_argument, 0, D_TIMEOUT},
         {"threads", required_argument, 0, D_THREADS},     {"mode", required_argument, 0, D_MODE},
-        {"replicas", required_argument, 0, D_REPLICAS},   {0, 0, 0, 0}};
+        {"replicas", required_argument, 0, D_REPLICAS},   {"src-device", required_argument, 0, D_SRC_DEVICE},
+        {"dst-device", required_argument, 0, D_DST_DEVICE}, {"transport-options", required_argument, 0, D_TOPTS},
+        {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -199,6 +225,14 @@ int cmd_demo(int argc, char **argv)
         case D_THREADS:
             if (tool_parse_u64(optarg, &threads)) return tool_usage("demo", "--threads takes a number");
             break;
+        case D_TOPTS: topts = optarg; break;
+        case D_SRC_DEVICE:
+        case D_DST_DEVICE: {
+            uint64_t d;
+            if (tool_parse_u64(optarg, &d) || d > 1024) return tool_usage("demo", "--src-device/--dst-device take a CUDA device number");
+            *(c == D_SRC_DEVICE ? &src_device : &dst_device) = (int64_t)d;
+            break;
+        }
         case D_REPLICAS:
             if (tool_parse_u64(optarg, &replicas) || !replicas || replicas > 16)
                 return tool_usage("demo", "--replicas takes 1..16");
@@ -265,7 +299,10 @@ int cmd_demo(int argc, char **argv)
         free(cy);
         return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "demo"), "demo");
     }
-    char ncyc[32], nacks[32], nthreads[32], rankbuf[MAX_CHILDREN][16], readers[MAX_CHILDREN][48], tmo[32];
+    char ncyc[32], nacks[32], nthreads[32], rankbuf[MAX_CHILDREN][16], readers[MAX_CHILDREN][48], tmo[32], sdev[16],
+        ddev[16];
+    snprintf(sdev, sizeof(sdev), "%" PRId64, src_device);
+    snprintf(ddev, sizeof(ddev), "%" PRId64, dst_device);
     snprintf(ncyc, sizeof(ncyc), "%" PRIu64, cycles);
     snprintf(nacks, sizeof(nacks), "%u", R);
     /* Receivers share this host's CPUs: by default each copies with its share. */
@@ -295,6 +332,8 @@ int cmd_demo(int argc, char **argv)
         args[a++] = "--versions", args[a++] = ncyc;
         args[a++] = "--timeout-ms", args[a++] = tmo;
         args[a++] = "--json";
+        if (topts) args[a++] = "--transport-options", args[a++] = (char *)topts;
+        if ((rx ? dst_device : src_device) >= 0) args[a++] = "--device", args[a++] = rx ? ddev : sdev;
         if (rx) {
             args[a++] = "--verify";
             args[a++] = "--threads", args[a++] = nthreads;
@@ -348,7 +387,7 @@ int cmd_demo(int argc, char **argv)
             char *nl;
             while ((nl = strchr(ch->buf, '\n'))) {
                 *nl = '\0';
-                if (ch->receiver)
+                if (ch->buf[0] == '{')
                     handle_line(ch, ch->buf, cy, 1, cycles, used_transport, sizeof(used_transport), lanes,
                                 sizeof(lanes), &failed);
                 size_t rest = ch->len - (size_t)(nl + 1 - ch->buf);
@@ -377,12 +416,15 @@ int cmd_demo(int argc, char **argv)
     bool verified = !failed;
     for (uint64_t k = 0; k < cycles; k++) verified &= cy[k].reports == R;
     /* Steady state: cycles after the first. */
-    double ctrl[MAX_CYCLES], gbps[MAX_CYCLES];
+    double ctrl[MAX_CYCLES], gbps[MAX_CYCLES], span[MAX_CYCLES], xfer[MAX_CYCLES], p2c[MAX_CYCLES];
     size_t ns = 0;
     for (uint64_t k = 1; k < cycles; k++)
         if (cy[k].reports == R && cy[k].transfer > 0) {
             ctrl[ns] = cy[k].discover + cy[k].plan;
             gbps[ns] = cy[k].bytes / (cy[k].transfer * 1e6);
+            span[ns] = (cy[k].end - cy[k].begin) * 1e3;
+            xfer[ns] = cy[k].transfer;
+            p2c[ns] = cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0;
             ns++;
         }
     if (ns == 0 && cycles == 1 && cy[0].reports == R && cy[0].transfer > 0) {
@@ -390,13 +432,17 @@ int cmd_demo(int argc, char **argv)
         gbps[0] = cy[0].bytes / (cy[0].transfer * 1e6);
         ns = 1;
     }
-    double steady_ctrl = median(ctrl, ns), steady_gbps = median(gbps, ns);
+    double steady_ctrl = median(ctrl, ns), steady_gbps = median(gbps, ns), steady_span = median(span, ns),
+           steady_xfer = median(xfer, ns), steady_p2c = median(p2c, ns);
     uint64_t bytes_per_cycle = cy[0].bytes;
     if (json) {
         printf("{\"verified\":%s,\"cycles\":%" PRIu64 ",\"bytes_per_cycle\":%" PRIu64 ",\"steady_control_ms\":%.3f,"
-               "\"steady_transfer_gbps\":%.3f,\"memcpy_gbps\":%.3f,\"transfer_vs_memcpy\":%.3f,\"transport\":",
+               "\"steady_transfer_gbps\":%.3f,\"memcpy_gbps\":%.3f,\"transfer_vs_memcpy\":%.3f,"
+               "\"steady_span_ms\":%.3f,\"steady_transfer_ms\":%.3f,\"steady_publish_to_commit_ms\":%.3f,"
+               "\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64 ",\"transport\":",
                verified ? "true" : "false", cycles, bytes_per_cycle, steady_ctrl, steady_gbps, memcpy_gbps,
-               memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0);
+               memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0, steady_span, steady_xfer, steady_p2c, src_device,
+               dst_device);
         tool_json_string(stdout, used_transport[0] ? used_transport : transport);
         printf(",\"lanes\":");
         tool_json_string(stdout, lanes);
@@ -409,9 +455,13 @@ int cmd_demo(int argc, char **argv)
         printf(",\"publishers\":%u,\"receivers\":%u,\"per_cycle\":[", P, R);
         for (uint64_t k = 0; k < cycles; k++)
             printf("%s{\"version\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"discover_ms\":%.3f,\"plan_ms\":%.3f,"
-                   "\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"planned\":%s}",
+                   "\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"planned\":%s,\"span_ms\":%.3f,"
+                   "\"connect_ms\":%.3f,\"launches\":%" PRIu64 ",\"requests\":%" PRIu64 ",\"publish_ms\":%.3f,"
+                   "\"fill_ms\":%.3f,\"publish_to_commit_ms\":%.3f}",
                    k ? "," : "", k + 1, cy[k].bytes, cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify,
-                   cy[k].total, cy[k].planned ? "true" : "false");
+                   cy[k].total, cy[k].planned ? "true" : "false", (cy[k].end - cy[k].begin) * 1e3, cy[k].connect,
+                   cy[k].launches, cy[k].requests, cy[k].publish_ms, cy[k].fill_ms,
+                   cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0);
         printf("]}\n");
     } else {
         printf("%5s %14s %12s %10s %12s %11s %10s %8s %9s\n", "cycle", "bytes", "discover_ms", "plan_ms",

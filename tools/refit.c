@@ -55,6 +55,11 @@ static void print_help(FILE *f)
             "            --split-bytes N   split replicated pieces above N bytes across replicas (default 4 MiB)\n"
             "  models    list built-in models with their tensor counts and sizes\n"
             "  manifest  print one rank's local tensors and placements: --model M --layout LAYOUT [--rank R]\n"
+            "  bench     --scenario gpu: refit over cuda_ipc between two GPUs against the raw peer copy and\n"
+            "            an NCCL broadcast baseline, all in one run, one JSON record (docs/gpu.md)\n"
+            "            --model M --src LAYOUT --dst LAYOUT --src-device N --dst-device N --cycles K\n"
+            "            --iters N --out FILE --skip-nccl --skip-baseline --transport-options OPTS\n"
+            "  gpus      list the CUDA devices here (JSON; count 0 without CUDA or a GPU)\n"
             "  version   print the library version\n"
             "\n"
             "layouts: hf | megatron:tp=,pp=,ep=,etp=,dp=,pad= | vllm:tp=,ep=,dp=,pad=   (docs/layouts.md)\n"
@@ -355,6 +360,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "publish")) return cmd_publish(argc - 1, argv + 1);
     if (!strcmp(cmd, "pull")) return cmd_pull(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "gpus")) return cmd_gpus(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
         printf("refit %d.%d.%d (registries: file%s; transports: shm%s)\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
                REFIT_VERSION_PATCH,

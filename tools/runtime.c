@@ -17,15 +17,20 @@
 #include "tool.h"
 #include "util/json.h"
 #include "util/util.h"
+#ifdef REFIT_HAVE_CUDA
+#include "transport/cuda/gpu.h"
+#endif
 
 typedef struct {
     const char *model, *layout, *registry, *job, *group, *transports, *topts, *reader;
     uint64_t rank, versions, first, acks, timeout_ms, threads, hold_ms, lease_ms, dead_ms;
+    int device; /* -1: host memory */
     bool snapshot, json, verify, newest;
 } rt_opts_t;
 
 enum { O_MODEL = 1, O_LAYOUT, O_RANK, O_REGISTRY, O_JOB, O_GROUP, O_TRANSPORTS, O_TOPTS, O_MODE, O_VERSIONS,
-       O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD };
+       O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD,
+       O_DEVICE };
 
 static const struct option g_rt_opts[] = {
     {"model", required_argument, 0, O_MODEL},       {"layout", required_argument, 0, O_LAYOUT},
@@ -38,7 +43,8 @@ static const struct option g_rt_opts[] = {
     {"verify", no_argument, 0, O_VERIFY},           {"threads", required_argument, 0, O_THREADS},
     {"hold-ms", required_argument, 0, O_HOLD},      {"newest", no_argument, 0, O_NEWEST},
     {"reader", required_argument, 0, O_READER},     {"lease-ms", required_argument, 0, O_LEASE},
-    {"dead-ms", required_argument, 0, O_DEAD},      {0, 0, 0, 0}};
+    {"dead-ms", required_argument, 0, O_DEAD},      {"device", required_argument, 0, O_DEVICE},
+    {0, 0, 0, 0}};
 
 static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
 {
@@ -46,6 +52,7 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
     o->versions = 1;
     o->first = 1;
     o->timeout_ms = 60000;
+    o->device = -1;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", g_rt_opts, NULL)) != -1) {
@@ -75,6 +82,12 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
         case O_HOLD: num = &o->hold_ms; break;
         case O_LEASE: num = &o->lease_ms; break;
         case O_DEAD: num = &o->dead_ms; break;
+        case O_DEVICE: {
+            uint64_t d;
+            if (tool_parse_u64(optarg, &d) || d > 1024) return tool_usage(cmd, "--device takes a CUDA device number");
+            o->device = (int)d;
+            break;
+        }
         default: return tool_usage(cmd, "unknown option");
         }
         if (num && tool_parse_u64(optarg, num)) return tool_usage(cmd, "numeric options take non-negative integers");
@@ -115,6 +128,7 @@ int cmd_publish(int argc, char **argv)
     pp.transport_options = o.topts;
     pp.mode = o.snapshot ? REFIT_MODE_SNAPSHOT : REFIT_MODE_IN_PLACE;
     pp.dead_ms = (uint32_t)o.dead_ms;
+    pp.device = o.device;
     if ((st = refit_publisher_create(&pp, m, &p))) {
         refit_manifest_destroy(m);
         return tool_fail(st, "publisher");
@@ -125,7 +139,12 @@ int cmd_publish(int argc, char **argv)
     }
     for (uint64_t v = o.first; v < o.first + o.versions; v++) {
         double t0 = refit_now();
-        if ((st = refit_truth_fill(m, &base, v))) { /* m is owned by p and lives as long */
+#ifdef REFIT_HAVE_CUDA
+        if (o.device >= 0) st = refit_gpu_truth_fill(m, o.device, &base, v);
+        else
+#endif
+            st = refit_truth_fill(m, &base, v); /* m is owned by p and lives as long */
+        if (st) {
             rc = tool_fail(st, "fill");
             goto out;
         }
@@ -136,8 +155,9 @@ int cmd_publish(int argc, char **argv)
         }
         double t2 = refit_now();
         if (o.json)
-            printf("{\"event\":\"published\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64 ",\"fill_ms\":%.3f,\"publish_ms\":%.3f}\n",
-                   o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3);
+            printf("{\"event\":\"published\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64
+                   ",\"fill_ms\":%.3f,\"publish_ms\":%.3f,\"at_s\":%.6f}\n",
+                   o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3, t2);
         else
             printf("rank %" PRIu64 " published version %" PRIu64 " (fill %.1f ms, publish %.2f ms)\n", o.rank, v,
                    (t1 - t0) * 1e3, (t2 - t1) * 1e3);
@@ -178,6 +198,7 @@ int cmd_pull(int argc, char **argv)
     rp.threads = (unsigned)o.threads;
     rp.lease_ms = (uint32_t)o.lease_ms;
     rp.verify = o.verify ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
+    rp.device = o.device;
     if ((st = refit_receiver_create(&rp, m, &r))) {
         refit_manifest_destroy(m);
         return tool_fail(st, "receiver");
@@ -206,10 +227,12 @@ int cmd_pull(int argc, char **argv)
             printf("{\"event\":\"pulled\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64 ",\"bytes\":%" PRIu64
                    ",\"sources\":%u,\"planned\":%s,\"manifests_read\":%u,\"wait_ms\":%.3f,\"discover_ms\":%.3f,"
                    "\"plan_ms\":%.3f,\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"verified\":%s,"
-                   "\"transport\":\"%s\",\"lanes\":",
+                   "\"connect_ms\":%.3f,\"requests\":%" PRIu64 ",\"launches\":%" PRIu64
+                   ",\"begin_s\":%.6f,\"end_s\":%.6f,\"device\":%d,\"transport\":\"%s\",\"lanes\":",
                    o.rank, rep.version, rep.bytes, rep.sources, rep.planned ? "true" : "false", rep.manifests_read,
                    rep.wait_ms, rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
-                   o.verify ? "true" : "false", rep.transport);
+                   o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s,
+                   o.device, rep.transport);
             tool_json_string(stdout, rep.lanes);
             printf("}\n");
         } else {

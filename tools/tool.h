@@ -18,5 +18,7 @@ void tool_json_string(FILE *f, const char *s);
 int cmd_publish(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_gpus(int argc, char **argv);
 
 #endif

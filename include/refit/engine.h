@@ -46,7 +46,8 @@ typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_
 /* Registry URL used when params leave it NULL: $REFIT_REGISTRY, else "file:/tmp/refit-registry". */
 REFIT_API const char *refit_default_registry(void);
 
-#define REFIT_PUBLISHER_PARAMS_VERSION 1
+/* Version 2 added `device`; version-1 callers get host memory. */
+#define REFIT_PUBLISHER_PARAMS_VERSION 2
 typedef struct {
     unsigned version;              /* REFIT_PUBLISHER_PARAMS_VERSION */
     const char *registry;          /* "file:DIR" or "redis://HOST:PORT"; NULL: refit_default_registry() */
@@ -57,8 +58,10 @@ typedef struct {
     refit_publish_mode_t mode;
     uint32_t heartbeat_ms;         /* 0: 200 */
     uint32_t dead_ms;              /* a rank silent this long is dead; 0: 2000 */
+    int device;                    /* CUDA device of the memory (refit_publisher_alloc allocates there
+                                      through a GPU transport: cuda_ipc), -1: host memory */
 } refit_publisher_params_t;
-#define REFIT_PUBLISHER_PARAMS_INIT {REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0}
+#define REFIT_PUBLISHER_PARAMS_INIT {REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0, -1}
 
 /* Creates a publisher for the rank `manifest` describes (finalized).  On
  * success the publisher owns the manifest.  Opens the registry (errors as
@@ -66,7 +69,9 @@ typedef struct {
 REFIT_API refit_status_t refit_publisher_create(const refit_publisher_params_t *params, refit_manifest_t *manifest,
                                                 refit_publisher_t **out);
 /* Memory for region r that every transport reads well (shared memory for
- * shm); owned by the publisher.  *base stays valid until destroy. */
+ * shm; device memory from cudaMalloc for cuda_ipc when params.device >= 0);
+ * owned by the publisher.  *base stays valid until destroy.  With a device,
+ * each region is exposed only through transports that read GPU memory. */
 REFIT_API refit_status_t refit_publisher_alloc(refit_publisher_t *p, uint32_t region, void **base);
 /* Uses the caller's memory for region r (read by process_vm_readv for shm). */
 REFIT_API refit_status_t refit_publisher_attach(refit_publisher_t *p, uint32_t region, void *base);
@@ -86,7 +91,8 @@ REFIT_API void refit_publisher_destroy(refit_publisher_t *p);
 
 typedef enum { REFIT_VERIFY_NONE = 0, REFIT_VERIFY_TRUTH = 1 } refit_verify_mode_t;
 
-#define REFIT_RECEIVER_PARAMS_VERSION 1
+/* Version 2 added `device`; version-1 callers get host memory. */
+#define REFIT_RECEIVER_PARAMS_VERSION 2
 typedef struct {
     unsigned version;              /* REFIT_RECEIVER_PARAMS_VERSION */
     const char *registry, *job, *group; /* as for publishers */
@@ -96,8 +102,13 @@ typedef struct {
     uint32_t lease_ms;             /* lease ttl, renewed during pulls; 0: 10000 */
     unsigned threads;              /* copy threads for shm; 0: one per CPU */
     refit_verify_mode_t verify;
+    int device;                    /* CUDA device of the receiver's memory, -1: host.  With a device,
+                                      refit_receiver_alloc allocates GPU memory, attached memory must
+                                      be on that device, padding is written and the truth verified by
+                                      kernels; transports that cannot write GPU memory (shm, ucx) go
+                                      through a pinned host staging copy. */
 } refit_receiver_params_t;
-#define REFIT_RECEIVER_PARAMS_INIT {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE}
+#define REFIT_RECEIVER_PARAMS_INIT {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1}
 
 REFIT_API refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *manifest,
                                                refit_receiver_t **out);
@@ -117,6 +128,12 @@ typedef struct {
     double total_ms;         /* the pull without wait_ms */
     char transport[32];      /* transports used, e.g. "shm" */
     char lanes[256];         /* what carried the bytes */
+    uint64_t requests;       /* copy tasks, network requests, or GPU launches and uploads */
+    uint64_t launches;       /* GPU kernel launches (copies and fills) */
+    double connect_ms;       /* connecting sources (opening IPC handles, mapping); 0 when cached */
+    double begin_s, end_s;   /* refit_now()-clock (CLOCK_MONOTONIC) times: the start of the discovery
+                                round that found the version, and the end of the transfer
+                                (data in place, before verification) */
 } refit_pull_report_t;
 
 /* Pulls `version` (or the newest complete version newer than the committed

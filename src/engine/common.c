@@ -46,9 +46,10 @@ refit_status_t refit_tset_open(refit_tset_t *ts, const char *names, const char *
         const refit_transport_ops_t *ops = refit_transport_find(name);
         if (!ops) {
             if (defaulted) continue; /* a default that is not built in */
-            st = refit_error(strcmp(name, "ucx") == 0 ? REFIT_ERR_UNSUPPORTED : REFIT_ERR_INVALID_ARG,
-                             "transport '%s' is not built into this refit (built in: shm%s)", name,
-                             refit_transport_find("ucx") ? ", ucx" : "");
+            st = refit_error(strcmp(name, "ucx") == 0 || strcmp(name, "cuda_ipc") == 0 ? REFIT_ERR_UNSUPPORTED
+                                                                                       : REFIT_ERR_INVALID_ARG,
+                             "transport '%s' is not built into this refit (built in: shm%s%s)", name,
+                             refit_transport_find("ucx") ? ", ucx" : "", refit_transport_find("cuda_ipc") ? ", cuda_ipc" : "");
             goto err;
         }
         if (ts->n == REFIT_MAX_TRANSPORTS) {
@@ -97,6 +98,22 @@ refit_status_t refit_check_name(const char *what, const char *s)
             return refit_error(REFIT_ERR_INVALID_ARG, "%s '%s' has '%c' (allowed: letters, digits, . _ - :)", what, s, c);
     }
     return REFIT_OK;
+}
+
+char *refit_options_for_device(const char *options, int device, uint32_t rank)
+{
+    const char *o = options ? options : "";
+    char dev[48] = "";
+    if (device >= 0 && !strstr(o, "cuda_ipc.device=")) snprintf(dev, sizeof(dev), ",cuda_ipc.device=%d", device);
+    char *s = refit_asprintf("%s%s,cuda_ipc.rank=%u", o, dev, rank);
+    if (s && s[0] == ',') memmove(s, s + 1, strlen(s));
+    return s;
+}
+
+const char *refit_transports_for_device(const char *names, int device)
+{
+    if (names && names[0]) return names;
+    return device >= 0 ? "cuda_ipc" : names;
 }
 
 uint64_t refit_random_u64(void)

@@ -8,6 +8,9 @@
 #include "refit/truth.h"
 #include "registry/registry.h"
 #include "transport/transport.h"
+#ifdef REFIT_HAVE_CUDA
+#include "transport/cuda/gpu.h"
+#endif
 
 #define REFIT_MAX_TRANSPORTS 4
 
@@ -27,6 +30,13 @@ void refit_desc_key(char *buf, size_t n, const char *transport, uint32_t region,
 
 /* Validates a group or reader name ([A-Za-z0-9._:-], 1..100). */
 refit_status_t refit_check_name(const char *what, const char *s);
+
+/* transport_options plus "cuda_ipc.device=N" for device >= 0 (unless the
+ * options already name one) and "cuda_ipc.rank=R"; malloc'ed, NULL on OOM. */
+char *refit_options_for_device(const char *options, int device, uint32_t rank);
+/* The transports to open: `names`, or for device memory when none are
+ * named, "cuda_ipc". */
+const char *refit_transports_for_device(const char *names, int device);
 
 uint64_t refit_random_u64(void);
 void refit_hostname(char *buf, size_t n);

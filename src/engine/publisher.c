@@ -5,6 +5,7 @@
  * reused only after the readers of the version it held are done. */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -48,14 +49,25 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     refit_status_t st;
     refit_publisher_params_t defaults = REFIT_PUBLISHER_PARAMS_INIT;
     if (!m || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_create: NULL argument");
-    if (params && params->version != REFIT_PUBLISHER_PARAMS_VERSION)
-        return refit_error(REFIT_ERR_UNSUPPORTED, "publisher params version %u (this library knows %u)", params->version,
-                           REFIT_PUBLISHER_PARAMS_VERSION);
+    if (params && (params->version < 1 || params->version > REFIT_PUBLISHER_PARAMS_VERSION))
+        return refit_error(REFIT_ERR_UNSUPPORTED, "publisher params version %u (this library knows 1..%u)",
+                           params->version, REFIT_PUBLISHER_PARAMS_VERSION);
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "the publisher's manifest is not finalized");
     if (m->regions.len > 64) return refit_error(REFIT_ERR_INVALID_ARG, "a manifest may have at most 64 regions");
     refit_publisher_t *p = calloc(1, sizeof(*p));
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "publisher");
-    p->params = params ? *params : defaults;
+    p->params = defaults;
+    if (params) /* version 1 ends before `device` */
+        memcpy(&p->params, params,
+               params->version == 1 ? offsetof(refit_publisher_params_t, device) : sizeof(refit_publisher_params_t));
+    p->params.version = REFIT_PUBLISHER_PARAMS_VERSION;
+#ifndef REFIT_HAVE_CUDA
+    if (p->params.device >= 0) {
+        int dev = p->params.device;
+        free(p);
+        return refit_error(REFIT_ERR_UNSUPPORTED, "GPU memory (device %d) needs a refit built with CUDA", dev);
+    }
+#endif
     if (!p->params.heartbeat_ms) p->params.heartbeat_ms = 200;
     if (!p->params.dead_ms) p->params.dead_ms = 2000;
     if (p->params.dead_ms < 2 * p->params.heartbeat_ms) p->params.dead_ms = 2 * p->params.heartbeat_ms;
@@ -71,7 +83,16 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     }
     for (uint32_t r = 0; r < p->nregions; r++) p->mem_owner[r] = -1;
     if ((st = refit_check_name("group", p->group))) goto err;
-    if ((st = refit_tset_open(&p->ts, p->params.transports, p->params.transport_options))) goto err;
+    {
+        char *opts = refit_options_for_device(p->params.transport_options, p->params.device, m->rank);
+        if (!opts) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "publisher");
+            goto err;
+        }
+        st = refit_tset_open(&p->ts, refit_transports_for_device(p->params.transports, p->params.device), opts);
+        free(opts);
+        if (st) goto err;
+    }
     if ((st = refit_registry_open(or_default(p->params.registry, refit_default_registry()),
                                   or_default(p->params.job, "default"), &p->reg)))
         goto err;
@@ -87,14 +108,25 @@ err:
     return st;
 }
 
+/* Whether transport i can expose this publisher's memory (GPU or host). */
+static bool can_expose(const refit_publisher_t *p, uint32_t i)
+{
+    unsigned caps = refit_transport_caps(p->ts.ops[i]);
+    return p->params.device >= 0 ? (caps & REFIT_TCAP_DEVICE_SRC) != 0 : (caps & REFIT_TCAP_HOST_SRC) != 0;
+}
+
 static refit_status_t alloc_with(refit_publisher_t *p, uint64_t size, void **base, int *owner)
 {
     for (uint32_t i = 0; i < p->ts.n; i++)
-        if (p->ts.ops[i]->alloc) {
+        if (p->ts.ops[i]->alloc && can_expose(p, i)) {
             *owner = (int)i;
             return p->ts.ops[i]->alloc(p->ts.ctx[i], size, base);
         }
     *owner = -1;
+    if (p->params.device >= 0)
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "GPU memory (device %d) needs a transport that exposes it (cuda_ipc); transports here: %s",
+                           p->params.device, p->params.transports ? p->params.transports : "the defaults");
     void *mem = NULL;
     if (posix_memalign(&mem, 4096, size ? size : 1)) return refit_error(REFIT_ERR_NO_MEMORY, "%" PRIu64 " bytes", size);
     memset(mem, 0, size);
@@ -186,8 +218,14 @@ static refit_status_t announce(refit_publisher_t *p)
             if (!p->stage[b][r] &&
                 (st = alloc_with(p, p->m->regions.data[r], &p->stage[b][r], &p->stage_owner[b][r])))
                 return st;
+    uint32_t exposing = 0;
     for (uint32_t t = 0; t < p->ts.n; t++)
-        for (uint32_t b = 0; b < nbuf; b++)
+        exposing += can_expose(p, t);
+    if (!exposing)
+        return refit_error(REFIT_ERR_INVALID_ARG, "none of the transports exposes %s memory",
+                           p->params.device >= 0 ? "GPU" : "host");
+    for (uint32_t t = 0; t < p->ts.n; t++)
+        for (uint32_t b = 0; b < nbuf && can_expose(p, t); b++)
             for (uint32_t r = 0; r < p->nregions; r++) {
                 void *base = p->params.mode == REFIT_MODE_SNAPSHOT ? p->stage[b][r] : p->mem[r];
                 void *desc;
@@ -247,7 +285,15 @@ refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
     if (p->params.mode == REFIT_MODE_SNAPSHOT) {
         uint32_t b = p->next_buffer;
         if (p->stage_version[b] && (st = wait_leases(p, p->stage_version[b], (int)p->params.dead_ms * 4))) return st;
-        for (uint32_t r = 0; r < p->nregions; r++) memcpy(p->stage[b][r], p->mem[r], p->m->regions.data[r]);
+        for (uint32_t r = 0; r < p->nregions; r++) {
+#ifdef REFIT_HAVE_CUDA
+            if (p->params.device >= 0) {
+                if ((st = refit_gpu_copy(p->stage[b][r], p->mem[r], p->m->regions.data[r]))) return st;
+                continue;
+            }
+#endif
+            memcpy(p->stage[b][r], p->mem[r], p->m->regions.data[r]);
+        }
         p->stage_version[b] = version;
         p->next_buffer = (b + 1) % NBUF_SNAPSHOT;
         rec.buffer = b;

@@ -10,6 +10,7 @@
  * memory is marked unusable from the first byte written until a pull
  * completes, so a failed pull never passes for a good one. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,7 @@ struct refit_receiver {
     uint32_t nregions;
     void **mem;
     bool *owned;
+    void **stage;         /* pinned host staging for GPU memory pulled by host-only transports */
     uint32_t world;
     source_t *src;
     cached_plan_t plans[PLAN_CACHE];
@@ -61,13 +63,24 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     refit_status_t st;
     refit_receiver_params_t defaults = REFIT_RECEIVER_PARAMS_INIT;
     if (!m || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_receiver_create: NULL argument");
-    if (params && params->version != REFIT_RECEIVER_PARAMS_VERSION)
-        return refit_error(REFIT_ERR_UNSUPPORTED, "receiver params version %u (this library knows %u)", params->version,
-                           REFIT_RECEIVER_PARAMS_VERSION);
+    if (params && (params->version < 1 || params->version > REFIT_RECEIVER_PARAMS_VERSION))
+        return refit_error(REFIT_ERR_UNSUPPORTED, "receiver params version %u (this library knows 1..%u)",
+                           params->version, REFIT_RECEIVER_PARAMS_VERSION);
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "the receiver's manifest is not finalized");
     refit_receiver_t *r = calloc(1, sizeof(*r));
     if (!r) return refit_error(REFIT_ERR_NO_MEMORY, "receiver");
-    r->params = params ? *params : defaults;
+    r->params = defaults;
+    if (params) /* version 1 ends before `device` */
+        memcpy(&r->params, params,
+               params->version == 1 ? offsetof(refit_receiver_params_t, device) : sizeof(refit_receiver_params_t));
+    r->params.version = REFIT_RECEIVER_PARAMS_VERSION;
+#ifndef REFIT_HAVE_CUDA
+    if (r->params.device >= 0) {
+        int dev = r->params.device;
+        free(r);
+        return refit_error(REFIT_ERR_UNSUPPORTED, "GPU memory (device %d) needs a refit built with CUDA", dev);
+    }
+#endif
     if (!r->params.lease_ms) r->params.lease_ms = 10000;
     snprintf(r->group, sizeof(r->group), "%s", or_default(r->params.group, "trainer"));
     if (r->params.reader && r->params.reader[0]) {
@@ -80,12 +93,22 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     r->nregions = (uint32_t)m->regions.len;
     r->mem = calloc(r->nregions ? r->nregions : 1, sizeof(void *));
     r->owned = calloc(r->nregions ? r->nregions : 1, sizeof(bool));
-    if (!r->mem || !r->owned) {
+    r->stage = calloc(r->nregions ? r->nregions : 1, sizeof(void *));
+    if (!r->mem || !r->owned || !r->stage) {
         st = refit_error(REFIT_ERR_NO_MEMORY, "receiver");
         goto err;
     }
     if ((st = refit_check_name("group", r->group)) || (st = refit_check_name("reader", r->reader))) goto err;
-    if ((st = refit_tset_open(&r->ts, r->params.transports, r->params.transport_options))) goto err;
+    {
+        char *opts = refit_options_for_device(r->params.transport_options, r->params.device, m->rank);
+        if (!opts) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "receiver");
+            goto err;
+        }
+        st = refit_tset_open(&r->ts, refit_transports_for_device(r->params.transports, r->params.device), opts);
+        free(opts);
+        if (st) goto err;
+    }
     if ((st = refit_registry_open(or_default(r->params.registry, refit_default_registry()),
                                   or_default(r->params.job, "default"), &r->reg)))
         goto err;
@@ -105,6 +128,16 @@ refit_status_t refit_receiver_alloc(refit_receiver_t *r, uint32_t region, void *
     if (r->mem[region]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u already has memory", region);
     void *p = NULL;
     uint64_t size = r->m->regions.data[region];
+#ifdef REFIT_HAVE_CUDA
+    if (r->params.device >= 0) {
+        refit_status_t st = refit_gpu_alloc(r->params.device, size, &p); /* zeroed */
+        if (st) return st;
+        r->mem[region] = p;
+        r->owned[region] = true;
+        *base = p;
+        return REFIT_OK;
+    }
+#endif
     if (posix_memalign(&p, 4096, size ? size : 1))
         return refit_error(REFIT_ERR_NO_MEMORY, "receiver region %u: %" PRIu64 " bytes", region, size);
     memset(p, 0, size); /* fault the pages in now, not during the first refit */
@@ -156,8 +189,20 @@ void refit_receiver_destroy(refit_receiver_t *r)
     drop_plans(r);
     refit_tset_close(&r->ts);
     refit_registry_close(r->reg);
-    for (uint32_t i = 0; r->mem && i < r->nregions; i++)
-        if (r->owned[i]) free(r->mem[i]);
+    for (uint32_t i = 0; r->mem && i < r->nregions; i++) {
+        if (!r->owned[i]) continue;
+#ifdef REFIT_HAVE_CUDA
+        if (r->params.device >= 0) {
+            refit_gpu_free(r->mem[i]);
+            continue;
+        }
+#endif
+        free(r->mem[i]);
+    }
+#ifdef REFIT_HAVE_CUDA
+    for (uint32_t i = 0; r->stage && i < r->nregions; i++) refit_gpu_host_free(r->stage[i]);
+#endif
+    free(r->stage);
     free(r->mem);
     free(r->owned);
     refit_manifest_destroy(r->m);
@@ -426,6 +471,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     double t2 = refit_now();
     rep->plan_ms = (t2 - t1) * 1e3;
     /* 4. Peers for the sources this plan reads. */
+    double tc = refit_now();
     for (uint32_t k = 0; k < r->world; k++) {
         tix[k] = -1;
         if (!refit_plan_source_bytes(plan, k)) continue;
@@ -437,6 +483,27 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         if ((st = connect_source(r, k, b, &tix[k]))) goto out;
         rep->sources++;
     }
+    rep->connect_ms = (refit_now() - tc) * 1e3;
+    /* GPU memory and a transport that cannot write it: everything goes
+     * through pinned host staging, then one copy per region. */
+    bool gpu = r->params.device >= 0, bounce = false;
+    for (uint32_t k = 0; k < r->world; k++)
+        if (tix[k] >= 0) {
+            unsigned caps = refit_transport_caps(r->ts.ops[tix[k]]);
+            if (gpu && !(caps & REFIT_TCAP_DEVICE_DST)) bounce = true;
+            if (!gpu && !(caps & REFIT_TCAP_HOST_DST)) {
+                st = refit_error(REFIT_ERR_TRANSPORT, "transport %s cannot write host memory", r->ts.ops[tix[k]]->name);
+                goto out;
+            }
+        }
+    void *const *dst = r->mem;
+#ifdef REFIT_HAVE_CUDA
+    if (bounce) {
+        for (uint32_t i = 0; i < r->nregions; i++)
+            if (!r->stage[i] && (st = refit_gpu_host_alloc(r->m->regions.data[i], &r->stage[i]))) goto out;
+        dst = r->stage;
+    }
+#endif
     /* 5. Transfer: from here the memory holds a partial version until committed. */
     r->usable = false;
     /* Fault-injection hook for the test suite: a pause after the receiver
@@ -454,8 +521,10 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         }
         if (!any) continue;
         refit_pull_stats_t ts = {0};
-        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, plan, r->mem, &ctl, &ts))) goto out;
+        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, plan, dst, &ctl, &ts))) goto out;
         stats.bytes += ts.bytes;
+        stats.requests += ts.requests;
+        stats.launches += ts.launches;
         append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
         append(rep->lanes, sizeof(rep->lanes), " ", ts.lanes);
     }
@@ -466,10 +535,22 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         goto out;
     }
     refit_exec_opts_t fo = {.threads = 1, .only = only};
-    st = refit_plan_execute(plan, NULL, r->mem, &fo);
+#ifdef REFIT_HAVE_CUDA
+    if (gpu && !bounce) st = refit_gpu_plan_fills(plan, r->params.device, r->mem, &stats.launches);
+    else
+#endif
+        st = refit_plan_execute(plan, NULL, dst, &fo);
     free(only);
     if (st) goto out;
+#ifdef REFIT_HAVE_CUDA
+    for (uint32_t i = 0; bounce && i < r->nregions; i++)
+        if ((st = refit_gpu_copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto out;
+    if (bounce) append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
+#endif
+    (void)bounce;
     rep->bytes = stats.bytes;
+    rep->requests = stats.requests;
+    rep->launches = stats.launches;
     /* 6. Nothing changed under us: same records, sources alive. */
     snapshot_t s2 = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1)};
     if (!s2.recs || !s2.present || !s2.alive) st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
@@ -488,10 +569,17 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     if (st) goto out;
     double t3 = refit_now();
     rep->transfer_ms = (t3 - t2) * 1e3;
+    rep->begin_s = round;
+    rep->end_s = t3;
     /* 7. Verify. */
-    if (r->params.verify == REFIT_VERIFY_TRUTH &&
-        (st = refit_truth_verify(r->m, (const void *const *)r->mem, v, NULL)))
-        goto out;
+    if (r->params.verify == REFIT_VERIFY_TRUTH) {
+#ifdef REFIT_HAVE_CUDA
+        if (gpu) st = refit_gpu_truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, NULL);
+        else
+#endif
+            st = refit_truth_verify(r->m, (const void *const *)r->mem, v, NULL);
+        if (st) goto out;
+    }
     rep->verify_ms = (refit_now() - t3) * 1e3;
     /* 8. Commit. */
     r->committed = v;

@@ -62,7 +62,7 @@ struct refit_peer {
     shm_region_t *regions;
 };
 
-static void boot_id(char out[40])
+void refit_boot_id(char out[40])
 {
     memset(out, 0, 40);
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
@@ -75,7 +75,7 @@ static void boot_id(char out[40])
 
 /* Start time of a process (field 22 of /proc/PID/stat), 0 if it is gone or
  * a zombie (killed but not yet reaped: dead all the same). */
-static uint64_t start_time(uint32_t pid)
+uint64_t refit_proc_start_time(uint32_t pid)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%u/stat", pid);
@@ -166,10 +166,10 @@ static refit_status_t shm_expose(refit_transport_t *t, void *base, uint64_t size
     d->pid = (uint32_t)getpid();
     d->size = size;
     d->addr = (uint64_t)(uintptr_t)base;
-    d->start_time = start_time(d->pid);
+    d->start_time = refit_proc_start_time(d->pid);
     d->kind = SHM_PVM;
     d->fd = -1;
-    boot_id(d->boot_id);
+    refit_boot_id(d->boot_id);
     pthread_mutex_lock(&t->lock);
     for (size_t i = 0; i < t->allocs.len; i++) {
         const shm_alloc_t *a = &t->allocs.data[i];
@@ -208,7 +208,7 @@ static refit_status_t shm_connect(refit_transport_t *t, const void *const *descs
     (void)t;
     refit_status_t st = REFIT_OK;
     char my_boot[40];
-    boot_id(my_boot);
+    refit_boot_id(my_boot);
     refit_peer_t *peer = calloc(1, sizeof(*peer));
     if (!peer || !(peer->regions = calloc(n ? n : 1, sizeof(shm_region_t)))) {
         free(peer);
@@ -234,7 +234,7 @@ static refit_status_t shm_connect(refit_transport_t *t, const void *const *descs
                              d.boot_id, my_boot);
             goto err;
         }
-        if (start_time(d.pid) != d.start_time) {
+        if (refit_proc_start_time(d.pid) != d.start_time) {
             st = refit_error(REFIT_ERR_PEER, "shm: source process %u is gone (or its pid was reused)", d.pid);
             goto err;
         }
@@ -357,7 +357,7 @@ static refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers,
     /* A mapping outlives its publisher, so the bytes would look fine; but a
      * publisher that died during the copy may have died while writing them. */
     for (size_t s = 0; !st && s < nsrc; s++)
-        if (peers[s] && start_time(peers[s]->pid) != peers[s]->start_time)
+        if (peers[s] && refit_proc_start_time(peers[s]->pid) != peers[s]->start_time)
             st = refit_error(REFIT_ERR_PEER, "shm: source process %u died during the transfer", peers[s]->pid);
     if (!st && stats) {
         stats->bytes += bytes;

@@ -7,6 +7,9 @@ const refit_transport_ops_t *refit_transport_find(const char *name)
 {
     static const refit_transport_ops_t *const all[] = {
         &refit_transport_shm,
+#ifdef REFIT_HAVE_CUDA
+        &refit_transport_cuda_ipc,
+#endif
 #ifdef REFIT_HAVE_UCX
         &refit_transport_ucx,
 #endif

@@ -7,8 +7,9 @@
  * once, each region of the plan read from its source's region.
  *
  * Implementations: shm (same host: memfd / POSIX shared memory mapped by the
- * receiver, or process_vm_readv for memory that is not shared) and ucx
- * (network, through UCX).  Each optional dependency lives in its own file;
+ * receiver, or process_vm_readv for memory that is not shared), ucx
+ * (network, through UCX) and cuda_ipc (same host, GPU memory: CUDA IPC
+ * handles and a batched copy kernel).  Each optional dependency lives in its own file;
  * everything else talks to it through this table. */
 #ifndef REFIT_TRANSPORT_H
 #define REFIT_TRANSPORT_H
@@ -21,7 +22,8 @@ typedef struct refit_peer refit_peer_t;           /* a connected source rank */
 
 typedef struct {
     uint64_t bytes;       /* moved by this pull */
-    uint64_t requests;    /* network requests or copy tasks issued */
+    uint64_t requests;    /* network requests, copy tasks, or kernel launches and uploads issued */
+    uint64_t launches;    /* GPU kernel launches (cuda_ipc) */
     char lanes[256];      /* what carried the bytes, e.g. "shm:mmap" or "ucx:tcp/veth0 (am)" */
 } refit_pull_stats_t;
 
@@ -35,8 +37,16 @@ typedef struct {
     void *user;
 } refit_pull_ctl_t;
 
+/* What memory a transport handles.  0 means host memory only (shm, ucx). */
+#define REFIT_TCAP_HOST_SRC 1u   /* exposes host memory */
+#define REFIT_TCAP_DEVICE_SRC 2u /* exposes GPU memory */
+#define REFIT_TCAP_HOST_DST 4u   /* pulls into host memory */
+#define REFIT_TCAP_DEVICE_DST 8u /* pulls into GPU memory */
+#define REFIT_TCAP_HOST (REFIT_TCAP_HOST_SRC | REFIT_TCAP_HOST_DST)
+
 typedef struct {
     const char *name;
+    unsigned caps;        /* REFIT_TCAP_*; 0: REFIT_TCAP_HOST */
     /* options: transport-specific "key=value,..." (NULL for defaults) */
     refit_status_t (*create)(const char *options, refit_transport_t **out);
     void (*destroy)(refit_transport_t *t);
@@ -59,10 +69,24 @@ typedef struct {
                            void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats);
 } refit_transport_ops_t;
 
+static inline unsigned refit_transport_caps(const refit_transport_ops_t *ops)
+{
+    return ops->caps ? ops->caps : REFIT_TCAP_HOST;
+}
+
 extern const refit_transport_ops_t refit_transport_shm;
+#ifdef REFIT_HAVE_CUDA
+extern const refit_transport_ops_t refit_transport_cuda_ipc;
+#endif
 #ifdef REFIT_HAVE_UCX
 extern const refit_transport_ops_t refit_transport_ucx;
 #endif
+
+/* Same-host helpers (shm.c): the boot id, and a process's start time (0 if
+ * it is gone or a zombie), which together tell a live process from a
+ * recycled pid. */
+void refit_boot_id(char out[40]);
+uint64_t refit_proc_start_time(uint32_t pid);
 
 /* The transport named `name`, or NULL. */
 const refit_transport_ops_t *refit_transport_find(const char *name);

@@ -1,0 +1,656 @@
+/* The cuda_ipc transport: same host, GPU memory, pulled over NVLink/PCIe.
+ *
+ * Design (decided here; docs/gpu.md has the user's view):
+ *
+ *  - Publisher side.  alloc() is cudaMalloc on the transport's device
+ *    (option "device=N", which the engine sets from the publisher's
+ *    params.device).  expose() finds the allocation that holds the region
+ *    (cuMemGetAddressRange, fetched through the runtime's driver entry
+ *    points so that nothing links libcuda), takes cudaIpcGetMemHandle of it
+ *    and writes a descriptor: handle, offset of the region in the
+ *    allocation, size, the device's UUID, the publisher's pid, process start
+ *    time and the host's boot id.  It travels in the manifest as the
+ *    attribute "cuda_ipc.region.<r>.<buffer>", like shm's.  Only device
+ *    memory is exposed: host regions are shm's business.
+ *
+ *  - Receiver side.  connect() checks that the publisher is on this host and
+ *    alive, then opens each handle once (cudaIpcOpenMemHandle with lazy peer
+ *    access) on the receiver's device, falling back to the publisher's own
+ *    device for host receivers.  Opened handles are cached in the transport
+ *    with reference counts (one open per allocation and process, as CUDA
+ *    wants); the engine caches peers per source incarnation, so a steady
+ *    refit opens nothing.  A descriptor from this very process is used
+ *    directly (cudaIpcOpenMemHandle refuses handles of its own process).
+ *
+ *  - pull() runs the plan as ONE kernel launch on the destination's device:
+ *    the plan's regions (a few hundred to a few thousand after coalescing)
+ *    become a batch table (plan/batch.h) uploaded once per plan and cached
+ *    here; a persistent grid walks it in 256 KiB chunks with 16-byte loads
+ *    and stores where the region allows (narrower where not), reading the
+ *    peer's memory directly over P2P.  Base addresses live in a separate slot
+ *    table uploaded only when they change, so a steady refit is one launch
+ *    and no upload, however many tensors the plan covers (18,432 expert
+ *    tensors are a few hundred strided regions, not 18,432 copies).
+ *    Host destinations work too: the receiver's memory is registered
+ *    (mapped) once and the kernel writes it over PCIe.  Fills (padding) are
+ *    the engine's, on the GPU as well (refit_gpu_plan_fills).
+ *
+ *  - After the kernel, every source process must still be alive (its memory
+ *    could have been freed under the copy): REFIT_ERR_PEER otherwise.
+ *
+ * Not here: GPU memory across hosts (UCX with CUDA support, docs/gpu.md);
+ * multicast/NVLS (never, on shared machines). */
+#include <cuda_runtime.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+extern "C" {
+#include "transport/cuda/gpu.h"
+#include "transport/transport.h"
+}
+
+#define IPC_MAGIC 0x43504943u /* "CIPC" */
+#define IPC_DESC_VERSION 1
+#define EXEC_CACHE 8
+#define MAX_OPEN 1024
+
+typedef struct {
+    uint32_t magic, version, pid;
+    int32_t device;       /* the publisher's device ordinal (informational: ordinals differ between processes) */
+    uint64_t start_time;
+    uint64_t offset;      /* of the region in its allocation */
+    uint64_t size;
+    uint64_t addr;        /* the publisher's address (used by the publisher's own process) */
+    char boot_id[40];
+    char uuid[48];        /* the device's UUID: what identifies it across processes */
+    unsigned char handle[CUDA_IPC_HANDLE_SIZE];
+} ipc_desc_t;
+
+typedef struct {
+    unsigned char handle[CUDA_IPC_HANDLE_SIZE];
+    int dev;
+    void *base;
+    uint32_t refs;
+} opened_t;
+
+typedef struct {
+    refit_plan_key_t key;
+    size_t nregions;
+    uint64_t only_hash;
+    int dev;
+    uint32_t max_shift;
+    refit_gpu_batch_t *batch;
+    uint64_t last_used;
+} exec_entry_t;
+
+typedef struct {
+    void *base;
+    uint64_t len;
+} reg_t;
+
+struct refit_transport {
+    pthread_mutex_t lock;
+    int device;    /* -1: none given */
+    bool exec_src; /* run the copy on the source's GPU, writing to the destination (push) */
+    uint64_t peer_enabled[64]; /* bit d of [e]: peer access e -> d enabled in this process */
+    REFIT_VEC(reg_t) allocs;
+    REFIT_VEC(reg_t) registered;
+    opened_t opened[MAX_OPEN];
+    uint32_t nopened;
+    exec_entry_t exec[EXEC_CACHE];
+    uint64_t uses;
+};
+
+typedef struct {
+    void *ptr;   /* the region */
+    void *base;  /* the opened allocation (NULL: not opened by us) */
+    uint64_t size;
+} ipc_region_t;
+
+struct refit_peer {
+    refit_transport_t *t;
+    uint32_t pid, n;
+    uint64_t start_time;
+    int dev;     /* the device the handles were opened on */
+    int src_dev; /* the publisher's device as an ordinal here, -1 if unknown */
+    ipc_region_t *regions;
+};
+
+#define CK(call)                                                                                            \
+    do {                                                                                                    \
+        cudaError_t e_ = (call);                                                                            \
+        if (e_ != cudaSuccess) {                                                                            \
+            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT,   \
+                             "cuda_ipc: %s: %s", #call, cudaGetErrorString(e_));                            \
+            goto out;                                                                                       \
+        }                                                                                                   \
+    } while (0)
+
+static int current_device(void)
+{
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return d;
+}
+
+/* The device holding p, -1 for host memory. */
+static int pointer_device(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return a.type == cudaMemoryTypeDevice ? a.device : -1;
+}
+
+static int device_by_uuid(const char *uuid)
+{
+    for (int d = 0; d < refit_gpu_count(); d++) {
+        char u[48];
+        if (refit_gpu_uuid(d, u) == REFIT_OK && strcmp(u, uuid) == 0) return d;
+    }
+    return -1;
+}
+
+typedef int (*get_range_fn)(unsigned long long *base, size_t *size, unsigned long long ptr);
+
+static get_range_fn get_range(void)
+{
+    static get_range_fn fn;
+    static int tried;
+    if (!tried) {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (get_range_fn)f;
+        else cudaGetLastError();
+        tried = 1;
+    }
+    return fn;
+}
+
+static refit_status_t ipc_create(const char *options, refit_transport_t **out)
+{
+    refit_transport_t *t = (refit_transport_t *)calloc(1, sizeof(*t));
+    if (!t) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc transport");
+    t->device = -1;
+    const char *p = options ? strstr(options, "device=") : NULL;
+    if (p && (p == options || p[-1] == ',')) {
+        char *end;
+        long v = strtol(p + 7, &end, 10);
+        if (end == p + 7 || v < -1 || v > 1024 || (*end && *end != ',')) {
+            free(t);
+            return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (device=N)", options);
+        }
+        t->device = (int)v;
+    }
+    /* exec=dst (default): the receiver's GPU pulls over P2P; exec=src: the
+     * source's GPU pushes; exec=alt: even receiver ranks pull, odd ones push,
+     * which spreads the copies of receivers that share a GPU over both GPUs
+     * (kernels of different processes on one GPU take turns). */
+    long rank = 0;
+    const char *rk = options ? strstr(options, "rank=") : NULL;
+    if (rk && (rk == options || rk[-1] == ',')) rank = strtol(rk + 5, NULL, 10);
+    const char *x = options ? strstr(options, "exec=") : NULL;
+    if (x && (x == options || x[-1] == ',')) {
+        bool end = !x[8] || x[8] == ',';
+        if (end && !strncmp(x + 5, "src", 3)) t->exec_src = true;
+        else if (end && !strncmp(x + 5, "alt", 3)) t->exec_src = rank % 2 == 1;
+        else if (!end || strncmp(x + 5, "dst", 3)) {
+            free(t);
+            return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (exec=dst|src|alt)", options);
+        }
+    }
+    pthread_mutex_init(&t->lock, NULL);
+    *out = t;
+    return REFIT_OK;
+}
+
+static void ipc_destroy(refit_transport_t *t)
+{
+    if (!t) return;
+    for (int i = 0; i < EXEC_CACHE; i++) refit_gpu_batch_destroy(t->exec[i].batch);
+    for (uint32_t i = 0; i < t->nopened; i++)
+        if (t->opened[i].base) cudaIpcCloseMemHandle(t->opened[i].base);
+    for (size_t i = 0; i < t->registered.len; i++) refit_gpu_host_unregister(t->registered.data[i].base);
+    for (size_t i = 0; i < t->allocs.len; i++) refit_gpu_free(t->allocs.data[i].base);
+    REFIT_VEC_FREE(&t->allocs);
+    REFIT_VEC_FREE(&t->registered);
+    pthread_mutex_destroy(&t->lock);
+    free(t);
+}
+
+static refit_status_t ipc_alloc(refit_transport_t *t, uint64_t size, void **base)
+{
+    int dev = t->device >= 0 ? t->device : 0;
+    refit_status_t st = refit_gpu_alloc(dev, size, base);
+    if (st) return st;
+    pthread_mutex_lock(&t->lock);
+    int rc = REFIT_VEC_PUSH(&t->allocs, ((reg_t){*base, size}));
+    pthread_mutex_unlock(&t->lock);
+    if (rc) {
+        refit_gpu_free(*base);
+        return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: allocation table");
+    }
+    return REFIT_OK;
+}
+
+static void ipc_free(refit_transport_t *t, void *base, uint64_t size)
+{
+    (void)size;
+    pthread_mutex_lock(&t->lock);
+    for (size_t i = 0; i < t->allocs.len; i++)
+        if (t->allocs.data[i].base == base) {
+            refit_gpu_free(base);
+            t->allocs.data[i] = t->allocs.data[--t->allocs.len];
+            break;
+        }
+    pthread_mutex_unlock(&t->lock);
+}
+
+static refit_status_t ipc_expose(refit_transport_t *t, void *base, uint64_t size, void **desc, size_t *len)
+{
+    refit_status_t st = REFIT_OK;
+    (void)t;
+    int dev = pointer_device(base), saved = current_device();
+    if (dev < 0)
+        return refit_error(REFIT_ERR_UNSUPPORTED, "cuda_ipc exposes GPU memory only (this region is host memory)");
+    ipc_desc_t *d = (ipc_desc_t *)calloc(1, sizeof(*d));
+    if (!d) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc descriptor");
+    unsigned long long alloc_base = (unsigned long long)(uintptr_t)base;
+    size_t alloc_size = 0;
+    get_range_fn range = get_range();
+    cudaIpcMemHandle_t h;
+    char uuid[48];
+    if ((st = refit_gpu_uuid(dev, uuid))) goto out;
+    CK(cudaSetDevice(dev));
+    if (range && range(&alloc_base, &alloc_size, (unsigned long long)(uintptr_t)base) != 0) {
+        st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: cannot find the allocation holding %p", base);
+        goto out;
+    }
+    if (alloc_size && (uintptr_t)base + size > alloc_base + alloc_size) {
+        st = refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: a region spans more than one allocation");
+        goto out;
+    }
+    CK(cudaIpcGetMemHandle(&h, (void *)(uintptr_t)alloc_base));
+    d->magic = IPC_MAGIC;
+    d->version = IPC_DESC_VERSION;
+    d->pid = (uint32_t)getpid();
+    d->device = dev;
+    d->start_time = refit_proc_start_time(d->pid);
+    d->offset = (uint64_t)((uintptr_t)base - alloc_base);
+    d->size = size;
+    d->addr = (uint64_t)(uintptr_t)base;
+    refit_boot_id(d->boot_id);
+    memcpy(d->uuid, uuid, sizeof(d->uuid));
+    memcpy(d->handle, &h, sizeof(h));
+out:
+    if (saved >= 0) cudaSetDevice(saved);
+    if (st) {
+        free(d);
+        return st;
+    }
+    *desc = d;
+    *len = sizeof(*d);
+    return REFIT_OK;
+}
+
+static void ipc_unexpose(refit_transport_t *t, void *base)
+{
+    (void)t;
+    (void)base;
+}
+
+static void release_open(refit_transport_t *t, void *base)
+{
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->nopened; i++)
+        if (t->opened[i].base == base && --t->opened[i].refs == 0) {
+            cudaIpcCloseMemHandle(base);
+            t->opened[i] = t->opened[--t->nopened];
+            break;
+        }
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void ipc_disconnect(refit_peer_t *p)
+{
+    if (!p) return;
+    for (uint32_t i = 0; i < p->n; i++)
+        if (p->regions[i].base) release_open(p->t, p->regions[i].base);
+    free(p->regions);
+    free(p);
+}
+
+/* Opens (or finds) the allocation of handle h on device dev. */
+static refit_status_t open_handle(refit_transport_t *t, const unsigned char *h, int dev, void **base)
+{
+    refit_status_t st = REFIT_OK;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->nopened; i++)
+        if (t->opened[i].dev == dev && memcmp(t->opened[i].handle, h, CUDA_IPC_HANDLE_SIZE) == 0) {
+            t->opened[i].refs++;
+            *base = t->opened[i].base;
+            pthread_mutex_unlock(&t->lock);
+            return REFIT_OK;
+        }
+    int saved = current_device();
+    cudaIpcMemHandle_t mh;
+    memcpy(&mh, h, sizeof(mh));
+    void *p = NULL;
+    if (t->nopened == MAX_OPEN) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: more than %d open handles", MAX_OPEN);
+        goto out;
+    }
+    CK(cudaSetDevice(dev));
+    CK(cudaIpcOpenMemHandle(&p, mh, cudaIpcMemLazyEnablePeerAccess));
+    memcpy(t->opened[t->nopened].handle, h, CUDA_IPC_HANDLE_SIZE);
+    t->opened[t->nopened].dev = dev;
+    t->opened[t->nopened].base = p;
+    t->opened[t->nopened].refs = 1;
+    t->nopened++;
+    *base = p;
+out:
+    if (saved >= 0) cudaSetDevice(saved);
+    pthread_mutex_unlock(&t->lock);
+    return st;
+}
+
+static refit_status_t ipc_connect(refit_transport_t *t, const void *const *descs, const size_t *lens, uint32_t n,
+                                  refit_peer_t **out)
+{
+    refit_status_t st = REFIT_OK;
+    char my_boot[40];
+    refit_boot_id(my_boot);
+    refit_peer_t *p = (refit_peer_t *)calloc(1, sizeof(*p));
+    if (!p || !(p->regions = (ipc_region_t *)calloc(n ? n : 1, sizeof(ipc_region_t)))) {
+        free(p);
+        return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc peer");
+    }
+    p->t = t;
+    p->n = n;
+    p->dev = p->src_dev = -1;
+    if (!refit_gpu_count()) {
+        st = refit_error(REFIT_ERR_UNSUPPORTED, "cuda_ipc: no CUDA device in this process");
+        goto err;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        ipc_desc_t d;
+        if (!descs[i] || lens[i] != sizeof(d)) {
+            st = refit_error(REFIT_ERR_CORRUPT, "cuda_ipc: region %u descriptor has %zu bytes, want %zu", i, lens[i],
+                             sizeof(d));
+            goto err;
+        }
+        memcpy(&d, descs[i], sizeof(d));
+        d.boot_id[39] = d.uuid[47] = '\0';
+        if (d.magic != IPC_MAGIC || d.version != IPC_DESC_VERSION) {
+            st = refit_error(REFIT_ERR_CORRUPT, "cuda_ipc: region %u descriptor is not a version-%d cuda_ipc descriptor", i,
+                             IPC_DESC_VERSION);
+            goto err;
+        }
+        if (strcmp(d.boot_id, my_boot) != 0) {
+            st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: the source runs on another host (boot id %s, ours %s)",
+                             d.boot_id, my_boot);
+            goto err;
+        }
+        if (refit_proc_start_time(d.pid) != d.start_time) {
+            st = refit_error(REFIT_ERR_PEER, "cuda_ipc: source process %u is gone (or its pid was reused)", d.pid);
+            goto err;
+        }
+        p->pid = d.pid;
+        p->start_time = d.start_time;
+        p->regions[i].size = d.size;
+        if (p->src_dev < 0) p->src_dev = device_by_uuid(d.uuid);
+        if (p->dev < 0) p->dev = (t->exec_src && p->src_dev >= 0) || t->device < 0 ? p->src_dev : t->device;
+        if (p->dev < 0) {
+            st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: the source's GPU %s is not visible here, and no device= is set",
+                             d.uuid);
+            goto err;
+        }
+        if (p->src_dev >= 0 && !refit_gpu_can_access_peer(p->dev, p->src_dev)) {
+            st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: GPU %d cannot read GPU %d directly (no peer access)", p->dev,
+                             p->src_dev);
+            goto err;
+        }
+        if (d.pid == (uint32_t)getpid()) {
+            p->regions[i].ptr = (void *)(uintptr_t)d.addr;
+            continue;
+        }
+        void *base = NULL;
+        if ((st = open_handle(t, d.handle, p->dev, &base))) goto err;
+        p->regions[i].base = base;
+        p->regions[i].ptr = (char *)base + d.offset;
+    }
+    *out = p;
+    return REFIT_OK;
+err:
+    ipc_disconnect(p); /* undoes the opens made so far */
+    return st;
+}
+
+/* Registers host destination memory (once). */
+static refit_status_t ensure_registered(refit_transport_t *t, void *base, uint64_t len)
+{
+    refit_status_t st = REFIT_OK;
+    pthread_mutex_lock(&t->lock);
+    for (size_t i = 0; i < t->registered.len; i++)
+        if (t->registered.data[i].base == base) {
+            if (t->registered.data[i].len >= len) goto out;
+            refit_gpu_host_unregister(base);
+            t->registered.data[i] = t->registered.data[--t->registered.len];
+            break;
+        }
+    if ((st = refit_gpu_host_register(base, len))) goto out;
+    if (REFIT_VEC_PUSH(&t->registered, ((reg_t){base, len})) != 0) {
+        refit_gpu_host_unregister(base);
+        st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: registrations");
+    }
+out:
+    pthread_mutex_unlock(&t->lock);
+    return st;
+}
+
+static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, const uint8_t *only, size_t nsrc, int dev,
+                               uint32_t max_shift, refit_gpu_batch_t **out)
+{
+    refit_plan_key_t key;
+    refit_plan_key(plan, &key);
+    size_t nreg;
+    refit_plan_regions(plan, &nreg);
+    uint64_t oh = 0x6f6e6c79;
+    for (size_t s = 0; s < nsrc; s++) oh = refit_mix64(oh ^ (only[s] + 2 * s));
+    exec_entry_t *victim = &t->exec[0];
+    for (int i = 0; i < EXEC_CACHE; i++) {
+        exec_entry_t *e = &t->exec[i];
+        if (e->batch && e->key.src == key.src && e->key.dst == key.dst && e->nregions == nreg && e->only_hash == oh &&
+            e->dev == dev && e->max_shift == max_shift) {
+            e->last_used = ++t->uses;
+            *out = e->batch;
+            return REFIT_OK;
+        }
+        if (!e->batch || e->last_used < victim->last_used) victim = e;
+    }
+    refit_batch_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.max_shift = max_shift;
+    o.copies = true;
+    o.only = only;
+    refit_batch_t b;
+    refit_status_t st = refit_batch_build(plan, &o, &b);
+    if (st) return st;
+    refit_gpu_batch_t *g = NULL;
+    st = refit_gpu_batch_create(dev, &b, &g);
+    refit_batch_free(&b);
+    if (st) return st;
+    refit_gpu_batch_destroy(victim->batch);
+    victim->key = key;
+    victim->nregions = nreg;
+    victim->only_hash = oh;
+    victim->dev = dev;
+    victim->max_shift = max_shift;
+    victim->batch = g;
+    victim->last_used = ++t->uses;
+    *out = g;
+    return REFIT_OK;
+}
+
+/* Lets kernels on device e write device d's memory (once per process). */
+static refit_status_t enable_peer(refit_transport_t *t, int e, int d)
+{
+    refit_status_t st = REFIT_OK;
+    if (e == d || e < 0 || d < 0 || e >= 64 || d >= 64) return REFIT_OK;
+    pthread_mutex_lock(&t->lock);
+    bool done = (t->peer_enabled[e] >> d) & 1;
+    pthread_mutex_unlock(&t->lock);
+    if (done) return REFIT_OK;
+    int saved = current_device();
+    cudaError_t err;
+    if (!refit_gpu_can_access_peer(e, d)) {
+        st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: GPU %d cannot write GPU %d directly (no peer access)", e, d);
+        goto out;
+    }
+    CK(cudaSetDevice(e));
+    err = cudaDeviceEnablePeerAccess(d, 0);
+    if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) CK(err);
+    cudaGetLastError();
+    pthread_mutex_lock(&t->lock);
+    t->peer_enabled[e] |= 1ull << d;
+    pthread_mutex_unlock(&t->lock);
+out:
+    if (saved >= 0) cudaSetDevice(saved);
+    return st;
+}
+
+static uint32_t align_shift(uint64_t a)
+{
+    uint32_t s = 4;
+    while (s && (a & ((1ull << s) - 1))) s--;
+    return s;
+}
+
+static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                               void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
+{
+    refit_status_t st = REFIT_OK;
+    size_t nsrc = refit_plan_num_sources(plan), n;
+    const refit_plan_region_t *regs = refit_plan_regions(plan, &n);
+    uint8_t *only = (uint8_t *)calloc(nsrc ? nsrc : 1, 1);
+    uint64_t *dst_end = NULL, *slots = NULL, bytes = 0, launches = 0, uploads = 0;
+    uint32_t ndst = 0;
+    int dev = -1, src_dev = -1, dst_dev = -1;
+    bool host_dst = false;
+    refit_gpu_batch_t *g = NULL;
+    if (!only) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
+    for (size_t s = 0; s < nsrc; s++)
+        if (peers[s]) {
+            only[s] = 1;
+            if (dev < 0) dev = peers[s]->dev;
+            if (src_dev < 0) src_dev = peers[s]->src_dev;
+        }
+    for (size_t i = 0; i < n; i++)
+        if (regs[i].dst_region + 1 > ndst) ndst = regs[i].dst_region + 1;
+    dst_end = (uint64_t *)calloc(ndst ? ndst : 1, sizeof(uint64_t));
+    if (!dst_end) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!only[regs[i].src]) continue;
+        const refit_peer_t *p = peers[regs[i].src];
+        if (regs[i].src_region >= p->n || refit_region_src_end(&regs[i]) > p->regions[regs[i].src_region].size) {
+            st = refit_error(REFIT_ERR_CORRUPT, "cuda_ipc: the plan reads past region %u of source %u", regs[i].src_region,
+                             regs[i].src);
+            goto out;
+        }
+        uint64_t e = refit_region_dst_end(&regs[i]);
+        if (e > dst_end[regs[i].dst_region]) dst_end[regs[i].dst_region] = e;
+        bytes += refit_plan_region_bytes(&regs[i]);
+    }
+    /* Where the kernel runs: the destination's device; for host memory, the
+     * device the handles were opened on (the memory is registered, mapped). */
+    {
+        uint64_t align = 0;
+        for (uint32_t r = 0; r < ndst; r++) {
+            if (!dst_end[r]) continue;
+            int d = pointer_device(dst_bases[r]);
+            if (d < 0) {
+                host_dst = true;
+                if ((st = ensure_registered(t, dst_bases[r], dst_end[r]))) goto out;
+            } else {
+                dst_dev = d;
+            }
+            align |= (uint64_t)(uintptr_t)dst_bases[r];
+        }
+        for (size_t s = 0; s < nsrc; s++)
+            for (uint32_t r = 0; only[s] && r < peers[s]->n; r++) align |= (uint64_t)(uintptr_t)peers[s]->regions[r].ptr;
+        /* dev is where the handles were opened: the source's GPU with
+         * exec=src (or for host destinations), else the destination's. */
+        if (!host_dst && !t->exec_src && dst_dev >= 0) dev = dst_dev;
+        if (dev < 0) {
+            st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: no device to run the copy on");
+            goto out;
+        }
+        if (!host_dst && dst_dev >= 0 && (st = enable_peer(t, dev, dst_dev))) goto out;
+        if (src_dev >= 0 && (st = enable_peer(t, dev, src_dev))) goto out;
+        if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), &g))) goto out;
+    }
+    {
+        const refit_batch_t *b = refit_gpu_batch_table(g);
+        slots = (uint64_t *)calloc(b->nslots ? b->nslots : 1, sizeof(uint64_t));
+        if (!slots) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
+            goto out;
+        }
+        for (size_t s = 0; s < nsrc; s++)
+            for (uint32_t k = b->src_slot_base[s]; only[s] && k < b->src_slot_base[s + 1]; k++) {
+                uint32_t r = k - b->src_slot_base[s];
+                slots[k] = r < peers[s]->n ? (uint64_t)(uintptr_t)peers[s]->regions[r].ptr : 0;
+            }
+        for (uint32_t k = b->dst_slot_base; k < b->nslots; k++) slots[k] = (uint64_t)(uintptr_t)dst_bases[k - b->dst_slot_base];
+        if ((st = refit_gpu_batch_launch(g, slots, &launches, &uploads))) goto out;
+        if ((st = refit_gpu_batch_wait(g, ctl ? ctl->tick : NULL, ctl ? ctl->user : NULL, ctl ? ctl->deadline : 0)))
+            goto out;
+    }
+    for (size_t s = 0; s < nsrc; s++)
+        if (only[s] && refit_proc_start_time(peers[s]->pid) != peers[s]->start_time) {
+            st = refit_error(REFIT_ERR_PEER, "cuda_ipc: source process %u died during the transfer", peers[s]->pid);
+            goto out;
+        }
+    if (stats) {
+        stats->bytes += bytes;
+        stats->requests += launches + uploads;
+        stats->launches += launches;
+        snprintf(stats->lanes, sizeof(stats->lanes),
+                 "cuda_ipc:%s GPU%d->%s%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
+                 host_dst ? "mapped-host" : (src_dev == dst_dev ? "local" : dev == dst_dev ? "p2p-pull" : "p2p-push"), src_dev,
+                 host_dst ? "host" : "GPU", host_dst ? -1 : dst_dev, dev, launches, launches == 1 ? "" : "es", uploads,
+                 uploads == 1 ? "" : "s");
+    }
+out:
+    free(only);
+    free(dst_end);
+    free(slots);
+    return st;
+}
+
+extern "C" const refit_transport_ops_t refit_transport_cuda_ipc = {
+    "cuda_ipc",
+    REFIT_TCAP_DEVICE_SRC | REFIT_TCAP_DEVICE_DST | REFIT_TCAP_HOST_DST,
+    ipc_create,
+    ipc_destroy,
+    ipc_alloc,
+    ipc_free,
+    ipc_expose,
+    ipc_unexpose,
+    ipc_connect,
+    ipc_disconnect,
+    ipc_pull,
+};

@@ -1,0 +1,531 @@
+/* CUDA runtime glue and kernels: device memory, the batch copy kernel, the
+ * truth fill/verify kernels and the digest kernel.
+ *
+ * The kernels are thin: the per-thread work is the REFIT_HD code of
+ * plan/batch.h and truth/truth_table.h, which the CPU tests run too.  Grids
+ * are persistent (a few blocks per multiprocessor) and walk chunks of the
+ * table with a grid stride; tables live in device memory for as long as
+ * their owner (a cached plan) does. */
+#include <cuda_runtime.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+extern "C" {
+#include "transport/cuda/gpu.h"
+#include "truth/truth_table.h"
+#include "util/util.h"
+}
+
+#define THREADS 256
+
+#define CK(call)                                                                                              \
+    do {                                                                                                      \
+        cudaError_t e_ = (call);                                                                              \
+        if (e_ != cudaSuccess) {                                                                              \
+            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT,     \
+                             "%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__);            \
+            goto out;                                                                                         \
+        }                                                                                                     \
+    } while (0)
+
+/* ---- kernels ------------------------------------------------------------ */
+
+__global__ void __launch_bounds__(THREADS) batch_kernel(const refit_batch_region_t *__restrict__ regions, uint32_t n,
+                                                        uint64_t nchunks, const uint64_t *__restrict__ slots)
+{
+    for (uint64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+        uint32_t i = refit_batch_find(regions, n, c);
+        const refit_batch_region_t r = regions[i];
+        uint64_t u0 = (c - r.first_chunk) * r.chunk_units, u1 = u0 + r.chunk_units;
+        if (u1 > r.units) u1 = r.units;
+        const unsigned char *src =
+            r.src_slot == REFIT_BATCH_ZERO ? (const unsigned char *)0 : (const unsigned char *)(uintptr_t)slots[r.src_slot];
+        unsigned char *dst = (unsigned char *)(uintptr_t)slots[r.dst_slot];
+        switch (r.shift) {
+        case 4: refit_batch_thread_16(&r, u0 + threadIdx.x, u1, blockDim.x, src, dst); break;
+        case 3: refit_batch_thread_8(&r, u0 + threadIdx.x, u1, blockDim.x, src, dst); break;
+        case 2: refit_batch_thread_4(&r, u0 + threadIdx.x, u1, blockDim.x, src, dst); break;
+        case 1: refit_batch_thread_2(&r, u0 + threadIdx.x, u1, blockDim.x, src, dst); break;
+        default: refit_batch_thread_1(&r, u0 + threadIdx.x, u1, blockDim.x, src, dst); break;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) truth_kernel(const refit_truth_box_t *__restrict__ boxes, uint32_t n,
+                                                        uint64_t nchunks, uint64_t chunk, const uint64_t *__restrict__ bases,
+                                                        uint64_t version, int verify, unsigned long long *bad,
+                                                        unsigned long long *first_key)
+{
+    for (uint64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+        uint32_t bi = refit_truth_find(boxes, n, c);
+        const refit_truth_box_t b = boxes[bi];
+        uint64_t e0 = (c - b.first_chunk) * chunk, e1 = e0 + chunk;
+        if (e1 > b.numel) e1 = b.numel;
+        uint64_t first = 0;
+        uint64_t k = refit_truth_box_thread(&b, e0 + threadIdx.x, e1, blockDim.x,
+                                            (unsigned char *)(uintptr_t)bases[b.region], version, verify, &first);
+        if (k) {
+            atomicAdd(bad, (unsigned long long)k);
+            atomicMin(first_key, (unsigned long long)REFIT_TRUTH_KEY(bi, first));
+        }
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) digest_kernel(const unsigned char *p, uint64_t n, unsigned long long *out)
+{
+    uint64_t words = n / 8, sum = 0;
+    const uint64_t *w = (const uint64_t *)p;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < words; i += (uint64_t)gridDim.x * blockDim.x)
+        sum += refit_hd_digest_word(w[i], i);
+    if (blockIdx.x == 0 && threadIdx.x == 0 && words * 8 < n) {
+        uint64_t t = 0;
+        for (uint64_t k = words * 8; k < n; k++) t |= (uint64_t)p[k] << (8 * (k - words * 8));
+        sum += refit_hd_digest_word(t, words);
+    }
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_down_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out, (unsigned long long)sum);
+}
+
+/* ---- devices ------------------------------------------------------------ */
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_count = -1;
+static const void *g_kernels[4];
+static int g_blocks[4][64]; /* resident blocks per kernel and device (0: not yet known) */
+
+typedef struct {
+    int saved;
+} devguard_t;
+
+static refit_status_t enter(int dev, devguard_t *g)
+{
+    refit_status_t st = REFIT_OK;
+    g->saved = -1;
+    if (dev < 0 || dev >= refit_gpu_count())
+        return refit_error(REFIT_ERR_UNSUPPORTED, "CUDA device %d is not here (%d device(s))", dev, refit_gpu_count());
+    CK(cudaGetDevice(&g->saved));
+    if (g->saved != dev) CK(cudaSetDevice(dev));
+out:
+    return st;
+}
+
+static void leave(devguard_t *g)
+{
+    int cur = -1;
+    if (g->saved >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != g->saved) cudaSetDevice(g->saved);
+}
+
+extern "C" int refit_gpu_count(void)
+{
+    pthread_mutex_lock(&g_lock);
+    if (g_count < 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) {
+            n = 0;
+            cudaGetLastError();
+        }
+        g_count = n;
+    }
+    int n = g_count;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+static int grid_for(int dev, uint64_t nchunks, const void *kernel)
+{
+    pthread_mutex_lock(&g_lock);
+    int k = 0;
+    while (k < 3 && g_kernels[k] && g_kernels[k] != kernel) k++;
+    g_kernels[k] = kernel;
+    int per = dev < 64 ? g_blocks[k][dev] : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (!per) {
+        int sms = 0, occ = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, THREADS, 0);
+        per = (sms > 0 ? sms : 1) * (occ > 0 ? occ : 4);
+        pthread_mutex_lock(&g_lock);
+        if (dev < 64) g_blocks[k][dev] = per;
+        pthread_mutex_unlock(&g_lock);
+    }
+    return nchunks < (uint64_t)per ? (int)(nchunks ? nchunks : 1) : per;
+}
+
+static void format_uuid(const cudaDeviceProp *p, char *out, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)p->uuid.bytes;
+    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3],
+             u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+extern "C" refit_status_t refit_gpu_uuid(int dev, char out[48])
+{
+    refit_status_t st = REFIT_OK;
+    cudaDeviceProp p;
+    out[0] = '\0';
+    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "CUDA device %d is not here", dev);
+    CK(cudaGetDeviceProperties(&p, dev));
+    format_uuid(&p, out, 48);
+out:
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_info(int dev, refit_gpu_info_t *o)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    memset(o, 0, sizeof(*o));
+    if ((st = enter(dev, &g))) return st;
+    {
+        cudaDeviceProp p;
+        size_t fr = 0, tot = 0;
+        CK(cudaGetDeviceProperties(&p, dev));
+        snprintf(o->name, sizeof(o->name), "%s", p.name);
+        format_uuid(&p, o->uuid, sizeof(o->uuid));
+        snprintf(o->pci, sizeof(o->pci), "%04x:%02x:%02x.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
+        o->memory = p.totalGlobalMem;
+        o->sms = p.multiProcessorCount;
+        o->cc_major = p.major;
+        o->cc_minor = p.minor;
+        CK(cudaMemGetInfo(&fr, &tot));
+        o->free_memory = fr;
+        CK(cudaDriverGetVersion(&o->driver));
+        CK(cudaRuntimeGetVersion(&o->runtime));
+    }
+out:
+    leave(&g);
+    return st;
+}
+
+extern "C" bool refit_gpu_can_access_peer(int dev, int peer)
+{
+    int ok = 0;
+    if (dev == peer) return true;
+    if (cudaDeviceCanAccessPeer(&ok, dev, peer) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return ok != 0;
+}
+
+extern "C" refit_status_t refit_gpu_enable_peer(int dev, int peer)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    if (dev == peer) return REFIT_OK;
+    if (!refit_gpu_can_access_peer(dev, peer))
+        return refit_error(REFIT_ERR_TRANSPORT, "GPU %d cannot access GPU %d directly (no peer access)", dev, peer);
+    if ((st = enter(dev, &g))) return st;
+    {
+        cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+        else CK(e);
+    }
+out:
+    leave(&g);
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_alloc(int dev, uint64_t size, void **out)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    void *p = NULL;
+    *out = NULL;
+    if ((st = enter(dev, &g))) return st;
+    CK(cudaMalloc(&p, size ? size : 1));
+    CK(cudaMemset(p, 0, size));
+    CK(cudaDeviceSynchronize());
+    *out = p;
+    p = NULL;
+out:
+    if (p) cudaFree(p);
+    if (st) refit_error_prefix("GPU %d: %" PRIu64 " bytes", dev, size);
+    leave(&g);
+    return st;
+}
+
+extern "C" void refit_gpu_free(void *p)
+{
+    if (p) cudaFree(p);
+}
+
+extern "C" refit_status_t refit_gpu_host_alloc(uint64_t size, void **out)
+{
+    refit_status_t st = REFIT_OK;
+    *out = NULL;
+    if (!refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "pinned memory needs a CUDA device");
+    CK(cudaHostAlloc(out, size ? size : 1, cudaHostAllocPortable | cudaHostAllocMapped));
+    memset(*out, 0, size);
+out:
+    return st;
+}
+
+extern "C" void refit_gpu_host_free(void *p)
+{
+    if (p) cudaFreeHost(p);
+}
+
+extern "C" refit_status_t refit_gpu_copy(void *dst, const void *src, uint64_t n)
+{
+    refit_status_t st = REFIT_OK;
+    CK(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
+out:
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_host_register(void *p, uint64_t n)
+{
+    refit_status_t st = REFIT_OK;
+    CK(cudaHostRegister(p, n, cudaHostRegisterMapped | cudaHostRegisterPortable));
+out:
+    return st;
+}
+
+extern "C" void refit_gpu_host_unregister(void *p)
+{
+    if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
+/* ---- truth ---------------------------------------------------------------- */
+
+static refit_status_t truth_run(const refit_manifest_t *m, int dev, void *const *bases, uint64_t version, bool verify,
+                                refit_truth_report_t *rep)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    refit_truth_table_t t;
+    refit_truth_box_t *dboxes = NULL;
+    uint64_t *dbases = NULL, *hbases = NULL;
+    unsigned long long *dcnt = NULL, hcnt[2] = {0, ~0ull};
+    uint32_t nreg = refit_manifest_num_regions(m);
+    if ((st = refit_truth_table_build(m, 16384, &t))) return st;
+    if ((st = enter(dev, &g))) {
+        refit_truth_table_free(&t);
+        return st;
+    }
+    hbases = (uint64_t *)calloc(nreg ? nreg : 1, sizeof(uint64_t));
+    if (!hbases) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "truth");
+        goto out;
+    }
+    for (uint32_t r = 0; r < nreg; r++) hbases[r] = (uint64_t)(uintptr_t)bases[r];
+    if (t.n) {
+        CK(cudaMalloc(&dboxes, t.n * sizeof(refit_truth_box_t)));
+        CK(cudaMemcpy(dboxes, t.boxes, t.n * sizeof(refit_truth_box_t), cudaMemcpyHostToDevice));
+    }
+    CK(cudaMalloc(&dbases, (nreg ? nreg : 1) * sizeof(uint64_t)));
+    CK(cudaMemcpy(dbases, hbases, nreg * sizeof(uint64_t), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dcnt, sizeof(hcnt)));
+    CK(cudaMemcpy(dcnt, hcnt, sizeof(hcnt), cudaMemcpyHostToDevice));
+    if (t.nchunks) {
+        truth_kernel<<<grid_for(dev, t.nchunks, (const void *)truth_kernel), THREADS>>>(dboxes, t.n, t.nchunks, t.chunk, dbases,
+                                                                                 version, verify, dcnt, dcnt + 1);
+        CK(cudaGetLastError());
+    }
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hcnt, dcnt, sizeof(hcnt), cudaMemcpyDeviceToHost));
+    if (rep) {
+        rep->elements_checked = t.elements;
+        rep->bytes_checked = t.bytes;
+        rep->mismatches = hcnt[0];
+    }
+    if (verify && hcnt[0]) {
+        uint32_t bi = (uint32_t)(hcnt[1] >> 40);
+        uint64_t e = hcnt[1] & ((1ull << 40) - 1), off = 0, found = 0;
+        const refit_truth_box_t *b = &t.boxes[bi < t.n ? bi : 0];
+        uint64_t want = refit_truth_box_expected(b, e, version, &off);
+        cudaMemcpy(&found, (const unsigned char *)bases[b->region] + off, b->es, cudaMemcpyDeviceToHost);
+        st = refit_error(REFIT_ERR_VERIFY,
+                         "%llu wrong elements or bytes on GPU %d; the first: region %u byte %" PRIu64
+                         " (%s, version %" PRIu64 "): expected 0x%" PRIx64 ", found 0x%" PRIx64,
+                         hcnt[0], dev, b->region, off, b->zero ? "padding" : "placed element", version, want, found);
+    }
+out:
+    cudaFree(dboxes);
+    cudaFree(dbases);
+    cudaFree(dcnt);
+    free(hbases);
+    refit_truth_table_free(&t);
+    leave(&g);
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *const *bases, uint64_t version)
+{
+    if (!m || !bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_truth_fill: NULL argument");
+    return truth_run(m, dev, bases, version, false, NULL);
+}
+
+extern "C" refit_status_t refit_gpu_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases,
+                                                 uint64_t version, refit_truth_report_t *report)
+{
+    if (!m || !bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_truth_verify: NULL argument");
+    return truth_run(m, dev, (void *const *)bases, version, true, report);
+}
+
+extern "C" refit_status_t refit_gpu_digest(int dev, const void *p, uint64_t n, uint64_t *out)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    unsigned long long *d = NULL, h = 0;
+    if ((uintptr_t)p % 8) return refit_error(REFIT_ERR_INVALID_ARG, "digest: address not 8-byte aligned");
+    if ((st = enter(dev, &g))) return st;
+    CK(cudaMalloc(&d, sizeof(h)));
+    CK(cudaMemset(d, 0, sizeof(h)));
+    digest_kernel<<<grid_for(dev, n / 8 / THREADS + 1, (const void *)digest_kernel), THREADS>>>((const unsigned char *)p, n, d);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
+    *out = h;
+out:
+    cudaFree(d);
+    leave(&g);
+    return st;
+}
+
+/* ---- batches -------------------------------------------------------------- */
+
+struct refit_gpu_batch {
+    int dev;
+    refit_batch_t table; /* host copy (regions, slot bases) */
+    refit_batch_region_t *dregions;
+    uint64_t *dslots, *hslots; /* device slot table and what was last uploaded */
+    bool slots_valid;
+    cudaStream_t stream;
+    cudaEvent_t done;
+};
+
+extern "C" refit_status_t refit_gpu_batch_create(int dev, const refit_batch_t *b, refit_gpu_batch_t **out)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    refit_gpu_batch_t *x = (refit_gpu_batch_t *)calloc(1, sizeof(*x));
+    *out = NULL;
+    if (!x) return refit_error(REFIT_ERR_NO_MEMORY, "GPU batch");
+    x->dev = dev;
+    if ((st = enter(dev, &g))) {
+        free(x);
+        return st;
+    }
+    x->table = *b;
+    x->table.regions = (refit_batch_region_t *)malloc((b->n ? b->n : 1) * sizeof(refit_batch_region_t));
+    x->table.src_slot_base = (uint32_t *)malloc((b->nsrcs + 1) * sizeof(uint32_t));
+    x->hslots = (uint64_t *)calloc(b->nslots ? b->nslots : 1, sizeof(uint64_t));
+    if (!x->table.regions || !x->table.src_slot_base || !x->hslots) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "GPU batch");
+        goto out;
+    }
+    memcpy(x->table.regions, b->regions, b->n * sizeof(refit_batch_region_t));
+    memcpy(x->table.src_slot_base, b->src_slot_base, (b->nsrcs + 1) * sizeof(uint32_t));
+    CK(cudaMalloc(&x->dregions, (b->n ? b->n : 1) * sizeof(refit_batch_region_t)));
+    if (b->n) CK(cudaMemcpy(x->dregions, b->regions, b->n * sizeof(refit_batch_region_t), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&x->dslots, (b->nslots ? b->nslots : 1) * sizeof(uint64_t)));
+    CK(cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming));
+out:
+    leave(&g);
+    if (st) refit_gpu_batch_destroy(x);
+    else *out = x;
+    return st;
+}
+
+extern "C" void refit_gpu_batch_destroy(refit_gpu_batch_t *x)
+{
+    if (!x) return;
+    devguard_t g;
+    bool in = enter(x->dev, &g) == REFIT_OK;
+    if (x->stream) cudaStreamSynchronize(x->stream);
+    cudaFree(x->dregions);
+    cudaFree(x->dslots);
+    if (x->done) cudaEventDestroy(x->done);
+    if (x->stream) cudaStreamDestroy(x->stream);
+    if (in) leave(&g);
+    free(x->hslots);
+    refit_batch_free(&x->table);
+    free(x);
+}
+
+extern "C" const refit_batch_t *refit_gpu_batch_table(const refit_gpu_batch_t *x) { return &x->table; }
+extern "C" int refit_gpu_batch_device(const refit_gpu_batch_t *x) { return x->dev; }
+
+extern "C" refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *x, const uint64_t *slots, uint64_t *launches,
+                                                 uint64_t *uploads)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    if ((st = enter(x->dev, &g))) return st;
+    if (!x->slots_valid || memcmp(x->hslots, slots, x->table.nslots * sizeof(uint64_t)) != 0) {
+        memcpy(x->hslots, slots, x->table.nslots * sizeof(uint64_t));
+        CK(cudaMemcpyAsync(x->dslots, x->hslots, x->table.nslots * sizeof(uint64_t), cudaMemcpyHostToDevice, x->stream));
+        x->slots_valid = true;
+        if (uploads) (*uploads)++;
+    }
+    if (x->table.nchunks) {
+        batch_kernel<<<grid_for(x->dev, x->table.nchunks, (const void *)batch_kernel), THREADS, 0, x->stream>>>(
+            x->dregions, x->table.n, x->table.nchunks, x->dslots);
+        CK(cudaGetLastError());
+        if (launches) (*launches)++;
+    }
+    CK(cudaEventRecord(x->done, x->stream));
+out:
+    if (st) x->slots_valid = false;
+    leave(&g);
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_batch_wait(refit_gpu_batch_t *x, refit_status_t (*tick)(void *), void *user,
+                                               double deadline)
+{
+    refit_status_t st = REFIT_OK, later = REFIT_OK;
+    char detail[512] = "";
+    double last = refit_now();
+    for (;;) {
+        cudaError_t e = cudaEventQuery(x->done);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) {
+            x->slots_valid = false;
+            return refit_error(REFIT_ERR_TRANSPORT, "GPU %d copy kernel: %s", x->dev, cudaGetErrorString(e));
+        }
+        double now = refit_now();
+        if (!later && tick && now - last > 0.01) {
+            last = now;
+            if ((later = tick(user))) snprintf(detail, sizeof(detail), "%s", refit_last_error());
+        }
+        if (!later && deadline > 0 && now > deadline) {
+            later = refit_error(REFIT_ERR_TIMEOUT, "the GPU copy ran past its deadline");
+            snprintf(detail, sizeof(detail), "%s", refit_last_error());
+        }
+        usleep(20);
+    }
+    if (later) return refit_error(later, "%s", detail);
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_plan_fills(const refit_plan_t *plan, int dev, void *const *dst_bases,
+                                               uint64_t *launches)
+{
+    size_t nf = 0;
+    refit_plan_fills(plan, &nf);
+    if (!nf) return REFIT_OK;
+    refit_batch_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.max_shift = 4;
+    o.fills = true;
+    refit_batch_t b;
+    refit_status_t st = refit_batch_build(plan, &o, &b);
+    if (st) return st;
+    refit_gpu_batch_t *g = NULL;
+    uint64_t *slots = (uint64_t *)calloc(b.nslots ? b.nslots : 1, sizeof(uint64_t));
+    if (!slots) st = refit_error(REFIT_ERR_NO_MEMORY, "fills");
+    for (uint32_t s = b.dst_slot_base; !st && s < b.nslots; s++) slots[s] = (uint64_t)(uintptr_t)dst_bases[s - b.dst_slot_base];
+    if (!st) st = refit_gpu_batch_create(dev, &b, &g);
+    if (!st) st = refit_gpu_batch_launch(g, slots, launches, NULL);
+    if (!st) st = refit_gpu_batch_wait(g, NULL, NULL, 0);
+    refit_gpu_batch_destroy(g);
+    free(slots);
+    refit_batch_free(&b);
+    return st;
+}

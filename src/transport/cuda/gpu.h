@@ -1,0 +1,121 @@
+/* The small internal interface to the CUDA code (src/transport/cuda/).
+ *
+ * Plain C types only: the engine and the tools include this header and call
+ * these functions under #ifdef REFIT_HAVE_CUDA; nothing outside this folder
+ * includes a CUDA header.  Every function saves and restores the calling
+ * thread's current device. */
+#ifndef REFIT_GPU_H
+#define REFIT_GPU_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "plan/batch.h"
+#include "refit/manifest.h"
+#include "refit/plan.h"
+#include "refit/truth.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Devices usable here: 0 without a driver or a device (never fails). */
+int refit_gpu_count(void);
+
+typedef struct {
+    char name[256];
+    char uuid[48];   /* "GPU-xxxxxxxx-..." */
+    char pci[20];    /* bus id */
+    uint64_t memory, free_memory;
+    int sms, cc_major, cc_minor;
+    int driver, runtime; /* versions, e.g. 13000 */
+} refit_gpu_info_t;
+refit_status_t refit_gpu_info(int dev, refit_gpu_info_t *out);
+/* The device's UUID ("GPU-..."), without creating a context on it. */
+refit_status_t refit_gpu_uuid(int dev, char out[48]);
+/* Whether device `dev` can read device `peer`'s memory directly (P2P). */
+bool refit_gpu_can_access_peer(int dev, int peer);
+
+/* Lets kernels on dev read and write peer's memory (cudaDeviceEnablePeerAccess; idempotent). */
+refit_status_t refit_gpu_enable_peer(int dev, int peer);
+
+/* Device memory on dev, zeroed.  REFIT_ERR_NO_MEMORY / REFIT_ERR_UNSUPPORTED. */
+refit_status_t refit_gpu_alloc(int dev, uint64_t size, void **out);
+void refit_gpu_free(void *p);
+/* Pinned host memory (zeroed). */
+refit_status_t refit_gpu_host_alloc(uint64_t size, void **out);
+void refit_gpu_host_free(void *p);
+/* Synchronous copy between any two of host and device memory. */
+refit_status_t refit_gpu_copy(void *dst, const void *src, uint64_t n);
+
+/* The synthetic truth on the GPU (truth_table.h): every region base must be
+ * memory of one device.  Verify checks every byte of every local tensor
+ * (placed elements and zero padding), counts mismatches on the device and
+ * copies one counter (and the first mismatch) back. */
+refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *const *bases, uint64_t version);
+refit_status_t refit_gpu_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases, uint64_t version,
+                                      refit_truth_report_t *report);
+/* The positional digest (truth_hd.h) of n bytes of device memory (8-byte aligned). */
+refit_status_t refit_gpu_digest(int dev, const void *p, uint64_t n, uint64_t *out);
+
+/* A batch table resident on one device with a stream of its own: one
+ * kernel launch executes it (see plan/batch.h). */
+typedef struct refit_gpu_batch refit_gpu_batch_t;
+refit_status_t refit_gpu_batch_create(int dev, const refit_batch_t *b, refit_gpu_batch_t **out);
+void refit_gpu_batch_destroy(refit_gpu_batch_t *g);
+/* Launches it; slots[i] is slot i's device-visible address.  The slot
+ * table is uploaded only when it changed.  Counts launches and uploads. */
+refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *g, const uint64_t *slots, uint64_t *launches,
+                                      uint64_t *uploads);
+/* Waits for the launch, calling tick about every 10 ms (a non-zero status
+ * is returned once the kernel is done: a kernel is not cancelled).
+ * deadline: refit_now() limit (0: none), REFIT_ERR_TIMEOUT past it. */
+refit_status_t refit_gpu_batch_wait(refit_gpu_batch_t *g, refit_status_t (*tick)(void *), void *user, double deadline);
+const refit_batch_t *refit_gpu_batch_table(const refit_gpu_batch_t *g);
+int refit_gpu_batch_device(const refit_gpu_batch_t *g);
+
+/* The fills (zero padding) of a plan into device memory dst_bases on dev:
+ * one launch, synchronous.  No-op without fills. */
+refit_status_t refit_gpu_plan_fills(const refit_plan_t *plan, int dev, void *const *dst_bases, uint64_t *launches);
+
+/* Host memory made readable and writable by kernels (mapped, portable). */
+refit_status_t refit_gpu_host_register(void *p, uint64_t n);
+void refit_gpu_host_unregister(void *p);
+
+/* Baselines on two GPUs of this process (nccl_baseline.cu): the raw peer
+ * copy of `bytes` src_dev -> dst_dev (copy engines: cudaMemcpyPeerAsync, and
+ * the batch kernel pulling over P2P), and NCCL: pack the source layout into
+ * one buffer (the hf layout) on src_dev, broadcast it to dst_dev, unpack it
+ * into every destination rank, verify every byte. */
+#define REFIT_GPU_BASELINE_MAX_ITERS 32
+typedef struct {
+    const char *model, *src_layout, *dst_layout;
+    int src_dev, dst_dev;
+    uint32_t iters;          /* timed repetitions (0: 5) */
+    uint64_t nccl_chunk;     /* bytes per ncclBroadcast (0: 1 GiB) */
+    uint64_t peer_bytes;     /* bytes of the raw peer copy (0: the packed model) */
+    bool skip_nccl;
+} refit_gpu_baseline_cfg_t;
+
+typedef struct {
+    uint64_t bytes;              /* the model's bytes */
+    uint64_t packed_bytes;       /* the packed buffer (the hf layout: tensors 256-byte aligned) */
+    uint64_t peer_bytes;         /* bytes of the raw peer copy */
+    uint32_t iters;
+    double peer_copy_s;          /* median, cudaMemcpyPeerAsync of `bytes` */
+    double peer_copy_kernel_s;   /* median, the batch kernel on dst_dev reading src_dev */
+    double pack_s, bcast_s, unpack_s, nccl_s; /* medians; nccl_s = the median of pack + bcast + unpack */
+    double peer_copy_runs[REFIT_GPU_BASELINE_MAX_ITERS], nccl_runs[REFIT_GPU_BASELINE_MAX_ITERS];
+    uint64_t pack_launches, unpack_launches, bcast_calls; /* per iteration */
+    bool nccl_ran, verified;     /* every destination byte checked in every iteration */
+    uint64_t digest_src, digest_dst; /* of the packed buffer before and after the broadcast */
+    int nccl_version;
+    char nccl_library[256];
+    char note[256];
+} refit_gpu_baseline_t;
+refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg, refit_gpu_baseline_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,363 @@
+/* GPU tests (need a CUDA device; exit 77 = skipped otherwise):
+ *  - the truth kernels write what refit_truth_fill writes and find every
+ *    wrong byte; the digest kernel agrees with the CPU;
+ *  - the batch copy kernel executes plans (copies and fills, 16-byte and
+ *    narrow accesses) byte for byte;
+ *  - the engine end to end in one process over cuda_ipc: GPU -> GPU (a
+ *    second GPU when there is one), GPU -> host (mapped), host (shm) -> GPU
+ *    (pinned staging); steady state is one kernel launch per refit.
+ * Multi-process CUDA IPC runs in test_gpu_demo.sh.
+ *
+ * Self-contained (no cmocka), so that it builds on GPU machines without the
+ * test libraries. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "refit/refit.h"
+#include "layout/manifest.h"
+#include "plan/batch.h"
+#include "plan/local.h"
+#include "plan/plan.h"
+#include "truth/truth_table.h"
+#include "util/util.h"
+#ifdef REFIT_HAVE_CUDA
+#include "transport/cuda/gpu.h"
+
+#define FAIL(...)                                                      \
+    do {                                                               \
+        fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__);         \
+        fprintf(stderr, __VA_ARGS__);                                  \
+        fprintf(stderr, "\n");                                         \
+        exit(1);                                                       \
+    } while (0)
+#define REFIT_ASSERT_OK(expr)                                                                                 \
+    do {                                                                                                      \
+        refit_status_t st_ = (expr);                                                                          \
+        if (st_ != REFIT_OK) FAIL("%s -> %s: %s", #expr, refit_status_name(st_), refit_last_error());        \
+    } while (0)
+#define REFIT_ASSERT_ERR(expr, code, needle)                                                                  \
+    do {                                                                                                      \
+        refit_status_t st_ = (expr);                                                                          \
+        if (st_ != (code) || !strstr(refit_last_error(), needle))                                             \
+            FAIL("%s -> %s (%s), wanted %s with '%s'", #expr, refit_status_name(st_), refit_last_error(),      \
+                 refit_status_name(code), needle);                                                            \
+    } while (0)
+#define assert_true(c)                      \
+    do {                                    \
+        if (!(c)) FAIL("%s is false", #c);  \
+    } while (0)
+#define assert_false(c) assert_true(!(c))
+#define assert_int_equal(a, b)                                                                                \
+    do {                                                                                                      \
+        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);                        \
+        if (a_ != b_) FAIL("%s == %llu, expected %s == %llu", #a, a_, #b, b_);                                \
+    } while (0)
+#define assert_memory_equal(a, b, n)                     \
+    do {                                                 \
+        if (memcmp((a), (b), (n))) FAIL("memory differs: %s, %s", #a, #b); \
+    } while (0)
+#define assert_non_null(p) assert_true((p) != NULL)
+
+static refit_model_t *t_model(const char *name)
+{
+    refit_model_t *m = NULL;
+    REFIT_ASSERT_OK(refit_model_builtin(name, &m));
+    return m;
+}
+
+static refit_layout_t *t_layout(const char *spec)
+{
+    refit_layout_t *l = NULL;
+    REFIT_ASSERT_OK(refit_layout_parse(spec, &l));
+    return l;
+}
+
+static refit_manifest_t *t_manifest(const refit_model_t *m, const char *spec, uint32_t rank)
+{
+    refit_layout_t *l = t_layout(spec);
+    refit_manifest_t *man = NULL;
+    REFIT_ASSERT_OK(refit_layout_manifest(l, m, rank, &man));
+    refit_layout_destroy(l);
+    return man;
+}
+
+static refit_manifest_t *t_manifest_named(const char *model, const char *spec, uint32_t rank)
+{
+    refit_model_t *m = t_model(model);
+    refit_manifest_t *man = t_manifest(m, spec, rank);
+    refit_model_destroy(m);
+    return man;
+}
+
+static void t_rm_tree(const char *dir)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+static int g_dst_dev; /* 1 with two GPUs, else 0 */
+
+static void *gpu_arena(int dev, refit_manifest_t *m)
+{
+    void *p = NULL;
+    REFIT_ASSERT_OK(refit_gpu_alloc(dev, refit_manifest_region_size(m, 0), &p));
+    return p;
+}
+
+static void *host_copy(const void *dptr, uint64_t n)
+{
+    void *h = malloc(n ? n : 1);
+    REFIT_ASSERT_OK(refit_gpu_copy(h, dptr, n));
+    return h;
+}
+
+static void truth_case(const char *model, const char *spec)
+{
+    refit_model_t *md = t_model(model);
+    refit_layout_t *lay = t_layout(spec);
+    for (uint32_t r = 0; r < refit_layout_world(lay); r++) {
+        refit_manifest_t *m = t_manifest(md, spec, r);
+        uint64_t size = refit_manifest_region_size(m, 0);
+        void *d = gpu_arena(0, m), *cpu = calloc(1, size);
+        REFIT_ASSERT_OK(refit_gpu_truth_fill(m, 0, &d, 5));
+        REFIT_ASSERT_OK(refit_truth_fill(m, &cpu, 5));
+        unsigned char *h = host_copy(d, size);
+        for (uint32_t li = 0; li < refit_manifest_num_locals(m); li++) {
+            refit_tensor_info_t info;
+            uint32_t reg;
+            uint64_t off;
+            refit_manifest_local(m, li, &info, &reg, &off);
+            assert_memory_equal(h + off, (char *)cpu + off, refit_tensor_nbytes(&info));
+        }
+        refit_truth_report_t rep;
+        REFIT_ASSERT_OK(refit_gpu_truth_verify(m, 0, (const void *const *)&d, 5, &rep));
+        assert_int_equal(rep.mismatches, 0);
+        REFIT_ASSERT_ERR(refit_gpu_truth_verify(m, 0, (const void *const *)&d, 6, &rep), REFIT_ERR_VERIFY, "wrong");
+        assert_true(rep.mismatches > rep.elements_checked / 2);
+        /* one flipped bit in the last tensor's last byte */
+        refit_tensor_info_t info;
+        uint32_t reg;
+        uint64_t off;
+        refit_manifest_local(m, refit_manifest_num_locals(m) - 1, &info, &reg, &off);
+        uint64_t at = off + refit_tensor_nbytes(&info) - 1;
+        h[at] ^= 0x10;
+        REFIT_ASSERT_OK(refit_gpu_copy((char *)d + at, h + at, 1));
+        REFIT_ASSERT_ERR(refit_gpu_truth_verify(m, 0, (const void *const *)&d, 5, &rep), REFIT_ERR_VERIFY, "expected");
+        assert_int_equal(rep.mismatches, 1);
+        uint64_t dg = 0;
+        REFIT_ASSERT_OK(refit_gpu_digest(0, d, size, &dg));
+        assert_int_equal(dg, refit_digest_host(h, size));
+        REFIT_ASSERT_OK(refit_gpu_digest(0, d, size - 3, &dg));
+        assert_int_equal(dg, refit_digest_host(h, size - 3));
+        free(h);
+        free(cpu);
+        refit_gpu_free(d);
+        refit_manifest_destroy(m);
+    }
+    refit_layout_destroy(lay);
+    refit_model_destroy(md);
+}
+
+static void test_truth(void **state)
+{
+    (void)state;
+    truth_case("tiny-moe", "megatron:tp=2,ep=2");
+    truth_case("tiny-dense", "megatron:tp=2");
+    truth_case("tiny-mla", "vllm:tp=2");
+}
+
+static void batch_case(const char *model, const char *src_spec, const char *dst_spec, uint32_t max_shift)
+{
+    refit_model_t *md = t_model(model);
+    refit_layout_t *sl = t_layout(src_spec), *dl = t_layout(dst_spec);
+    uint32_t ns = refit_layout_world(sl);
+    refit_manifest_t **sm = calloc(ns, sizeof(void *));
+    void **sa = calloc(ns, sizeof(void *));
+    for (uint32_t s = 0; s < ns; s++) {
+        sm[s] = t_manifest(md, src_spec, s);
+        sa[s] = gpu_arena(0, sm[s]);
+        REFIT_ASSERT_OK(refit_gpu_truth_fill(sm[s], 0, &sa[s], 9));
+    }
+    for (uint32_t r = 0; r < refit_layout_world(dl); r++) {
+        refit_manifest_t *dm = t_manifest(md, dst_spec, r);
+        refit_plan_t *plan;
+        REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)sm, ns, dm, NULL, &plan));
+        refit_batch_opts_t o = {.max_shift = max_shift, .copies = true, .fills = true, .chunk_bytes = 8192};
+        refit_batch_t b;
+        REFIT_ASSERT_OK(refit_batch_build(plan, &o, &b));
+        void *d = gpu_arena(g_dst_dev, dm);
+        /* poison, so that a byte nobody writes is caught */
+        uint64_t size = refit_manifest_region_size(dm, 0);
+        void *poison = malloc(size);
+        memset(poison, 0xee, size);
+        REFIT_ASSERT_OK(refit_gpu_copy(d, poison, size));
+        free(poison);
+        uint64_t *slots = calloc(b.nslots, sizeof(uint64_t));
+        for (uint32_t s = 0; s < ns; s++)
+            for (uint32_t k = b.src_slot_base[s]; k < b.src_slot_base[s + 1]; k++) slots[k] = (uint64_t)(uintptr_t)sa[s];
+        for (uint32_t k = b.dst_slot_base; k < b.nslots; k++) slots[k] = (uint64_t)(uintptr_t)d;
+        refit_gpu_batch_t *g;
+        REFIT_ASSERT_OK(refit_gpu_enable_peer(g_dst_dev, 0)); /* the kernel on the destination reads GPU 0 */
+        REFIT_ASSERT_OK(refit_gpu_batch_create(g_dst_dev, &b, &g));
+        uint64_t launches = 0, uploads = 0;
+        REFIT_ASSERT_OK(refit_gpu_batch_launch(g, slots, &launches, &uploads));
+        REFIT_ASSERT_OK(refit_gpu_batch_wait(g, NULL, NULL, 0));
+        REFIT_ASSERT_OK(refit_gpu_batch_launch(g, slots, &launches, &uploads)); /* same slots: no upload */
+        REFIT_ASSERT_OK(refit_gpu_batch_wait(g, NULL, NULL, 0));
+        assert_int_equal(launches, b.nchunks ? 2 : 0);
+        assert_int_equal(uploads, 1);
+        REFIT_ASSERT_OK(refit_gpu_truth_verify(dm, g_dst_dev, (const void *const *)&d, 9, NULL));
+        refit_gpu_batch_destroy(g);
+        free(slots);
+        refit_gpu_free(d);
+        refit_batch_free(&b);
+        refit_plan_destroy(plan);
+        refit_manifest_destroy(dm);
+    }
+    for (uint32_t s = 0; s < ns; s++) {
+        refit_gpu_free(sa[s]);
+        refit_manifest_destroy(sm[s]);
+    }
+    free(sm);
+    free(sa);
+    refit_layout_destroy(sl);
+    refit_layout_destroy(dl);
+    refit_model_destroy(md);
+}
+
+static void test_batch(void **state)
+{
+    (void)state;
+    batch_case("tiny-moe", "megatron:ep=2", "vllm:tp=2", 4);
+    batch_case("tiny-moe", "megatron:ep=2", "vllm:tp=2", 0);
+    batch_case("tiny-moe", "hf", "megatron:tp=4", 4); /* padding: fills */
+    batch_case("tiny-mla", "megatron:tp=2", "vllm:tp=2", 3);
+    batch_case("qwen3-30b-a3b-mini", "megatron:ep=8", "vllm:tp=2", 4);
+}
+
+typedef struct {
+    char dir[64], url[96], job[32];
+} reg_t;
+
+static void reg_file(reg_t *g)
+{
+    static int seq;
+    snprintf(g->dir, sizeof(g->dir), "/tmp/refit-gpu-XXXXXX");
+    assert_non_null(mkdtemp(g->dir));
+    snprintf(g->url, sizeof(g->url), "file:%s", g->dir);
+    snprintf(g->job, sizeof(g->job), "gpu%d-%d", (int)getpid(), ++seq);
+}
+
+/* Publishers of src_spec (device src_dev, -1 host over shm) and one receiver
+ * per destination rank (device dst_dev, -1 host), all in this process. */
+static void engine_case(const char *model, const char *src_spec, int src_dev, const char *dst_spec, int dst_dev,
+                        bool expect_one_launch)
+{
+    reg_t g;
+    reg_file(&g);
+    refit_layout_t *sl = t_layout(src_spec), *dl = t_layout(dst_spec);
+    uint32_t ns = refit_layout_world(sl), nd = refit_layout_world(dl);
+    refit_publisher_t **pub = calloc(ns, sizeof(void *));
+    refit_manifest_t **pm = calloc(ns, sizeof(void *));
+    void **pb = calloc(ns, sizeof(void *));
+    for (uint32_t s = 0; s < ns; s++) {
+        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+        pp.registry = g.url;
+        pp.job = g.job;
+        pp.device = src_dev;
+        pp.transports = src_dev >= 0 ? "cuda_ipc" : "shm";
+        pm[s] = t_manifest_named(model, src_spec, s);
+        REFIT_ASSERT_OK(refit_publisher_create(&pp, pm[s], &pub[s]));
+        REFIT_ASSERT_OK(refit_publisher_alloc(pub[s], 0, &pb[s]));
+    }
+    refit_receiver_t **rx = calloc(nd, sizeof(void *));
+    void **rb = calloc(nd, sizeof(void *));
+    refit_manifest_t **rm = calloc(nd, sizeof(void *));
+    for (uint32_t r = 0; r < nd; r++) {
+        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+        rp.registry = g.url;
+        rp.job = g.job;
+        rp.verify = REFIT_VERIFY_TRUTH;
+        rp.device = dst_dev;
+        rp.transports = src_dev >= 0 ? "cuda_ipc" : "shm";
+        if (src_dev >= 0 && dst_dev < 0) rp.transport_options = "cuda_ipc.device=0";
+        REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, dst_spec, r), &rx[r]));
+        REFIT_ASSERT_OK(refit_receiver_alloc(rx[r], 0, &rb[r]));
+        rm[r] = t_manifest_named(model, dst_spec, r);
+    }
+    for (uint64_t v = 1; v <= 3; v++) {
+        for (uint32_t s = 0; s < ns; s++) {
+            if (src_dev >= 0) REFIT_ASSERT_OK(refit_gpu_truth_fill(pm[s], src_dev, &pb[s], v));
+            else REFIT_ASSERT_OK(refit_truth_fill(pm[s], &pb[s], v));
+            REFIT_ASSERT_OK(refit_publisher_publish(pub[s], v));
+        }
+        for (uint32_t r = 0; r < nd; r++) {
+            refit_pull_report_t rep;
+            REFIT_ASSERT_OK(refit_receiver_pull(rx[r], v, 20000, &rep));
+            assert_int_equal(rep.version, v);
+            assert_true(rep.bytes > 0);
+            assert_true(rep.end_s >= rep.begin_s && rep.begin_s > 0);
+            if (v > 1) assert_false(rep.planned);
+            if (v > 1 && expect_one_launch)
+                assert_true(rep.launches >= 1 && rep.launches <= 2); /* the copy, and fills if any */
+            /* independent proof, outside the engine */
+            if (dst_dev >= 0) REFIT_ASSERT_OK(refit_gpu_truth_verify(rm[r], dst_dev, (const void *const *)&rb[r], v, NULL));
+            else REFIT_ASSERT_OK(refit_truth_verify(rm[r], (const void *const *)&rb[r], v, NULL));
+            printf("  %s -> %s v%llu rank %u: %llu bytes, %llu launches, transfer %.2f ms, %s\n", src_spec, dst_spec,
+                   (unsigned long long)v, r, (unsigned long long)rep.bytes, (unsigned long long)rep.launches,
+                   rep.transfer_ms, rep.lanes);
+        }
+        for (uint32_t s = 0; s < ns; s++) REFIT_ASSERT_OK(refit_publisher_wait_readers(pub[s], v, 10000));
+    }
+    for (uint32_t r = 0; r < nd; r++) {
+        refit_receiver_destroy(rx[r]);
+        refit_manifest_destroy(rm[r]);
+    }
+    for (uint32_t s = 0; s < ns; s++) refit_publisher_destroy(pub[s]);
+    free(rx);
+    free(rb);
+    free(rm);
+    free(pub);
+    free(pm);
+    free(pb);
+    refit_layout_destroy(sl);
+    refit_layout_destroy(dl);
+    t_rm_tree(g.dir);
+}
+
+static void test_engine(void **state)
+{
+    (void)state;
+    engine_case("tiny-moe", "megatron:ep=2", 0, "vllm:tp=2", g_dst_dev, true);
+    engine_case("tiny-moe", "megatron:tp=2", 0, "vllm:tp=2", -1, true);  /* GPU -> host, mapped */
+    engine_case("tiny-moe", "megatron:ep=2", -1, "vllm:tp=2", g_dst_dev, false); /* host (shm) -> GPU */
+    engine_case("tiny-moe", "hf", 0, "megatron:tp=4", g_dst_dev, true); /* padding on the GPU */
+}
+#endif
+
+int main(void)
+{
+#ifndef REFIT_HAVE_CUDA
+    printf("SKIP: refit was built without CUDA (REFIT_WITH_CUDA=OFF or no CUDA toolkit)\n");
+    return 77;
+#else
+    int n = refit_gpu_count();
+    if (n == 0) {
+        printf("SKIP: no CUDA device here (the GPU tests need one)\n");
+        return 77;
+    }
+    g_dst_dev = n > 1 ? 1 : 0;
+    printf("GPU tests on %d device(s), destination device %d\n", n, g_dst_dev);
+    test_truth(NULL);
+    printf("ok truth kernels (fill, verify, digest)\n");
+    test_batch(NULL);
+    printf("ok batch copy kernel\n");
+    test_engine(NULL);
+    printf("ok engine over cuda_ipc (GPU->GPU, GPU->host, host->GPU)\n");
+    return 0;
+#endif
+}
