@@ -37,10 +37,20 @@ typedef struct {
     double discover, plan, transfer, verify, total; /* max over receivers */
     bool planned;
     double begin, end;          /* earliest begin_s, latest end_s over receivers (CLOCK_MONOTONIC) */
+    double xbegin;              /* earliest transfer_begin_s over receivers */
     double connect;             /* max over receivers */
     uint64_t launches, requests; /* sums over receivers */
     double published, publish_ms, fill_ms; /* latest publish time, max publish_ms / fill_ms over publishers */
 } cycle_t;
+
+/* Aggregate rate of a cycle: every receiver's bytes over the window from the
+ * first transfer's start to the last one's end (receivers overlap in time, so
+ * bytes over the slowest receiver's own transfer time would overstate it). */
+static double cycle_gbps(const cycle_t *c)
+{
+    double w = c->end - c->xbegin;
+    return c->xbegin > 0 && w > 0 ? c->bytes / (w * 1e9) : 0;
+}
 
 static double measure_memcpy_gbps(void)
 {
@@ -122,8 +132,9 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             cy->verify = REFIT_MAX(cy->verify, num(o, "verify_ms"));
             cy->total = REFIT_MAX(cy->total, num(o, "total_ms"));
             cy->connect = REFIT_MAX(cy->connect, num(o, "connect_ms"));
-            double b = num(o, "begin_s"), e = num(o, "end_s");
+            double b = num(o, "begin_s"), e = num(o, "end_s"), xb = num(o, "transfer_begin_s");
             if (b > 0 && (cy->begin == 0 || b < cy->begin)) cy->begin = b;
+            if (xb > 0 && (cy->xbegin == 0 || xb < cy->xbegin)) cy->xbegin = xb;
             cy->end = REFIT_MAX(cy->end, e);
             int64_t x = 0;
             refit_json_int(refit_json_get(o, "launches"), &x);
@@ -400,7 +411,7 @@ int cmd_demo(int argc, char **argv)
         while (shown < cycles && cy[shown].reports == R) {
             const cycle_t *x = &cy[shown];
             fprintf(stderr, "refit demo: cycle %" PRIu64 "/%" PRIu64 " verified on %u receivers: transfer %.1f ms, %.2f GB/s\n",
-                    shown + 1, cycles, R, x->transfer, x->transfer > 0 ? x->bytes / (x->transfer * 1e6) : 0);
+                    shown + 1, cycles, R, x->transfer, cycle_gbps(x));
             shown++;
         }
     }
@@ -421,7 +432,7 @@ int cmd_demo(int argc, char **argv)
     for (uint64_t k = 1; k < cycles; k++)
         if (cy[k].reports == R && cy[k].transfer > 0) {
             ctrl[ns] = cy[k].discover + cy[k].plan;
-            gbps[ns] = cy[k].bytes / (cy[k].transfer * 1e6);
+            gbps[ns] = cycle_gbps(&cy[k]);
             span[ns] = (cy[k].end - cy[k].begin) * 1e3;
             xfer[ns] = cy[k].transfer;
             p2c[ns] = cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0;
@@ -429,7 +440,7 @@ int cmd_demo(int argc, char **argv)
         }
     if (ns == 0 && cycles == 1 && cy[0].reports == R && cy[0].transfer > 0) {
         ctrl[0] = cy[0].discover + cy[0].plan;
-        gbps[0] = cy[0].bytes / (cy[0].transfer * 1e6);
+        gbps[0] = cycle_gbps(&cy[0]);
         ns = 1;
     }
     double steady_ctrl = median(ctrl, ns), steady_gbps = median(gbps, ns), steady_span = median(span, ns),
@@ -467,12 +478,14 @@ int cmd_demo(int argc, char **argv)
         printf("%5s %14s %12s %10s %12s %11s %10s %8s %9s\n", "cycle", "bytes", "discover_ms", "plan_ms",
                "transfer_ms", "verify_ms", "total_ms", "GB/s", "x memcpy");
         for (uint64_t k = 0; k < cycles; k++) {
-            double g = cy[k].transfer > 0 ? cy[k].bytes / (cy[k].transfer * 1e6) : 0;
+            double g = cycle_gbps(&cy[k]);
             printf("%5" PRIu64 " %14" PRIu64 " %12.2f %10.2f %12.1f %11.1f %10.1f %8.2f %9.2f%s\n", k + 1, cy[k].bytes,
                    cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify, cy[k].total, g,
                    memcpy_gbps > 0 ? g / memcpy_gbps : 0, cy[k].reports == R ? "" : "  (incomplete)");
         }
-        printf("\nsteady state (median of cycles 2..%" PRIu64 "): control plane %.2f ms, transfer %.2f GB/s = %.2f x memcpy\n",
+        printf("\n(transfer_ms: the slowest receiver's; GB/s: every receiver's bytes from the first transfer's start to\n"
+               " the last one's end; control plane: discover + plan, the slowest receiver's)\n");
+        printf("steady state (median of cycles 2..%" PRIu64 "): control plane %.2f ms, transfer %.2f GB/s = %.2f x memcpy\n",
                cycles, steady_ctrl, steady_gbps, memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0);
         printf("transport %s (%s)\n", used_transport[0] ? used_transport : transport, lanes);
         printf("%s\n", verified ? "verified: every byte of every receiver in every cycle matched the synthetic truth"

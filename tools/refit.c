@@ -363,14 +363,14 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "gpus")) return cmd_gpus(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
-        printf("refit %d.%d.%d (registries: file%s; transports: shm%s)\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
+        printf("refit %d.%d.%d (registries: file%s; transports: shm%s%s)\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
                REFIT_VERSION_PATCH,
 #ifdef REFIT_HAVE_REDIS
                " redis",
 #else
                "",
 #endif
-               refit_transport_find("ucx") ? " ucx" : "");
+               refit_transport_find("cuda_ipc") ? " cuda_ipc" : "", refit_transport_find("ucx") ? " ucx" : "");
         return 0;
     }
     fprintf(stderr, "refit: unknown command '%s'\n", cmd);

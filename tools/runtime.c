@@ -228,10 +228,10 @@ int cmd_pull(int argc, char **argv)
                    ",\"sources\":%u,\"planned\":%s,\"manifests_read\":%u,\"wait_ms\":%.3f,\"discover_ms\":%.3f,"
                    "\"plan_ms\":%.3f,\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"verified\":%s,"
                    "\"connect_ms\":%.3f,\"requests\":%" PRIu64 ",\"launches\":%" PRIu64
-                   ",\"begin_s\":%.6f,\"end_s\":%.6f,\"device\":%d,\"transport\":\"%s\",\"lanes\":",
+                   ",\"begin_s\":%.6f,\"end_s\":%.6f,\"transfer_begin_s\":%.6f,\"device\":%d,\"transport\":\"%s\",\"lanes\":",
                    o.rank, rep.version, rep.bytes, rep.sources, rep.planned ? "true" : "false", rep.manifests_read,
                    rep.wait_ms, rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
-                   o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s,
+                   o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s, rep.transfer_begin_s,
                    o.device, rep.transport);
             tool_json_string(stdout, rep.lanes);
             printf("}\n");

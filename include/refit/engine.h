@@ -134,6 +134,7 @@ typedef struct {
     double begin_s, end_s;   /* refit_now()-clock (CLOCK_MONOTONIC) times: the start of the discovery
                                 round that found the version, and the end of the transfer
                                 (data in place, before verification) */
+    double transfer_begin_s; /* the same clock: when the transfer (connect included) began */
 } refit_pull_report_t;
 
 /* Pulls `version` (or the newest complete version newer than the committed

@@ -571,6 +571,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     rep->transfer_ms = (t3 - t2) * 1e3;
     rep->begin_s = round;
     rep->end_s = t3;
+    rep->transfer_begin_s = t2;
     /* 7. Verify. */
     if (r->params.verify == REFIT_VERIFY_TRUTH) {
 #ifdef REFIT_HAVE_CUDA

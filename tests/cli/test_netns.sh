@@ -9,7 +9,7 @@ refit=$1
 skip() { echo "SKIPPED: $1"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "needs root for ip netns"
 command -v ip >/dev/null || skip "ip (iproute2) is not installed"
-"$refit" version | grep -q "transports: shm ucx" || skip "refit was built without UCX"
+"$refit" version | grep -q "transports:.* ucx)" || skip "refit was built without UCX"
 tag=$$
 a=refitA$tag b=refitB$tag va=rfa$tag vb=rfb$tag
 tmp=$(mktemp -d /tmp/refit-netns-XXXXXX)
