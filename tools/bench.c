@@ -129,7 +129,31 @@ static double jnum(const refit_json_t *o, const char *k)
 }
 #endif
 
+/* The GPU scenario (this file). */
+static int bench_gpu(int argc, char **argv);
+
+/* Fleet scenarios live in their own files (tools/bench_net.c, tools/bench_data.c). */
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+} g_scenarios[] = {
+    {"gpu", bench_gpu},           {"fanout", bench_fanout}, {"elastic", bench_elastic}, {"straggler", bench_straggler},
+    {"egress", bench_egress},     {"delta", bench_delta},   {"partial", bench_partial}, {"fp8", bench_fp8},
+};
+
 int cmd_bench(int argc, char **argv)
+{
+    const char *scenario = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--scenario") && i + 1 < argc) scenario = argv[i + 1];
+        else if (!strncmp(argv[i], "--scenario=", 11)) scenario = argv[i] + 11;
+    }
+    for (size_t k = 0; scenario && k < sizeof(g_scenarios) / sizeof(g_scenarios[0]); k++)
+        if (!strcmp(g_scenarios[k].name, scenario)) return g_scenarios[k].run(argc, argv);
+    return tool_usage("bench", "--scenario is one of gpu, fanout, elastic, straggler, egress, delta, partial, fp8");
+}
+
+static int bench_gpu(int argc, char **argv)
 {
     const char *scenario = NULL, *model = "qwen3-30b-a3b", *src = "megatron:ep=2", *dst = "vllm:tp=2", *out_path = NULL,
                *topts = NULL;

@@ -19,6 +19,15 @@ int cmd_publish(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* refit bench scenarios (argv includes --scenario NAME; JSON on stdout:
+ * {"scenario":..,"metrics":{..},"assertions":[{"name","expected","observed","passed"}]}). */
+int bench_fanout(int argc, char **argv);
+int bench_elastic(int argc, char **argv);
+int bench_straggler(int argc, char **argv);
+int bench_egress(int argc, char **argv);
+int bench_delta(int argc, char **argv);
+int bench_partial(int argc, char **argv);
+int bench_fp8(int argc, char **argv);
 int cmd_gpus(int argc, char **argv);
 
 #endif
