@@ -65,24 +65,13 @@ uint64_t refit_manifest_checksum(const void *buf, size_t len)
     return refit_hash64(buf, len - REFIT_MANIFEST_TRAILER_SIZE, CHECKSUM_SEED);
 }
 
-static void put_le(uint8_t *p, uint64_t v, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, unsigned n)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 void refit_manifest_reseal(void *buf, size_t len)
 {
     if (len < REFIT_MANIFEST_HEADER_SIZE + REFIT_MANIFEST_TRAILER_SIZE) return;
     uint8_t *p = buf;
-    put_le(p + 8, len, 8);
-    put_le(p + len - REFIT_MANIFEST_TRAILER_SIZE, refit_manifest_checksum(p, len), 8);
+    refit_put_le(p + 8, len, 8);
+    refit_put_le(p + len - REFIT_MANIFEST_TRAILER_SIZE, refit_manifest_checksum(p, len), 8);
 }
 
 /* ---- encoding ---------------------------------------------------------- */
@@ -95,7 +84,7 @@ typedef struct {
 
 static void w_fixed(writer_t *w, uint64_t v, unsigned n)
 {
-    if (w->p) put_le(w->p + w->pos, v, n);
+    if (w->p) refit_put_le(w->p + w->pos, v, n);
     w->pos += n;
 }
 
@@ -232,7 +221,7 @@ static refit_status_t r_fixed(reader_t *r, unsigned n, const char *field, uint64
 {
     refit_status_t st;
     if ((st = r_need(r, n, field))) return st;
-    *v = get_le(r->buf + r->pos, n);
+    *v = refit_get_le(r->buf + r->pos, n);
     r->pos += n;
     return REFIT_OK;
 }
@@ -378,7 +367,7 @@ static refit_status_t read_header(reader_t *r, size_t len)
                            " (the length field at byte 8 says %" PRIu64 ")", len - (size_t)v, v, v);
     if (len < REFIT_MANIFEST_HEADER_SIZE + REFIT_MANIFEST_TRAILER_SIZE)
         return refit_error(REFIT_ERR_CORRUPT, "truncated at byte %zu reading checksum", len);
-    uint64_t want = get_le(r->buf + len - REFIT_MANIFEST_TRAILER_SIZE, 8);
+    uint64_t want = refit_get_le(r->buf + len - REFIT_MANIFEST_TRAILER_SIZE, 8);
     uint64_t got = refit_manifest_checksum(r->buf, len);
     if (want != got)
         return refit_error(REFIT_ERR_CORRUPT, "checksum mismatch at byte %zu: stored %016" PRIx64 ", computed %016" PRIx64,

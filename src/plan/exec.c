@@ -27,15 +27,14 @@ typedef struct {
     const refit_exec_opts_t *o;
 } exec_ctx_t;
 
-static uint64_t region_rows(const refit_plan_region_t *r)
+uint64_t refit_region_rows(const refit_plan_region_t *r)
 {
     uint64_t n = 1;
     for (uint32_t i = 0; i < r->nloops; i++) n *= r->count[i];
     return n;
 }
 
-/* Offsets of row `row` (loop 0 fastest). */
-static void row_offsets(const refit_plan_region_t *r, uint64_t row, uint64_t *so, uint64_t *dof)
+void refit_region_row_offsets(const refit_plan_region_t *r, uint64_t row, uint64_t *so, uint64_t *dof)
 {
     uint64_t s = r->src_offset, d = r->dst_offset;
     for (uint32_t i = 0; i < r->nloops; i++) {
@@ -69,7 +68,7 @@ static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
         return copy_bytes(c, r, r->src_offset + t->begin, dst + r->dst_offset + t->begin, t->end - t->begin);
     for (uint64_t row = t->begin; row < t->end && !st; row++) {
         uint64_t so, dof;
-        row_offsets(r, row, &so, &dof);
+        refit_region_row_offsets(r, row, &so, &dof);
         st = copy_bytes(c, r, so, dst + dof, r->run);
     }
     return st;
@@ -108,7 +107,7 @@ static refit_status_t make_tasks(const refit_plan_region_t *v, size_t n, uint64_
             units = r->run;
             per = chunk;
         } else {
-            units = region_rows(r);
+            units = refit_region_rows(r);
             per = chunk / r->run ? chunk / r->run : 1;
         }
         for (uint64_t b = 0; b < units; b += per) {

@@ -14,6 +14,11 @@ struct refit_plan {
     refit_plan_key_t key;
 };
 
+/* Innermost runs of a region (product of its loop counts), and the source and
+ * destination offsets of run `row` (loop 0 varies fastest). */
+uint64_t refit_region_rows(const refit_plan_region_t *r);
+void refit_region_row_offsets(const refit_plan_region_t *r, uint64_t row, uint64_t *src_off, uint64_t *dst_off);
+
 /* Last byte (exclusive) a region touches on its source / destination side. */
 uint64_t refit_region_src_end(const refit_plan_region_t *r);
 uint64_t refit_region_dst_end(const refit_plan_region_t *r);

@@ -180,17 +180,6 @@ static ssize_t read_full(int fd, void *buf, size_t len)
     return (ssize_t)got;
 }
 
-static void put_le(uint8_t *p, uint64_t v, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, unsigned n)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 /* Takes the job lock (LOCK_SH or LOCK_EX), retrying for at most timeout_ms
  * (0: a single try).  false if not taken. */
@@ -248,7 +237,7 @@ static refit_status_t read_file(refit_kv_t *kv, const char *name, bool *present,
                          name);
         goto close_fd;
     }
-    uint64_t expiry = get_le(hdr + 8, 8);
+    uint64_t expiry = refit_get_le(hdr + 8, 8);
     if (expiry != 0 && expiry <= realtime_ms()) {
         *expired = true;
         goto close_fd;
@@ -296,7 +285,7 @@ static refit_status_t write_temp(refit_kv_t *kv, const void *val, size_t len, ui
     if ((uint64_t)len > MAX_VALUE)
         return refit_error(REFIT_ERR_INVALID_ARG, "file registry %s: value of %zu bytes too large", kv->path, len);
     uint8_t hdr[HDR_SIZE] = {'R', 'F', 'K', 'V'};
-    put_le(hdr + 8, ttl_ms ? realtime_ms() + ttl_ms : 0, 8);
+    refit_put_le(hdr + 8, ttl_ms ? realtime_ms() + ttl_ms : 0, 8);
     int fd = -1;
     for (int tries = 0; fd < 0; tries++) {
         snprintf(tmp, 64, ".tmp.%ld.%lu", (long)getpid(), kv->tmp_seq++);

@@ -124,24 +124,13 @@ static void src_key(char *key, const char *group, uint32_t rank, const char *wha
 
 /* ---- encodings ---------------------------------------------------------- */
 
-static void put_le(uint8_t *p, uint64_t v, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, unsigned n)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 static void seal(uint8_t *p, const char *magic, unsigned size, uint64_t seed)
 {
     memcpy(p, magic, 4);
-    put_le(p + 4, FORMAT, 2);
-    put_le(p + 6, size, 2);
-    put_le(p + size - 8, refit_hash64(p, size - 8, seed), 8);
+    refit_put_le(p + 4, FORMAT, 2);
+    refit_put_le(p + 6, size, 2);
+    refit_put_le(p + size - 8, refit_hash64(p, size - 8, seed), 8);
 }
 
 /* Checks length, magic, format, size and checksum of a fixed-size value. */
@@ -151,13 +140,13 @@ static refit_status_t check_sealed(const uint8_t *p, size_t len, const char *mag
     if (len != size)
         return refit_error(REFIT_ERR_CORRUPT, "registry key %s: %zu bytes, want %u", key, len, size);
     if (memcmp(p, magic, 4) != 0) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: bad magic", key);
-    if (get_le(p + 4, 2) != FORMAT)
+    if (refit_get_le(p + 4, 2) != FORMAT)
         return refit_error(REFIT_ERR_UNSUPPORTED, "registry key %s: format %u, want %u", key,
-                           (unsigned)get_le(p + 4, 2), FORMAT);
-    if (get_le(p + 6, 2) != size)
+                           (unsigned)refit_get_le(p + 4, 2), FORMAT);
+    if (refit_get_le(p + 6, 2) != size)
         return refit_error(REFIT_ERR_CORRUPT, "registry key %s: size field %u, want %u", key,
-                           (unsigned)get_le(p + 6, 2), size);
-    if (get_le(p + size - 8, 8) != refit_hash64(p, size - 8, seed))
+                           (unsigned)refit_get_le(p + 6, 2), size);
+    if (refit_get_le(p + size - 8, 8) != refit_hash64(p, size - 8, seed))
         return refit_error(REFIT_ERR_CORRUPT, "registry key %s: checksum mismatch", key);
     return REFIT_OK;
 }
@@ -165,12 +154,12 @@ static refit_status_t check_sealed(const uint8_t *p, size_t len, const char *mag
 static void encode_record(uint8_t p[REC_SIZE], const refit_version_record_t *rec)
 {
     memset(p, 0, REC_SIZE);
-    put_le(p + 8, rec->version, 8);
-    put_le(p + 16, rec->signature, 8);
-    put_le(p + 24, rec->incarnation, 8);
-    put_le(p + 32, rec->buffer, 4);
-    put_le(p + 36, rec->flags, 4);
-    put_le(p + 40, rec->digest, 8);
+    refit_put_le(p + 8, rec->version, 8);
+    refit_put_le(p + 16, rec->signature, 8);
+    refit_put_le(p + 24, rec->incarnation, 8);
+    refit_put_le(p + 32, rec->buffer, 4);
+    refit_put_le(p + 36, rec->flags, 4);
+    refit_put_le(p + 40, rec->digest, 8);
     seal(p, REC_MAGIC, REC_SIZE, REC_SEED);
 }
 
@@ -180,12 +169,12 @@ static refit_status_t decode_record(const void *buf, size_t len, const char *key
     refit_status_t st = check_sealed(p, len, REC_MAGIC, REC_SIZE, REC_SEED, key);
     if (st) return st;
     refit_version_record_t rec = {
-        .version = get_le(p + 8, 8),
-        .signature = get_le(p + 16, 8),
-        .incarnation = get_le(p + 24, 8),
-        .buffer = (uint32_t)get_le(p + 32, 4),
-        .flags = (uint32_t)get_le(p + 36, 4),
-        .digest = get_le(p + 40, 8),
+        .version = refit_get_le(p + 8, 8),
+        .signature = refit_get_le(p + 16, 8),
+        .incarnation = refit_get_le(p + 24, 8),
+        .buffer = (uint32_t)refit_get_le(p + 32, 4),
+        .flags = (uint32_t)refit_get_le(p + 36, 4),
+        .digest = refit_get_le(p + 40, 8),
     };
     *out = rec;
     return REFIT_OK;
@@ -194,8 +183,8 @@ static refit_status_t decode_record(const void *buf, size_t len, const char *key
 static void encode_heartbeat(uint8_t p[HB_SIZE], const refit_source_info_t *info, size_t host_len)
 {
     memset(p, 0, HB_SIZE);
-    put_le(p + 8, info->incarnation, 8);
-    put_le(p + 16, info->pid, 4);
+    refit_put_le(p + 8, info->incarnation, 8);
+    refit_put_le(p + 16, info->pid, 4);
     memcpy(p + 24, info->host, host_len);
     seal(p, HB_MAGIC, HB_SIZE, HB_SEED);
 }
@@ -205,9 +194,9 @@ static refit_status_t decode_heartbeat(const void *buf, size_t len, const char *
     const uint8_t *p = buf;
     refit_status_t st = check_sealed(p, len, HB_MAGIC, HB_SIZE, HB_SEED, key);
     if (st) return st;
-    if (get_le(p + 20, 4) != 0) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: reserved field set", key);
+    if (refit_get_le(p + 20, 4) != 0) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: reserved field set", key);
     if (!memchr(p + 24, '\0', 64)) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: host not terminated", key);
-    refit_source_info_t info = {.incarnation = get_le(p + 8, 8), .pid = (uint32_t)get_le(p + 16, 4)};
+    refit_source_info_t info = {.incarnation = refit_get_le(p + 8, 8), .pid = (uint32_t)refit_get_le(p + 16, 4)};
     memcpy(info.host, p + 24, 64);
     *out = info;
     return REFIT_OK;
@@ -623,7 +612,7 @@ refit_status_t refit_registry_ack(refit_registry_t *r, const char *group, const 
     char key[KEY_MAX];
     uint8_t val[8];
     ack_key(key, group, reader);
-    put_le(val, version, 8);
+    refit_put_le(val, version, 8);
     return r->ops->put(r->kv, key, val, sizeof(val), 0);
 }
 
@@ -648,7 +637,7 @@ refit_status_t refit_registry_acks(refit_registry_t *r, const char *group, uint6
             st = refit_error(REFIT_ERR_CORRUPT, "registry: %s holds %zu bytes, not an 8-byte version", keys[i], lens[i]);
             break;
         }
-        count += get_le(vals[i], 8) >= version;
+        count += refit_get_le(vals[i], 8) >= version;
     }
     for (size_t i = 0; i < nkeys; i++) {
         free(keys[i]);

@@ -37,6 +37,18 @@ static inline bool refit_add_u64(uint64_t a, uint64_t b, uint64_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
+/* Little-endian fixed-width integers of n bytes (n <= 8), for encodings. */
+static inline void refit_put_le(uint8_t *p, uint64_t v, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint64_t refit_get_le(const uint8_t *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
 /* Growable array of elements of any type:
  *   REFIT_VEC(plan_region_t) v = {0};  REFIT_VEC_PUSH(&v, x) (0 or -1 on OOM) */
 #define REFIT_VEC(type) struct { type *data; size_t len, cap; }

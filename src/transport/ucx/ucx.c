@@ -1452,26 +1452,6 @@ struct pull {
     uint64_t requests;
 };
 
-static void row_offsets(const refit_plan_region_t *r, uint64_t row, uint64_t *so, uint64_t *dof)
-{
-    uint64_t s = r->src_offset, d = r->dst_offset;
-    for (uint32_t i = 0; i < r->nloops; i++) {
-        uint64_t k = row % r->count[i];
-        row /= r->count[i];
-        s += k * r->src_stride[i];
-        d += k * r->dst_stride[i];
-    }
-    *so = s;
-    *dof = d;
-}
-
-static uint64_t region_rows(const refit_plan_region_t *r)
-{
-    uint64_t n = 1;
-    for (uint32_t i = 0; i < r->nloops; i++) n *= r->count[i];
-    return n;
-}
-
 static void mark_done(pull_t *pl, slot_t *s)
 {
     s->state = SLOT_DONE;
@@ -1489,7 +1469,7 @@ static bool next_request(pull_t *pl, pull_peer_t *pp, slot_t *s)
         const refit_plan_region_t *r = &pl->regs[pp->regs[pp->ri]];
         if (s->nruns && r->src_region != s->region) break;
         uint64_t so, dof;
-        row_offsets(r, pp->row, &so, &dof);
+        refit_region_row_offsets(r, pp->row, &so, &dof);
         uint64_t left = r->run - pp->row_off;
         uint64_t room = o->chunk - s->bytes;
         uint64_t take = left < room ? left : room;
@@ -1514,7 +1494,7 @@ static bool next_request(pull_t *pl, pull_peer_t *pp, slot_t *s)
             pp->row_off = 0;
             if (++pp->row == pp->rows) {
                 pp->row = 0;
-                if (++pp->ri < pp->nregs) pp->rows = region_rows(&pl->regs[pp->regs[pp->ri]]);
+                if (++pp->ri < pp->nregs) pp->rows = refit_region_rows(&pl->regs[pp->regs[pp->ri]]);
             }
         }
         if (s->bytes >= o->chunk) break;
@@ -1749,7 +1729,7 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
         while (pl.pps[k].src != r->src) k = (k + 1) % pl.npps;
         pl.pps[k].regs[pl.pps[k].nregs++] = i;
     }
-    for (size_t k = 0; k < pl.npps; k++) pl.pps[k].rows = region_rows(&regs[pl.pps[k].regs[0]]);
+    for (size_t k = 0; k < pl.npps; k++) pl.pps[k].rows = refit_region_rows(&regs[pl.pps[k].regs[0]]);
 
     /* Per peer: up to inflight * chunk bytes in flight, in at most 4 *
      * inflight requests (short solo runs make small requests). */
