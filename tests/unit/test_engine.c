@@ -205,11 +205,14 @@ static void end_to_end_shm_file(void **state)
     void *b0, *b1;
     refit_receiver_t *r0 = receiver("tiny-moe", "vllm:tp=2", 0, &g, "shm", 0, &b0);
     refit_receiver_t *r1 = receiver("tiny-moe", "vllm:tp=2", 1, &g, "shm", 0, &b1);
+    refit_manifest_t *m0 = t_manifest_named("tiny-moe", "vllm:tp=2", 0);
+    const uint64_t size0 = refit_manifest_region_size(m0, 0);
+    refit_manifest_destroy(m0);
     for (uint64_t v = 1; v <= 3; v++) {
         for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish %llu", (unsigned long long)v);
         refit_pull_report_t rep;
         /* Poison first: the pull must leave the memory byte-identical to the truth. */
-        memset(b0, 0xa5, 4096);
+        memset(b0, 0xa5, size0);
         REFIT_ASSERT_OK(refit_receiver_pull(r0, REFIT_VERSION_NEWEST, 10000, &rep));
         assert_int_equal(rep.version, v);
         assert_int_equal(rep.sources, 2);
