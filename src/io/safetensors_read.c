@@ -270,6 +270,8 @@ struct refit_hf_source {
     uint32_t n;
     refit_safetensors_t *f[HF_MAX_SHARDS];
     char *path[HF_MAX_SHARDS];
+    refit_json_t *index;      /* the parsed index (NULL for a single model.safetensors) */
+    const refit_json_t *wm;   /* its weight_map: the shard of every tensor */
 };
 
 void refit_hf_source_close(refit_hf_source_t *s)
@@ -279,6 +281,7 @@ void refit_hf_source_close(refit_hf_source_t *s)
         refit_safetensors_close(s->f[i]);
         free(s->path[i]);
     }
+    refit_json_free(s->index);
     free(s);
 }
 
@@ -359,7 +362,8 @@ static refit_status_t open_shards(refit_hf_source_t *s, const char *dir)
         refit_error_prefix("%s: ", idx);
         goto out;
     }
-    const refit_json_t *wm = refit_json_get(root, "weight_map");
+    const refit_json_t *wm = NULL;
+    wm = refit_json_get(root, "weight_map");
     if (refit_json_type(wm) != REFIT_JSON_OBJECT) {
         st = refit_error(REFIT_ERR_PARSE, "%s: \"weight_map\" missing or not an object", idx);
         goto out;
@@ -382,7 +386,11 @@ static refit_status_t open_shards(refit_hf_source_t *s, const char *dir)
             }
     }
 out:
-    refit_json_free(root);
+    if (st) refit_json_free(root);
+    else {
+        s->index = root;
+        s->wm = wm;
+    }
     free(text);
     free(idx);
     return st;
@@ -410,7 +418,13 @@ refit_status_t refit_hf_source_open(const char *dir, const refit_model_t *model,
         if ((st = refit_model_tensor(model, i, &t))) goto fail;
         uint32_t r = 0;
         int64_t k = -1;
-        for (; r < s->n && k < 0; r++) k = refit_safetensors_find(s->f[r], t.name);
+        if (s->wm) { /* the index says which shard holds it */
+            const char *file = refit_json_string(refit_json_get(s->wm, t.name), NULL);
+            for (; file && r < s->n && k < 0; r++)
+                if (!strcmp(strrchr(s->path[r], '/') + 1, file)) k = refit_safetensors_find(s->f[r], t.name);
+        } else {
+            for (; r < s->n && k < 0; r++) k = refit_safetensors_find(s->f[r], t.name);
+        }
         if (k < 0) {
             if (!missing++) first_missing = t.name;
             continue;
