@@ -44,11 +44,10 @@ def config():
               decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, tie_word_embeddings=False,
               max_position_embeddings=128, rms_norm_eps=1e-6)
     cfg = Qwen3MoeConfig(**kw)
-    cfg.torch_dtype = "bfloat16"
-    try:
+    if hasattr(cfg, "dtype"):  # transformers 5 ("torch_dtype" is deprecated there)
         cfg.dtype = "bfloat16"
-    except Exception:
-        pass
+    else:
+        cfg.torch_dtype = "bfloat16"
     return cfg
 
 
@@ -190,7 +189,10 @@ def driver(a):
     import transformers
     torch.set_num_threads(1)
     t0 = time.time()
-    device = "cuda:0" if a.device == "cuda" else "cpu"
+    # the reference runs on the receiver's device (the last GPU), so that only the process differs
+    device = f"cuda:{torch.cuda.device_count() - 1}" if a.device == "cuda" else "cpu"
+    if a.device == "cuda" and torch.cuda.device_count() == 0:
+        raise SystemExit("--device cuda: no CUDA device visible to torch")
     cfg = config()
     os.makedirs(a.workdir, exist_ok=True)
     cfg.save_pretrained(os.path.join(a.workdir, "tiny-qwen3-moe"))

@@ -332,3 +332,20 @@ def test_e2e_qwen3_moe(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["v1_equal"] and res["v2_equal"] and res["before_differs"] and res["v1_v2_differ"]
+
+
+def test_config_transformers5_expert_count(tmp_path):
+    """transformers 5 writes a Qwen3-MoE's expert count as num_local_experts."""
+    sys.path.insert(0, HERE)
+    from e2e_qwen3_moe import config
+    config().save_pretrained(str(tmp_path / "a"))
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    n = cfg.pop("num_experts", None) or cfg.pop("num_local_experts")
+    cfg.pop("num_local_experts", None)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").write_text(json.dumps(dict(cfg, num_local_experts=n)))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.json").write_text(json.dumps(dict(cfg, num_experts=n)))
+    b, c = refit.Model(str(tmp_path / "b")), refit.Model(str(tmp_path / "c"))
+    assert [t.shape for t in b.tensors()] == [t.shape for t in c.tensors()]
+    assert sum(".experts.3.down_proj" in t.name for t in b.tensors()) == 2
