@@ -114,13 +114,23 @@ def bind_layout(named_params, model: Model, layout: str, rank: int = 0, *, strip
     return _pack(manifest, params, device)
 
 
+_SEQ_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+
+
 def megatron(named_params, model: Model, layout: str, rank: int, **kw) -> Binding:
     """A Megatron-Core model (GPTModel with the Transformer Engine spec; names like
     decoder.layers.0.self_attention.linear_qkv.weight, mlp.experts.linear_fc1.weight3), wrappers' "module."
-    prefixes stripped.  layout is "megatron:tp=..,pp=..,ep=..,etp=.." with the model's geometry."""
+    prefixes stripped.  Experts of a SequentialMLP (mlp.experts.local_experts.{j}.linear_fc1.weight) are the
+    same tensors as TEGroupedMLP's mlp.experts.linear_fc1.weight{j}.  layout is
+    "megatron:tp=..,pp=..,ep=..,etp=.." with the model's geometry."""
     if not layout.startswith("megatron"):
         raise RefitError(-1, f"megatron adapter needs a megatron layout, not {layout}", "adapter")
-    return bind_layout(named_params, model, layout, rank, **kw)
+    strip = kw.pop("strip", ("module.",))
+    params = {}
+    for n, p in _named(named_params, strip).items():
+        m = _SEQ_EXPERT.match(n)
+        params[f"{m.group(1)}.{m.group(3)}.weight{m.group(2)}" if m else n] = p
+    return bind_layout(params, model, layout, rank, strip=(), **kw)
 
 
 def vllm(named_params, model: Model, layout: str, rank: int, **kw) -> Binding:

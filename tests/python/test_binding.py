@@ -260,6 +260,12 @@ def test_megatron_adapter_matches_and_reports():
     for n, p in good.named_parameters():  # values kept, storage now the arena
         assert torch.equal(p, before[n])
         assert b.arena.data_ptr() <= p.data_ptr() < b.arena.data_ptr() + b.arena.numel()
+    # SequentialMLP expert names are accepted as TEGroupedMLP's
+    import re
+    seq = [(re.sub(r"mlp\.experts\.(linear_fc[12])\.weight(\d+)$", r"mlp.experts.local_experts.\2.\1.weight", l.name),
+            l.shape) for l in locs]
+    assert any("local_experts" in n for n, _ in seq)
+    refit.adapters.megatron(_tree(seq).named_parameters(), m, lay, 0)
     shapes = [(l.name, l.shape) for l in locs]
     shapes[0] = (shapes[0][0], (3, 3))
     del shapes[1]
