@@ -13,6 +13,8 @@ root=$(pwd)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PATH=/usr/local/cuda/bin:$PATH
 export CUBLAS_WORKSPACE_CONFIG=:4096:8   # deterministic cuBLAS, so logits compare exactly across processes
+# cuda_ipc exports torch tensors with cudaIpcGetMemHandle, which needs cudaMalloc segments (not expandable ones)
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False
 out=${OUT:-build-gpu/e2e}
 mkdir -p "$out"
 exec > >(tee "$out/e2e-log.txt") 2>&1
