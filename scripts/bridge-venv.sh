@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates the Python virtual environment that tests/python/bridge_check.py
 # runs in: torch, megatron-core and Megatron-Bridge's HF<->Megatron parameter
-# mappings, on the CPU.  Usage: scripts/bridge-venv.sh
+# mappings, on the CPU; also pytest, numpy and safetensors for the Python
+# binding's tests (tests/python/test_*.py).  Usage: scripts/bridge-venv.sh
 #
 #   REFIT_BRIDGE_VENV  where the venv goes (default build/bridge-venv; a
 #                      relative path is taken from the repository root)
@@ -35,8 +36,11 @@ steps=(
   "megatron-core==0.16.1"
   "--no-deps megatron-bridge==0.3.1"
   "transformers==4.57.6 safetensors rich omegaconf hydra-core>1.3,<=1.3.2 pyyaml tqdm regex six"
+  "pytest numpy safetensors"
 )
-recipe="refit bridge venv recipe 1: $(printf '%s; ' "${steps[@]}")"
+# Recipe 2 added pytest, numpy and safetensors for tests/python (the binding's tests): a venv completed
+# with recipe 1 has no matching marker and is completed in place (pip skips what is installed).
+recipe="refit bridge venv recipe 2: $(printf '%s; ' "${steps[@]}")"
 marker="$venv/.refit-bridge-venv-complete"
 
 log() { echo "bridge-venv: $*" >&2; }
@@ -97,12 +101,12 @@ t=$(now)
 "$venv/bin/python" - >&2 <<'EOF' || die "import check"
 import importlib.metadata as md, os, warnings
 warnings.filterwarnings("ignore")
-import torch, safetensors.torch, transformers, megatron.core
+import torch, safetensors.torch, transformers, megatron.core, pytest, numpy
 base = os.path.join(list(__import__("megatron").__path__)[0], "bridge", "models", "conversion")
 for f in ("param_mapping.py", "model_bridge.py", "mapping_registry.py"):
     assert os.path.isfile(os.path.join(base, f)), f"missing megatron/bridge/models/conversion/{f}"
 print("  " + ", ".join(f"{p} {md.version(p)}" for p in
-      ("torch", "megatron-core", "megatron-bridge", "transformers", "safetensors")))
+      ("torch", "megatron-core", "megatron-bridge", "transformers", "safetensors", "pytest", "numpy")))
 EOF
 log "import check in $(since "$t")"
 

@@ -23,6 +23,7 @@
 
 typedef struct {
     const char *model, *layout, *registry, *job, *group, *transports, *topts, *reader;
+    const char *from_st, *dump; /* publish --from-safetensors DIR, pull --dump DIR */
     uint64_t rank, versions, first, acks, timeout_ms, threads, hold_ms, lease_ms, dead_ms;
     int device; /* -1: host memory */
     bool snapshot, json, verify, newest;
@@ -30,7 +31,7 @@ typedef struct {
 
 enum { O_MODEL = 1, O_LAYOUT, O_RANK, O_REGISTRY, O_JOB, O_GROUP, O_TRANSPORTS, O_TOPTS, O_MODE, O_VERSIONS,
        O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD,
-       O_DEVICE };
+       O_DEVICE, O_FROM_ST, O_DUMP };
 
 static const struct option g_rt_opts[] = {
     {"model", required_argument, 0, O_MODEL},       {"layout", required_argument, 0, O_LAYOUT},
@@ -44,6 +45,7 @@ static const struct option g_rt_opts[] = {
     {"hold-ms", required_argument, 0, O_HOLD},      {"newest", no_argument, 0, O_NEWEST},
     {"reader", required_argument, 0, O_READER},     {"lease-ms", required_argument, 0, O_LEASE},
     {"dead-ms", required_argument, 0, O_DEAD},      {"device", required_argument, 0, O_DEVICE},
+    {"from-safetensors", required_argument, 0, O_FROM_ST}, {"dump", required_argument, 0, O_DUMP},
     {0, 0, 0, 0}};
 
 static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
@@ -66,6 +68,8 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
         case O_TRANSPORTS: o->transports = optarg; break;
         case O_TOPTS: o->topts = optarg; break;
         case O_READER: o->reader = optarg; break;
+        case O_FROM_ST: o->from_st = optarg; break;
+        case O_DUMP: o->dump = optarg; break;
         case O_MODE:
             if (!strcmp(optarg, "snapshot")) o->snapshot = true;
             else if (strcmp(optarg, "in-place")) return tool_usage(cmd, "--mode is in-place or snapshot");
@@ -93,6 +97,14 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
         if (num && tool_parse_u64(optarg, num)) return tool_usage(cmd, "numeric options take non-negative integers");
     }
     if (optind < argc) return tool_usage(cmd, "unexpected argument");
+    if (o->from_st) {
+        if (strcmp(cmd, "publish")) return tool_usage(cmd, "--from-safetensors is a publish option");
+        if (!o->model) o->model = o->from_st; /* the checkpoint's config.json */
+        if (!o->layout) o->layout = "hf";
+        if (strcmp(o->layout, "hf") || o->rank || o->device >= 0)
+            return tool_usage(cmd, "--from-safetensors publishes one hf rank from host memory (--layout hf, rank 0)");
+    }
+    if (o->dump && strcmp(cmd, "pull")) return tool_usage(cmd, "--dump is a pull option");
     if (!o->model || !o->layout) return tool_usage(cmd, "--model and --layout are required");
     if (o->timeout_ms > INT32_MAX || o->first == 0) return tool_usage(cmd, "bad --timeout-ms or --first");
     return 0;
@@ -119,7 +131,14 @@ int cmd_publish(int argc, char **argv)
     refit_manifest_t *m = NULL;
     refit_publisher_t *p = NULL;
     void *base = NULL;
-    if ((st = rank_manifest(&o, &m))) return tool_fail(st, "manifest");
+    refit_hf_source_t *hf = NULL;
+    if (o.from_st) {
+        refit_model_t *model = NULL;
+        if ((st = refit_model_open(o.model, &model))) return tool_fail(st, "model");
+        st = refit_hf_source_open(o.from_st, model, &hf, &m);
+        refit_model_destroy(model);
+        if (st) return tool_fail(st, "safetensors");
+    } else if ((st = rank_manifest(&o, &m))) return tool_fail(st, "manifest");
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
     pp.registry = o.registry;
     pp.job = o.job;
@@ -131,14 +150,26 @@ int cmd_publish(int argc, char **argv)
     pp.device = o.device;
     if ((st = refit_publisher_create(&pp, m, &p))) {
         refit_manifest_destroy(m);
+        refit_hf_source_close(hf);
         return tool_fail(st, "publisher");
     }
-    if ((st = refit_publisher_alloc(p, 0, &base))) {
+    if (hf) {
+        /* Cold start from disk: the mapped shard files are the regions, read
+         * by the transports where they lie; every version publishes the
+         * same bytes. */
+        for (uint32_t r = 0; r < refit_hf_source_num_regions(hf); r++)
+            if ((st = refit_publisher_attach(p, r, refit_hf_source_region(hf, r)))) {
+                rc = tool_fail(st, "attach");
+                goto out;
+            }
+    } else if ((st = refit_publisher_alloc(p, 0, &base))) {
         rc = tool_fail(st, "memory");
         goto out;
     }
     for (uint64_t v = o.first; v < o.first + o.versions; v++) {
         double t0 = refit_now();
+        if (hf) st = REFIT_OK;
+        else
 #ifdef REFIT_HAVE_CUDA
         if (o.device >= 0) st = refit_gpu_truth_fill(m, o.device, &base, v);
         else
@@ -175,6 +206,7 @@ int cmd_publish(int argc, char **argv)
     if (o.hold_ms) usleep((useconds_t)(o.hold_ms * 1000));
 out:
     refit_publisher_destroy(p);
+    refit_hf_source_close(hf);
     return rc;
 }
 
@@ -242,6 +274,25 @@ int cmd_pull(int argc, char **argv)
                    rep.plan_ms, rep.transfer_ms, rep.verify_ms, o.verify ? ", verified" : "");
         }
         fflush(stdout);
+    }
+    if (o.dump && o.device < 0) {
+        /* The receiver's local tensors as DIR/rank-R/model.safetensors (as refit plan --dump). */
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/rank-%" PRIu64, o.dump, o.rank);
+        if ((mkdir(o.dump, 0777) != 0 && errno != EEXIST) || (mkdir(path, 0777) != 0 && errno != EEXIST)) {
+            fprintf(stderr, "refit pull: cannot create %s: %s\n", path, strerror(errno));
+            rc = 1;
+            goto out;
+        }
+        strncat(path, "/model.safetensors", sizeof(path) - strlen(path) - 1);
+        const void *bases[1] = {base};
+        if ((st = refit_safetensors_write(path, m, bases))) {
+            rc = tool_fail(st, "dump");
+            goto out;
+        }
+        if (!o.json) printf("rank %" PRIu64 " wrote %s\n", o.rank, path);
+    } else if (o.dump) {
+        rc = tool_usage("pull", "--dump needs host memory (no --device)");
     }
 out:
     refit_receiver_destroy(r);

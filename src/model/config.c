@@ -215,7 +215,12 @@ static refit_status_t read_moe(const refit_json_t *cfg, refit_model_spec_t *s)
 {
     refit_status_t st;
     uint32_t step;
-    if ((st = get_u32(cfg, "num_experts", true, 1, 0, &s->experts)) ||
+    /* transformers 5 writes Qwen3-MoE's expert count as "num_local_experts". */
+    const char *experts_key = absent(refit_json_get(cfg, "num_experts")) &&
+                                      !absent(refit_json_get(cfg, "num_local_experts"))
+                                  ? "num_local_experts"
+                                  : "num_experts";
+    if ((st = get_u32(cfg, experts_key, true, 1, 0, &s->experts)) ||
         (st = get_u32(cfg, "moe_intermediate_size", true, 1, 0, &s->moe_intermediate)) ||
         (st = get_u32(cfg, "intermediate_size", false, 1, 0, &s->intermediate)) ||
         (st = get_u32(cfg, "decoder_sparse_step", false, 1, 1, &step)))

@@ -66,5 +66,18 @@ json_check "demo snapshot" "o['verified'] is True" "$tmp/snap.json"
 expect "demo bad layout" 1 "--dst" -- "$refit" demo --model tiny-moe --dst vllm:tp=3
 expect "demo missing ucx or bad transport" 1 "transport 'carrier-pigeon'" -- "$refit" demo --model tiny-moe --src megatron:tp=1 --dst vllm:tp=1 --cycles 1 --transport carrier-pigeon --timeout-s 20
 
+# cold start from disk: a checkpoint (hf layout, truth of version 1) published
+# from its mapped safetensors file, pulled into vllm:tp=2 rank 1, verified, dumped
+"$refit" plan --model tiny-moe --src megatron:tp=2 --dst hf --execute --dump "$tmp/ck" >/dev/null 2>&1
+REFIT_REGISTRY="file:$tmp/reg" "$refit" publish --from-safetensors "$tmp/ck/rank-0" --model tiny-moe --hold-ms 20000 \
+  --job st --acks 1 >"$tmp/stpub.out" 2>&1 &
+stpub=$!
+expect "pull from safetensors source" 0 "verified" -- env REFIT_REGISTRY="file:$tmp/reg" "$refit" pull --model tiny-moe \
+  --layout vllm:tp=2 --rank 1 --job st --verify --timeout-ms 20000 --dump "$tmp/pulled"
+kill "$stpub" 2>/dev/null; wait "$stpub" 2>/dev/null
+[ -s "$tmp/pulled/rank-1/model.safetensors" ] && ok "pull --dump" || bad "pull --dump wrote nothing"
+expect "publish from missing dir" 1 "neither model.safetensors.index.json" -- "$refit" publish --from-safetensors "$tmp/nope" --model tiny-moe
+expect "publish from wrong model" 1 "" -- "$refit" publish --from-safetensors "$tmp/ck/rank-0" --model tiny-dense
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

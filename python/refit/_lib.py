@@ -1,0 +1,204 @@
+"""Loading librefit.so and declaring its C API for ctypes.
+
+The library is looked for, in order: $REFIT_LIBRARY (a path to the .so), a
+librefit.so* next to this package (a wheel or an install that copied it), the
+build/ directory of the repository this package sits in (python/refit ->
+../../build/librefit.so), and finally the system's loader path.
+"""
+import ctypes as C
+import os
+
+MAX_DIMS = 4
+
+
+class TensorInfo(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("dtype", C.c_int), ("ndim", C.c_uint32), ("shape", C.c_uint64 * MAX_DIMS)]
+
+
+class Identity(C.Structure):
+    _fields_ = [("model", C.c_char_p), ("layout", C.c_char_p), ("rank", C.c_uint32), ("world", C.c_uint32)]
+
+
+class PlacementC(C.Structure):
+    _fields_ = [("canon", C.c_uint32), ("local", C.c_uint32), ("ndim", C.c_uint32),
+                ("canon_offset", C.c_uint64 * MAX_DIMS), ("extent", C.c_uint64 * MAX_DIMS),
+                ("local_offset", C.c_uint64 * MAX_DIMS)]
+
+
+class PublisherParams(C.Structure):
+    _fields_ = [("version", C.c_uint), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
+                ("transports", C.c_char_p), ("transport_options", C.c_char_p), ("mode", C.c_int),
+                ("heartbeat_ms", C.c_uint32), ("dead_ms", C.c_uint32), ("device", C.c_int)]
+
+
+class ReceiverParams(C.Structure):
+    _fields_ = [("version", C.c_uint), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
+                ("transports", C.c_char_p), ("transport_options", C.c_char_p), ("reader", C.c_char_p),
+                ("lease_ms", C.c_uint32), ("threads", C.c_uint), ("verify", C.c_int), ("device", C.c_int)]
+
+
+class PullReportC(C.Structure):
+    _fields_ = [("version", C.c_uint64), ("bytes", C.c_uint64), ("sources", C.c_uint32), ("planned", C.c_bool),
+                ("manifests_read", C.c_uint32), ("wait_ms", C.c_double), ("discover_ms", C.c_double),
+                ("plan_ms", C.c_double), ("transfer_ms", C.c_double), ("verify_ms", C.c_double),
+                ("total_ms", C.c_double), ("transport", C.c_char * 32), ("lanes", C.c_char * 256),
+                ("requests", C.c_uint64), ("launches", C.c_uint64), ("connect_ms", C.c_double),
+                ("begin_s", C.c_double), ("end_s", C.c_double), ("transfer_begin_s", C.c_double)]
+
+
+class PlanParams(C.Structure):
+    _fields_ = [("version", C.c_uint), ("split_bytes", C.c_uint64), ("balance_seed", C.c_uint32),
+                ("use_seed", C.c_bool), ("no_coalesce", C.c_bool)]
+
+
+class PlanStatsC(C.Structure):
+    _fields_ = [("bytes_written", C.c_uint64), ("bytes_read", C.c_uint64), ("bytes_redundant", C.c_uint64),
+                ("bytes_fill", C.c_uint64), ("regions", C.c_size_t), ("fills", C.c_size_t), ("pieces", C.c_size_t),
+                ("sources_used", C.c_size_t), ("plan_ms", C.c_double)]
+
+
+class TruthReport(C.Structure):
+    _fields_ = [("elements_checked", C.c_uint64), ("bytes_checked", C.c_uint64), ("mismatches", C.c_uint64)]
+
+
+PUBLISHER_PARAMS_VERSION = 2
+RECEIVER_PARAMS_VERSION = 2
+PLAN_PARAMS_VERSION = 1
+VERSION_NEWEST = (1 << 64) - 1
+
+P = C.c_void_p
+PP = C.POINTER(C.c_void_p)
+ST = C.c_int  # refit_status_t
+
+# name: (restype, argtypes)
+_API = {
+    "refit_status_name": (C.c_char_p, [C.c_int]),
+    "refit_status_message": (C.c_char_p, [C.c_int]),
+    "refit_last_error": (C.c_char_p, []),
+    "refit_clear_error": (None, []),
+    "refit_dtype_size": (C.c_size_t, [C.c_int]),
+    "refit_dtype_name": (C.c_char_p, [C.c_int]),
+    "refit_dtype_parse": (C.c_int, [C.c_char_p]),
+    # models
+    "refit_model_open": (ST, [C.c_char_p, PP]),
+    "refit_model_destroy": (None, [P]),
+    "refit_model_name": (C.c_char_p, [P]),
+    "refit_model_num_tensors": (C.c_size_t, [P]),
+    "refit_model_tensor": (ST, [P, C.c_size_t, C.POINTER(TensorInfo)]),
+    "refit_model_find_tensor": (C.c_int64, [P, C.c_char_p]),
+    "refit_model_total_bytes": (C.c_uint64, [P]),
+    "refit_model_builtin_name": (C.c_char_p, [C.c_size_t]),
+    # layouts
+    "refit_layout_parse": (ST, [C.c_char_p, PP]),
+    "refit_layout_destroy": (None, [P]),
+    "refit_layout_string": (C.c_char_p, [P]),
+    "refit_layout_world": (C.c_uint32, [P]),
+    "refit_layout_check": (ST, [P, P]),
+    "refit_layout_manifest": (ST, [P, P, C.c_uint32, PP]),
+    # manifests
+    "refit_manifest_create": (ST, [C.POINTER(Identity), PP]),
+    "refit_manifest_destroy": (None, [P]),
+    "refit_manifest_add_region": (ST, [P, C.c_uint64, C.POINTER(C.c_uint32)]),
+    "refit_manifest_add_canonical": (ST, [P, C.POINTER(TensorInfo), C.POINTER(C.c_uint32)]),
+    "refit_manifest_add_local": (ST, [P, C.POINTER(TensorInfo), C.c_uint32, C.c_uint64, C.POINTER(C.c_uint32)]),
+    "refit_manifest_add_placement": (ST, [P, C.POINTER(PlacementC)]),
+    "refit_manifest_finalize": (ST, [P]),
+    "refit_manifest_encode": (ST, [P, PP, C.POINTER(C.c_size_t)]),
+    "refit_manifest_decode": (ST, [C.c_void_p, C.c_size_t, PP]),
+    "refit_manifest_identity": (None, [P, C.POINTER(Identity)]),
+    "refit_manifest_signature": (C.c_uint64, [P]),
+    "refit_manifest_num_regions": (C.c_uint32, [P]),
+    "refit_manifest_region_size": (C.c_uint64, [P, C.c_uint32]),
+    "refit_manifest_num_canonical": (C.c_uint32, [P]),
+    "refit_manifest_canonical": (None, [P, C.c_uint32, C.POINTER(TensorInfo)]),
+    "refit_manifest_num_locals": (C.c_uint32, [P]),
+    "refit_manifest_local": (None, [P, C.c_uint32, C.POINTER(TensorInfo), C.POINTER(C.c_uint32),
+                                    C.POINTER(C.c_uint64)]),
+    "refit_manifest_num_placements": (C.c_uint32, [P]),
+    "refit_manifest_placement": (None, [P, C.c_uint32, C.POINTER(PlacementC)]),
+    # plans
+    "refit_plan_create": (ST, [PP, C.c_size_t, P, C.POINTER(PlanParams), PP]),
+    "refit_plan_destroy": (None, [P]),
+    "refit_plan_stats": (None, [P, C.POINTER(PlanStatsC)]),
+    "refit_plan_source_bytes": (C.c_uint64, [P, C.c_uint32]),
+    "refit_plan_execute_memcpy": (ST, [P, C.POINTER(PP), PP, C.c_uint]),
+    # truth
+    "refit_truth_fill": (ST, [P, PP, C.c_uint64]),
+    "refit_truth_verify": (ST, [P, PP, C.c_uint64, C.POINTER(TruthReport)]),
+    # safetensors
+    "refit_safetensors_write": (ST, [C.c_char_p, P, PP]),
+    "refit_safetensors_open": (ST, [C.c_char_p, PP]),
+    "refit_safetensors_parse": (ST, [C.c_void_p, C.c_size_t, PP]),
+    "refit_safetensors_close": (None, [P]),
+    "refit_safetensors_count": (C.c_size_t, [P]),
+    "refit_safetensors_tensor": (ST, [P, C.c_size_t, C.POINTER(TensorInfo), C.POINTER(C.c_uint64),
+                                      C.POINTER(C.c_uint64)]),
+    "refit_safetensors_data": (C.c_void_p, [P]),
+    "refit_safetensors_size": (C.c_uint64, [P]),
+    "refit_hf_source_open": (ST, [C.c_char_p, P, PP, PP]),
+    "refit_hf_source_num_regions": (C.c_uint32, [P]),
+    "refit_hf_source_region": (C.c_void_p, [P, C.c_uint32]),
+    "refit_hf_source_file": (C.c_char_p, [P, C.c_uint32]),
+    "refit_hf_source_close": (None, [P]),
+    # engine
+    "refit_default_registry": (C.c_char_p, []),
+    "refit_publisher_create": (ST, [C.POINTER(PublisherParams), P, PP]),
+    "refit_publisher_alloc": (ST, [P, C.c_uint32, PP]),
+    "refit_publisher_attach": (ST, [P, C.c_uint32, C.c_void_p]),
+    "refit_publisher_publish": (ST, [P, C.c_uint64]),
+    "refit_publisher_wait_readers": (ST, [P, C.c_uint64, C.c_int]),
+    "refit_publisher_wait_acks": (ST, [P, C.c_uint64, C.c_uint32, C.c_int]),
+    "refit_publisher_destroy": (None, [P]),
+    "refit_receiver_create": (ST, [C.POINTER(ReceiverParams), P, PP]),
+    "refit_receiver_alloc": (ST, [P, C.c_uint32, PP]),
+    "refit_receiver_attach": (ST, [P, C.c_uint32, C.c_void_p]),
+    "refit_receiver_pull": (ST, [P, C.c_uint64, C.c_int, C.POINTER(PullReportC)]),
+    "refit_receiver_committed": (C.c_uint64, [P]),
+    "refit_receiver_usable": (C.c_bool, [P]),
+    "refit_receiver_destroy": (None, [P]),
+}
+
+
+def _candidates():
+    env = os.environ.get("REFIT_LIBRARY")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.startswith("librefit.so"):
+            yield os.path.join(here, name)
+    repo = os.path.dirname(os.path.dirname(here))
+    yield os.path.join(repo, "build", "librefit.so")
+    yield "librefit.so.0"
+    yield "librefit.so"
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append(path + " (missing)")
+            continue
+        try:
+            lib = C.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+            continue
+        for name, (res, args) in _API.items():
+            fn = getattr(lib, name, None)
+            if fn is None:
+                continue  # an older library; calling it raises AttributeError below
+            fn.restype = res
+            fn.argtypes = args
+        lib._refit_path = path
+        return lib
+    raise ImportError("refit: librefit.so not found; set REFIT_LIBRARY or build the repository "
+                      "(scripts/build.sh). Tried: " + "; ".join(tried))
+
+
+lib = _load()
+library_path = lib._refit_path
+libc = C.CDLL(None)
+libc.free.argtypes = [C.c_void_p]
+libc.free.restype = None
