@@ -18,6 +18,7 @@
 #include "refit/truth.h"
 #include "refit/safetensors.h"
 #include "refit/engine.h"
+#include "refit/delta.h"
 
 
 #define REFIT_VERSION_MAJOR 0
