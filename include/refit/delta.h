@@ -66,24 +66,29 @@ REFIT_API uint64_t refit_delta_header_bytes(const void *delta, size_t len);
 /* Byte range [*off, *off + *n) of chunk c's payload inside the encoding. */
 REFIT_API void refit_delta_chunk_payload(const void *delta, uint64_t c, uint64_t *off, uint64_t *n);
 
-/* Marks (need[c] = 1) the chunks of source `src`'s region `src_region` that
- * the plan reads.  need has info.nchunks entries. */
-REFIT_API void refit_delta_mark(const refit_plan_t *plan, uint32_t src, uint32_t src_region, uint64_t nchunks,
-                                uint8_t *need);
+/* What a destination needs to apply deltas of one source region through its
+ * plan: the chunks its plan reads (only those need fetching) and, per chunk,
+ * the plan regions reading it.  Built once per plan, like the plan. */
+typedef struct refit_delta_index refit_delta_index_t;
+REFIT_API refit_status_t refit_delta_index_create(const refit_plan_t *plan, uint32_t src, uint32_t src_region,
+                                                  uint64_t region_bytes, refit_delta_index_t **out);
+/* need[c] != 0 for the chunks the plan reads; *nchunks entries. */
+REFIT_API const uint8_t *refit_delta_index_need(const refit_delta_index_t *ix, uint64_t *nchunks);
+REFIT_API void refit_delta_index_destroy(refit_delta_index_t *ix);
 
 typedef struct {
-    uint64_t units_written; /* destination 2-byte units written (a source unit read twice counts twice) */
-    uint64_t rows;          /* plan rows visited */
+    uint64_t units_written; /* destination 2-byte units written by sparse chunks */
+    uint64_t bytes_written; /* destination bytes written by dense and block chunks */
 } refit_delta_apply_stats_t;
 
-/* Applies a delta of source `src`, region `src_region` to destination memory
- * that holds `have_version`, through plan.  Only chunks with need[c] (or all
- * when need is NULL) are read, so the caller may have fetched only those.
- * REFIT_ERR_STALE if have_version is not the delta's base; REFIT_ERR_CORRUPT
- * for a malformed delta. */
-REFIT_API refit_status_t refit_delta_apply(const refit_plan_t *plan, uint32_t src, uint32_t src_region,
-                                           const void *delta, size_t len, const uint8_t *need, uint64_t have_version,
-                                           void *const *dst_bases, refit_delta_apply_stats_t *stats);
+/* Applies a delta of the index's source region to destination memory that
+ * holds `have_version`.  Reads the header, the table and only the payloads
+ * of needed chunks, so the caller may have fetched only those.
+ * REFIT_ERR_STALE if have_version is not the delta's base (do a full refit);
+ * REFIT_ERR_CORRUPT for a malformed delta or one of another region size. */
+REFIT_API refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delta, size_t len,
+                                           uint64_t have_version, void *const *dst_bases,
+                                           refit_delta_apply_stats_t *stats);
 
 /* A publisher's memory of what it last published: a copy of each region. */
 typedef struct refit_delta_encoder refit_delta_encoder_t;

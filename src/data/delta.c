@@ -198,46 +198,198 @@ refit_status_t refit_delta_info(const void *delta, size_t len, refit_delta_info_
     return REFIT_OK;
 }
 
-/* Calls fn(ctx, so, dof, run) for each row of each region of plan reading (src, src_region). */
-#define FOR_ROWS(plan, src, src_region, ...)                                                        \
-    do {                                                                                             \
-        size_t nr_;                                                                                  \
-        const refit_plan_region_t *rv_ = refit_plan_regions(plan, &nr_);                             \
-        for (size_t i_ = 0; i_ < nr_; i_++) {                                                        \
-            const refit_plan_region_t *r = &rv_[i_];                                                 \
-            if (r->src != (src) || r->src_region != (src_region)) continue;                          \
-            uint64_t rows_ = 1;                                                                      \
-            for (uint32_t l_ = 0; l_ < r->nloops; l_++) rows_ *= r->count[l_];                       \
-            for (uint64_t row_ = 0; row_ < rows_; row_++) {                                          \
-                uint64_t so = r->src_offset, dof = r->dst_offset, k_ = row_;                         \
-                for (uint32_t l_ = 0; l_ < r->nloops; l_++) {                                        \
-                    so += (k_ % r->count[l_]) * r->src_stride[l_];                                   \
-                    dof += (k_ % r->count[l_]) * r->dst_stride[l_];                                  \
-                    k_ /= r->count[l_];                                                              \
-                }                                                                                    \
-                uint64_t run = r->run;                                                               \
-                __VA_ARGS__ \
-            }                                                                                        \
-        }                                                                                            \
-    } while (0)
+/* A plan region reading the indexed source region.  Nested regions (source
+ * strides growing outwards, each loop's rows after the previous loop's)
+ * map a source byte back to its row arithmetically; others are walked row
+ * by row. */
+typedef struct {
+    refit_plan_region_t r;
+    uint64_t rows, span_lo, span_hi;
+    bool nested;
+} ireg_t;
 
-void refit_delta_mark(const refit_plan_t *plan, uint32_t src, uint32_t src_region, uint64_t nchunks, uint8_t *need)
+struct refit_delta_index {
+    ireg_t *regs;
+    size_t nregs;
+    uint64_t nchunks, region_bytes;
+    uint8_t *need;
+    uint32_t *start; /* nchunks + 1: CSR of regions per chunk */
+    uint32_t *list;
+};
+
+static void row_at(const refit_plan_region_t *r, uint64_t row, uint64_t *so, uint64_t *dof)
 {
-    FOR_ROWS(plan, src, src_region, {
-        (void)dof;
-        if (!run) continue;
-        for (uint64_t c = so / CB; c <= (so + run - 1) / CB && c < nchunks; c++) need[c] = 1;
-    });
+    uint64_t s = r->src_offset, d = r->dst_offset;
+    for (uint32_t i = 0; i < r->nloops; i++) {
+        uint64_t k = row % r->count[i];
+        row /= r->count[i];
+        s += k * r->src_stride[i];
+        d += k * r->dst_stride[i];
+    }
+    *so = s;
+    *dof = d;
 }
 
-refit_status_t refit_delta_apply(const refit_plan_t *plan, uint32_t src, uint32_t src_region, const void *delta,
-                                 size_t len, const uint8_t *need, uint64_t have_version, void *const *dst_bases,
-                                 refit_delta_apply_stats_t *stats)
+static bool is_nested(const refit_plan_region_t *r)
 {
-    if (!plan || !delta || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_apply: NULL argument");
+    uint64_t inner = r->run; /* bytes one row (and the loops inside) span */
+    if ((r->src_offset | r->run | r->dst_offset) & 1) return false;
+    for (uint32_t i = 0; i < r->nloops; i++) {
+        if (r->count[i] > 1 && (r->src_stride[i] < inner || ((r->src_stride[i] | r->dst_stride[i]) & 1))) return false;
+        inner = r->src_stride[i] * (r->count[i] - 1) + inner;
+    }
+    return true;
+}
+
+void refit_delta_index_destroy(refit_delta_index_t *ix)
+{
+    if (!ix) return;
+    free(ix->regs);
+    free(ix->need);
+    free(ix->start);
+    free(ix->list);
+    free(ix);
+}
+
+refit_status_t refit_delta_index_create(const refit_plan_t *plan, uint32_t src, uint32_t src_region,
+                                        uint64_t region_bytes, refit_delta_index_t **out)
+{
+    if (!plan || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_index_create: NULL argument");
+    refit_delta_index_t *ix = calloc(1, sizeof(*ix));
+    if (!ix) return refit_error(REFIT_ERR_NO_MEMORY, "delta index");
+    size_t nr;
+    const refit_plan_region_t *rv = refit_plan_regions(plan, &nr);
+    ix->region_bytes = region_bytes;
+    ix->nchunks = (region_bytes + CB - 1) / CB;
+    ix->regs = calloc(nr ? nr : 1, sizeof(ireg_t));
+    ix->need = calloc(ix->nchunks ? ix->nchunks : 1, 1);
+    ix->start = calloc(ix->nchunks + 2, sizeof(uint32_t));
+    if (!ix->regs || !ix->need || !ix->start) goto oom;
+    for (size_t i = 0; i < nr; i++) {
+        const refit_plan_region_t *r = &rv[i];
+        if (r->src != src || r->src_region != src_region || !r->run) continue;
+        uint64_t end = refit_region_src_end(r);
+        if (end > region_bytes) {
+            refit_delta_index_destroy(ix);
+            return refit_error(REFIT_ERR_OUT_OF_BOUNDS, "plan reads past byte %llu of the source region",
+                               (unsigned long long)region_bytes);
+        }
+        ireg_t *g = &ix->regs[ix->nregs++];
+        g->r = *r;
+        g->rows = 1;
+        for (uint32_t l = 0; l < r->nloops; l++) g->rows *= r->count[l];
+        g->span_lo = r->src_offset;
+        g->span_hi = end;
+        g->nested = is_nested(r);
+        for (uint64_t row = 0; row < g->rows; row++) { /* exact: the chunks the rows read */
+            uint64_t so, dof;
+            row_at(r, row, &so, &dof);
+            for (uint64_t c = so / CB; c <= (so + r->run - 1) / CB; c++) ix->need[c] = 1;
+        }
+    }
+    /* CSR: regions per chunk (by span). */
+    for (size_t i = 0; i < ix->nregs; i++)
+        for (uint64_t c = ix->regs[i].span_lo / CB; c <= (ix->regs[i].span_hi - 1) / CB; c++) ix->start[c + 1]++;
+    for (uint64_t c = 0; c < ix->nchunks; c++) ix->start[c + 1] += ix->start[c];
+    ix->list = malloc((ix->start[ix->nchunks] ? ix->start[ix->nchunks] : 1) * sizeof(uint32_t));
+    uint32_t *fillp = calloc(ix->nchunks + 1, sizeof(uint32_t));
+    if (!ix->list || !fillp) {
+        free(fillp);
+        goto oom;
+    }
+    for (size_t i = 0; i < ix->nregs; i++)
+        for (uint64_t c = ix->regs[i].span_lo / CB; c <= (ix->regs[i].span_hi - 1) / CB; c++)
+            ix->list[ix->start[c] + fillp[c]++] = (uint32_t)i;
+    free(fillp);
+    *out = ix;
+    return REFIT_OK;
+oom:
+    refit_delta_index_destroy(ix);
+    return refit_error(REFIT_ERR_NO_MEMORY, "delta index");
+}
+
+const uint8_t *refit_delta_index_need(const refit_delta_index_t *ix, uint64_t *nchunks)
+{
+    *nchunks = ix->nchunks;
+    return ix->need;
+}
+
+/* Row of a nested region holding source byte pos, or false if pos falls in a gap. */
+static inline bool locate(const ireg_t *g, uint64_t pos, uint64_t *dst_off, uint64_t *left)
+{
+    const refit_plan_region_t *r = &g->r;
+    uint64_t rel = pos - r->src_offset, d = r->dst_offset;
+    for (int i = (int)r->nloops - 1; i >= 0; i--) {
+        uint64_t k = r->src_stride[i] ? rel / r->src_stride[i] : 0;
+        if (k >= r->count[i]) k = r->count[i] - 1;
+        rel -= k * r->src_stride[i];
+        d += k * r->dst_stride[i];
+    }
+    if (rel >= r->run) return false;
+    *dst_off = d + rel;
+    *left = r->run - rel;
+    return true;
+}
+
+/* Copies source bytes [lo, hi) that region g reads, taking them from
+ * chunk-relative data at `data` (data[0] is source byte c0). */
+static uint64_t copy_range(const ireg_t *g, uint64_t lo, uint64_t hi, const unsigned char *data, uint64_t c0,
+                           unsigned char *dst)
+{
+    uint64_t n = 0;
+    if (g->nested) {
+        /* First row ending after lo (rows ascend in source order). */
+        uint64_t L = 0, H = g->rows;
+        while (L < H) {
+            uint64_t M = L + (H - L) / 2, so, dof;
+            row_at(&g->r, M, &so, &dof);
+            if (so + g->r.run <= lo) L = M + 1;
+            else H = M;
+        }
+        for (uint64_t row = L; row < g->rows; row++) {
+            uint64_t so, dof;
+            row_at(&g->r, row, &so, &dof);
+            if (so >= hi) break;
+            uint64_t b0 = so > lo ? so : lo, b1 = so + g->r.run < hi ? so + g->r.run : hi;
+            if (b0 >= b1) continue;
+            memcpy(dst + dof + (b0 - so), data + (b0 - c0), b1 - b0);
+            n += b1 - b0;
+        }
+        return n;
+    }
+    for (uint64_t row = 0; row < g->rows; row++) {
+        uint64_t so, dof;
+        row_at(&g->r, row, &so, &dof);
+        uint64_t b0 = so > lo ? so : lo, b1 = so + g->r.run < hi ? so + g->r.run : hi;
+        if (b0 >= b1) continue;
+        memcpy(dst + dof + (b0 - so), data + (b0 - c0), b1 - b0);
+        n += b1 - b0;
+    }
+    return n;
+}
+
+/* Writes one changed 2-byte unit at source byte pos (value at val). */
+static inline uint64_t put_unit(const ireg_t *g, uint64_t pos, const unsigned char *val, unsigned char *dst)
+{
+    if (g->nested) { /* even offsets, runs and strides: a unit is wholly in a row or wholly out */
+        uint64_t d, left;
+        if (!locate(g, pos, &d, &left)) return 0;
+        memcpy(dst + d, val, 2);
+        return 1;
+    }
+    return copy_range(g, pos, pos + 2, val, pos, dst) ? 1 : 0;
+}
+
+refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delta, size_t len, uint64_t have_version,
+                                 void *const *dst_bases, refit_delta_apply_stats_t *stats)
+{
+    if (!ix || !delta || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_apply: NULL argument");
     refit_delta_info_t info;
     refit_status_t st = refit_delta_info(delta, len, &info);
     if (st) return st;
+    if (info.region_bytes != ix->region_bytes)
+        return refit_error(REFIT_ERR_CORRUPT, "delta of a %llu-byte region, the plan reads a %llu-byte one",
+                           (unsigned long long)info.region_bytes, (unsigned long long)ix->region_bytes);
     if (info.base_version != have_version)
         return refit_error(REFIT_ERR_STALE, "delta %llu -> %llu does not apply to version %llu (a full refit is needed)",
                            (unsigned long long)info.base_version, (unsigned long long)info.version,
@@ -245,29 +397,20 @@ refit_status_t refit_delta_apply(const refit_plan_t *plan, uint32_t src, uint32_
     const unsigned char *p = delta;
     uint32_t bb = rd32(p + 8);
     refit_delta_apply_stats_t s = {0};
-    st = REFIT_OK;
-    FOR_ROWS(plan, src, src_region, {
-        if (st) break;
-        s.rows++;
-        if (so + run > info.region_bytes) {
-            st = refit_error(REFIT_ERR_OUT_OF_BOUNDS, "plan reads past the delta's region");
-            break;
-        }
-        unsigned char *dst = (unsigned char *)dst_bases[r->dst_region] + dof;
-        for (uint64_t c = so / CB; run && c <= (so + run - 1) / CB; c++) {
-            const unsigned char *e = p + HDR + c * ENTRY;
-            uint32_t kind = rd32(e + 12), count = rd32(e + 8);
-            if (kind == K_NONE) continue;
-            if (need && !need[c]) {
-                st = refit_error(REFIT_ERR_INVALID_ARG, "delta chunk %llu is read but was not fetched",
-                                 (unsigned long long)c);
-                break;
-            }
-            const unsigned char *pay = p + rd64(e);
-            uint64_t c0 = c * CB, lo = so > c0 ? so : c0, hi = so + run < c0 + CB ? so + run : c0 + CB;
+    for (uint64_t c = 0; c < ix->nchunks; c++) {
+        if (!ix->need[c]) continue;
+        const unsigned char *e = p + HDR + c * ENTRY;
+        uint32_t kind = rd32(e + 12), count = rd32(e + 8);
+        if (kind == K_NONE) continue;
+        const unsigned char *pay = p + rd64(e);
+        uint64_t c0 = c * CB, cb = info.region_bytes - c0 < CB ? info.region_bytes - c0 : CB;
+        for (uint32_t li = ix->start[c]; li < ix->start[c + 1]; li++) {
+            const ireg_t *g = &ix->regs[ix->list[li]];
+            unsigned char *dst = (unsigned char *)dst_bases[g->r.dst_region];
+            uint64_t lo = g->span_lo > c0 ? g->span_lo : c0, hi = g->span_hi < c0 + cb ? g->span_hi : c0 + cb;
+            if (lo >= hi) continue;
             if (kind == K_DENSE) {
-                memcpy(dst + (lo - so), pay + (lo - c0), hi - lo);
-                s.units_written += (hi - lo) / 2;
+                s.bytes_written += copy_range(g, lo, hi, pay, c0, dst);
             } else if (kind == K_SPARSE) {
                 const unsigned char *vals = pay + (uint64_t)count * 2;
                 uint64_t want = (lo - c0) / 2;
@@ -284,27 +427,23 @@ refit_status_t refit_delta_apply(const refit_plan_t *plan, uint32_t src, uint32_
                     memcpy(&v, pay + (uint64_t)k * 2, 2);
                     uint64_t pos = c0 + (uint64_t)v * 2;
                     if (pos >= hi) break;
-                    uint64_t b0 = pos > lo ? pos : lo, b1 = pos + 2 < hi ? pos + 2 : hi;
-                    memcpy(dst + (b0 - so), vals + (uint64_t)k * 2 + (b0 - pos), b1 - b0);
-                    s.units_written++;
+                    s.units_written += put_unit(g, pos, vals + (uint64_t)k * 2, dst);
                 }
             } else {
-                uint64_t cb = info.region_bytes - c0 < CB ? info.region_bytes - c0 : CB;
                 uint64_t nb = (cb + bb - 1) / bb, nbits = (nb + 7) / 8;
                 uint64_t first = (lo - c0) / bb, last = (hi - 1 - c0) / bb, rank = 0;
                 for (uint64_t k = 0; k < first; k++) rank += (pay[k / 8] >> (k % 8)) & 1;
                 for (uint64_t k = first; k <= last; k++) {
                     if (!((pay[k / 8] >> (k % 8)) & 1)) continue;
                     uint64_t bs = c0 + k * bb, b0 = bs > lo ? bs : lo, b1 = bs + bb < hi ? bs + bb : hi;
-                    memcpy(dst + (b0 - so), pay + nbits + rank * bb + (b0 - bs), b1 - b0);
-                    s.units_written += (b1 - b0) / 2;
+                    s.bytes_written += copy_range(g, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst);
                     rank++;
                 }
             }
         }
-    });
+    }
     if (stats) *stats = s;
-    return st;
+    return REFIT_OK;
 }
 
 struct refit_delta_encoder {

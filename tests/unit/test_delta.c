@@ -63,6 +63,20 @@ static void pair_free(pair_t *p)
     free(p->full);
 }
 
+static refit_status_t apply_st(pair_t *p, int i, const void *d, size_t len, uint64_t have)
+{
+    refit_delta_index_t *ix;
+    REFIT_ASSERT_OK(refit_delta_index_create(p->plan, (uint32_t)i, 0, refit_manifest_region_size(p->src[i], 0), &ix));
+    refit_status_t st = refit_delta_apply(ix, d, len, have, &p->dbase, NULL);
+    refit_delta_index_destroy(ix);
+    return st;
+}
+
+static void apply(pair_t *p, int i, const void *d, size_t len, uint64_t have)
+{
+    REFIT_ASSERT_OK(apply_st(p, i, d, len, have));
+}
+
 static void fill_sources(pair_t *p, uint64_t v, double frac)
 {
     for (int i = 0; i < 2; i++) REFIT_ASSERT_OK(refit_truth_fill_delta(p->src[i], &p->sbase[i], v, frac));
@@ -99,7 +113,7 @@ static void run_versions(refit_delta_format_t fmt, double frac)
                  * blocks carry ~28% (1 - 0.99^32), which is why sparse is the default. */
                 if (frac < 0.05 && fmt == REFIT_DELTA_SPARSE) assert_true(info.total_bytes < info.region_bytes / 25);
                 if (frac < 0.05 && fmt == REFIT_DELTA_BLOCKS) assert_true(info.total_bytes < info.region_bytes / 2);
-                REFIT_ASSERT_OK(refit_delta_apply(p.plan, (uint32_t)i, 0, d[i], len[i], NULL, v - 1, &p.dbase, NULL));
+                apply(&p, i, d[i], len[i], v - 1);
             }
         }
         REFIT_ASSERT_OK(refit_truth_verify_delta(p.dst, (const void *const *)&p.dbase, v, frac, NULL));
@@ -131,17 +145,17 @@ static void wrong_base(void **state)
     }
     fill_sources(&p, 3, 0.02);
     for (int i = 0; i < 2; i++) REFIT_ASSERT_OK(refit_delta_encode(v2[i], p.sbase[i], sz[i], 2, 3, NULL, &d[i], &len[i]));
-    REFIT_ASSERT_ERR(refit_delta_apply(p.plan, 0, 0, d[0], len[0], NULL, 1, &p.dbase, NULL), REFIT_ERR_STALE,
+    REFIT_ASSERT_ERR(apply_st(&p, 0, d[0], len[0], 1), REFIT_ERR_STALE,
                      "full refit");
     /* Forced onto the wrong base (a caller lying about its version): the
      * result is not version 3, and verification says so. */
     for (int i = 0; i < 2; i++)
-        REFIT_ASSERT_OK(refit_delta_apply(p.plan, (uint32_t)i, 0, d[i], len[i], NULL, 2, &p.dbase, NULL));
+        apply(&p, i, d[i], len[i], 2);
     REFIT_ASSERT_ERR(refit_truth_verify_delta(p.dst, (const void *const *)&p.dbase, 3, 0.02, NULL), REFIT_ERR_VERIFY,
                      "version 3");
     /* A corrupt header is refused. */
     ((unsigned char *)d[0])[12] = 9;
-    REFIT_ASSERT_ERR(refit_delta_apply(p.plan, 0, 0, d[0], len[0], NULL, 2, &p.dbase, NULL), REFIT_ERR_CORRUPT, "");
+    REFIT_ASSERT_ERR(apply_st(&p, 0, d[0], len[0], 2), REFIT_ERR_CORRUPT, "");
     for (int i = 0; i < 2; i++) {
         free(v2[i]);
         free(d[i]);
@@ -168,12 +182,14 @@ static void fetch_needed_only(void **state)
         REFIT_ASSERT_OK(refit_delta_encode(old, p.sbase[i], sz, 1, 2, NULL, &d, &len));
         refit_delta_info_t info;
         REFIT_ASSERT_OK(refit_delta_info(d, len, &info));
-        uint8_t *need = calloc(info.nchunks, 1);
-        refit_delta_mark(p.plan, (uint32_t)i, 0, info.nchunks, need);
+        refit_delta_index_t *ix;
+        REFIT_ASSERT_OK(refit_delta_index_create(p.plan, (uint32_t)i, 0, sz, &ix));
+        uint64_t nch;
+        const uint8_t *need = refit_delta_index_need(ix, &nch);
+        assert_int_equal(nch, info.nchunks);
         unsigned char *local = malloc(len);
-        memset(local, 0xab, len);
+        memset(local, 0xab, len); /* what was not fetched holds junk */
         memcpy(local, d, info.header_bytes);
-        uint64_t first = UINT64_MAX;
         for (uint64_t c = 0; c < info.nchunks; c++) {
             total_chunks++;
             if (!need[c]) continue;
@@ -181,16 +197,10 @@ static void fetch_needed_only(void **state)
             uint64_t off, n;
             refit_delta_chunk_payload(d, c, &off, &n);
             memcpy(local + off, (unsigned char *)d + off, n);
-            if (n && first == UINT64_MAX) first = c;
         }
-        REFIT_ASSERT_OK(refit_delta_apply(p.plan, (uint32_t)i, 0, local, len, need, 1, &p.dbase, NULL));
-        if (first != UINT64_MAX) {
-            need[first] = 0;
-            REFIT_ASSERT_ERR(refit_delta_apply(p.plan, (uint32_t)i, 0, local, len, need, 1, &p.dbase, NULL),
-                             REFIT_ERR_INVALID_ARG, "not fetched");
-        }
+        REFIT_ASSERT_OK(refit_delta_apply(ix, local, len, 1, &p.dbase, NULL));
+        refit_delta_index_destroy(ix);
         free(local);
-        free(need);
         free(old);
         free(d);
     }
