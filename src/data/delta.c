@@ -314,23 +314,6 @@ const uint8_t *refit_delta_index_need(const refit_delta_index_t *ix, uint64_t *n
     return ix->need;
 }
 
-/* Row of a nested region holding source byte pos, or false if pos falls in a gap. */
-static inline bool locate(const ireg_t *g, uint64_t pos, uint64_t *dst_off, uint64_t *left)
-{
-    const refit_plan_region_t *r = &g->r;
-    uint64_t rel = pos - r->src_offset, d = r->dst_offset;
-    for (int i = (int)r->nloops - 1; i >= 0; i--) {
-        uint64_t k = r->src_stride[i] ? rel / r->src_stride[i] : 0;
-        if (k >= r->count[i]) k = r->count[i] - 1;
-        rel -= k * r->src_stride[i];
-        d += k * r->dst_stride[i];
-    }
-    if (rel >= r->run) return false;
-    *dst_off = d + rel;
-    *left = r->run - rel;
-    return true;
-}
-
 /* Copies source bytes [lo, hi) that region g reads, taking them from
  * chunk-relative data at `data` (data[0] is source byte c0). */
 static uint64_t copy_range(const ireg_t *g, uint64_t lo, uint64_t hi, const unsigned char *data, uint64_t c0,
@@ -368,16 +351,47 @@ static uint64_t copy_range(const ireg_t *g, uint64_t lo, uint64_t hi, const unsi
     return n;
 }
 
-/* Writes one changed 2-byte unit at source byte pos (value at val). */
-static inline uint64_t put_unit(const ireg_t *g, uint64_t pos, const unsigned char *val, unsigned char *dst)
+/* A position in a nested region's rows. */
+typedef struct {
+    uint64_t k[REFIT_PLAN_MAX_LOOPS];
+    uint64_t so, dof, step; /* the row's source and destination offsets; loop 0's source stride */
+} cursor_t;
+
+/* The row holding source byte pos or the next one after it (false: none). */
+static bool seek(const ireg_t *g, uint64_t pos, cursor_t *c)
 {
-    if (g->nested) { /* even offsets, runs and strides: a unit is wholly in a row or wholly out */
-        uint64_t d, left;
-        if (!locate(g, pos, &d, &left)) return 0;
-        memcpy(dst + d, val, 2);
-        return 1;
+    const refit_plan_region_t *r = &g->r;
+    uint64_t rel = pos < r->src_offset ? 0 : pos - r->src_offset;
+    c->so = r->src_offset;
+    c->dof = r->dst_offset;
+    c->step = r->nloops ? r->src_stride[0] : r->run;
+    if (!c->step) c->step = r->run;
+    for (int i = (int)r->nloops - 1; i >= 0; i--) {
+        uint64_t k = r->src_stride[i] ? rel / r->src_stride[i] : 0;
+        if (k >= r->count[i]) k = r->count[i] - 1;
+        rel -= k * r->src_stride[i];
+        c->k[i] = k;
+        c->so += k * r->src_stride[i];
+        c->dof += k * r->dst_stride[i];
     }
-    return copy_range(g, pos, pos + 2, val, pos, dst) ? 1 : 0;
+    return true;
+}
+
+/* Moves to the next row (false after the last). */
+static inline bool next_row(const ireg_t *g, cursor_t *c)
+{
+    const refit_plan_region_t *r = &g->r;
+    for (uint32_t i = 0; i < r->nloops; i++) {
+        if (++c->k[i] < r->count[i]) {
+            c->so += r->src_stride[i];
+            c->dof += r->dst_stride[i];
+            return true;
+        }
+        c->so -= (r->count[i] - 1) * r->src_stride[i];
+        c->dof -= (r->count[i] - 1) * r->dst_stride[i];
+        c->k[i] = 0;
+    }
+    return false;
 }
 
 refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delta, size_t len, uint64_t have_version,
@@ -422,13 +436,35 @@ refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delt
                     if (v < want) L = M + 1;
                     else H = M;
                 }
+                if (!g->nested) {
+                    for (uint32_t k = L; k < count; k++) {
+                        uint16_t v;
+                        memcpy(&v, pay + (uint64_t)k * 2, 2);
+                        uint64_t pos = c0 + (uint64_t)v * 2;
+                        if (pos >= hi) break;
+                        s.units_written += copy_range(g, pos, pos + 2, vals + (uint64_t)k * 2, pos, dst) ? 1 : 0;
+                    }
+                    continue;
+                }
+                /* Changes ascend, and so do the rows: walk both. */
+                cursor_t cur;
+                bool started = false;
                 for (uint32_t k = L; k < count; k++) {
                     uint16_t v;
                     memcpy(&v, pay + (uint64_t)k * 2, 2);
                     uint64_t pos = c0 + (uint64_t)v * 2;
                     if (pos >= hi) break;
-                    s.units_written += put_unit(g, pos, vals + (uint64_t)k * 2, dst);
+                    if (!started || pos - cur.so >= 8 * cur.step) {
+                        if (!seek(g, pos, &cur)) break;
+                        started = true;
+                    }
+                    while (pos >= cur.so + g->r.run)
+                        if (!next_row(g, &cur)) goto done_region;
+                    if (pos < cur.so) continue; /* a gap between rows */
+                    memcpy(dst + cur.dof + (pos - cur.so), vals + (uint64_t)k * 2, 2);
+                    s.units_written++;
                 }
+            done_region:;
             } else {
                 uint64_t nb = (cb + bb - 1) / bb, nbits = (nb + 7) / 8;
                 uint64_t first = (lo - c0) / bb, last = (hi - 1 - c0) / bb, rank = 0;
