@@ -19,6 +19,7 @@
 #include "refit/safetensors.h"
 #include "refit/engine.h"
 #include "refit/delta.h"
+#include "refit/select.h"
 
 
 #define REFIT_VERSION_MAJOR 0
