@@ -20,6 +20,7 @@
 #include "refit/engine.h"
 #include "refit/delta.h"
 #include "refit/select.h"
+#include "refit/fp8.h"
 
 
 #define REFIT_VERSION_MAJOR 0
