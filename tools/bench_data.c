@@ -526,11 +526,206 @@ int bench_delta(int argc, char **argv)
     return jfinish(&j, o.out);
 }
 
+/* ==== partial and fp8: publishers fill shared memory, receivers pull ==== */
+
+typedef struct {
+    double ms[4][MAXR];          /* per phase */
+    uint64_t bytes[4][MAXR];
+    int ok[4][MAXR];
+    refit_select_report_t sel[MAXR];
+    char err[MAXR][256];
+} pctl_t;
+
+typedef struct {
+    const bopts_t *o;
+    setup_t *s;
+    pctl_t *ctl;
+    unsigned char *sbase[MAXR];
+    unsigned char *arena[MAXR]; /* fp8: shared FP8 arena per destination rank */
+    uint64_t arena_bytes[MAXR];
+    /* per receiver process */
+    refit_plan_t *plan, *part;
+    refit_manifest_t *sel, *rest;
+    unsigned char *mem;
+} pctx_t;
+
+static int fill_pub(void *vc, uint32_t r, uint64_t v)
+{
+    pctx_t *c = vc;
+    void *b = c->sbase[r];
+    if (refit_truth_fill(c->s->src[r], &b, v)) {
+        snprintf(c->ctl->err[r], sizeof c->ctl->err[r], "publisher %u: %s", r, refit_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static void src_bases(pctx_t *c, void **sbp, const void *const **sb)
+{
+    for (uint32_t k = 0; k < c->s->ns; k++) {
+        sbp[k] = c->sbase[k];
+        sb[k] = (const void *const *)&sbp[k];
+    }
+}
+
+/* Phases: 1 full pull of v1 (+ a timed full pull of v2 into scratch for
+ * reference); 2 partial pull of v2, then verify. */
+static int partial_recv(void *vc, uint32_t r, uint64_t cmd)
+{
+    pctx_t *c = vc;
+    pctl_t *ctl = c->ctl;
+    setup_t *s = c->s;
+    refit_manifest_t *m = s->dst[r];
+    uint64_t ds = refit_manifest_region_size(m, 0);
+    void *sbp[MAXR];
+    const void *const *sb[MAXR];
+    src_bases(c, sbp, sb);
+    refit_status_t st;
+    if (cmd == 1) {
+        if ((st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, m, NULL, &c->plan)) ||
+            (st = refit_manifest_select(m, c->o->select, false, &c->sel, &ctl->sel[r])) ||
+            (st = refit_manifest_select(m, c->o->select, true, &c->rest, NULL)) ||
+            (st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, c->sel, NULL, &c->part)))
+            goto fail;
+        if (!(c->mem = malloc(ds))) goto fail;
+        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&c->mem, c->o->threads)))
+            goto fail;
+        ctl->ok[0][r] = refit_truth_verify(m, (const void *const *)&c->mem, 1, NULL) == REFIT_OK;
+        return 0;
+    }
+    /* v2: the full refit timed into scratch, then the partial one into mem. */
+    refit_plan_stats_t fs, ps;
+    refit_plan_stats(c->plan, &fs);
+    refit_plan_stats(c->part, &ps);
+    unsigned char *scratch = malloc(ds);
+    if (!scratch) goto fail;
+    memset(scratch, 0, ds);
+    double best = 1e300, t0;
+    for (int rep = 0; rep < REPS; rep++) {
+        t0 = refit_now();
+        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&scratch, c->o->threads)))
+            goto fail;
+        if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
+    }
+    free(scratch);
+    ctl->ms[0][r] = best;
+    ctl->bytes[0][r] = fs.bytes_read + fs.bytes_fill;
+    best = 1e300;
+    for (int rep = 0; rep < REPS; rep++) {
+        t0 = refit_now();
+        if ((st = refit_plan_execute_memcpy(c->part, (const void *const *const *)sb, (void *const *)&c->mem, c->o->threads)))
+            goto fail;
+        if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
+    }
+    ctl->ms[1][r] = best;
+    ctl->bytes[1][r] = ps.bytes_read + ps.bytes_fill;
+    t0 = refit_now();
+    ctl->ok[1][r] = refit_truth_verify(c->sel, (const void *const *)&c->mem, 2, NULL) == REFIT_OK;
+    ctl->ms[2][r] = (refit_now() - t0) * 1e3;
+    ctl->ok[2][r] = refit_truth_verify(c->rest, (const void *const *)&c->mem, 1, NULL) == REFIT_OK;
+    /* Fused tensors whole: every kept local carries all its placements. */
+    int whole = 1;
+    for (uint32_t i = 0; i < refit_manifest_num_locals(c->sel); i++) {
+        refit_tensor_info_t t, u;
+        uint32_t reg;
+        uint64_t off;
+        refit_manifest_local(c->sel, i, &t, &reg, &off);
+        uint32_t a = 0, b = 0;
+        for (uint32_t k = 0; k < refit_manifest_num_placements(c->sel); k++) {
+            refit_placement_t p;
+            refit_manifest_placement(c->sel, k, &p);
+            a += p.local == i;
+        }
+        for (uint32_t j = 0; j < refit_manifest_num_locals(m); j++) {
+            refit_manifest_local(m, j, &u, &reg, &off);
+            if (strcmp(u.name, t.name)) continue;
+            for (uint32_t k = 0; k < refit_manifest_num_placements(m); k++) {
+                refit_placement_t p;
+                refit_manifest_placement(m, k, &p);
+                b += p.local == j;
+            }
+        }
+        whole &= a == b;
+    }
+    ctl->ok[3][r] = whole;
+    return 0;
+fail:
+    snprintf(ctl->err[r], sizeof ctl->err[r], "receiver %u: %s", r, refit_last_error());
+    return 1;
+}
+
 int bench_partial(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return tool_fail(refit_error(REFIT_ERR_UNSUPPORTED, "bench scenario partial is not built yet"), "bench");
+    bopts_t o = {.model = "qwen3-30b-a3b-mini", .src = "megatron:ep=2", .dst = "vllm:tp=2",
+                 .select = "layer:7,model.layers.20.self_attn.q_proj.weight,lm_head.weight", .threads = 1, .versions = 2};
+    int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc;
+    setup_t s;
+    refit_status_t st = setup(&s, &o);
+    if (st) return tool_fail(st, "bench partial");
+    pctl_t *ctl = shmap(sizeof(pctl_t));
+    pctx_t c = {.o = &o, .s = &s, .ctl = ctl};
+    for (uint32_t k = 0; k < s.ns; k++)
+        if (!(c.sbase[k] = shmap(refit_manifest_region_size(s.src[k], 0))))
+            return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "shared memory"), "bench partial");
+    child_t pubs[MAXR], recvs[MAXR];
+    for (uint32_t k = 0; k < s.ns; k++) spawn(&pubs[k], fill_pub, &c, k);
+    for (uint32_t r = 0; r < s.nd; r++) spawn(&recvs[r], partial_recv, &c, r);
+    uint64_t cmds[MAXR];
+    int bad = 0;
+    for (uint64_t v = 1; v <= 2 && !bad; v++) {
+        for (uint32_t k = 0; k < MAXR; k++) cmds[k] = v;
+        bad |= round_all(pubs, s.ns, cmds);
+        if (!bad) bad |= round_all(recvs, s.nd, cmds);
+    }
+    stop_all(pubs, s.ns);
+    stop_all(recvs, s.nd);
+    for (uint32_t r = 0; r < MAXR; r++)
+        if (ctl->err[r][0]) fprintf(stderr, "refit: bench partial: %s\n", ctl->err[r]);
+    if (bad) return tool_fail(refit_error(REFIT_ERR_INTERNAL, "a bench process failed"), "bench partial");
+    double fm = 0, pm = 0;
+    uint64_t fb = 0, pb = 0, named = 0, pulled = 0, locals = 0;
+    bool sel_ok = true, rest_ok = true, whole = true;
+    for (uint32_t r = 0; r < s.nd; r++) {
+        if (ctl->ms[0][r] > fm) fm = ctl->ms[0][r];
+        if (ctl->ms[1][r] > pm) pm = ctl->ms[1][r];
+        fb += ctl->bytes[0][r];
+        pb += ctl->bytes[1][r];
+        named += ctl->sel[r].canon_named;
+        pulled += ctl->sel[r].canon_pulled;
+        locals += ctl->sel[r].locals;
+        sel_ok &= ctl->ok[1][r] && ctl->ok[0][r];
+        rest_ok &= ctl->ok[2][r] != 0;
+        whole &= ctl->ok[3][r] != 0;
+    }
+    jout_t j = {0};
+    jp(&j, "{\"scenario\":\"partial\",\"metrics\":{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"select\":", o.model,
+       refit_layout_string(s.sl), refit_layout_string(s.dl));
+    char *sel_json = NULL;
+    size_t sl = 0;
+    FILE *mf = open_memstream(&sel_json, &sl);
+    if (mf) {
+        tool_json_string(mf, o.select);
+        fclose(mf);
+    }
+    jp(&j, "%s,", sel_json ? sel_json : "\"\"");
+    free(sel_json);
+    jp(&j, "\"local_tensors_pulled\":%" PRIu64 ",\"canonical_named\":%" PRIu64 ",\"canonical_pulled\":%" PRIu64 ",", locals,
+       named, pulled);
+    jp(&j, "\"full_refit_ms\":%.3f,\"partial_refit_ms\":%.3f,\"full_bytes\":%" PRIu64 ",\"partial_bytes\":%" PRIu64
+           ",\"bytes_ratio\":%.4f,\"time_ratio\":%.4f},\"assertions\":[",
+       fm, pm, fb, pb, fb ? (double)pb / (double)fb : 0, fm > 0 ? pm / fm : 0);
+    char obs[128];
+    jassert(&j, "selected_tensors_verified", "the kept local tensors equal version 2 of the truth", sel_ok ? "true" : "false", sel_ok);
+    jassert(&j, "others_untouched", "every other local tensor still equals version 1", rest_ok ? "true" : "false", rest_ok);
+    snprintf(obs, sizeof obs, "%s; %" PRIu64 " canonical tensors pulled for %" PRIu64 " named", whole ? "whole" : "cut",
+             pulled, named);
+    jassert(&j, "fused_whole", "each kept fused tensor carries all its placements", obs, whole && pulled >= named);
+    snprintf(obs, sizeof obs, "%.4f", fb ? (double)pb / (double)fb : 1);
+    jassert(&j, "bytes_only_selected", "< 1 (only the selected tensors move)", obs, pb < fb);
+    munmap(ctl, sizeof(pctl_t));
+    teardown(&s);
+    return jfinish(&j, o.out);
 }
 
 int bench_fp8(int argc, char **argv)
