@@ -728,9 +728,203 @@ int bench_partial(int argc, char **argv)
     return jfinish(&j, o.out);
 }
 
+/* fp8: a stage process per destination rank, where the sources are, runs the
+ * bf16 plan into a staging image and quantizes it into the shared FP8 arena;
+ * the receiver pulls the arena (the wire carries fp8 bytes and scales) and
+ * checks it against its own recomputation from the truth.  Phase 1 stage,
+ * phase 2 receive; the bf16 full refit is timed for reference. */
+static int fp8_stage_proc(void *vc, uint32_t r, uint64_t cmd)
+{
+    pctx_t *c = vc;
+    pctl_t *ctl = c->ctl;
+    setup_t *s = c->s;
+    (void)cmd;
+    refit_status_t st;
+    refit_fp8_target_t *t = NULL;
+    refit_manifest_t *m = s->dst[r];
+    void *sbp[MAXR];
+    const void *const *sb[MAXR];
+    src_bases(c, sbp, sb);
+    unsigned char *img = malloc(refit_manifest_region_size(m, 0));
+    if (!img) goto fail;
+    if ((st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, m, NULL, &c->plan)) ||
+        (st = refit_fp8_target_create(m, &t)))
+        goto fail;
+    double best = 1e300, t0;
+    for (int rep = 0; rep < REPS; rep++) {
+        t0 = refit_now();
+        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&img, c->o->threads)) ||
+            (st = refit_fp8_stage(t, img, c->arena[r], c->o->threads)))
+            goto fail;
+        if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
+    }
+    ctl->ms[0][r] = best;
+    free(img);
+    refit_fp8_target_destroy(t);
+    return 0;
+fail:
+    free(img);
+    refit_fp8_target_destroy(t);
+    snprintf(ctl->err[r], sizeof ctl->err[r], "stage %u: %s", r, refit_last_error());
+    return 1;
+}
+
+static int fp8_recv(void *vc, uint32_t r, uint64_t cmd)
+{
+    pctx_t *c = vc;
+    pctl_t *ctl = c->ctl;
+    setup_t *s = c->s;
+    refit_manifest_t *m = s->dst[r];
+    refit_status_t st;
+    refit_fp8_target_t *t = NULL;
+    uint64_t ds = refit_manifest_region_size(m, 0), ab = c->arena_bytes[r];
+    unsigned char *mem = malloc(ab), *bf = malloc(ds), *want = calloc(1, ab);
+    void *sbp[MAXR];
+    const void *const *sb[MAXR];
+    src_bases(c, sbp, sb);
+    if (!mem || !bf || !want) goto fail;
+    memset(mem, 0, ab);
+    memset(bf, 0, ds);
+    if ((st = refit_fp8_target_create(m, &t))) goto fail;
+    /* The pull: one contiguous copy of the FP8 arena. */
+    double best = 1e300, t0;
+    for (int rep = 0; rep < REPS; rep++) {
+        t0 = refit_now();
+        memcpy(mem, c->arena[r], ab);
+        if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
+    }
+    ctl->ms[1][r] = best;
+    ctl->bytes[1][r] = ab;
+    /* Reference: the bf16 full refit of the same layout. */
+    if ((st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, m, NULL, &c->plan))) goto fail;
+    refit_plan_stats_t ps;
+    refit_plan_stats(c->plan, &ps);
+    best = 1e300;
+    for (int rep = 0; rep < REPS; rep++) {
+        t0 = refit_now();
+        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&bf, c->o->threads)))
+            goto fail;
+        if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
+    }
+    ctl->ms[2][r] = best;
+    ctl->bytes[2][r] = ps.bytes_read + ps.bytes_fill;
+    /* Check: recompute from the truth here and compare every byte. */
+    void *bp = bf;
+    if ((st = refit_truth_fill(m, &bp, cmd))) goto fail;
+    if ((st = refit_fp8_stage(t, bf, want, c->o->threads))) goto fail;
+    ctl->ok[1][r] = !memcmp(mem, want, ab);
+    for (uint32_t i = 0; i < refit_fp8_target_num_tensors(t); i++) { /* the quantized tensors alone */
+        const refit_fp8_tensor_t *e = refit_fp8_target_tensor(t, i);
+        if (e->dtype == REFIT_DTYPE_F8_E4M3) ctl->bytes[3][r] += e->bytes, ctl->bytes[0][r] += e->bytes;
+        else if (e->dtype == REFIT_DTYPE_F32 && strstr(e->name, "_scale_inv")) ctl->bytes[0][r] += e->bytes;
+    }
+    refit_fp8_target_destroy(t);
+    free(mem);
+    free(bf);
+    free(want);
+    return 0;
+fail:
+    refit_fp8_target_destroy(t);
+    free(mem);
+    free(bf);
+    free(want);
+    snprintf(ctl->err[r], sizeof ctl->err[r], "receiver %u: %s", r, refit_last_error());
+    return 1;
+}
+
 int bench_fp8(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return tool_fail(refit_error(REFIT_ERR_UNSUPPORTED, "bench scenario fp8 is not built yet"), "bench");
+    bopts_t o = {.model = "qwen3-fp8-mini", .src = "megatron:ep=2", .dst = "vllm:tp=2", .threads = 1, .versions = 2};
+    int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc;
+    setup_t s;
+    refit_status_t st = setup(&s, &o);
+    if (st) return tool_fail(st, "bench fp8");
+    pctl_t *ctl = shmap(sizeof(pctl_t));
+    pctx_t c = {.o = &o, .s = &s, .ctl = ctl};
+    uint64_t arena_total = 0, bf16_total = 0;
+    uint32_t nq = 0;
+    for (uint32_t r = 0; r < s.nd; r++) {
+        refit_fp8_target_t *t;
+        if ((st = refit_fp8_target_create(s.dst[r], &t))) return tool_fail(st, "bench fp8");
+        c.arena_bytes[r] = refit_fp8_target_bytes(t);
+        nq += refit_fp8_target_num_quantized(t);
+        refit_fp8_target_destroy(t);
+        arena_total += c.arena_bytes[r];
+        bf16_total += refit_manifest_region_size(s.dst[r], 0);
+        if (!(c.arena[r] = shmap(c.arena_bytes[r]))) return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "shm"), "bench fp8");
+    }
+    for (uint32_t k = 0; k < s.ns; k++)
+        if (!(c.sbase[k] = shmap(refit_manifest_region_size(s.src[k], 0))))
+            return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "shared memory"), "bench fp8");
+    /* A layout whose shards cut blocks is refused up front. */
+    char refused[300] = "accepted";
+    {
+        refit_layout_t *l4;
+        refit_manifest_t *m4;
+        refit_fp8_target_t *t4;
+        if (!refit_layout_parse("vllm:tp=4", &l4)) {
+            if (!refit_layout_manifest(l4, s.model, 0, &m4)) {
+                refit_status_t s4 = refit_fp8_target_create(m4, &t4);
+                if (s4 == REFIT_ERR_GEOMETRY) snprintf(refused, sizeof refused, "refused (REFIT_ERR_GEOMETRY)");
+                else if (!s4) refit_fp8_target_destroy(t4);
+                refit_manifest_destroy(m4);
+            } else {
+                snprintf(refused, sizeof refused, "layout invalid for the model");
+            }
+            refit_layout_destroy(l4);
+        }
+    }
+    child_t pubs[MAXR], stages[MAXR], recvs[MAXR];
+    for (uint32_t k = 0; k < s.ns; k++) spawn(&pubs[k], fill_pub, &c, k);
+    uint64_t cmds[MAXR];
+    for (uint32_t k = 0; k < MAXR; k++) cmds[k] = 1;
+    int bad = round_all(pubs, s.ns, cmds);
+    stop_all(pubs, s.ns);
+    for (uint32_t r = 0; r < s.nd && !bad; r++) spawn(&stages[r], fp8_stage_proc, &c, r);
+    if (!bad) {
+        bad |= round_all(stages, s.nd, cmds);
+        stop_all(stages, s.nd);
+    }
+    for (uint32_t r = 0; r < s.nd && !bad; r++) spawn(&recvs[r], fp8_recv, &c, r);
+    if (!bad) {
+        bad |= round_all(recvs, s.nd, cmds);
+        stop_all(recvs, s.nd);
+    }
+    for (uint32_t r = 0; r < MAXR; r++)
+        if (ctl->err[r][0]) fprintf(stderr, "refit: bench fp8: %s\n", ctl->err[r]);
+    if (bad) return tool_fail(refit_error(REFIT_ERR_INTERNAL, "a bench process failed"), "bench fp8");
+    double stage_ms = 0, pull_ms = 0, bf16_ms = 0;
+    uint64_t wire = 0, bfb = 0, qb = 0, qbf = 0;
+    bool exact = true;
+    for (uint32_t r = 0; r < s.nd; r++) {
+        if (ctl->ms[0][r] > stage_ms) stage_ms = ctl->ms[0][r];
+        if (ctl->ms[1][r] > pull_ms) pull_ms = ctl->ms[1][r];
+        if (ctl->ms[2][r] > bf16_ms) bf16_ms = ctl->ms[2][r];
+        wire += ctl->bytes[1][r];
+        bfb += ctl->bytes[2][r];
+        qb += ctl->bytes[0][r];
+        qbf += 2 * ctl->bytes[3][r];
+        exact &= ctl->ok[1][r] != 0;
+    }
+    jout_t j = {0};
+    jp(&j, "{\"scenario\":\"fp8\",\"metrics\":{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"block\":%d,"
+           "\"quantized_tensors\":%u,\"fp8_wire_bytes\":%" PRIu64 ",\"bf16_refit_bytes\":%" PRIu64 ",\"wire_ratio\":%.4f,"
+           "\"source_stage_ms\":%.3f,\"fp8_pull_ms\":%.3f,\"bf16_refit_ms\":%.3f,\"destination_bf16_bytes\":%" PRIu64 ",",
+       o.model, refit_layout_string(s.sl), refit_layout_string(s.dl), REFIT_FP8_BLOCK, nq, wire, bfb,
+       bfb ? (double)wire / (double)bfb : 0, stage_ms, pull_ms, bf16_ms, bf16_total);
+    jp(&j, "\"linear_fp8_and_scale_bytes\":%" PRIu64 ",\"linear_bf16_bytes\":%" PRIu64 ",\"linear_ratio\":%.4f},",
+       qb, qbf, qbf ? (double)qb / (double)qbf : 0);
+    jp(&j, "\"assertions\":[");
+    char obs[128];
+    jassert(&j, "fp8_bits_exact", "the pulled FP8 arena (e4m3 weights, fp32 scale_inv) equals the receiver's own quantization of the truth, byte for byte",
+            exact ? "true" : "false", exact);
+    snprintf(obs, sizeof obs, "%.4f (whole arena %.4f)", qbf ? (double)qb / (double)qbf : 1, bfb ? (double)wire / (double)bfb : 1);
+    jassert(&j, "wire_carries_fp8", "quantized weights move as fp8 + scales: <= 0.51 of their bf16 bytes; the arena < the bf16 refit",
+            obs, qbf && (double)qb / (double)qbf <= 0.51 && wire < bfb);
+    jassert(&j, "misaligned_refused", "vllm:tp=4 (blocks straddle shards) refused", refused, !strncmp(refused, "refused", 7));
+    (void)arena_total;
+    munmap(ctl, sizeof(pctl_t));
+    teardown(&s);
+    return jfinish(&j, o.out);
 }
