@@ -28,21 +28,21 @@ uint8_t refit_fp8_e4m3_from_f32(float x)
     uint32_t u;
     memcpy(&u, &x, 4);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80);
-    if (isnan(x)) return sign | 0x7f;
-    float a = fabsf(x);
-    if (a >= REFIT_FP8_MAX) return sign | 0x7e; /* saturate */
-    if (a < 0x1p-6f) /* subnormal: steps of 2^-9; 8 steps is the smallest normal, encoded 0x08 */
-        return sign | (uint8_t)nearbyintf(a * 512.0f);
-    int e;
-    (void)frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
-    int E = e - 1;       /* a in [2^E, 2^(E+1)) */
-    float q = nearbyintf(ldexpf(a, 3 - E)); /* 8..16: 1.mmm in eighths, ties to even */
-    if (q == 16.0f) {
-        q = 8.0f;
-        E++;
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return sign | 0x7f;             /* NaN */
+    if (u >= 0x43e00000u) return sign | 0x7e;            /* >= 448: saturate */
+    if (u < 0x3c800000u) {                               /* < 2^-6: subnormal, steps of 2^-9 */
+        float a;
+        memcpy(&a, &u, 4);
+        float q = (a * 512.0f + 0x1p23f) - 0x1p23f; /* round to nearest even (exact: a * 512 < 8) */
+        return sign | (uint8_t)q;                         /* 8 is the smallest normal, encoded 0x08 */
     }
-    if (E > 8) return sign | 0x7e;
-    return sign | (uint8_t)((E + 7) << 3) | (uint8_t)(q - 8.0f);
+    /* Normal: keep 3 mantissa bits, rounding to nearest even on the 20 dropped. */
+    uint32_t r = u + 0x7ffffu + ((u >> 20) & 1);
+    int e = (int)(r >> 23) - 127 + 7;
+    uint32_t code = (uint32_t)e << 3 | ((r >> 20) & 7);
+    if (code > 0x7e) code = 0x7e;
+    return sign | (uint8_t)code;
 }
 
 float refit_fp8_e4m3_to_f32(uint8_t b)
