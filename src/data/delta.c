@@ -401,6 +401,8 @@ refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delt
     refit_delta_info_t info;
     refit_status_t st = refit_delta_info(delta, len, &info);
     if (st) return st;
+    if (info.total_bytes > len)
+        return refit_error(REFIT_ERR_CORRUPT, "delta is %llu bytes, %zu given", (unsigned long long)info.total_bytes, len);
     if (info.region_bytes != ix->region_bytes)
         return refit_error(REFIT_ERR_CORRUPT, "delta of a %llu-byte region, the plan reads a %llu-byte one",
                            (unsigned long long)info.region_bytes, (unsigned long long)ix->region_bytes);
@@ -471,6 +473,8 @@ refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delt
                 for (uint64_t k = 0; k < first; k++) rank += (pay[k / 8] >> (k % 8)) & 1;
                 for (uint64_t k = first; k <= last; k++) {
                     if (!((pay[k / 8] >> (k % 8)) & 1)) continue;
+                    if (rank >= count) return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: more blocks than it holds",
+                                                          (unsigned long long)c);
                     uint64_t bs = c0 + k * bb, b0 = bs > lo ? bs : lo, b1 = bs + bb < hi ? bs + bb : hi;
                     s.bytes_written += copy_range(g, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst);
                     rank++;

@@ -116,9 +116,9 @@ static refit_status_t check_grid(const refit_manifest_t *m, const refit_local_t 
         uint64_t co = p->canon_offset[cd], ex = p->extent[cd], lo = p->local_offset[ld];
         if (co % B || lo % B || (ex % B && co + ex != c->shape[cd]))
             return refit_error(REFIT_ERR_GEOMETRY,
-                               "fp8: %s %s [%llu, +%llu) of %s lands at %llu of %s: not on the %u-element block grid "
+                               "fp8: %s [%llu, +%llu) of %s land at %llu of %s: not on the %u-element block grid "
                                "(a block would straddle shards)",
-                               k ? "columns" : "rows", k ? "columns" : "rows", (unsigned long long)co,
+                               k ? "columns" : "rows", (unsigned long long)co,
                                (unsigned long long)ex, c->name, (unsigned long long)lo, l->d.name, B);
     }
     return REFIT_OK;

@@ -153,6 +153,8 @@ static void wrong_base(void **state)
         apply(&p, i, d[i], len[i], 2);
     REFIT_ASSERT_ERR(refit_truth_verify_delta(p.dst, (const void *const *)&p.dbase, 3, 0.02, NULL), REFIT_ERR_VERIFY,
                      "version 3");
+    /* A truncated delta is refused. */
+    REFIT_ASSERT_ERR(apply_st(&p, 1, d[1], len[1] - 1, 2), REFIT_ERR_CORRUPT, "given");
     /* A corrupt header is refused. */
     ((unsigned char *)d[0])[12] = 9;
     REFIT_ASSERT_ERR(apply_st(&p, 0, d[0], len[0], 2), REFIT_ERR_CORRUPT, "");
