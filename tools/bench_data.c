@@ -432,6 +432,8 @@ int bench_delta(int argc, char **argv)
         *pc = c;
         pc->prev = malloc(ctl->region_bytes[k]); /* the child's own copy after fork */
         if (!pc->prev || spawn(&pubs[k], delta_pub, pc, k)) return tool_fail(refit_error(REFIT_ERR_IO, "fork"), "bench delta");
+        free(pc->prev); /* the child has its own */
+        free(pc);
     }
     for (uint32_t r = 0; r < s.nd; r++)
         if (spawn(&recvs[r], delta_recv, &c, r)) return tool_fail(refit_error(REFIT_ERR_IO, "fork"), "bench delta");
