@@ -6,7 +6,7 @@
  * new bytes in the source's own byte coordinates.  One encoding serves every
  * receiver whatever its layout: a receiver maps changed source bytes to its
  * own bytes through the plan it already has (refit_delta_apply), fetching only
- * the chunks its plan reads (refit_delta_mark).
+ * the chunks its plan reads (refit_delta_index_t).
  *
  * Encoding (little-endian): a header, a chunk table, then payloads.  The
  * region is cut into chunks of REFIT_DELTA_CHUNK_UNITS 2-byte units; a chunk
