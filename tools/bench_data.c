@@ -142,10 +142,12 @@ typedef int (*child_fn)(void *ctx, uint32_t rank, uint64_t cmd);
 static int spawn(child_t *c, child_fn fn, void *ctx, uint32_t rank)
 {
     int a[2], b[2];
-    if (pipe(a) || pipe(b)) return -1;
+    /* Failing to start a process ends the bench (children already started
+     * see their command pipe close and exit). */
+    if (pipe(a) || pipe(b)) exit(tool_fail(refit_error(REFIT_ERR_IO, "pipe: %s", strerror(errno)), "bench"));
     fflush(NULL);
     pid_t pid = fork();
-    if (pid < 0) return -1;
+    if (pid < 0) exit(tool_fail(refit_error(REFIT_ERR_IO, "fork: %s", strerror(errno)), "bench"));
     if (pid == 0) {
         close(a[1]);
         close(b[0]);
