@@ -377,7 +377,8 @@ static int delta_recv(void *vc, uint32_t r, uint64_t cmd)
                 memcpy(c->wire[k] + off, c->dbuf[k] + off, n);
                 wire += n;
             }
-            if ((st = refit_delta_apply(c->ix[k], c->wire[k], info.total_bytes, c->have, (void *const *)&c->mem, NULL)))
+            if ((st = refit_delta_apply_threads(c->ix[k], c->wire[k], info.total_bytes, c->have, (void *const *)&c->mem,
+                                                c->o->threads ? c->o->threads : 1, NULL)))
                 goto fail;
         }
     }

@@ -90,6 +90,12 @@ REFIT_API refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const 
                                            uint64_t have_version, void *const *dst_bases,
                                            refit_delta_apply_stats_t *stats);
 
+/* The same with `threads` threads (0: one per CPU); chunks are split between
+ * them (each destination byte has one source byte, so they write disjoint bytes). */
+REFIT_API refit_status_t refit_delta_apply_threads(const refit_delta_index_t *ix, const void *delta, size_t len,
+                                                   uint64_t have_version, void *const *dst_bases, unsigned threads,
+                                                   refit_delta_apply_stats_t *stats);
+
 /* A publisher's memory of what it last published: a copy of each region. */
 typedef struct refit_delta_encoder refit_delta_encoder_t;
 REFIT_API refit_status_t refit_delta_encoder_create(const uint64_t *region_sizes, uint32_t nregions,

@@ -2,8 +2,12 @@
  * destination.  See refit/delta.h for the format. */
 #include "refit/delta.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plan/plan.h"
 #include "util/util.h"
@@ -394,8 +398,131 @@ static inline bool next_row(const ireg_t *g, cursor_t *c)
     return false;
 }
 
+/* Applies chunk c (needed, of any kind) through every plan region reading it. */
+static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned char *p, const refit_delta_info_t *info,
+                                  uint32_t bb, uint64_t c, void *const *dst_bases, refit_delta_apply_stats_t *s)
+{
+    const unsigned char *e = p + HDR + c * ENTRY;
+    uint32_t kind = rd32(e + 12), count = rd32(e + 8);
+    if (kind == K_NONE) return REFIT_OK;
+    const unsigned char *pay = p + rd64(e);
+    uint64_t c0 = c * CB, cb = info->region_bytes - c0 < CB ? info->region_bytes - c0 : CB;
+    for (uint32_t li = ix->start[c]; li < ix->start[c + 1]; li++) {
+        const ireg_t *g = &ix->regs[ix->list[li]];
+        unsigned char *dst = (unsigned char *)dst_bases[g->r.dst_region];
+        uint64_t lo = g->span_lo > c0 ? g->span_lo : c0, hi = g->span_hi < c0 + cb ? g->span_hi : c0 + cb;
+        if (lo >= hi) continue;
+        if (kind == K_DENSE) {
+            s->bytes_written += copy_range(g, lo, hi, pay, c0, dst);
+        } else if (kind == K_SPARSE) {
+            const unsigned char *vals = pay + (uint64_t)count * 2;
+            uint64_t want = (lo - c0) / 2;
+            uint32_t L = 0, H = count;
+            while (L < H) {
+                uint32_t M = L + (H - L) / 2;
+                uint16_t v;
+                memcpy(&v, pay + (uint64_t)M * 2, 2);
+                if (v < want) L = M + 1;
+                else H = M;
+            }
+            if (!g->nested) {
+                for (uint32_t k = L; k < count; k++) {
+                    uint16_t v;
+                    memcpy(&v, pay + (uint64_t)k * 2, 2);
+                    uint64_t pos = c0 + (uint64_t)v * 2;
+                    if (pos >= hi) break;
+                    s->units_written += copy_range(g, pos, pos + 2, vals + (uint64_t)k * 2, pos, dst) ? 1 : 0;
+                }
+                continue;
+            }
+            /* Changes ascend, and so do the rows: walk both. */
+            cursor_t cur;
+            bool started = false;
+            for (uint32_t k = L; k < count; k++) {
+                uint16_t v;
+                memcpy(&v, pay + (uint64_t)k * 2, 2);
+                uint64_t pos = c0 + (uint64_t)v * 2;
+                if (pos >= hi) break;
+                if (!started || pos - cur.so >= 8 * cur.step) {
+                    if (!seek(g, pos, &cur)) break;
+                    started = true;
+                }
+                while (pos >= cur.so + g->r.run)
+                    if (!next_row(g, &cur)) goto done_region;
+                if (pos < cur.so) continue; /* a gap between rows */
+                memcpy(dst + cur.dof + (pos - cur.so), vals + (uint64_t)k * 2, 2);
+                s->units_written++;
+            }
+        done_region:;
+        } else {
+            uint64_t nb = (cb + bb - 1) / bb, nbits = (nb + 7) / 8;
+            uint64_t first = (lo - c0) / bb, last = (hi - 1 - c0) / bb, rank = 0;
+            for (uint64_t k = 0; k < first; k++) rank += (pay[k / 8] >> (k % 8)) & 1;
+            for (uint64_t k = first; k <= last; k++) {
+                if (!((pay[k / 8] >> (k % 8)) & 1)) continue;
+                if (rank >= count) return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: more blocks than it holds",
+                                                      (unsigned long long)c);
+                uint64_t bs = c0 + k * bb, b0 = bs > lo ? bs : lo, b1 = bs + bb < hi ? bs + bb : hi;
+                s->bytes_written += copy_range(g, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst);
+                rank++;
+            }
+        }
+    }
+    return REFIT_OK;
+}
+
+typedef struct {
+    const refit_delta_index_t *ix;
+    const unsigned char *p;
+    const refit_delta_info_t *info;
+    uint32_t bb;
+    void *const *dst_bases;
+    atomic_uint_fast64_t next;
+    atomic_int failed;
+    refit_status_t st;
+    char detail[256];
+    pthread_mutex_t lock;
+    refit_delta_apply_stats_t s;
+} apply_ctx_t;
+
+#define APPLY_TASK 8 /* chunks per task */
+
+static void *apply_worker(void *arg)
+{
+    apply_ctx_t *a = arg;
+    refit_delta_apply_stats_t s = {0};
+    while (!atomic_load(&a->failed)) {
+        uint64_t c0 = atomic_fetch_add(&a->next, APPLY_TASK);
+        if (c0 >= a->ix->nchunks) break;
+        for (uint64_t c = c0; c < c0 + APPLY_TASK && c < a->ix->nchunks; c++) {
+            if (!a->ix->need[c]) continue;
+            refit_status_t st = apply_chunk(a->ix, a->p, a->info, a->bb, c, a->dst_bases, &s);
+            if (st) {
+                int expected = 0;
+                if (atomic_compare_exchange_strong(&a->failed, &expected, 1)) {
+                    a->st = st;
+                    snprintf(a->detail, sizeof a->detail, "%s", refit_last_error());
+                }
+                break;
+            }
+        }
+    }
+    pthread_mutex_lock(&a->lock);
+    a->s.units_written += s.units_written;
+    a->s.bytes_written += s.bytes_written;
+    pthread_mutex_unlock(&a->lock);
+    return NULL;
+}
+
 refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delta, size_t len, uint64_t have_version,
                                  void *const *dst_bases, refit_delta_apply_stats_t *stats)
+{
+    return refit_delta_apply_threads(ix, delta, len, have_version, dst_bases, 1, stats);
+}
+
+refit_status_t refit_delta_apply_threads(const refit_delta_index_t *ix, const void *delta, size_t len,
+                                         uint64_t have_version, void *const *dst_bases, unsigned threads,
+                                         refit_delta_apply_stats_t *stats)
 {
     if (!ix || !delta || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_apply: NULL argument");
     refit_delta_info_t info;
@@ -412,77 +539,24 @@ refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delt
                            (unsigned long long)have_version);
     const unsigned char *p = delta;
     uint32_t bb = rd32(p + 8);
-    refit_delta_apply_stats_t s = {0};
-    for (uint64_t c = 0; c < ix->nchunks; c++) {
-        if (!ix->need[c]) continue;
-        const unsigned char *e = p + HDR + c * ENTRY;
-        uint32_t kind = rd32(e + 12), count = rd32(e + 8);
-        if (kind == K_NONE) continue;
-        const unsigned char *pay = p + rd64(e);
-        uint64_t c0 = c * CB, cb = info.region_bytes - c0 < CB ? info.region_bytes - c0 : CB;
-        for (uint32_t li = ix->start[c]; li < ix->start[c + 1]; li++) {
-            const ireg_t *g = &ix->regs[ix->list[li]];
-            unsigned char *dst = (unsigned char *)dst_bases[g->r.dst_region];
-            uint64_t lo = g->span_lo > c0 ? g->span_lo : c0, hi = g->span_hi < c0 + cb ? g->span_hi : c0 + cb;
-            if (lo >= hi) continue;
-            if (kind == K_DENSE) {
-                s.bytes_written += copy_range(g, lo, hi, pay, c0, dst);
-            } else if (kind == K_SPARSE) {
-                const unsigned char *vals = pay + (uint64_t)count * 2;
-                uint64_t want = (lo - c0) / 2;
-                uint32_t L = 0, H = count;
-                while (L < H) {
-                    uint32_t M = L + (H - L) / 2;
-                    uint16_t v;
-                    memcpy(&v, pay + (uint64_t)M * 2, 2);
-                    if (v < want) L = M + 1;
-                    else H = M;
-                }
-                if (!g->nested) {
-                    for (uint32_t k = L; k < count; k++) {
-                        uint16_t v;
-                        memcpy(&v, pay + (uint64_t)k * 2, 2);
-                        uint64_t pos = c0 + (uint64_t)v * 2;
-                        if (pos >= hi) break;
-                        s.units_written += copy_range(g, pos, pos + 2, vals + (uint64_t)k * 2, pos, dst) ? 1 : 0;
-                    }
-                    continue;
-                }
-                /* Changes ascend, and so do the rows: walk both. */
-                cursor_t cur;
-                bool started = false;
-                for (uint32_t k = L; k < count; k++) {
-                    uint16_t v;
-                    memcpy(&v, pay + (uint64_t)k * 2, 2);
-                    uint64_t pos = c0 + (uint64_t)v * 2;
-                    if (pos >= hi) break;
-                    if (!started || pos - cur.so >= 8 * cur.step) {
-                        if (!seek(g, pos, &cur)) break;
-                        started = true;
-                    }
-                    while (pos >= cur.so + g->r.run)
-                        if (!next_row(g, &cur)) goto done_region;
-                    if (pos < cur.so) continue; /* a gap between rows */
-                    memcpy(dst + cur.dof + (pos - cur.so), vals + (uint64_t)k * 2, 2);
-                    s.units_written++;
-                }
-            done_region:;
-            } else {
-                uint64_t nb = (cb + bb - 1) / bb, nbits = (nb + 7) / 8;
-                uint64_t first = (lo - c0) / bb, last = (hi - 1 - c0) / bb, rank = 0;
-                for (uint64_t k = 0; k < first; k++) rank += (pay[k / 8] >> (k % 8)) & 1;
-                for (uint64_t k = first; k <= last; k++) {
-                    if (!((pay[k / 8] >> (k % 8)) & 1)) continue;
-                    if (rank >= count) return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: more blocks than it holds",
-                                                          (unsigned long long)c);
-                    uint64_t bs = c0 + k * bb, b0 = bs > lo ? bs : lo, b1 = bs + bb < hi ? bs + bb : hi;
-                    s.bytes_written += copy_range(g, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst);
-                    rank++;
-                }
-            }
-        }
+    apply_ctx_t a = {.ix = ix, .p = p, .info = &info, .bb = bb, .dst_bases = dst_bases};
+    atomic_init(&a.next, 0);
+    atomic_init(&a.failed, 0);
+    pthread_mutex_init(&a.lock, NULL);
+    if (threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (unsigned)n : 1;
     }
-    if (stats) *stats = s;
+    if (threads > 64) threads = 64;
+    pthread_t tid[64];
+    unsigned started = 0;
+    for (unsigned t = 1; t < threads; t++)
+        if (!pthread_create(&tid[started], NULL, apply_worker, &a)) started++;
+    apply_worker(&a);
+    for (unsigned t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    pthread_mutex_destroy(&a.lock);
+    if (atomic_load(&a.failed)) return refit_error(a.st, "%s", a.detail);
+    if (stats) *stats = a.s;
     return REFIT_OK;
 }
 

@@ -67,7 +67,9 @@ static refit_status_t apply_st(pair_t *p, int i, const void *d, size_t len, uint
 {
     refit_delta_index_t *ix;
     REFIT_ASSERT_OK(refit_delta_index_create(p->plan, (uint32_t)i, 0, refit_manifest_region_size(p->src[i], 0), &ix));
-    refit_status_t st = refit_delta_apply(ix, d, len, have, &p->dbase, NULL);
+    /* Source 1 through three threads, source 0 through the one-thread entry. */
+    refit_status_t st = i ? refit_delta_apply_threads(ix, d, len, have, &p->dbase, 3, NULL)
+                          : refit_delta_apply(ix, d, len, have, &p->dbase, NULL);
     refit_delta_index_destroy(ix);
     return st;
 }
