@@ -18,6 +18,9 @@
 #include "refit/truth.h"
 #include "refit/safetensors.h"
 #include "refit/engine.h"
+#include "refit/delta.h"
+#include "refit/select.h"
+#include "refit/fp8.h"
 
 
 #define REFIT_VERSION_MAJOR 0

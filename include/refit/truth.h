@@ -24,9 +24,22 @@ REFIT_API uint64_t refit_truth_tensor_seed(const char *canonical_name);
 /* The value's bits (in the low dtype-size bytes) of element `index` of a tensor. */
 REFIT_API uint64_t refit_truth_value(uint64_t tensor_seed, refit_dtype_t dtype, uint64_t index, uint64_t version);
 
+/* Delta mode: a fraction of the elements changes per version.  Element i
+ * keeps its value from version v-1 at version v unless change(i, v) (a hash of
+ * the tensor seed, i and v mapped to [0, 1)) is below `fraction`; its value is
+ * refit_truth_value(seed, dtype, i, u) for the last version u <= v at which it
+ * changed (0 if never).  fraction >= 1 gives refit_truth_value exactly. */
+REFIT_API bool refit_truth_changed(uint64_t tensor_seed, uint64_t index, uint64_t version, double fraction);
+REFIT_API uint64_t refit_truth_value_delta(uint64_t tensor_seed, refit_dtype_t dtype, uint64_t index, uint64_t version,
+                                           double fraction);
+
 /* Fills every placed element of every local tensor of m with the truth of
  * `version`, and padding with zeros.  region_bases[r] is region r's base. */
 REFIT_API refit_status_t refit_truth_fill(const refit_manifest_t *m, void *const *region_bases, uint64_t version);
+
+/* As refit_truth_fill / refit_truth_verify, with refit_truth_value_delta(fraction). */
+REFIT_API refit_status_t refit_truth_fill_delta(const refit_manifest_t *m, void *const *region_bases, uint64_t version,
+                                                double fraction);
 
 typedef struct {
     uint64_t elements_checked;
@@ -40,6 +53,9 @@ typedef struct {
  * canonical tensor and index, expected and found bits).  report may be NULL. */
 REFIT_API refit_status_t refit_truth_verify(const refit_manifest_t *m, const void *const *region_bases,
                                             uint64_t version, refit_truth_report_t *report);
+
+REFIT_API refit_status_t refit_truth_verify_delta(const refit_manifest_t *m, const void *const *region_bases,
+                                                  uint64_t version, double fraction, refit_truth_report_t *report);
 
 #ifdef __cplusplus
 }

@@ -55,6 +55,15 @@ static const refit_model_spec_t g_specs[] = {
      .kv_heads = 8, .intermediate = 96, .experts = 8, .moe_intermediate = 16, .shared_experts = 1,
      .first_dense = 1, .vocab = 997, .router_bias = true, .q_lora_rank = 32, .kv_lora_rank = 16,
      .qk_nope_dim = 8, .qk_rope_dim = 4, .v_head_dim = 8},
+    /* FP8 targets (issue 5): every linear dimension a multiple of 128, so
+     * 128x128 blocks align with vLLM tp=2 shards (head_dim 128, 2 kv heads,
+     * expert width 256).  tiny-fp8 for tests; qwen3-fp8-mini (~0.4 GB) for the bench. */
+    {.name = "tiny-fp8", .arch = REFIT_ARCH_MOE, .dtype = BF16, .hidden = 256, .layers = 2, .heads = 4,
+     .kv_heads = 2, .head_dim = 128, .intermediate = 512, .experts = 4, .moe_intermediate = 256, .vocab = 1000,
+     .qk_norm = true},
+    {.name = "qwen3-fp8-mini", .arch = REFIT_ARCH_MOE, .dtype = BF16, .hidden = 1024, .layers = 4, .heads = 8,
+     .kv_heads = 2, .head_dim = 128, .intermediate = 2048, .experts = 32, .moe_intermediate = 512, .vocab = 8192,
+     .qk_norm = true},
     {.name = ""},
 };
 

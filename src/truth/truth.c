@@ -31,6 +31,21 @@ uint64_t refit_truth_value(uint64_t seed, refit_dtype_t dtype, uint64_t index, u
     }
 }
 
+bool refit_truth_changed(uint64_t seed, uint64_t index, uint64_t version, double fraction)
+{
+    if (fraction >= 1.0) return true;
+    if (fraction <= 0.0) return false;
+    uint64_t h = refit_mix64(seed ^ 0x64656c7461ULL ^ refit_mix64(index * 0xd6e8feb86659fd93ULL + version * 0x9e3779b97f4a7c15ULL + 7));
+    return (double)(h >> 11) * 0x1.0p-53 < fraction;
+}
+
+uint64_t refit_truth_value_delta(uint64_t seed, refit_dtype_t dtype, uint64_t index, uint64_t version, double fraction)
+{
+    uint64_t u = version;
+    while (u > 0 && !refit_truth_changed(seed, index, u, fraction)) u--;
+    return refit_truth_value(seed, dtype, index, u);
+}
+
 static inline void store(unsigned char *p, size_t es, uint64_t v)
 {
     switch (es) {
@@ -54,6 +69,7 @@ static inline uint64_t load(const unsigned char *p, size_t es)
 typedef struct {
     const refit_manifest_t *m;
     uint64_t version;
+    double fraction; /* >= 1: refit_truth_value */
     bool verify;
     unsigned char *const *bases;
     refit_truth_report_t rep;
@@ -85,7 +101,8 @@ static void walk_placement(walk_t *w, const refit_placement_t *p)
         uint64_t lidx = refit_placement_local_index(m, p, pt);
         unsigned char *q = base + lidx * es;
         for (uint64_t k = 0; k < inner; k++, q += es) {
-            uint64_t v = refit_truth_value(seed, c->dtype, cidx + k, w->version);
+            uint64_t v = w->fraction >= 1.0 ? refit_truth_value(seed, c->dtype, cidx + k, w->version)
+                                            : refit_truth_value_delta(seed, c->dtype, cidx + k, w->version, w->fraction);
             if (!w->verify) {
                 store(q, es, v);
                 continue;
@@ -150,15 +167,30 @@ static refit_status_t walk(walk_t *w)
 refit_status_t refit_truth_fill(const refit_manifest_t *m, void *const *region_bases, uint64_t version)
 {
     if (!m || !region_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_truth_fill: NULL argument");
-    walk_t w = {.m = m, .version = version, .bases = (unsigned char *const *)region_bases};
+    walk_t w = {.m = m, .version = version, .fraction = 1.0, .bases = (unsigned char *const *)region_bases};
+    return walk(&w);
+}
+
+refit_status_t refit_truth_fill_delta(const refit_manifest_t *m, void *const *region_bases, uint64_t version,
+                                      double fraction)
+{
+    if (!m || !region_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_truth_fill_delta: NULL argument");
+    walk_t w = {.m = m, .version = version, .fraction = fraction, .bases = (unsigned char *const *)region_bases};
     return walk(&w);
 }
 
 refit_status_t refit_truth_verify(const refit_manifest_t *m, const void *const *region_bases, uint64_t version,
                                   refit_truth_report_t *report)
 {
+    return refit_truth_verify_delta(m, region_bases, version, 1.0, report);
+}
+
+refit_status_t refit_truth_verify_delta(const refit_manifest_t *m, const void *const *region_bases, uint64_t version,
+                                        double fraction, refit_truth_report_t *report)
+{
     if (!m || !region_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_truth_verify: NULL argument");
-    walk_t w = {.m = m, .version = version, .verify = true, .bases = (unsigned char *const *)region_bases};
+    walk_t w = {.m = m, .version = version, .fraction = fraction, .verify = true,
+                .bases = (unsigned char *const *)region_bases};
     refit_status_t st = walk(&w);
     if (report) *report = w.rep;
     if (st == REFIT_ERR_VERIFY && w.rep.mismatches > 1)

@@ -497,10 +497,60 @@ static void identity_and_corrupt_manifest(void **state)
     t_rm_tree(g.dir);
 }
 
+/* Partial refit through the engine: a receiver with a narrowed manifest
+ * (refit_manifest_select) over the same memory pulls only layer 1 and the
+ * lm_head (whole fused tensors) and verifies only those; the rest of the
+ * memory keeps the previous version. */
+static void partial_refit(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false};
+    pub_t p[2];
+    for (uint32_t k = 0; k < 2; k++) p[k] = pub_start(&c, k);
+    void *b;
+    refit_receiver_t *full = receiver("tiny-moe", "vllm:tp=2", 0, &g, "shm", 0, &b);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    REFIT_ASSERT_OK(refit_receiver_pull(full, 1, 10000, NULL));
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=2", 0), *sel, *rest;
+    refit_select_report_t sr;
+    REFIT_ASSERT_OK(refit_manifest_select(m, "layer:1,lm_head.weight", false, &sel, &sr));
+    REFIT_ASSERT_OK(refit_manifest_select(m, "layer:1,lm_head.weight", true, &rest, NULL));
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g.url;
+    rp.job = g.job;
+    rp.transports = "shm";
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.reader = "partial";
+    refit_receiver_t *part;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, sel, &part));
+    REFIT_ASSERT_OK(refit_receiver_attach(part, 0, b));
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(part, 2, 10000, &rep));
+    assert_int_equal(rep.version, 2);
+    assert_true(rep.bytes < sr.bytes + 1);
+    assert_true(rep.bytes * 2 < refit_manifest_region_size(m, 0));
+    REFIT_ASSERT_OK(refit_manifest_select(m, "layer:1,lm_head.weight", false, &sel, NULL));
+    REFIT_ASSERT_OK(refit_truth_verify(sel, (const void *const *)&b, 2, NULL));
+    REFIT_ASSERT_OK(refit_truth_verify(rest, (const void *const *)&b, 1, NULL));
+    REFIT_ASSERT_ERR(refit_truth_verify(m, (const void *const *)&b, 2, NULL), REFIT_ERR_VERIFY, "");
+    refit_receiver_destroy(part);
+    refit_receiver_destroy(full);
+    refit_manifest_destroy(sel);
+    refit_manifest_destroy(rest);
+    refit_manifest_destroy(m);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(end_to_end_shm_file),
+        cmocka_unit_test(partial_refit),
         cmocka_unit_test(process_vm_readv_path),
         cmocka_unit_test(snapshot_mode),
         cmocka_unit_test(end_to_end_redis),

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# refit bench --scenario delta|partial|fp8 on the tiny models: each prints its
+# JSON and the correctness assertions hold (timing targets are judged on the
+# benchmark model, not here).
+set -u
+refit="$1"
+pass=0
+fail=0
+check() { # name json-file assertion...
+    local name="$1" out="$2"
+    shift 2
+    for a in "$@"; do
+        if grep -q "\"name\":\"$a\",[^}]*\"passed\":true" "$out"; then
+            pass=$((pass + 1))
+        else
+            echo "FAIL: $name: assertion $a"; cat "$out"; fail=$((fail + 1))
+        fi
+    done
+}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$refit" bench --scenario delta --model tiny-moe --versions 3 >"$tmp/delta.json"
+check delta "$tmp/delta.json" bit_exact wire_bytes_ratio full_refit_without_base
+"$refit" bench --scenario delta --model tiny-dense --src megatron:tp=2 --dst vllm:tp=1 --fraction 0.2 --versions 2 >"$tmp/delta2.json"
+check delta-20% "$tmp/delta2.json" bit_exact full_refit_without_base
+"$refit" bench --scenario partial --model tiny-moe --select "layer:1,lm_head.weight" >"$tmp/partial.json"
+rc=$?
+[ $rc -eq 0 ] || { echo "FAIL: partial exited $rc"; fail=$((fail + 1)); }
+check partial "$tmp/partial.json" selected_tensors_verified others_untouched fused_whole bytes_only_selected
+"$refit" bench --scenario fp8 --model tiny-fp8 >"$tmp/fp8.json"
+rc=$?
+[ $rc -eq 0 ] || { echo "FAIL: fp8 exited $rc"; fail=$((fail + 1)); }
+check fp8 "$tmp/fp8.json" fp8_bits_exact wire_carries_fp8 misaligned_refused
+# A model whose shards cut FP8 blocks is refused with a clear error.
+if "$refit" bench --scenario fp8 --model tiny-moe >/dev/null 2>"$tmp/err"; then
+    echo "FAIL: fp8 on tiny-moe was accepted"; fail=$((fail + 1))
+elif grep -q "block grid" "$tmp/err"; then pass=$((pass + 1)); else
+    echo "FAIL: fp8 on tiny-moe: $(cat "$tmp/err")"; fail=$((fail + 1)); fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
