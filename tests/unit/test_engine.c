@@ -178,6 +178,7 @@ static refit_receiver_t *receiver(const char *model, const char *layout, uint32_
     rp.verify = REFIT_VERIFY_TRUTH;
     rp.lease_ms = lease_ms;
     rp.threads = 2;
+    rp.chunk_kb = 16; /* many chunks even for tiny models: holders share and steal */
     refit_receiver_t *r;
     REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, layout, rank), &r));
     REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
@@ -336,12 +337,14 @@ static void end_to_end_redis(void **state)
 /* A DP replica killed after the receiver began (memory marked partial): the
  * pull fails, the receiver is marked unusable, and a retry completes from the
  * surviving replica once the dead one's heartbeat expired. */
+/* A publisher whose bytes nobody else holds dies during the transfer: the
+ * pull fails (PEER, "died"), the memory is marked unusable. */
 static void publisher_killed_mid_transfer(void **state)
 {
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -367,13 +370,51 @@ static void publisher_killed_mid_transfer(void **state)
     assert_true(t_ms_since(t0) < 5000);
     assert_false(refit_receiver_usable(r));
     assert_int_equal(refit_receiver_committed(r), 1);
-    /* Retry: rank 1 is dropped once its heartbeat expires; rank 0 holds every byte. */
-    t_msleep(600);
+    refit_receiver_destroy(r);
+    close(p[1].cmd);
+    close(p[1].resp);
+    pub_stop(&p[0]);
+    t_rm_tree(g.dir);
+}
+
+/* A DP replica dies during the transfer: its chunks go to the other replica
+ * in the same pull, every byte verified. */
+static void replica_killed_mid_transfer_fails_over(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    setenv("REFIT_TEST_PAUSE_MS", "300", 1);
+    pid_t killer = fork();
+    if (killer == 0) {
+        t_msleep(100);
+        kill(p[1].pid, SIGKILL);
+        _exit(0);
+    }
+    double t0 = refit_now();
     refit_pull_report_t rep;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
-    assert_int_equal(rep.sources, 1);
+    unsetenv("REFIT_TEST_PAUSE_MS");
+    waitpid(killer, NULL, 0);
+    waitpid(p[1].pid, NULL, 0);
+    assert_true(t_ms_since(t0) < 5000);
     assert_true(refit_receiver_usable(r));
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 2);
+    refit_holder_stat_t hs[4];
+    size_t nh = refit_receiver_holders(r, hs, 4);
+    assert_int_equal(nh, 2);
+    bool saw_failed = false;
+    for (size_t i = 0; i < nh; i++)
+        if (!strcmp(hs[i].name, "trainer:1")) saw_failed = hs[i].failed;
+    assert_true(saw_failed);
     refit_receiver_destroy(r);
     close(p[1].cmd);
     close(p[1].resp);
@@ -502,6 +543,7 @@ int main(void)
         cmocka_unit_test(snapshot_mode),
         cmocka_unit_test(end_to_end_redis),
         cmocka_unit_test(publisher_killed_mid_transfer),
+        cmocka_unit_test(replica_killed_mid_transfer_fails_over),
         cmocka_unit_test(stale_entry_and_missing_rank),
         cmocka_unit_test(receiver_killed_mid_transfer),
         cmocka_unit_test(identity_and_corrupt_manifest),
