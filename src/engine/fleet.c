@@ -147,9 +147,14 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c)
     refit_fleet_holder_t *H = &S->h[h];
     refit_plan_region_t reg = c->reg;
     if (H->mirror_dst) {
-        reg.src_region = reg.dst_region;
-        reg.src_offset = reg.dst_offset;
-        for (uint32_t l = 0; l < REFIT_PLAN_MAX_LOOPS; l++) reg.src_stride[l] = reg.dst_stride[l];
+        /* A relay holds the whole version where we put it: read the chunk's
+         * destination span in one piece (bytes between its rows are the same
+         * version's bytes too, or padding, which the relay has as zeros). */
+        uint64_t lo = reg.dst_offset, hi = refit_region_dst_end(&reg);
+        memset(&reg, 0, sizeof(reg));
+        reg.src_region = reg.dst_region = c->reg.dst_region;
+        reg.src_offset = reg.dst_offset = lo;
+        reg.run = hi - lo;
     }
     reg.src = h;
     struct refit_plan one;
@@ -259,6 +264,7 @@ static void *worker_main(void *arg)
         refit_status_t st = run_chunk(S, h, &copy);
         double dt = refit_now() - t0;
         uint64_t bytes = refit_plan_region_bytes(&copy.reg);
+        if (H->mirror_dst) bytes = refit_region_dst_end(&copy.reg) - copy.reg.dst_offset;
         pthread_mutex_lock(&S->lock);
         if (st) {
             if (!H->failed) {

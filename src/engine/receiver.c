@@ -419,7 +419,8 @@ static refit_status_t trainer_holders(refit_receiver_t *r, const snapshot_t *s, 
 }
 
 /* Chooses holders: relays with room first; the trainer when there is no
- * limit, or while no relay holds v and the trainer has room.  Waits (up to
+ * limit (with the relays), or while no relay holds v and the trainer has
+ * room (alone).  Waits (up to
  * the deadline) while every holder is full.  *with_trainer says whether
  * trainer ranks are among them. */
 static refit_status_t fleet_select(refit_receiver_t *r, const snapshot_t *s, uint64_t v, const refit_plan_t *plan,
@@ -428,12 +429,17 @@ static refit_status_t fleet_select(refit_receiver_t *r, const snapshot_t *s, uin
 {
     uint32_t cap = r->params.max_readers;
     for (;;) {
-        *nh = refit_relays_find(r->relays, &r->ts, v, r->reader, r->params.lease_ms, h, REFIT_MIN(max, REFIT_MAX_RELAYS));
+        uint32_t holding = 0;
+        *nh = refit_relays_find(r->relays, &r->ts, v, r->reader, r->params.lease_ms, h, REFIT_MIN(max, REFIT_MAX_RELAYS),
+                                &holding);
+        refit_log(REFIT_LOG_DEBUG, "%s: version %" PRIu64 ": %u relay(s) hold it, %u with room", r->reader, v, holding,
+                  *nh);
         if (*nh && cap) {
             *with_trainer = false;
             return REFIT_OK;
         }
-        if (!cap || refit_relays_trainer_token(r->relays, v, r->reader, cap * r->m->world)) {
+        /* With a limit, the trainer feeds only while no relay holds the version. */
+        if (!cap || (!holding && refit_relays_trainer_token(r->relays, v, r->reader, cap))) {
             *with_trainer = true;
             return trainer_holders(r, s, v, plan, h, nh, max);
         }

@@ -12,9 +12,10 @@
  * finds the version retired skips that relay.  Version-level: a relay serves
  * only versions it has completely (chunk-level availability is not built).
  *
- * Load: with max_readers set, a reader takes a relay (or the trainer group)
- * only while fewer than max_readers readers hold a load token on it (a lease
- * under "<group>.load", short ttl, renewed during the pull).  Trainer tokens
+ * Load: with max_readers set, a reader takes a relay (or the trainer, counted
+ * per receiver rank) only while fewer than max_readers readers hold a load
+ * token on it (a lease under "<group>.load", short ttl, renewed during the
+ * pull).  Trainer tokens
  * are taken only when no relay holds the version, so the trainer feeds the
  * first max_readers receivers and relays feed the rest: a tree. */
 #include <inttypes.h>
@@ -196,9 +197,10 @@ static refit_status_t connect_relay(refit_relays_t *R, const refit_tset_t *ts, r
 }
 
 uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, const char *reader,
-                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max)
+                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding)
 {
     uint32_t nh = 0;
+    *holding = 0;
     for (uint32_t j = 0; j < REFIT_MAX_RELAYS && nh < max; j++) {
         relay_src_t *s = &R->src[j];
         if ((int)j == R->slot) continue;
@@ -225,6 +227,7 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
             s->signature = rec.signature;
             s->incarnation = rec.incarnation;
         }
+        (*holding)++;
         if (!take_token(R, g, v, reader, R->params.max_readers)) continue;
         s->loaded = R->params.max_readers != 0;
         if (refit_registry_lease_acquire(R->reg, g, v, reader, lease_ms)) { /* retired: it moves on */
@@ -253,9 +256,17 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
     return nh;
 }
 
+/* Trainer load is counted per receiver rank: readers of the same bytes. */
+static void trainer_load_name(const refit_relays_t *R, char *buf, size_t n)
+{
+    snprintf(buf, n, "%.40s.r%u", R->group, R->rank);
+}
+
 bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reader, uint32_t cap)
 {
-    if (!take_token(R, R->group, v, reader, cap)) return false;
+    char g[104];
+    trainer_load_name(R, g, sizeof(g));
+    if (!take_token(R, g, v, reader, cap)) return false;
     R->trainer_loaded = cap != 0;
     R->trainer_version = v;
     return true;
@@ -279,7 +290,8 @@ refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_
         }
     }
     if (R->trainer_loaded) {
-        load_group(R->group, lg, sizeof(lg));
+        trainer_load_name(R, g, sizeof(g));
+        load_group(g, lg, sizeof(lg));
         refit_registry_lease_acquire(R->reg, lg, R->trainer_version, reader, LOAD_TTL_MS);
     }
     return REFIT_OK;
@@ -296,7 +308,10 @@ void refit_relays_release_as(refit_relays_t *R, const char *reader)
         if (s->loaded) drop_token(R, g, s->version, reader);
         s->leased = s->loaded = false;
     }
-    if (R->trainer_loaded) drop_token(R, R->group, R->trainer_version, reader);
+    if (R->trainer_loaded) {
+        trainer_load_name(R, g, sizeof(g));
+        drop_token(R, g, R->trainer_version, reader);
+    }
     R->trainer_loaded = false;
 }
 

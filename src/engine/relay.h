@@ -17,9 +17,10 @@ void refit_relays_withdraw(refit_relays_t *R, int timeout_ms);
 /* After a commit: serve version v from the receiver's memory (slot >= 0 only). */
 refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v);
 bool refit_relays_serving(const refit_relays_t *R);
-/* Other relays holding v with room (max_readers): leased, connected, as holders. */
+/* Other relays holding v with room (max_readers): leased, connected, as
+ * holders; *holding counts the relays that hold v, full or not. */
 uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, const char *reader,
-                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max);
+                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding);
 /* A load token on the trainer group (always true when cap is 0). */
 bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reader, uint32_t cap);
 refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_t lease_ms);
