@@ -66,6 +66,7 @@ typedef struct {
     uint32_t planned;        /* plan source index */
     uint8_t state, dup;
     uint32_t owner;          /* holder index while busy */
+    uint32_t pref;           /* holder whose share it is */
     double start;
 } chunk_t;
 
@@ -76,7 +77,7 @@ typedef struct {
     uint64_t *plan_keys; /* mirror key of each plan source */
     size_t nplan;
     chunk_t *c;
-    size_t nc, done, next_free;
+    size_t nc, done;
     void *const *dst;
     double deadline;
     double time_sum;
@@ -185,29 +186,39 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c)
     return rc;
 }
 
-/* Claims a chunk for holder h (lock held): a free one, or a stolen one. */
+/* Claims a chunk for holder h (lock held): first a free chunk of its own
+ * share, then a free chunk of another holder's share (from the back of it),
+ * then a chunk another holder has had in flight for too long (a re-read). */
 static chunk_t *claim(sched_t *S, uint32_t h, bool *none_left)
 {
     double now = refit_now();
     double mean = S->time_n ? S->time_sum / (double)S->time_n : 0.02;
-    chunk_t *steal = NULL;
+    chunk_t *take = NULL, *steal = NULL;
     bool any = false;
-    bool skipped = false;
-    for (size_t i = S->next_free; i < S->nc; i++) {
+    for (size_t i = 0; i < S->nc; i++) {
         chunk_t *c = &S->c[i];
-        if (c->state == CH_DONE) continue;
-        if (c->state == CH_FREE) skipped = true;
-        if (!can_serve(S, h, c)) continue;
+        if (c->state == CH_DONE || !can_serve(S, h, c)) continue;
         any = true;
-        if (c->state == CH_FREE) {
-            c->state = CH_BUSY;
-            c->owner = h;
-            c->start = now;
-            return c;
+        if (c->state == CH_FREE && c->pref == h) {
+            take = c;
+            break;
         }
-        if (!steal && !c->dup && c->owner != h && !S->h[c->owner].failed && now - c->start > 3 * mean + 0.005)
+    }
+    for (size_t i = S->nc; !take && i-- > 0;) {
+        chunk_t *c = &S->c[i];
+        if (c->state == CH_FREE && can_serve(S, h, c)) take = c;
+    }
+    if (take) {
+        take->state = CH_BUSY;
+        take->owner = h;
+        take->start = now;
+        return take;
+    }
+    for (size_t i = 0; i < S->nc && !steal; i++) {
+        chunk_t *c = &S->c[i];
+        if (c->state == CH_BUSY && !c->dup && c->owner != h && !S->h[c->owner].failed && can_serve(S, h, c) &&
+            now - c->start > 3 * mean + 0.005)
             steal = c;
-        if (!skipped) S->next_free = i; /* nothing free before i */
     }
     if (steal) {
         steal->dup = 1;
@@ -218,6 +229,25 @@ static chunk_t *claim(sched_t *S, uint32_t h, bool *none_left)
     }
     *none_left = !any;
     return NULL;
+}
+
+/* Shares: each chunk goes to the capable holder with the fewest bytes so
+ * far (ties rotate with seed), so equal holders serve equal bytes. */
+static void share(sched_t *S, uint32_t seed)
+{
+    uint64_t *load = calloc(S->nh ? S->nh : 1, sizeof(uint64_t));
+    for (size_t i = 0; i < S->nc; i++) {
+        chunk_t *c = &S->c[i];
+        uint32_t best = UINT32_MAX;
+        for (uint32_t k = 0; k < S->nh; k++) {
+            uint32_t h = (k + seed) % S->nh;
+            if (!can_serve(S, h, c)) continue;
+            if (best == UINT32_MAX || (load && load[h] < load[best])) best = h;
+        }
+        c->pref = best;
+        if (load && best != UINT32_MAX) load[best] += refit_plan_region_bytes(&c->reg);
+    }
+    free(load);
 }
 
 static void pace(sched_t *S, refit_fleet_holder_t *H, uint64_t bytes)
@@ -273,7 +303,6 @@ static void *worker_main(void *arg)
                 H->failed_at = refit_now();
             }
             if (c->state == CH_BUSY && c->owner == h) c->state = CH_FREE, c->dup = 0;
-            if ((size_t)(c - S->c) < S->next_free) S->next_free = (size_t)(c - S->c);
             pthread_cond_broadcast(&S->cond);
             break;
         }
@@ -330,6 +359,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
                                S.c[i].planned);
         }
     }
+    share(&S, x->seed);
     pthread_mutex_init(&S.lock, NULL);
     pthread_cond_init(&S.cond, NULL);
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_init(&S.serial[t], NULL);
