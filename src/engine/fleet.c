@@ -10,11 +10,14 @@
  *     version, see relay.c) holds them where this receiver puts them: the
  *     source side of the region is the destination side.
  * The plan's regions are cut into chunks of about chunk_bytes (along the
- * outermost loop, or the run).  Each holder gets `workers` threads; a worker
- * claims the first free chunk its holder can serve, so fast holders take more
- * chunks than slow ones (work stealing, no static split).  A worker with
+ * outermost loop, or the run) and shared out equally by bytes among the
+ * holders that can serve them.  Each holder gets `workers` threads; a worker
+ * claims the next chunk of its holder's share, and when that is done, free
+ * chunks of a holder whose chunks take over 3x as long as its own:
+ * equal holders serve equal bytes (egress balance), slow ones lose their
+ * share to fast ones (work stealing).  A worker with
  * nothing left to claim re-reads a chunk another holder has had in flight for
- * more than 3x the mean chunk time (+5 ms): a slow source's tail is worked
+ * more than 4x the mean chunk time (+100 ms): a slow source's tail is worked
  * around.  A holder that fails (its process died: process_vm_readv fails, the
  * peer breaks) is dropped and its chunk goes back to the queue, so a reader
  * fails over at once to the other holders of those bytes.  The pull fails only
@@ -78,6 +81,7 @@ typedef struct {
     size_t nplan;
     chunk_t *c;
     size_t nc, done;
+    uint64_t chunk; /* nominal chunk bytes */
     void *const *dst;
     double deadline;
     double time_sum;
@@ -186,6 +190,32 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c)
     return rc;
 }
 
+/* Seconds per byte of holder h: copy and link pacing, not the time its
+ * threads waited for a CPU (see worker_main). */
+static double per_byte(const sched_t *S, uint32_t h)
+{
+    const refit_fleet_holder_t *H = &S->h[h];
+    return H->bytes ? H->busy_s / (double)H->bytes : 0;
+}
+
+/* Whether holder v is clearly slower than holder h: over 3x the seconds per
+ * byte (after 3 chunks each), or a chunk in flight for over 10x what h
+ * would take for it (+100 ms).  CPU scheduling noise on a busy 2-core host
+ * stays under that; a link at a tenth of the speed, or a stuck source, not. */
+static bool slower(const sched_t *S, uint32_t v, uint32_t h, double now)
+{
+    double mine = per_byte(S, h);
+    if (S->h[h].chunks < 3 || mine <= 0) return false;
+    if (S->h[v].chunks >= 3 && per_byte(S, v) > 3.0 * mine) return true;
+    for (size_t i = 0; i < S->nc; i++) {
+        const chunk_t *c = &S->c[i];
+        if (c->state == CH_BUSY && c->owner == v &&
+            now - c->start > 10.0 * mine * (double)refit_plan_region_bytes(&c->reg) + 0.1)
+            return true;
+    }
+    return false;
+}
+
 /* Claims a chunk for holder h (lock held): first a free chunk of its own
  * share, then a free chunk of another holder's share (from the back of it),
  * then a chunk another holder has had in flight for too long (a re-read). */
@@ -204,11 +234,17 @@ static chunk_t *claim(sched_t *S, uint32_t h, bool *none_left)
             break;
         }
     }
+    /* Another holder's share only when that holder is clearly slower (its
+     * chunks take over 3x as long): equal holders keep equal shares
+     * (egress balance), slow ones lose theirs (stragglers). */
     for (size_t i = S->nc; !take && i-- > 0;) {
         chunk_t *c = &S->c[i];
-        if (c->state == CH_FREE && can_serve(S, h, c)) take = c;
+        if (c->state != CH_FREE || !can_serve(S, h, c)) continue;
+        const refit_fleet_holder_t *v = c->pref < S->nh ? &S->h[c->pref] : NULL;
+        if (!v || v->failed || !v->peer || slower(S, c->pref, h, now)) take = c;
     }
     if (take) {
+        if (take->pref != h) S->h[h].taken++;
         take->state = CH_BUSY;
         take->owner = h;
         take->start = now;
@@ -217,7 +253,7 @@ static chunk_t *claim(sched_t *S, uint32_t h, bool *none_left)
     for (size_t i = 0; i < S->nc && !steal; i++) {
         chunk_t *c = &S->c[i];
         if (c->state == CH_BUSY && !c->dup && c->owner != h && !S->h[c->owner].failed && can_serve(S, h, c) &&
-            now - c->start > 3 * mean + 0.005)
+            now - c->start > 4 * mean + 0.1)
             steal = c;
     }
     if (steal) {
@@ -250,12 +286,21 @@ static void share(sched_t *S, uint32_t seed)
     free(load);
 }
 
-static void pace(sched_t *S, refit_fleet_holder_t *H, uint64_t bytes)
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Emulated link: the holder's link carries one chunk after another at
+ * `rate`; a chunk that started at t0 is through at max(link free, t0) +
+ * bytes/rate, and its worker waits until then (the copy overlaps the link). */
+static void pace(sched_t *S, refit_fleet_holder_t *H, uint64_t bytes, double t0)
 {
     if (H->rate <= 0) return;
     pthread_mutex_lock(&S->lock);
-    double now = refit_now();
-    if (H->busy_until < now - 0.001) H->busy_until = now;
+    if (H->busy_until < t0) H->busy_until = t0;
     H->busy_until += (double)bytes / H->rate;
     double until = H->busy_until;
     while (!S->finished && refit_now() < until) {
@@ -290,9 +335,13 @@ static void *worker_main(void *arg)
         }
         chunk_t copy = *c;
         pthread_mutex_unlock(&S->lock);
-        double t0 = refit_now();
+        double t0 = refit_now(), c0 = thread_cpu();
         refit_status_t st = run_chunk(S, h, &copy);
         double dt = refit_now() - t0;
+        /* A holder's speed: for shm, the CPU time of the copy (wall time would
+         * count the time this thread waited for a CPU, which says nothing about
+         * the source); for network transports, the wall time. */
+        double cost = S->ts->ops[H->transport] == &refit_transport_shm ? thread_cpu() - c0 : dt;
         uint64_t bytes = refit_plan_region_bytes(&copy.reg);
         if (H->mirror_dst) bytes = refit_region_dst_end(&copy.reg) - copy.reg.dst_offset;
         pthread_mutex_lock(&S->lock);
@@ -308,6 +357,7 @@ static void *worker_main(void *arg)
         }
         H->bytes += bytes;
         H->chunks++;
+        H->busy_s += cost;
         if (c->state != CH_DONE) {
             c->state = CH_DONE;
             S->done++;
@@ -316,8 +366,10 @@ static void *worker_main(void *arg)
         }
         pthread_cond_broadcast(&S->cond);
         pthread_mutex_unlock(&S->lock);
-        pace(S, H, bytes);
+        double tp = refit_now();
+        pace(S, H, bytes, t0);
         pthread_mutex_lock(&S->lock);
+        H->busy_s += refit_now() - tp;
     }
     S->active--;
     pthread_cond_broadcast(&S->cond);
@@ -342,6 +394,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     size_t nregs;
     const refit_plan_region_t *regs = refit_plan_regions(x->plan, &nregs);
     uint64_t chunk = x->chunk_bytes ? x->chunk_bytes : (2u << 20);
+    S.chunk = chunk;
     for (size_t i = 0; i < nregs && !st; i++) st = cut(&cv, &regs[i], chunk);
     if (st) {
         REFIT_VEC_FREE(&cv);
@@ -420,6 +473,10 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         else
             st = refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S.nc, why);
     }
+    for (uint32_t h = 0; h < nh; h++)
+        refit_log(REFIT_LOG_DEBUG, "fleet: %s: %u chunks (%u from others' shares, %u re-read), %" PRIu64 " bytes, %.1f ms busy%s%s",
+                  holders[h].name, holders[h].chunks, holders[h].taken, holders[h].steals, holders[h].bytes,
+                  holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
     if (!st && stats) {
         for (size_t i = 0; i < S.nc; i++) stats->bytes += refit_plan_region_bytes(&S.c[i].reg);
         stats->requests += S.nc;

@@ -17,8 +17,10 @@ typedef struct {
     bool failed;
     double failed_at;
     uint64_t bytes;         /* bytes read from this holder (duplicates included) */
-    uint32_t chunks, steals;
+    uint32_t chunks, steals; /* steals: re-reads of overdue chunks */
+    uint32_t taken;          /* chunks taken from a slower holder's share */
     double busy_until;
+    double busy_s;          /* seconds copying and paced */
     char lanes[64];
     char error[256];
 } refit_fleet_holder_t;
