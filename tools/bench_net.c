@@ -517,7 +517,7 @@ int bench_straggler(int argc, char **argv)
 {
     nb_opts_t o;
     /* Two DP replicas of the trainer; links emulated at --link-mbps (default 1000 MB/s). */
-    int rc = parse(argc, argv, &o, "megatron:tp=1,dp=2", "vllm:tp=2", 4, 1000);
+    int rc = parse(argc, argv, &o, "megatron:tp=1,dp=2", "vllm:tp=4", 4, 1000);
     if (rc) return rc;
     o.max_readers = 0;
     uint32_t P = world_of(o.src);
@@ -536,14 +536,17 @@ int bench_straggler(int argc, char **argv)
     ok &= get_result(&r2, &b);
     stop(&r1, false);
     stop(&r2, false);
-    /* C. N receivers, none slowed; D. N receivers, receiver 0's links at a tenth. */
+    /* C. N receivers, none slowed; D. N receivers, receiver 0's links at a
+     * tenth.  Links at L/10 here, so that the links, not the two CPUs that
+     * all receivers share on this host, bound the healthy receivers. */
     result_t c[16], d[16];
     child_t rcv[16];
+    double LR = L / 10;
     for (int phase = 0; phase < 2 && ok; phase++) {
         result_t *res = phase ? d : c;
         for (uint32_t i = 0; i < o.receivers; i++)
             rcv[i] = spawn(&oa, &(role_t){false, 0, -1,
-                                          throttle_all("trainer", P, phase && i == 0 ? L / 10 : L, UINT32_MAX, 0)});
+                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0)});
         for (uint32_t i = 0; i < o.receivers; i++) send_cmd(&rcv[i], "pull 1");
         for (uint32_t i = 0; i < o.receivers; i++) ok &= get_result(&rcv[i], &res[i]);
         for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
@@ -578,8 +581,9 @@ int bench_straggler(int argc, char **argv)
     assertion(&j, "slow_replica_refit_within_1.3x", "<= 1.3", ratio, ratio <= 1.3);
     assertion(&j, "healthy_receivers_mean_within_10pct", "<= 0.10", mean_dev, mean_dev <= 0.10);
     assertion(&j, "healthy_receivers_each_within_10pct", "<= 0.10", worst, worst <= 0.10);
-    return out_end(&j, "links emulated by REFIT_TEST_THROTTLE pacing (per reader, per holder); the straggler "
-                       "receiver's links are at a tenth of the others'");
+    return out_end(&j, "links emulated by REFIT_TEST_THROTTLE pacing (per reader, per holder): --link-mbps for the "
+                       "slow-source runs (replica 1 at a tenth), a tenth of that for the slow-receiver runs (the "
+                       "straggler receiver's links at a tenth again)");
 }
 
 /* ---- egress ---------------------------------------------------------------- */
