@@ -65,7 +65,8 @@ double refit_fleet_throttle(const char *kind, uint32_t index)
 enum { CH_FREE = 0, CH_BUSY = 1, CH_DONE = 2 };
 
 typedef struct {
-    refit_plan_region_t reg; /* source side in the planned source's coordinates */
+    size_t first, n;         /* pieces (regions cut to size; source side in the planned source's coordinates) */
+    uint64_t bytes;          /* destination bytes they write */
     uint32_t planned;        /* plan source index */
     uint8_t state, dup;
     uint32_t owner;          /* holder index while busy */
@@ -80,6 +81,7 @@ typedef struct {
     uint64_t *plan_keys; /* mirror key of each plan source */
     size_t nplan;
     chunk_t *c;
+    refit_plan_region_t *pieces;
     size_t nc, done;
     uint64_t chunk; /* nominal chunk bytes */
     void *const *dst;
@@ -108,19 +110,23 @@ static bool can_serve(const sched_t *S, uint32_t h, const chunk_t *c)
 
 /* Cuts region r into pieces of about `chunk` bytes. */
 typedef REFIT_VEC(chunk_t) chunkvec_t;
+typedef REFIT_VEC(refit_plan_region_t) piecevec_t;
 
-static refit_status_t cut(chunkvec_t *out, const refit_plan_region_t *r, uint64_t chunk)
+/* Cuts region r into pieces of at most about `chunk` bytes. */
+static refit_status_t cut(piecevec_t *out, const refit_plan_region_t *r, uint64_t chunk)
 {
     uint64_t bytes = refit_plan_region_bytes(r);
-    chunk_t c = {.reg = *r, .planned = r->src};
-    if (bytes <= chunk) return REFIT_VEC_PUSH(out, c) ? refit_error(REFIT_ERR_NO_MEMORY, "chunks") : REFIT_OK;
+    struct {
+        refit_plan_region_t reg;
+    } c = {*r};
+    if (bytes <= chunk) return REFIT_VEC_PUSH(out, c.reg) ? refit_error(REFIT_ERR_NO_MEMORY, "chunks") : REFIT_OK;
     if (r->nloops == 0) {
         for (uint64_t off = 0; off < r->run; off += chunk) {
             c.reg = *r;
             c.reg.src_offset += off;
             c.reg.dst_offset += off;
             c.reg.run = REFIT_MIN(chunk, r->run - off);
-            if (REFIT_VEC_PUSH(out, c)) return refit_error(REFIT_ERR_NO_MEMORY, "chunks");
+            if (REFIT_VEC_PUSH(out, c.reg)) return refit_error(REFIT_ERR_NO_MEMORY, "chunks");
         }
         return REFIT_OK;
     }
@@ -142,39 +148,47 @@ static refit_status_t cut(chunkvec_t *out, const refit_plan_region_t *r, uint64_
                 continue;
             }
         }
-        if (REFIT_VEC_PUSH(out, c)) return refit_error(REFIT_ERR_NO_MEMORY, "chunks");
+        if (REFIT_VEC_PUSH(out, c.reg)) return refit_error(REFIT_ERR_NO_MEMORY, "chunks");
     }
     return REFIT_OK;
 }
 
-static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c)
+static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, uint64_t *read)
 {
     refit_fleet_holder_t *H = &S->h[h];
-    refit_plan_region_t reg = c->reg;
-    if (H->mirror_dst) {
-        /* A relay holds the whole version where we put it: read the chunk's
-         * destination span in one piece (bytes between its rows are the same
-         * version's bytes too, or padding, which the relay has as zeros). */
-        uint64_t lo = reg.dst_offset, hi = refit_region_dst_end(&reg);
-        memset(&reg, 0, sizeof(reg));
-        reg.src_region = reg.dst_region = c->reg.dst_region;
-        reg.src_offset = reg.dst_offset = lo;
-        reg.run = hi - lo;
-    }
-    reg.src = h;
-    struct refit_plan one;
-    memset(&one, 0, sizeof(one));
+    refit_plan_region_t *regs = calloc(c->n, sizeof(*regs));
     uint64_t *sb = calloc(S->nh, sizeof(uint64_t));
     refit_peer_t **peers = calloc(S->nh, sizeof(void *));
-    if (!sb || !peers) {
+    if (!regs || !sb || !peers) {
+        free(regs);
         free(sb);
         free(peers);
         return refit_error(REFIT_ERR_NO_MEMORY, "chunk");
     }
-    sb[h] = refit_plan_region_bytes(&reg);
+    for (size_t i = 0; i < c->n; i++) {
+        refit_plan_region_t reg = S->pieces[c->first + i];
+        if (H->mirror_dst) {
+            /* A relay holds the whole version where we put it: read each
+             * piece's destination span in one run (bytes between its rows are
+             * the same version's bytes too, or padding, which the relay has as
+             * zeros). */
+            uint64_t lo = reg.dst_offset, hi = refit_region_dst_end(&reg);
+            uint32_t dr = reg.dst_region;
+            memset(&reg, 0, sizeof(reg));
+            reg.src_region = reg.dst_region = dr;
+            reg.src_offset = reg.dst_offset = lo;
+            reg.run = hi - lo;
+        }
+        reg.src = h;
+        regs[i] = reg;
+        sb[h] += refit_plan_region_bytes(&reg);
+    }
+    *read = sb[h];
+    struct refit_plan one;
+    memset(&one, 0, sizeof(one));
     peers[h] = H->peer;
-    one.regions.data = &reg;
-    one.regions.len = one.regions.cap = 1;
+    one.regions.data = regs;
+    one.regions.len = one.regions.cap = c->n;
     one.src_bytes = sb;
     one.nsrcs = S->nh;
     refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
@@ -185,6 +199,7 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c)
     refit_status_t rc = ops->pull(S->ts->ctx[H->transport], peers, &one, S->dst, &ctl, &st);
     if (serial) pthread_mutex_unlock(&S->serial[H->transport]);
     if (!rc && !H->lanes[0]) snprintf(H->lanes, sizeof(H->lanes), "%.63s", st.lanes);
+    free(regs);
     free(sb);
     free(peers);
     return rc;
@@ -210,7 +225,7 @@ static bool slower(const sched_t *S, uint32_t v, uint32_t h, double now)
     for (size_t i = 0; i < S->nc; i++) {
         const chunk_t *c = &S->c[i];
         if (c->state == CH_BUSY && c->owner == v &&
-            now - c->start > 10.0 * mine * (double)refit_plan_region_bytes(&c->reg) + 0.1)
+            now - c->start > 10.0 * mine * (double)c->bytes + 0.1)
             return true;
     }
     return false;
@@ -281,7 +296,7 @@ static void share(sched_t *S, uint32_t seed)
             if (best == UINT32_MAX || (load && load[h] < load[best])) best = h;
         }
         c->pref = best;
-        if (load && best != UINT32_MAX) load[best] += refit_plan_region_bytes(&c->reg);
+        if (load && best != UINT32_MAX) load[best] += c->bytes;
     }
     free(load);
 }
@@ -336,14 +351,13 @@ static void *worker_main(void *arg)
         chunk_t copy = *c;
         pthread_mutex_unlock(&S->lock);
         double t0 = refit_now(), c0 = thread_cpu();
-        refit_status_t st = run_chunk(S, h, &copy);
+        uint64_t bytes = 0;
+        refit_status_t st = run_chunk(S, h, &copy, &bytes);
         double dt = refit_now() - t0;
         /* A holder's speed: for shm, the CPU time of the copy (wall time would
          * count the time this thread waited for a CPU, which says nothing about
          * the source); for network transports, the wall time. */
         double cost = S->ts->ops[H->transport] == &refit_transport_shm ? thread_cpu() - c0 : dt;
-        uint64_t bytes = refit_plan_region_bytes(&copy.reg);
-        if (H->mirror_dst) bytes = refit_region_dst_end(&copy.reg) - copy.reg.dst_offset;
         pthread_mutex_lock(&S->lock);
         if (st) {
             if (!H->failed) {
@@ -391,23 +405,41 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     S.nplan = refit_plan_num_sources(x->plan);
     S.plan_keys = x->plan_keys;
     chunkvec_t cv = {0};
+    piecevec_t pv = {0};
     size_t nregs;
     const refit_plan_region_t *regs = refit_plan_regions(x->plan, &nregs);
     uint64_t chunk = x->chunk_bytes ? x->chunk_bytes : (2u << 20);
     S.chunk = chunk;
-    for (size_t i = 0; i < nregs && !st; i++) st = cut(&cv, &regs[i], chunk);
+    for (size_t i = 0; i < nregs && !st; i++) st = cut(&pv, &regs[i], chunk);
+    /* Consecutive pieces of one source make one chunk, up to `chunk` bytes
+     * (a plan has thousands of small regions: one chunk each would cost more
+     * than the copy). */
+    for (size_t i = 0; i < pv.len && !st; i++) {
+        uint64_t b = refit_plan_region_bytes(&pv.data[i]);
+        chunk_t *last = cv.len ? &cv.data[cv.len - 1] : NULL;
+        if (last && last->planned == pv.data[i].src && last->bytes + b <= chunk) {
+            last->n++;
+            last->bytes += b;
+            continue;
+        }
+        chunk_t c = {.first = i, .n = 1, .bytes = b, .planned = pv.data[i].src};
+        if (REFIT_VEC_PUSH(&cv, c)) st = refit_error(REFIT_ERR_NO_MEMORY, "chunks");
+    }
     if (st) {
         REFIT_VEC_FREE(&cv);
+        REFIT_VEC_FREE(&pv);
         return st;
     }
     S.c = cv.data;
     S.nc = cv.len;
+    S.pieces = pv.data;
     /* Every chunk needs some holder from the start. */
     for (size_t i = 0; i < S.nc; i++) {
         bool ok = false;
         for (uint32_t h = 0; h < nh && !ok; h++) ok = can_serve(&S, h, &S.c[i]);
         if (!ok) {
             REFIT_VEC_FREE(&cv);
+            REFIT_VEC_FREE(&pv);
             return refit_error(REFIT_ERR_MISSING_SOURCE, "no connected holder serves plan source %u's bytes",
                                S.c[i].planned);
         }
@@ -478,7 +510,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
                   holders[h].name, holders[h].chunks, holders[h].taken, holders[h].steals, holders[h].bytes,
                   holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
     if (!st && stats) {
-        for (size_t i = 0; i < S.nc; i++) stats->bytes += refit_plan_region_bytes(&S.c[i].reg);
+        for (size_t i = 0; i < S.nc; i++) stats->bytes += S.c[i].bytes;
         stats->requests += S.nc;
         for (uint32_t h = 0; h < nh; h++)
             if (holders[h].chunks && !strstr(stats->lanes, holders[h].lanes)) {
@@ -494,5 +526,6 @@ out:
     pthread_cond_destroy(&S.cond);
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_destroy(&S.serial[t]);
     REFIT_VEC_FREE(&cv);
+    REFIT_VEC_FREE(&pv);
     return st;
 }
