@@ -304,9 +304,9 @@ static refit_status_t tick(void *user)
 {
     refit_receiver_t *r = user;
     double now = refit_now();
+    refit_relays_renew(r->relays, r->reader, r->params.lease_ms); /* load tokens live 1.5 s: its own pace */
     if (now - r->lease_renewed < r->params.lease_ms / 3e3) return REFIT_OK;
     r->lease_renewed = now;
-    refit_relays_renew(r->relays, r->reader, r->params.lease_ms);
     return refit_registry_lease_acquire(r->reg, r->group, r->lease_version, r->reader, r->params.lease_ms);
 }
 
