@@ -1,32 +1,727 @@
-/* refit bench scenarios: fanout, elastic, straggler, egress (fleet behaviour, issue 5).  Not built yet:
- * each says so and exits 1. */
+/* refit bench scenarios for the fleet (issue 5): fanout, elastic, straggler,
+ * egress.  Each runs on one host: publishers and receivers are child
+ * processes of this binary (shm transport, file registry), driven over pipes;
+ * every child reports refit_now() (CLOCK_MONOTONIC) times, so spans are
+ * measured across processes.  Slow links are emulated with
+ * REFIT_TEST_THROTTLE (a per-reader pacing of one holder's chunks; see
+ * src/engine/fleet.c), not with tc: shm moves bytes by the receiver's own
+ * memcpy, which no qdisc sees.  Output: one JSON object
+ *   {"scenario":..,"config":{..},"metrics":{..},"assertions":[{"name","expected","observed","passed"}]}
+ * on stdout (and --out FILE).  Exit status 0 even when an assertion fails
+ * (they are measurements); 1 when a run itself failed.
+ *
+ * Common options: --model M (default qwen3-30b-a3b-mini), --receivers N,
+ * --out FILE, --verify (check every byte against the synthetic truth; costs
+ * CPU that the 2-core machines here share with the transfers). */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "tool.h"
 #include "util/util.h"
 
-int bench_fanout(int argc, char **argv)
+/* ---- options ------------------------------------------------------------- */
+
+typedef struct {
+    const char *model, *out, *src, *dst;
+    uint32_t receivers, max_readers, chunk_kb;
+    double link_mbps; /* emulated per-link rate (0: none) */
+    bool verify;
+    char dir[64], url[96], job[48];
+} nb_opts_t;
+
+static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers,
+                 double link)
 {
-    (void)argc;
-    (void)argv;
-    return tool_fail(refit_error(REFIT_ERR_UNSUPPORTED, "bench scenario fanout is not built yet"), "bench");
+    memset(o, 0, sizeof(*o));
+    o->model = "qwen3-30b-a3b-mini";
+    o->src = src;
+    o->dst = dst;
+    o->receivers = receivers;
+    o->max_readers = 2;
+    o->link_mbps = link;
+    static const struct option opts[] = {{"scenario", required_argument, 0, 's'}, {"model", required_argument, 0, 'm'},
+                                         {"out", required_argument, 0, 'o'},      {"receivers", required_argument, 0, 'n'},
+                                         {"src", required_argument, 0, 'S'},      {"dst", required_argument, 0, 'D'},
+                                         {"max-readers", required_argument, 0, 'r'}, {"chunk-kb", required_argument, 0, 'c'},
+                                         {"link-mbps", required_argument, 0, 'l'}, {"verify", no_argument, 0, 'v'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': break;
+        case 'm': o->model = optarg; break;
+        case 'o': o->out = optarg; break;
+        case 'n': o->receivers = (uint32_t)atoi(optarg); break;
+        case 'S': o->src = optarg; break;
+        case 'D': o->dst = optarg; break;
+        case 'r': o->max_readers = (uint32_t)atoi(optarg); break;
+        case 'c': o->chunk_kb = (uint32_t)atoi(optarg); break;
+        case 'l': o->link_mbps = atof(optarg); break;
+        case 'v': o->verify = true; break;
+        default: return tool_usage("bench", "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
+                                            "--chunk-kb N --link-mbps X --verify --out FILE");
+        }
+    }
+    if (o->receivers < 1 || o->receivers > 16) return tool_usage("bench", "--receivers is 1..16");
+    return 0;
 }
 
-int bench_elastic(int argc, char **argv)
+static int g_jobseq;
+
+/* A fresh registry directory and job for one phase. */
+static void fresh_registry(nb_opts_t *o)
 {
-    (void)argc;
-    (void)argv;
-    return tool_fail(refit_error(REFIT_ERR_UNSUPPORTED, "bench scenario elastic is not built yet"), "bench");
+    snprintf(o->dir, sizeof(o->dir), "/tmp/refit-bench-XXXXXX");
+    if (!mkdtemp(o->dir)) snprintf(o->dir, sizeof(o->dir), "/tmp/refit-bench-%d", (int)getpid());
+    snprintf(o->url, sizeof(o->url), "file:%s", o->dir);
+    snprintf(o->job, sizeof(o->job), "bench%d-%d", (int)getpid(), ++g_jobseq);
 }
+
+static void rm_registry(const nb_opts_t *o)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", o->dir);
+    if (system(cmd) != 0) {
+    }
+}
+
+static refit_status_t rank_manifest(const char *model_name, const char *spec, uint32_t rank, refit_manifest_t **out)
+{
+    refit_status_t st;
+    refit_model_t *model = NULL;
+    refit_layout_t *layout = NULL;
+    if ((st = refit_model_open(model_name, &model))) return st;
+    if (!(st = refit_layout_parse(spec, &layout))) st = refit_layout_manifest(layout, model, rank, out);
+    refit_layout_destroy(layout);
+    refit_model_destroy(model);
+    return st;
+}
+
+static uint32_t world_of(const char *spec)
+{
+    refit_layout_t *l = NULL;
+    if (refit_layout_parse(spec, &l)) return 0;
+    uint32_t w = refit_layout_world(l);
+    refit_layout_destroy(l);
+    return w;
+}
+
+/* ---- child processes, driven over pipes --------------------------------- */
+
+typedef struct {
+    pid_t pid;
+    int cmd, resp;
+} child_t;
+
+typedef struct {
+    bool publisher;
+    uint32_t rank;
+    int slot;              /* receivers: relay slot (-1 none) */
+    const char *throttle;  /* REFIT_TEST_THROTTLE for this child */
+} role_t;
+
+static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int out)
+{
+    refit_manifest_t *m;
+    if (rank_manifest(o->model, o->src, r->rank, &m)) _exit(3);
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    pp.registry = o->url;
+    pp.job = o->job;
+    pp.transports = "shm";
+    pp.mode = REFIT_MODE_SNAPSHOT;
+    refit_publisher_t *p;
+    void *base[64];
+    if (refit_publisher_create(&pp, m, &p)) _exit(3);
+    for (uint32_t i = 0; i < refit_manifest_num_regions(m); i++)
+        if (refit_publisher_alloc(p, i, &base[i])) _exit(3);
+    char line[128];
+    while (fgets(line, sizeof(line), in)) {
+        unsigned long long v;
+        refit_status_t st = REFIT_OK;
+        if (sscanf(line, "publish %llu", &v) == 1) {
+            /* The truth costs seconds per GB to compute: only when receivers verify. */
+            if (o->verify) st = refit_truth_fill(m, base, v);
+            else
+                for (uint32_t i = 0; i < refit_manifest_num_regions(m); i++)
+                    memset(base[i], (int)(v & 0xff), refit_manifest_region_size(m, i));
+            if (!st) st = refit_publisher_publish(p, v);
+        } else if (line[0] == 'q') {
+            break;
+        }
+        char buf[600];
+        int n = snprintf(buf, sizeof(buf), "%d %s\n", (int)st, st ? refit_last_error() : "");
+        if (write(out, buf, (size_t)n) != n) _exit(4);
+    }
+    refit_publisher_destroy(p);
+    _exit(0);
+}
+
+/* Receiver child: "pull V" (0: newest) answers one line:
+ *   status version begin end transfer_ms trainer_bytes relay_bytes bytes holders "name=bytes,..." */
+static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
+{
+    if (r->throttle) setenv("REFIT_TEST_THROTTLE", r->throttle, 1);
+    refit_manifest_t *m;
+    if (rank_manifest(o->model, o->dst, r->rank, &m)) _exit(3);
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = o->url;
+    rp.job = o->job;
+    rp.transports = "shm";
+    rp.threads = 1;
+    rp.verify = o->verify ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
+    rp.relay_slot = r->slot;
+    rp.max_readers = o->max_readers;
+    rp.chunk_kb = o->chunk_kb;
+    rp.relay_heartbeat_ms = 100;
+    refit_receiver_t *rc;
+    void *base;
+    if (refit_receiver_create(&rp, m, &rc)) _exit(3);
+    for (uint32_t i = 0; i < refit_manifest_num_regions(m); i++)
+        if (refit_receiver_alloc(rc, i, &base)) _exit(3);
+    if (write(out, "ready\n", 6) != 6) _exit(4);
+    char line[128];
+    while (fgets(line, sizeof(line), in)) {
+        unsigned long long v;
+        if (line[0] == 'q') break;
+        if (sscanf(line, "pull %llu", &v) != 1) continue;
+        refit_pull_report_t rep;
+        refit_status_t st = refit_receiver_pull(rc, v ? v : REFIT_VERSION_NEWEST, 120000, &rep);
+        refit_holder_stat_t hs[32];
+        size_t nh = refit_receiver_holders(rc, hs, 32);
+        uint64_t tb = 0, rb = 0;
+        char list[1024] = "";
+        size_t pos = 0;
+        for (size_t i = 0; i < nh && i < 32; i++) {
+            if (!strncmp(hs[i].name, "trainer:", 8)) tb += hs[i].bytes;
+            else rb += hs[i].bytes;
+            if (pos < sizeof(list) - 64)
+                pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s=%" PRIu64 "%s", pos ? "," : "", hs[i].name,
+                                        hs[i].bytes, hs[i].failed ? "!" : "");
+        }
+        char buf[1400];
+        int n = snprintf(buf, sizeof(buf), "%d %" PRIu64 " %.6f %.6f %.3f %" PRIu64 " %" PRIu64 " %" PRIu64 " %zu %s\n",
+                         (int)st, rep.version, rep.begin_s, rep.end_s, rep.transfer_ms, tb, rb, rep.bytes, nh,
+                         list[0] ? list : "-");
+        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
+        for (char *c = buf; *c && c < buf + n - 1; c++)
+            if (*c == '\n') *c = ' ';
+        if (write(out, buf, (size_t)n) != n) _exit(4);
+    }
+    refit_receiver_destroy(rc);
+    _exit(0);
+}
+
+static const char *reply(child_t *c, int timeout_ms, char *buf, size_t n);
+
+static child_t spawn(const nb_opts_t *o, const role_t *r)
+{
+    int a[2], b[2];
+    if (pipe(a) || pipe(b)) return (child_t){-1, -1, -1};
+    pid_t parent = getpid();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+        close(a[1]);
+        close(b[0]);
+        FILE *in = fdopen(a[0], "r");
+        if (r->publisher) child_publisher(o, r, in, b[1]);
+        else child_receiver(o, r, in, b[1]);
+        _exit(0);
+    }
+    close(a[0]);
+    close(b[1]);
+    child_t c = {pid, a[1], b[0]};
+    if (!r->publisher) { /* set up (manifest, memory) before anything is timed */
+        char buf[16];
+        reply(&c, 60000, buf, sizeof(buf));
+    }
+    return c;
+}
+
+static void send_cmd(child_t *c, const char *fmt, ...)
+{
+    char buf[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof(buf) - 1, fmt, ap);
+    va_end(ap);
+    buf[n++] = '\n';
+    if (c->pid > 0 && write(c->cmd, buf, (size_t)n) != n) {
+    }
+}
+
+/* One reply line (bounded: timeout_ms); "" on timeout or a dead child. */
+static const char *reply(child_t *c, int timeout_ms, char *buf, size_t n)
+{
+    size_t len = 0;
+    double t0 = refit_now();
+    buf[0] = '\0';
+    while (len < n - 1 && (refit_now() - t0) * 1e3 < timeout_ms) {
+        struct pollfd pfd = {c->resp, POLLIN, 0};
+        if (poll(&pfd, 1, 100) <= 0) continue;
+        ssize_t got = read(c->resp, buf + len, 1);
+        if (got <= 0) break;
+        if (buf[len++] == '\n') break;
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+static void stop(child_t *c, bool kill_it)
+{
+    if (c->pid <= 0) return;
+    if (kill_it || write(c->cmd, "q\n", 2) != 2) kill(c->pid, SIGKILL);
+    double t0 = refit_now();
+    int status;
+    while (waitpid(c->pid, &status, WNOHANG) == 0) {
+        if ((refit_now() - t0) > 10) {
+            kill(c->pid, SIGKILL);
+            waitpid(c->pid, &status, 0);
+            break;
+        }
+        usleep(5000);
+    }
+    close(c->cmd);
+    close(c->resp);
+    c->pid = 0;
+}
+
+typedef struct {
+    int st;
+    uint64_t version, trainer_bytes, relay_bytes, bytes;
+    double begin, end, transfer_ms;
+    size_t holders;
+    char list[1024];
+} result_t;
+
+static bool get_result(child_t *c, result_t *r)
+{
+    char buf[1400];
+    memset(r, 0, sizeof(*r));
+    reply(c, 180000, buf, sizeof(buf));
+    r->st = -999;
+    int n = sscanf(buf, "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %1023[^\n]", &r->st,
+                   &r->version, &r->begin, &r->end, &r->transfer_ms, &r->trainer_bytes, &r->relay_bytes, &r->bytes,
+                   &r->holders, r->list);
+    if (n < 9) {
+        snprintf(r->list, sizeof(r->list), "%.1000s", buf[0] ? buf : "no answer");
+        if (r->st == 0) r->st = -999;
+    }
+    return r->st == 0;
+}
+
+static bool start_publishers(const nb_opts_t *o, child_t *pubs, uint32_t n, const char *throttle, uint64_t version)
+{
+    (void)throttle;
+    for (uint32_t k = 0; k < n; k++) pubs[k] = spawn(o, &(role_t){true, k, -1, NULL});
+    for (uint32_t k = 0; k < n; k++) send_cmd(&pubs[k], "publish %" PRIu64, version);
+    bool ok = true;
+    char buf[700];
+    for (uint32_t k = 0; k < n; k++) {
+        reply(&pubs[k], 120000, buf, sizeof(buf));
+        if (strncmp(buf, "0 ", 2)) {
+            fprintf(stderr, "refit bench: publisher %u: %s", k, buf[0] ? buf : "no answer\n");
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+static bool publish_all(child_t *pubs, uint32_t n, uint64_t v)
+{
+    char buf[700];
+    bool ok = true;
+    for (uint32_t k = 0; k < n; k++) send_cmd(&pubs[k], "publish %" PRIu64, v);
+    for (uint32_t k = 0; k < n; k++) ok &= !strncmp(reply(&pubs[k], 120000, buf, sizeof(buf)), "0 ", 2);
+    return ok;
+}
+
+/* ---- JSON ------------------------------------------------------------------ */
+
+typedef struct {
+    FILE *f;
+    char *buf;
+    size_t len;
+    int nmetrics, nasserts;
+    bool in_asserts;
+    const nb_opts_t *o;
+    const char *scenario;
+} out_t;
+
+static void out_begin(out_t *j, const char *scenario, const nb_opts_t *o, const char *extra_config)
+{
+    j->f = open_memstream(&j->buf, &j->len);
+    j->o = o;
+    j->scenario = scenario;
+    fprintf(j->f, "{\"scenario\":\"%s\",\"config\":{\"model\":", scenario);
+    tool_json_string(j->f, o->model);
+    fprintf(j->f, ",\"src\":");
+    tool_json_string(j->f, o->src);
+    fprintf(j->f, ",\"dst\":");
+    tool_json_string(j->f, o->dst);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    fprintf(j->f, ",\"receivers\":%u,\"max_readers\":%u,\"chunk_kb\":%u,\"link_mbps\":%g,\"verify\":%s,\"cpus\":%ld,"
+                  "\"transport\":\"shm\",\"registry\":\"file\"%s%s},\"metrics\":{",
+            o->receivers, o->max_readers, o->chunk_kb ? o->chunk_kb : 2048, o->link_mbps, o->verify ? "true" : "false",
+            cpus, extra_config ? "," : "", extra_config ? extra_config : "");
+}
+
+static void metric(out_t *j, const char *name, const char *fmt, ...)
+{
+    fprintf(j->f, "%s\"%s\":", j->nmetrics++ ? "," : "", name);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(j->f, fmt, ap);
+    va_end(ap);
+}
+
+static void assertion(out_t *j, const char *name, const char *expected, double observed, bool passed)
+{
+    if (!j->in_asserts) {
+        fprintf(j->f, "},\"assertions\":[");
+        j->in_asserts = true;
+    }
+    fprintf(j->f, "%s{\"name\":", j->nasserts++ ? "," : "");
+    tool_json_string(j->f, name);
+    fprintf(j->f, ",\"expected\":");
+    tool_json_string(j->f, expected);
+    fprintf(j->f, ",\"observed\":%.4g,\"passed\":%s}", observed, passed ? "true" : "false");
+}
+
+static int out_end(out_t *j, const char *notes)
+{
+    if (!j->in_asserts) fprintf(j->f, "},\"assertions\":[");
+    fprintf(j->f, "],\"notes\":");
+    tool_json_string(j->f, notes ? notes : "");
+    fprintf(j->f, "}\n");
+    fclose(j->f);
+    fputs(j->buf, stdout);
+    if (j->o->out) {
+        FILE *f = fopen(j->o->out, "w");
+        if (f) {
+            fputs(j->buf, f);
+            fclose(f);
+        }
+    }
+    free(j->buf);
+    return 0;
+}
+
+static void result_json(out_t *j, const char *name, const result_t *r, size_t n)
+{
+    fprintf(j->f, "%s\"%s\":[", j->nmetrics++ ? "," : "", name);
+    for (size_t i = 0; i < n; i++) {
+        fprintf(j->f, "%s{\"ok\":%s,\"version\":%" PRIu64 ",\"transfer_ms\":%.2f,\"trainer_bytes\":%" PRIu64
+                      ",\"relay_bytes\":%" PRIu64 ",\"holders\":",
+                i ? "," : "", r[i].st == 0 ? "true" : "false", r[i].version, r[i].transfer_ms, r[i].trainer_bytes,
+                r[i].relay_bytes);
+        tool_json_string(j->f, r[i].list);
+        fprintf(j->f, "}");
+    }
+    fprintf(j->f, "]");
+}
+
+static double span(const result_t *r, size_t n)
+{
+    double b = 1e300, e = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].begin < b) b = r[i].begin;
+        if (r[i].end > e) e = r[i].end;
+    }
+    return n ? e - b : 0;
+}
+
+static char *throttle_all(const char *kind, uint32_t n, double mbps, uint32_t slow, double slow_mbps)
+{
+    static char buf[1024];
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < n && pos < sizeof(buf) - 40; i++) {
+        double r = i == slow ? slow_mbps : mbps;
+        if (r > 0) pos += (size_t)snprintf(buf + pos, sizeof(buf) - pos, "%s%s:%u=%g", pos ? "," : "", kind, i, r);
+    }
+    return buf[0] ? buf : NULL;
+}
+
+/* ---- fanout ---------------------------------------------------------------- */
+
+/* Runs n receivers (relay slots 0..n-1) pulling version 1 at once; results in res. */
+static bool fanout_phase(nb_opts_t *o, uint32_t n, result_t *res)
+{
+    fresh_registry(o);
+    uint32_t P = world_of(o->src);
+    child_t pubs[64], rc[16];
+    bool ok = start_publishers(o, pubs, P, NULL, 1);
+    for (uint32_t i = 0; i < n; i++) rc[i] = spawn(o, &(role_t){false, 0, (int)i, NULL});
+    for (uint32_t i = 0; i < n && ok; i++) send_cmd(&rc[i], "pull 1");
+    for (uint32_t i = 0; i < n && ok; i++)
+        if (!get_result(&rc[i], &res[i])) {
+            fprintf(stderr, "refit bench: receiver %u: %s\n", i, res[i].list);
+            ok = false;
+        }
+    for (uint32_t i = 0; i < n; i++) stop(&rc[i], false);
+    for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
+    rm_registry(o);
+    return ok;
+}
+
+int bench_fanout(int argc, char **argv)
+{
+    nb_opts_t o;
+    int rc = parse(argc, argv, &o, "megatron:tp=1", "vllm:tp=2", 8, 0);
+    if (rc) return rc;
+    result_t one[1], all[16];
+    if (!fanout_phase(&o, 1, one)) return tool_fail(REFIT_ERR_PEER, "bench fanout: single receiver");
+    if (!fanout_phase(&o, o.receivers, all)) return tool_fail(REFIT_ERR_PEER, "bench fanout: fleet");
+    uint64_t trainer = 0, relay = 0;
+    for (uint32_t i = 0; i < o.receivers; i++) trainer += all[i].trainer_bytes, relay += all[i].relay_bytes;
+    double t1 = span(one, 1), tn = span(all, o.receivers);
+    double ratio = tn / t1, egress = (double)trainer / (double)one[0].bytes;
+    out_t j = {0};
+    out_begin(&j, "fanout", &o, NULL);
+    metric(&j, "replica_bytes", "%" PRIu64, one[0].bytes);
+    metric(&j, "one_receiver_s", "%.4f", t1);
+    metric(&j, "all_receivers_s", "%.4f", tn);
+    metric(&j, "ratio", "%.3f", ratio);
+    metric(&j, "trainer_egress_bytes", "%" PRIu64, trainer);
+    metric(&j, "relay_egress_bytes", "%" PRIu64, relay);
+    metric(&j, "trainer_egress_replicas", "%.3f", egress);
+    metric(&j, "aggregate_gbps", "%.3f", (double)(trainer + relay) * 8 / tn / 1e9);
+    result_json(&j, "receivers", all, o.receivers);
+    char exp[64];
+    snprintf(exp, sizeof(exp), "<= 1.5 (%u receivers vs one alone)", o.receivers);
+    assertion(&j, "all_done_within_1.5x_of_one", exp, ratio, ratio <= 1.5);
+    assertion(&j, "trainer_egress_at_most_2_replicas", "<= 2.0", egress, egress <= 2.0 + 1e-9);
+    return out_end(&j, "shm on one host: every receiver's bytes are copied by the CPUs all receivers share, so "
+                       "N receivers cost N times the copy work whatever the tree; the trainer's egress is the "
+                       "figure the relays change.");
+}
+
+/* ---- straggler ------------------------------------------------------------- */
 
 int bench_straggler(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return tool_fail(refit_error(REFIT_ERR_UNSUPPORTED, "bench scenario straggler is not built yet"), "bench");
+    nb_opts_t o;
+    /* Two DP replicas of the trainer; links emulated at --link-mbps (default 1000 MB/s). */
+    int rc = parse(argc, argv, &o, "megatron:tp=1,dp=2", "vllm:tp=4", 4, 1000);
+    if (rc) return rc;
+    o.max_readers = 0;
+    uint32_t P = world_of(o.src);
+    double L = o.link_mbps;
+    /* A. one receiver, both replicas at full rate; B. replica 1 at a tenth. */
+    result_t a, b;
+    nb_opts_t oa = o;
+    fresh_registry(&oa);
+    child_t pubs[64];
+    if (!start_publishers(&oa, pubs, P, NULL, 1)) return tool_fail(REFIT_ERR_PEER, "bench straggler: publishers");
+    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, UINT32_MAX, 0)});
+    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, 1, L / 10)});
+    send_cmd(&r1, "pull 1");
+    bool ok = get_result(&r1, &a);
+    send_cmd(&r2, "pull 1");
+    ok &= get_result(&r2, &b);
+    stop(&r1, false);
+    stop(&r2, false);
+    /* C. N receivers, none slowed; D. N receivers, receiver 0's links at a
+     * tenth.  Links at L/10 here, so that the links, not the two CPUs that
+     * all receivers share on this host, bound the healthy receivers. */
+    result_t c[16], d[16];
+    child_t rcv[16];
+    double LR = L / 10;
+    for (int phase = 0; phase < 2 && ok; phase++) {
+        result_t *res = phase ? d : c;
+        for (uint32_t i = 0; i < o.receivers; i++)
+            rcv[i] = spawn(&oa, &(role_t){false, 0, -1,
+                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0)});
+        for (uint32_t i = 0; i < o.receivers; i++) send_cmd(&rcv[i], "pull 1");
+        for (uint32_t i = 0; i < o.receivers; i++) ok &= get_result(&rcv[i], &res[i]);
+        for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
+    }
+    for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
+    rm_registry(&oa);
+    if (!ok) return tool_fail(REFIT_ERR_PEER, "bench straggler: a pull failed");
+    double ratio = b.transfer_ms / a.transfer_ms;
+    double healthy_c = 0, healthy_d = 0, worst = 0;
+    for (uint32_t i = 1; i < o.receivers; i++) {
+        healthy_c += c[i].transfer_ms / (o.receivers - 1);
+        healthy_d += d[i].transfer_ms / (o.receivers - 1);
+    }
+    for (uint32_t i = 1; i < o.receivers; i++) {
+        double dev = d[i].transfer_ms / healthy_c - 1;
+        if (dev > worst) worst = dev;
+    }
+    out_t j = {0};
+    out_begin(&j, "straggler", &o, NULL);
+    metric(&j, "slow_source_unthrottled_ms", "%.2f", a.transfer_ms);
+    metric(&j, "slow_source_throttled_ms", "%.2f", b.transfer_ms);
+    metric(&j, "slow_source_ratio", "%.3f", ratio);
+    metric(&j, "static_split_ratio_expected", "%.3f", 5.0); /* half the bytes at a tenth of the rate */
+    metric(&j, "slow_source_holders", "\"%s\"", b.list);
+    metric(&j, "healthy_mean_ms_no_straggler", "%.2f", healthy_c);
+    metric(&j, "healthy_mean_ms_with_straggler", "%.2f", healthy_d);
+    metric(&j, "straggler_ms", "%.2f", d[0].transfer_ms);
+    metric(&j, "healthy_worst_individual_slowdown", "%.4f", worst);
+    double mean_dev = healthy_d / healthy_c - 1;
+    metric(&j, "healthy_mean_slowdown", "%.4f", mean_dev);
+    result_json(&j, "with_straggler", d, o.receivers);
+    assertion(&j, "slow_replica_refit_within_1.3x", "<= 1.3", ratio, ratio <= 1.3);
+    assertion(&j, "healthy_receivers_mean_within_10pct", "<= 0.10", mean_dev, mean_dev <= 0.10);
+    assertion(&j, "healthy_receivers_each_within_10pct", "<= 0.10", worst, worst <= 0.10);
+    return out_end(&j, "links emulated by REFIT_TEST_THROTTLE pacing (per reader, per holder): --link-mbps for the "
+                       "slow-source runs (replica 1 at a tenth), a tenth of that for the slow-receiver runs (the "
+                       "straggler receiver's links at a tenth again)");
 }
+
+/* ---- egress ---------------------------------------------------------------- */
 
 int bench_egress(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return tool_fail(refit_error(REFIT_ERR_UNSUPPORTED, "bench scenario egress is not built yet"), "bench");
+    nb_opts_t o;
+    int rc = parse(argc, argv, &o, "megatron:tp=1,dp=4", "vllm:tp=2", 4, 0);
+    if (rc) return rc;
+    o.max_readers = 0;
+    fresh_registry(&o);
+    uint32_t P = world_of(o.src);
+    child_t pubs[64], rcv[16];
+    result_t res[16];
+    bool ok = start_publishers(&o, pubs, P, NULL, 1);
+    for (uint32_t i = 0; i < o.receivers; i++) rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL});
+    for (uint32_t i = 0; i < o.receivers && ok; i++) send_cmd(&rcv[i], "pull 1");
+    for (uint32_t i = 0; i < o.receivers && ok; i++) ok &= get_result(&rcv[i], &res[i]);
+    for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
+    for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
+    rm_registry(&o);
+    if (!ok) return tool_fail(REFIT_ERR_PEER, "bench egress: a pull failed");
+    uint64_t per[64] = {0}, total = 0;
+    for (uint32_t i = 0; i < o.receivers; i++) {
+        char list[1024];
+        snprintf(list, sizeof(list), "%s", res[i].list);
+        char *save = NULL;
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            unsigned k;
+            unsigned long long b;
+            if (sscanf(t, "trainer:%u=%llu", &k, &b) == 2 && k < 64) per[k] += b, total += b;
+        }
+    }
+    double mean = (double)total / P, dev = 0;
+    out_t j = {0};
+    out_begin(&j, "egress", &o, NULL);
+    fprintf(j.f, "\"bytes_per_source\":[");
+    for (uint32_t k = 0; k < P; k++) {
+        fprintf(j.f, "%s%" PRIu64, k ? "," : "", per[k]);
+        double d = per[k] / mean - 1;
+        if (d < 0) d = -d;
+        if (d > dev) dev = d;
+    }
+    fprintf(j.f, "]");
+    j.nmetrics++;
+    metric(&j, "mean_bytes", "%.0f", mean);
+    metric(&j, "max_deviation", "%.4f", dev);
+    metric(&j, "refit_s", "%.4f", span(res, o.receivers));
+    result_json(&j, "receivers", res, o.receivers);
+    assertion(&j, "bytes_per_source_within_5pct", "<= 0.05", dev, dev <= 0.05);
+    return out_end(&j, "every trainer rank is a DP replica holding the same bytes; receivers are ranks of vllm "
+                       "layouts; chunks go to whichever holder is free first");
+}
+
+/* ---- elastic --------------------------------------------------------------- */
+
+int bench_elastic(int argc, char **argv)
+{
+    nb_opts_t o;
+    /* Links emulated (default 200 MB/s) so that the links, not the two CPUs
+     * here, bound a pull, and a pull lasts long enough for a relay to leave
+     * in the middle of it. */
+    int rc = parse(argc, argv, &o, "megatron:tp=1", "vllm:tp=4", 4, 200);
+    if (rc) return rc;
+    o.max_readers = 0;
+    fresh_registry(&o);
+    uint32_t P = world_of(o.src), N = o.receivers;
+    double L = o.link_mbps;
+    char thr[1024];
+    snprintf(thr, sizeof(thr), "%s", throttle_all("trainer", P, L, UINT32_MAX, 0));
+    size_t l = strlen(thr);
+    for (uint32_t s = 0; s < 16 && l < sizeof(thr) - 30; s++) l += (size_t)snprintf(thr + l, sizeof(thr) - l, ",relay:%u=%g", s, L);
+    child_t pubs[64], rcv[17];
+    result_t v0[17], v1[17], v2[17], v3[17];
+    bool ok = start_publishers(&o, pubs, P, NULL, 1);
+    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, thr});
+    /* Version 1 warms up (plans, connections); version 2 is the baseline: the fleet alone. */
+    for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 1");
+    for (uint32_t i = 0; i < N && ok; i++) ok &= get_result(&rcv[i], &v0[i]);
+    ok = ok && publish_all(pubs, P, 2);
+    for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 2");
+    for (uint32_t i = 0; i < N && ok; i++) ok &= get_result(&rcv[i], &v1[i]);
+    /* Version 3: a joiner starts while the others pull. */
+    ok = ok && publish_all(pubs, P, 3);
+    for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 3");
+    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, thr});
+    double join_t0 = refit_now();
+    send_cmd(&rcv[N], "pull 0");
+    for (uint32_t i = 0; i <= N && ok; i++) ok &= get_result(&rcv[i], &v2[i]);
+    double join_s = v2[N].end - join_t0;
+    /* Version 4: receiver 0 pulls first and serves; the others then read from
+     * it (and the trainer), and it is killed a third of a pull into theirs. */
+    ok = ok && publish_all(pubs, P, 4);
+    double t_kill = 0;
+    if (ok) {
+        send_cmd(&rcv[0], "pull 4");
+        ok &= get_result(&rcv[0], &v3[0]);
+    }
+    for (uint32_t i = 1; i <= N && ok; i++) send_cmd(&rcv[i], "pull 4");
+    if (ok) {
+        usleep((useconds_t)(v1[0].transfer_ms * 1e3 / 3));
+        kill(rcv[0].pid, SIGKILL);
+        t_kill = refit_now();
+    }
+    for (uint32_t i = 1; i <= N && ok; i++) get_result(&rcv[i], &v3[i]);
+    uint32_t failovers = 0, ok3 = 0;
+    double worst_after_kill = 0;
+    for (uint32_t i = 1; i <= N && ok; i++) {
+        if (strstr(v3[i].list, "relay:0=") && strstr(v3[i].list, "!")) failovers++;
+        ok3 += v3[i].st == 0;
+        if (v3[i].end - t_kill > worst_after_kill) worst_after_kill = v3[i].end - t_kill;
+    }
+    stop(&rcv[0], true);
+    for (uint32_t i = 1; i <= N; i++) stop(&rcv[i], false);
+    for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
+    rm_registry(&o);
+    if (!ok) return tool_fail(REFIT_ERR_PEER, "bench elastic: a pull failed");
+    double worst = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        double d = v2[i].transfer_ms / v1[i].transfer_ms - 1;
+        if (d > worst) worst = d;
+    }
+    out_t j = {0};
+    out_begin(&j, "elastic", &o, NULL);
+    metric(&j, "joiner_first_version", "%" PRIu64, v2[N].version);
+    metric(&j, "joiner_s", "%.4f", join_s);
+    metric(&j, "joiner_holders", "\"%s\"", v2[N].list);
+    metric(&j, "worst_slowdown_of_others_by_joiner", "%.4f", worst);
+    metric(&j, "relay_killed_readers_failed_over", "%u", failovers);
+    metric(&j, "receivers_completing_v3_after_kill", "%u", ok3);
+    metric(&j, "last_completion_after_kill_s", "%.4f", worst_after_kill);
+    result_json(&j, "v1_warmup", v0, N);
+    result_json(&j, "v2_baseline", v1, N);
+    result_json(&j, "v3_joiner", v2, N + 1);
+    result_json(&j, "v4_relay_killed", v3, N + 1);
+    assertion(&j, "joiner_gets_newest", "== 3", (double)v2[N].version, v2[N].version == 3);
+    assertion(&j, "joiner_slows_others_at_most_10pct", "<= 0.10", worst, worst <= 0.10);
+    assertion(&j, "all_remaining_complete_after_relay_killed", "== receivers", (double)ok3, ok3 == N);
+    return out_end(&j, "receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; v4: "
+                       "receiver 0 commits first, then is killed while the others read from it and the trainer");
 }

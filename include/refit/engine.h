@@ -91,8 +91,10 @@ REFIT_API void refit_publisher_destroy(refit_publisher_t *p);
 
 typedef enum { REFIT_VERIFY_NONE = 0, REFIT_VERIFY_TRUTH = 1 } refit_verify_mode_t;
 
-/* Version 2 added `device`; version-1 callers get host memory. */
-#define REFIT_RECEIVER_PARAMS_VERSION 2
+/* Version 2 added `device`; version-1 callers get host memory.  Version 3
+ * added the fleet fields (relay_slot .. relay_heartbeat_ms); older callers
+ * get no relay, no reader limit, default chunks. */
+#define REFIT_RECEIVER_PARAMS_VERSION 3
 typedef struct {
     unsigned version;              /* REFIT_RECEIVER_PARAMS_VERSION */
     const char *registry, *job, *group; /* as for publishers */
@@ -107,8 +109,19 @@ typedef struct {
                                       be on that device, padding is written and the truth verified by
                                       kernels; transports that cannot write GPU memory (shm, ucx) go
                                       through a pinned host staging copy. */
+    /* Fleet (host memory only).  Every pull reads from every holder of the
+     * bytes it needs - trainer ranks, their DP replicas, relays of this
+     * receiver's layout and rank - in chunks that fast holders steal from
+     * slow ones; a holder that dies is dropped and its chunks go to others. */
+    int relay_slot;                /* >= 0: after each commit, serve the version to other receivers of the
+                                      same layout and rank as relay slot N (0..15; unique per rank);
+                                      -1: not a relay */
+    uint32_t max_readers;          /* a holder feeds at most this many readers at once, and the trainer
+                                      only while no relay holds the version (a tree); 0: no limit */
+    uint32_t chunk_kb;             /* chunk size for fleet transfers; 0: 2048 */
+    uint32_t relay_heartbeat_ms;   /* the relay's heartbeat (dead after 4x); 0: 200 */
 } refit_receiver_params_t;
-#define REFIT_RECEIVER_PARAMS_INIT {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1}
+#define REFIT_RECEIVER_PARAMS_INIT {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0}
 
 REFIT_API refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *manifest,
                                                refit_receiver_t **out);
@@ -146,6 +159,18 @@ typedef struct {
  * (a manifest in the registry) - each with a detail. */
 REFIT_API refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t version, int timeout_ms,
                                              refit_pull_report_t *report);
+/* Per holder of the last pull (fleet path): what it served. */
+typedef struct {
+    char name[96];      /* "trainer:R" or "relay:S" */
+    uint64_t bytes;     /* bytes read from it (re-read chunks included) */
+    uint32_t chunks;    /* chunks it served */
+    uint32_t steals;    /* chunks it re-read from a slower holder */
+    bool failed;        /* dropped during the pull (died, broke) */
+} refit_holder_stat_t;
+/* Copies up to max entries; returns the number of holders of the last pull
+ * (0 when it did not use the fleet path). */
+REFIT_API size_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *out, size_t max);
+
 /* The last version pulled completely (0: none). */
 REFIT_API uint64_t refit_receiver_committed(const refit_receiver_t *r);
 /* False while the memory holds a partially written version. */

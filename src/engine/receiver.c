@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "engine/relay.h"
 
 #define PLAN_CACHE 4
 #define MAX_BUFFERS 2
@@ -25,6 +26,7 @@ typedef struct {
     refit_manifest_t *m; /* decoded, NULL until fetched */
     uint64_t signature, incarnation;
     int transport;                                         /* index into ts, -1 none yet */
+    uint64_t mkey;                                         /* refit_fleet_mirror_key(m) */
     refit_peer_t *peer[REFIT_MAX_TRANSPORTS][MAX_BUFFERS]; /* connected peers */
 } source_t;
 
@@ -53,6 +55,10 @@ struct refit_receiver {
     /* during a pull */
     uint64_t lease_version;
     double lease_renewed;
+    /* fleet (relay.c, fleet.c): relays, and the holders of the last pull */
+    refit_relays_t *relays;
+    refit_holder_stat_t *holders;
+    size_t nholders;
 };
 
 static const char *or_default(const char *s, const char *d) { return s && s[0] ? s : d; }
@@ -72,7 +78,9 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     r->params = defaults;
     if (params) /* version 1 ends before `device` */
         memcpy(&r->params, params,
-               params->version == 1 ? offsetof(refit_receiver_params_t, device) : sizeof(refit_receiver_params_t));
+               params->version == 1   ? offsetof(refit_receiver_params_t, device)
+               : params->version == 2 ? offsetof(refit_receiver_params_t, relay_slot)
+                                      : sizeof(refit_receiver_params_t));
     r->params.version = REFIT_RECEIVER_PARAMS_VERSION;
 #ifndef REFIT_HAVE_CUDA
     if (r->params.device >= 0) {
@@ -112,6 +120,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     if ((st = refit_registry_open(or_default(r->params.registry, refit_default_registry()),
                                   or_default(r->params.job, "default"), &r->reg)))
         goto err;
+    if (r->params.device < 0 && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
     r->m = m;
     r->usable = true; /* nothing written yet: whatever the caller put there stands */
     *out = r;
@@ -184,6 +193,8 @@ static void drop_plans(refit_receiver_t *r)
 void refit_receiver_destroy(refit_receiver_t *r)
 {
     if (!r) return;
+    refit_relays_close(r->relays, &r->ts); /* stops serving first: readers fail over */
+    free(r->holders);
     for (uint32_t k = 0; r->src && k < r->world; k++) drop_source(r, &r->src[k]);
     free(r->src);
     drop_plans(r);
@@ -293,6 +304,7 @@ static refit_status_t tick(void *user)
 {
     refit_receiver_t *r = user;
     double now = refit_now();
+    refit_relays_renew(r->relays, r->reader, r->params.lease_ms); /* load tokens live 1.5 s: its own pace */
     if (now - r->lease_renewed < r->params.lease_ms / 3e3) return REFIT_OK;
     r->lease_renewed = now;
     return refit_registry_lease_acquire(r->reg, r->group, r->lease_version, r->reader, r->params.lease_ms);
@@ -372,6 +384,125 @@ static void append(char *buf, size_t size, const char *sep, const char *s)
     buf[len + n] = '\0';
 }
 
+/* ---- fleet path (host memory): every holder of the bytes, in chunks ------- */
+
+/* Trainer ranks at version v that hold bytes the plan needs (planned sources
+ * and their DP replicas), connected, appended to h[*nh]. */
+static refit_status_t trainer_holders(refit_receiver_t *r, const snapshot_t *s, uint64_t v, const refit_plan_t *plan,
+                                      refit_fleet_holder_t *h, uint32_t *nh, uint32_t max)
+{
+    for (uint32_t k = 0; k < r->world && *nh < max; k++) {
+        source_t *src = &r->src[k];
+        if (!s->present[k] || !s->alive[k] || s->recs[k].version != v || !src->m) continue;
+        bool needed = refit_plan_source_bytes(plan, k) > 0;
+        for (uint32_t j = 0; j < r->world && !needed; j++)
+            needed = r->src[j].m && r->src[j].mkey == src->mkey && refit_plan_source_bytes(plan, j) > 0;
+        if (!needed) continue;
+        uint32_t b = s->recs[k].buffer;
+        if (b >= MAX_BUFFERS) return refit_error(REFIT_ERR_CORRUPT, "source rank %u names staging buffer %u", k, b);
+        int t;
+        refit_status_t st = connect_source(r, k, b, &t);
+        if (st) {
+            if (refit_plan_source_bytes(plan, k)) return st;
+            continue; /* a replica we cannot reach: the planned rank serves */
+        }
+        refit_fleet_holder_t *x = &h[(*nh)++];
+        memset(x, 0, sizeof(*x));
+        snprintf(x->name, sizeof(x->name), "trainer:%u", k);
+        x->id = k;
+        x->transport = (uint32_t)t;
+        x->peer = src->peer[t][b];
+        x->mirror_key = src->mkey;
+        x->rate = refit_fleet_throttle("trainer", k);
+    }
+    return REFIT_OK;
+}
+
+/* Chooses holders: relays with room first; the trainer when there is no
+ * limit (with the relays), or while no relay holds v and the trainer has
+ * room (alone).  Waits (up to
+ * the deadline) while every holder is full.  *with_trainer says whether
+ * trainer ranks are among them. */
+static refit_status_t fleet_select(refit_receiver_t *r, const snapshot_t *s, uint64_t v, const refit_plan_t *plan,
+                                   double deadline, refit_fleet_holder_t *h, uint32_t *nh, uint32_t max,
+                                   bool *with_trainer)
+{
+    uint32_t cap = r->params.max_readers;
+    for (;;) {
+        uint32_t holding = 0;
+        *nh = refit_relays_find(r->relays, &r->ts, v, r->reader, r->params.lease_ms, h, REFIT_MIN(max, REFIT_MAX_RELAYS),
+                                &holding);
+        refit_log(REFIT_LOG_DEBUG, "%s: version %" PRIu64 ": %u relay(s) hold it, %u with room", r->reader, v, holding,
+                  *nh);
+        if (*nh && cap) {
+            *with_trainer = false;
+            return REFIT_OK;
+        }
+        /* With a limit, the trainer feeds only while no relay holds the version. */
+        if (!cap || (!holding && refit_relays_trainer_token(r->relays, v, r->reader, cap))) {
+            *with_trainer = true;
+            return trainer_holders(r, s, v, plan, h, nh, max);
+        }
+        double left = deadline - refit_now();
+        if (left <= 0)
+            return refit_error(REFIT_ERR_TIMEOUT, "every holder of version %" PRIu64 " stayed at %u readers", v, cap);
+        refit_status_t st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.02) * 1e3) + 1);
+        if (st && st != REFIT_ERR_TIMEOUT) return st;
+    }
+}
+
+static refit_status_t fleet_tick(void *user) { return tick(user); }
+
+static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, uint64_t v, const refit_plan_t *plan,
+                                     refit_fleet_holder_t *h, uint32_t nh, bool with_trainer, double deadline,
+                                     int *tix, refit_pull_stats_t *stats, uint32_t *used)
+{
+    uint32_t max = REFIT_MAX_RELAYS + r->world;
+    uint64_t *keys = calloc(r->world ? r->world : 1, sizeof(uint64_t));
+    if (!keys) return refit_error(REFIT_ERR_NO_MEMORY, "fleet");
+    for (uint32_t k = 0; k < r->world; k++) keys[k] = r->src[k].m ? r->src[k].mkey : 0;
+    refit_fleet_xfer_t x = {.ts = &r->ts, .plan = plan, .plan_keys = keys, .dst = r->mem, .deadline = deadline,
+                            .chunk_bytes = (uint64_t)r->params.chunk_kb << 10, .tick = fleet_tick, .user = r,
+                            .seed = (uint32_t)refit_random_u64()};
+    refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
+    if (st && !with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
+        /* Every relay we had failed: the trainer serves what is left (the whole plan again). */
+        refit_log(REFIT_LOG_INFO, "relays failed (%s); reading version %" PRIu64 " from the trainer", refit_last_error(), v);
+        uint32_t before = nh;
+        if (!(st = trainer_holders(r, s, v, plan, h, &nh, max))) {
+            for (uint32_t i = 0; i < before; i++) h[i].failed = true;
+            memset(stats, 0, sizeof(*stats));
+            st = refit_fleet_transfer(&x, h, nh, stats);
+        }
+    }
+    free(keys);
+    free(r->holders);
+    r->holders = calloc(nh ? nh : 1, sizeof(refit_holder_stat_t));
+    r->nholders = r->holders ? nh : 0;
+    *used = 0;
+    for (uint32_t k = 0; k < r->world; k++) tix[k] = -1;
+    for (uint32_t i = 0; i < nh; i++) {
+        if (r->holders) {
+            refit_holder_stat_t *o = &r->holders[i];
+            snprintf(o->name, sizeof(o->name), "%s", h[i].name);
+            o->bytes = h[i].bytes;
+            o->chunks = h[i].chunks;
+            o->steals = h[i].steals;
+            o->failed = h[i].failed;
+        }
+        if (h[i].chunks) (*used)++;
+        if (h[i].chunks && !h[i].mirror_dst) tix[h[i].id] = (int)h[i].transport; /* re-checked after */
+    }
+    return st;
+}
+
+size_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *out, size_t max)
+{
+    if (!r) return 0;
+    for (size_t i = 0; out && i < r->nholders && i < max; i++) out[i] = r->holders[i];
+    return r->nholders;
+}
+
 static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadline, refit_pull_report_t *rep)
 {
     refit_status_t st;
@@ -393,6 +524,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     refit_peer_t **peers = calloc(r->world, sizeof(void *));
     int *tix = calloc(r->world, sizeof(int));
     bool leased = false;
+    refit_fleet_holder_t *holders = NULL; /* fleet path */
     if (!s.recs || !s.present || !s.alive || !srcs || !peers || !tix) {
         st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
         goto out;
@@ -451,6 +583,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
             }
             drop_source(r, src);
             src->m = m;
+            src->mkey = refit_fleet_mirror_key(m);
             src->signature = m->signature;
             src->incarnation = s.recs[k].incarnation;
             rep->manifests_read++;
@@ -470,9 +603,19 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     }
     double t2 = refit_now();
     rep->plan_ms = (t2 - t1) * 1e3;
-    /* 4. Peers for the sources this plan reads. */
+    /* 4. Peers for the sources this plan reads (the fleet path: every holder). */
     double tc = refit_now();
-    for (uint32_t k = 0; k < r->world; k++) {
+    bool fleet = r->relays != NULL, with_trainer = true;
+    uint32_t nh = 0, hmax = REFIT_MAX_RELAYS + r->world;
+    if (fleet) {
+        for (uint32_t k = 0; k < r->world; k++) tix[k] = -1;
+        if (!(holders = calloc(hmax, sizeof(*holders)))) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "holders");
+            goto out;
+        }
+        if ((st = fleet_select(r, &s, v, plan, deadline, holders, &nh, hmax, &with_trainer))) goto out;
+    }
+    for (uint32_t k = 0; k < r->world && !fleet; k++) {
         tix[k] = -1;
         if (!refit_plan_source_bytes(plan, k)) continue;
         uint32_t b = s.recs[k].buffer;
@@ -504,7 +647,9 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         dst = r->stage;
     }
 #endif
-    /* 5. Transfer: from here the memory holds a partial version until committed. */
+    /* 5. Transfer: from here the memory holds a partial version until committed
+     * (a relay stops serving first, and waits for its readers). */
+    refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
     r->usable = false;
     /* Fault-injection hook for the test suite: a pause after the receiver
      * committed to the transfer, during which a test kills a process. */
@@ -513,7 +658,14 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .tick = tick, .user = r};
     refit_pull_stats_t stats = {0};
     rep->transport[0] = rep->lanes[0] = '\0';
-    for (uint32_t t = 0; t < r->ts.n; t++) {
+    if (fleet) {
+        uint32_t used = 0;
+        if ((st = fleet_transfer(r, &s, v, plan, holders, nh, with_trainer, deadline, tix, &stats, &used))) goto out;
+        rep->sources = used;
+        snprintf(rep->transport, sizeof(rep->transport), "%s", r->ts.ops[0]->name);
+        append(rep->lanes, sizeof(rep->lanes), " ", stats.lanes);
+    }
+    for (uint32_t t = 0; t < r->ts.n && !fleet; t++) {
         bool any = false;
         for (uint32_t k = 0; k < r->world; k++) {
             peers[k] = tix[k] == (int)t ? r->src[k].peer[t][s.recs[k].buffer] : NULL;
@@ -588,8 +740,12 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     rep->version = v;
     if ((st = refit_registry_ack(r->reg, r->group, r->reader, v)))
         refit_log(REFIT_LOG_WARN, "ack of version %" PRIu64 ": %s", v, refit_last_error());
+    if ((st = refit_relays_serve(r->relays, r->mem, v)))
+        refit_log(REFIT_LOG_WARN, "serving version %" PRIu64 " as a relay: %s", v, refit_last_error());
     st = REFIT_OK;
 out:
+    refit_relays_release_as(r->relays, r->reader);
+    free(holders);
     if (leased) {
         refit_status_t keep = st;
         char detail[1024];

@@ -178,6 +178,7 @@ static refit_receiver_t *receiver(const char *model, const char *layout, uint32_
     rp.verify = REFIT_VERIFY_TRUTH;
     rp.lease_ms = lease_ms;
     rp.threads = 2;
+    rp.chunk_kb = 16; /* many chunks even for tiny models: holders share and steal */
     refit_receiver_t *r;
     REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, layout, rank), &r));
     REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
@@ -190,6 +191,218 @@ static void expect_truth(const char *model, const char *layout, uint32_t rank, v
     refit_manifest_t *m = t_manifest_named(model, layout, rank);
     REFIT_ASSERT_OK(refit_truth_verify(m, (const void *const *)&base, v, NULL));
     refit_manifest_destroy(m);
+}
+
+/* ---- relays: receivers in child processes that serve what they pulled ---- */
+
+typedef struct {
+    pid_t pid;
+    int cmd, resp;
+} relay_t;
+
+/* A receiver process (relay slot `slot`) that pulls `version` (NEWEST if 0),
+ * verifies it, answers "ok"/"fail", then serves until "quit" or its death. */
+static relay_t relay_start(const reg_t *g, const char *model, const char *layout, uint32_t rank, int slot,
+                           uint64_t version, uint32_t max_readers)
+{
+    int a[2], b[2];
+    assert_int_equal(pipe(a), 0);
+    assert_int_equal(pipe(b), 0);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+        close(a[1]);
+        close(b[0]);
+        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+        rp.registry = g->url;
+        rp.job = g->job;
+        rp.transports = "shm";
+        rp.verify = REFIT_VERIFY_TRUTH;
+        rp.threads = 1;
+        rp.chunk_kb = 16;
+        rp.relay_slot = slot;
+        rp.max_readers = max_readers;
+        rp.relay_heartbeat_ms = 100;
+        refit_receiver_t *r;
+        void *base;
+        if (refit_receiver_create(&rp, t_manifest_named(model, layout, rank), &r) || refit_receiver_alloc(r, 0, &base))
+            _exit(3);
+        refit_status_t st = refit_receiver_pull(r, version ? version : REFIT_VERSION_NEWEST, 10000, NULL);
+        const char *ans = st ? "fail\n" : "ok\n";
+        if (write(b[1], ans, strlen(ans)) < 0) _exit(4);
+        char c;
+        while (read(a[0], &c, 1) == 1 && c != 'q') {
+        }
+        refit_receiver_destroy(r);
+        _exit(0);
+    }
+    close(a[0]);
+    close(b[1]);
+    relay_t x = {pid, a[1], b[0]};
+    char buf[8] = "";
+    struct pollfd pfd = {x.resp, POLLIN, 0};
+    assert_true(poll(&pfd, 1, 15000) == 1);
+    assert_true(read(x.resp, buf, sizeof(buf) - 1) > 0);
+    if (strncmp(buf, "ok", 2)) fail_msg("relay %d did not pull: %s", slot, buf);
+    return x;
+}
+
+static void relay_stop(relay_t *x, bool kill_it)
+{
+    if (x->pid <= 0) return;
+    if (kill_it || write(x->cmd, "q", 1) != 1) kill(x->pid, SIGKILL);
+    waitpid(x->pid, NULL, 0);
+    close(x->cmd);
+    close(x->resp);
+    x->pid = 0;
+}
+
+static const refit_holder_stat_t *holder(const refit_holder_stat_t *hs, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(hs[i].name, name)) return &hs[i];
+    return NULL;
+}
+
+static refit_receiver_t *fleet_receiver(const char *model, const char *layout, uint32_t rank, const reg_t *g,
+                                        uint32_t max_readers, void **base)
+{
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g->url;
+    rp.job = g->job;
+    rp.transports = "shm";
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.threads = 1;
+    rp.chunk_kb = 16;
+    rp.max_readers = max_readers;
+    refit_receiver_t *r;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, layout, rank), &r));
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
+    return r;
+}
+
+/* A relay serves a second receiver of its layout; with a reader limit the
+ * second one (a joiner: created after the relay finished) reads nothing from
+ * the trainer.  Bytes verified against the truth. */
+static void relay_serves_joiner(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    relay_t a = relay_start(&g, "tiny-dense", "vllm:tp=2", 1, 0, 1, 1);
+    void *b;
+    refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=2", 1, &g, 1, &b);
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, REFIT_VERSION_NEWEST, 10000, &rep));
+    assert_int_equal(rep.version, 1);
+    expect_truth("tiny-dense", "vllm:tp=2", 1, b, 1);
+    refit_holder_stat_t hs[8];
+    size_t nh = refit_receiver_holders(r, hs, 8);
+    const refit_holder_stat_t *h = holder(hs, nh, "relay:0");
+    assert_non_null(h);
+    assert_true(h->bytes >= rep.bytes); /* contiguous spans: padding between rows included */
+    assert_true(rep.bytes > 0);
+    assert_null(holder(hs, nh, "trainer:0"));
+    assert_null(holder(hs, nh, "trainer:1"));
+    /* Another layout's rank (rank 0) finds no relay of its own and reads the trainer. */
+    void *b0;
+    refit_receiver_t *r0 = fleet_receiver("tiny-dense", "vllm:tp=2", 0, &g, 1, &b0);
+    REFIT_ASSERT_OK(refit_receiver_pull(r0, 1, 10000, &rep));
+    expect_truth("tiny-dense", "vllm:tp=2", 0, b0, 1);
+    nh = refit_receiver_holders(r0, hs, 8);
+    assert_null(holder(hs, nh, "relay:0"));
+    refit_receiver_destroy(r0);
+    refit_receiver_destroy(r);
+    relay_stop(&a, false);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
+/* A relay is killed while a reader pulls from it (and from a second relay):
+ * the reader drops it and finishes from the other holders within a bounded
+ * time, every byte verified. */
+static void relay_killed_reader_fails_over(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    relay_t a = relay_start(&g, "tiny-dense", "vllm:tp=1", 0, 0, 1, 0);
+    relay_t d = relay_start(&g, "tiny-dense", "vllm:tp=1", 0, 1, 1, 0);
+    void *b;
+    refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 4, &b);
+    /* Slow links (1 MB/s each, ~0.6 MB to move): the pull takes ~0.3 s; relay 0 dies at 100 ms. */
+    setenv("REFIT_TEST_THROTTLE", "relay:0=1,relay:1=1", 1);
+    pid_t killer = fork();
+    if (killer == 0) {
+        t_msleep(100);
+        kill(a.pid, SIGKILL);
+        _exit(0);
+    }
+    double t0 = refit_now();
+    refit_pull_report_t rep;
+    refit_status_t st = refit_receiver_pull(r, 1, 10000, &rep);
+    double ms = t_ms_since(t0);
+    unsetenv("REFIT_TEST_THROTTLE");
+    waitpid(killer, NULL, 0);
+    REFIT_ASSERT_OK(st);
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
+    refit_holder_stat_t hs[8];
+    size_t nh = refit_receiver_holders(r, hs, 8);
+    const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0"), *h1 = holder(hs, nh, "relay:1");
+    assert_non_null(h0);
+    assert_non_null(h1);
+    assert_true(h0->failed);
+    assert_true(h0->chunks > 0);  /* it was serving when it died */
+    assert_false(h1->failed);
+    assert_true(h1->bytes > h0->bytes);
+    assert_null(holder(hs, nh, "trainer:0")); /* relays had room: the trainer was left alone */
+    assert_true(ms < 3000);
+    refit_receiver_destroy(r);
+    relay_stop(&a, true);
+    relay_stop(&d, false);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
+/* One of two DP replicas is slow (0.5 MB/s): the fast one steals its chunks;
+ * the pull ends long before the slow replica could have served its half. */
+static void slow_replica_chunks_stolen(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    void *b;
+    refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 0, &b);
+    setenv("REFIT_TEST_THROTTLE", "trainer:1=0.5", 1);
+    refit_pull_report_t rep;
+    double t0 = refit_now();
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
+    double ms = t_ms_since(t0);
+    unsetenv("REFIT_TEST_THROTTLE");
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
+    refit_holder_stat_t hs[4];
+    size_t nh = refit_receiver_holders(r, hs, 4);
+    const refit_holder_stat_t *fast = holder(hs, nh, "trainer:0"), *slow = holder(hs, nh, "trainer:1");
+    assert_non_null(fast);
+    assert_non_null(slow);
+    /* Half the bytes at 0.5 MB/s would take ~570 ms; the slow one serves a few chunks at most. */
+    assert_true(fast->bytes >= rep.bytes * 8 / 10);
+    assert_true(ms < 400);
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
 }
 
 /* ---- cases ---------------------------------------------------------------- */
@@ -339,12 +552,14 @@ static void end_to_end_redis(void **state)
 /* A DP replica killed after the receiver began (memory marked partial): the
  * pull fails, the receiver is marked unusable, and a retry completes from the
  * surviving replica once the dead one's heartbeat expired. */
+/* A publisher whose bytes nobody else holds dies during the transfer: the
+ * pull fails (PEER, "died"), the memory is marked unusable. */
 static void publisher_killed_mid_transfer(void **state)
 {
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -370,13 +585,51 @@ static void publisher_killed_mid_transfer(void **state)
     assert_true(t_ms_since(t0) < 5000);
     assert_false(refit_receiver_usable(r));
     assert_int_equal(refit_receiver_committed(r), 1);
-    /* Retry: rank 1 is dropped once its heartbeat expires; rank 0 holds every byte. */
-    t_msleep(600);
+    refit_receiver_destroy(r);
+    close(p[1].cmd);
+    close(p[1].resp);
+    pub_stop(&p[0]);
+    t_rm_tree(g.dir);
+}
+
+/* A DP replica dies during the transfer: its chunks go to the other replica
+ * in the same pull, every byte verified. */
+static void replica_killed_mid_transfer_fails_over(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    setenv("REFIT_TEST_PAUSE_MS", "300", 1);
+    pid_t killer = fork();
+    if (killer == 0) {
+        t_msleep(100);
+        kill(p[1].pid, SIGKILL);
+        _exit(0);
+    }
+    double t0 = refit_now();
     refit_pull_report_t rep;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
-    assert_int_equal(rep.sources, 1);
+    unsetenv("REFIT_TEST_PAUSE_MS");
+    waitpid(killer, NULL, 0);
+    waitpid(p[1].pid, NULL, 0);
+    assert_true(t_ms_since(t0) < 5000);
     assert_true(refit_receiver_usable(r));
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 2);
+    refit_holder_stat_t hs[4];
+    size_t nh = refit_receiver_holders(r, hs, 4);
+    assert_int_equal(nh, 2);
+    bool saw_failed = false;
+    for (size_t i = 0; i < nh; i++)
+        if (!strcmp(hs[i].name, "trainer:1")) saw_failed = hs[i].failed;
+    assert_true(saw_failed);
     refit_receiver_destroy(r);
     close(p[1].cmd);
     close(p[1].resp);
@@ -555,9 +808,13 @@ int main(void)
         cmocka_unit_test(snapshot_mode),
         cmocka_unit_test(end_to_end_redis),
         cmocka_unit_test(publisher_killed_mid_transfer),
+        cmocka_unit_test(replica_killed_mid_transfer_fails_over),
         cmocka_unit_test(stale_entry_and_missing_rank),
         cmocka_unit_test(receiver_killed_mid_transfer),
         cmocka_unit_test(identity_and_corrupt_manifest),
+        cmocka_unit_test(relay_serves_joiner),
+        cmocka_unit_test(relay_killed_reader_fails_over),
+        cmocka_unit_test(slow_replica_chunks_stolen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,531 @@
+/* Fleet transfers: one receiver's plan executed as chunks that any holder of
+ * the same bytes may serve (issue 5: relays, failover, stragglers, egress).
+ *
+ * A plan reads each destination byte from one planned source.  Other holders
+ * of the same bytes are found without planning again:
+ *   - a trainer rank whose manifest equals the planned source's in everything
+ *     but the rank (a DP replica: refit_fleet_mirror_key) holds those bytes
+ *     at the same offsets;
+ *   - a relay (a receiver of this very layout and rank that committed the
+ *     version, see relay.c) holds them where this receiver puts them: the
+ *     source side of the region is the destination side.
+ * The plan's regions are cut into chunks of about chunk_bytes (along the
+ * outermost loop, or the run) and shared out equally by bytes among the
+ * holders that can serve them.  Each holder gets `workers` threads; a worker
+ * claims the next chunk of its holder's share, and when that is done, free
+ * chunks of a holder whose chunks take over 3x as long as its own:
+ * equal holders serve equal bytes (egress balance), slow ones lose their
+ * share to fast ones (work stealing).  A worker with
+ * nothing left to claim re-reads a chunk another holder has had in flight for
+ * more than 4x the mean chunk time (+100 ms): a slow source's tail is worked
+ * around.  A holder that fails (its process died: process_vm_readv fails, the
+ * peer breaks) is dropped and its chunk goes back to the queue, so a reader
+ * fails over at once to the other holders of those bytes.  The pull fails only
+ * when a chunk is left that no live holder can serve.
+ *
+ * Duplicate reads write identical bytes (one version, immutable while
+ * leased); every worker is joined before the transfer returns.  Transports
+ * without their own concurrency (anything but shm) are called one at a time.
+ * REFIT_TEST_THROTTLE="trainer:1=50,relay:0=10" (MB/s) paces holders to
+ * emulate slow links in tests and benchmarks on one host. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/fleet.h"
+#include "plan/plan.h"
+
+uint64_t refit_fleet_mirror_key(const refit_manifest_t *m)
+{
+    /* The signature with the rank left out: equal keys mean equal layouts,
+     * offsets included, so one rank's bytes sit where the other's do. */
+    refit_manifest_t tmp = *m;
+    tmp.rank = 0;
+    return refit_manifest_compute_signature(&tmp);
+}
+
+double refit_fleet_throttle(const char *kind, uint32_t index)
+{
+    const char *env = getenv("REFIT_TEST_THROTTLE");
+    if (!env || !env[0]) return 0;
+    char want[48];
+    int n = snprintf(want, sizeof(want), "%s:%u=", kind, index);
+    for (const char *p = env; p && *p;) {
+        if (!strncmp(p, want, (size_t)n)) return atof(p + n) * 1e6;
+        p = strchr(p, ',');
+        if (p) p++;
+    }
+    return 0;
+}
+
+enum { CH_FREE = 0, CH_BUSY = 1, CH_DONE = 2 };
+
+typedef struct {
+    size_t first, n;         /* pieces (regions cut to size; source side in the planned source's coordinates) */
+    uint64_t bytes;          /* destination bytes they write */
+    uint32_t planned;        /* plan source index */
+    uint8_t state, dup;
+    uint32_t owner;          /* holder index while busy */
+    uint32_t pref;           /* holder whose share it is */
+    double start;
+} chunk_t;
+
+typedef struct {
+    const refit_tset_t *ts;
+    refit_fleet_holder_t *h;
+    uint32_t nh;
+    uint64_t *plan_keys; /* mirror key of each plan source */
+    size_t nplan;
+    chunk_t *c;
+    refit_plan_region_t *pieces;
+    size_t nc, done;
+    uint64_t chunk; /* nominal chunk bytes */
+    void *const *dst;
+    double deadline;
+    double time_sum;
+    uint64_t time_n;
+    bool finished;
+    unsigned active;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    pthread_mutex_t serial[REFIT_MAX_TRANSPORTS];
+} sched_t;
+
+typedef struct {
+    sched_t *S;
+    uint32_t h;
+} worker_arg_t;
+
+static bool can_serve(const sched_t *S, uint32_t h, const chunk_t *c)
+{
+    const refit_fleet_holder_t *H = &S->h[h];
+    if (H->failed || !H->peer) return false;
+    if (H->mirror_dst) return true;
+    return c->planned < S->nplan && H->mirror_key == S->plan_keys[c->planned];
+}
+
+/* Cuts region r into pieces of about `chunk` bytes. */
+typedef REFIT_VEC(chunk_t) chunkvec_t;
+typedef REFIT_VEC(refit_plan_region_t) piecevec_t;
+
+/* Cuts region r into pieces of at most about `chunk` bytes. */
+static refit_status_t cut(piecevec_t *out, const refit_plan_region_t *r, uint64_t chunk)
+{
+    uint64_t bytes = refit_plan_region_bytes(r);
+    struct {
+        refit_plan_region_t reg;
+    } c = {*r};
+    if (bytes <= chunk) return REFIT_VEC_PUSH(out, c.reg) ? refit_error(REFIT_ERR_NO_MEMORY, "chunks") : REFIT_OK;
+    if (r->nloops == 0) {
+        for (uint64_t off = 0; off < r->run; off += chunk) {
+            c.reg = *r;
+            c.reg.src_offset += off;
+            c.reg.dst_offset += off;
+            c.reg.run = REFIT_MIN(chunk, r->run - off);
+            if (REFIT_VEC_PUSH(out, c.reg)) return refit_error(REFIT_ERR_NO_MEMORY, "chunks");
+        }
+        return REFIT_OK;
+    }
+    uint32_t o = r->nloops - 1;
+    uint64_t per = bytes / r->count[o]; /* bytes of one outer iteration */
+    uint64_t step = per >= chunk ? 1 : chunk / per;
+    for (uint64_t i = 0; i < r->count[o]; i += step) {
+        c.reg = *r;
+        c.reg.src_offset += i * r->src_stride[o];
+        c.reg.dst_offset += i * r->dst_stride[o];
+        c.reg.count[o] = REFIT_MIN(step, r->count[o] - i);
+        if (c.reg.count[o] == 1) { /* a loop of one is no loop */
+            c.reg.nloops--;
+            c.reg.count[o] = 0;
+            c.reg.src_stride[o] = c.reg.dst_stride[o] = 0;
+            if (per > chunk) { /* one outer iteration is still too big: cut it further */
+                refit_status_t st = cut(out, &c.reg, chunk);
+                if (st) return st;
+                continue;
+            }
+        }
+        if (REFIT_VEC_PUSH(out, c.reg)) return refit_error(REFIT_ERR_NO_MEMORY, "chunks");
+    }
+    return REFIT_OK;
+}
+
+static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, uint64_t *read)
+{
+    refit_fleet_holder_t *H = &S->h[h];
+    refit_plan_region_t *regs = calloc(c->n, sizeof(*regs));
+    uint64_t *sb = calloc(S->nh, sizeof(uint64_t));
+    refit_peer_t **peers = calloc(S->nh, sizeof(void *));
+    if (!regs || !sb || !peers) {
+        free(regs);
+        free(sb);
+        free(peers);
+        return refit_error(REFIT_ERR_NO_MEMORY, "chunk");
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        refit_plan_region_t reg = S->pieces[c->first + i];
+        if (H->mirror_dst) {
+            /* A relay holds the whole version where we put it: read each
+             * piece's destination span in one run (bytes between its rows are
+             * the same version's bytes too, or padding, which the relay has as
+             * zeros). */
+            uint64_t lo = reg.dst_offset, hi = refit_region_dst_end(&reg);
+            uint32_t dr = reg.dst_region;
+            memset(&reg, 0, sizeof(reg));
+            reg.src_region = reg.dst_region = dr;
+            reg.src_offset = reg.dst_offset = lo;
+            reg.run = hi - lo;
+        }
+        reg.src = h;
+        regs[i] = reg;
+        sb[h] += refit_plan_region_bytes(&reg);
+    }
+    *read = sb[h];
+    struct refit_plan one;
+    memset(&one, 0, sizeof(one));
+    peers[h] = H->peer;
+    one.regions.data = regs;
+    one.regions.len = one.regions.cap = c->n;
+    one.src_bytes = sb;
+    one.nsrcs = S->nh;
+    refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
+    refit_pull_stats_t st = {0};
+    const refit_transport_ops_t *ops = S->ts->ops[H->transport];
+    bool serial = strcmp(ops->name, "shm") != 0;
+    if (serial) pthread_mutex_lock(&S->serial[H->transport]);
+    refit_status_t rc = ops->pull(S->ts->ctx[H->transport], peers, &one, S->dst, &ctl, &st);
+    if (serial) pthread_mutex_unlock(&S->serial[H->transport]);
+    if (!rc && !H->lanes[0]) snprintf(H->lanes, sizeof(H->lanes), "%.63s", st.lanes);
+    free(regs);
+    free(sb);
+    free(peers);
+    return rc;
+}
+
+/* Seconds per byte of holder h: copy and link pacing, not the time its
+ * threads waited for a CPU (see worker_main). */
+static double per_byte(const sched_t *S, uint32_t h)
+{
+    const refit_fleet_holder_t *H = &S->h[h];
+    return H->bytes ? H->busy_s / (double)H->bytes : 0;
+}
+
+/* Whether holder v is clearly slower than holder h: over 3x the seconds per
+ * byte (after 3 chunks each), or a chunk in flight for over 10x what h
+ * would take for it (+100 ms).  CPU scheduling noise on a busy 2-core host
+ * stays under that; a link at a tenth of the speed, or a stuck source, not. */
+static bool slower(const sched_t *S, uint32_t v, uint32_t h, double now)
+{
+    double mine = per_byte(S, h);
+    if (S->h[h].chunks < 3 || mine <= 0) return false;
+    if (S->h[v].chunks >= 3 && per_byte(S, v) > 3.0 * mine) return true;
+    for (size_t i = 0; i < S->nc; i++) {
+        const chunk_t *c = &S->c[i];
+        if (c->state == CH_BUSY && c->owner == v &&
+            now - c->start > 10.0 * mine * (double)c->bytes + 0.1)
+            return true;
+    }
+    return false;
+}
+
+/* Claims a chunk for holder h (lock held): first a free chunk of its own
+ * share, then a free chunk of another holder's share (from the back of it),
+ * then a chunk another holder has had in flight for too long (a re-read). */
+static chunk_t *claim(sched_t *S, uint32_t h, bool *none_left)
+{
+    double now = refit_now();
+    double mean = S->time_n ? S->time_sum / (double)S->time_n : 0.02;
+    chunk_t *take = NULL, *steal = NULL;
+    bool any = false;
+    for (size_t i = 0; i < S->nc; i++) {
+        chunk_t *c = &S->c[i];
+        if (c->state == CH_DONE || !can_serve(S, h, c)) continue;
+        any = true;
+        if (c->state == CH_FREE && c->pref == h) {
+            take = c;
+            break;
+        }
+    }
+    /* Another holder's share only when that holder is clearly slower (its
+     * chunks take over 3x as long): equal holders keep equal shares
+     * (egress balance), slow ones lose theirs (stragglers). */
+    for (size_t i = S->nc; !take && i-- > 0;) {
+        chunk_t *c = &S->c[i];
+        if (c->state != CH_FREE || !can_serve(S, h, c)) continue;
+        const refit_fleet_holder_t *v = c->pref < S->nh ? &S->h[c->pref] : NULL;
+        if (!v || v->failed || !v->peer || slower(S, c->pref, h, now)) take = c;
+    }
+    if (take) {
+        if (take->pref != h) S->h[h].taken++;
+        take->state = CH_BUSY;
+        take->owner = h;
+        take->start = now;
+        return take;
+    }
+    for (size_t i = 0; i < S->nc && !steal; i++) {
+        chunk_t *c = &S->c[i];
+        if (c->state == CH_BUSY && !c->dup && c->owner != h && !S->h[c->owner].failed && can_serve(S, h, c) &&
+            now - c->start > 4 * mean + 0.1)
+            steal = c;
+    }
+    if (steal) {
+        steal->dup = 1;
+        steal->owner = h;
+        steal->start = now;
+        S->h[h].steals++;
+        return steal;
+    }
+    *none_left = !any;
+    return NULL;
+}
+
+/* Shares: each chunk goes to the capable holder with the fewest bytes so
+ * far (ties rotate with seed), so equal holders serve equal bytes. */
+static void share(sched_t *S, uint32_t seed)
+{
+    uint64_t *load = calloc(S->nh ? S->nh : 1, sizeof(uint64_t));
+    for (size_t i = 0; i < S->nc; i++) {
+        chunk_t *c = &S->c[i];
+        uint32_t best = UINT32_MAX;
+        for (uint32_t k = 0; k < S->nh; k++) {
+            uint32_t h = (k + seed) % S->nh;
+            if (!can_serve(S, h, c)) continue;
+            if (best == UINT32_MAX || (load && load[h] < load[best])) best = h;
+        }
+        c->pref = best;
+        if (load && best != UINT32_MAX) load[best] += c->bytes;
+    }
+    free(load);
+}
+
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Emulated link: the holder's link carries one chunk after another at
+ * `rate`; a chunk that started at t0 is through at max(link free, t0) +
+ * bytes/rate, and its worker waits until then (the copy overlaps the link). */
+static void pace(sched_t *S, refit_fleet_holder_t *H, uint64_t bytes, double t0)
+{
+    if (H->rate <= 0) return;
+    pthread_mutex_lock(&S->lock);
+    if (H->busy_until < t0) H->busy_until = t0;
+    H->busy_until += (double)bytes / H->rate;
+    double until = H->busy_until;
+    while (!S->finished && refit_now() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 2000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&S->cond, &S->lock, &ts);
+    }
+    pthread_mutex_unlock(&S->lock);
+}
+
+static void *worker_main(void *arg)
+{
+    worker_arg_t *a = arg;
+    sched_t *S = a->S;
+    uint32_t h = a->h;
+    refit_fleet_holder_t *H = &S->h[h];
+    pthread_mutex_lock(&S->lock);
+    for (;;) {
+        if (S->finished || H->failed || S->done == S->nc || refit_now() > S->deadline) break;
+        bool none_left = false;
+        chunk_t *c = claim(S, h, &none_left);
+        if (!c) {
+            if (none_left) break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 2000000;
+            if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+            pthread_cond_timedwait(&S->cond, &S->lock, &ts);
+            continue;
+        }
+        chunk_t copy = *c;
+        pthread_mutex_unlock(&S->lock);
+        double t0 = refit_now(), c0 = thread_cpu();
+        uint64_t bytes = 0;
+        refit_status_t st = run_chunk(S, h, &copy, &bytes);
+        double dt = refit_now() - t0;
+        /* A holder's speed: for shm, the CPU time of the copy (wall time would
+         * count the time this thread waited for a CPU, which says nothing about
+         * the source); for network transports, the wall time. */
+        double cost = S->ts->ops[H->transport] == &refit_transport_shm ? thread_cpu() - c0 : dt;
+        pthread_mutex_lock(&S->lock);
+        if (st) {
+            if (!H->failed) {
+                H->failed = true;
+                snprintf(H->error, sizeof(H->error), "%s", refit_last_error());
+                H->failed_at = refit_now();
+            }
+            if (c->state == CH_BUSY && c->owner == h) c->state = CH_FREE, c->dup = 0;
+            pthread_cond_broadcast(&S->cond);
+            break;
+        }
+        H->bytes += bytes;
+        H->chunks++;
+        H->busy_s += cost;
+        if (c->state != CH_DONE) {
+            c->state = CH_DONE;
+            S->done++;
+            S->time_sum += dt;
+            S->time_n++;
+        }
+        pthread_cond_broadcast(&S->cond);
+        pthread_mutex_unlock(&S->lock);
+        double tp = refit_now();
+        pace(S, H, bytes, t0);
+        pthread_mutex_lock(&S->lock);
+        H->busy_s += refit_now() - tp;
+    }
+    S->active--;
+    pthread_cond_broadcast(&S->cond);
+    pthread_mutex_unlock(&S->lock);
+    return NULL;
+}
+
+refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
+                                    refit_pull_stats_t *stats)
+{
+    refit_status_t st = REFIT_OK;
+    sched_t S;
+    memset(&S, 0, sizeof(S));
+    S.ts = x->ts;
+    S.h = holders;
+    S.nh = nh;
+    S.dst = x->dst;
+    S.deadline = x->deadline;
+    S.nplan = refit_plan_num_sources(x->plan);
+    S.plan_keys = x->plan_keys;
+    chunkvec_t cv = {0};
+    piecevec_t pv = {0};
+    size_t nregs;
+    const refit_plan_region_t *regs = refit_plan_regions(x->plan, &nregs);
+    uint64_t chunk = x->chunk_bytes ? x->chunk_bytes : (2u << 20);
+    S.chunk = chunk;
+    for (size_t i = 0; i < nregs && !st; i++) st = cut(&pv, &regs[i], chunk);
+    /* Consecutive pieces of one source make one chunk, up to `chunk` bytes
+     * (a plan has thousands of small regions: one chunk each would cost more
+     * than the copy). */
+    for (size_t i = 0; i < pv.len && !st; i++) {
+        uint64_t b = refit_plan_region_bytes(&pv.data[i]);
+        chunk_t *last = cv.len ? &cv.data[cv.len - 1] : NULL;
+        if (last && last->planned == pv.data[i].src && last->bytes + b <= chunk) {
+            last->n++;
+            last->bytes += b;
+            continue;
+        }
+        chunk_t c = {.first = i, .n = 1, .bytes = b, .planned = pv.data[i].src};
+        if (REFIT_VEC_PUSH(&cv, c)) st = refit_error(REFIT_ERR_NO_MEMORY, "chunks");
+    }
+    if (st) {
+        REFIT_VEC_FREE(&cv);
+        REFIT_VEC_FREE(&pv);
+        return st;
+    }
+    S.c = cv.data;
+    S.nc = cv.len;
+    S.pieces = pv.data;
+    /* Every chunk needs some holder from the start. */
+    for (size_t i = 0; i < S.nc; i++) {
+        bool ok = false;
+        for (uint32_t h = 0; h < nh && !ok; h++) ok = can_serve(&S, h, &S.c[i]);
+        if (!ok) {
+            REFIT_VEC_FREE(&cv);
+            REFIT_VEC_FREE(&pv);
+            return refit_error(REFIT_ERR_MISSING_SOURCE, "no connected holder serves plan source %u's bytes",
+                               S.c[i].planned);
+        }
+    }
+    share(&S, x->seed);
+    pthread_mutex_init(&S.lock, NULL);
+    pthread_cond_init(&S.cond, NULL);
+    for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_init(&S.serial[t], NULL);
+    unsigned per = x->workers ? x->workers : 2;
+    size_t nw = (size_t)nh * per;
+    pthread_t *th = calloc(nw ? nw : 1, sizeof(pthread_t));
+    worker_arg_t *wa = calloc(nw ? nw : 1, sizeof(worker_arg_t));
+    bool *started = calloc(nw ? nw : 1, sizeof(bool));
+    if (!th || !wa || !started) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "workers");
+        goto out;
+    }
+    pthread_mutex_lock(&S.lock);
+    for (size_t w = 0; w < nw; w++) {
+        uint32_t h = (uint32_t)(w % nh);
+        if (holders[h].failed || !holders[h].peer) continue;
+        wa[w] = (worker_arg_t){&S, h};
+        if (pthread_create(&th[w], NULL, worker_main, &wa[w]) == 0) {
+            started[w] = true;
+            S.active++;
+        }
+    }
+    /* The calling thread renews leases (tick) while the workers run. */
+    while (S.active > 0 && S.done < S.nc) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&S.cond, &S.lock, &ts);
+        if (x->tick) {
+            pthread_mutex_unlock(&S.lock);
+            refit_status_t ts2 = x->tick(x->user);
+            pthread_mutex_lock(&S.lock);
+            if (ts2) {
+                st = ts2;
+                break;
+            }
+        }
+        if (refit_now() > S.deadline) break;
+    }
+    S.finished = true;
+    bool complete = S.done == S.nc;
+    size_t left = S.nc - S.done;
+    pthread_cond_broadcast(&S.cond);
+    pthread_mutex_unlock(&S.lock);
+    for (size_t w = 0; w < nw; w++)
+        if (started[w]) pthread_join(th[w], NULL);
+    if (!st && !complete) {
+        char why[600] = "";
+        size_t pos = 0;
+        for (uint32_t h = 0; h < nh && pos < sizeof(why) - 1; h++)
+            if (holders[h].failed)
+                pos += (size_t)snprintf(why + pos, sizeof(why) - pos, "%s%s: %s", pos ? "; " : "", holders[h].name,
+                                        holders[h].error);
+        if (refit_now() > S.deadline)
+            st = refit_error(REFIT_ERR_TIMEOUT, "%zu of %zu chunks not transferred by the deadline%s%s", left, S.nc,
+                             why[0] ? "; " : "", why);
+        else
+            st = refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S.nc, why);
+    }
+    for (uint32_t h = 0; h < nh; h++)
+        refit_log(REFIT_LOG_DEBUG, "fleet: %s: %u chunks (%u from others' shares, %u re-read), %" PRIu64 " bytes, %.1f ms busy%s%s",
+                  holders[h].name, holders[h].chunks, holders[h].taken, holders[h].steals, holders[h].bytes,
+                  holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
+    if (!st && stats) {
+        for (size_t i = 0; i < S.nc; i++) stats->bytes += S.c[i].bytes;
+        stats->requests += S.nc;
+        for (uint32_t h = 0; h < nh; h++)
+            if (holders[h].chunks && !strstr(stats->lanes, holders[h].lanes)) {
+                size_t l = strlen(stats->lanes);
+                snprintf(stats->lanes + l, sizeof(stats->lanes) - l, "%s%s", l ? " " : "", holders[h].lanes);
+            }
+    }
+out:
+    free(th);
+    free(wa);
+    free(started);
+    pthread_mutex_destroy(&S.lock);
+    pthread_cond_destroy(&S.cond);
+    for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_destroy(&S.serial[t]);
+    REFIT_VEC_FREE(&cv);
+    REFIT_VEC_FREE(&pv);
+    return st;
+}

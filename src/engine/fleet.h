@@ -1,0 +1,47 @@
+/* Fleet transfers (fleet.c) and relays (relay.c): internal to the engine. */
+#ifndef REFIT_ENGINE_FLEET_H
+#define REFIT_ENGINE_FLEET_H
+
+#include "engine/engine.h"
+
+/* One holder of bytes a receiver needs: a trainer rank, or a relay. */
+typedef struct {
+    char name[96];          /* "trainer:3", "relay:2" */
+    uint32_t id;            /* trainer rank or relay slot */
+    uint32_t transport;     /* index into the transport set */
+    refit_peer_t *peer;     /* connected; NULL: unusable */
+    bool mirror_dst;        /* a relay of the receiver's own layout and rank */
+    uint64_t mirror_key;    /* trainer rank: refit_fleet_mirror_key of its manifest */
+    double rate;            /* emulated link, bytes/s (REFIT_TEST_THROTTLE); 0: none */
+    /* filled by the transfer */
+    bool failed;
+    double failed_at;
+    uint64_t bytes;         /* bytes read from this holder (duplicates included) */
+    uint32_t chunks, steals; /* steals: re-reads of overdue chunks */
+    uint32_t taken;          /* chunks taken from a slower holder's share */
+    double busy_until;
+    double busy_s;          /* seconds copying and paced */
+    char lanes[64];
+    char error[256];
+} refit_fleet_holder_t;
+
+typedef struct {
+    const refit_tset_t *ts;
+    const refit_plan_t *plan;
+    uint64_t *plan_keys;    /* mirror key of every plan source (0: none) */
+    void *const *dst;
+    double deadline;
+    uint64_t chunk_bytes;   /* 0: 2 MiB */
+    unsigned workers;       /* per holder; 0: 2 */
+    uint32_t seed;          /* rotates ties between holders (different receivers start on different ones) */
+    refit_status_t (*tick)(void *user);
+    void *user;
+} refit_fleet_xfer_t;
+
+uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
+/* REFIT_TEST_THROTTLE rate for holder kind:index, bytes/s (0: none). */
+double refit_fleet_throttle(const char *kind, uint32_t index);
+refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
+                                    refit_pull_stats_t *stats);
+
+#endif

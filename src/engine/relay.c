@@ -1,0 +1,318 @@
+/* Relays: a receiver that committed a version serves it to receivers of the
+ * same layout and rank (issue 5).
+ *
+ * Registry: relay slot S of receiver rank K of source group G is a source
+ * group of its own, "G.relay.rK.sS", with one rank (0) whose manifest is the
+ * receiver's (rank field set to 0), whose memory is the receiver's memory
+ * (exposed by the receiver's transports: shm reads it with process_vm_readv)
+ * and whose version record names the version committed.  A relay is an
+ * ordinary in-place publisher: heartbeat, leases, retire.  Before the
+ * receiver writes its memory again it retires its version and waits (bounded
+ * by the lease ttl) for its readers to release their leases; a reader that
+ * finds the version retired skips that relay.  Version-level: a relay serves
+ * only versions it has completely (chunk-level availability is not built).
+ *
+ * Load: with max_readers set, a reader takes a relay (or the trainer, counted
+ * per receiver rank) only while fewer than max_readers readers hold a load
+ * token on it (a lease under "<group>.load", short ttl, renewed during the
+ * pull).  Trainer tokens
+ * are taken only when no relay holds the version, so the trainer feeds the
+ * first max_readers receivers and relays feed the rest: a tree. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/relay.h"
+
+#define LOAD_TTL_MS 1500
+
+typedef struct {
+    refit_manifest_t *m;
+    uint64_t signature, incarnation;
+    refit_peer_t *peer[REFIT_MAX_TRANSPORTS];
+    bool leased, loaded;
+    uint64_t version;
+} relay_src_t;
+
+struct refit_relays {
+    refit_registry_t *reg;
+    char group[104];
+    uint32_t rank;
+    int slot;
+    uint64_t key; /* mirror key of this receiver's layout */
+    const refit_manifest_t *mine;
+    refit_receiver_params_t params;
+    refit_publisher_t *pub;
+    uint64_t serving;
+    relay_src_t src[REFIT_MAX_RELAYS];
+    bool trainer_loaded;
+    uint64_t trainer_version;
+    double renewed;
+};
+
+static void relay_group(const refit_relays_t *R, uint32_t slot, char *buf, size_t n)
+{
+    snprintf(buf, n, "%.40s.relay.r%u.s%u", R->group, R->rank, slot);
+}
+
+static void load_group(const char *g, char *buf, size_t n) { snprintf(buf, n, "%.56s.load", g); }
+
+refit_status_t refit_relays_open(refit_registry_t *reg, const char *group, const refit_manifest_t *mine,
+                                 const refit_receiver_params_t *params, refit_relays_t **out)
+{
+    refit_relays_t *R = calloc(1, sizeof(*R));
+    if (!R) return refit_error(REFIT_ERR_NO_MEMORY, "relays");
+    R->reg = reg;
+    snprintf(R->group, sizeof(R->group), "%s", group);
+    R->rank = mine->rank;
+    R->slot = params->relay_slot;
+    R->mine = mine;
+    R->params = *params;
+    R->key = refit_fleet_mirror_key(mine);
+    if (R->slot >= REFIT_MAX_RELAYS) {
+        free(R);
+        return refit_error(REFIT_ERR_INVALID_ARG, "relay slot %d (at most %d)", params->relay_slot, REFIT_MAX_RELAYS - 1);
+    }
+    *out = R;
+    return REFIT_OK;
+}
+
+static void drop(refit_relays_t *R, const refit_tset_t *ts, relay_src_t *s)
+{
+    for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++)
+        if (s->peer[t]) {
+            ts->ops[t]->disconnect(s->peer[t]);
+            s->peer[t] = NULL;
+        }
+    refit_manifest_destroy(s->m);
+    s->m = NULL;
+    s->signature = s->incarnation = 0;
+    (void)R;
+}
+
+void refit_relays_close(refit_relays_t *R, const refit_tset_t *ts)
+{
+    if (!R) return;
+    for (int i = 0; i < REFIT_MAX_RELAYS; i++) drop(R, ts, &R->src[i]);
+    refit_publisher_destroy(R->pub);
+    free(R);
+}
+
+/* ---- serving --------------------------------------------------------------- */
+
+void refit_relays_withdraw(refit_relays_t *R, int timeout_ms)
+{
+    if (!R || !R->pub || !R->serving) return;
+    if (refit_publisher_wait_readers(R->pub, R->serving, timeout_ms))
+        refit_log(REFIT_LOG_WARN, "relay %s slot %d: %s (writing anyway)", R->group, R->slot, refit_last_error());
+    R->serving = 0;
+}
+
+refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v)
+{
+    refit_status_t st;
+    if (!R || R->slot < 0) return REFIT_OK;
+    if (!R->pub) {
+        void *enc = NULL;
+        size_t len = 0;
+        refit_manifest_t *copy = NULL;
+        if ((st = refit_manifest_encode(R->mine, &enc, &len))) return st;
+        st = refit_manifest_decode(enc, len, &copy);
+        free(enc);
+        if (st) return st;
+        copy->rank = 0; /* rank 0 of the relay's own group; the layout's rank stays in the placements */
+        copy->signature = refit_manifest_compute_signature(copy);
+        char g[104];
+        relay_group(R, (uint32_t)R->slot, g, sizeof(g));
+        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+        pp.registry = R->params.registry;
+        pp.job = R->params.job;
+        pp.group = g;
+        pp.transports = R->params.transports;
+        pp.transport_options = R->params.transport_options;
+        pp.heartbeat_ms = R->params.relay_heartbeat_ms;
+        pp.dead_ms = R->params.relay_heartbeat_ms ? R->params.relay_heartbeat_ms * 4 : 0;
+        if ((st = refit_publisher_create(&pp, copy, &R->pub))) {
+            refit_manifest_destroy(copy);
+            return st;
+        }
+        for (uint32_t i = 0; i < (uint32_t)R->mine->regions.len; i++)
+            if ((st = refit_publisher_attach(R->pub, i, mem[i]))) return st;
+    }
+    if ((st = refit_publisher_publish(R->pub, v))) return st;
+    R->serving = v;
+    return REFIT_OK;
+}
+
+/* ---- reading from relays ---------------------------------------------------- */
+
+/* Takes a load token on `g` for v if fewer than cap readers hold one (cap 0: no limit). */
+static bool take_token(refit_relays_t *R, const char *g, uint64_t v, const char *reader, uint32_t cap)
+{
+    char lg[104];
+    load_group(g, lg, sizeof(lg));
+    if (!cap) return true;
+    uint32_t n = 0;
+    if (refit_registry_lease_count(R->reg, lg, v, &n) || n >= cap) return false;
+    if (refit_registry_lease_acquire(R->reg, lg, v, reader, LOAD_TTL_MS)) return false;
+    if (refit_registry_lease_count(R->reg, lg, v, &n) || n > cap) { /* raced: back off */
+        refit_registry_lease_release(R->reg, lg, v, reader);
+        return false;
+    }
+    return true;
+}
+
+static void drop_token(refit_relays_t *R, const char *g, uint64_t v, const char *reader)
+{
+    char lg[104];
+    load_group(g, lg, sizeof(lg));
+    refit_registry_lease_release(R->reg, lg, v, reader);
+}
+
+static refit_status_t connect_relay(refit_relays_t *R, const refit_tset_t *ts, relay_src_t *s, uint32_t *tidx)
+{
+    uint32_t n = (uint32_t)s->m->regions.len;
+    refit_status_t st = REFIT_ERR_TRANSPORT;
+    for (uint32_t t = 0; t < ts->n; t++) {
+        if (s->peer[t]) {
+            *tidx = t;
+            return REFIT_OK;
+        }
+        const void *descs[64];
+        size_t lens[64];
+        bool have = n <= 64;
+        for (uint32_t i = 0; i < n && have; i++) {
+            char key[96];
+            refit_desc_key(key, sizeof(key), ts->ops[t]->name, i, 0);
+            have = refit_manifest_get_attr(s->m, key, &descs[i], &lens[i]) == REFIT_OK;
+        }
+        if (have && !(st = ts->ops[t]->connect(ts->ctx[t], descs, lens, n, &s->peer[t]))) {
+            *tidx = t;
+            return REFIT_OK;
+        }
+    }
+    (void)R;
+    return st;
+}
+
+uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, const char *reader,
+                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding)
+{
+    uint32_t nh = 0;
+    *holding = 0;
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS && nh < max; j++) {
+        relay_src_t *s = &R->src[j];
+        if ((int)j == R->slot) continue;
+        char g[104];
+        relay_group(R, j, g, sizeof(g));
+        refit_version_record_t rec;
+        uint8_t present = 0, alive = 0;
+        if (refit_registry_records(R->reg, g, 1, &rec, &present) || !present) continue;
+        if (rec.version != v || refit_registry_alive(R->reg, g, 1, &alive, NULL) || !alive) continue;
+        if (!s->m || s->signature != rec.signature || s->incarnation != rec.incarnation) {
+            drop(R, ts, s);
+            void *buf = NULL;
+            size_t len = 0;
+            refit_manifest_t *m = NULL;
+            if (refit_registry_get_manifest(R->reg, g, 0, &buf, &len)) continue;
+            refit_status_t st = refit_manifest_decode(buf, len, &m);
+            free(buf);
+            if (st) continue;
+            if (m->signature != rec.signature || refit_fleet_mirror_key(m) != R->key) {
+                refit_manifest_destroy(m); /* another layout: not a mirror of ours */
+                continue;
+            }
+            s->m = m;
+            s->signature = rec.signature;
+            s->incarnation = rec.incarnation;
+        }
+        (*holding)++;
+        if (!take_token(R, g, v, reader, R->params.max_readers)) continue;
+        s->loaded = R->params.max_readers != 0;
+        if (refit_registry_lease_acquire(R->reg, g, v, reader, lease_ms)) { /* retired: it moves on */
+            if (s->loaded) drop_token(R, g, v, reader);
+            s->loaded = false;
+            continue;
+        }
+        s->leased = true;
+        s->version = v;
+        uint32_t t;
+        if (connect_relay(R, ts, s, &t)) {
+            refit_registry_lease_release(R->reg, g, v, reader);
+            if (s->loaded) drop_token(R, g, v, reader);
+            s->leased = s->loaded = false;
+            continue;
+        }
+        refit_fleet_holder_t *h = &out[nh++];
+        memset(h, 0, sizeof(*h));
+        snprintf(h->name, sizeof(h->name), "relay:%u", j);
+        h->transport = t;
+        h->peer = s->peer[t];
+        h->mirror_dst = true;
+        h->rate = refit_fleet_throttle("relay", j);
+        h->id = j;
+    }
+    return nh;
+}
+
+/* Trainer load is counted per receiver rank: readers of the same bytes. */
+static void trainer_load_name(const refit_relays_t *R, char *buf, size_t n)
+{
+    snprintf(buf, n, "%.40s.r%u", R->group, R->rank);
+}
+
+bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reader, uint32_t cap)
+{
+    char g[104];
+    trainer_load_name(R, g, sizeof(g));
+    if (!take_token(R, g, v, reader, cap)) return false;
+    R->trainer_loaded = cap != 0;
+    R->trainer_version = v;
+    return true;
+}
+
+refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_t lease_ms)
+{
+    if (!R) return REFIT_OK;
+    double now = refit_now();
+    if (now - R->renewed < LOAD_TTL_MS / 3e3) return REFIT_OK;
+    R->renewed = now;
+    char g[104], lg[104];
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
+        relay_src_t *s = &R->src[j];
+        if (!s->leased) continue;
+        relay_group(R, j, g, sizeof(g));
+        refit_registry_lease_acquire(R->reg, g, s->version, reader, lease_ms); /* a retired relay: ignored */
+        if (s->loaded) {
+            load_group(g, lg, sizeof(lg));
+            refit_registry_lease_acquire(R->reg, lg, s->version, reader, LOAD_TTL_MS);
+        }
+    }
+    if (R->trainer_loaded) {
+        trainer_load_name(R, g, sizeof(g));
+        load_group(g, lg, sizeof(lg));
+        refit_registry_lease_acquire(R->reg, lg, R->trainer_version, reader, LOAD_TTL_MS);
+    }
+    return REFIT_OK;
+}
+
+void refit_relays_release_as(refit_relays_t *R, const char *reader)
+{
+    if (!R) return;
+    char g[104];
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
+        relay_src_t *s = &R->src[j];
+        relay_group(R, j, g, sizeof(g));
+        if (s->leased) refit_registry_lease_release(R->reg, g, s->version, reader);
+        if (s->loaded) drop_token(R, g, s->version, reader);
+        s->leased = s->loaded = false;
+    }
+    if (R->trainer_loaded) {
+        trainer_load_name(R, g, sizeof(g));
+        drop_token(R, g, R->trainer_version, reader);
+    }
+    R->trainer_loaded = false;
+}
+
+bool refit_relays_serving(const refit_relays_t *R) { return R && R->pub && R->serving; }

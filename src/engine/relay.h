@@ -1,0 +1,29 @@
+/* Relays (relay.c): receivers serving the versions they hold. */
+#ifndef REFIT_ENGINE_RELAY_H
+#define REFIT_ENGINE_RELAY_H
+
+#include "engine/fleet.h"
+
+#define REFIT_MAX_RELAYS 16
+
+typedef struct refit_relays refit_relays_t;
+
+refit_status_t refit_relays_open(refit_registry_t *reg, const char *group, const refit_manifest_t *mine,
+                                 const refit_receiver_params_t *params, refit_relays_t **out);
+void refit_relays_close(refit_relays_t *R, const refit_tset_t *ts);
+/* Before the receiver writes its memory: retire the version served and wait
+ * (up to timeout_ms) for its readers. */
+void refit_relays_withdraw(refit_relays_t *R, int timeout_ms);
+/* After a commit: serve version v from the receiver's memory (slot >= 0 only). */
+refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v);
+bool refit_relays_serving(const refit_relays_t *R);
+/* Other relays holding v with room (max_readers): leased, connected, as
+ * holders; *holding counts the relays that hold v, full or not. */
+uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, const char *reader,
+                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding);
+/* A load token on the trainer group (always true when cap is 0). */
+bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reader, uint32_t cap);
+refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_t lease_ms);
+void refit_relays_release_as(refit_relays_t *R, const char *reader);
+
+#endif
