@@ -221,19 +221,6 @@ struct refit_delta_index {
     uint32_t *list;
 };
 
-static void row_at(const refit_plan_region_t *r, uint64_t row, uint64_t *so, uint64_t *dof)
-{
-    uint64_t s = r->src_offset, d = r->dst_offset;
-    for (uint32_t i = 0; i < r->nloops; i++) {
-        uint64_t k = row % r->count[i];
-        row /= r->count[i];
-        s += k * r->src_stride[i];
-        d += k * r->dst_stride[i];
-    }
-    *so = s;
-    *dof = d;
-}
-
 static bool is_nested(const refit_plan_region_t *r)
 {
     uint64_t inner = r->run; /* bytes one row (and the loops inside) span */
@@ -287,7 +274,7 @@ refit_status_t refit_delta_index_create(const refit_plan_t *plan, uint32_t src, 
         g->nested = is_nested(r);
         for (uint64_t row = 0; row < g->rows; row++) { /* exact: the chunks the rows read */
             uint64_t so, dof;
-            row_at(r, row, &so, &dof);
+            refit_region_row_offsets(r, row, &so, &dof);
             for (uint64_t c = so / CB; c <= (so + r->run - 1) / CB; c++) ix->need[c] = 1;
         }
     }
@@ -329,13 +316,13 @@ static uint64_t copy_range(const ireg_t *g, uint64_t lo, uint64_t hi, const unsi
         uint64_t L = 0, H = g->rows;
         while (L < H) {
             uint64_t M = L + (H - L) / 2, so, dof;
-            row_at(&g->r, M, &so, &dof);
+            refit_region_row_offsets(&g->r, M, &so, &dof);
             if (so + g->r.run <= lo) L = M + 1;
             else H = M;
         }
         for (uint64_t row = L; row < g->rows; row++) {
             uint64_t so, dof;
-            row_at(&g->r, row, &so, &dof);
+            refit_region_row_offsets(&g->r, row, &so, &dof);
             if (so >= hi) break;
             uint64_t b0 = so > lo ? so : lo, b1 = so + g->r.run < hi ? so + g->r.run : hi;
             if (b0 >= b1) continue;
@@ -346,7 +333,7 @@ static uint64_t copy_range(const ireg_t *g, uint64_t lo, uint64_t hi, const unsi
     }
     for (uint64_t row = 0; row < g->rows; row++) {
         uint64_t so, dof;
-        row_at(&g->r, row, &so, &dof);
+        refit_region_row_offsets(&g->r, row, &so, &dof);
         uint64_t b0 = so > lo ? so : lo, b1 = so + g->r.run < hi ? so + g->r.run : hi;
         if (b0 >= b1) continue;
         memcpy(dst + dof + (b0 - so), data + (b0 - c0), b1 - b0);

@@ -549,9 +549,28 @@ static void end_to_end_redis(void **state)
 #endif
 }
 
-/* A DP replica killed after the receiver began (memory marked partial): the
- * pull fails, the receiver is marked unusable, and a retry completes from the
- * surviving replica once the dead one's heartbeat expired. */
+/* Pulls version v of r while a forked killer SIGKILLs `victim` 100 ms into
+ * the 300 ms pause the receiver takes after it started writing
+ * (REFIT_TEST_PAUSE_MS); reaps both; *ms is the pull's wall time. */
+static refit_status_t pull_while_killing(refit_receiver_t *r, uint64_t v, pub_t *victim, refit_pull_report_t *rep,
+                                         double *ms)
+{
+    setenv("REFIT_TEST_PAUSE_MS", "300", 1);
+    pid_t killer = fork();
+    if (killer == 0) {
+        t_msleep(100);
+        kill(victim->pid, SIGKILL);
+        _exit(0);
+    }
+    double t0 = refit_now();
+    refit_status_t st = refit_receiver_pull(r, v, 10000, rep);
+    *ms = t_ms_since(t0);
+    unsetenv("REFIT_TEST_PAUSE_MS");
+    waitpid(killer, NULL, 0);
+    waitpid(victim->pid, NULL, 0);
+    return st;
+}
+
 /* A publisher whose bytes nobody else holds dies during the transfer: the
  * pull fails (PEER, "died"), the memory is marked unusable. */
 static void publisher_killed_mid_transfer(void **state)
@@ -568,21 +587,11 @@ static void publisher_killed_mid_transfer(void **state)
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
     /* The receiver pauses after it started writing; rank 1 dies meanwhile. */
-    setenv("REFIT_TEST_PAUSE_MS", "300", 1);
-    pid_t killer = fork();
-    if (killer == 0) {
-        t_msleep(100);
-        kill(p[1].pid, SIGKILL);
-        _exit(0);
-    }
-    double t0 = refit_now();
-    refit_status_t st = refit_receiver_pull(r, 2, 10000, NULL);
-    unsetenv("REFIT_TEST_PAUSE_MS");
-    waitpid(killer, NULL, 0);
-    waitpid(p[1].pid, NULL, 0);
+    double ms;
+    refit_status_t st = pull_while_killing(r, 2, &p[1], NULL, &ms);
     assert_int_equal(st, REFIT_ERR_PEER);
     assert_non_null(strstr(refit_last_error(), "died"));
-    assert_true(t_ms_since(t0) < 5000);
+    assert_true(ms < 5000);
     assert_false(refit_receiver_usable(r));
     assert_int_equal(refit_receiver_committed(r), 1);
     refit_receiver_destroy(r);
@@ -607,20 +616,10 @@ static void replica_killed_mid_transfer_fails_over(void **state)
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
-    setenv("REFIT_TEST_PAUSE_MS", "300", 1);
-    pid_t killer = fork();
-    if (killer == 0) {
-        t_msleep(100);
-        kill(p[1].pid, SIGKILL);
-        _exit(0);
-    }
-    double t0 = refit_now();
     refit_pull_report_t rep;
-    REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
-    unsetenv("REFIT_TEST_PAUSE_MS");
-    waitpid(killer, NULL, 0);
-    waitpid(p[1].pid, NULL, 0);
-    assert_true(t_ms_since(t0) < 5000);
+    double ms;
+    REFIT_ASSERT_OK(pull_while_killing(r, 2, &p[1], &rep, &ms));
+    assert_true(ms < 5000);
     assert_true(refit_receiver_usable(r));
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 2);
     refit_holder_stat_t hs[4];
