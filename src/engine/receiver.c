@@ -463,7 +463,9 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, u
     for (uint32_t k = 0; k < r->world; k++) keys[k] = r->src[k].m ? r->src[k].mkey : 0;
     refit_fleet_xfer_t x = {.ts = &r->ts, .plan = plan, .plan_keys = keys, .dst = r->mem, .deadline = deadline,
                             .chunk_bytes = (uint64_t)r->params.chunk_kb << 10, .tick = fleet_tick, .user = r,
-                            .seed = (uint32_t)refit_random_u64()};
+                            .seed = (uint32_t)refit_random_u64(),
+                            /* The receiver's copy-thread budget caps the workers each holder gets. */
+                            .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0};
     refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
     if (st && !with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
         /* Every relay we had failed: the trainer serves what is left (the whole plan again). */
