@@ -549,6 +549,24 @@ static void end_to_end_redis(void **state)
 #endif
 }
 
+/* Both publishers publish version 1, r pulls it, the publishers wait for its
+ * readers and publish version 2: the state every fault test starts from. */
+static void to_version_2(pub_t p[2], refit_receiver_t *r)
+{
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+}
+
+/* Closes the pipes of a publisher that was killed and reaped. */
+static void pub_forget(pub_t *p)
+{
+    close(p->cmd);
+    close(p->resp);
+    p->pid = 0;
+}
+
 /* Pulls version v of r while a forked killer SIGKILLs `victim` 100 ms into
  * the 300 ms pause the receiver takes after it started writing
  * (REFIT_TEST_PAUSE_MS); reaps both; *ms is the pull's wall time. */
@@ -582,10 +600,7 @@ static void publisher_killed_mid_transfer(void **state)
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
-    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
-    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
-    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
-    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    to_version_2(p, r);
     /* The receiver pauses after it started writing; rank 1 dies meanwhile. */
     double ms;
     refit_status_t st = pull_while_killing(r, 2, &p[1], NULL, &ms);
@@ -595,8 +610,7 @@ static void publisher_killed_mid_transfer(void **state)
     assert_false(refit_receiver_usable(r));
     assert_int_equal(refit_receiver_committed(r), 1);
     refit_receiver_destroy(r);
-    close(p[1].cmd);
-    close(p[1].resp);
+    pub_forget(&p[1]);
     pub_stop(&p[0]);
     t_rm_tree(g.dir);
 }
@@ -612,10 +626,7 @@ static void replica_killed_mid_transfer_fails_over(void **state)
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
-    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
-    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
-    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
-    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    to_version_2(p, r);
     refit_pull_report_t rep;
     double ms;
     REFIT_ASSERT_OK(pull_while_killing(r, 2, &p[1], &rep, &ms));
@@ -630,8 +641,7 @@ static void replica_killed_mid_transfer_fails_over(void **state)
         if (!strcmp(hs[i].name, "trainer:1")) saw_failed = hs[i].failed;
     assert_true(saw_failed);
     refit_receiver_destroy(r);
-    close(p[1].cmd);
-    close(p[1].resp);
+    pub_forget(&p[1]);
     pub_stop(&p[0]);
     t_rm_tree(g.dir);
 }
