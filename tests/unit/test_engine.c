@@ -142,13 +142,19 @@ static void pub_stop(pub_t *p)
     p->pid = 0;
 }
 
+/* Closes the pipes of a publisher that was killed and reaped. */
+static void pub_forget(pub_t *p)
+{
+    close(p->cmd);
+    close(p->resp);
+    p->pid = 0;
+}
+
 static void pub_kill(pub_t *p)
 {
     kill(p->pid, SIGKILL);
     waitpid(p->pid, NULL, 0);
-    close(p->cmd);
-    close(p->resp);
-    p->pid = 0;
+    pub_forget(p);
 }
 
 /* ---- fixtures ------------------------------------------------------------- */
@@ -557,14 +563,6 @@ static void to_version_2(pub_t p[2], refit_receiver_t *r)
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL));
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
-}
-
-/* Closes the pipes of a publisher that was killed and reaped. */
-static void pub_forget(pub_t *p)
-{
-    close(p->cmd);
-    close(p->resp);
-    p->pid = 0;
 }
 
 /* Pulls version v of r while a forked killer SIGKILLs `victim` 100 ms into
