@@ -23,6 +23,14 @@
  * fails over at once to the other holders of those bytes.  The pull fails only
  * when a chunk is left that no live holder can serve.
  *
+ * Direct pulls: when every planned source is served by its own trainer rank
+ * over shm, unpaced, and no relay is among the holders, chunks buy nothing --
+ * the copying CPU is the receiver's, every holder is as fast as memory, and
+ * the planner already balanced DP replicas by bytes -- so the plan runs as one
+ * pull with the receiver's copy threads, at memcpy speed.  If that pull fails
+ * because a source died, the whole plan is redone in chunks over every holder,
+ * where the dead one is found and dropped: failover as above, just later.
+ *
  * Duplicate reads write identical bytes (one version, immutable while
  * leased); every worker is joined before the transfer returns.  Transports
  * without their own concurrency (anything but shm) are called one at a time.
@@ -391,10 +399,80 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* The holder serving plan source s directly: trainer rank s itself. */
+static int direct_holder(const refit_fleet_holder_t *h, uint32_t nh, uint32_t s)
+{
+    for (uint32_t i = 0; i < nh; i++)
+        if (!h[i].mirror_dst && h[i].id == s && h[i].peer && !h[i].failed) return (int)i;
+    return -1;
+}
+
+/* A direct pull (see the top of this file): REFIT_OK, the pull's error, or
+ * REFIT_ERR_UNSUPPORTED (nothing done) when the holders do not qualify. */
+static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holder_t *h, uint32_t nh,
+                                  refit_pull_stats_t *stats)
+{
+    size_t nplan = refit_plan_num_sources(x->plan);
+    if (!nh) return REFIT_ERR_UNSUPPORTED;
+    uint32_t t = h[0].transport;
+    for (uint32_t i = 0; i < nh; i++)
+        if (h[i].mirror_dst || h[i].rate > 0 || h[i].transport != t) return REFIT_ERR_UNSUPPORTED;
+    if (x->ts->ops[t] != &refit_transport_shm) return REFIT_ERR_UNSUPPORTED;
+    refit_peer_t **peers = calloc(nplan ? nplan : 1, sizeof(void *));
+    int *of = calloc(nplan ? nplan : 1, sizeof(int));
+    if (!peers || !of) {
+        free(peers);
+        free(of);
+        return refit_error(REFIT_ERR_NO_MEMORY, "direct pull");
+    }
+    refit_status_t st = REFIT_OK;
+    for (uint32_t s = 0; s < nplan && !st; s++) {
+        of[s] = -1;
+        if (!refit_plan_source_bytes(x->plan, s)) continue;
+        if ((of[s] = direct_holder(h, nh, s)) < 0) st = REFIT_ERR_UNSUPPORTED;
+        else peers[s] = h[of[s]].peer;
+    }
+    if (!st) {
+        refit_pull_ctl_t ctl = {.deadline = x->deadline, .threads = x->threads, .tick = x->tick, .user = x->user};
+        refit_pull_stats_t ps = {0};
+        double t0 = refit_now();
+        st = x->ts->ops[t]->pull(x->ts->ctx[t], peers, x->plan, x->dst, &ctl, &ps);
+        double dt = refit_now() - t0;
+        for (uint32_t s = 0; !st && s < nplan; s++) {
+            if (of[s] < 0) continue;
+            refit_fleet_holder_t *H = &h[of[s]];
+            H->bytes += refit_plan_source_bytes(x->plan, s);
+            H->chunks++; /* a direct pull counts as one chunk per source */
+            H->busy_s = dt;
+            snprintf(H->lanes, sizeof(H->lanes), "%.63s", ps.lanes);
+        }
+        if (!st && stats) {
+            stats->bytes += ps.bytes;
+            stats->requests += ps.requests;
+            snprintf(stats->lanes, sizeof(stats->lanes), "%s", ps.lanes);
+        }
+    }
+    free(peers);
+    free(of);
+    return st;
+}
+
 refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
                                     refit_pull_stats_t *stats)
 {
-    refit_status_t st = REFIT_OK;
+    refit_status_t st = direct_pull(x, holders, nh, stats);
+    if (st != REFIT_ERR_UNSUPPORTED && st != REFIT_ERR_PEER) return st;
+    if (st == REFIT_ERR_PEER) {
+        refit_log(REFIT_LOG_INFO, "fleet: direct pull failed (%s); redoing it in chunks over every holder",
+                  refit_last_error());
+        for (uint32_t h = 0; h < nh; h++) {
+            holders[h].bytes = 0;
+            holders[h].chunks = 0;
+            holders[h].busy_s = 0;
+            holders[h].lanes[0] = '\0';
+        }
+    }
+    st = REFIT_OK;
     sched_t S;
     memset(&S, 0, sizeof(S));
     S.ts = x->ts;

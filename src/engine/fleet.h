@@ -33,6 +33,7 @@ typedef struct {
     double deadline;
     uint64_t chunk_bytes;   /* 0: 2 MiB */
     unsigned workers;       /* per holder; 0: 2 */
+    unsigned threads;       /* copy threads of a direct pull (see fleet.c); 0: one per CPU */
     uint32_t seed;          /* rotates ties between holders (different receivers start on different ones) */
     refit_status_t (*tick)(void *user);
     void *user;

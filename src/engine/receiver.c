@@ -465,7 +465,8 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, u
                             .chunk_bytes = (uint64_t)r->params.chunk_kb << 10, .tick = fleet_tick, .user = r,
                             .seed = (uint32_t)refit_random_u64(),
                             /* The receiver's copy-thread budget caps the workers each holder gets. */
-                            .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0};
+                            .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
+                            .threads = r->params.threads};
     refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
     if (st && !with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
         /* Every relay we had failed: the trainer serves what is left (the whole plan again). */
