@@ -2,10 +2,19 @@
  * egress.  Each runs on one host: publishers and receivers are child
  * processes of this binary (shm transport, file registry), driven over pipes;
  * every child reports refit_now() (CLOCK_MONOTONIC) times, so spans are
- * measured across processes.  Slow links are emulated with
- * REFIT_TEST_THROTTLE (a per-reader pacing of one holder's chunks; see
- * src/engine/fleet.c), not with tc: shm moves bytes by the receiver's own
- * memcpy, which no qdisc sees.  Output: one JSON object
+ * measured across processes.
+ *
+ * Links, two ways:
+ *   --net shm    every process on this host's shared memory; slow links are
+ *                emulated with REFIT_TEST_THROTTLE (a per-reader pacing of one
+ *                holder's chunks; see src/engine/fleet.c).
+ *   --net netns  (fanout's default when root, iproute2 and UCX are here)
+ *                every process is a node of its own: a network namespace on a
+ *                veth port of one bridge, its egress and its ingress each
+ *                limited by a tc tbf qdisc to --link-mbps, bytes over UCX/TCP.
+ *                The limits are real queues the kernel enforces on every
+ *                reader at once, as a node's NIC would.
+ * Output: one JSON object
  *   {"scenario":..,"config":{..},"metrics":{..},"assertions":[{"name","expected","observed","passed"}]}
  * on stdout (and --out FILE).  Exit status 0 even when an assertion fails
  * (they are measurements); 1 when a run itself failed.
@@ -22,6 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -38,6 +50,12 @@ typedef struct {
     double link_mbps; /* emulated per-link rate (0: none) */
     bool verify;
     char dir[64], url[96], job[48];
+    const char *net;       /* "shm" or "netns" (NULL: the scenario's default) */
+    bool max_readers_set, dst_set, link_set;
+    const char *transport; /* "shm" or "ucx" (netns) */
+    char tag[16];          /* netns: names of this run's namespaces and links */
+    uint32_t nodes;        /* netns: namespaces set up */
+    bool netns;            /* the run used them */
 } nb_opts_t;
 
 static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers,
@@ -55,7 +73,7 @@ static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const cha
                                          {"src", required_argument, 0, 'S'},      {"dst", required_argument, 0, 'D'},
                                          {"max-readers", required_argument, 0, 'r'}, {"chunk-kb", required_argument, 0, 'c'},
                                          {"link-mbps", required_argument, 0, 'l'}, {"verify", no_argument, 0, 'v'},
-                                         {0, 0, 0, 0}};
+                                         {"net", required_argument, 0, 'N'},      {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -65,15 +83,18 @@ static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const cha
         case 'o': o->out = optarg; break;
         case 'n': o->receivers = (uint32_t)atoi(optarg); break;
         case 'S': o->src = optarg; break;
-        case 'D': o->dst = optarg; break;
-        case 'r': o->max_readers = (uint32_t)atoi(optarg); break;
+        case 'D': o->dst = optarg, o->dst_set = true; break;
+        case 'r': o->max_readers = (uint32_t)atoi(optarg), o->max_readers_set = true; break;
         case 'c': o->chunk_kb = (uint32_t)atoi(optarg); break;
-        case 'l': o->link_mbps = atof(optarg); break;
+        case 'l': o->link_mbps = atof(optarg), o->link_set = true; break;
         case 'v': o->verify = true; break;
+        case 'N': o->net = optarg; break;
         default: return tool_usage("bench", "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
-                                            "--chunk-kb N --link-mbps X --verify --out FILE");
+                                            "--chunk-kb N --link-mbps X --net shm|netns --verify --out FILE");
         }
     }
+    if (o->net && strcmp(o->net, "shm") && strcmp(o->net, "netns")) return tool_usage("bench", "--net is shm or netns");
+    o->transport = "shm";
     if (o->receivers < 1 || o->receivers > 16) return tool_usage("bench", "--receivers is 1..16");
     return 0;
 }
@@ -130,7 +151,114 @@ typedef struct {
     uint32_t rank;
     int slot;              /* receivers: relay slot (-1 none) */
     const char *throttle;  /* REFIT_TEST_THROTTLE for this child */
+    int node;              /* netns: the node (namespace) it runs in; -1: this host's */
 } role_t;
+
+/* ---- network namespaces (--net netns) ------------------------------------ */
+
+static bool sh(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    char quiet[600];
+    snprintf(quiet, sizeof(quiet), "%s >/dev/null 2>&1", cmd);
+    return system(quiet) == 0;
+}
+
+/* Whether namespaces can be made here; why not in `why`. */
+static bool netns_possible(char *why, size_t n)
+{
+    char v[256] = "";
+    if (geteuid() != 0) return snprintf(why, n, "not root"), false;
+    if (!sh("{ command -v ip && command -v tc; }")) return snprintf(why, n, "ip or tc (iproute2) is not installed"), false;
+    char exe[400], cmd[480];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (len <= 0) return snprintf(why, n, "cannot find this program (/proc/self/exe)"), false;
+    exe[len] = '\0';
+    snprintf(cmd, sizeof(cmd), "'%s' version 2>/dev/null", exe);
+    FILE *f = popen(cmd, "r");
+    if (f) {
+        if (!fgets(v, sizeof(v), f)) v[0] = '\0';
+        pclose(f);
+    }
+    const char *t = strstr(v, "transports:");
+    if (!t || !strstr(t, "ucx")) return snprintf(why, n, "refit was built without UCX"), false;
+    return true;
+}
+
+static void netns_down(nb_opts_t *o)
+{
+    for (uint32_t i = 0; i < o->nodes; i++) {
+        sh("ip netns del rf%sn%u", o->tag, i);
+        sh("ip link del rf%sp%u", o->tag, i);
+    }
+    if (o->nodes) sh("ip link del rf%sbr", o->tag);
+    o->nodes = 0;
+    g_net = NULL;
+}
+
+/* Namespaces outlive a killed benchmark: SIGINT and SIGTERM take them down. */
+static nb_opts_t *g_net;
+static void netns_on_signal(int sig)
+{
+    if (g_net) netns_down(g_net);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* `nodes` namespaces rf<tag>n<i> (10.77.<i/250>.<i%250+1>/16), each on a
+ * veth port of bridge rf<tag>br, egress and ingress limited to mbps MB/s by tbf. */
+static bool netns_up(nb_opts_t *o, uint32_t nodes, double mbps, char *why, size_t n)
+{
+    snprintf(o->tag, sizeof(o->tag), "%x", (unsigned)getpid() & 0xfffff);
+    if (!sh("ip link add rf%sbr type bridge", o->tag) || !sh("ip link set rf%sbr up", o->tag))
+        return snprintf(why, n, "could not make a bridge"), false;
+    o->nodes = nodes;
+    o->netns = true;
+    g_net = o;
+    signal(SIGINT, netns_on_signal);
+    signal(SIGTERM, netns_on_signal);
+    /* burst: a 64 KiB GSO segment must fit, and a few ms of the rate. */
+    uint64_t bps = (uint64_t)(mbps * 1e6), burst = bps / 200 > (256u << 10) ? bps / 200 : (256u << 10);
+    for (uint32_t i = 0; i < nodes; i++) {
+        const char *t = o->tag;
+        bool ok = sh("ip netns add rf%sn%u", t, i) && sh("ip link add rf%sv%u type veth peer name rf%sp%u", t, i, t, i) &&
+                  sh("ip link set rf%sv%u netns rf%sn%u", t, i, t, i) &&
+                  sh("ip -n rf%sn%u addr add 10.77.%u.%u/16 dev rf%sv%u", t, i, i / 250, i % 250 + 1, t, i) &&
+                  sh("ip -n rf%sn%u link set rf%sv%u up", t, i, t, i) && sh("ip -n rf%sn%u link set lo up", t, i) &&
+                  sh("ip link set rf%sp%u master rf%sbr", t, i, t) && sh("ip link set rf%sp%u up", t, i);
+        if (ok && mbps > 0)
+            ok = sh("ip netns exec rf%sn%u tc qdisc add dev rf%sv%u root tbf rate %" PRIu64 "bit burst %" PRIu64
+                    " latency 50ms", t, i, t, i, bps * 8, burst) &&
+                 sh("tc qdisc add dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency 50ms", t, i, bps * 8,
+                    burst);
+        if (!ok) {
+            snprintf(why, n, "setting up namespace %u failed", i);
+            netns_down(o);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Moves this (child) process into node `node`'s namespace. */
+static void enter_node(const nb_opts_t *o, int node)
+{
+    if (node < 0 || !o->nodes) return;
+    char path[96];
+    snprintf(path, sizeof(path), "/run/netns/rf%sn%d", o->tag, node);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) _exit(5);
+    close(fd);
+    /* As `ip netns exec` does: a /sys of this namespace, where UCX lists the
+     * network devices (the host's /sys would show it the host's). */
+    if (unshare(CLONE_NEWNS) != 0 || mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0 ||
+        umount2("/sys", MNT_DETACH) != 0 || mount("sysfs", "/sys", "sysfs", 0, NULL) != 0)
+        _exit(5);
+}
 
 static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 {
@@ -139,7 +267,7 @@ static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int o
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
     pp.registry = o->url;
     pp.job = o->job;
-    pp.transports = "shm";
+    pp.transports = o->transport;
     pp.mode = REFIT_MODE_SNAPSHOT;
     refit_publisher_t *p;
     void *base[64];
@@ -169,7 +297,8 @@ static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int o
 }
 
 /* Receiver child: "pull V" (0: newest) answers one line:
- *   status version begin end transfer_ms trainer_bytes relay_bytes bytes holders "name=bytes,..." */
+ *   status version begin end transfer_ms trainer_bytes relay_bytes bytes holders early "name=bytes,..."
+ * (early: chunks read from relays still receiving the version). */
 static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 {
     if (r->throttle) setenv("REFIT_TEST_THROTTLE", r->throttle, 1);
@@ -178,7 +307,7 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
     rp.registry = o->url;
     rp.job = o->job;
-    rp.transports = "shm";
+    rp.transports = o->transport;
     rp.threads = 1;
     rp.verify = o->verify ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
     rp.relay_slot = r->slot;
@@ -200,21 +329,23 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
         refit_status_t st = refit_receiver_pull(rc, v ? v : REFIT_VERSION_NEWEST, 120000, &rep);
         refit_holder_stat_t hs[32];
         size_t nh = refit_receiver_holders(rc, hs, 32);
-        uint64_t tb = 0, rb = 0;
+        uint64_t tb = 0, rb = 0, early = 0;
         char list[1024] = "";
         size_t pos = 0;
         for (size_t i = 0; i < nh && i < 32; i++) {
             if (!strncmp(hs[i].name, "trainer:", 8)) tb += hs[i].bytes;
             else rb += hs[i].bytes;
+            early += hs[i].early;
             if (pos < sizeof(list) - 64)
                 pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s=%" PRIu64 "%s", pos ? "," : "", hs[i].name,
                                         hs[i].bytes, hs[i].failed ? "!" : "");
         }
         char buf[1400];
-        int n = snprintf(buf, sizeof(buf), "%d %" PRIu64 " %.6f %.6f %.3f %" PRIu64 " %" PRIu64 " %" PRIu64 " %zu %s\n",
-                         (int)st, rep.version, rep.begin_s, rep.end_s, rep.transfer_ms, tb, rb, rep.bytes, nh,
+        int n = snprintf(buf, sizeof(buf),
+                         "%d %" PRIu64 " %.6f %.6f %.3f %" PRIu64 " %" PRIu64 " %" PRIu64 " %zu %" PRIu64 " %s\n", (int)st,
+                         rep.version, rep.begin_s, rep.end_s, rep.transfer_ms, tb, rb, rep.bytes, nh, early,
                          list[0] ? list : "-");
-        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
+        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
         for (char *c = buf; *c && c < buf + n - 1; c++)
             if (*c == '\n') *c = ' ';
         if (write(out, buf, (size_t)n) != n) _exit(4);
@@ -237,6 +368,7 @@ static child_t spawn(const nb_opts_t *o, const role_t *r)
         if (getppid() != parent) _exit(1);
         close(a[1]);
         close(b[0]);
+        enter_node(o, r->node);
         FILE *in = fdopen(a[0], "r");
         if (r->publisher) child_publisher(o, r, in, b[1]);
         else child_receiver(o, r, in, b[1]);
@@ -302,7 +434,7 @@ static void stop(child_t *c, bool kill_it)
 
 typedef struct {
     int st;
-    uint64_t version, trainer_bytes, relay_bytes, bytes;
+    uint64_t version, trainer_bytes, relay_bytes, bytes, early;
     double begin, end, transfer_ms;
     size_t holders;
     char list[1024];
@@ -314,10 +446,10 @@ static bool get_result(child_t *c, result_t *r)
     memset(r, 0, sizeof(*r));
     reply(c, 180000, buf, sizeof(buf));
     r->st = -999;
-    int n = sscanf(buf, "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %1023[^\n]", &r->st,
-                   &r->version, &r->begin, &r->end, &r->transfer_ms, &r->trainer_bytes, &r->relay_bytes, &r->bytes,
-                   &r->holders, r->list);
-    if (n < 9) {
+    int n = sscanf(buf, "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %" SCNu64 " %1023[^\n]",
+                   &r->st, &r->version, &r->begin, &r->end, &r->transfer_ms, &r->trainer_bytes, &r->relay_bytes,
+                   &r->bytes, &r->holders, &r->early, r->list);
+    if (n < 10) {
         snprintf(r->list, sizeof(r->list), "%.1000s", buf[0] ? buf : "no answer");
         if (r->st == 0) r->st = -999;
     }
@@ -327,7 +459,7 @@ static bool get_result(child_t *c, result_t *r)
 static bool start_publishers(const nb_opts_t *o, child_t *pubs, uint32_t n, const char *throttle, uint64_t version)
 {
     (void)throttle;
-    for (uint32_t k = 0; k < n; k++) pubs[k] = spawn(o, &(role_t){true, k, -1, NULL});
+    for (uint32_t k = 0; k < n; k++) pubs[k] = spawn(o, &(role_t){true, k, -1, NULL, (int)k});
     for (uint32_t k = 0; k < n; k++) send_cmd(&pubs[k], "publish %" PRIu64, version);
     bool ok = true;
     char buf[700];
@@ -375,9 +507,9 @@ static void out_begin(out_t *j, const char *scenario, const nb_opts_t *o, const 
     tool_json_string(j->f, o->dst);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     fprintf(j->f, ",\"receivers\":%u,\"max_readers\":%u,\"chunk_kb\":%u,\"link_mbps\":%g,\"verify\":%s,\"cpus\":%ld,"
-                  "\"transport\":\"shm\",\"registry\":\"file\"%s%s},\"metrics\":{",
+                  "\"transport\":\"%s\",\"net\":\"%s\",\"registry\":\"file\"%s%s},\"metrics\":{",
             o->receivers, o->max_readers, o->chunk_kb ? o->chunk_kb : 2048, o->link_mbps, o->verify ? "true" : "false",
-            cpus, extra_config ? "," : "", extra_config ? extra_config : "");
+            cpus, o->transport, o->netns ? "netns+tbf" : "shm", extra_config ? "," : "", extra_config ? extra_config : "");
 }
 
 static void metric(out_t *j, const char *name, const char *fmt, ...)
@@ -426,9 +558,9 @@ static void result_json(out_t *j, const char *name, const result_t *r, size_t n)
     fprintf(j->f, "%s\"%s\":[", j->nmetrics++ ? "," : "", name);
     for (size_t i = 0; i < n; i++) {
         fprintf(j->f, "%s{\"ok\":%s,\"version\":%" PRIu64 ",\"transfer_ms\":%.2f,\"trainer_bytes\":%" PRIu64
-                      ",\"relay_bytes\":%" PRIu64 ",\"holders\":",
+                      ",\"relay_bytes\":%" PRIu64 ",\"early_chunks\":%" PRIu64 ",\"holders\":",
                 i ? "," : "", r[i].st == 0 ? "true" : "false", r[i].version, r[i].transfer_ms, r[i].trainer_bytes,
-                r[i].relay_bytes);
+                r[i].relay_bytes, r[i].early);
         tool_json_string(j->f, r[i].list);
         fprintf(j->f, "}");
     }
@@ -466,7 +598,7 @@ static bool fanout_phase(nb_opts_t *o, uint32_t n, result_t *res)
     uint32_t P = world_of(o->src);
     child_t pubs[64], rc[16];
     bool ok = start_publishers(o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < n; i++) rc[i] = spawn(o, &(role_t){false, 0, (int)i, NULL});
+    for (uint32_t i = 0; i < n; i++) rc[i] = spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i)});
     for (uint32_t i = 0; i < n && ok; i++) send_cmd(&rc[i], "pull 1");
     for (uint32_t i = 0; i < n && ok; i++)
         if (!get_result(&rc[i], &res[i])) {
@@ -484,9 +616,36 @@ int bench_fanout(int argc, char **argv)
     nb_opts_t o;
     int rc = parse(argc, argv, &o, "megatron:tp=1", "vllm:tp=2", 8, 0);
     if (rc) return rc;
+    char why[160] = "";
+    bool net = !o.net || !strcmp(o.net, "netns");
+    if (net && !netns_possible(why, sizeof(why))) {
+        if (o.net) {
+            fprintf(stderr, "refit bench fanout --net netns: %s\n", why);
+            return 1;
+        }
+        fprintf(stderr, "refit bench fanout: network namespaces unavailable (%s): running over shm\n", why);
+        net = false;
+    }
+    if (net) {
+        /* Nodes with one link each way: a relay's egress feeds one reader at
+         * the link's rate, so readers form chains (--max-readers 1) that
+         * pipeline chunk by chunk.  A quarter of the model per receiver
+         * (vllm tp=4, 280 MB) at 50 MB/s keeps the 2 CPUs' TCP work well under
+         * what they can do with 8 readers at once. */
+        if (!o.max_readers_set) o.max_readers = 1;
+        if (!o.dst_set) o.dst = "vllm:tp=4";
+        if (!o.link_set) o.link_mbps = 50;
+        o.transport = "ucx";
+        if (!netns_up(&o, world_of(o.src) + o.receivers, o.link_mbps, why, sizeof(why))) {
+            fprintf(stderr, "refit bench fanout: %s\n", why);
+            return 1;
+        }
+    }
     result_t one[1], all[16];
-    if (!fanout_phase(&o, 1, one)) return tool_fail(REFIT_ERR_PEER, "bench fanout: single receiver");
-    if (!fanout_phase(&o, o.receivers, all)) return tool_fail(REFIT_ERR_PEER, "bench fanout: fleet");
+    bool ok1 = fanout_phase(&o, 1, one), okn = ok1 && fanout_phase(&o, o.receivers, all);
+    netns_down(&o);
+    if (!ok1) return tool_fail(REFIT_ERR_PEER, "bench fanout: single receiver");
+    if (!okn) return tool_fail(REFIT_ERR_PEER, "bench fanout: fleet");
     uint64_t trainer = 0, relay = 0;
     for (uint32_t i = 0; i < o.receivers; i++) trainer += all[i].trainer_bytes, relay += all[i].relay_bytes;
     double t1 = span(one, 1), tn = span(all, o.receivers);
@@ -506,6 +665,10 @@ int bench_fanout(int argc, char **argv)
     snprintf(exp, sizeof(exp), "<= 1.5 (%u receivers vs one alone)", o.receivers);
     assertion(&j, "all_done_within_1.5x_of_one", exp, ratio, ratio <= 1.5);
     assertion(&j, "trainer_egress_at_most_2_replicas", "<= 2.0", egress, egress <= 2.0 + 1e-9);
+    if (net)
+        return out_end(&j, "every process a node of its own (network namespace, veth on one bridge, tbf on its egress "
+                           "and its ingress at link_mbps), bytes over UCX/TCP; relays serve chunks as they land, "
+                           "so with one reader per holder the receivers form a chain that pipelines.");
     return out_end(&j, "shm on one host: every receiver's bytes are copied by the CPUs all receivers share, so "
                        "N receivers cost N times the copy work whatever the tree; the trainer's egress is the "
                        "figure the relays change.");
@@ -528,8 +691,8 @@ int bench_straggler(int argc, char **argv)
     fresh_registry(&oa);
     child_t pubs[64];
     if (!start_publishers(&oa, pubs, P, NULL, 1)) return tool_fail(REFIT_ERR_PEER, "bench straggler: publishers");
-    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, UINT32_MAX, 0)});
-    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, 1, L / 10)});
+    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, UINT32_MAX, 0), -1});
+    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, 1, L / 10), -1});
     send_cmd(&r1, "pull 1");
     bool ok = get_result(&r1, &a);
     send_cmd(&r2, "pull 1");
@@ -546,7 +709,7 @@ int bench_straggler(int argc, char **argv)
         result_t *res = phase ? d : c;
         for (uint32_t i = 0; i < o.receivers; i++)
             rcv[i] = spawn(&oa, &(role_t){false, 0, -1,
-                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0)});
+                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0), -1});
         for (uint32_t i = 0; i < o.receivers; i++) send_cmd(&rcv[i], "pull 1");
         for (uint32_t i = 0; i < o.receivers; i++) ok &= get_result(&rcv[i], &res[i]);
         for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
@@ -599,7 +762,7 @@ int bench_egress(int argc, char **argv)
     child_t pubs[64], rcv[16];
     result_t res[16];
     bool ok = start_publishers(&o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < o.receivers; i++) rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL});
+    for (uint32_t i = 0; i < o.receivers; i++) rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL, -1});
     for (uint32_t i = 0; i < o.receivers && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < o.receivers && ok; i++) ok &= get_result(&rcv[i], &res[i]);
     for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
@@ -659,7 +822,7 @@ int bench_elastic(int argc, char **argv)
     child_t pubs[64], rcv[17];
     result_t v0[17], v1[17], v2[17], v3[17];
     bool ok = start_publishers(&o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, thr});
+    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, thr, -1});
     /* Version 1 warms up (plans, connections); version 2 is the baseline: the fleet alone. */
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < N && ok; i++) ok &= get_result(&rcv[i], &v0[i]);
@@ -669,7 +832,7 @@ int bench_elastic(int argc, char **argv)
     /* Version 3: a joiner starts while the others pull. */
     ok = ok && publish_all(pubs, P, 3);
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 3");
-    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, thr});
+    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, thr, -1});
     double join_t0 = refit_now();
     send_cmd(&rcv[N], "pull 0");
     for (uint32_t i = 0; i <= N && ok; i++) ok &= get_result(&rcv[i], &v2[i]);

@@ -166,6 +166,7 @@ typedef struct {
     uint32_t chunks;    /* chunks it served */
     uint32_t steals;    /* chunks it re-read from a slower holder */
     bool failed;        /* dropped during the pull (died, broke) */
+    uint32_t early;     /* a relay: chunks read while it was still receiving the version */
 } refit_holder_stat_t;
 /* Copies up to max entries; returns the number of holders of the last pull
  * (0 when it did not use the fleet path). */

@@ -23,6 +23,16 @@
  * fails over at once to the other holders of those bytes.  The pull fails only
  * when a chunk is left that no live holder can serve.
  *
+ * Chunk-level relays: a relay (relay.c) publishes a version as soon as its
+ * own chunked transfer starts, with a progress region (fleet.h) in which this
+ * code marks each chunk written.  A reader of that relay reads the progress
+ * (a small one-sided pull, at most every millisecond while it has nothing
+ * else to do) and serves itself the chunks written so far, row by row (the
+ * bytes between rows may not be there yet); once the relay has committed, it
+ * reads whole spans.  Readers of readers form a chain that pipelines: each
+ * link runs about one chunk behind the one before.  A relay that stops
+ * (failed, retired) clears its progress header, and its readers drop it.
+ *
  * Direct pulls: when every planned source is served by its own trainer rank
  * over shm, unpaced, and no relay is among the holders, chunks buy nothing --
  * the copying CPU is the receiver's, every holder is as fast as memory, and
@@ -86,6 +96,7 @@ typedef struct {
     const refit_tset_t *ts;
     refit_fleet_holder_t *h;
     uint32_t nh;
+    const refit_plan_t *plan;
     uint64_t *plan_keys; /* mirror key of each plan source */
     size_t nplan;
     chunk_t *c;
@@ -94,6 +105,9 @@ typedef struct {
     uint64_t chunk; /* nominal chunk bytes */
     void *const *dst;
     double deadline;
+    uint64_t version;
+    refit_progress_hdr_t *progress; /* ours, when we are a relay */
+    uint8_t **avail;                /* per holder: chunks a partial relay has written (NULL: not a partial relay) */
     double time_sum;
     uint64_t time_n;
     bool finished;
@@ -108,12 +122,21 @@ typedef struct {
     uint32_t h;
 } worker_arg_t;
 
-static bool can_serve(const sched_t *S, uint32_t h, const chunk_t *c)
+/* Whether holder h has or will have chunk c's bytes. */
+static bool could_serve(const sched_t *S, uint32_t h, const chunk_t *c)
 {
     const refit_fleet_holder_t *H = &S->h[h];
     if (H->failed || !H->peer) return false;
     if (H->mirror_dst) return true;
     return c->planned < S->nplan && H->mirror_key == S->plan_keys[c->planned];
+}
+
+/* Whether holder h has chunk c's bytes now (lock held). */
+static bool can_serve(const sched_t *S, uint32_t h, const chunk_t *c)
+{
+    if (!could_serve(S, h, c)) return false;
+    const refit_fleet_holder_t *H = &S->h[h];
+    return !H->mirror_dst || !H->partial || (S->avail[h] && S->avail[h][c - S->c]);
 }
 
 /* Cuts region r into pieces of about `chunk` bytes. */
@@ -161,7 +184,9 @@ static refit_status_t cut(piecevec_t *out, const refit_plan_region_t *r, uint64_
     return REFIT_OK;
 }
 
-static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, uint64_t *read)
+/* Runs chunk c from holder h; `rows`: a relay still receiving, read row by
+ * row, not in spans. */
+static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, bool rows, uint64_t *read)
 {
     refit_fleet_holder_t *H = &S->h[h];
     refit_plan_region_t *regs = calloc(c->n, sizeof(*regs));
@@ -175,7 +200,12 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, uint64
     }
     for (size_t i = 0; i < c->n; i++) {
         refit_plan_region_t reg = S->pieces[c->first + i];
-        if (H->mirror_dst) {
+        if (H->mirror_dst && rows) {
+            /* The relay holds the piece where we put it: read exactly its rows. */
+            reg.src_region = reg.dst_region;
+            reg.src_offset = reg.dst_offset;
+            memcpy(reg.src_stride, reg.dst_stride, sizeof(reg.src_stride));
+        } else if (H->mirror_dst) {
             /* A relay holds the whole version where we put it: read each
              * piece's destination span in one run (bytes between its rows are
              * the same version's bytes too, or padding, which the relay has as
@@ -211,6 +241,84 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, uint64
     free(sb);
     free(peers);
     return rc;
+}
+
+/* Reads holder h's progress (a relay; lock not held) into buf (header + nc
+ * bytes) with the holder's transport. */
+static refit_status_t read_progress(sched_t *S, uint32_t h, uint8_t *buf, uint64_t len)
+{
+    refit_fleet_holder_t *H = &S->h[h];
+    refit_plan_region_t reg;
+    memset(&reg, 0, sizeof(reg));
+    reg.src = h;
+    reg.src_region = (uint32_t)H->progress_region;
+    reg.dst_region = 0;
+    reg.run = len;
+    uint64_t *sb = calloc(S->nh, sizeof(uint64_t));
+    refit_peer_t **peers = calloc(S->nh, sizeof(void *));
+    if (!sb || !peers) {
+        free(sb);
+        free(peers);
+        return refit_error(REFIT_ERR_NO_MEMORY, "progress");
+    }
+    sb[h] = len;
+    peers[h] = H->peer;
+    struct refit_plan one;
+    memset(&one, 0, sizeof(one));
+    one.regions.data = &reg;
+    one.regions.len = one.regions.cap = 1;
+    one.src_bytes = sb;
+    one.nsrcs = S->nh;
+    void *dst[1] = {buf};
+    refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
+    refit_pull_stats_t ps = {0};
+    const refit_transport_ops_t *ops = S->ts->ops[H->transport];
+    bool serial = strcmp(ops->name, "shm") != 0;
+    if (serial) pthread_mutex_lock(&S->serial[H->transport]);
+    refit_status_t st = ops->pull(S->ts->ctx[H->transport], peers, &one, dst, &ctl, &ps);
+    if (serial) pthread_mutex_unlock(&S->serial[H->transport]);
+    free(sb);
+    free(peers);
+    return st;
+}
+
+/* Refreshes a partial relay's chunk availability (called with the lock held;
+ * drops it while reading).  Fails the holder when the relay no longer serves
+ * the version. */
+static void refresh(sched_t *S, uint32_t h)
+{
+    refit_fleet_holder_t *H = &S->h[h];
+    uint64_t len = sizeof(refit_progress_hdr_t) + S->nc;
+    uint8_t *buf = malloc(len);
+    H->refreshing = true;
+    pthread_mutex_unlock(&S->lock);
+    refit_status_t st = buf ? read_progress(S, h, buf, len) : refit_error(REFIT_ERR_NO_MEMORY, "progress");
+    pthread_mutex_lock(&S->lock);
+    H->refreshing = false;
+    H->progress_read = refit_now();
+    refit_progress_hdr_t hd;
+    if (!st) memcpy(&hd, buf, sizeof(hd));
+    if (!st && (hd.magic != REFIT_PROGRESS_MAGIC || hd.version != S->version))
+        st = refit_error(REFIT_ERR_PEER, "%s stopped serving version %" PRIu64, H->name, S->version);
+    if (st) {
+        if (!H->failed) {
+            H->failed = true;
+            H->failed_at = refit_now();
+            snprintf(H->error, sizeof(H->error), "%s", refit_last_error());
+        }
+    } else if (hd.complete) {
+        H->partial = false;
+    } else {
+        refit_plan_key_t key;
+        refit_plan_key(S->plan, &key);
+        bool same = hd.plan_src == key.src && hd.plan_dst == key.dst && hd.chunk_bytes == S->chunk && hd.nchunks == S->nc;
+        bool news = false;
+        for (size_t i = 0; same && i < S->nc; i++)
+            if (buf[sizeof(hd) + i] && !S->avail[h][i]) S->avail[h][i] = 1, news = true;
+        if (!news) H->waits++;
+    }
+    free(buf);
+    pthread_cond_broadcast(&S->cond);
 }
 
 /* Seconds per byte of holder h: copy and link pacing, not the time its
@@ -250,9 +358,9 @@ static chunk_t *claim(sched_t *S, uint32_t h, bool *none_left)
     bool any = false;
     for (size_t i = 0; i < S->nc; i++) {
         chunk_t *c = &S->c[i];
-        if (c->state == CH_DONE || !can_serve(S, h, c)) continue;
+        if (c->state == CH_DONE || !could_serve(S, h, c)) continue;
         any = true;
-        if (c->state == CH_FREE && c->pref == h) {
+        if (c->state == CH_FREE && c->pref == h && can_serve(S, h, c)) {
             take = c;
             break;
         }
@@ -300,7 +408,7 @@ static void share(sched_t *S, uint32_t seed)
         uint32_t best = UINT32_MAX;
         for (uint32_t k = 0; k < S->nh; k++) {
             uint32_t h = (k + seed) % S->nh;
-            if (!can_serve(S, h, c)) continue;
+            if (!could_serve(S, h, c)) continue;
             if (best == UINT32_MAX || (load && load[h] < load[best])) best = h;
         }
         c->pref = best;
@@ -349,6 +457,10 @@ static void *worker_main(void *arg)
         chunk_t *c = claim(S, h, &none_left);
         if (!c) {
             if (none_left) break;
+            if (H->mirror_dst && H->partial && !H->refreshing && refit_now() - H->progress_read > 1e-3) {
+                refresh(S, h);
+                continue;
+            }
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 2000000;
@@ -357,10 +469,11 @@ static void *worker_main(void *arg)
             continue;
         }
         chunk_t copy = *c;
+        bool rows = H->partial;
         pthread_mutex_unlock(&S->lock);
         double t0 = refit_now(), c0 = thread_cpu();
         uint64_t bytes = 0;
-        refit_status_t st = run_chunk(S, h, &copy, &bytes);
+        refit_status_t st = run_chunk(S, h, &copy, rows, &bytes);
         double dt = refit_now() - t0;
         /* A holder's speed: for shm, the CPU time of the copy (wall time would
          * count the time this thread waited for a CPU, which says nothing about
@@ -379,9 +492,12 @@ static void *worker_main(void *arg)
         }
         H->bytes += bytes;
         H->chunks++;
+        H->early += rows;
         H->busy_s += cost;
         if (c->state != CH_DONE) {
             c->state = CH_DONE;
+            /* Our own readers may take it from here (the bytes are written). */
+            if (S->progress) __atomic_store_n((uint8_t *)(S->progress + 1) + (c - S->c), 1, __ATOMIC_RELEASE);
             S->done++;
             S->time_sum += dt;
             S->time_n++;
@@ -481,6 +597,8 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     S.dst = x->dst;
     S.deadline = x->deadline;
     S.nplan = refit_plan_num_sources(x->plan);
+    S.plan = x->plan;
+    S.version = x->version;
     S.plan_keys = x->plan_keys;
     chunkvec_t cv = {0};
     piecevec_t pv = {0};
@@ -514,7 +632,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     /* Every chunk needs some holder from the start. */
     for (size_t i = 0; i < S.nc; i++) {
         bool ok = false;
-        for (uint32_t h = 0; h < nh && !ok; h++) ok = can_serve(&S, h, &S.c[i]);
+        for (uint32_t h = 0; h < nh && !ok; h++) ok = could_serve(&S, h, &S.c[i]);
         if (!ok) {
             REFIT_VEC_FREE(&cv);
             REFIT_VEC_FREE(&pv);
@@ -523,6 +641,36 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         }
     }
     share(&S, x->seed);
+    /* Partial relays start with nothing known written. */
+    if (!(S.avail = calloc(nh ? nh : 1, sizeof(uint8_t *)))) {
+        REFIT_VEC_FREE(&cv);
+        REFIT_VEC_FREE(&pv);
+        return refit_error(REFIT_ERR_NO_MEMORY, "holders");
+    }
+    for (uint32_t h = 0; h < nh; h++) {
+        holders[h].partial = holders[h].mirror_dst && holders[h].progress_region >= 0;
+        if (holders[h].partial && !(S.avail[h] = calloc(S.nc ? S.nc : 1, 1))) {
+            holders[h].partial = false; /* no memory to follow it: read it once it is complete */
+            holders[h].progress_region = -1;
+        }
+    }
+    /* We are a relay: readers may follow us chunk by chunk from now on. */
+    if (x->progress && S.nc <= REFIT_PROGRESS_MAX_CHUNKS) {
+        refit_progress_hdr_t *hd = x->progress;
+        refit_plan_key_t key;
+        refit_plan_key(x->plan, &key);
+        __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
+        memset(hd + 1, 0, S.nc);
+        hd->magic = REFIT_PROGRESS_MAGIC;
+        hd->plan_src = key.src;
+        hd->plan_dst = key.dst;
+        hd->chunk_bytes = chunk;
+        hd->nchunks = S.nc;
+        hd->complete = 0;
+        __atomic_store_n(&hd->version, x->version, __ATOMIC_RELEASE);
+        S.progress = hd;
+        if (x->announce) x->announce(x->user);
+    }
     pthread_mutex_init(&S.lock, NULL);
     pthread_cond_init(&S.cond, NULL);
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_init(&S.serial[t], NULL);
@@ -603,6 +751,8 @@ out:
     pthread_mutex_destroy(&S.lock);
     pthread_cond_destroy(&S.cond);
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_destroy(&S.serial[t]);
+    for (uint32_t h = 0; S.avail && h < nh; h++) free(S.avail[h]);
+    free(S.avail);
     REFIT_VEC_FREE(&cv);
     REFIT_VEC_FREE(&pv);
     return st;

@@ -4,6 +4,24 @@
 
 #include "engine/engine.h"
 
+/* A relay's progress region (chunk-level availability): exposed like its
+ * other memory, written by the relay's own transfer, read by its readers with
+ * the same one-sided pulls as the bytes.  A header, then one byte per chunk of
+ * the relay's plan (1: written).  A reader whose plan and chunk size match
+ * (same key, same chunk count) reads the written chunks while the rest
+ * arrive; any other reader waits for `complete`. */
+#define REFIT_PROGRESS_MAGIC 0x7373657267f72efeULL
+#define REFIT_PROGRESS_MAX_CHUNKS (1u << 20)
+typedef struct {
+    uint64_t magic;
+    uint64_t version;           /* 0: nothing valid (being rewritten, failed, retired) */
+    uint64_t plan_src, plan_dst; /* the plan's key */
+    uint64_t chunk_bytes, nchunks;
+    uint64_t complete;          /* 1: committed; every byte of the version is there */
+    uint64_t reserved;
+} refit_progress_hdr_t;
+#define REFIT_PROGRESS_BYTES (sizeof(refit_progress_hdr_t) + REFIT_PROGRESS_MAX_CHUNKS)
+
 /* One holder of bytes a receiver needs: a trainer rank, or a relay. */
 typedef struct {
     char name[96];          /* "trainer:3", "relay:2" */
@@ -13,14 +31,20 @@ typedef struct {
     bool mirror_dst;        /* a relay of the receiver's own layout and rank */
     uint64_t mirror_key;    /* trainer rank: refit_fleet_mirror_key of its manifest */
     double rate;            /* emulated link, bytes/s (REFIT_TEST_THROTTLE); 0: none */
+    int progress_region;    /* relay: its progress region; -1: none (it serves complete versions) */
     /* filled by the transfer */
     bool failed;
     double failed_at;
     uint64_t bytes;         /* bytes read from this holder (duplicates included) */
     uint32_t chunks, steals; /* steals: re-reads of overdue chunks */
     uint32_t taken;          /* chunks taken from a slower holder's share */
+    uint32_t early;          /* chunks read while the relay was still receiving */
     double busy_until;
     double busy_s;          /* seconds copying and paced */
+    bool partial;           /* relay still receiving the version (as far as we know) */
+    bool refreshing;        /* a worker is reading its progress */
+    double progress_read;   /* when its progress was last read */
+    uint32_t waits;         /* progress reads that found nothing new */
     char lanes[64];
     char error[256];
 } refit_fleet_holder_t;
@@ -35,6 +59,9 @@ typedef struct {
     unsigned workers;       /* per holder; 0: 2 */
     unsigned threads;       /* copy threads of a direct pull (see fleet.c); 0: one per CPU */
     uint32_t seed;          /* rotates ties between holders (different receivers start on different ones) */
+    uint64_t version;       /* the version moved (checked against relays' progress) */
+    void *progress;         /* this receiver's own progress region (it is a relay), or NULL */
+    void (*announce)(void *user); /* called once *progress is valid: the relay may serve it */
     refit_status_t (*tick)(void *user);
     void *user;
 } refit_fleet_xfer_t;

@@ -453,6 +453,13 @@ static refit_status_t fleet_select(refit_receiver_t *r, const snapshot_t *s, uin
 
 static refit_status_t fleet_tick(void *user) { return tick(user); }
 
+/* Our chunked transfer has begun and our progress is valid: serve it. */
+static void fleet_announce(void *user)
+{
+    refit_receiver_t *r = user;
+    refit_relays_announce(r->relays, r->lease_version);
+}
+
 static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, uint64_t v, const refit_plan_t *plan,
                                      refit_fleet_holder_t *h, uint32_t nh, bool with_trainer, double deadline,
                                      int *tix, refit_pull_stats_t *stats, uint32_t *used)
@@ -466,7 +473,8 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, u
                             .seed = (uint32_t)refit_random_u64(),
                             /* The receiver's copy-thread budget caps the workers each holder gets. */
                             .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
-                            .threads = r->params.threads};
+                            .threads = r->params.threads, .version = v,
+                            .progress = refit_relays_progress(r->relays, r->mem), .announce = fleet_announce};
     refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
     if (st && !with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
         /* Every relay we had failed: the trainer serves what is left (the whole plan again). */
@@ -492,6 +500,7 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, u
             o->chunks = h[i].chunks;
             o->steals = h[i].steals;
             o->failed = h[i].failed;
+            o->early = h[i].early;
         }
         if (h[i].chunks) (*used)++;
         if (h[i].chunks && !h[i].mirror_dst) tix[h[i].id] = (int)h[i].transport; /* re-checked after */
@@ -747,6 +756,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         refit_log(REFIT_LOG_WARN, "serving version %" PRIu64 " as a relay: %s", v, refit_last_error());
     st = REFIT_OK;
 out:
+    if (st) refit_relays_abort(r->relays); /* readers following a partial version stop */
     refit_relays_release_as(r->relays, r->reader);
     free(holders);
     if (leased) {

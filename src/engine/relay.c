@@ -9,8 +9,14 @@
  * ordinary in-place publisher: heartbeat, leases, retire.  Before the
  * receiver writes its memory again it retires its version and waits (bounded
  * by the lease ttl) for its readers to release their leases; a reader that
- * finds the version retired skips that relay.  Version-level: a relay serves
- * only versions it has completely (chunk-level availability is not built).
+ * finds the version retired skips that relay.
+ *
+ * Chunk level: the relay's manifest has one more region, its progress
+ * (fleet.h; attribute "refit.progress" names it).  When the receiver pulls in
+ * chunks, the relay publishes the version as soon as the transfer starts and
+ * the transfer marks chunks written as it goes (fleet.c); readers follow.  A
+ * pull that fails clears the progress and retires the version.  A direct
+ * pull (fleet.c) publishes at the commit, as a whole.
  *
  * Load: with max_readers set, a reader takes a relay (or the trainer, counted
  * per receiver rank) only while fewer than max_readers readers hold a load
@@ -44,7 +50,9 @@ struct refit_relays {
     const refit_manifest_t *mine;
     refit_receiver_params_t params;
     refit_publisher_t *pub;
-    uint64_t serving;
+    refit_progress_hdr_t *progress; /* our progress region (publisher memory) */
+    uint64_t serving;               /* version published (partial or whole), 0: none */
+    bool partial;                   /* `serving` is still being received */
     relay_src_t src[REFIT_MAX_RELAYS];
     bool trainer_loaded;
     uint64_t trainer_version;
@@ -101,45 +109,133 @@ void refit_relays_close(refit_relays_t *R, const refit_tset_t *ts)
 
 /* ---- serving --------------------------------------------------------------- */
 
+/* The relay's key: its manifest's mirror key without the progress region. */
+static uint64_t relay_key(const refit_manifest_t *m, int *progress_region)
+{
+    const void *v;
+    size_t len;
+    uint32_t idx;
+    *progress_region = -1;
+    refit_manifest_t tmp = *m;
+    if (!refit_manifest_get_attr(m, "refit.progress", &v, &len) && len == sizeof(idx)) {
+        memcpy(&idx, v, sizeof(idx));
+        if (idx + 1 == m->regions.len && m->regions.data[idx] >= REFIT_PROGRESS_BYTES) {
+            *progress_region = (int)idx;
+            tmp.regions.len--;
+        }
+    }
+    return refit_fleet_mirror_key(&tmp);
+}
+
 void refit_relays_withdraw(refit_relays_t *R, int timeout_ms)
 {
     if (!R || !R->pub || !R->serving) return;
+    __atomic_store_n(&R->progress->version, 0, __ATOMIC_RELEASE); /* readers following us stop */
     if (refit_publisher_wait_readers(R->pub, R->serving, timeout_ms))
         refit_log(REFIT_LOG_WARN, "relay %s slot %d: %s (writing anyway)", R->group, R->slot, refit_last_error());
     R->serving = 0;
+    R->partial = false;
+}
+
+/* Creates the relay's publisher on first use: the receiver's manifest as rank
+ * 0 of the relay group, plus the progress region. */
+static refit_status_t ensure_pub(refit_relays_t *R, void *const *mem)
+{
+    refit_status_t st;
+    if (R->pub) return REFIT_OK;
+    void *enc = NULL;
+    size_t len = 0;
+    refit_manifest_t *copy = NULL;
+    if ((st = refit_manifest_encode(R->mine, &enc, &len))) return st;
+    st = refit_manifest_decode(enc, len, &copy);
+    free(enc);
+    if (st) return st;
+    copy->rank = 0; /* rank 0 of the relay's own group; the layout's rank stays in the placements */
+    uint32_t pr = (uint32_t)copy->regions.len;
+    if (REFIT_VEC_PUSH(&copy->regions, (uint64_t)REFIT_PROGRESS_BYTES) ||
+        refit_manifest_set_attr(copy, "refit.progress", &pr, sizeof(pr))) {
+        refit_manifest_destroy(copy);
+        return refit_error(REFIT_ERR_NO_MEMORY, "relay manifest");
+    }
+    copy->signature = refit_manifest_compute_signature(copy);
+    char g[104];
+    relay_group(R, (uint32_t)R->slot, g, sizeof(g));
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    pp.registry = R->params.registry;
+    pp.job = R->params.job;
+    pp.group = g;
+    pp.transports = R->params.transports;
+    pp.transport_options = R->params.transport_options;
+    pp.heartbeat_ms = R->params.relay_heartbeat_ms;
+    pp.dead_ms = R->params.relay_heartbeat_ms ? R->params.relay_heartbeat_ms * 4 : 0;
+    if ((st = refit_publisher_create(&pp, copy, &R->pub))) {
+        refit_manifest_destroy(copy);
+        return st;
+    }
+    void *p = NULL;
+    for (uint32_t i = 0; i < pr && !st; i++) st = refit_publisher_attach(R->pub, i, mem[i]);
+    if (st || (st = refit_publisher_alloc(R->pub, pr, &p))) {
+        refit_publisher_destroy(R->pub);
+        R->pub = NULL;
+        return st;
+    }
+    R->progress = p;
+    return REFIT_OK;
+}
+
+refit_progress_hdr_t *refit_relays_progress(refit_relays_t *R, void *const *mem)
+{
+    if (!R || R->slot < 0) return NULL;
+    if (ensure_pub(R, mem)) {
+        refit_log(REFIT_LOG_WARN, "relay %s slot %d: %s (serving whole versions only)", R->group, R->slot,
+                  refit_last_error());
+        return NULL;
+    }
+    return R->progress;
+}
+
+void refit_relays_announce(refit_relays_t *R, uint64_t v)
+{
+    if (!R || !R->pub) return;
+    if (refit_publisher_publish(R->pub, v)) { /* e.g. v again after a failed pull: served once complete */
+        refit_log(REFIT_LOG_DEBUG, "relay %s slot %d: not serving %" PRIu64 " while receiving it: %s", R->group, R->slot,
+                  v, refit_last_error());
+        __atomic_store_n(&R->progress->version, 0, __ATOMIC_RELEASE);
+        return;
+    }
+    R->serving = v;
+    R->partial = true;
+}
+
+void refit_relays_abort(refit_relays_t *R)
+{
+    if (!R || !R->pub || !R->partial) return;
+    __atomic_store_n(&R->progress->version, 0, __ATOMIC_RELEASE);
+    /* Retire it (readers of the chunks written keep them); the next pull
+     * waits for their leases before writing (withdraw). */
+    refit_status_t st = refit_publisher_wait_readers(R->pub, R->serving, 0);
+    if (st && st != REFIT_ERR_TIMEOUT)
+        refit_log(REFIT_LOG_WARN, "relay %s slot %d: retiring %" PRIu64 ": %s", R->group, R->slot, R->serving,
+                  refit_last_error());
+    R->partial = false;
 }
 
 refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v)
 {
     refit_status_t st;
     if (!R || R->slot < 0) return REFIT_OK;
-    if (!R->pub) {
-        void *enc = NULL;
-        size_t len = 0;
-        refit_manifest_t *copy = NULL;
-        if ((st = refit_manifest_encode(R->mine, &enc, &len))) return st;
-        st = refit_manifest_decode(enc, len, &copy);
-        free(enc);
-        if (st) return st;
-        copy->rank = 0; /* rank 0 of the relay's own group; the layout's rank stays in the placements */
-        copy->signature = refit_manifest_compute_signature(copy);
-        char g[104];
-        relay_group(R, (uint32_t)R->slot, g, sizeof(g));
-        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
-        pp.registry = R->params.registry;
-        pp.job = R->params.job;
-        pp.group = g;
-        pp.transports = R->params.transports;
-        pp.transport_options = R->params.transport_options;
-        pp.heartbeat_ms = R->params.relay_heartbeat_ms;
-        pp.dead_ms = R->params.relay_heartbeat_ms ? R->params.relay_heartbeat_ms * 4 : 0;
-        if ((st = refit_publisher_create(&pp, copy, &R->pub))) {
-            refit_manifest_destroy(copy);
-            return st;
-        }
-        for (uint32_t i = 0; i < (uint32_t)R->mine->regions.len; i++)
-            if ((st = refit_publisher_attach(R->pub, i, mem[i]))) return st;
+    if ((st = ensure_pub(R, mem))) return st;
+    refit_progress_hdr_t *hd = R->progress;
+    if (R->partial && R->serving == v) { /* published when the transfer started */
+        __atomic_store_n(&hd->complete, 1, __ATOMIC_RELEASE);
+        R->partial = false;
+        return REFIT_OK;
     }
+    __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
+    hd->magic = REFIT_PROGRESS_MAGIC;
+    hd->nchunks = hd->chunk_bytes = hd->plan_src = hd->plan_dst = 0;
+    hd->complete = 1;
+    __atomic_store_n(&hd->version, v, __ATOMIC_RELEASE);
     if ((st = refit_publisher_publish(R->pub, v))) return st;
     R->serving = v;
     return REFIT_OK;
@@ -219,7 +315,8 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
             refit_status_t st = refit_manifest_decode(buf, len, &m);
             free(buf);
             if (st) continue;
-            if (m->signature != rec.signature || refit_fleet_mirror_key(m) != R->key) {
+            int pr;
+            if (m->signature != rec.signature || relay_key(m, &pr) != R->key) {
                 refit_manifest_destroy(m); /* another layout: not a mirror of ours */
                 continue;
             }
@@ -250,6 +347,7 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         h->transport = t;
         h->peer = s->peer[t];
         h->mirror_dst = true;
+        relay_key(s->m, &h->progress_region);
         h->rate = refit_fleet_throttle("relay", j);
         h->id = j;
     }

@@ -14,6 +14,13 @@ void refit_relays_close(refit_relays_t *R, const refit_tset_t *ts);
 /* Before the receiver writes its memory: retire the version served and wait
  * (up to timeout_ms) for its readers. */
 void refit_relays_withdraw(refit_relays_t *R, int timeout_ms);
+/* The relay's progress region for a chunked transfer (NULL: not a relay, or
+ * it could not be set up); refit_fleet_transfer fills it. */
+refit_progress_hdr_t *refit_relays_progress(refit_relays_t *R, void *const *mem);
+/* The progress is valid for v: publish v while it is being received. */
+void refit_relays_announce(refit_relays_t *R, uint64_t v);
+/* The pull of the announced version failed: stop serving it. */
+void refit_relays_abort(refit_relays_t *R);
 /* After a commit: serve version v from the receiver's memory (slot >= 0 only). */
 refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v);
 bool refit_relays_serving(const refit_relays_t *R);

@@ -67,5 +67,20 @@ out=$(ip netns exec "$b" "$refit" pull "${common[@]}" --job rdma --layout vllm:t
   --transport-options ucx.require=rdma --timeout-ms 10000 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -qi "rdma" <<<"$out" && grep -q "REFIT_ERR_TRANSPORT" <<<"$out"; then ok "require=rdma over tcp refused"
 else bad "require=rdma: exit $rc: $out"; fi
+# Fan-out over nodes with tbf-limited links: 3 receivers of one layout form a
+# chain through relays that serve chunks as they land; every byte verified.
+if "$refit" bench --scenario fanout --net netns --model tiny-moe --dst vllm:tp=1 --receivers 3 --link-mbps 2 \
+    --chunk-kb 64 --verify --out "$tmp/fanout.json" >"$tmp/fanout.log" 2>&1 &&
+  python3 - "$tmp/fanout.json" <<'PY'; then ok "fanout over netns+tbf: a verified relay chain, relays read while receiving"
+import json, sys
+o = json.load(open(sys.argv[1]))
+assert o['config']['net'] == 'netns+tbf' and o['config']['transport'] == 'ucx', o['config']
+rs = o['metrics']['receivers']
+assert len(rs) == 3 and all(r['ok'] and r['version'] == 1 for r in rs), rs
+assert o['metrics']['trainer_egress_replicas'] == 1.0, o['metrics']
+fed = [r for r in rs if r['relay_bytes'] > 0]
+assert len(fed) == 2 and all(r['early_chunks'] > 0 and r['trainer_bytes'] == 0 for r in fed), rs
+PY
+else bad "fanout over netns: $(tail -5 "$tmp/fanout.log")"; fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

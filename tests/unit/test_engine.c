@@ -208,7 +208,8 @@ typedef struct {
 
 /* A receiver process (relay slot `slot`) that pulls `version` (NEWEST if 0),
  * verifies it, answers "ok"/"fail", then serves until "quit" or its death. */
-static relay_t relay_start(const reg_t *g, const char *model, const char *layout, uint32_t rank, int slot,
+/* A relay process pulling `version` (0: newest); relay_pulled waits for it. */
+static relay_t relay_spawn(const reg_t *g, const char *model, const char *layout, uint32_t rank, int slot,
                            uint64_t version, uint32_t max_readers)
 {
     int a[2], b[2];
@@ -247,12 +248,23 @@ static relay_t relay_start(const reg_t *g, const char *model, const char *layout
     }
     close(a[0]);
     close(b[1]);
-    relay_t x = {pid, a[1], b[0]};
+    return (relay_t){pid, a[1], b[0]};
+}
+
+static void relay_pulled(relay_t *x)
+{
     char buf[8] = "";
-    struct pollfd pfd = {x.resp, POLLIN, 0};
+    struct pollfd pfd = {x->resp, POLLIN, 0};
     assert_true(poll(&pfd, 1, 15000) == 1);
-    assert_true(read(x.resp, buf, sizeof(buf) - 1) > 0);
-    if (strncmp(buf, "ok", 2)) fail_msg("relay %d did not pull: %s", slot, buf);
+    assert_true(read(x->resp, buf, sizeof(buf) - 1) > 0);
+    if (strncmp(buf, "ok", 2)) fail_msg("relay pid %d did not pull: %s", (int)x->pid, buf);
+}
+
+static relay_t relay_start(const reg_t *g, const char *model, const char *layout, uint32_t rank, int slot,
+                           uint64_t version, uint32_t max_readers)
+{
+    relay_t x = relay_spawn(g, model, layout, rank, slot, version, max_readers);
+    relay_pulled(&x);
     return x;
 }
 
@@ -375,6 +387,61 @@ static void relay_killed_reader_fails_over(void **state)
     refit_receiver_destroy(r);
     relay_stop(&a, true);
     relay_stop(&d, false);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
+/* A chain pipelines: relay A pulls slowly from the trainer (2 MB/s); B,
+ * limited to one reader per holder, finds A holding the version while A is
+ * still receiving it and reads A's chunks as they land, on a link as slow as
+ * A's: B ends about when A does, not one whole transfer later.  Bytes
+ * verified against the truth on both. */
+static void relay_chain_pipelines(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    setenv("REFIT_TEST_THROTTLE", "trainer:0=2", 1);
+    double t0 = refit_now();
+    relay_t a = relay_spawn(&g, "tiny-dense", "vllm:tp=1", 0, 0, 1, 1);
+    /* B starts once A serves version 1 (which it does when its transfer starts). */
+    refit_registry_t *reg;
+    REFIT_ASSERT_OK(refit_registry_open(g.url, g.job, &reg));
+    for (int i = 0;; i++) {
+        refit_version_record_t rec;
+        uint8_t present = 0;
+        REFIT_ASSERT_OK(refit_registry_records(reg, "trainer.relay.r0.s0", 1, &rec, &present));
+        if (present && rec.version == 1) break;
+        if (i > 2000) fail_msg("relay A never served version 1 while receiving it");
+        t_msleep(2);
+    }
+    refit_registry_close(reg);
+    void *b;
+    refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 1, &b);
+    setenv("REFIT_TEST_THROTTLE", "relay:0=2", 1);
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
+    double b_end = t_ms_since(t0);
+    unsetenv("REFIT_TEST_THROTTLE");
+    relay_pulled(&a); /* A verified its copy too */
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
+    refit_holder_stat_t hs[8];
+    size_t nh = refit_receiver_holders(r, hs, 8);
+    const refit_holder_stat_t *h = holder(hs, nh, "relay:0");
+    assert_non_null(h);
+    assert_null(holder(hs, nh, "trainer:0")); /* the trainer's one reader was A */
+    assert_false(h->failed);
+    /* Most chunks were read from A while A was still receiving them. */
+    assert_true(h->early > 0);
+    assert_true(h->early * 2 > h->chunks);
+    /* One transfer at 2 MB/s is ~0.3 s; back to back it would be ~0.6 s. */
+    double one_ms = (double)rep.bytes / 2e6 * 1e3;
+    if (b_end > 1.6 * one_ms) fail_msg("B ended after %.0f ms; one transfer takes %.0f ms", b_end, one_ms);
+    refit_receiver_destroy(r);
+    relay_stop(&a, false);
     pub_stop(&p);
     t_rm_tree(g.dir);
 }
@@ -821,6 +888,7 @@ int main(void)
         cmocka_unit_test(identity_and_corrupt_manifest),
         cmocka_unit_test(relay_serves_joiner),
         cmocka_unit_test(relay_killed_reader_fails_over),
+        cmocka_unit_test(relay_chain_pipelines),
         cmocka_unit_test(slow_replica_chunks_stolen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
