@@ -189,6 +189,8 @@ static bool netns_possible(char *why, size_t n)
     return true;
 }
 
+static nb_opts_t *g_net; /* whose namespaces are up */
+
 static void netns_down(nb_opts_t *o)
 {
     for (uint32_t i = 0; i < o->nodes; i++) {
@@ -201,7 +203,6 @@ static void netns_down(nb_opts_t *o)
 }
 
 /* Namespaces outlive a killed benchmark: SIGINT and SIGTERM take them down. */
-static nb_opts_t *g_net;
 static void netns_on_signal(int sig)
 {
     if (g_net) netns_down(g_net);
