@@ -33,11 +33,14 @@
  * link runs about one chunk behind the one before.  A relay that stops
  * (failed, retired) clears its progress header, and its readers drop it.
  *
- * Direct pulls: when every planned source is served by its own trainer rank
- * over shm, unpaced, and no relay is among the holders, chunks buy nothing --
- * the copying CPU is the receiver's, every holder is as fast as memory, and
- * the planner already balanced DP replicas by bytes -- so the plan runs as one
- * pull with the receiver's copy threads, at memcpy speed.  If that pull fails
+ * Direct pulls: when every planned source is served by its own trainer rank,
+ * unpaced, no relay is among the holders, and either the transport is shm or
+ * no bytes have a second holder, chunks buy nothing -- over shm the copying
+ * CPU is the receiver's, every holder is as fast as memory, and the planner
+ * already balanced DP replicas by bytes; without a second holder there is no
+ * one to steal from or fail over to -- so the plan runs as one pull (with the
+ * receiver's copy threads; over UCX from every source at once).  Over a
+ * network a relay (its readers follow its chunks) always pulls in chunks.  If that pull fails
  * because a source died, the whole plan is redone in chunks over every holder,
  * where the dead one is found and dropped: failover as above, just later.
  *
@@ -533,7 +536,14 @@ static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holde
     uint32_t t = h[0].transport;
     for (uint32_t i = 0; i < nh; i++)
         if (h[i].mirror_dst || h[i].rate > 0 || h[i].transport != t) return REFIT_ERR_UNSUPPORTED;
-    if (x->ts->ops[t] != &refit_transport_shm) return REFIT_ERR_UNSUPPORTED;
+    /* Over a network a DP replica may be the faster link: keep chunks (and
+     * stealing) whenever some bytes have two holders; and a relay's readers
+     * follow its chunks, which a direct pull does not mark. */
+    bool net = x->ts->ops[t] != &refit_transport_shm;
+    if (net && x->progress) return REFIT_ERR_UNSUPPORTED;
+    for (uint32_t i = 0; i < nh && net; i++)
+        for (uint32_t j = i + 1; j < nh; j++)
+            if (h[i].mirror_key == h[j].mirror_key) return REFIT_ERR_UNSUPPORTED;
     refit_peer_t **peers = calloc(nplan ? nplan : 1, sizeof(void *));
     int *of = calloc(nplan ? nplan : 1, sizeof(int));
     if (!peers || !of) {
