@@ -369,13 +369,16 @@ static chunk_t *claim(sched_t *S, uint32_t h, bool *none_left)
         }
     }
     /* Another holder's share only when that holder is clearly slower (its
-     * chunks take over 3x as long): equal holders keep equal shares
-     * (egress balance), slow ones lose theirs (stragglers). */
+     * chunks take over 3x as long) or is a relay that does not have the
+     * chunk yet: equal holders keep equal shares (egress balance), slow ones
+     * lose theirs (stragglers), and nobody waits for a relay's chunk that
+     * someone else can serve now (taken from the back: the relay's readers
+     * work from the front). */
     for (size_t i = S->nc; !take && i-- > 0;) {
         chunk_t *c = &S->c[i];
         if (c->state != CH_FREE || !can_serve(S, h, c)) continue;
         const refit_fleet_holder_t *v = c->pref < S->nh ? &S->h[c->pref] : NULL;
-        if (!v || v->failed || !v->peer || slower(S, c->pref, h, now)) take = c;
+        if (!v || v->failed || !v->peer || !can_serve(S, c->pref, c) || slower(S, c->pref, h, now)) take = c;
     }
     if (take) {
         if (take->pref != h) S->h[h].taken++;
@@ -742,8 +745,11 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
             st = refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S.nc, why);
     }
     for (uint32_t h = 0; h < nh; h++)
-        refit_log(REFIT_LOG_DEBUG, "fleet: %s: %u chunks (%u from others' shares, %u re-read), %" PRIu64 " bytes, %.1f ms busy%s%s",
-                  holders[h].name, holders[h].chunks, holders[h].taken, holders[h].steals, holders[h].bytes,
+        refit_log(REFIT_LOG_DEBUG,
+                  "fleet: %s: %u chunks (%u from others' shares, %u re-read, %u while it was receiving, %u idle "
+                  "progress reads), %" PRIu64 " bytes, %.1f ms busy%s%s",
+                  holders[h].name, holders[h].chunks, holders[h].taken, holders[h].steals, holders[h].early,
+                  holders[h].waits, holders[h].bytes,
                   holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
     if (!st && stats) {
         for (size_t i = 0; i < S.nc; i++) stats->bytes += S.c[i].bytes;
