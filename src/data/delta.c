@@ -479,7 +479,7 @@ static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, co
             shift = cur.dof - so;
         }
         if (pos < so) continue; /* in the gap before the row */
-        memcpy(dst + shift + pos, vals + (uint64_t)k * 2, 2);
+        memcpy(dst + (shift + pos), vals + (uint64_t)k * 2, 2);
         n++;
     }
     return n;
