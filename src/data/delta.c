@@ -202,34 +202,109 @@ refit_status_t refit_delta_info(const void *delta, size_t len, refit_delta_info_
     return REFIT_OK;
 }
 
-/* A plan region reading the indexed source region.  Nested regions (source
- * strides growing outwards, each loop's rows after the previous loop's)
- * map a source byte back to its row arithmetically; others are walked row
- * by row. */
+/* A plan region reading the indexed source region, normalized so that its
+ * rows ascend in source order without overlapping ("nested": each loop's
+ * source stride spans the loops inside it).  Then the changes of a chunk,
+ * which ascend too, and the rows can be walked together with one cursor and
+ * no division.  A plan region whose rows cannot be ordered so (rows that
+ * overlap or repeat a source byte) is kept as one region per row. */
 typedef struct {
-    refit_plan_region_t r;
-    uint64_t rows, span_lo, span_hi;
-    bool nested;
+    uint32_t dst_region, nloops;
+    uint64_t src_offset, dst_offset, run;
+    uint64_t count[REFIT_PLAN_MAX_LOOPS], src_stride[REFIT_PLAN_MAX_LOOPS], dst_stride[REFIT_PLAN_MAX_LOOPS];
+    bool even; /* rows start and end on even source bytes: a 2-byte unit lies in one row or none */
 } ireg_t;
+
+/* A position in a region's rows: the row's source and destination offsets. */
+typedef struct {
+    uint64_t so, dof;
+    uint64_t k[REFIT_PLAN_MAX_LOOPS];
+    bool done; /* past the last row */
+} cursor_t;
+
+/* The part of one region inside one chunk, with the cursor on the first row
+ * that ends after lo, so that applying a chunk never searches the rows. */
+typedef struct {
+    uint32_t reg;
+    uint64_t lo, hi; /* source bytes of the region's span inside the chunk */
+    cursor_t at;
+} piece_t;
 
 struct refit_delta_index {
     ireg_t *regs;
     size_t nregs;
     uint64_t nchunks, region_bytes;
     uint8_t *need;
-    uint32_t *start; /* nchunks + 1: CSR of regions per chunk */
-    uint32_t *list;
+    uint32_t *start; /* nchunks + 1: CSR of pieces per chunk */
+    piece_t *pieces;
 };
 
-static bool is_nested(const refit_plan_region_t *r)
+/* Moves to the next row (false after the last). */
+static inline bool next_row(const ireg_t *g, cursor_t *c)
 {
-    uint64_t inner = r->run; /* bytes one row (and the loops inside) span */
-    if ((r->src_offset | r->run | r->dst_offset) & 1) return false;
-    for (uint32_t i = 0; i < r->nloops; i++) {
-        if (r->count[i] > 1 && (r->src_stride[i] < inner || ((r->src_stride[i] | r->dst_stride[i]) & 1))) return false;
-        inner = r->src_stride[i] * (r->count[i] - 1) + inner;
+    for (uint32_t i = 0; i < g->nloops; i++) {
+        if (++c->k[i] < g->count[i]) {
+            c->so += g->src_stride[i];
+            c->dof += g->dst_stride[i];
+            return true;
+        }
+        c->so -= (g->count[i] - 1) * g->src_stride[i];
+        c->dof -= (g->count[i] - 1) * g->dst_stride[i];
+        c->k[i] = 0;
     }
+    c->done = true;
+    return false;
+}
+
+/* The cursor on the first row ending after source byte pos (done: none). */
+static cursor_t seek(const ireg_t *g, uint64_t pos)
+{
+    cursor_t c = {.so = g->src_offset, .dof = g->dst_offset};
+    uint64_t rel = pos < g->src_offset ? 0 : pos - g->src_offset;
+    for (int i = (int)g->nloops - 1; i >= 0; i--) { /* the last row starting at or before pos */
+        uint64_t k = rel / g->src_stride[i];
+        if (k >= g->count[i]) k = g->count[i] - 1;
+        rel -= k * g->src_stride[i];
+        c.k[i] = k;
+        c.so += k * g->src_stride[i];
+        c.dof += k * g->dst_stride[i];
+    }
+    if (c.so + g->run <= pos) next_row(g, &c); /* pos lies in the gap after that row */
+    return c;
+}
+
+/* Normalizes plan region r into g: loops of one iteration dropped, the
+ * others ordered by source stride.  False if its rows are still not nested. */
+static bool normalize(const refit_plan_region_t *r, ireg_t *g)
+{
+    *g = (ireg_t){.dst_region = r->dst_region, .src_offset = r->src_offset, .dst_offset = r->dst_offset, .run = r->run};
+    for (uint32_t i = 0; i < r->nloops; i++) {
+        if (r->count[i] == 1) continue;
+        uint32_t j = g->nloops++;
+        for (; j > 0 && g->src_stride[j - 1] > r->src_stride[i]; j--) { /* insertion by source stride */
+            g->count[j] = g->count[j - 1];
+            g->src_stride[j] = g->src_stride[j - 1];
+            g->dst_stride[j] = g->dst_stride[j - 1];
+        }
+        g->count[j] = r->count[i];
+        g->src_stride[j] = r->src_stride[i];
+        g->dst_stride[j] = r->dst_stride[i];
+    }
+    uint64_t inner = g->run, odd = g->src_offset | g->run;
+    for (uint32_t i = 0; i < g->nloops; i++) {
+        if (g->src_stride[i] < inner) return false;
+        inner += g->src_stride[i] * (g->count[i] - 1);
+        odd |= g->src_stride[i];
+    }
+    g->even = !(odd & 1);
     return true;
+}
+
+static uint64_t ireg_end(const ireg_t *g)
+{
+    uint64_t e = g->src_offset + g->run;
+    for (uint32_t i = 0; i < g->nloops; i++) e += (g->count[i] - 1) * g->src_stride[i];
+    return e;
 }
 
 void refit_delta_index_destroy(refit_delta_index_t *ix)
@@ -238,8 +313,54 @@ void refit_delta_index_destroy(refit_delta_index_t *ix)
     free(ix->regs);
     free(ix->need);
     free(ix->start);
-    free(ix->list);
+    free(ix->pieces);
     free(ix);
+}
+
+/* Appends g, growing the array as needed. */
+static int add_reg(refit_delta_index_t *ix, size_t *cap, const ireg_t *g)
+{
+    if (ix->nregs == *cap) {
+        size_t n = *cap ? *cap * 2 : 64;
+        ireg_t *q = realloc(ix->regs, n * sizeof(*q));
+        if (!q) return -1;
+        ix->regs = q;
+        *cap = n;
+    }
+    ix->regs[ix->nregs++] = *g;
+    return 0;
+}
+
+/* Calls fn(ix, chunk, piece) for each piece (in region, then chunk order):
+ * each chunk a region's span meets that holds a byte of one of its rows. */
+static int each_piece(refit_delta_index_t *ix, int (*fn)(refit_delta_index_t *, uint64_t, const piece_t *))
+{
+    for (size_t i = 0; i < ix->nregs; i++) {
+        const ireg_t *g = &ix->regs[i];
+        uint64_t lo = g->src_offset, end = ireg_end(g);
+        for (uint64_t c = lo / CB; c <= (end - 1) / CB; c++) {
+            piece_t pc = {.reg = (uint32_t)i, .lo = c * CB > lo ? c * CB : lo};
+            pc.hi = (c + 1) * CB < end ? (c + 1) * CB : end;
+            pc.at = seek(g, pc.lo);
+            if (pc.at.done || pc.at.so >= pc.hi) continue; /* the chunk falls between rows */
+            if (fn(ix, c, &pc)) return -1;
+        }
+    }
+    return 0;
+}
+
+static int count_piece(refit_delta_index_t *ix, uint64_t c, const piece_t *pc)
+{
+    (void)pc;
+    ix->start[c + 1]++;
+    ix->need[c] = 1;
+    return 0;
+}
+
+static int fill_piece(refit_delta_index_t *ix, uint64_t c, const piece_t *pc)
+{
+    ix->pieces[ix->start[c]++] = *pc; /* start[c] is a fill pointer here, shifted back after */
+    return 0;
 }
 
 refit_status_t refit_delta_index_create(const refit_plan_t *plan, uint32_t src, uint32_t src_region,
@@ -248,50 +369,42 @@ refit_status_t refit_delta_index_create(const refit_plan_t *plan, uint32_t src, 
     if (!plan || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_index_create: NULL argument");
     refit_delta_index_t *ix = calloc(1, sizeof(*ix));
     if (!ix) return refit_error(REFIT_ERR_NO_MEMORY, "delta index");
-    size_t nr;
+    size_t nr, cap = 0;
     const refit_plan_region_t *rv = refit_plan_regions(plan, &nr);
     ix->region_bytes = region_bytes;
     ix->nchunks = (region_bytes + CB - 1) / CB;
-    ix->regs = calloc(nr ? nr : 1, sizeof(ireg_t));
     ix->need = calloc(ix->nchunks ? ix->nchunks : 1, 1);
-    ix->start = calloc(ix->nchunks + 2, sizeof(uint32_t));
-    if (!ix->regs || !ix->need || !ix->start) goto oom;
+    ix->start = calloc(ix->nchunks + 1, sizeof(uint32_t));
+    if (!ix->need || !ix->start) goto oom;
     for (size_t i = 0; i < nr; i++) {
         const refit_plan_region_t *r = &rv[i];
         if (r->src != src || r->src_region != src_region || !r->run) continue;
-        uint64_t end = refit_region_src_end(r);
-        if (end > region_bytes) {
+        uint64_t rows = 1;
+        for (uint32_t l = 0; l < r->nloops; l++) rows *= r->count[l];
+        if (!rows) continue;
+        if (refit_region_src_end(r) > region_bytes) {
             refit_delta_index_destroy(ix);
             return refit_error(REFIT_ERR_OUT_OF_BOUNDS, "plan reads past byte %llu of the source region",
                                (unsigned long long)region_bytes);
         }
-        ireg_t *g = &ix->regs[ix->nregs++];
-        g->r = *r;
-        g->rows = 1;
-        for (uint32_t l = 0; l < r->nloops; l++) g->rows *= r->count[l];
-        g->span_lo = r->src_offset;
-        g->span_hi = end;
-        g->nested = is_nested(r);
-        for (uint64_t row = 0; row < g->rows; row++) { /* exact: the chunks the rows read */
-            uint64_t so, dof;
-            refit_region_row_offsets(r, row, &so, &dof);
-            for (uint64_t c = so / CB; c <= (so + r->run - 1) / CB; c++) ix->need[c] = 1;
+        ireg_t g;
+        if (normalize(r, &g)) {
+            if (add_reg(ix, &cap, &g)) goto oom;
+            continue;
+        }
+        for (uint64_t row = 0; row < rows; row++) { /* not nested: one region per row */
+            ireg_t one = {.dst_region = r->dst_region, .run = r->run};
+            refit_region_row_offsets(r, row, &one.src_offset, &one.dst_offset);
+            one.even = !((one.src_offset | one.run) & 1);
+            if (add_reg(ix, &cap, &one)) goto oom;
         }
     }
-    /* CSR: regions per chunk (by span). */
-    for (size_t i = 0; i < ix->nregs; i++)
-        for (uint64_t c = ix->regs[i].span_lo / CB; c <= (ix->regs[i].span_hi - 1) / CB; c++) ix->start[c + 1]++;
+    if (each_piece(ix, count_piece)) goto oom;
     for (uint64_t c = 0; c < ix->nchunks; c++) ix->start[c + 1] += ix->start[c];
-    ix->list = malloc((ix->start[ix->nchunks] ? ix->start[ix->nchunks] : 1) * sizeof(uint32_t));
-    uint32_t *fillp = calloc(ix->nchunks + 1, sizeof(uint32_t));
-    if (!ix->list || !fillp) {
-        free(fillp);
-        goto oom;
-    }
-    for (size_t i = 0; i < ix->nregs; i++)
-        for (uint64_t c = ix->regs[i].span_lo / CB; c <= (ix->regs[i].span_hi - 1) / CB; c++)
-            ix->list[ix->start[c] + fillp[c]++] = (uint32_t)i;
-    free(fillp);
+    if (!(ix->pieces = malloc((ix->start[ix->nchunks] ? ix->start[ix->nchunks] : 1) * sizeof(piece_t)))) goto oom;
+    each_piece(ix, fill_piece);
+    for (uint64_t c = ix->nchunks; c > 0; c--) ix->start[c] = ix->start[c - 1];
+    ix->start[0] = 0;
     *out = ix;
     return REFIT_OK;
 oom:
@@ -305,87 +418,74 @@ const uint8_t *refit_delta_index_need(const refit_delta_index_t *ix, uint64_t *n
     return ix->need;
 }
 
-/* Copies source bytes [lo, hi) that region g reads, taking them from
- * chunk-relative data at `data` (data[0] is source byte c0). */
-static uint64_t copy_range(const ireg_t *g, uint64_t lo, uint64_t hi, const unsigned char *data, uint64_t c0,
-                           unsigned char *dst)
+/* Copies source bytes [lo, hi) that region g reads from data (data[0] is
+ * source byte at), moving the cursor forward; successive calls on one
+ * cursor must ascend.  Returns the bytes written. */
+static uint64_t walk_copy(const ireg_t *g, cursor_t *c, uint64_t lo, uint64_t hi, const unsigned char *data, uint64_t at,
+                          unsigned char *dst)
 {
     uint64_t n = 0;
-    if (g->nested) {
-        /* First row ending after lo (rows ascend in source order). */
-        uint64_t L = 0, H = g->rows;
-        while (L < H) {
-            uint64_t M = L + (H - L) / 2, so, dof;
-            refit_region_row_offsets(&g->r, M, &so, &dof);
-            if (so + g->r.run <= lo) L = M + 1;
-            else H = M;
-        }
-        for (uint64_t row = L; row < g->rows; row++) {
-            uint64_t so, dof;
-            refit_region_row_offsets(&g->r, row, &so, &dof);
-            if (so >= hi) break;
-            uint64_t b0 = so > lo ? so : lo, b1 = so + g->r.run < hi ? so + g->r.run : hi;
-            if (b0 >= b1) continue;
-            memcpy(dst + dof + (b0 - so), data + (b0 - c0), b1 - b0);
+    while (!c->done && c->so < hi) {
+        uint64_t e = c->so + g->run;
+        if (e > lo) {
+            uint64_t b0 = c->so > lo ? c->so : lo, b1 = e < hi ? e : hi;
+            memcpy(dst + c->dof + (b0 - c->so), data + (b0 - at), b1 - b0);
             n += b1 - b0;
         }
-        return n;
-    }
-    for (uint64_t row = 0; row < g->rows; row++) {
-        uint64_t so, dof;
-        refit_region_row_offsets(&g->r, row, &so, &dof);
-        uint64_t b0 = so > lo ? so : lo, b1 = so + g->r.run < hi ? so + g->r.run : hi;
-        if (b0 >= b1) continue;
-        memcpy(dst + dof + (b0 - so), data + (b0 - c0), b1 - b0);
-        n += b1 - b0;
+        if (e > hi) break; /* the next range may start in this row */
+        next_row(g, c);
     }
     return n;
 }
 
-/* A position in a nested region's rows. */
-typedef struct {
-    uint64_t k[REFIT_PLAN_MAX_LOOPS];
-    uint64_t so, dof, step; /* the row's source and destination offsets; loop 0's source stride */
-} cursor_t;
-
-/* The row holding source byte pos or the next one after it (false: none). */
-static bool seek(const ireg_t *g, uint64_t pos, cursor_t *c)
+/* Sparse changes of one piece: idx/vals hold the chunk's count changes
+ * (chunk-relative unit indices, ascending).  Returns the units written. */
+static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, const unsigned char *idx,
+                             const unsigned char *vals, uint32_t count, unsigned char *dst)
 {
-    const refit_plan_region_t *r = &g->r;
-    uint64_t rel = pos < r->src_offset ? 0 : pos - r->src_offset;
-    c->so = r->src_offset;
-    c->dof = r->dst_offset;
-    c->step = r->nloops ? r->src_stride[0] : r->run;
-    if (!c->step) c->step = r->run;
-    for (int i = (int)r->nloops - 1; i >= 0; i--) {
-        uint64_t k = r->src_stride[i] ? rel / r->src_stride[i] : 0;
-        if (k >= r->count[i]) k = r->count[i] - 1;
-        rel -= k * r->src_stride[i];
-        c->k[i] = k;
-        c->so += k * r->src_stride[i];
-        c->dof += k * r->dst_stride[i];
+    uint32_t L = 0, H = count, want = (uint32_t)((pc->lo - c0) / 2); /* first change at or after lo */
+    while (L < H) {
+        uint32_t M = L + (H - L) / 2;
+        uint16_t v;
+        memcpy(&v, idx + (uint64_t)M * 2, 2);
+        if (v < want) L = M + 1;
+        else H = M;
     }
-    return true;
-}
-
-/* Moves to the next row (false after the last). */
-static inline bool next_row(const ireg_t *g, cursor_t *c)
-{
-    const refit_plan_region_t *r = &g->r;
-    for (uint32_t i = 0; i < r->nloops; i++) {
-        if (++c->k[i] < r->count[i]) {
-            c->so += r->src_stride[i];
-            c->dof += r->dst_stride[i];
-            return true;
+    cursor_t cur = pc->at;
+    uint64_t n = 0;
+    if (!g->even) { /* a unit may straddle rows: copy what each row holds of it */
+        for (uint32_t k = L; k < count; k++) {
+            uint16_t v;
+            memcpy(&v, idx + (uint64_t)k * 2, 2);
+            uint64_t pos = c0 + (uint64_t)v * 2;
+            if (pos >= pc->hi) break;
+            n += walk_copy(g, &cur, pos, pos + 2, vals + (uint64_t)k * 2, pos, dst) ? 1 : 0;
         }
-        c->so -= (r->count[i] - 1) * r->src_stride[i];
-        c->dof -= (r->count[i] - 1) * r->dst_stride[i];
-        c->k[i] = 0;
+        return n;
     }
-    return false;
+    /* The tight loop: the row is [so, end) and a change at pos lands at
+     * dst + shift + pos (shift = dof - so wraps as unsigned; the sum is the
+     * destination offset). */
+    uint64_t so = cur.so, end = so + g->run, shift = cur.dof - so;
+    for (uint32_t k = L; k < count; k++) {
+        uint16_t v;
+        memcpy(&v, idx + (uint64_t)k * 2, 2);
+        uint64_t pos = c0 + (uint64_t)v * 2;
+        if (pos >= pc->hi) break;
+        while (pos >= end) {
+            if (!next_row(g, &cur)) return n;
+            so = cur.so;
+            end = so + g->run;
+            shift = cur.dof - so;
+        }
+        if (pos < so) continue; /* in the gap before the row */
+        memcpy(dst + (shift + pos), vals + (uint64_t)k * 2, 2);
+        n++;
+    }
+    return n;
 }
 
-/* Applies chunk c (needed, of any kind) through every plan region reading it. */
+/* Applies chunk c (needed, of any kind) through every piece of it. */
 static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned char *p, const refit_delta_info_t *info,
                                   uint32_t bb, uint64_t c, void *const *dst_bases, refit_delta_apply_stats_t *s)
 {
@@ -394,65 +494,29 @@ static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned 
     if (kind == K_NONE) return REFIT_OK;
     const unsigned char *pay = p + rd64(e);
     uint64_t c0 = c * CB, cb = info->region_bytes - c0 < CB ? info->region_bytes - c0 : CB;
-    for (uint32_t li = ix->start[c]; li < ix->start[c + 1]; li++) {
-        const ireg_t *g = &ix->regs[ix->list[li]];
-        unsigned char *dst = (unsigned char *)dst_bases[g->r.dst_region];
-        uint64_t lo = g->span_lo > c0 ? g->span_lo : c0, hi = g->span_hi < c0 + cb ? g->span_hi : c0 + cb;
-        if (lo >= hi) continue;
+    for (uint32_t pi = ix->start[c]; pi < ix->start[c + 1]; pi++) {
+        const piece_t *pc = &ix->pieces[pi];
+        const ireg_t *g = &ix->regs[pc->reg];
+        unsigned char *dst = (unsigned char *)dst_bases[g->dst_region];
+        if (kind == K_SPARSE) {
+            s->units_written += apply_sparse(g, pc, c0, pay, pay + (uint64_t)count * 2, count, dst);
+            continue;
+        }
+        cursor_t cur = pc->at;
         if (kind == K_DENSE) {
-            s->bytes_written += copy_range(g, lo, hi, pay, c0, dst);
-        } else if (kind == K_SPARSE) {
-            const unsigned char *vals = pay + (uint64_t)count * 2;
-            uint64_t want = (lo - c0) / 2;
-            uint32_t L = 0, H = count;
-            while (L < H) {
-                uint32_t M = L + (H - L) / 2;
-                uint16_t v;
-                memcpy(&v, pay + (uint64_t)M * 2, 2);
-                if (v < want) L = M + 1;
-                else H = M;
-            }
-            if (!g->nested) {
-                for (uint32_t k = L; k < count; k++) {
-                    uint16_t v;
-                    memcpy(&v, pay + (uint64_t)k * 2, 2);
-                    uint64_t pos = c0 + (uint64_t)v * 2;
-                    if (pos >= hi) break;
-                    s->units_written += copy_range(g, pos, pos + 2, vals + (uint64_t)k * 2, pos, dst) ? 1 : 0;
-                }
-                continue;
-            }
-            /* Changes ascend, and so do the rows: walk both. */
-            cursor_t cur;
-            bool started = false;
-            for (uint32_t k = L; k < count; k++) {
-                uint16_t v;
-                memcpy(&v, pay + (uint64_t)k * 2, 2);
-                uint64_t pos = c0 + (uint64_t)v * 2;
-                if (pos >= hi) break;
-                if (!started || pos - cur.so >= 8 * cur.step) {
-                    if (!seek(g, pos, &cur)) break;
-                    started = true;
-                }
-                while (pos >= cur.so + g->r.run)
-                    if (!next_row(g, &cur)) goto done_region;
-                if (pos < cur.so) continue; /* a gap between rows */
-                memcpy(dst + cur.dof + (pos - cur.so), vals + (uint64_t)k * 2, 2);
-                s->units_written++;
-            }
-        done_region:;
-        } else {
-            uint64_t nb = (cb + bb - 1) / bb, nbits = (nb + 7) / 8;
-            uint64_t first = (lo - c0) / bb, last = (hi - 1 - c0) / bb, rank = 0;
-            for (uint64_t k = 0; k < first; k++) rank += (pay[k / 8] >> (k % 8)) & 1;
-            for (uint64_t k = first; k <= last; k++) {
-                if (!((pay[k / 8] >> (k % 8)) & 1)) continue;
-                if (rank >= count) return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: more blocks than it holds",
-                                                      (unsigned long long)c);
-                uint64_t bs = c0 + k * bb, b0 = bs > lo ? bs : lo, b1 = bs + bb < hi ? bs + bb : hi;
-                s->bytes_written += copy_range(g, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst);
-                rank++;
-            }
+            s->bytes_written += walk_copy(g, &cur, pc->lo, pc->hi, pay, c0, dst);
+            continue;
+        }
+        uint64_t nb = (cb + bb - 1) / bb, nbits = (nb + 7) / 8;
+        uint64_t first = (pc->lo - c0) / bb, last = (pc->hi - 1 - c0) / bb, rank = 0;
+        for (uint64_t k = 0; k < first; k++) rank += (pay[k / 8] >> (k % 8)) & 1;
+        for (uint64_t k = first; k <= last; k++) {
+            if (!((pay[k / 8] >> (k % 8)) & 1)) continue;
+            if (rank >= count)
+                return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: more blocks than it holds", (unsigned long long)c);
+            uint64_t bs = c0 + k * bb, b0 = bs > pc->lo ? bs : pc->lo, b1 = bs + bb < pc->hi ? bs + bb : pc->hi;
+            s->bytes_written += walk_copy(g, &cur, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst);
+            rank++;
         }
     }
     return REFIT_OK;

@@ -3,8 +3,12 @@
  * of a wrong base, fetching only the chunks the plan reads. */
 #include "testutil.h"
 
+#include "plan/plan.h"
+
 #include <stdlib.h>
 #include <string.h>
+
+#define CHUNK_BYTES ((uint64_t)REFIT_DELTA_CHUNK_UNITS * 2)
 
 static void truth_delta(void **state)
 {
@@ -213,11 +217,67 @@ static void fetch_needed_only(void **state)
     pair_free(&p);
 }
 
+/* Plan regions no layout pair here produces, applied against a reference
+ * copy of their rows: loops listed innermost-last (reordered by the index),
+ * rows that repeat source bytes (kept one region per row), odd offsets and
+ * strides (units that straddle rows), rows across chunk boundaries, and
+ * regions that read the same source bytes. */
+static void odd_regions(void **state)
+{
+    (void)state;
+    const uint64_t sbytes = 400000, dbytes = 270000;
+    refit_plan_region_t regs[] = {
+        {.run = 128, .nloops = 2, .count = {2, 50}, .src_stride = {8192, 128}, .dst_stride = {6400, 128}},
+        {.src_offset = 200000, .dst_offset = 12800, .run = 1000, .nloops = 1, .count = {3}, .src_stride = {0},
+         .dst_stride = {1000}},
+        {.src_offset = 130970, .dst_offset = 15800, .run = 301, .nloops = 1, .count = {5}, .src_stride = {1001},
+         .dst_stride = {301}},
+        {.src_offset = 20000, .dst_offset = 17305, .run = 250000},
+    };
+    refit_plan_t plan = {0};
+    plan.regions.data = regs;
+    plan.regions.len = sizeof regs / sizeof regs[0];
+    unsigned char *v1 = malloc(sbytes), *v2 = malloc(sbytes), *want = calloc(1, dbytes), *got = calloc(1, dbytes);
+    assert_non_null(v1 && v2 && want && got);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (uint64_t i = 0; i < sbytes; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        v1[i] = (unsigned char)x;
+        v2[i] = (x >> 20) % 50 ? v1[i] : (unsigned char)(v1[i] + 1); /* ~2% of bytes change */
+    }
+    memset(v2 + CHUNK_BYTES, 0x5a, 60000); /* much of chunk 1 changes: a dense chunk or blocks */
+    for (int f = 0; f < 3; f++) {
+        refit_delta_params_t dp = {f ? REFIT_DELTA_BLOCKS : REFIT_DELTA_SPARSE, f == 2 ? 512 : 64};
+        void *d;
+        size_t len;
+        REFIT_ASSERT_OK(refit_delta_encode(v1, v2, sbytes, 1, 2, &dp, &d, &len));
+        refit_delta_index_t *ix;
+        REFIT_ASSERT_OK(refit_delta_index_create(&plan, 0, 0, sbytes, &ix));
+        for (int v = 1; v <= 2; v++)
+            for (size_t i = 0; i < plan.regions.len; i++)
+                for (uint64_t row = 0; row < refit_region_rows(&regs[i]); row++) {
+                    uint64_t so, dof;
+                    refit_region_row_offsets(&regs[i], row, &so, &dof);
+                    memcpy((v == 1 ? got : want) + dof, (v == 1 ? v1 : v2) + so, regs[i].run);
+                }
+        void *dst = got;
+        REFIT_ASSERT_OK(refit_delta_apply_threads(ix, d, len, 1, &dst, f + 1, NULL));
+        assert_memory_equal(got, want, dbytes);
+        refit_delta_index_destroy(ix);
+        free(d);
+    }
+    free(v1);
+    free(v2);
+    free(want);
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(truth_delta),     cmocka_unit_test(sparse_versions),  cmocka_unit_test(blocks_versions),
         cmocka_unit_test(dense_versions),  cmocka_unit_test(wrong_base),       cmocka_unit_test(fetch_needed_only),
+        cmocka_unit_test(odd_regions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
