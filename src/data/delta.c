@@ -494,6 +494,17 @@ static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned 
     if (kind == K_NONE) return REFIT_OK;
     const unsigned char *pay = p + rd64(e);
     uint64_t c0 = c * CB, cb = info->region_bytes - c0 < CB ? info->region_bytes - c0 : CB;
+    if (kind == K_SPARSE) { /* the apply loop trusts ascending indices inside the chunk: check them once */
+        uint32_t prev = 0;
+        for (uint32_t k = 0; k < count; k++) {
+            uint16_t v;
+            memcpy(&v, pay + (uint64_t)k * 2, 2);
+            if ((k && v <= prev) || (uint64_t)v * 2 + 2 > cb)
+                return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: sparse index %u of %u (%u) is %s",
+                                   (unsigned long long)c, k, count, v, (uint64_t)v * 2 + 2 > cb ? "past the chunk" : "not ascending");
+            prev = v;
+        }
+    }
     for (uint32_t pi = ix->start[c]; pi < ix->start[c + 1]; pi++) {
         const piece_t *pc = &ix->pieces[pi];
         const ireg_t *g = &ix->regs[pc->reg];

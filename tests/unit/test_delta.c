@@ -164,6 +164,20 @@ static void wrong_base(void **state)
     /* A corrupt header is refused. */
     ((unsigned char *)d[0])[12] = 9;
     REFIT_ASSERT_ERR(apply_st(&p, 0, d[0], len[0], 2), REFIT_ERR_CORRUPT, "");
+    /* Sparse indices out of order (in every sparse chunk) are refused. */
+    refit_delta_info_t info;
+    REFIT_ASSERT_OK(refit_delta_info(d[1], len[1], &info));
+    uint32_t swapped = 0;
+    for (uint64_t c = 0; c < info.nchunks; c++) {
+        uint64_t off, n;
+        refit_delta_chunk_payload(d[1], c, &off, &n);
+        if (n < 8 || n % 4 || n >= (uint64_t)REFIT_DELTA_CHUNK_UNITS * 2) continue; /* not a sparse chunk of 2+ */
+        unsigned char *ix = (unsigned char *)d[1] + off, t[2];
+        memcpy(t, ix, 2), memcpy(ix, ix + 2, 2), memcpy(ix + 2, t, 2);
+        swapped++;
+    }
+    assert_true(swapped > 0);
+    REFIT_ASSERT_ERR(apply_st(&p, 1, d[1], len[1], 2), REFIT_ERR_CORRUPT, "not ascending");
     for (int i = 0; i < 2; i++) {
         free(v2[i]);
         free(d[i]);
