@@ -99,7 +99,7 @@ typedef struct {
     const refit_tset_t *ts;
     refit_fleet_holder_t *h;
     uint32_t nh;
-    const refit_plan_t *plan;
+    refit_plan_key_t key; /* the plan's (relays' progress names it) */
     uint64_t *plan_keys; /* mirror key of each plan source */
     size_t nplan;
     chunk_t *c;
@@ -187,20 +187,46 @@ static refit_status_t cut(piecevec_t *out, const refit_plan_region_t *r, uint64_
     return REFIT_OK;
 }
 
+/* Pulls regions regs[0..n) (src = h) from holder h into dst (lock not held);
+ * transports without their own concurrency one call at a time. */
+static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *regs, size_t n, void *const *dst,
+                                refit_pull_stats_t *ps)
+{
+    refit_fleet_holder_t *H = &S->h[h];
+    uint64_t *sb = calloc(S->nh, sizeof(uint64_t));
+    refit_peer_t **peers = calloc(S->nh, sizeof(void *));
+    if (!sb || !peers) {
+        free(sb);
+        free(peers);
+        return refit_error(REFIT_ERR_NO_MEMORY, "pull from %s", H->name);
+    }
+    for (size_t i = 0; i < n; i++) sb[h] += refit_plan_region_bytes(&regs[i]);
+    peers[h] = H->peer;
+    struct refit_plan one;
+    memset(&one, 0, sizeof(one));
+    one.regions.data = regs;
+    one.regions.len = one.regions.cap = n;
+    one.src_bytes = sb;
+    one.nsrcs = S->nh;
+    refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
+    const refit_transport_ops_t *ops = S->ts->ops[H->transport];
+    bool serial = strcmp(ops->name, "shm") != 0;
+    if (serial) pthread_mutex_lock(&S->serial[H->transport]);
+    refit_status_t st = ops->pull(S->ts->ctx[H->transport], peers, &one, dst, &ctl, ps);
+    if (serial) pthread_mutex_unlock(&S->serial[H->transport]);
+    free(sb);
+    free(peers);
+    return st;
+}
+
 /* Runs chunk c from holder h; `rows`: a relay still receiving, read row by
  * row, not in spans. */
 static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, bool rows, uint64_t *read)
 {
     refit_fleet_holder_t *H = &S->h[h];
     refit_plan_region_t *regs = calloc(c->n, sizeof(*regs));
-    uint64_t *sb = calloc(S->nh, sizeof(uint64_t));
-    refit_peer_t **peers = calloc(S->nh, sizeof(void *));
-    if (!regs || !sb || !peers) {
-        free(regs);
-        free(sb);
-        free(peers);
-        return refit_error(REFIT_ERR_NO_MEMORY, "chunk");
-    }
+    if (!regs) return refit_error(REFIT_ERR_NO_MEMORY, "chunk");
+    *read = 0;
     for (size_t i = 0; i < c->n; i++) {
         refit_plan_region_t reg = S->pieces[c->first + i];
         if (H->mirror_dst && rows) {
@@ -222,27 +248,12 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, bool r
         }
         reg.src = h;
         regs[i] = reg;
-        sb[h] += refit_plan_region_bytes(&reg);
+        *read += refit_plan_region_bytes(&reg);
     }
-    *read = sb[h];
-    struct refit_plan one;
-    memset(&one, 0, sizeof(one));
-    peers[h] = H->peer;
-    one.regions.data = regs;
-    one.regions.len = one.regions.cap = c->n;
-    one.src_bytes = sb;
-    one.nsrcs = S->nh;
-    refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
     refit_pull_stats_t st = {0};
-    const refit_transport_ops_t *ops = S->ts->ops[H->transport];
-    bool serial = strcmp(ops->name, "shm") != 0;
-    if (serial) pthread_mutex_lock(&S->serial[H->transport]);
-    refit_status_t rc = ops->pull(S->ts->ctx[H->transport], peers, &one, S->dst, &ctl, &st);
-    if (serial) pthread_mutex_unlock(&S->serial[H->transport]);
+    refit_status_t rc = pull_from(S, h, regs, c->n, S->dst, &st);
     if (!rc && !H->lanes[0]) snprintf(H->lanes, sizeof(H->lanes), "%.63s", st.lanes);
     free(regs);
-    free(sb);
-    free(peers);
     return rc;
 }
 
@@ -250,39 +261,15 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, bool r
  * bytes) with the holder's transport. */
 static refit_status_t read_progress(sched_t *S, uint32_t h, uint8_t *buf, uint64_t len)
 {
-    refit_fleet_holder_t *H = &S->h[h];
     refit_plan_region_t reg;
     memset(&reg, 0, sizeof(reg));
     reg.src = h;
-    reg.src_region = (uint32_t)H->progress_region;
+    reg.src_region = (uint32_t)S->h[h].progress_region;
     reg.dst_region = 0;
     reg.run = len;
-    uint64_t *sb = calloc(S->nh, sizeof(uint64_t));
-    refit_peer_t **peers = calloc(S->nh, sizeof(void *));
-    if (!sb || !peers) {
-        free(sb);
-        free(peers);
-        return refit_error(REFIT_ERR_NO_MEMORY, "progress");
-    }
-    sb[h] = len;
-    peers[h] = H->peer;
-    struct refit_plan one;
-    memset(&one, 0, sizeof(one));
-    one.regions.data = &reg;
-    one.regions.len = one.regions.cap = 1;
-    one.src_bytes = sb;
-    one.nsrcs = S->nh;
     void *dst[1] = {buf};
-    refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
     refit_pull_stats_t ps = {0};
-    const refit_transport_ops_t *ops = S->ts->ops[H->transport];
-    bool serial = strcmp(ops->name, "shm") != 0;
-    if (serial) pthread_mutex_lock(&S->serial[H->transport]);
-    refit_status_t st = ops->pull(S->ts->ctx[H->transport], peers, &one, dst, &ctl, &ps);
-    if (serial) pthread_mutex_unlock(&S->serial[H->transport]);
-    free(sb);
-    free(peers);
-    return st;
+    return pull_from(S, h, &reg, 1, dst, &ps);
 }
 
 /* Refreshes a partial relay's chunk availability (called with the lock held;
@@ -312,9 +299,8 @@ static void refresh(sched_t *S, uint32_t h)
     } else if (hd.complete) {
         H->partial = false;
     } else {
-        refit_plan_key_t key;
-        refit_plan_key(S->plan, &key);
-        bool same = hd.plan_src == key.src && hd.plan_dst == key.dst && hd.chunk_bytes == S->chunk && hd.nchunks == S->nc;
+        bool same = hd.plan_src == S->key.src && hd.plan_dst == S->key.dst && hd.chunk_bytes == S->chunk &&
+                    hd.nchunks == S->nc;
         bool news = false;
         for (size_t i = 0; same && i < S->nc; i++)
             if (buf[sizeof(hd) + i] && !S->avail[h][i]) S->avail[h][i] = 1, news = true;
@@ -610,7 +596,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     S.dst = x->dst;
     S.deadline = x->deadline;
     S.nplan = refit_plan_num_sources(x->plan);
-    S.plan = x->plan;
+    refit_plan_key(x->plan, &S.key);
     S.version = x->version;
     S.plan_keys = x->plan_keys;
     chunkvec_t cv = {0};
@@ -670,13 +656,11 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     /* We are a relay: readers may follow us chunk by chunk from now on. */
     if (x->progress && S.nc <= REFIT_PROGRESS_MAX_CHUNKS) {
         refit_progress_hdr_t *hd = x->progress;
-        refit_plan_key_t key;
-        refit_plan_key(x->plan, &key);
         __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
         memset(hd + 1, 0, S.nc);
         hd->magic = REFIT_PROGRESS_MAGIC;
-        hd->plan_src = key.src;
-        hd->plan_dst = key.dst;
+        hd->plan_src = S.key.src;
+        hd->plan_dst = S.key.dst;
         hd->chunk_bytes = chunk;
         hd->nchunks = S.nc;
         hd->complete = 0;
