@@ -649,8 +649,10 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     for (uint32_t h = 0; h < nh; h++) {
         holders[h].partial = holders[h].mirror_dst && holders[h].progress_region >= 0;
         if (holders[h].partial && !(S.avail[h] = calloc(S.nc ? S.nc : 1, 1))) {
-            holders[h].partial = false; /* no memory to follow it: read it once it is complete */
-            holders[h].progress_region = -1;
+            /* Without a map of what it has, a relay still receiving cannot be
+             * read safely: leave it out (the other holders serve). */
+            holders[h].failed = true;
+            snprintf(holders[h].error, sizeof(holders[h].error), "no memory to follow its progress");
         }
     }
     /* We are a relay: readers may follow us chunk by chunk from now on. */
