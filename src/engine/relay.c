@@ -39,6 +39,7 @@ typedef struct {
     refit_peer_t *peer[REFIT_MAX_TRANSPORTS];
     bool leased, loaded;
     uint64_t version;
+    int progress_region; /* of its manifest (relay_key), -1: none */
 } relay_src_t;
 
 struct refit_relays {
@@ -321,6 +322,7 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
                 continue;
             }
             s->m = m;
+            s->progress_region = pr;
             s->signature = rec.signature;
             s->incarnation = rec.incarnation;
         }
@@ -347,7 +349,7 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         h->transport = t;
         h->peer = s->peer[t];
         h->mirror_dst = true;
-        relay_key(s->m, &h->progress_region);
+        h->progress_region = s->progress_region;
         h->rate = refit_fleet_throttle("relay", j);
         h->id = j;
     }
