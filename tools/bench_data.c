@@ -271,7 +271,7 @@ static int delta_pub(void *vc, uint32_t r, uint64_t cmd)
     if (v > 1) {
         void *d;
         size_t len;
-        refit_delta_params_t sp = {REFIT_DELTA_SPARSE, 0};
+        refit_delta_params_t sp = {REFIT_DELTA_SPARSE, 0, 1};
         t0 = refit_now();
         if (refit_delta_encode(c->prev, base, sz, v - 1, v, &sp, &d, &len)) goto fail;
         ctl->encode_ms[v][r] = (refit_now() - t0) * 1e3;
@@ -284,7 +284,7 @@ static int delta_pub(void *vc, uint32_t r, uint64_t cmd)
         ctl->delta_len[r] = len;
         free(d);
         for (int k = 0; k < 2; k++) { /* the alternative: changed blocks (measured, not shipped) */
-            refit_delta_params_t bp = {REFIT_DELTA_BLOCKS, k ? 512u : 64u};
+            refit_delta_params_t bp = {REFIT_DELTA_BLOCKS, k ? 512u : 64u, 1};
             if (refit_delta_encode(c->prev, base, sz, v - 1, v, &bp, &d, &len)) goto fail;
             (k ? ctl->blocks512_bytes : ctl->blocks64_bytes)[v][r] = len;
             free(d);

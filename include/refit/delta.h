@@ -41,6 +41,7 @@ typedef enum {
 typedef struct {
     refit_delta_format_t format;
     uint32_t block_bytes; /* REFIT_DELTA_BLOCKS: bytes per block (even, divides the chunk); 0: 64 */
+    unsigned threads;     /* encoding threads (chunks are split between them); 0: 1 */
 } refit_delta_params_t;
 
 typedef struct {
@@ -61,6 +62,8 @@ REFIT_API refit_status_t refit_delta_encode(const void *base, const void *cur, u
 /* Reads and checks a delta's header and chunk table (len may cover only the
  * header and table: refit_delta_header_bytes tells how much that is). */
 REFIT_API refit_status_t refit_delta_info(const void *delta, size_t len, refit_delta_info_t *out);
+/* Bytes of header + chunk table of any delta of a region of region_bytes. */
+REFIT_API uint64_t refit_delta_table_bytes(uint64_t region_bytes);
 /* Bytes of header + chunk table, from the first 64 bytes of a delta (0 if not a delta). */
 REFIT_API uint64_t refit_delta_header_bytes(const void *delta, size_t len);
 /* Byte range [*off, *off + *n) of chunk c's payload inside the encoding. */
@@ -104,7 +107,9 @@ REFIT_API refit_status_t refit_delta_encoder_create(const uint64_t *region_sizes
 REFIT_API uint64_t refit_delta_encoder_version(const refit_delta_encoder_t *e);
 /* Publishes `version` from region_bases: for each region r, deltas[r] is
  * the delta from the previously published version (NULL the first time; free
- * them), then the kept copy becomes `version`. */
+ * them), then the kept copy becomes `version` (one pass: encoding writes the
+ * changed bytes into the copy).  On failure no delta is returned and the next
+ * publish starts over (yields no delta). */
 REFIT_API refit_status_t refit_delta_encoder_publish(refit_delta_encoder_t *e, const void *const *region_bases,
                                                      uint64_t version, void **deltas, size_t *lens);
 REFIT_API void refit_delta_encoder_destroy(refit_delta_encoder_t *e);

@@ -48,28 +48,32 @@ uint64_t refit_delta_header_bytes(const void *delta, size_t len)
     return HDR + rd64(p + 40) * ENTRY;
 }
 
-refit_status_t refit_delta_encode(const void *base, const void *cur, uint64_t nbytes, uint64_t base_version,
-                                  uint64_t version, const refit_delta_params_t *params, void **out, size_t *len)
+/* Encodes chunks [c0, c1) of cur against base: payloads into o (offsets in
+ * the entries relative to o's start), entries into tab (the chunk table).
+ * With upd, the changed bytes are also written into base (upd == base), so a
+ * kept copy becomes cur without a second pass over the region. */
+typedef struct {
+    unsigned char *upd;
+    const unsigned char *a, *b;
+    uint64_t nbytes, c0, c1;
+    refit_delta_format_t fmt;
+    uint32_t bb;
+    unsigned char *tab;
+    buf_t o;
+    uint64_t changed;
+    int oom;
+} erange_t;
+
+static void *encode_range(void *arg)
 {
-    if (!base || !cur || !out || !len || (nbytes & 1))
-        return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_encode: NULL argument or odd size");
-    refit_delta_format_t fmt = params ? params->format : REFIT_DELTA_SPARSE;
-    uint32_t bb = params && params->block_bytes ? params->block_bytes : 64;
-    if (fmt == REFIT_DELTA_BLOCKS && ((bb & 1) || CB % bb))
-        return refit_error(REFIT_ERR_INVALID_ARG, "block_bytes %u must be even and divide %llu", bb,
-                           (unsigned long long)CB);
-    const unsigned char *a = base, *b = cur;
-    uint64_t nchunks = (nbytes + CB - 1) / CB, changed = 0;
-    buf_t o = {0};
+    erange_t *w = arg;
+    const uint64_t bb = w->bb;
     uint16_t *idx = malloc(REFIT_DELTA_CHUNK_UNITS * sizeof(uint16_t));
-    uint8_t *bits = NULL;
-    if (fmt == REFIT_DELTA_BLOCKS) bits = malloc(CB / bb / 8 + 1);
-    if (!idx || (fmt == REFIT_DELTA_BLOCKS && !bits) || buf_need(&o, HDR + nchunks * ENTRY)) goto oom;
-    memset(o.p, 0, HDR + nchunks * ENTRY);
-    o.len = HDR + nchunks * ENTRY;
-    for (uint64_t c = 0; c < nchunks; c++) {
-        uint64_t off = c * CB, cb = nbytes - off < CB ? nbytes - off : CB, units = cb / 2;
-        const unsigned char *x = a + off, *y = b + off;
+    uint8_t *bits = w->fmt == REFIT_DELTA_BLOCKS ? malloc(CB / bb / 8 + 1) : NULL;
+    if (!idx || (w->fmt == REFIT_DELTA_BLOCKS && !bits)) goto oom;
+    for (uint64_t c = w->c0; c < w->c1; c++) {
+        uint64_t off = c * CB, cb = w->nbytes - off < CB ? w->nbytes - off : CB, units = cb / 2;
+        const unsigned char *x = w->a + off, *y = w->b + off;
         uint32_t n = 0;
         for (uint64_t u = 0; u < units;) {
             if (u + 4 <= units && !memcmp(x + u * 2, y + u * 2, 8)) {
@@ -80,12 +84,11 @@ refit_status_t refit_delta_encode(const void *base, const void *cur, uint64_t nb
             for (; u < end; u++)
                 if (memcmp(x + u * 2, y + u * 2, 2)) idx[n++] = (uint16_t)u;
         }
-        changed += n;
-        unsigned char *e = o.p + HDR + c * ENTRY;
+        w->changed += n;
         if (n == 0) continue;
         uint64_t dense_cost = cb, cost;
         uint32_t kind, count = n;
-        if (fmt == REFIT_DELTA_SPARSE) {
+        if (w->fmt == REFIT_DELTA_SPARSE) {
             cost = (uint64_t)n * 4;
             kind = K_SPARSE;
         } else {
@@ -108,13 +111,13 @@ refit_status_t refit_delta_encode(const void *base, const void *cur, uint64_t nb
             cost = dense_cost;
             count = (uint32_t)units;
         }
-        size_t at = o.len;
-        if (buf_need(&o, cost)) goto oom;
-        e = o.p + HDR + c * ENTRY;
+        size_t at = w->o.len;
+        if (buf_need(&w->o, cost)) goto oom;
+        unsigned char *e = w->tab + c * ENTRY;
         wr64(e, at);
         wr32(e + 8, count);
         wr32(e + 12, kind);
-        unsigned char *q = o.p + at;
+        unsigned char *q = w->o.p + at;
         if (kind == K_DENSE) {
             memcpy(q, y, cb);
         } else if (kind == K_SPARSE) {
@@ -131,29 +134,103 @@ refit_status_t refit_delta_encode(const void *base, const void *cur, uint64_t nb
                     d += bb;
                 }
         }
-        o.len += cost;
+        w->o.len += cost;
+        if (w->upd) {
+            unsigned char *z = w->upd + off;
+            if (kind == K_SPARSE || kind == K_BLOCKS)
+                for (uint32_t k = 0; k < n; k++) memcpy(z + (uint64_t)idx[k] * 2, y + (uint64_t)idx[k] * 2, 2);
+            else
+                memcpy(z, y, cb);
+        }
     }
-    wr32(o.p, MAGIC);
-    wr32(o.p + 4, (uint32_t)fmt);
-    wr32(o.p + 8, bb);
-    wr32(o.p + 12, 2);
-    wr64(o.p + 16, base_version);
-    wr64(o.p + 24, version);
-    wr64(o.p + 32, nbytes);
-    wr64(o.p + 40, nchunks);
-    wr64(o.p + 48, changed);
-    wr64(o.p + 56, o.len);
     free(idx);
     free(bits);
-    *out = o.p;
-    *len = o.len;
-    return REFIT_OK;
+    return NULL;
 oom:
     free(idx);
     free(bits);
-    free(o.p);
-    return refit_error(REFIT_ERR_NO_MEMORY, "encoding a delta");
+    w->oom = 1;
+    return NULL;
 }
+
+static refit_status_t encode(unsigned char *upd, const void *base, const void *cur, uint64_t nbytes,
+                             uint64_t base_version, uint64_t version, const refit_delta_params_t *params, void **out,
+                             size_t *len)
+{
+    if (!base || !cur || !out || !len || (nbytes & 1))
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_encode: NULL argument or odd size");
+    refit_delta_format_t fmt = params ? params->format : REFIT_DELTA_SPARSE;
+    uint32_t bb = params && params->block_bytes ? params->block_bytes : 64;
+    if (fmt == REFIT_DELTA_BLOCKS && ((bb & 1) || CB % bb))
+        return refit_error(REFIT_ERR_INVALID_ARG, "block_bytes %u must be even and divide %llu", bb,
+                           (unsigned long long)CB);
+    uint64_t nchunks = (nbytes + CB - 1) / CB, tb = HDR + nchunks * ENTRY;
+    unsigned nt = params && params->threads ? params->threads : 1;
+    if (nt > 64) nt = 64;
+    if (nt > nchunks) nt = nchunks ? (unsigned)nchunks : 1;
+    unsigned char *hdr = calloc(1, tb);
+    erange_t *w = calloc(nt, sizeof(*w));
+    refit_status_t st = REFIT_OK;
+    if (!hdr || !w) goto oom;
+    for (unsigned t = 0; t < nt; t++)
+        w[t] = (erange_t){.upd = upd, .a = base, .b = cur, .nbytes = nbytes, .c0 = nchunks * t / nt,
+                          .c1 = nchunks * (t + 1) / nt, .fmt = fmt, .bb = bb, .tab = hdr + HDR};
+    pthread_t tid[64];
+    unsigned started = 0;
+    for (unsigned t = 1; t < nt; t++)
+        if (!pthread_create(&tid[t], NULL, encode_range, &w[t])) started = t;
+        else break;
+    for (unsigned t = started + 1; t < nt; t++) encode_range(&w[t]); /* threads that did not start */
+    encode_range(&w[0]);
+    for (unsigned t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+    uint64_t total = tb, changed = 0;
+    for (unsigned t = 0; t < nt; t++) {
+        if (w[t].oom) goto oom;
+        total += w[t].o.len;
+        changed += w[t].changed;
+    }
+    unsigned char *o = realloc(hdr, total ? total : 1);
+    if (!o) goto oom;
+    hdr = o;
+    uint64_t at = tb;
+    for (unsigned t = 0; t < nt; t++) {
+        for (uint64_t c = w[t].c0; c < w[t].c1; c++) {
+            unsigned char *e = o + HDR + c * ENTRY;
+            if (rd32(e + 12) != K_NONE) wr64(e, rd64(e) + at);
+        }
+        if (w[t].o.len) memcpy(o + at, w[t].o.p, w[t].o.len);
+        at += w[t].o.len;
+    }
+    wr32(o, MAGIC);
+    wr32(o + 4, (uint32_t)fmt);
+    wr32(o + 8, bb);
+    wr32(o + 12, 2);
+    wr64(o + 16, base_version);
+    wr64(o + 24, version);
+    wr64(o + 32, nbytes);
+    wr64(o + 40, nchunks);
+    wr64(o + 48, changed);
+    wr64(o + 56, total);
+    *out = o;
+    *len = total;
+    hdr = NULL;
+    goto done;
+oom:
+    st = refit_error(REFIT_ERR_NO_MEMORY, "encoding a delta");
+done:
+    for (unsigned t = 0; w && t < nt; t++) free(w[t].o.p);
+    free(w);
+    free(hdr);
+    return st;
+}
+
+refit_status_t refit_delta_encode(const void *base, const void *cur, uint64_t nbytes, uint64_t base_version,
+                                  uint64_t version, const refit_delta_params_t *params, void **out, size_t *len)
+{
+    return encode(NULL, base, cur, nbytes, base_version, version, params, out, len);
+}
+
+uint64_t refit_delta_table_bytes(uint64_t region_bytes) { return HDR + (region_bytes + CB - 1) / CB * ENTRY; }
 
 static uint64_t payload_len(const unsigned char *p, uint64_t c, uint32_t kind, uint32_t count)
 {
@@ -669,20 +746,27 @@ refit_status_t refit_delta_encoder_publish(refit_delta_encoder_t *e, const void 
         deltas[r] = NULL;
         lens[r] = 0;
     }
-    if (e->version) {
-        for (uint32_t r = 0; r < e->n; r++) {
-            refit_status_t st =
-                refit_delta_encode(e->copies[r], bases[r], e->sizes[r], e->version, version, &e->params, &deltas[r], &lens[r]);
-            if (st) {
-                for (uint32_t k = 0; k < r; k++) {
-                    free(deltas[k]);
-                    deltas[k] = NULL;
-                }
-                return st;
+    if (!e->version) {
+        for (uint32_t r = 0; r < e->n; r++) memcpy(e->copies[r], bases[r], e->sizes[r]);
+        e->version = version;
+        return REFIT_OK;
+    }
+    /* Each region's encoding also brings its copy up to date (only the changed
+     * bytes are written); a failure part-way leaves copies of two versions,
+     * so the encoder starts over (the next publish yields no delta). */
+    for (uint32_t r = 0; r < e->n; r++) {
+        refit_status_t st = encode(e->copies[r], e->copies[r], bases[r], e->sizes[r], e->version, version, &e->params,
+                                   &deltas[r], &lens[r]);
+        if (st) {
+            for (uint32_t k = 0; k < r; k++) {
+                free(deltas[k]);
+                deltas[k] = NULL;
+                lens[k] = 0;
             }
+            e->version = 0;
+            return st;
         }
     }
-    for (uint32_t r = 0; r < e->n; r++) memcpy(e->copies[r], bases[r], e->sizes[r]);
     e->version = version;
     return REFIT_OK;
 }

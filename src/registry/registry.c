@@ -28,7 +28,7 @@
  *   24 incarnation u64            20 reserved u32 = 0
  *   32 buffer u32                 24 host char[64], NUL-terminated, NUL-padded
  *   36 flags u32                  88 checksum u64
- *   40 digest u64
+ *   40 delta_base u64
  *   48 checksum u64
  *
  * checksum = refit_hash64(bytes before it, seed).  Anything else (length,
@@ -159,7 +159,7 @@ static void encode_record(uint8_t p[REC_SIZE], const refit_version_record_t *rec
     refit_put_le(p + 24, rec->incarnation, 8);
     refit_put_le(p + 32, rec->buffer, 4);
     refit_put_le(p + 36, rec->flags, 4);
-    refit_put_le(p + 40, rec->digest, 8);
+    refit_put_le(p + 40, rec->delta_base, 8);
     seal(p, REC_MAGIC, REC_SIZE, REC_SEED);
 }
 
@@ -174,7 +174,7 @@ static refit_status_t decode_record(const void *buf, size_t len, const char *key
         .incarnation = refit_get_le(p + 24, 8),
         .buffer = (uint32_t)refit_get_le(p + 32, 4),
         .flags = (uint32_t)refit_get_le(p + 36, 4),
-        .digest = refit_get_le(p + 40, 8),
+        .delta_base = refit_get_le(p + 40, 8),
     };
     *out = rec;
     return REFIT_OK;

@@ -65,7 +65,7 @@ typedef struct {
     uint64_t incarnation; /* of the publisher that published it */
     uint32_t buffer;      /* snapshot buffer index (0 in in-place mode) */
     uint32_t flags;
-    uint64_t digest;      /* optional content digest (0: none) */
+    uint64_t delta_base;  /* the publisher also offers a delta from this version (0: none) */
 } refit_version_record_t;
 
 /* Rank publishes a version record (replacing its previous one) and notifies waiters. */

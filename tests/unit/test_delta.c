@@ -94,7 +94,7 @@ static void run_versions(refit_delta_format_t fmt, double frac)
 {
     pair_t p;
     pair_make(&p);
-    refit_delta_params_t dp = {fmt, 64};
+    refit_delta_params_t dp = {fmt, 64, 3}; /* three encoding threads, copies updated in the same pass */
     refit_delta_encoder_t *enc[2];
     for (int i = 0; i < 2; i++) {
         uint64_t sz = refit_manifest_region_size(p.src[i], 0);
@@ -261,10 +261,17 @@ static void odd_regions(void **state)
     }
     memset(v2 + CHUNK_BYTES, 0x5a, 60000); /* much of chunk 1 changes: a dense chunk or blocks */
     for (int f = 0; f < 3; f++) {
-        refit_delta_params_t dp = {f ? REFIT_DELTA_BLOCKS : REFIT_DELTA_SPARSE, f == 2 ? 512 : 64};
-        void *d;
-        size_t len;
+        refit_delta_params_t dp = {f ? REFIT_DELTA_BLOCKS : REFIT_DELTA_SPARSE, f == 2 ? 512 : 64, 1};
+        void *d, *d4;
+        size_t len, len4;
         REFIT_ASSERT_OK(refit_delta_encode(v1, v2, sbytes, 1, 2, &dp, &d, &len));
+        /* Threads split the chunks; the encoding is the same byte for byte. */
+        dp.threads = 4;
+        REFIT_ASSERT_OK(refit_delta_encode(v1, v2, sbytes, 1, 2, &dp, &d4, &len4));
+        assert_int_equal(len4, len);
+        assert_memory_equal(d4, d, len);
+        free(d4);
+        assert_int_equal(refit_delta_header_bytes(d, len), refit_delta_table_bytes(sbytes));
         refit_delta_index_t *ix;
         REFIT_ASSERT_OK(refit_delta_index_create(&plan, 0, 0, sbytes, &ix));
         for (int v = 1; v <= 2; v++)

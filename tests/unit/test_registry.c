@@ -230,7 +230,7 @@ static void test_heartbeat(void **state)
 static refit_version_record_t rec_of(uint64_t v, uint32_t rank)
 {
     refit_version_record_t rec = {.version = v, .signature = 0xabcdef0123456789ULL ^ rank, .incarnation = 77 + rank,
-                                  .buffer = rank & 1, .flags = 0x80000001u, .digest = v * 1000 + rank};
+                                  .buffer = rank & 1, .flags = 0x80000001u, .delta_base = v * 1000 + rank};
     return rec;
 }
 
@@ -262,7 +262,7 @@ static void test_records(void **state)
     REFIT_ASSERT_OK(refit_registry_publish(r, "g", 2, &rec));
     REFIT_ASSERT_OK(refit_registry_records(r, "g", W, recs, present));
     assert_int_equal(recs[2].version, 11);
-    assert_int_equal(recs[2].digest, 11002);
+    assert_int_equal(recs[2].delta_base, 11002);
     assert_int_equal(recs[0].version, 10);
     /* Other groups are separate. */
     REFIT_ASSERT_OK(refit_registry_records(r, "h", W, recs, present));
