@@ -46,8 +46,9 @@ typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_
 /* Registry URL used when params leave it NULL: $REFIT_REGISTRY, else "file:/tmp/refit-registry". */
 REFIT_API const char *refit_default_registry(void);
 
-/* Version 2 added `device`; version-1 callers get host memory. */
-#define REFIT_PUBLISHER_PARAMS_VERSION 2
+/* Version 2 added `device`; version-1 callers get host memory.  Version 3
+ * added delta refit (delta .. delta_threads); older callers publish in full. */
+#define REFIT_PUBLISHER_PARAMS_VERSION 3
 typedef struct {
     unsigned version;              /* REFIT_PUBLISHER_PARAMS_VERSION */
     const char *registry;          /* "file:DIR" or "redis://HOST:PORT"; NULL: refit_default_registry() */
@@ -60,8 +61,21 @@ typedef struct {
     uint32_t dead_ms;              /* a rank silent this long is dead; 0: 2000 */
     int device;                    /* CUDA device of the memory (refit_publisher_alloc allocates there
                                       through a GPU transport: cuda_ipc), -1: host memory */
+    /* Delta refit (host memory).  The publisher keeps a copy of what it last
+     * published (one more copy of its regions) and, with each version, the
+     * difference from the previous one in its own byte coordinates (sparse
+     * 2-byte units, or whole chunks where denser: refit/delta.h), exposed
+     * like its memory.  A receiver whose memory holds exactly the previous
+     * version (same publisher incarnation) fetches the parts of the delta its
+     * plan reads and applies them in place; any other receiver pulls in full. */
+    bool delta;
+    uint32_t delta_max_pct;        /* a version whose delta exceeds this share of a region's bytes is offered
+                                      in full only; 0: 10 (sparse costs 4 bytes per changed 2-byte unit, so
+                                      10% holds up to about 5% of elements changed) */
+    unsigned delta_threads;        /* encoding threads at publish; 0: 4, at most one per CPU */
 } refit_publisher_params_t;
-#define REFIT_PUBLISHER_PARAMS_INIT {REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0, -1}
+#define REFIT_PUBLISHER_PARAMS_INIT \
+    {REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0, -1, false, 0, 0}
 
 /* Creates a publisher for the rank `manifest` describes (finalized).  On
  * success the publisher owns the manifest.  Opens the registry (errors as
@@ -83,6 +97,15 @@ REFIT_API refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t 
 /* In-place mode: retires `version` and waits until no reader holds it.
  * REFIT_ERR_TIMEOUT (with the number of readers) after timeout_ms. */
 REFIT_API refit_status_t refit_publisher_wait_readers(refit_publisher_t *p, uint64_t version, int timeout_ms);
+/* What the last publish offered as a delta (delta mode). */
+typedef struct {
+    uint64_t version, base_version; /* base_version 0: no delta offered (first version, too large, failed) */
+    uint64_t bytes;                 /* encoded bytes over every region */
+    uint64_t region_bytes;          /* the regions' bytes */
+    uint64_t changed_units;         /* 2-byte units that differ from the base */
+    double encode_ms;               /* wall time spent encoding inside publish */
+} refit_publish_delta_t;
+REFIT_API refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publish_delta_t *out);
 /* Waits until `n` distinct receivers reported committing `version` (or a
  * later one).  For drivers that want every receiver to see every version. */
 REFIT_API refit_status_t refit_publisher_wait_acks(refit_publisher_t *p, uint64_t version, uint32_t n, int timeout_ms);
@@ -93,8 +116,9 @@ typedef enum { REFIT_VERIFY_NONE = 0, REFIT_VERIFY_TRUTH = 1 } refit_verify_mode
 
 /* Version 2 added `device`; version-1 callers get host memory.  Version 3
  * added the fleet fields (relay_slot .. relay_heartbeat_ms); older callers
- * get no relay, no reader limit, default chunks. */
-#define REFIT_RECEIVER_PARAMS_VERSION 3
+ * get no relay, no reader limit, default chunks.  Version 4 added
+ * `no_delta` and `truth_fraction`; older callers take deltas where offered. */
+#define REFIT_RECEIVER_PARAMS_VERSION 4
 typedef struct {
     unsigned version;              /* REFIT_RECEIVER_PARAMS_VERSION */
     const char *registry, *job, *group; /* as for publishers */
@@ -120,8 +144,18 @@ typedef struct {
                                       only while no relay holds the version (a tree); 0: no limit */
     uint32_t chunk_kb;             /* chunk size for fleet transfers; 0: 2048 */
     uint32_t relay_heartbeat_ms;   /* the relay's heartbeat (dead after 4x); 0: 200 */
+    /* Delta refit (host memory): when every source this receiver reads
+     * offers a delta whose base is the version this memory holds, the pull
+     * fetches only the delta chunks its plan reads and applies them in place
+     * (bit-exact; padding is untouched).  Any failure on that path falls back
+     * to a full pull within the same call.  true: always pull in full. */
+    bool no_delta;
+    double truth_fraction;         /* REFIT_VERIFY_TRUTH against refit_truth_fill_delta(fraction): the share of
+                                      elements that change per version (host memory); 0: 1 (every element,
+                                      refit_truth_fill) */
 } refit_receiver_params_t;
-#define REFIT_RECEIVER_PARAMS_INIT {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0}
+#define REFIT_RECEIVER_PARAMS_INIT \
+    {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0, false, 0}
 
 REFIT_API refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *manifest,
                                                refit_receiver_t **out);
@@ -148,6 +182,9 @@ typedef struct {
                                 round that found the version, and the end of the transfer
                                 (data in place, before verification) */
     double transfer_begin_s; /* the same clock: when the transfer (connect included) began */
+    uint64_t delta_base;     /* a delta from this version was applied (0: a full pull); `bytes` are its bytes */
+    uint64_t delta_units;    /* 2-byte units the delta changed in this receiver's memory (dense chunks:
+                                every unit they cover) */
 } refit_pull_report_t;
 
 /* Pulls `version` (or the newest complete version newer than the committed

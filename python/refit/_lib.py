@@ -43,7 +43,8 @@ class PullReportC(C.Structure):
                 ("plan_ms", C.c_double), ("transfer_ms", C.c_double), ("verify_ms", C.c_double),
                 ("total_ms", C.c_double), ("transport", C.c_char * 32), ("lanes", C.c_char * 256),
                 ("requests", C.c_uint64), ("launches", C.c_uint64), ("connect_ms", C.c_double),
-                ("begin_s", C.c_double), ("end_s", C.c_double), ("transfer_begin_s", C.c_double)]
+                ("begin_s", C.c_double), ("end_s", C.c_double), ("transfer_begin_s", C.c_double),
+                ("delta_base", C.c_uint64), ("delta_units", C.c_uint64)]
 
 
 class PlanParams(C.Structure):

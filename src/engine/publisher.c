@@ -2,15 +2,26 @@
  * transport (descriptors go into the manifest's attributes), stores the
  * manifest and starts the heartbeat; each publish then writes one small
  * version record.  In snapshot mode two staging arenas alternate, and one is
- * reused only after the readers of the version it held are done. */
+ * reused only after the readers of the version it held are done.
+ *
+ * Delta mode: each buffer also has one delta arena per region, exposed as
+ * region nregions + r (attribute "refit.delta" holds nregions).  publish(v)
+ * encodes v against the kept copy of the previous version into the arenas of
+ * v's buffer and names that base in v's record (delta_base); a delta that
+ * does not fit its arena is not offered.  The arenas of a buffer are
+ * rewritten only when its memory is (in-place: after the caller waited for
+ * the readers; snapshot: after wait_leases on the version it held), so a
+ * reader never sees a delta change under it without the record changing. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "refit/delta.h"
 
 #define NBUF_SNAPSHOT 2
 
@@ -32,6 +43,11 @@ struct refit_publisher {
     uint64_t last_version;
     void *enc;              /* the encoded manifest, kept to re-announce */
     size_t enc_len;
+    refit_delta_encoder_t *denc;    /* delta mode */
+    void *darena[NBUF_SNAPSHOT][64]; /* delta arenas, per buffer and region */
+    int darena_owner[NBUF_SNAPSHOT][64];
+    uint64_t dcap[64];
+    refit_publish_delta_t last_delta;
     refit_version_record_t last_rec; /* under lock */
     bool have_rec;
     /* heartbeat thread */
@@ -57,9 +73,11 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     refit_publisher_t *p = calloc(1, sizeof(*p));
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "publisher");
     p->params = defaults;
-    if (params) /* version 1 ends before `device` */
+    if (params) /* version 1 ends before `device`, version 2 before `delta` */
         memcpy(&p->params, params,
-               params->version == 1 ? offsetof(refit_publisher_params_t, device) : sizeof(refit_publisher_params_t));
+               params->version == 1   ? offsetof(refit_publisher_params_t, device)
+               : params->version == 2 ? offsetof(refit_publisher_params_t, delta)
+                                      : sizeof(refit_publisher_params_t));
     p->params.version = REFIT_PUBLISHER_PARAMS_VERSION;
 #ifndef REFIT_HAVE_CUDA
     if (p->params.device >= 0) {
@@ -68,6 +86,17 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
         return refit_error(REFIT_ERR_UNSUPPORTED, "GPU memory (device %d) needs a refit built with CUDA", dev);
     }
 #endif
+    if (p->params.delta && p->params.device >= 0) {
+        int dev = p->params.device;
+        free(p);
+        return refit_error(REFIT_ERR_UNSUPPORTED, "delta refit needs host memory; this publisher's is on GPU %d", dev);
+    }
+    if (!p->params.delta_max_pct) p->params.delta_max_pct = 10;
+    if (p->params.delta_max_pct > 100) p->params.delta_max_pct = 100;
+    if (!p->params.delta_threads) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        p->params.delta_threads = ncpu > 0 && ncpu < 4 ? (unsigned)ncpu : 4;
+    }
     if (!p->params.heartbeat_ms) p->params.heartbeat_ms = 200;
     if (!p->params.dead_ms) p->params.dead_ms = 2000;
     if (p->params.dead_ms < 2 * p->params.heartbeat_ms) p->params.dead_ms = 2 * p->params.heartbeat_ms;
@@ -96,6 +125,16 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     if ((st = refit_registry_open(or_default(p->params.registry, refit_default_registry()),
                                   or_default(p->params.job, "default"), &p->reg)))
         goto err;
+    if (p->params.delta) {
+        refit_delta_params_t dp = {REFIT_DELTA_SPARSE, 0, p->params.delta_threads};
+        if ((st = refit_delta_encoder_create(m->regions.data, p->nregions, &dp, &p->denc))) {
+            refit_error_prefix("delta refit for rank %u", m->rank);
+            goto err;
+        }
+        for (uint32_t r = 0; r < p->nregions; r++)
+            p->dcap[r] = (refit_delta_table_bytes(m->regions.data[r]) +
+                          m->regions.data[r] / 100 * p->params.delta_max_pct + 4095) & ~(uint64_t)4095;
+    }
     p->info.incarnation = refit_random_u64();
     p->info.pid = (uint32_t)getpid();
     refit_hostname(p->info.host, sizeof(p->info.host));
@@ -218,6 +257,10 @@ static refit_status_t announce(refit_publisher_t *p)
             if (!p->stage[b][r] &&
                 (st = alloc_with(p, p->m->regions.data[r], &p->stage[b][r], &p->stage_owner[b][r])))
                 return st;
+    for (uint32_t b = 0; b < nbuf && p->denc; b++)
+        for (uint32_t r = 0; r < p->nregions; r++)
+            if (!p->darena[b][r] && (st = alloc_with(p, p->dcap[r], &p->darena[b][r], &p->darena_owner[b][r])))
+                return st;
     uint32_t exposing = 0;
     for (uint32_t t = 0; t < p->ts.n; t++)
         exposing += can_expose(p, t);
@@ -236,7 +279,14 @@ static refit_status_t announce(refit_publisher_t *p)
                 st = refit_manifest_set_attr(p->m, key, desc, len);
                 free(desc);
                 if (st) return st;
+                if (!p->denc) continue;
+                if ((st = p->ts.ops[t]->expose(p->ts.ctx[t], p->darena[b][r], p->dcap[r], &desc, &len))) return st;
+                refit_desc_key(key, sizeof(key), p->ts.ops[t]->name, p->nregions + r, b);
+                st = refit_manifest_set_attr(p->m, key, desc, len);
+                free(desc);
+                if (st) return st;
             }
+    if (p->denc && (st = refit_manifest_set_attr(p->m, "refit.delta", &p->nregions, sizeof(p->nregions)))) return st;
     uint32_t nb = nbuf;
     if ((st = refit_manifest_set_attr(p->m, "refit.buffers", &nb, sizeof(nb)))) return st;
     if ((st = refit_manifest_encode(p->m, &enc, &enc_len))) return st;
@@ -271,6 +321,77 @@ static refit_status_t wait_leases(refit_publisher_t *p, uint64_t version, int ti
     }
 }
 
+/* Fault injection for the test suite: swaps the first two indices of every
+ * sparse chunk in buffer b's arenas, which a receiver must refuse while
+ * applying (indices must ascend) and then pull in full. */
+static void corrupt_for_test(refit_publisher_t *p, uint32_t b)
+{
+    for (uint32_t r = 0; r < p->nregions; r++) {
+        unsigned char *a = p->darena[b][r];
+        uint64_t nch = (refit_delta_table_bytes(p->m->regions.data[r]) - 64) / 16;
+        for (uint64_t c = 0; c < nch; c++) {
+            unsigned char *e = a + 64 + c * 16;
+            uint64_t off;
+            uint32_t count, kind;
+            memcpy(&off, e, 8);
+            memcpy(&count, e + 8, 4);
+            memcpy(&kind, e + 12, 4);
+            if (kind != 1 || count < 2) continue; /* sparse, two changes at least */
+            uint16_t i0, i1;
+            memcpy(&i0, a + off, 2);
+            memcpy(&i1, a + off + 2, 2);
+            memcpy(a + off, &i1, 2);
+            memcpy(a + off + 2, &i0, 2);
+        }
+    }
+}
+
+/* Encodes `version` (in p->mem) against the kept copy into buffer b's delta
+ * arenas; returns the base it offers (0: none). */
+static uint64_t offer_delta(refit_publisher_t *p, uint32_t b, uint64_t version)
+{
+    uint64_t base = refit_delta_encoder_version(p->denc);
+    void *deltas[64] = {0};
+    size_t lens[64] = {0};
+    refit_publish_delta_t *ld = &p->last_delta;
+    memset(ld, 0, sizeof(*ld));
+    ld->version = version;
+    double t0 = refit_now();
+    /* The arenas' old deltas name another version: they stop passing as this one's. */
+    for (uint32_t r = 0; r < p->nregions; r++) memset(p->darena[b][r], 0, 64);
+    refit_status_t st = refit_delta_encoder_publish(p->denc, (const void *const *)p->mem, version, deltas, lens);
+    bool fits = !st && base;
+    for (uint32_t r = 0; r < p->nregions; r++) {
+        fits = fits && deltas[r] && lens[r] <= p->dcap[r];
+        ld->bytes += lens[r];
+        ld->region_bytes += p->m->regions.data[r];
+        refit_delta_info_t info;
+        if (deltas[r] && !refit_delta_info(deltas[r], lens[r], &info)) ld->changed_units += info.changed_units;
+    }
+    /* Payloads first, headers last: a header names the version only once its bytes are in place. */
+    for (uint32_t r = 0; r < p->nregions && fits; r++)
+        memcpy((char *)p->darena[b][r] + 64, (char *)deltas[r] + 64, lens[r] - 64);
+    if (fits && getenv("REFIT_TEST_CORRUPT_DELTA")) corrupt_for_test(p, b);
+    for (uint32_t r = 0; r < p->nregions && fits; r++) memcpy(p->darena[b][r], deltas[r], 64);
+    for (uint32_t r = 0; r < p->nregions; r++) free(deltas[r]);
+    ld->encode_ms = (refit_now() - t0) * 1e3;
+    if (st) refit_log(REFIT_LOG_WARN, "rank %u: version %" PRIu64 " is offered in full only: %s", p->m->rank, version,
+                      refit_last_error());
+    else if (base && !fits)
+        refit_log(REFIT_LOG_INFO, "rank %u: the delta of version %" PRIu64 " (%" PRIu64 " bytes) exceeds %u%% of the "
+                  "regions; offered in full only", p->m->rank, version, ld->bytes, p->params.delta_max_pct);
+    ld->base_version = fits ? base : 0;
+    return ld->base_version;
+}
+
+refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publish_delta_t *out)
+{
+    if (!p || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_last_delta: NULL argument");
+    if (!p->denc) return refit_error(REFIT_ERR_INVALID_ARG, "this publisher was not created with delta");
+    *out = p->last_delta;
+    return REFIT_OK;
+}
+
 refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
 {
     refit_status_t st;
@@ -298,6 +419,7 @@ refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
         p->next_buffer = (b + 1) % NBUF_SNAPSHOT;
         rec.buffer = b;
     }
+    if (p->denc) rec.delta_base = offer_delta(p, rec.buffer, version);
     pthread_mutex_lock(&p->lock);
     p->last_rec = rec;
     p->have_rec = true;
@@ -345,8 +467,11 @@ void refit_publisher_destroy(refit_publisher_t *p)
     }
     if (p->reg && p->announced) refit_registry_remove_source(p->reg, p->group, p->m->rank);
     for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++)
-        for (uint32_t r = 0; r < p->nregions && r < 64; r++)
+        for (uint32_t r = 0; r < p->nregions && r < 64; r++) {
             free_with(p, p->stage[b][r], p->m->regions.data[r], p->stage_owner[b][r]);
+            free_with(p, p->darena[b][r], p->dcap[r], p->darena_owner[b][r]);
+        }
+    refit_delta_encoder_destroy(p->denc);
     /* Memory from refit_publisher_alloc is ours; attached memory is the caller's. */
     for (uint32_t r = 0; p->m && p->mem && p->mem_owner && r < p->nregions; r++)
         if (p->mem_owner[r] != -2) free_with(p, p->mem[r], p->m->regions.data[r], p->mem_owner[r]);

@@ -18,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "engine/relay.h"
+#include "refit/delta.h"
 
 #define PLAN_CACHE 4
 #define MAX_BUFFERS 2
@@ -30,10 +31,21 @@ typedef struct {
     refit_peer_t *peer[REFIT_MAX_TRANSPORTS][MAX_BUFFERS]; /* connected peers */
 } source_t;
 
+/* Delta refit: one source region the plan reads, its delta index (built
+ * once per plan) and the buffer its deltas are fetched into. */
+typedef struct {
+    uint32_t src, region;
+    refit_delta_index_t *ix;
+    unsigned char *wire;
+    uint64_t cap;
+} delta_src_t;
+
 typedef struct {
     refit_plan_key_t key;
     refit_plan_t *plan;
     uint64_t last_used;
+    delta_src_t *dsrc; /* NULL until the first delta pull with this plan */
+    uint32_t ndsrc;
 } cached_plan_t;
 
 struct refit_receiver {
@@ -51,6 +63,7 @@ struct refit_receiver {
     cached_plan_t plans[PLAN_CACHE];
     uint64_t uses;
     uint64_t committed;
+    uint64_t *committed_inc; /* per source rank: its incarnation when `committed` was pulled */
     bool usable;
     /* during a pull */
     uint64_t lease_version;
@@ -80,6 +93,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
         memcpy(&r->params, params,
                params->version == 1   ? offsetof(refit_receiver_params_t, device)
                : params->version == 2 ? offsetof(refit_receiver_params_t, relay_slot)
+               : params->version == 3 ? offsetof(refit_receiver_params_t, no_delta)
                                       : sizeof(refit_receiver_params_t));
     r->params.version = REFIT_RECEIVER_PARAMS_VERSION;
 #ifndef REFIT_HAVE_CUDA
@@ -89,6 +103,11 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
         return refit_error(REFIT_ERR_UNSUPPORTED, "GPU memory (device %d) needs a refit built with CUDA", dev);
     }
 #endif
+    if (!(r->params.truth_fraction > 0 && r->params.truth_fraction < 1)) r->params.truth_fraction = 1;
+    if (r->params.truth_fraction < 1 && r->params.device >= 0) {
+        free(r);
+        return refit_error(REFIT_ERR_UNSUPPORTED, "truth_fraction below 1 is verified on host memory only");
+    }
     if (!r->params.lease_ms) r->params.lease_ms = 10000;
     snprintf(r->group, sizeof(r->group), "%s", or_default(r->params.group, "trainer"));
     if (r->params.reader && r->params.reader[0]) {
@@ -182,12 +201,20 @@ static void drop_source(refit_receiver_t *r, source_t *s)
     s->transport = -1;
 }
 
+static void drop_plan(cached_plan_t *cp)
+{
+    for (uint32_t i = 0; i < cp->ndsrc; i++) {
+        refit_delta_index_destroy(cp->dsrc[i].ix);
+        free(cp->dsrc[i].wire);
+    }
+    free(cp->dsrc);
+    refit_plan_destroy(cp->plan);
+    memset(cp, 0, sizeof(*cp));
+}
+
 static void drop_plans(refit_receiver_t *r)
 {
-    for (int i = 0; i < PLAN_CACHE; i++) {
-        refit_plan_destroy(r->plans[i].plan);
-        memset(&r->plans[i], 0, sizeof(r->plans[i]));
-    }
+    for (int i = 0; i < PLAN_CACHE; i++) drop_plan(&r->plans[i]);
 }
 
 void refit_receiver_destroy(refit_receiver_t *r)
@@ -197,6 +224,7 @@ void refit_receiver_destroy(refit_receiver_t *r)
     free(r->holders);
     for (uint32_t k = 0; r->src && k < r->world; k++) drop_source(r, &r->src[k]);
     free(r->src);
+    free(r->committed_inc);
     drop_plans(r);
     refit_tset_close(&r->ts);
     refit_registry_close(r->reg);
@@ -258,7 +286,12 @@ static refit_status_t learn_world(refit_receiver_t *r)
     }
     r->world = m0->world;
     r->src = calloc(r->world, sizeof(source_t));
-    if (!r->src) {
+    r->committed_inc = calloc(r->world, sizeof(uint64_t));
+    if (!r->src || !r->committed_inc) {
+        free(r->src);
+        free(r->committed_inc);
+        r->src = NULL;
+        r->committed_inc = NULL;
         refit_manifest_destroy(m0);
         r->world = 0;
         return refit_error(REFIT_ERR_NO_MEMORY, "receiver sources");
@@ -310,23 +343,35 @@ static refit_status_t tick(void *user)
     return refit_registry_lease_acquire(r->reg, r->group, r->lease_version, r->reader, r->params.lease_ms);
 }
 
-static refit_plan_t *find_plan(refit_receiver_t *r, const refit_plan_key_t *key)
+static cached_plan_t *find_plan(refit_receiver_t *r, const refit_plan_key_t *key)
 {
     for (int i = 0; i < PLAN_CACHE; i++)
         if (r->plans[i].plan && r->plans[i].key.src == key->src && r->plans[i].key.dst == key->dst) {
             r->plans[i].last_used = ++r->uses;
-            return r->plans[i].plan;
+            return &r->plans[i];
         }
     return NULL;
 }
 
-static void keep_plan(refit_receiver_t *r, const refit_plan_key_t *key, refit_plan_t *plan)
+static cached_plan_t *keep_plan(refit_receiver_t *r, const refit_plan_key_t *key, refit_plan_t *plan)
 {
     int victim = 0;
     for (int i = 1; i < PLAN_CACHE; i++)
         if (r->plans[i].last_used < r->plans[victim].last_used) victim = i;
-    refit_plan_destroy(r->plans[victim].plan);
-    r->plans[victim] = (cached_plan_t){*key, plan, ++r->uses};
+    drop_plan(&r->plans[victim]);
+    r->plans[victim] = (cached_plan_t){.key = *key, .plan = plan, .last_used = ++r->uses};
+    return &r->plans[victim];
+}
+
+/* The number of delta arenas a source manifest exposes (0: none). */
+static uint32_t delta_regions(const refit_manifest_t *m)
+{
+    const void *v;
+    size_t len;
+    uint32_t n;
+    if (refit_manifest_get_attr(m, "refit.delta", &v, &len) || len != sizeof(n)) return 0;
+    memcpy(&n, v, sizeof(n));
+    return n == m->regions.len ? n : 0;
 }
 
 /* Connects source k for buffer b through the first transport that works. */
@@ -336,6 +381,7 @@ static refit_status_t connect_source(refit_receiver_t *r, uint32_t k, uint32_t b
     refit_status_t st = REFIT_OK, first = REFIT_OK;
     char first_detail[512] = "";
     uint32_t n = (uint32_t)s->m->regions.len;
+    n += delta_regions(s->m); /* a delta publisher's arenas follow its regions */
     for (uint32_t t = 0; t < r->ts.n; t++) {
         if (s->peer[t][b]) {
             *tidx = (int)t;
@@ -515,6 +561,366 @@ size_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *ou
     return r->nholders;
 }
 
+/* ---- delta path (host memory) ---------------------------------------------- */
+
+/* Whether every source the plan reads offers a delta from exactly what this
+ * memory holds: the committed version, from the same publisher incarnation
+ * (a restarted trainer may publish a version number again with other bytes). */
+static bool delta_eligible(const refit_receiver_t *r, const snapshot_t *s, uint64_t v, const refit_plan_t *plan)
+{
+    if (r->params.no_delta || r->params.device >= 0 || !r->committed || !r->usable || v <= r->committed) return false;
+    bool any = false;
+    for (uint32_t k = 0; k < r->world; k++) {
+        if (!refit_plan_source_bytes(plan, k)) continue;
+        if (s->recs[k].delta_base != r->committed || s->recs[k].incarnation != r->committed_inc[k] ||
+            !r->src[k].m || !delta_regions(r->src[k].m))
+            return false;
+        any = true;
+    }
+    return any;
+}
+
+/* The source regions the plan reads, each with its delta index (once per plan). */
+static refit_status_t delta_sources(refit_receiver_t *r, cached_plan_t *cp)
+{
+    if (cp->dsrc) return REFIT_OK;
+    size_t n;
+    const refit_plan_region_t *regs = refit_plan_regions(cp->plan, &n);
+    delta_src_t *d = NULL;
+    uint32_t nd = 0;
+    refit_status_t st = REFIT_OK;
+    for (size_t i = 0; i < n && !st; i++) {
+        uint32_t j = 0;
+        while (j < nd && (d[j].src != regs[i].src || d[j].region != regs[i].src_region)) j++;
+        if (j < nd) continue;
+        delta_src_t *g = realloc(d, (nd + 1) * sizeof(*d));
+        if (!g) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "delta indices");
+            break;
+        }
+        d = g;
+        d[nd] = (delta_src_t){.src = regs[i].src, .region = regs[i].src_region};
+        const refit_manifest_t *m = r->src[regs[i].src].m;
+        if (!m || regs[i].src_region >= m->regions.len)
+            st = refit_error(REFIT_ERR_INTERNAL, "the plan reads region %u of source %u, which has no manifest",
+                             regs[i].src_region, regs[i].src);
+        else
+            st = refit_delta_index_create(cp->plan, regs[i].src, regs[i].src_region, m->regions.data[regs[i].src_region],
+                                          &d[nd].ix);
+        nd++;
+    }
+    if (st) {
+        for (uint32_t j = 0; j < nd; j++) refit_delta_index_destroy(d[j].ix);
+        free(d);
+        return st;
+    }
+    cp->dsrc = d;
+    cp->ndsrc = nd;
+    return REFIT_OK;
+}
+
+/* Reads n byte ranges of sources' memory: regs[i] reads from source regs[i].src
+ * (its region regs[i].src_region) into bufs[regs[i].dst_region], one
+ * transport pull per transport. */
+static refit_status_t raw_pull(refit_receiver_t *r, const snapshot_t *s, const int *tix, refit_plan_region_t *regs,
+                               size_t n, void *const *bufs, double deadline, refit_pull_report_t *rep)
+{
+    refit_status_t st = REFIT_OK;
+    uint64_t *sb = calloc(r->world, sizeof(uint64_t));
+    refit_peer_t **peers = calloc(r->world, sizeof(void *));
+    refit_plan_region_t *sub = calloc(n ? n : 1, sizeof(*sub));
+    if (!sb || !peers || !sub) st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
+    for (uint32_t t = 0; t < r->ts.n && !st; t++) {
+        size_t m = 0;
+        memset(sb, 0, r->world * sizeof(uint64_t));
+        for (uint32_t k = 0; k < r->world; k++)
+            peers[k] = tix[k] == (int)t ? r->src[k].peer[t][s->recs[k].buffer] : NULL;
+        for (size_t i = 0; i < n; i++)
+            if (peers[regs[i].src]) {
+                sub[m++] = regs[i];
+                sb[regs[i].src] += regs[i].run;
+            }
+        if (!m) continue;
+        struct refit_plan one;
+        memset(&one, 0, sizeof(one));
+        one.regions.data = sub;
+        one.regions.len = one.regions.cap = m;
+        one.src_bytes = sb;
+        one.nsrcs = r->world;
+        refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .tick = tick, .user = r};
+        refit_pull_stats_t ps = {0};
+        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, &one, bufs, &ctl, &ps))) break;
+        rep->bytes += ps.bytes;
+        rep->requests += ps.requests;
+        if (!strstr(rep->transport, r->ts.ops[t]->name)) append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
+        if (!strstr(rep->lanes, ps.lanes)) append(rep->lanes, sizeof(rep->lanes), " ", ps.lanes);
+    }
+    free(sb);
+    free(peers);
+    free(sub);
+    return st;
+}
+
+/* The delta path: fetch each source region's chunk table, check that it
+ * takes this memory from the committed version to v, fetch the payloads of
+ * the chunks the plan reads, apply them in place.  Returns before writing
+ * anything unless the deltas are all in hand and sound; an error while
+ * applying leaves the memory marked unusable (the caller then pulls in full,
+ * which rewrites every byte). */
+static refit_status_t delta_pull(refit_receiver_t *r, const snapshot_t *s, uint64_t v, cached_plan_t *cp,
+                                 double deadline, int *tix, refit_pull_report_t *rep)
+{
+    refit_status_t st;
+    double tc = refit_now();
+    if ((st = delta_sources(r, cp))) return st;
+    for (uint32_t k = 0; k < r->world; k++) tix[k] = -1;
+    rep->sources = 0;
+    for (uint32_t j = 0; j < cp->ndsrc; j++) {
+        uint32_t k = cp->dsrc[j].src;
+        if (tix[k] >= 0) continue;
+        if (s->recs[k].buffer >= MAX_BUFFERS)
+            return refit_error(REFIT_ERR_CORRUPT, "source rank %u names staging buffer %u", k, s->recs[k].buffer);
+        if ((st = connect_source(r, k, s->recs[k].buffer, &tix[k]))) return st;
+        if (!(refit_transport_caps(r->ts.ops[tix[k]]) & REFIT_TCAP_HOST_DST))
+            return refit_error(REFIT_ERR_TRANSPORT, "transport %s cannot write host memory", r->ts.ops[tix[k]]->name);
+        rep->sources++;
+    }
+    rep->connect_ms = (refit_now() - tc) * 1e3;
+    uint32_t nd = cp->ndsrc;
+    refit_plan_region_t *regs = NULL;
+    void **bufs = calloc(nd, sizeof(void *));
+    size_t nregs = 0, capregs = 0;
+    if (!bufs) return refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
+    rep->transport[0] = rep->lanes[0] = '\0';
+    /* 1. Headers and chunk tables (their size follows from the region's). */
+    for (uint32_t j = 0; j < nd; j++) {
+        delta_src_t *d = &cp->dsrc[j];
+        uint64_t rb = r->src[d->src].m->regions.data[d->region], tb = refit_delta_table_bytes(rb);
+        if (d->cap < tb) {
+            unsigned char *w = realloc(d->wire, tb);
+            if (!w) {
+                st = refit_error(REFIT_ERR_NO_MEMORY, "delta of source %u: %" PRIu64 " bytes", d->src, tb);
+                goto out;
+            }
+            d->wire = w;
+            d->cap = tb;
+        }
+        bufs[j] = d->wire;
+    }
+    if (!(regs = calloc(nd, sizeof(*regs)))) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
+        goto out;
+    }
+    for (uint32_t j = 0; j < nd; j++) {
+        delta_src_t *d = &cp->dsrc[j];
+        const refit_manifest_t *m = r->src[d->src].m;
+        regs[j] = (refit_plan_region_t){.src = d->src, .src_region = (uint32_t)m->regions.len + d->region,
+                                        .dst_region = j, .run = refit_delta_table_bytes(m->regions.data[d->region])};
+    }
+    if ((st = raw_pull(r, s, tix, regs, nd, bufs, deadline, rep))) goto out;
+    /* 2. Each must take `committed` to v, for this region's size. */
+    uint64_t *total = calloc(nd, sizeof(uint64_t));
+    if (!total) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
+        goto out;
+    }
+    for (uint32_t j = 0; j < nd && !st; j++) {
+        delta_src_t *d = &cp->dsrc[j];
+        uint64_t rb = r->src[d->src].m->regions.data[d->region], tb = refit_delta_table_bytes(rb);
+        refit_delta_info_t info;
+        if ((st = refit_delta_info(d->wire, tb, &info))) {
+            refit_error_prefix("delta of source rank %u region %u", d->src, d->region);
+            break;
+        }
+        if (info.base_version != r->committed || info.version != v || info.region_bytes != rb ||
+            info.header_bytes != tb || info.total_bytes > tb + rb) {
+            st = refit_error(REFIT_ERR_STALE,
+                             "source rank %u region %u offers a delta from %" PRIu64 " to %" PRIu64 " (%" PRIu64
+                             " bytes of %" PRIu64 "); wanted %" PRIu64 " to %" PRIu64,
+                             d->src, d->region, info.base_version, info.version, info.total_bytes, info.region_bytes,
+                             r->committed, v);
+            break;
+        }
+        total[j] = info.total_bytes;
+        if (d->cap < total[j]) {
+            unsigned char *w = realloc(d->wire, total[j]);
+            if (!w) {
+                st = refit_error(REFIT_ERR_NO_MEMORY, "delta of source %u: %" PRIu64 " bytes", d->src, total[j]);
+                break;
+            }
+            d->wire = w;
+            d->cap = total[j];
+        }
+        bufs[j] = d->wire;
+        /* 3. The payloads of the chunks the plan reads (neighbours merged). */
+        uint64_t nch;
+        const uint8_t *need = refit_delta_index_need(d->ix, &nch);
+        uint64_t lo = 0, hi = 0;
+        for (uint64_t c = 0; c <= nch && !st; c++) {
+            uint64_t off = 0, len = 0;
+            if (c < nch && need[c]) refit_delta_chunk_payload(d->wire, c, &off, &len);
+            if (len && off == hi && hi > lo) {
+                hi += len;
+                continue;
+            }
+            if (hi > lo) {
+                if (nregs == capregs) {
+                    size_t nc = capregs ? capregs * 2 : 256;
+                    refit_plan_region_t *g = realloc(regs, nc * sizeof(*regs));
+                    if (!g) {
+                        st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
+                        break;
+                    }
+                    regs = g;
+                    capregs = nc;
+                }
+                const refit_manifest_t *m = r->src[d->src].m;
+                regs[nregs++] = (refit_plan_region_t){.src = d->src, .src_region = (uint32_t)m->regions.len + d->region,
+                                                      .src_offset = lo, .dst_region = j, .dst_offset = lo,
+                                                      .run = hi - lo};
+            }
+            lo = off;
+            hi = off + len;
+        }
+    }
+    if (!st && nregs) st = raw_pull(r, s, tix, regs, nregs, bufs, deadline, rep);
+    /* 4. Apply: from here the memory holds a partial version until committed. */
+    if (!st) {
+        refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
+        r->usable = false;
+    }
+    for (uint32_t j = 0; j < nd && !st; j++) {
+        refit_delta_apply_stats_t as = {0};
+        st = refit_delta_apply_threads(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, r->mem,
+                                       r->params.threads, &as);
+        if (st) refit_error_prefix("applying the delta of source rank %u region %u", cp->dsrc[j].src, cp->dsrc[j].region);
+        rep->delta_units += as.units_written + as.bytes_written / 2;
+    }
+    free(total);
+    if (!st) {
+        rep->delta_base = r->committed;
+        append(rep->lanes, sizeof(rep->lanes), " ", "(delta)");
+    }
+out:
+    free(regs);
+    free(bufs);
+    return st;
+}
+
+/* Steps 4 and 5 of a full pull: peers for the sources the plan reads (the
+ * fleet path: every holder), then the transfer and the padding. */
+static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap, uint64_t v,
+                                    const refit_plan_t *plan, double deadline, int *tix, refit_peer_t **peers,
+                                    refit_pull_report_t *rep)
+{
+    refit_status_t st = REFIT_OK;
+    const snapshot_t s = *snap;
+    refit_fleet_holder_t *holders = NULL;
+    /* Peers for the sources this plan reads (the fleet path: every holder). */
+    double tc = refit_now();
+    bool fleet = r->relays != NULL, with_trainer = true;
+    uint32_t nh = 0, hmax = REFIT_MAX_RELAYS + r->world;
+    if (fleet) {
+        for (uint32_t k = 0; k < r->world; k++) tix[k] = -1;
+        if (!(holders = calloc(hmax, sizeof(*holders)))) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "holders");
+            goto done;
+        }
+        if ((st = fleet_select(r, &s, v, plan, deadline, holders, &nh, hmax, &with_trainer))) goto done;
+    }
+    for (uint32_t k = 0; k < r->world && !fleet; k++) {
+        tix[k] = -1;
+        if (!refit_plan_source_bytes(plan, k)) continue;
+        uint32_t b = s.recs[k].buffer;
+        if (b >= MAX_BUFFERS) {
+            st = refit_error(REFIT_ERR_CORRUPT, "source rank %u names staging buffer %u", k, b);
+            goto done;
+        }
+        if ((st = connect_source(r, k, b, &tix[k]))) goto done;
+        rep->sources++;
+    }
+    rep->connect_ms = (refit_now() - tc) * 1e3;
+    /* GPU memory and a transport that cannot write it: everything goes
+     * through pinned host staging, then one copy per region. */
+    bool gpu = r->params.device >= 0, bounce = false;
+    for (uint32_t k = 0; k < r->world; k++)
+        if (tix[k] >= 0) {
+            unsigned caps = refit_transport_caps(r->ts.ops[tix[k]]);
+            if (gpu && !(caps & REFIT_TCAP_DEVICE_DST)) bounce = true;
+            if (!gpu && !(caps & REFIT_TCAP_HOST_DST)) {
+                st = refit_error(REFIT_ERR_TRANSPORT, "transport %s cannot write host memory", r->ts.ops[tix[k]]->name);
+                goto done;
+            }
+        }
+    void *const *dst = r->mem;
+#ifdef REFIT_HAVE_CUDA
+    if (bounce) {
+        for (uint32_t i = 0; i < r->nregions; i++)
+            if (!r->stage[i] && (st = refit_gpu_host_alloc(r->m->regions.data[i], &r->stage[i]))) goto done;
+        dst = r->stage;
+    }
+#endif
+    /* 5. Transfer: from here the memory holds a partial version until committed
+     * (a relay stops serving first, and waits for its readers). */
+    refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
+    r->usable = false;
+    /* Fault-injection hook for the test suite: a pause after the receiver
+     * committed to the transfer, during which a test kills a process. */
+    const char *pause = getenv("REFIT_TEST_PAUSE_MS");
+    if (pause && atoi(pause) > 0) usleep((useconds_t)atoi(pause) * 1000u);
+    refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .tick = tick, .user = r};
+    refit_pull_stats_t stats = {0};
+    rep->transport[0] = rep->lanes[0] = '\0';
+    if (fleet) {
+        uint32_t used = 0;
+        if ((st = fleet_transfer(r, &s, v, plan, holders, nh, with_trainer, deadline, tix, &stats, &used))) goto done;
+        rep->sources = used;
+        snprintf(rep->transport, sizeof(rep->transport), "%s", r->ts.ops[0]->name);
+        append(rep->lanes, sizeof(rep->lanes), " ", stats.lanes);
+    }
+    for (uint32_t t = 0; t < r->ts.n && !fleet; t++) {
+        bool any = false;
+        for (uint32_t k = 0; k < r->world; k++) {
+            peers[k] = tix[k] == (int)t ? r->src[k].peer[t][s.recs[k].buffer] : NULL;
+            any |= peers[k] != NULL;
+        }
+        if (!any) continue;
+        refit_pull_stats_t ts = {0};
+        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, plan, dst, &ctl, &ts))) goto done;
+        stats.bytes += ts.bytes;
+        stats.requests += ts.requests;
+        stats.launches += ts.launches;
+        append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
+        append(rep->lanes, sizeof(rep->lanes), " ", ts.lanes);
+    }
+    /* Padding (zeros) is ours to write. */
+    uint8_t *only = calloc(r->world ? r->world : 1, 1);
+    if (!only) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "fills");
+        goto done;
+    }
+    refit_exec_opts_t fo = {.threads = 1, .only = only};
+#ifdef REFIT_HAVE_CUDA
+    if (gpu && !bounce) st = refit_gpu_plan_fills(plan, r->params.device, r->mem, &stats.launches);
+    else
+#endif
+        st = refit_plan_execute(plan, NULL, dst, &fo);
+    free(only);
+    if (st) goto done;
+#ifdef REFIT_HAVE_CUDA
+    for (uint32_t i = 0; bounce && i < r->nregions; i++)
+        if ((st = refit_gpu_copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto done;
+    if (bounce) append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
+#endif
+    (void)bounce;
+    rep->bytes = stats.bytes;
+    rep->requests = stats.requests;
+    rep->launches = stats.launches;
+done:
+    free(holders);
+    return st;
+}
+
 static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadline, refit_pull_report_t *rep)
 {
     refit_status_t st;
@@ -536,7 +942,6 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     refit_peer_t **peers = calloc(r->world, sizeof(void *));
     int *tix = calloc(r->world, sizeof(int));
     bool leased = false;
-    refit_fleet_holder_t *holders = NULL; /* fleet path */
     if (!s.recs || !s.present || !s.alive || !srcs || !peers || !tix) {
         st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
         goto out;
@@ -607,114 +1012,29 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     /* 3. Plan, or reuse. */
     refit_plan_key_t key;
     refit_plan_key_of(srcs, r->world, r->m, &key);
-    refit_plan_t *plan = find_plan(r, &key);
-    if (!plan) {
-        if ((st = refit_plan_create(srcs, r->world, r->m, NULL, &plan))) goto out;
-        keep_plan(r, &key, plan);
+    cached_plan_t *cp = find_plan(r, &key);
+    if (!cp) {
+        refit_plan_t *made;
+        if ((st = refit_plan_create(srcs, r->world, r->m, NULL, &made))) goto out;
+        cp = keep_plan(r, &key, made);
         rep->planned = true;
     }
+    const refit_plan_t *plan = cp->plan;
     double t2 = refit_now();
     rep->plan_ms = (t2 - t1) * 1e3;
-    /* 4. Peers for the sources this plan reads (the fleet path: every holder). */
-    double tc = refit_now();
-    bool fleet = r->relays != NULL, with_trainer = true;
-    uint32_t nh = 0, hmax = REFIT_MAX_RELAYS + r->world;
-    if (fleet) {
-        for (uint32_t k = 0; k < r->world; k++) tix[k] = -1;
-        if (!(holders = calloc(hmax, sizeof(*holders)))) {
-            st = refit_error(REFIT_ERR_NO_MEMORY, "holders");
+    bool delta_done = false;
+    if (delta_eligible(r, &s, v, plan)) {
+        if (!(st = delta_pull(r, &s, v, cp, deadline, tix, rep))) {
+            delta_done = true;
+        } else if (st == REFIT_ERR_TIMEOUT || refit_now() > deadline) {
             goto out;
+        } else {
+            refit_log(REFIT_LOG_INFO, "%s: delta of version %" PRIu64 " not applied (%s); pulling in full", r->reader, v,
+                      refit_last_error());
+            rep->delta_base = rep->delta_units = 0;
         }
-        if ((st = fleet_select(r, &s, v, plan, deadline, holders, &nh, hmax, &with_trainer))) goto out;
     }
-    for (uint32_t k = 0; k < r->world && !fleet; k++) {
-        tix[k] = -1;
-        if (!refit_plan_source_bytes(plan, k)) continue;
-        uint32_t b = s.recs[k].buffer;
-        if (b >= MAX_BUFFERS) {
-            st = refit_error(REFIT_ERR_CORRUPT, "source rank %u names staging buffer %u", k, b);
-            goto out;
-        }
-        if ((st = connect_source(r, k, b, &tix[k]))) goto out;
-        rep->sources++;
-    }
-    rep->connect_ms = (refit_now() - tc) * 1e3;
-    /* GPU memory and a transport that cannot write it: everything goes
-     * through pinned host staging, then one copy per region. */
-    bool gpu = r->params.device >= 0, bounce = false;
-    for (uint32_t k = 0; k < r->world; k++)
-        if (tix[k] >= 0) {
-            unsigned caps = refit_transport_caps(r->ts.ops[tix[k]]);
-            if (gpu && !(caps & REFIT_TCAP_DEVICE_DST)) bounce = true;
-            if (!gpu && !(caps & REFIT_TCAP_HOST_DST)) {
-                st = refit_error(REFIT_ERR_TRANSPORT, "transport %s cannot write host memory", r->ts.ops[tix[k]]->name);
-                goto out;
-            }
-        }
-    void *const *dst = r->mem;
-#ifdef REFIT_HAVE_CUDA
-    if (bounce) {
-        for (uint32_t i = 0; i < r->nregions; i++)
-            if (!r->stage[i] && (st = refit_gpu_host_alloc(r->m->regions.data[i], &r->stage[i]))) goto out;
-        dst = r->stage;
-    }
-#endif
-    /* 5. Transfer: from here the memory holds a partial version until committed
-     * (a relay stops serving first, and waits for its readers). */
-    refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
-    r->usable = false;
-    /* Fault-injection hook for the test suite: a pause after the receiver
-     * committed to the transfer, during which a test kills a process. */
-    const char *pause = getenv("REFIT_TEST_PAUSE_MS");
-    if (pause && atoi(pause) > 0) usleep((useconds_t)atoi(pause) * 1000u);
-    refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .tick = tick, .user = r};
-    refit_pull_stats_t stats = {0};
-    rep->transport[0] = rep->lanes[0] = '\0';
-    if (fleet) {
-        uint32_t used = 0;
-        if ((st = fleet_transfer(r, &s, v, plan, holders, nh, with_trainer, deadline, tix, &stats, &used))) goto out;
-        rep->sources = used;
-        snprintf(rep->transport, sizeof(rep->transport), "%s", r->ts.ops[0]->name);
-        append(rep->lanes, sizeof(rep->lanes), " ", stats.lanes);
-    }
-    for (uint32_t t = 0; t < r->ts.n && !fleet; t++) {
-        bool any = false;
-        for (uint32_t k = 0; k < r->world; k++) {
-            peers[k] = tix[k] == (int)t ? r->src[k].peer[t][s.recs[k].buffer] : NULL;
-            any |= peers[k] != NULL;
-        }
-        if (!any) continue;
-        refit_pull_stats_t ts = {0};
-        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, plan, dst, &ctl, &ts))) goto out;
-        stats.bytes += ts.bytes;
-        stats.requests += ts.requests;
-        stats.launches += ts.launches;
-        append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
-        append(rep->lanes, sizeof(rep->lanes), " ", ts.lanes);
-    }
-    /* Padding (zeros) is ours to write. */
-    uint8_t *only = calloc(r->world ? r->world : 1, 1);
-    if (!only) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "fills");
-        goto out;
-    }
-    refit_exec_opts_t fo = {.threads = 1, .only = only};
-#ifdef REFIT_HAVE_CUDA
-    if (gpu && !bounce) st = refit_gpu_plan_fills(plan, r->params.device, r->mem, &stats.launches);
-    else
-#endif
-        st = refit_plan_execute(plan, NULL, dst, &fo);
-    free(only);
-    if (st) goto out;
-#ifdef REFIT_HAVE_CUDA
-    for (uint32_t i = 0; bounce && i < r->nregions; i++)
-        if ((st = refit_gpu_copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto out;
-    if (bounce) append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
-#endif
-    (void)bounce;
-    rep->bytes = stats.bytes;
-    rep->requests = stats.requests;
-    rep->launches = stats.launches;
+    if (!delta_done && (st = full_transfer(r, &s, v, plan, deadline, tix, peers, rep))) goto out;
     /* 6. Nothing changed under us: same records, sources alive. */
     snapshot_t s2 = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1)};
     if (!s2.recs || !s2.present || !s2.alive) st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
@@ -739,15 +1059,16 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     /* 7. Verify. */
     if (r->params.verify == REFIT_VERIFY_TRUTH) {
 #ifdef REFIT_HAVE_CUDA
-        if (gpu) st = refit_gpu_truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, NULL);
+        if (r->params.device >= 0) st = refit_gpu_truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, NULL);
         else
 #endif
-            st = refit_truth_verify(r->m, (const void *const *)r->mem, v, NULL);
+            st = refit_truth_verify_delta(r->m, (const void *const *)r->mem, v, r->params.truth_fraction, NULL);
         if (st) goto out;
     }
     rep->verify_ms = (refit_now() - t3) * 1e3;
     /* 8. Commit. */
     r->committed = v;
+    for (uint32_t k = 0; k < r->world; k++) r->committed_inc[k] = s.present[k] ? s.recs[k].incarnation : 0;
     r->usable = true;
     rep->version = v;
     if ((st = refit_registry_ack(r->reg, r->group, r->reader, v)))
@@ -758,7 +1079,6 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
 out:
     if (st) refit_relays_abort(r->relays); /* readers following a partial version stop */
     refit_relays_release_as(r->relays, r->reader);
-    free(holders);
     if (leased) {
         refit_status_t keep = st;
         char detail[1024];

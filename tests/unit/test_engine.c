@@ -29,6 +29,7 @@ typedef struct {
     refit_publish_mode_t mode;
     uint32_t dead_ms;
     bool attach; /* the caller's own (not shared) memory: read with process_vm_readv */
+    double delta; /* > 0: a delta publisher, its truth changing this share of elements per version */
 } pubcfg_t;
 
 static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
@@ -42,6 +43,8 @@ static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
     pp.mode = c->mode;
     pp.dead_ms = c->dead_ms;
     pp.heartbeat_ms = c->dead_ms ? c->dead_ms / 4 : 0;
+    pp.delta = c->delta > 0;
+    pp.delta_threads = 2;
     refit_publisher_t *p;
     void *base;
     if (refit_publisher_create(&pp, m, &p)) _exit(3);
@@ -57,7 +60,19 @@ static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
         unsigned long long v = 0, n = 0;
         refit_status_t st = REFIT_OK;
         if (sscanf(line, "publish %llu", &v) == 1) {
-            if (!(st = refit_truth_fill(m, &base, v))) st = refit_publisher_publish(p, v);
+            st = c->delta > 0 ? refit_truth_fill_delta(m, &base, v, c->delta) : refit_truth_fill(m, &base, v);
+            if (!st) st = refit_publisher_publish(p, v);
+            refit_publish_delta_t d;
+            if (!st && c->delta > 0 && !(st = refit_publisher_last_delta(p, &d)) && d.version != v)
+                st = refit_error(REFIT_ERR_INTERNAL, "last delta is of version %llu", (unsigned long long)d.version);
+            if (!st && c->delta > 0) { /* what it offered, for the test to check */
+                char out[128];
+                int len = snprintf(out, sizeof(out), "REFIT_OK base=%llu bytes=%llu of=%llu\n",
+                                   (unsigned long long)d.base_version, (unsigned long long)d.bytes,
+                                   (unsigned long long)d.region_bytes);
+                if (write(resp, out, (size_t)len) != len) _exit(4);
+                continue;
+            }
         } else if (sscanf(line, "scribble %llu", &v) == 1) {
             st = refit_truth_fill(m, &base, v); /* overwrite memory without publishing */
         } else if (sscanf(line, "wait %llu %llu", &v, &n) == 2) {
@@ -310,7 +325,7 @@ static void relay_serves_joiner(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
     relay_t a = relay_start(&g, "tiny-dense", "vllm:tp=2", 1, 0, 1, 1);
@@ -350,7 +365,7 @@ static void relay_killed_reader_fails_over(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
     pub_t p = pub_start(&c, 0);
     PUB_OK(&p, "publish 1");
     relay_t a = relay_start(&g, "tiny-dense", "vllm:tp=1", 0, 0, 1, 0);
@@ -401,7 +416,7 @@ static void relay_chain_pipelines(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
     pub_t p = pub_start(&c, 0);
     PUB_OK(&p, "publish 1");
     setenv("REFIT_TEST_THROTTLE", "trainer:0=2", 1);
@@ -453,7 +468,7 @@ static void slow_replica_chunks_stolen(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
     void *b;
@@ -485,7 +500,7 @@ static void end_to_end_shm_file(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false};
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
     pub_t p[2];
     for (uint32_t k = 0; k < 2; k++) p[k] = pub_start(&c, k);
     void *b0, *b1;
@@ -528,7 +543,7 @@ static void process_vm_readv_path(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-mla", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, true};
+    pubcfg_t c = {"tiny-mla", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, true, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-mla", "vllm:tp=4", 3, &g, "shm", 0, &b);
@@ -547,7 +562,7 @@ static void snapshot_mode(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_SNAPSHOT, 0, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_SNAPSHOT, 0, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, NULL, 0, &b);
@@ -581,7 +596,7 @@ static void end_to_end_redis(void **state)
     snprintf(g.url, sizeof(g.url), "redis://127.0.0.1:%d", rs.port);
     snprintf(g.job, sizeof(g.job), "redis-%d", (int)getpid());
     g.dir[0] = '\0';
-    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 600, false};
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 600, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -661,7 +676,7 @@ static void publisher_killed_mid_transfer(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -687,7 +702,7 @@ static void replica_killed_mid_transfer_fails_over(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1,dp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -718,7 +733,7 @@ static void stale_entry_and_missing_rank(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false};
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b;
     refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
@@ -752,7 +767,7 @@ static void receiver_killed_mid_transfer(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false};
+    pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
     pid_t victim = fork();
@@ -797,7 +812,7 @@ static void identity_and_corrupt_manifest(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false};
+    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
     pub_t p = pub_start(&c, 0);
     PUB_OK(&p, "publish 1");
     /* A receiver of another model. */
@@ -833,7 +848,7 @@ static void partial_refit(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false};
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
     pub_t p[2];
     for (uint32_t k = 0; k < 2; k++) p[k] = pub_start(&c, k);
     void *b;
@@ -873,11 +888,196 @@ static void partial_refit(void **state)
     t_rm_tree(g.dir);
 }
 
+/* ---- delta refit ------------------------------------------------------------ */
+
+static refit_receiver_t *delta_receiver(const char *model, const char *layout, uint32_t rank, const reg_t *g,
+                                        double fraction, const char *reader, void **base)
+{
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g->url;
+    rp.job = g->job;
+    rp.transports = "shm";
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.truth_fraction = fraction;
+    rp.reader = reader;
+    rp.threads = 2;
+    refit_receiver_t *r;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, layout, rank), &r));
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
+    return r;
+}
+
+/* Independent proof for the delta truth. */
+static void expect_truth_delta(const char *model, const char *layout, uint32_t rank, void *base, uint64_t v, double f)
+{
+    refit_manifest_t *m = t_manifest_named(model, layout, rank);
+    REFIT_ASSERT_OK(refit_truth_verify_delta(m, (const void *const *)&base, v, f, NULL));
+    refit_manifest_destroy(m);
+}
+
+/* Publishes v on both ranks; returns the delta base rank 0 offered. */
+static unsigned long long publish_delta(pub_t p[2], uint64_t v)
+{
+    unsigned long long base = 99, bytes = 0, of = 0;
+    for (uint32_t k = 0; k < 2; k++) {
+        const char *r = pub_cmd(&p[k], "publish %llu", (unsigned long long)v);
+        if (strncmp(r, "REFIT_OK", 8)) fail_msg("publisher said: %s", r);
+        unsigned long long b2;
+        assert_int_equal(sscanf(r, "REFIT_OK base=%llu bytes=%llu of=%llu", &b2, &bytes, &of), 3);
+        if (k == 0) base = b2;
+        else assert_int_equal(b2, base);
+    }
+    return base;
+}
+
+#define DM "tiny-moe", "vllm:tp=2"
+
+static void delta_refit(void **state)
+{
+    (void)state;
+    const double f = 0.02;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, f};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b0, *b1;
+    refit_receiver_t *r0 = delta_receiver(DM, 0, &g, f, "d0", &b0), *r1 = delta_receiver(DM, 1, &g, f, "d1", &b1);
+    refit_pull_report_t rep;
+    /* Version 1: nothing to take a delta from. */
+    assert_int_equal(publish_delta(p, 1), 0);
+    REFIT_ASSERT_OK(refit_receiver_pull(r0, 1, 10000, &rep));
+    assert_int_equal(rep.delta_base, 0);
+    uint64_t full_bytes = rep.bytes;
+    REFIT_ASSERT_OK(refit_receiver_pull(r1, 1, 10000, &rep));
+    for (uint64_t v = 2; v <= 4; v++) {
+        for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait %llu 5000", (unsigned long long)(v - 1));
+        assert_int_equal(publish_delta(p, v), v - 1);
+        /* r0 takes every version as a delta: a few percent of the bytes. */
+        REFIT_ASSERT_OK(refit_receiver_pull(r0, v, 10000, &rep));
+        assert_int_equal(rep.delta_base, v - 1);
+        assert_true(rep.delta_units > 0);
+        assert_true(rep.bytes * 10 < full_bytes);
+        assert_non_null(strstr(rep.lanes, "(delta)"));
+        expect_truth_delta(DM, 0, b0, v, f);
+        assert_true(refit_receiver_usable(r0));
+        /* r1 skips version 2: version 3's delta is from a version it lacks, so it pulls in full. */
+        if (v == 2) continue;
+        REFIT_ASSERT_OK(refit_receiver_pull(r1, v, 10000, &rep));
+        assert_int_equal(rep.delta_base, v == 3 ? 0 : v - 1);
+        expect_truth_delta(DM, 1, b1, v, f);
+    }
+    /* A receiver that wants none pulls in full. */
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 4 5000");
+    assert_int_equal(publish_delta(p, 5), 4);
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g.url;
+    rp.job = g.job;
+    rp.transports = "shm";
+    rp.no_delta = true;
+    rp.reader = "nodelta";
+    refit_receiver_t *rn;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(DM, 1), &rn));
+    REFIT_ASSERT_OK(refit_receiver_attach(rn, 0, b1));
+    REFIT_ASSERT_OK(refit_receiver_pull(rn, 5, 10000, &rep));
+    assert_int_equal(rep.delta_base, 0);
+    expect_truth_delta(DM, 1, b1, 5, f);
+    refit_receiver_destroy(rn);
+    /* The trainer restarts and publishes version 5 again, then 6.  r0 holds
+     * the old incarnation's 5: the new delta's base has the same number but
+     * comes from another publisher, so r0 pulls in full. */
+    REFIT_ASSERT_OK(refit_receiver_pull(r0, 5, 10000, &rep));
+    assert_int_equal(rep.delta_base, 4);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    for (uint32_t k = 0; k < 2; k++) p[k] = pub_start(&c, k);
+    assert_int_equal(publish_delta(p, 5), 0);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 5 5000");
+    assert_int_equal(publish_delta(p, 6), 5);
+    REFIT_ASSERT_OK(refit_receiver_pull(r0, 6, 10000, &rep));
+    assert_int_equal(rep.delta_base, 0);
+    expect_truth_delta(DM, 0, b0, 6, f);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 6 5000");
+    assert_int_equal(publish_delta(p, 7), 6);
+    REFIT_ASSERT_OK(refit_receiver_pull(r0, 7, 10000, &rep));
+    assert_int_equal(rep.delta_base, 6);
+    expect_truth_delta(DM, 0, b0, 7, f);
+    refit_receiver_destroy(r0);
+    refit_receiver_destroy(r1);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
+/* A delta that would cost more than delta_max_pct of the bytes is not
+ * offered; a corrupt one is refused while applying and the pull completes in
+ * full; snapshot publishers offer deltas too. */
+static void delta_fallbacks(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    refit_pull_report_t rep;
+    void *b;
+    /* 30% of elements change: sparse would cost more than the chunks, so the
+     * delta is about the size of the region and not offered. */
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0.3};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    refit_receiver_t *r = delta_receiver(DM, 0, &g, 0.3, "big", &b);
+    for (uint64_t v = 1; v <= 2; v++) {
+        assert_int_equal(publish_delta(p, v), 0);
+        REFIT_ASSERT_OK(refit_receiver_pull(r, v, 10000, &rep));
+        assert_int_equal(rep.delta_base, 0);
+        expect_truth_delta(DM, 0, b, v, 0.3);
+        for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait %llu 5000", (unsigned long long)v);
+    }
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    /* Corrupt: indices that do not ascend.  The receiver may have written
+     * part of the delta before it found out; the full pull that follows
+     * rewrites every byte, and the memory verifies. */
+    reg_file(&g);
+    c.registry = g.url;
+    c.job = g.job;
+    c.delta = 0.02;
+    setenv("REFIT_TEST_CORRUPT_DELTA", "1", 1);
+    p[0] = pub_start(&c, 0);
+    p[1] = pub_start(&c, 1);
+    unsetenv("REFIT_TEST_CORRUPT_DELTA");
+    r = delta_receiver(DM, 0, &g, 0.02, "corrupt", &b);
+    assert_int_equal(publish_delta(p, 1), 0);
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    assert_int_equal(publish_delta(p, 2), 1);
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
+    assert_int_equal(rep.delta_base, 0);
+    assert_true(refit_receiver_usable(r));
+    expect_truth_delta(DM, 0, b, 2, 0.02);
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    /* Snapshot mode: each buffer has its delta arenas; the trainer scribbles
+     * right after publishing and the delta is still the published one. */
+    reg_file(&g);
+    pubcfg_t sc = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_SNAPSHOT, 0, false, 0.02};
+    p[0] = pub_start(&sc, 0);
+    p[1] = pub_start(&sc, 1);
+    r = delta_receiver("tiny-dense", "vllm:tp=1", 0, &g, 0.02, "snap", &b);
+    for (uint64_t v = 1; v <= 4; v++) {
+        assert_int_equal(publish_delta(p, v), v - 1);
+        for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "scribble 99");
+        REFIT_ASSERT_OK(refit_receiver_pull(r, v, 10000, &rep));
+        assert_int_equal(rep.delta_base, v - 1);
+        expect_truth_delta("tiny-dense", "vllm:tp=1", 0, b, v, 0.02);
+    }
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(end_to_end_shm_file),
         cmocka_unit_test(partial_refit),
+        cmocka_unit_test(delta_refit),
+        cmocka_unit_test(delta_fallbacks),
         cmocka_unit_test(process_vm_readv_path),
         cmocka_unit_test(snapshot_mode),
         cmocka_unit_test(end_to_end_redis),
