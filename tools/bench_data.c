@@ -406,6 +406,8 @@ fail:
 
 int bench_delta(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) /* --net: the engine end to end (tools/bench_net.c) */
+        if (!strcmp(argv[i], "--net") || !strncmp(argv[i], "--net=", 6)) return bench_delta_net(argc, argv);
     bopts_t o = {.model = "qwen3-30b-a3b-mini", .src = "megatron:ep=2", .dst = "vllm:tp=2", .fraction = 0.01,
                  .versions = 4, .threads = 1};
     int rc = parse_opts(argc, argv, &o);

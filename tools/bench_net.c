@@ -56,6 +56,8 @@ typedef struct {
     char tag[16];          /* netns: names of this run's namespaces and links */
     uint32_t nodes;        /* netns: namespaces set up */
     bool netns;            /* the run used them */
+    double delta;          /* delta scenario: share of elements changed per version (publishers offer deltas) */
+    uint32_t versions;     /* delta scenario */
 } nb_opts_t;
 
 static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers,
@@ -73,7 +75,8 @@ static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const cha
                                          {"src", required_argument, 0, 'S'},      {"dst", required_argument, 0, 'D'},
                                          {"max-readers", required_argument, 0, 'r'}, {"chunk-kb", required_argument, 0, 'c'},
                                          {"link-mbps", required_argument, 0, 'l'}, {"verify", no_argument, 0, 'v'},
-                                         {"net", required_argument, 0, 'N'},      {0, 0, 0, 0}};
+                                         {"net", required_argument, 0, 'N'},      {"fraction", required_argument, 0, 'f'},
+                                         {"versions", required_argument, 0, 'V'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -89,8 +92,11 @@ static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const cha
         case 'l': o->link_mbps = atof(optarg), o->link_set = true; break;
         case 'v': o->verify = true; break;
         case 'N': o->net = optarg; break;
+        case 'f': o->delta = atof(optarg); break;
+        case 'V': o->versions = (uint32_t)atoi(optarg); break;
         default: return tool_usage("bench", "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
-                                            "--chunk-kb N --link-mbps X --net shm|netns --verify --out FILE");
+                                            "--chunk-kb N --link-mbps X --net shm|netns --verify --out FILE "
+                                            "(delta: --fraction F --versions N)");
         }
     }
     if (o->net && strcmp(o->net, "shm") && strcmp(o->net, "netns")) return tool_usage("bench", "--net is shm or netns");
@@ -152,6 +158,7 @@ typedef struct {
     int slot;              /* receivers: relay slot (-1 none) */
     const char *throttle;  /* REFIT_TEST_THROTTLE for this child */
     int node;              /* netns: the node (namespace) it runs in; -1: this host's */
+    bool no_delta;         /* receivers: always pull in full */
 } role_t;
 
 /* ---- network namespaces (--net netns) ------------------------------------ */
@@ -270,6 +277,7 @@ static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int o
     pp.job = o->job;
     pp.transports = o->transport;
     pp.mode = REFIT_MODE_SNAPSHOT;
+    pp.delta = o->delta > 0;
     refit_publisher_t *p;
     void *base[64];
     if (refit_publisher_create(&pp, m, &p)) _exit(3);
@@ -279,18 +287,27 @@ static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int o
     while (fgets(line, sizeof(line), in)) {
         unsigned long long v;
         refit_status_t st = REFIT_OK;
+        double publish_ms = 0;
         if (sscanf(line, "publish %llu", &v) == 1) {
-            /* The truth costs seconds per GB to compute: only when receivers verify. */
-            if (o->verify) st = refit_truth_fill(m, base, v);
+            /* The truth costs seconds per GB to compute: only when receivers
+             * verify, or when only a share of it changes (delta). */
+            if (o->delta > 0) st = refit_truth_fill_delta(m, base, v, o->delta);
+            else if (o->verify) st = refit_truth_fill(m, base, v);
             else
                 for (uint32_t i = 0; i < refit_manifest_num_regions(m); i++)
                     memset(base[i], (int)(v & 0xff), refit_manifest_region_size(m, i));
+            double t0 = refit_now();
             if (!st) st = refit_publisher_publish(p, v);
+            publish_ms = (refit_now() - t0) * 1e3;
         } else if (line[0] == 'q') {
             break;
         }
         char buf[600];
+        refit_publish_delta_t d = {0};
         int n = snprintf(buf, sizeof(buf), "%d %s\n", (int)st, st ? refit_last_error() : "");
+        if (!st && o->delta > 0 && !refit_publisher_last_delta(p, &d))
+            n = snprintf(buf, sizeof(buf), "0 %" PRIu64 " %" PRIu64 " %.3f %.3f\n", d.base_version, d.bytes,
+                         d.encode_ms, publish_ms);
         if (write(out, buf, (size_t)n) != n) _exit(4);
     }
     refit_publisher_destroy(p);
@@ -315,6 +332,8 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
     rp.max_readers = o->max_readers;
     rp.chunk_kb = o->chunk_kb;
     rp.relay_heartbeat_ms = 100;
+    rp.no_delta = r->no_delta;
+    rp.truth_fraction = o->delta;
     refit_receiver_t *rc;
     void *base;
     if (refit_receiver_create(&rp, m, &rc)) _exit(3);
@@ -343,10 +362,11 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
         }
         char buf[1400];
         int n = snprintf(buf, sizeof(buf),
-                         "%d %" PRIu64 " %.6f %.6f %.3f %" PRIu64 " %" PRIu64 " %" PRIu64 " %zu %" PRIu64 " %s\n", (int)st,
-                         rep.version, rep.begin_s, rep.end_s, rep.transfer_ms, tb, rb, rep.bytes, nh, early,
-                         list[0] ? list : "-");
-        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
+                         "%d %" PRIu64 " %.6f %.6f %.3f %" PRIu64 " %" PRIu64 " %" PRIu64 " %zu %" PRIu64 " %" PRIu64
+                         " %.3f %s\n",
+                         (int)st, rep.version, rep.begin_s, rep.end_s, rep.transfer_ms, tb, rb, rep.bytes, nh, early,
+                         rep.delta_base, rep.verify_ms, list[0] ? list : "-");
+        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
         for (char *c = buf; *c && c < buf + n - 1; c++)
             if (*c == '\n') *c = ' ';
         if (write(out, buf, (size_t)n) != n) _exit(4);
@@ -435,8 +455,8 @@ static void stop(child_t *c, bool kill_it)
 
 typedef struct {
     int st;
-    uint64_t version, trainer_bytes, relay_bytes, bytes, early;
-    double begin, end, transfer_ms;
+    uint64_t version, trainer_bytes, relay_bytes, bytes, early, delta_base;
+    double begin, end, transfer_ms, verify_ms;
     size_t holders;
     char list[1024];
 } result_t;
@@ -447,10 +467,12 @@ static bool get_result(child_t *c, result_t *r)
     memset(r, 0, sizeof(*r));
     reply(c, 180000, buf, sizeof(buf));
     r->st = -999;
-    int n = sscanf(buf, "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %" SCNu64 " %1023[^\n]",
+    int n = sscanf(buf,
+                   "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %" SCNu64 " %" SCNu64
+                   " %lf %1023[^\n]",
                    &r->st, &r->version, &r->begin, &r->end, &r->transfer_ms, &r->trainer_bytes, &r->relay_bytes,
-                   &r->bytes, &r->holders, &r->early, r->list);
-    if (n < 10) {
+                   &r->bytes, &r->holders, &r->early, &r->delta_base, &r->verify_ms, r->list);
+    if (n < 12) {
         snprintf(r->list, sizeof(r->list), "%.1000s", buf[0] ? buf : "no answer");
         if (r->st == 0) r->st = -999;
     }
@@ -460,7 +482,7 @@ static bool get_result(child_t *c, result_t *r)
 static bool start_publishers(const nb_opts_t *o, child_t *pubs, uint32_t n, const char *throttle, uint64_t version)
 {
     (void)throttle;
-    for (uint32_t k = 0; k < n; k++) pubs[k] = spawn(o, &(role_t){true, k, -1, NULL, (int)k});
+    for (uint32_t k = 0; k < n; k++) pubs[k] = spawn(o, &(role_t){true, k, -1, NULL, (int)k, false});
     for (uint32_t k = 0; k < n; k++) send_cmd(&pubs[k], "publish %" PRIu64, version);
     bool ok = true;
     char buf[700];
@@ -599,7 +621,7 @@ static bool fanout_phase(nb_opts_t *o, uint32_t n, result_t *res)
     uint32_t P = world_of(o->src);
     child_t pubs[64], rc[16];
     bool ok = start_publishers(o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < n; i++) rc[i] = spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i)});
+    for (uint32_t i = 0; i < n; i++) rc[i] = spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i), false});
     for (uint32_t i = 0; i < n && ok; i++) send_cmd(&rc[i], "pull 1");
     for (uint32_t i = 0; i < n && ok; i++)
         if (!get_result(&rc[i], &res[i])) {
@@ -692,8 +714,8 @@ int bench_straggler(int argc, char **argv)
     fresh_registry(&oa);
     child_t pubs[64];
     if (!start_publishers(&oa, pubs, P, NULL, 1)) return tool_fail(REFIT_ERR_PEER, "bench straggler: publishers");
-    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, UINT32_MAX, 0), -1});
-    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, 1, L / 10), -1});
+    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, UINT32_MAX, 0), -1, false});
+    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, 1, L / 10), -1, false});
     send_cmd(&r1, "pull 1");
     bool ok = get_result(&r1, &a);
     send_cmd(&r2, "pull 1");
@@ -710,7 +732,7 @@ int bench_straggler(int argc, char **argv)
         result_t *res = phase ? d : c;
         for (uint32_t i = 0; i < o.receivers; i++)
             rcv[i] = spawn(&oa, &(role_t){false, 0, -1,
-                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0), -1});
+                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0), -1, false});
         for (uint32_t i = 0; i < o.receivers; i++) send_cmd(&rcv[i], "pull 1");
         for (uint32_t i = 0; i < o.receivers; i++) ok &= get_result(&rcv[i], &res[i]);
         for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
@@ -763,7 +785,7 @@ int bench_egress(int argc, char **argv)
     child_t pubs[64], rcv[16];
     result_t res[16];
     bool ok = start_publishers(&o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < o.receivers; i++) rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL, -1});
+    for (uint32_t i = 0; i < o.receivers; i++) rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL, -1, false});
     for (uint32_t i = 0; i < o.receivers && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < o.receivers && ok; i++) ok &= get_result(&rcv[i], &res[i]);
     for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
@@ -823,7 +845,7 @@ int bench_elastic(int argc, char **argv)
     child_t pubs[64], rcv[17];
     result_t v0[17], v1[17], v2[17], v3[17];
     bool ok = start_publishers(&o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, thr, -1});
+    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, thr, -1, false});
     /* Version 1 warms up (plans, connections); version 2 is the baseline: the fleet alone. */
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < N && ok; i++) ok &= get_result(&rcv[i], &v0[i]);
@@ -833,7 +855,7 @@ int bench_elastic(int argc, char **argv)
     /* Version 3: a joiner starts while the others pull. */
     ok = ok && publish_all(pubs, P, 3);
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 3");
-    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, thr, -1});
+    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, thr, -1, false});
     double join_t0 = refit_now();
     send_cmd(&rcv[N], "pull 0");
     for (uint32_t i = 0; i <= N && ok; i++) ok &= get_result(&rcv[i], &v2[i]);
@@ -888,4 +910,148 @@ int bench_elastic(int argc, char **argv)
     assertion(&j, "all_remaining_complete_after_relay_killed", "== receivers", (double)ok3, ok3 == N);
     return out_end(&j, "receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; v4: "
                        "receiver 0 commits first, then is killed while the others read from it and the trainer");
+}
+
+/* ---- delta through the engine ---------------------------------------------- */
+
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median_of(double *v, size_t n)
+{
+    if (!n) return 0;
+    qsort(v, n, sizeof(double), cmp_dbl);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Publishers in delta mode change --fraction of their elements per version;
+ * per version, a full receiver (no_delta) pulls it, then a delta receiver of
+ * the same layout and rank, one after the other so that each has the links
+ * (or the CPUs) to itself.  Both verify every byte against the truth. */
+int bench_delta_net(int argc, char **argv)
+{
+    nb_opts_t o;
+    int rc = parse(argc, argv, &o, "megatron:ep=2", "vllm:tp=2", 1, 0);
+    if (rc) return rc;
+    if (o.delta <= 0) o.delta = 0.01;
+    if (o.delta >= 1) return tool_usage("bench", "--fraction is a share of elements, below 1");
+    if (!o.versions) o.versions = 4;
+    if (o.versions < 2 || o.versions > 30) return tool_usage("bench", "--versions is 2..30");
+    o.verify = true; /* bit-exactness is what this scenario asserts */
+    o.receivers = 2;
+    char why[160] = "";
+    bool net = !strcmp(o.net, "netns");
+    if (net && !netns_possible(why, sizeof(why))) {
+        fprintf(stderr, "refit bench delta --net netns: %s\n", why);
+        return 1;
+    }
+    uint32_t P = world_of(o.src);
+    if (!P || P > 62) return tool_usage("bench", "--src names a layout of 1..62 ranks");
+    if (net) {
+        if (!o.link_set) o.link_mbps = 100;
+        o.transport = "ucx";
+        if (!netns_up(&o, P + 2, o.link_mbps, why, sizeof(why))) {
+            fprintf(stderr, "refit bench delta: %s\n", why);
+            return 1;
+        }
+    }
+    fresh_registry(&o);
+    child_t pubs[64], full, delta;
+    for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false});
+    full = spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P : -1, true});
+    delta = spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P + 1 : -1, false});
+    uint32_t V = o.versions;
+    result_t rf[32], rd[32];
+    double enc[32] = {0}, pub[32] = {0};
+    uint64_t dbytes[32] = {0}, base[32] = {0};
+    uint32_t verified = 0;
+    bool ok = true;
+    char buf[700];
+    for (uint32_t v = 1; v <= V && ok; v++) {
+        for (uint32_t k = 0; k < P; k++) send_cmd(&pubs[k], "publish %u", v);
+        for (uint32_t k = 0; k < P; k++) {
+            uint64_t b = 0, n = 0;
+            double e = 0, t = 0;
+            reply(&pubs[k], 600000, buf, sizeof(buf));
+            if (sscanf(buf, "0 %" SCNu64 " %" SCNu64 " %lf %lf", &b, &n, &e, &t) != 4) {
+                fprintf(stderr, "refit bench delta: publisher %u: %s", k, buf[0] ? buf : "no answer\n");
+                ok = false;
+                continue;
+            }
+            if (e > enc[v]) enc[v] = e; /* the slowest rank sets the pace */
+            if (t > pub[v]) pub[v] = t;
+            dbytes[v] += n;
+            base[v] = b;
+        }
+        if (!ok) break;
+        /* A failed pull (a verification failure among them) is counted, not fatal. */
+        send_cmd(&full, "pull %u", v);
+        if (!get_result(&full, &rf[v])) fprintf(stderr, "refit bench delta: full receiver, version %u: %s\n", v, rf[v].list);
+        else verified++;
+        send_cmd(&delta, "pull %u", v);
+        if (!get_result(&delta, &rd[v])) fprintf(stderr, "refit bench delta: delta receiver, version %u: %s\n", v, rd[v].list);
+        else verified++;
+        if (rf[v].st == -999 || rd[v].st == -999) ok = false; /* no answer: a receiver is gone */
+    }
+    stop(&full, false);
+    stop(&delta, false);
+    for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
+    rm_registry(&o);
+    netns_down(&o);
+    if (!ok) return tool_fail(REFIT_ERR_PEER, "bench delta");
+    /* Steady state: versions 2..V. */
+    double tf[32], td[32], te[32], tp[32];
+    uint64_t fb = 0, db = 0;
+    bool all_delta = true;
+    size_t n = 0;
+    for (uint32_t v = 2; v <= V; v++, n++) {
+        tf[n] = (rf[v].end - rf[v].begin) * 1e3;
+        td[n] = (rd[v].end - rd[v].begin) * 1e3;
+        te[n] = enc[v];
+        tp[n] = pub[v];
+        fb += rf[v].bytes;
+        db += rd[v].bytes;
+        all_delta &= rd[v].delta_base == v - 1 && rf[v].delta_base == 0;
+    }
+    double full_ms = median_of(tf, n), delta_ms = median_of(td, n), ratio = delta_ms / full_ms;
+    double wire = (double)db / (double)fb;
+    out_t j = {0};
+    char extra[96];
+    snprintf(extra, sizeof(extra), "\"fraction\":%g,\"versions\":%u,\"threads_per_receiver\":1", o.delta, V);
+    out_begin(&j, "delta", &o, extra);
+    metric(&j, "full_refit_ms", "%.3f", full_ms);
+    metric(&j, "delta_refit_ms", "%.3f", delta_ms);
+    metric(&j, "time_ratio", "%.4f", ratio);
+    metric(&j, "full_refit_bytes", "%" PRIu64, fb / n);
+    metric(&j, "delta_wire_bytes", "%" PRIu64, db / n);
+    metric(&j, "wire_ratio", "%.4f", wire);
+    metric(&j, "publisher_encode_ms", "%.3f", median_of(te, n));
+    metric(&j, "publisher_publish_ms", "%.3f", median_of(tp, n));
+    fprintf(j.f, ",\"per_version\":[");
+    for (uint32_t v = 1; v <= V; v++)
+        fprintf(j.f,
+                "%s{\"version\":%u,\"offered_base\":%" PRIu64 ",\"delta_bytes_offered\":%" PRIu64
+                ",\"encode_ms\":%.3f,\"full\":{\"ms\":%.3f,\"bytes\":%" PRIu64 ",\"verify_ms\":%.1f},"
+                "\"delta\":{\"ms\":%.3f,\"bytes\":%" PRIu64 ",\"applied_base\":%" PRIu64 ",\"verify_ms\":%.1f}}",
+                v > 1 ? "," : "", v, base[v], dbytes[v], enc[v], (rf[v].end - rf[v].begin) * 1e3, rf[v].bytes,
+                rf[v].verify_ms, (rd[v].end - rd[v].begin) * 1e3, rd[v].bytes, rd[v].delta_base, rd[v].verify_ms);
+    fprintf(j.f, "]");
+    j.nmetrics++;
+    char exp[96];
+    snprintf(exp, sizeof(exp), "%u (every pull of both receivers verified against the truth)", 2 * V);
+    assertion(&j, "bit_exact", exp, verified, verified == 2 * V);
+    assertion(&j, "deltas_applied", "the delta receiver applied a delta from v-1 for every v >= 2 (1 = yes)",
+              all_delta ? 1 : 0, all_delta);
+    assertion(&j, "wire_bytes_ratio", "<= 0.05", wire, wire <= 0.05);
+    assertion(&j, "time_ratio", "<= 0.15", ratio, ratio <= 0.15);
+    if (net)
+        return out_end(&j, "each process a node (network namespace, tbf at link_mbps on both directions), UCX/TCP; "
+                           "times from the discovery round that found the version to the data in place (verification "
+                           "after, not timed); full and delta receivers pull one after the other.");
+    return out_end(&j, "shm on one host: a full refit is a memory copy here, and the delta's scattered writes into "
+                       "the receiver's memory cost a fair share of it, so the time ratio stays far above the wire "
+                       "ratio; over a link it follows the bytes.");
 }

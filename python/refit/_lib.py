@@ -28,13 +28,16 @@ class PlacementC(C.Structure):
 class PublisherParams(C.Structure):
     _fields_ = [("version", C.c_uint), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
                 ("transports", C.c_char_p), ("transport_options", C.c_char_p), ("mode", C.c_int),
-                ("heartbeat_ms", C.c_uint32), ("dead_ms", C.c_uint32), ("device", C.c_int)]
+                ("heartbeat_ms", C.c_uint32), ("dead_ms", C.c_uint32), ("device", C.c_int),
+                ("delta", C.c_bool), ("delta_max_pct", C.c_uint32), ("delta_threads", C.c_uint)]
 
 
 class ReceiverParams(C.Structure):
     _fields_ = [("version", C.c_uint), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
                 ("transports", C.c_char_p), ("transport_options", C.c_char_p), ("reader", C.c_char_p),
-                ("lease_ms", C.c_uint32), ("threads", C.c_uint), ("verify", C.c_int), ("device", C.c_int)]
+                ("lease_ms", C.c_uint32), ("threads", C.c_uint), ("verify", C.c_int), ("device", C.c_int),
+                ("relay_slot", C.c_int), ("max_readers", C.c_uint32), ("chunk_kb", C.c_uint32),
+                ("relay_heartbeat_ms", C.c_uint32), ("no_delta", C.c_bool), ("truth_fraction", C.c_double)]
 
 
 class PullReportC(C.Structure):
@@ -62,8 +65,8 @@ class TruthReport(C.Structure):
     _fields_ = [("elements_checked", C.c_uint64), ("bytes_checked", C.c_uint64), ("mismatches", C.c_uint64)]
 
 
-PUBLISHER_PARAMS_VERSION = 2
-RECEIVER_PARAMS_VERSION = 2
+PUBLISHER_PARAMS_VERSION = 3
+RECEIVER_PARAMS_VERSION = 4
 PLAN_PARAMS_VERSION = 1
 VERSION_NEWEST = (1 << 64) - 1
 
@@ -126,6 +129,8 @@ _API = {
     # truth
     "refit_truth_fill": (ST, [P, PP, C.c_uint64]),
     "refit_truth_verify": (ST, [P, PP, C.c_uint64, C.POINTER(TruthReport)]),
+    "refit_truth_fill_delta": (ST, [P, PP, C.c_uint64, C.c_double]),
+    "refit_truth_verify_delta": (ST, [P, PP, C.c_uint64, C.c_double, C.POINTER(TruthReport)]),
     # safetensors
     "refit_safetensors_write": (ST, [C.c_char_p, P, PP]),
     "refit_safetensors_open": (ST, [C.c_char_p, PP]),

@@ -319,12 +319,14 @@ class Manifest:
             out[l.name] = _typed_view(regions[l.region], l.offset, l.nbytes, l.dtype, l.shape)
         return out
 
-    def truth_fill(self, regions: Sequence, version: int):
-        _check(lib.refit_truth_fill(self._h, _bases(regions), version), "refit_truth_fill")
+    def truth_fill(self, regions: Sequence, version: int, fraction: float = 1.0):
+        """The synthetic truth of `version`; with fraction < 1, only that share of elements changes per version."""
+        _check(lib.refit_truth_fill_delta(self._h, _bases(regions), version, fraction), "refit_truth_fill")
 
-    def truth_verify(self, regions: Sequence, version: int) -> dict:
+    def truth_verify(self, regions: Sequence, version: int, fraction: float = 1.0) -> dict:
         rep = _lib.TruthReport()
-        _check(lib.refit_truth_verify(self._h, _bases(regions), version, C.byref(rep)), "refit_truth_verify")
+        _check(lib.refit_truth_verify_delta(self._h, _bases(regions), version, fraction, C.byref(rep)),
+               "refit_truth_verify")
         return {"elements_checked": rep.elements_checked, "bytes_checked": rep.bytes_checked}
 
     def write_safetensors(self, path: str, regions: Sequence):
@@ -578,13 +580,14 @@ class Publisher(_Endpoint):
 
     def __init__(self, manifest: Manifest, *, registry: str = None, job: str = None, group: str = None,
                  transports: str = None, transport_options: str = None, mode: str = "in-place",
-                 heartbeat_ms: int = 0, dead_ms: int = 0, device: int = -1):
+                 heartbeat_ms: int = 0, dead_ms: int = 0, device: int = -1, delta: bool = False,
+                 delta_max_pct: int = 0, delta_threads: int = 0):
         super().__init__(manifest, device)
         if mode not in ("in-place", "snapshot"):
             raise RefitError(-1, "mode is 'in-place' or 'snapshot'", "Publisher")
         self._keep = [_b(registry), _b(job), _b(group), _b(transports), _b(transport_options)]
         pp = _lib.PublisherParams(_lib.PUBLISHER_PARAMS_VERSION, *self._keep, 1 if mode == "snapshot" else 0,
-                                  heartbeat_ms, dead_ms, device)
+                                  heartbeat_ms, dead_ms, device, delta, delta_max_pct, delta_threads)
         h = C.c_void_p()
         _check(lib.refit_publisher_create(C.byref(pp), manifest._h, C.byref(h)), "refit_publisher_create")
         self._h = h
@@ -622,6 +625,7 @@ class PullReport:
     transport: str
     lanes: str
     connect_ms: float
+    delta_base: int = 0  # a delta from this version was applied (0: a full pull)
 
 
 class Receiver(_Endpoint):
@@ -632,11 +636,12 @@ class Receiver(_Endpoint):
 
     def __init__(self, manifest: Manifest, *, registry: str = None, job: str = None, group: str = None,
                  transports: str = None, transport_options: str = None, reader: str = None, lease_ms: int = 0,
-                 threads: int = 0, verify: bool = False, device: int = -1):
+                 threads: int = 0, verify: bool = False, device: int = -1, relay_slot: int = -1,
+                 max_readers: int = 0, chunk_kb: int = 0, no_delta: bool = False, truth_fraction: float = 0.0):
         super().__init__(manifest, device)
         self._keep = [_b(registry), _b(job), _b(group), _b(transports), _b(transport_options), _b(reader)]
         rp = _lib.ReceiverParams(_lib.RECEIVER_PARAMS_VERSION, *self._keep, lease_ms, threads, 1 if verify else 0,
-                                 device)
+                                 device, relay_slot, max_readers, chunk_kb, 0, no_delta, truth_fraction)
         h = C.c_void_p()
         _check(lib.refit_receiver_create(C.byref(rp), manifest._h, C.byref(h)), "refit_receiver_create")
         self._h = h
@@ -655,7 +660,7 @@ class Receiver(_Endpoint):
         _check(lib.refit_receiver_pull(self._h, v, timeout_ms, C.byref(rep)), f"pull({version})")
         return PullReport(rep.version, rep.bytes, rep.sources, rep.planned, rep.manifests_read, rep.wait_ms,
                           rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
-                          rep.transport.decode(), rep.lanes.decode(), rep.connect_ms)
+                          rep.transport.decode(), rep.lanes.decode(), rep.connect_ms, rep.delta_base)
 
     @property
     def committed(self) -> int:

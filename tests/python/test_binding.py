@@ -182,15 +182,16 @@ _PUB = textwrap.dedent("""
     lay = refit.Layout("megatron:tp=2,ep=2,etp=1")
     rank, kind, reg = int(sys.argv[2]), sys.argv[3], sys.argv[4]
     man = lay.manifest(m, rank)
-    with refit.Publisher(man, registry=reg, job="bind", transports="shm") as p:
-        if kind == "alloc":
+    frac = 0.02 if kind == "delta" else 1.0
+    with refit.Publisher(man, registry=reg, job="bind", transports="shm", delta=kind == "delta") as p:
+        if kind in ("alloc", "delta"):
             mem = p.alloc(0)                       # library memory as a torch uint8 tensor
         elif kind == "torch":
             mem = torch.zeros(man.regions()[0], dtype=torch.uint8); p.attach(0, mem)
         else:
             mem = np.zeros(man.regions()[0], np.uint8); p.attach(0, mem)
         for v in (1, 2):
-            man.truth_fill([mem], v)
+            man.truth_fill([mem], v, frac)
             p.publish(v)
             p.wait_acks(v, 1, 60000)
             p.wait_readers(v, 60000)
@@ -198,7 +199,7 @@ _PUB = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("kind", ["alloc", "torch", "numpy"])
+@pytest.mark.parametrize("kind", ["alloc", "torch", "numpy", "delta"])
 def test_publish_pull_across_processes(tmp_path, kind):
     reg = f"file:{tmp_path}/reg"
     pubs = [subprocess.Popen([sys.executable, "-c", _PUB, os.path.join(HERE, "..", "..", "python"), str(r), kind,
@@ -206,16 +207,26 @@ def test_publish_pull_across_processes(tmp_path, kind):
     m = refit.Model("tiny-moe")
     man = refit.Layout("vllm:tp=2").manifest(m, 0)
     try:
-        with refit.Receiver(man, registry=reg, job="bind", verify=True) as r:
+        frac = 0.02 if kind == "delta" else 0.0
+        with refit.Receiver(man, registry=reg, job="bind", verify=True, truth_fraction=frac) as r:
             mem = torch.zeros(man.regions()[0], dtype=torch.uint8)
             r.attach(0, mem)
             rep = r.pull(1, timeout_ms=60000)
             assert rep.version == 1 and rep.sources == 2 and rep.planned and rep.transport == "shm"
+            assert rep.delta_base == 0
             views = r.tensors()
             assert views["model.embed_tokens.weight"].dtype == torch.bfloat16
+            full = rep.bytes
             rep = r.pull(2, timeout_ms=60000)
             assert not rep.planned and r.committed == 2 and r.usable
-            man.truth_verify([mem], 2)
+            if kind == "delta":  # version 2 as a delta from 1: a few percent of the bytes
+                assert rep.delta_base == 1 and rep.bytes * 10 < full
+                man.truth_verify([mem], 2, frac)
+                with pytest.raises(refit.RefitError):  # not the full truth of 2: only 2% changed
+                    man.truth_verify([mem], 2)
+            else:
+                assert rep.delta_base == 0
+                man.truth_verify([mem], 2)
             with pytest.raises(refit.RefitError) as e:
                 r.pull(3, timeout_ms=300)
             assert e.value.name == "REFIT_ERR_TIMEOUT"
