@@ -41,6 +41,7 @@ typedef struct {
     double connect;             /* max over receivers */
     uint64_t launches, requests; /* sums over receivers */
     double published, publish_ms, fill_ms; /* latest publish time, max publish_ms / fill_ms over publishers */
+    uint32_t deltas;            /* receivers that applied a delta */
 } cycle_t;
 
 /* Aggregate rate of a cycle: every receiver's bytes over the window from the
@@ -142,6 +143,9 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             x = 0;
             refit_json_int(refit_json_get(o, "requests"), &x);
             cy->requests += (uint64_t)x;
+            x = 0;
+            refit_json_int(refit_json_get(o, "delta_base"), &x);
+            cy->deltas += x > 0;
             bool planned = false;
             refit_json_bool(refit_json_get(o, "planned"), &planned);
             cy->planned |= planned;
@@ -204,8 +208,9 @@ int cmd_demo(int argc, char **argv)
     int64_t src_device = -1, dst_device = -1;
     uint64_t cycles = 5, timeout_s = 900, threads = 0, replicas = 1;
     bool json = false;
+    const char *delta = NULL;
     enum { D_MODEL = 1, D_SRC, D_DST, D_CYCLES, D_TRANSPORT, D_REGISTRY, D_JSON, D_TIMEOUT, D_THREADS, D_MODE,
-           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS };
+           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS, D_DELTA };
     static const struct option opts[] = {
         {"model", required_argument, 0, D_MODEL},         {"src", required_argument, 0, D_SRC},
         {"dst", required_argument, 0, D_DST},             {"cycles", required_argument, 0, D_CYCLES},
@@ -214,7 +219,7 @@ int cmd_demo(int argc, char **argv)
         {"threads", required_argument, 0, D_THREADS},     {"mode", required_argument, 0, D_MODE},
         {"replicas", required_argument, 0, D_REPLICAS},   {"src-device", required_argument, 0, D_SRC_DEVICE},
         {"dst-device", required_argument, 0, D_DST_DEVICE}, {"transport-options", required_argument, 0, D_TOPTS},
-        {0, 0, 0, 0}};
+        {"delta", required_argument, 0, D_DELTA},         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -237,6 +242,14 @@ int cmd_demo(int argc, char **argv)
             if (tool_parse_u64(optarg, &threads)) return tool_usage("demo", "--threads takes a number");
             break;
         case D_TOPTS: topts = optarg; break;
+        case D_DELTA: {
+            char *end;
+            double f = strtod(optarg, &end);
+            if (*end || !(f > 0 && f < 1))
+                return tool_usage("demo", "--delta takes the share of elements that change per version, in (0, 1)");
+            delta = optarg;
+            break;
+        }
         case D_SRC_DEVICE:
         case D_DST_DEVICE: {
             uint64_t d;
@@ -253,6 +266,7 @@ int cmd_demo(int argc, char **argv)
     }
     if (optind < argc) return tool_usage("demo", "unexpected argument");
     if (strcmp(mode, "in-place") && strcmp(mode, "snapshot")) return tool_usage("demo", "--mode is in-place or snapshot");
+    if (delta && (src_device >= 0 || dst_device >= 0)) return tool_usage("demo", "--delta needs host memory");
 
     /* Check everything the children will check, so errors surface here once. */
     refit_status_t st;
@@ -345,6 +359,7 @@ int cmd_demo(int argc, char **argv)
         args[a++] = "--json";
         if (topts) args[a++] = "--transport-options", args[a++] = (char *)topts;
         if ((rx ? dst_device : src_device) >= 0) args[a++] = "--device", args[a++] = rx ? ddev : sdev;
+        if (delta) args[a++] = "--delta", args[a++] = (char *)delta;
         if (rx) {
             args[a++] = "--verify";
             args[a++] = "--threads", args[a++] = nthreads;
@@ -468,20 +483,21 @@ int cmd_demo(int argc, char **argv)
             printf("%s{\"version\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"discover_ms\":%.3f,\"plan_ms\":%.3f,"
                    "\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"planned\":%s,\"span_ms\":%.3f,"
                    "\"connect_ms\":%.3f,\"launches\":%" PRIu64 ",\"requests\":%" PRIu64 ",\"publish_ms\":%.3f,"
-                   "\"fill_ms\":%.3f,\"publish_to_commit_ms\":%.3f}",
+                   "\"fill_ms\":%.3f,\"publish_to_commit_ms\":%.3f,\"delta_pulls\":%u}",
                    k ? "," : "", k + 1, cy[k].bytes, cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify,
                    cy[k].total, cy[k].planned ? "true" : "false", (cy[k].end - cy[k].begin) * 1e3, cy[k].connect,
                    cy[k].launches, cy[k].requests, cy[k].publish_ms, cy[k].fill_ms,
-                   cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0);
+                   cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0, cy[k].deltas);
         printf("]}\n");
     } else {
         printf("%5s %14s %12s %10s %12s %11s %10s %8s %9s\n", "cycle", "bytes", "discover_ms", "plan_ms",
                "transfer_ms", "verify_ms", "total_ms", "GB/s", "x memcpy");
         for (uint64_t k = 0; k < cycles; k++) {
             double g = cycle_gbps(&cy[k]);
-            printf("%5" PRIu64 " %14" PRIu64 " %12.2f %10.2f %12.1f %11.1f %10.1f %8.2f %9.2f%s\n", k + 1, cy[k].bytes,
+            printf("%5" PRIu64 " %14" PRIu64 " %12.2f %10.2f %12.1f %11.1f %10.1f %8.2f %9.2f%s%s\n", k + 1, cy[k].bytes,
                    cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify, cy[k].total, g,
-                   memcpy_gbps > 0 ? g / memcpy_gbps : 0, cy[k].reports == R ? "" : "  (incomplete)");
+                   memcpy_gbps > 0 ? g / memcpy_gbps : 0, cy[k].deltas ? "  (delta)" : "",
+                   cy[k].reports == R ? "" : "  (incomplete)");
         }
         printf("\n(transfer_ms: the slowest receiver's; GB/s: every receiver's bytes from the first transfer's start to\n"
                " the last one's end; control plane: discover + plan, the slowest receiver's)\n");

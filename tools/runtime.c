@@ -26,12 +26,13 @@ typedef struct {
     const char *from_st, *dump; /* publish --from-safetensors DIR, pull --dump DIR */
     uint64_t rank, versions, first, acks, timeout_ms, threads, hold_ms, lease_ms, dead_ms;
     int device; /* -1: host memory */
-    bool snapshot, json, verify, newest;
+    bool snapshot, json, verify, newest, no_delta;
+    double delta; /* publish: delta mode, this share of elements changing per version; pull: the truth's share */
 } rt_opts_t;
 
 enum { O_MODEL = 1, O_LAYOUT, O_RANK, O_REGISTRY, O_JOB, O_GROUP, O_TRANSPORTS, O_TOPTS, O_MODE, O_VERSIONS,
        O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD,
-       O_DEVICE, O_FROM_ST, O_DUMP };
+       O_DEVICE, O_FROM_ST, O_DUMP, O_DELTA, O_NO_DELTA };
 
 static const struct option g_rt_opts[] = {
     {"model", required_argument, 0, O_MODEL},       {"layout", required_argument, 0, O_LAYOUT},
@@ -46,6 +47,7 @@ static const struct option g_rt_opts[] = {
     {"reader", required_argument, 0, O_READER},     {"lease-ms", required_argument, 0, O_LEASE},
     {"dead-ms", required_argument, 0, O_DEAD},      {"device", required_argument, 0, O_DEVICE},
     {"from-safetensors", required_argument, 0, O_FROM_ST}, {"dump", required_argument, 0, O_DUMP},
+    {"delta", required_argument, 0, O_DELTA},       {"no-delta", no_argument, 0, O_NO_DELTA},
     {0, 0, 0, 0}};
 
 static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
@@ -74,6 +76,14 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
             if (!strcmp(optarg, "snapshot")) o->snapshot = true;
             else if (strcmp(optarg, "in-place")) return tool_usage(cmd, "--mode is in-place or snapshot");
             break;
+        case O_DELTA: {
+            char *end;
+            o->delta = strtod(optarg, &end);
+            if (*end || !(o->delta > 0 && o->delta < 1))
+                return tool_usage(cmd, "--delta takes the share of elements that change per version, in (0, 1)");
+            break;
+        }
+        case O_NO_DELTA: o->no_delta = true; break;
         case O_JSON: o->json = true; break;
         case O_VERIFY: o->verify = true; break;
         case O_NEWEST: o->newest = true; break;
@@ -105,6 +115,9 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
             return tool_usage(cmd, "--from-safetensors publishes one hf rank from host memory (--layout hf, rank 0)");
     }
     if (o->dump && strcmp(cmd, "pull")) return tool_usage(cmd, "--dump is a pull option");
+    if (o->no_delta && strcmp(cmd, "pull")) return tool_usage(cmd, "--no-delta is a pull option");
+    if (o->delta > 0 && (o->from_st || o->device >= 0))
+        return tool_usage(cmd, "--delta needs host memory filled with the synthetic truth");
     if (!o->model || !o->layout) return tool_usage(cmd, "--model and --layout are required");
     if (o->timeout_ms > INT32_MAX || o->first == 0) return tool_usage(cmd, "bad --timeout-ms or --first");
     return 0;
@@ -148,6 +161,7 @@ int cmd_publish(int argc, char **argv)
     pp.mode = o.snapshot ? REFIT_MODE_SNAPSHOT : REFIT_MODE_IN_PLACE;
     pp.dead_ms = (uint32_t)o.dead_ms;
     pp.device = o.device;
+    pp.delta = o.delta > 0;
     if ((st = refit_publisher_create(&pp, m, &p))) {
         refit_manifest_destroy(m);
         refit_hf_source_close(hf);
@@ -174,6 +188,8 @@ int cmd_publish(int argc, char **argv)
         if (o.device >= 0) st = refit_gpu_truth_fill(m, o.device, &base, v);
         else
 #endif
+        if (o.delta > 0) st = refit_truth_fill_delta(m, &base, v, o.delta);
+        else
             st = refit_truth_fill(m, &base, v); /* m is owned by p and lives as long */
         if (st) {
             rc = tool_fail(st, "fill");
@@ -185,10 +201,17 @@ int cmd_publish(int argc, char **argv)
             goto out;
         }
         double t2 = refit_now();
+        refit_publish_delta_t d = {0};
+        if (o.delta > 0) refit_publisher_last_delta(p, &d);
         if (o.json)
             printf("{\"event\":\"published\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64
-                   ",\"fill_ms\":%.3f,\"publish_ms\":%.3f,\"at_s\":%.6f}\n",
-                   o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3, t2);
+                   ",\"fill_ms\":%.3f,\"publish_ms\":%.3f,\"at_s\":%.6f,\"delta_base\":%" PRIu64
+                   ",\"delta_bytes\":%" PRIu64 ",\"delta_encode_ms\":%.3f}\n",
+                   o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3, t2, d.base_version, d.bytes, d.encode_ms);
+        else if (d.base_version)
+            printf("rank %" PRIu64 " published version %" PRIu64 " (fill %.1f ms, publish %.2f ms; delta from %" PRIu64
+                   ": %" PRIu64 " bytes, encoded in %.1f ms)\n",
+                   o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3, d.base_version, d.bytes, d.encode_ms);
         else
             printf("rank %" PRIu64 " published version %" PRIu64 " (fill %.1f ms, publish %.2f ms)\n", o.rank, v,
                    (t1 - t0) * 1e3, (t2 - t1) * 1e3);
@@ -231,6 +254,8 @@ int cmd_pull(int argc, char **argv)
     rp.lease_ms = (uint32_t)o.lease_ms;
     rp.verify = o.verify ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
     rp.device = o.device;
+    rp.no_delta = o.no_delta;
+    rp.truth_fraction = o.delta;
     if ((st = refit_receiver_create(&rp, m, &r))) {
         refit_manifest_destroy(m);
         return tool_fail(st, "receiver");
@@ -260,17 +285,20 @@ int cmd_pull(int argc, char **argv)
                    ",\"sources\":%u,\"planned\":%s,\"manifests_read\":%u,\"wait_ms\":%.3f,\"discover_ms\":%.3f,"
                    "\"plan_ms\":%.3f,\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"verified\":%s,"
                    "\"connect_ms\":%.3f,\"requests\":%" PRIu64 ",\"launches\":%" PRIu64
-                   ",\"begin_s\":%.6f,\"end_s\":%.6f,\"transfer_begin_s\":%.6f,\"device\":%d,\"transport\":\"%s\",\"lanes\":",
+                   ",\"begin_s\":%.6f,\"end_s\":%.6f,\"transfer_begin_s\":%.6f,\"device\":%d,\"delta_base\":%" PRIu64
+                   ",\"transport\":\"%s\",\"lanes\":",
                    o.rank, rep.version, rep.bytes, rep.sources, rep.planned ? "true" : "false", rep.manifests_read,
                    rep.wait_ms, rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
                    o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s, rep.transfer_begin_s,
-                   o.device, rep.transport);
+                   o.device, rep.delta_base, rep.transport);
             tool_json_string(stdout, rep.lanes);
             printf("}\n");
         } else {
-            printf("rank %" PRIu64 " pulled version %" PRIu64 ": %" PRIu64 " bytes from %u sources over %s in %.1f ms "
+            char how[64] = "";
+            if (rep.delta_base) snprintf(how, sizeof(how), " (a delta from %" PRIu64 ")", rep.delta_base);
+            printf("rank %" PRIu64 " pulled version %" PRIu64 "%s: %" PRIu64 " bytes from %u sources over %s in %.1f ms "
                    "(discover %.2f, plan %.2f, transfer %.1f, verify %.1f)%s\n",
-                   o.rank, rep.version, rep.bytes, rep.sources, rep.transport, rep.total_ms, rep.discover_ms,
+                   o.rank, rep.version, how, rep.bytes, rep.sources, rep.transport, rep.total_ms, rep.discover_ms,
                    rep.plan_ms, rep.transfer_ms, rep.verify_ms, o.verify ? ", verified" : "");
         }
         fflush(stdout);

@@ -23,6 +23,9 @@ trap 'rm -rf "$tmp"' EXIT
 check delta "$tmp/delta.json" bit_exact wire_bytes_ratio full_refit_without_base
 "$refit" bench --scenario delta --model tiny-dense --src megatron:tp=2 --dst vllm:tp=1 --fraction 0.2 --versions 2 >"$tmp/delta2.json"
 check delta-20% "$tmp/delta2.json" bit_exact full_refit_without_base
+# Through the engine: publishers offer deltas, a full and a delta receiver pull every version.
+"$refit" bench --scenario delta --net shm --model tiny-moe --versions 3 >"$tmp/delta3.json"
+check delta-engine "$tmp/delta3.json" bit_exact deltas_applied wire_bytes_ratio
 "$refit" bench --scenario partial --model tiny-moe --select "layer:1,lm_head.weight" >"$tmp/partial.json"
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL: partial exited $rc"; fail=$((fail + 1)); }
