@@ -69,6 +69,18 @@ REFIT_API const refit_fp8_tensor_t *refit_fp8_target_tensor(const refit_fp8_targ
 /* Quantized weights (and their scales) in the target. */
 REFIT_API uint32_t refit_fp8_target_num_quantized(const refit_fp8_target_t *t);
 
+/* The FP8 target as a manifest of its own (layout "<bf16 layout>+fp8", same
+ * model, rank and world; one region of refit_fp8_target_bytes): quantized
+ * weights are F8_E4M3 local tensors placed from F8_E4M3 canonical tensors of
+ * the same names and shapes, their scales F32 local tensors
+ * ("<name>_scale_inv") placed from canonical "<canonical>_scale_inv" tensors
+ * [.., ceil(R/128), ceil(C/128)] with the same boxes on the block grid; the
+ * rest as in the bf16 manifest.  A stage that publishes its FP8 arena under
+ * this manifest and a receiver that holds it plan between them like any two
+ * layouts (refit_fp8_relay_* in refit/engine.h). */
+REFIT_API refit_status_t refit_fp8_target_manifest(const refit_fp8_target_t *t, const refit_manifest_t *bf16,
+                                                   refit_manifest_t **out);
+
 /* The source-side stage: from the receiver's bf16 image (region 0 of the
  * bf16 manifest, as its plan writes it) to the FP8 arena image.  threads 0:
  * one per CPU. */

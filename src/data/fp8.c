@@ -280,3 +280,69 @@ refit_status_t refit_fp8_stage(const refit_fp8_target_t *t, const void *bf16_ima
     free(s.units);
     return REFIT_OK;
 }
+
+/* ---- the FP8 target as a manifest ----------------------------------------- */
+
+/* Canonical id in `out` for bf16 canonical c as kind (0 kept, 1 fp8 weight,
+ * 2 its scales), declared on first use (add_canonical returns the first id
+ * of a name again, and refuses the same name with another dtype or shape:
+ * a canonical tensor held both quantized and not). */
+static refit_status_t canon_for(const refit_manifest_t *m, uint32_t c, int kind, refit_manifest_t *out, uint32_t *id)
+{
+    const refit_tdesc_t *d = &m->canon.data[c];
+    char name[REFIT_MANIFEST_MAX_NAME + 16];
+    refit_tensor_info_t ti = {.name = name, .dtype = d->dtype, .ndim = d->ndim};
+    memcpy(ti.shape, d->shape, sizeof(ti.shape));
+    snprintf(name, sizeof(name), "%s%s", d->name, kind == 2 ? "_scale_inv" : "");
+    if (kind == 1) ti.dtype = REFIT_DTYPE_F8_E4M3;
+    if (kind == 2) {
+        ti.dtype = REFIT_DTYPE_F32;
+        ti.shape[d->ndim - 2] = (d->shape[d->ndim - 2] + B - 1) / B;
+        ti.shape[d->ndim - 1] = (d->shape[d->ndim - 1] + B - 1) / B;
+    }
+    refit_status_t st = refit_manifest_add_canonical(out, &ti, id);
+    if (st) refit_error_prefix("fp8 manifest: canonical %s", name);
+    return st;
+}
+
+refit_status_t refit_fp8_target_manifest(const refit_fp8_target_t *t, const refit_manifest_t *m, refit_manifest_t **out)
+{
+    if (!t || !m || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_fp8_target_manifest: NULL argument");
+    if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "fp8 manifest: the bf16 manifest is not finalized");
+    char layout[REFIT_MANIFEST_MAX_NAME + 1];
+    int n = snprintf(layout, sizeof(layout), "%s+fp8", m->layout);
+    if (n < 0 || (size_t)n >= sizeof(layout)) return refit_error(REFIT_ERR_INVALID_ARG, "fp8 manifest: layout name too long");
+    refit_manifest_identity_t id = {.model = m->model, .layout = layout, .rank = m->rank, .world = m->world};
+    refit_manifest_t *f = NULL;
+    uint32_t region;
+    refit_status_t st = refit_manifest_create(&id, &f);
+    if (!st) st = refit_manifest_add_region(f, t->bytes, &region);
+    for (uint32_t i = 0; i < t->n && !st; i++) {
+        const entry_t *e = &t->e[i];
+        uint32_t li = e->t.local, lid;
+        refit_tensor_info_t ti = {.name = e->name, .dtype = e->t.dtype, .ndim = e->t.ndim};
+        memcpy(ti.shape, e->t.shape, sizeof(ti.shape));
+        if ((st = refit_manifest_add_local(f, &ti, region, e->t.offset, &lid))) break;
+        for (uint32_t k = m->pl_start[li]; k < m->pl_start[li + 1] && !st; k++) {
+            refit_placement_t p = m->placements.data[m->pl_list[k]];
+            if ((st = canon_for(m, p.canon, e->kind, f, &p.canon))) break;
+            p.local = lid;
+            if (e->kind == 2) { /* the same box on the 128-element block grid (checked at create) */
+                uint32_t cn = p.ndim, ln = e->t.ndim;
+                for (uint32_t k2 = 0; k2 < 2; k2++) {
+                    p.canon_offset[cn - 2 + k2] /= B;
+                    p.extent[cn - 2 + k2] = (p.extent[cn - 2 + k2] + B - 1) / B;
+                    p.local_offset[ln - 2 + k2] /= B;
+                }
+            }
+            st = refit_manifest_add_placement(f, &p);
+        }
+    }
+    if (!st) st = refit_manifest_finalize(f);
+    if (st) {
+        refit_manifest_destroy(f);
+        return st;
+    }
+    *out = f;
+    return REFIT_OK;
+}

@@ -170,6 +170,74 @@ static void stage_equals_reference(void **state)
     }
 }
 
+/* The FP8 arena of a bf16 rank, staged from the truth of version v. */
+static unsigned char *staged(const char *layout, uint32_t rank, uint64_t v, refit_manifest_t **fp8m)
+{
+    refit_manifest_t *dst = t_manifest_named("tiny-fp8", layout, rank);
+    uint64_t ds = refit_manifest_region_size(dst, 0);
+    void *img = calloc(1, ds);
+    REFIT_ASSERT_OK(refit_truth_fill(dst, &img, v));
+    refit_fp8_target_t *t;
+    REFIT_ASSERT_OK(refit_fp8_target_create(dst, &t));
+    unsigned char *arena = calloc(1, refit_fp8_target_bytes(t));
+    REFIT_ASSERT_OK(refit_fp8_stage(t, img, arena, 1));
+    REFIT_ASSERT_OK(refit_fp8_target_manifest(t, dst, fp8m));
+    assert_int_equal(refit_manifest_region_size(*fp8m, 0), refit_fp8_target_bytes(t));
+    refit_fp8_target_destroy(t);
+    refit_manifest_destroy(dst);
+    free(img);
+    return arena;
+}
+
+/* FP8 arenas described as manifests plan like any layouts: the same layout
+ * is one contiguous copy, and tp=2 arenas reshard into the tp=1 arena byte
+ * for byte (blocks are canonical blocks, so their scales do not depend on
+ * the sharding). */
+static void fp8_manifest_plans(void **state)
+{
+    (void)state;
+    refit_manifest_t *src[2], *one;
+    unsigned char *sa[2];
+    for (uint32_t r = 0; r < 2; r++) sa[r] = staged("vllm:tp=2", r, 5, &src[r]);
+    unsigned char *want = staged("vllm:tp=1", 0, 5, &one);
+    refit_manifest_identity_t id;
+    refit_manifest_identity(src[1], &id);
+    assert_string_equal(id.layout, "vllm:tp=2,ep=1,dp=1,pad=64+fp8");
+    const void *const *sb[2] = {(const void *const *)&sa[0], (const void *const *)&sa[1]};
+    /* Same layout: rank 1 from the two ranks, one contiguous region. */
+    refit_plan_t *plan;
+    refit_manifest_t *again = NULL;
+    unsigned char *a1 = staged("vllm:tp=2", 1, 5, &again);
+    REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)src, 2, again, NULL, &plan));
+    refit_plan_stats_t ps;
+    refit_plan_stats(plan, &ps);
+    assert_true(ps.bytes_read > 0 && ps.bytes_read + ps.bytes_fill <= refit_manifest_region_size(again, 0));
+    uint64_t n1 = refit_manifest_region_size(again, 0);
+    unsigned char *got = calloc(1, n1);
+    void *gp = got;
+    REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, (const void *const *const *)sb, &gp, 1));
+    assert_memory_equal(got, a1, n1);
+    refit_plan_destroy(plan);
+    free(got);
+    /* tp=2 -> tp=1. */
+    REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)src, 2, one, NULL, &plan));
+    uint64_t n = refit_manifest_region_size(one, 0);
+    got = calloc(1, n);
+    gp = got;
+    REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, (const void *const *const *)sb, &gp, 1));
+    assert_memory_equal(got, want, n);
+    refit_plan_destroy(plan);
+    free(got);
+    for (uint32_t r = 0; r < 2; r++) {
+        refit_manifest_destroy(src[r]);
+        free(sa[r]);
+    }
+    refit_manifest_destroy(again);
+    refit_manifest_destroy(one);
+    free(a1);
+    free(want);
+}
+
 static void misaligned_refused(void **state)
 {
     (void)state;
@@ -193,6 +261,6 @@ static void misaligned_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(conversion), cmocka_unit_test(stage_equals_reference),
-                                       cmocka_unit_test(misaligned_refused)};
+                                       cmocka_unit_test(fp8_manifest_plans), cmocka_unit_test(misaligned_refused)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
