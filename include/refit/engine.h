@@ -215,6 +215,34 @@ REFIT_API uint64_t refit_receiver_committed(const refit_receiver_t *r);
 REFIT_API bool refit_receiver_usable(const refit_receiver_t *r);
 REFIT_API void refit_receiver_destroy(refit_receiver_t *r);
 
+/* ---- FP8 relays ------------------------------------------------------------
+ * A receiver whose engine serves an FP8 checkpoint holds block-quantized
+ * weights (refit/fp8.h).  An FP8 relay runs where the bf16 bytes are cheap
+ * to read (next to the trainer, over shm): it pulls one bf16 vLLM rank as a
+ * receiver, quantizes each version into an FP8 arena and publishes it as
+ * that rank of the layout "<bf16 layout>+fp8" (refit_fp8_target_manifest) in
+ * a group of its own.  FP8 receivers are ordinary receivers of that group
+ * with FP8 manifests: they plan and pull like any other, across FP8 layouts
+ * too (blocks are canonical blocks), and the wire carries fp8 bytes and
+ * scales.  One relay per bf16 rank of the FP8 layout's world. */
+typedef struct refit_fp8_relay refit_fp8_relay_t;
+typedef struct {
+    uint64_t version;
+    uint64_t bf16_bytes, fp8_bytes; /* pulled, published */
+    double pull_ms, wait_ms, stage_ms, publish_ms; /* wait: for the FP8 readers of the previous version (in place) */
+} refit_fp8_relay_report_t;
+/* rp: the bf16 side (host memory; its group is the trainer's); pp: the FP8
+ * side, pp->group naming another group.  Takes ownership of bf16 (even on
+ * failure).  REFIT_ERR_GEOMETRY when the layout cuts FP8 blocks. */
+REFIT_API refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const refit_publisher_params_t *pp,
+                                                refit_manifest_t *bf16, refit_fp8_relay_t **out);
+/* Pulls `version` (or REFIT_VERSION_NEWEST) in bf16, quantizes, publishes
+ * the same version number in FP8.  In in-place mode it first waits (up to
+ * timeout_ms) for the readers of the FP8 version it published last. */
+REFIT_API refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int timeout_ms,
+                                              refit_fp8_relay_report_t *rep);
+REFIT_API void refit_fp8_relay_destroy(refit_fp8_relay_t *x);
+
 #ifdef __cplusplus
 }
 #endif

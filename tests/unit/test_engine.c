@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "refit/fp8.h"
 #include "registry/registry.h"
 
 /* ---- publisher processes, driven line by line over pipes ----------------- */
@@ -1071,6 +1072,114 @@ static void delta_fallbacks(void **state)
     t_rm_tree(g.dir);
 }
 
+/* ---- FP8 relays ------------------------------------------------------------- */
+
+/* The FP8 arena of a bf16 rank staged here from the truth: what an FP8
+ * receiver must hold, computed without the engine. */
+static unsigned char *fp8_reference(const char *layout, uint32_t rank, uint64_t v, refit_manifest_t **fm)
+{
+    refit_manifest_t *m = t_manifest_named("tiny-fp8", layout, rank);
+    void *img = calloc(1, refit_manifest_region_size(m, 0));
+    REFIT_ASSERT_OK(refit_truth_fill(m, &img, v));
+    refit_fp8_target_t *t;
+    REFIT_ASSERT_OK(refit_fp8_target_create(m, &t));
+    unsigned char *arena = calloc(1, refit_fp8_target_bytes(t));
+    REFIT_ASSERT_OK(refit_fp8_stage(t, img, arena, 1));
+    REFIT_ASSERT_OK(refit_fp8_target_manifest(t, m, fm));
+    refit_fp8_target_destroy(t);
+    refit_manifest_destroy(m);
+    free(img);
+    return arena;
+}
+
+/* bf16 trainer (2 processes) -> two FP8 relays (vllm:tp=2 ranks) -> FP8
+ * receivers of tp=2 rank 1 and of tp=1 (resharded from the two arenas);
+ * every byte equal to a reference quantization of the truth, and the FP8
+ * receivers read about half the bf16 bytes. */
+static void fp8_relays(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-fp8", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    refit_fp8_relay_t *x[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+        rp.registry = g.url;
+        rp.job = g.job;
+        rp.transports = "shm";
+        rp.verify = REFIT_VERIFY_TRUTH;
+        char reader[32];
+        snprintf(reader, sizeof(reader), "fp8relay%u", k);
+        rp.reader = reader;
+        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+        pp.registry = g.url;
+        pp.job = g.job;
+        pp.group = "fp8";
+        pp.transports = "shm";
+        REFIT_ASSERT_OK(refit_fp8_relay_create(&rp, &pp, t_manifest_named("tiny-fp8", "vllm:tp=2", k), &x[k]));
+    }
+    refit_receiver_t *r2, *r1;
+    void *b2, *b1;
+    refit_manifest_t *want_m;
+    for (int i = 0; i < 2; i++) {
+        unsigned char *ref = fp8_reference(i ? "vllm:tp=1" : "vllm:tp=2", i ? 0 : 1, 1, &want_m);
+        free(ref);
+        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+        rp.registry = g.url;
+        rp.job = g.job;
+        rp.group = "fp8";
+        rp.transports = "shm";
+        rp.reader = i ? "fp8-tp1" : "fp8-tp2";
+        REFIT_ASSERT_OK(refit_receiver_create(&rp, want_m, i ? &r1 : &r2));
+        REFIT_ASSERT_OK(refit_receiver_alloc(i ? r1 : r2, 0, i ? &b1 : &b2));
+    }
+    for (uint64_t v = 1; v <= 2; v++) {
+        for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish %llu", (unsigned long long)v);
+        uint64_t bf16_bytes = 0;
+        for (uint32_t k = 0; k < 2; k++) {
+            refit_fp8_relay_report_t xr;
+            REFIT_ASSERT_OK(refit_fp8_relay_step(x[k], v, 10000, &xr));
+            assert_int_equal(xr.version, v);
+            assert_true(xr.fp8_bytes < xr.bf16_bytes * 7 / 10);
+            if (k == 1) bf16_bytes = xr.bf16_bytes;
+        }
+        refit_pull_report_t rep;
+        REFIT_ASSERT_OK(refit_receiver_pull(r2, v, 10000, &rep));
+        assert_true(rep.bytes < bf16_bytes * 7 / 10);
+        REFIT_ASSERT_OK(refit_receiver_pull(r1, v, 10000, &rep));
+        assert_int_equal(rep.sources, 2);
+        for (int i = 0; i < 2; i++) {
+            refit_manifest_t *fm;
+            unsigned char *ref = fp8_reference(i ? "vllm:tp=1" : "vllm:tp=2", i ? 0 : 1, v, &fm);
+            assert_memory_equal(i ? b1 : b2, ref, refit_manifest_region_size(fm, 0));
+            refit_manifest_destroy(fm);
+            free(ref);
+        }
+        for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait %llu 5000", (unsigned long long)v);
+    }
+    /* A layout that cuts FP8 blocks is refused when the relay is made. */
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g.url;
+    rp.job = g.job;
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    pp.registry = g.url;
+    pp.job = g.job;
+    pp.group = "fp8";
+    refit_fp8_relay_t *bad;
+    REFIT_ASSERT_ERR(refit_fp8_relay_create(&rp, &pp, t_manifest_named("tiny-fp8", "vllm:tp=4", 1), &bad),
+                     REFIT_ERR_GEOMETRY, "block grid");
+    pp.group = NULL;
+    REFIT_ASSERT_ERR(refit_fp8_relay_create(&rp, &pp, t_manifest_named("tiny-fp8", "vllm:tp=2", 0), &bad),
+                     REFIT_ERR_INVALID_ARG, "group of its own");
+    refit_receiver_destroy(r1);
+    refit_receiver_destroy(r2);
+    for (uint32_t k = 0; k < 2; k++) refit_fp8_relay_destroy(x[k]);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1078,6 +1187,7 @@ int main(void)
         cmocka_unit_test(partial_refit),
         cmocka_unit_test(delta_refit),
         cmocka_unit_test(delta_fallbacks),
+        cmocka_unit_test(fp8_relays),
         cmocka_unit_test(process_vm_readv_path),
         cmocka_unit_test(snapshot_mode),
         cmocka_unit_test(end_to_end_redis),
