@@ -298,15 +298,25 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
 {
     uint32_t nh = 0;
     *holding = 0;
+    /* Every slot's record and heartbeat in one registry round trip. */
+    char groups[REFIT_MAX_RELAYS][104];
+    const char *gp[REFIT_MAX_RELAYS];
+    refit_version_record_t recs[REFIT_MAX_RELAYS];
+    uint8_t present[REFIT_MAX_RELAYS], alive[REFIT_MAX_RELAYS];
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
+        relay_group(R, j, groups[j], sizeof(groups[j]));
+        gp[j] = groups[j];
+    }
+    if (refit_registry_heads(R->reg, gp, REFIT_MAX_RELAYS, recs, present, alive)) {
+        refit_log(REFIT_LOG_WARN, "looking for relays: %s", refit_last_error());
+        return 0;
+    }
     for (uint32_t j = 0; j < REFIT_MAX_RELAYS && nh < max; j++) {
         relay_src_t *s = &R->src[j];
         if ((int)j == R->slot) continue;
-        char g[104];
-        relay_group(R, j, g, sizeof(g));
-        refit_version_record_t rec;
-        uint8_t present = 0, alive = 0;
-        if (refit_registry_records(R->reg, g, 1, &rec, &present) || !present) continue;
-        if (rec.version != v || refit_registry_alive(R->reg, g, 1, &alive, NULL) || !alive) continue;
+        const char *g = groups[j];
+        refit_version_record_t rec = recs[j];
+        if (!present[j] || rec.version != v || !alive[j]) continue;
         if (!s->m || s->signature != rec.signature || s->incarnation != rec.incarnation) {
             drop(R, ts, s);
             void *buf = NULL;

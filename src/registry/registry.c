@@ -459,6 +459,52 @@ refit_status_t refit_registry_publish(refit_registry_t *r, const char *group, ui
     return r->ops->put(r->kv, key, val, sizeof(val), 0);
 }
 
+refit_status_t refit_registry_heads(refit_registry_t *r, const char *const *groups, uint32_t n,
+                                    refit_version_record_t *recs, uint8_t *present, uint8_t *alive)
+{
+    if (!groups || !recs || !present || !alive || n > 4096)
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry heads: bad arguments");
+    if (n == 0) return REFIT_OK;
+    for (uint32_t i = 0; i < n; i++) {
+        refit_status_t st = check_group(groups[i]);
+        if (st) return st;
+    }
+    char *kb = malloc((size_t)n * 2 * KEY_MAX);
+    const char **keys = malloc((size_t)n * 2 * sizeof(*keys));
+    void **v = calloc((size_t)n * 2, sizeof(*v));
+    size_t *l = calloc((size_t)n * 2, sizeof(*l));
+    refit_status_t st = REFIT_OK;
+    if (!kb || !keys || !v || !l) st = refit_error(REFIT_ERR_NO_MEMORY, "registry heads: %u groups", n);
+    for (uint32_t i = 0; i < n && !st; i++) {
+        src_key(kb + (size_t)(2 * i) * KEY_MAX, groups[i], 0, "rec");
+        src_key(kb + (size_t)(2 * i + 1) * KEY_MAX, groups[i], 0, "hb");
+        keys[2 * i] = kb + (size_t)(2 * i) * KEY_MAX;
+        keys[2 * i + 1] = kb + (size_t)(2 * i + 1) * KEY_MAX;
+    }
+    if (!st) st = r->ops->get_many(r->kv, keys, (size_t)n * 2, v, l);
+    for (uint32_t i = 0; i < n && !st; i++) {
+        memset(&recs[i], 0, sizeof(recs[i]));
+        present[i] = v[2 * i] != NULL;
+        alive[i] = v[2 * i + 1] != NULL;
+        refit_source_info_t info;
+        /* One unreadable group does not hide the others: it is reported absent. */
+        if (present[i] && decode_record(v[2 * i], l[2 * i], keys[2 * i], &recs[i])) {
+            refit_log(REFIT_LOG_WARN, "%s", refit_last_error());
+            present[i] = 0;
+        }
+        if (alive[i] && decode_heartbeat(v[2 * i + 1], l[2 * i + 1], keys[2 * i + 1], &info)) {
+            refit_log(REFIT_LOG_WARN, "%s", refit_last_error());
+            alive[i] = 0;
+        }
+    }
+    for (uint32_t i = 0; v && i < n * 2; i++) free(v[i]);
+    free(v);
+    free(l);
+    free(keys);
+    free(kb);
+    return st;
+}
+
 refit_status_t refit_registry_records(refit_registry_t *r, const char *group, uint32_t world,
                                       refit_version_record_t *recs, uint8_t *present)
 {

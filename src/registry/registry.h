@@ -75,6 +75,12 @@ refit_status_t refit_registry_publish(refit_registry_t *r, const char *group, ui
 refit_status_t refit_registry_records(refit_registry_t *r, const char *group, uint32_t world,
                                       refit_version_record_t *recs, uint8_t *present);
 
+/* Rank 0's record and liveness in each of n groups (relay groups, which
+ * have one rank each), in one round trip where the backend allows.  A value
+ * that does not decode is logged and reported absent. */
+refit_status_t refit_registry_heads(refit_registry_t *r, const char *const *groups, uint32_t n,
+                                    refit_version_record_t *recs, uint8_t *present, uint8_t *alive);
+
 /* ---- leases ------------------------------------------------------------- */
 /* Marks `version` retired: later lease_acquire calls on it fail with REFIT_ERR_STALE. */
 refit_status_t refit_registry_retire(refit_registry_t *r, const char *group, uint64_t version);

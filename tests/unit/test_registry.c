@@ -267,6 +267,19 @@ static void test_records(void **state)
     /* Other groups are separate. */
     REFIT_ASSERT_OK(refit_registry_records(r, "h", W, recs, present));
     for (int k = 0; k < W; k++) assert_int_equal(present[k], 0);
+    /* Heads: rank 0 of several groups, records and heartbeats together. */
+    rec = rec_of(12, 0);
+    REFIT_ASSERT_OK(refit_registry_publish(r, "h", 0, &rec));
+    refit_source_info_t info = {.incarnation = 5, .pid = 1};
+    snprintf(info.host, sizeof(info.host), "node");
+    REFIT_ASSERT_OK(refit_registry_heartbeat(r, "h", 0, &info, 5000));
+    const char *groups[] = {"g", "h", "nobody"};
+    uint8_t alive[3];
+    REFIT_ASSERT_OK(refit_registry_heads(r, groups, 3, recs, present, alive));
+    assert_memory_equal(present, ((uint8_t[]){1, 1, 0}), 3);
+    assert_memory_equal(alive, ((uint8_t[]){0, 1, 0}), 3);
+    assert_int_equal(recs[0].version, 10);
+    assert_memory_equal(&recs[1], &rec, sizeof(rec));
     refit_registry_close(r);
 }
 
