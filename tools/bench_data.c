@@ -838,6 +838,8 @@ fail:
 
 int bench_fp8(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) /* --net: the engine end to end (tools/bench_net.c) */
+        if (!strcmp(argv[i], "--net") || !strncmp(argv[i], "--net=", 6)) return bench_fp8_net(argc, argv);
     bopts_t o = {.model = "qwen3-fp8-mini", .src = "megatron:ep=2", .dst = "vllm:tp=2", .threads = 1, .versions = 2};
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;

@@ -39,6 +39,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "refit/fp8.h"
 #include "tool.h"
 #include "util/util.h"
 
@@ -58,6 +59,7 @@ typedef struct {
     bool netns;            /* the run used them */
     double delta;          /* delta scenario: share of elements changed per version (publishers offer deltas) */
     uint32_t versions;     /* delta scenario */
+    const char *pub_transports; /* publishers' transports when not `transport` (fp8: "shm,ucx") */
 } nb_opts_t;
 
 static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers,
@@ -159,6 +161,7 @@ typedef struct {
     const char *throttle;  /* REFIT_TEST_THROTTLE for this child */
     int node;              /* netns: the node (namespace) it runs in; -1: this host's */
     bool no_delta;         /* receivers: always pull in full */
+    int fp8;               /* 1: an FP8 relay of bf16 rank `rank`; 2: a receiver of that rank's FP8 arena */
 } role_t;
 
 /* ---- network namespaces (--net netns) ------------------------------------ */
@@ -275,7 +278,7 @@ static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int o
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
     pp.registry = o->url;
     pp.job = o->job;
-    pp.transports = o->transport;
+    pp.transports = o->pub_transports ? o->pub_transports : o->transport;
     pp.mode = REFIT_MODE_SNAPSHOT;
     pp.delta = o->delta > 0;
     refit_publisher_t *p;
@@ -314,20 +317,89 @@ static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int o
     _exit(0);
 }
 
+/* REFIT_OK if the FP8 arena equals the quantization of version v's truth. */
+static refit_status_t fp8_check(const refit_manifest_t *bf16, const refit_fp8_target_t *t, const void *arena, uint64_t v)
+{
+    uint64_t n = refit_fp8_target_bytes(t);
+    void *img = calloc(1, refit_manifest_region_size(bf16, 0));
+    unsigned char *want = calloc(1, n);
+    refit_status_t st = img && want ? REFIT_OK : refit_error(REFIT_ERR_NO_MEMORY, "fp8 check");
+    if (!st) st = refit_truth_fill(bf16, &img, v);
+    if (!st) st = refit_fp8_stage(t, img, want, 1);
+    if (!st && memcmp(arena, want, n)) {
+        uint64_t i = 0;
+        while (i < n && ((const unsigned char *)arena)[i] == want[i]) i++;
+        st = refit_error(REFIT_ERR_VERIFY, "the FP8 arena differs from the reference at byte %" PRIu64, i);
+    }
+    free(img);
+    free(want);
+    return st;
+}
+
+/* FP8 relay child: "step V" answers "status version pull_ms stage_ms publish_ms bf16_bytes fp8_bytes". */
+static void child_fp8_relay(const nb_opts_t *o, const role_t *r, FILE *in, int out)
+{
+    refit_manifest_t *m;
+    if (rank_manifest(o->model, o->dst, r->rank, &m)) _exit(3);
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = o->url;
+    rp.job = o->job;
+    rp.transports = "shm"; /* next to the trainer */
+    rp.threads = 1;
+    rp.verify = REFIT_VERIFY_NONE; /* the FP8 receiver checks the end result against the truth */
+    char reader[48];
+    snprintf(reader, sizeof(reader), "fp8relay%u", r->rank);
+    rp.reader = reader;
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    pp.registry = o->url;
+    pp.job = o->job;
+    pp.group = "fp8";
+    pp.transports = o->transport;
+    refit_fp8_relay_t *x;
+    if (refit_fp8_relay_create(&rp, &pp, m, &x)) {
+        char buf[600];
+        int n = snprintf(buf, sizeof(buf), "fail %s\n", refit_last_error());
+        if (write(out, buf, (size_t)n) != n) _exit(4);
+        _exit(3);
+    }
+    if (write(out, "ready\n", 6) != 6) _exit(4);
+    char line[128];
+    while (fgets(line, sizeof(line), in)) {
+        unsigned long long v;
+        if (line[0] == 'q') break;
+        if (sscanf(line, "step %llu", &v) != 1) continue;
+        refit_fp8_relay_report_t rep = {0};
+        refit_status_t st = refit_fp8_relay_step(x, v, 120000, &rep);
+        char buf[700];
+        int n = st ? snprintf(buf, sizeof(buf), "%d %s\n", (int)st, refit_last_error())
+                   : snprintf(buf, sizeof(buf), "0 %" PRIu64 " %.3f %.3f %.3f %" PRIu64 " %" PRIu64 "\n", rep.version,
+                              rep.pull_ms, rep.stage_ms, rep.publish_ms, rep.bf16_bytes, rep.fp8_bytes);
+        if (write(out, buf, (size_t)n) != n) _exit(4);
+    }
+    refit_fp8_relay_destroy(x);
+    _exit(0);
+}
+
 /* Receiver child: "pull V" (0: newest) answers one line:
  *   status version begin end transfer_ms trainer_bytes relay_bytes bytes holders early "name=bytes,..."
  * (early: chunks read from relays still receiving the version). */
 static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 {
     if (r->throttle) setenv("REFIT_TEST_THROTTLE", r->throttle, 1);
-    refit_manifest_t *m;
+    refit_manifest_t *m, *bf16 = NULL;
+    refit_fp8_target_t *target = NULL;
     if (rank_manifest(o->model, o->dst, r->rank, &m)) _exit(3);
+    if (r->fp8 == 2) { /* the FP8 arena of that bf16 rank */
+        bf16 = m;
+        if (refit_fp8_target_create(bf16, &target) || refit_fp8_target_manifest(target, bf16, &m)) _exit(3);
+    }
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
     rp.registry = o->url;
     rp.job = o->job;
+    rp.group = r->fp8 == 2 ? "fp8" : NULL;
     rp.transports = o->transport;
     rp.threads = 1;
-    rp.verify = o->verify ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
+    rp.verify = o->verify && !r->fp8 ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
     rp.relay_slot = r->slot;
     rp.max_readers = o->max_readers;
     rp.chunk_kb = o->chunk_kb;
@@ -347,6 +419,11 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
         if (sscanf(line, "pull %llu", &v) != 1) continue;
         refit_pull_report_t rep;
         refit_status_t st = refit_receiver_pull(rc, v ? v : REFIT_VERSION_NEWEST, 120000, &rep);
+        if (!st && target && o->verify) { /* every byte against a quantization of the truth done here */
+            double t0 = refit_now();
+            st = fp8_check(bf16, target, base, rep.version);
+            rep.verify_ms = (refit_now() - t0) * 1e3;
+        }
         refit_holder_stat_t hs[32];
         size_t nh = refit_receiver_holders(rc, hs, 32);
         uint64_t tb = 0, rb = 0, early = 0;
@@ -372,6 +449,8 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
         if (write(out, buf, (size_t)n) != n) _exit(4);
     }
     refit_receiver_destroy(rc);
+    refit_fp8_target_destroy(target);
+    refit_manifest_destroy(bf16);
     _exit(0);
 }
 
@@ -392,6 +471,7 @@ static child_t spawn(const nb_opts_t *o, const role_t *r)
         enter_node(o, r->node);
         FILE *in = fdopen(a[0], "r");
         if (r->publisher) child_publisher(o, r, in, b[1]);
+        else if (r->fp8 == 1) child_fp8_relay(o, r, in, b[1]);
         else child_receiver(o, r, in, b[1]);
         _exit(0);
     }
@@ -482,7 +562,7 @@ static bool get_result(child_t *c, result_t *r)
 static bool start_publishers(const nb_opts_t *o, child_t *pubs, uint32_t n, const char *throttle, uint64_t version)
 {
     (void)throttle;
-    for (uint32_t k = 0; k < n; k++) pubs[k] = spawn(o, &(role_t){true, k, -1, NULL, (int)k, false});
+    for (uint32_t k = 0; k < n; k++) pubs[k] = spawn(o, &(role_t){true, k, -1, NULL, (int)k, false, 0});
     for (uint32_t k = 0; k < n; k++) send_cmd(&pubs[k], "publish %" PRIu64, version);
     bool ok = true;
     char buf[700];
@@ -621,7 +701,7 @@ static bool fanout_phase(nb_opts_t *o, uint32_t n, result_t *res)
     uint32_t P = world_of(o->src);
     child_t pubs[64], rc[16];
     bool ok = start_publishers(o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < n; i++) rc[i] = spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i), false});
+    for (uint32_t i = 0; i < n; i++) rc[i] = spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i), false, 0});
     for (uint32_t i = 0; i < n && ok; i++) send_cmd(&rc[i], "pull 1");
     for (uint32_t i = 0; i < n && ok; i++)
         if (!get_result(&rc[i], &res[i])) {
@@ -714,8 +794,8 @@ int bench_straggler(int argc, char **argv)
     fresh_registry(&oa);
     child_t pubs[64];
     if (!start_publishers(&oa, pubs, P, NULL, 1)) return tool_fail(REFIT_ERR_PEER, "bench straggler: publishers");
-    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, UINT32_MAX, 0), -1, false});
-    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, 1, L / 10), -1, false});
+    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, UINT32_MAX, 0), -1, false, 0});
+    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, 1, L / 10), -1, false, 0});
     send_cmd(&r1, "pull 1");
     bool ok = get_result(&r1, &a);
     send_cmd(&r2, "pull 1");
@@ -732,7 +812,7 @@ int bench_straggler(int argc, char **argv)
         result_t *res = phase ? d : c;
         for (uint32_t i = 0; i < o.receivers; i++)
             rcv[i] = spawn(&oa, &(role_t){false, 0, -1,
-                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0), -1, false});
+                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0), -1, false, 0});
         for (uint32_t i = 0; i < o.receivers; i++) send_cmd(&rcv[i], "pull 1");
         for (uint32_t i = 0; i < o.receivers; i++) ok &= get_result(&rcv[i], &res[i]);
         for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
@@ -785,7 +865,7 @@ int bench_egress(int argc, char **argv)
     child_t pubs[64], rcv[16];
     result_t res[16];
     bool ok = start_publishers(&o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < o.receivers; i++) rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL, -1, false});
+    for (uint32_t i = 0; i < o.receivers; i++) rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL, -1, false, 0});
     for (uint32_t i = 0; i < o.receivers && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < o.receivers && ok; i++) ok &= get_result(&rcv[i], &res[i]);
     for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
@@ -845,7 +925,7 @@ int bench_elastic(int argc, char **argv)
     child_t pubs[64], rcv[17];
     result_t v0[17], v1[17], v2[17], v3[17];
     bool ok = start_publishers(&o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, thr, -1, false});
+    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, thr, -1, false, 0});
     /* Version 1 warms up (plans, connections); version 2 is the baseline: the fleet alone. */
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < N && ok; i++) ok &= get_result(&rcv[i], &v0[i]);
@@ -855,7 +935,7 @@ int bench_elastic(int argc, char **argv)
     /* Version 3: a joiner starts while the others pull. */
     ok = ok && publish_all(pubs, P, 3);
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 3");
-    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, thr, -1, false});
+    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, thr, -1, false, 0});
     double join_t0 = refit_now();
     send_cmd(&rcv[N], "pull 0");
     for (uint32_t i = 0; i <= N && ok; i++) ok &= get_result(&rcv[i], &v2[i]);
@@ -960,9 +1040,9 @@ int bench_delta_net(int argc, char **argv)
     }
     fresh_registry(&o);
     child_t pubs[64], full, delta;
-    for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false});
-    full = spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P : -1, true});
-    delta = spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P + 1 : -1, false});
+    for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    full = spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P : -1, true, 0});
+    delta = spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P + 1 : -1, false, 0});
     uint32_t V = o.versions;
     result_t rf[32], rd[32];
     double enc[32] = {0}, pub[32] = {0};
@@ -1054,4 +1134,141 @@ int bench_delta_net(int argc, char **argv)
     return out_end(&j, "shm on one host: a full refit is a memory copy here, and the delta's scattered writes into "
                        "the receiver's memory cost a fair share of it, so the time ratio stays far above the wire "
                        "ratio; over a link it follows the bytes.");
+}
+
+/* ---- FP8 through the engine -------------------------------------------------- */
+
+/* Node 0 is the trainer's host: the bf16 publishers and one FP8 relay per
+ * bf16 rank of --dst (reading the publishers over shm, quantizing, publishing
+ * in group "fp8").  Node 1 holds a receiver of rank 0's FP8 arena, node 2 a
+ * bf16 receiver of the same rank; per version the bf16 receiver pulls, then
+ * the relays step, then the FP8 receiver pulls, each with the links to
+ * itself.  Every FP8 byte is checked against a quantization of the truth
+ * made in the receiver's process. */
+int bench_fp8_net(int argc, char **argv)
+{
+    nb_opts_t o;
+    int rc = parse(argc, argv, &o, "megatron:ep=2", "vllm:tp=2", 1, 0);
+    if (rc) return rc;
+    if (!strcmp(o.model, "qwen3-30b-a3b-mini")) o.model = "qwen3-fp8-mini"; /* head_dim 32 cuts FP8 blocks */
+    if (!o.versions) o.versions = 2;
+    if (o.versions > 30) return tool_usage("bench", "--versions is 1..30");
+    o.verify = true;
+    o.receivers = 2;
+    char why[160] = "";
+    bool net = !strcmp(o.net, "netns");
+    if (net && !netns_possible(why, sizeof(why))) {
+        fprintf(stderr, "refit bench fp8 --net netns: %s\n", why);
+        return 1;
+    }
+    uint32_t P = world_of(o.src), W = world_of(o.dst);
+    if (!P || P > 32 || !W || W > 16) return tool_usage("bench", "--src is 1..32 ranks, --dst 1..16");
+    {   /* A layout that cuts FP8 blocks: say so before starting anything. */
+        refit_manifest_t *m;
+        refit_fp8_target_t *t;
+        refit_status_t st = rank_manifest(o.model, o.dst, 0, &m);
+        if (!st) {
+            st = refit_fp8_target_create(m, &t);
+            refit_fp8_target_destroy(t);
+            refit_manifest_destroy(m);
+        }
+        if (st) return tool_fail(st, "bench fp8");
+    }
+    if (net) {
+        if (!o.link_set) o.link_mbps = 100;
+        o.transport = "ucx";
+        o.pub_transports = "shm,ucx";
+        if (!netns_up(&o, 3, o.link_mbps, why, sizeof(why))) {
+            fprintf(stderr, "refit bench fp8: %s\n", why);
+            return 1;
+        }
+    }
+    fresh_registry(&o);
+    child_t pubs[32], relays[16], fp8rx, bfrx;
+    for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&o, &(role_t){true, k, -1, NULL, net ? 0 : -1, false, 0});
+    for (uint32_t k = 0; k < W; k++) relays[k] = spawn(&o, &(role_t){false, k, -1, NULL, net ? 0 : -1, false, 1});
+    fp8rx = spawn(&o, &(role_t){false, 0, -1, NULL, net ? 1 : -1, false, 2});
+    bfrx = spawn(&o, &(role_t){false, 0, -1, NULL, net ? 2 : -1, false, 0});
+    uint32_t V = o.versions;
+    result_t rb[32], rf[32];
+    double relay_ms[32] = {0}, stage_ms[32] = {0};
+    uint64_t relay_bf16 = 0, relay_fp8 = 0;
+    uint32_t verified = 0;
+    bool ok = true;
+    char buf[800];
+    for (uint32_t v = 1; v <= V && ok; v++) {
+        ok = publish_all(pubs, P, v);
+        if (!ok) {
+            fprintf(stderr, "refit bench fp8: publishing version %u failed\n", v);
+            break;
+        }
+        send_cmd(&bfrx, "pull %u", v);
+        if (get_result(&bfrx, &rb[v])) verified++;
+        else fprintf(stderr, "refit bench fp8: bf16 receiver, version %u: %s\n", v, rb[v].list);
+        for (uint32_t k = 0; k < W; k++) send_cmd(&relays[k], "step %u", v);
+        for (uint32_t k = 0; k < W; k++) {
+            unsigned long long ver, b16, b8;
+            double pm, sm, tm;
+            reply(&relays[k], 600000, buf, sizeof(buf));
+            if (sscanf(buf, "0 %llu %lf %lf %lf %llu %llu", &ver, &pm, &sm, &tm, &b16, &b8) != 6) {
+                fprintf(stderr, "refit bench fp8: relay %u: %s", k, buf[0] ? buf : "no answer\n");
+                ok = false;
+                continue;
+            }
+            if (k == 0) {
+                relay_ms[v] = pm + sm + tm;
+                stage_ms[v] = sm;
+                relay_bf16 = b16;
+                relay_fp8 = b8;
+            }
+        }
+        if (!ok) break;
+        send_cmd(&fp8rx, "pull %u", v);
+        if (get_result(&fp8rx, &rf[v])) verified++;
+        else fprintf(stderr, "refit bench fp8: FP8 receiver, version %u: %s\n", v, rf[v].list);
+        if (rb[v].st == -999 || rf[v].st == -999) ok = false;
+    }
+    stop(&fp8rx, false);
+    stop(&bfrx, false);
+    for (uint32_t k = 0; k < W; k++) stop(&relays[k], false);
+    for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
+    rm_registry(&o);
+    netns_down(&o);
+    if (!ok) return tool_fail(REFIT_ERR_PEER, "bench fp8");
+    /* The last version (the first planned and connected). */
+    double tb[32], tf[32], tr[32], ts[32];
+    size_t n = 0;
+    for (uint32_t v = V > 1 ? 2 : 1; v <= V; v++, n++) {
+        tb[n] = (rb[v].end - rb[v].begin) * 1e3;
+        tf[n] = (rf[v].end - rf[v].begin) * 1e3;
+        tr[n] = relay_ms[v];
+        ts[n] = stage_ms[v];
+    }
+    double bf16_ms = median_of(tb, n), fp8_ms = median_of(tf, n), relay = median_of(tr, n);
+    double wire = (double)rf[V].bytes / (double)rb[V].bytes;
+    out_t j = {0};
+    char extra[96];
+    snprintf(extra, sizeof(extra), "\"versions\":%u,\"relays\":%u", V, W);
+    out_begin(&j, "fp8", &o, extra);
+    metric(&j, "bf16_pull_ms", "%.3f", bf16_ms);
+    metric(&j, "fp8_pull_ms", "%.3f", fp8_ms);
+    metric(&j, "relay_step_ms", "%.3f", relay);
+    metric(&j, "relay_stage_ms", "%.3f", median_of(ts, n));
+    metric(&j, "fp8_end_to_end_ms", "%.3f", relay + fp8_ms);
+    metric(&j, "bf16_wire_bytes", "%" PRIu64, rb[V].bytes);
+    metric(&j, "fp8_wire_bytes", "%" PRIu64, rf[V].bytes);
+    metric(&j, "relay_bf16_bytes", "%" PRIu64, relay_bf16);
+    metric(&j, "relay_fp8_arena_bytes", "%" PRIu64, relay_fp8);
+    metric(&j, "wire_ratio", "%.4f", wire);
+    metric(&j, "fp8_pull_time_ratio", "%.4f", fp8_ms / bf16_ms);
+    char exp[96];
+    snprintf(exp, sizeof(exp), "%u (bf16 pulls verified against the truth, FP8 pulls against its quantization)", 2 * V);
+    assertion(&j, "fp8_bits_exact", exp, verified, verified == 2 * V);
+    assertion(&j, "wire_carries_fp8", "< 0.6 (fp8 bytes and scales over the link, not bf16)", wire, wire < 0.6);
+    if (net)
+        return out_end(&j, "node 0 holds the trainer ranks and the FP8 relays (bf16 read over shm there), the FP8 and "
+                           "bf16 receivers are nodes of their own behind tbf at link_mbps, UCX/TCP; fp8_end_to_end is "
+                           "the relay's step (pull, quantize, publish) plus the FP8 pull.");
+    return out_end(&j, "shm on one host: relays, receivers and publishers share the CPUs; the wire ratio is the "
+                       "figure that carries over to a network.");
 }

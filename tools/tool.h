@@ -27,6 +27,7 @@ int bench_straggler(int argc, char **argv);
 int bench_egress(int argc, char **argv);
 int bench_delta(int argc, char **argv);
 int bench_delta_net(int argc, char **argv); /* delta through publishers and receivers (--net shm|netns) */
+int bench_fp8_net(int argc, char **argv);   /* FP8 relays and receivers (--net shm|netns) */
 int bench_partial(int argc, char **argv);
 int bench_fp8(int argc, char **argv);
 int cmd_gpus(int argc, char **argv);

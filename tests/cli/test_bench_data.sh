@@ -34,6 +34,9 @@ check partial "$tmp/partial.json" selected_tensors_verified others_untouched fus
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL: fp8 exited $rc"; fail=$((fail + 1)); }
 check fp8 "$tmp/fp8.json" fp8_bits_exact wire_carries_fp8 misaligned_refused
+# Through the engine: FP8 relays next to the trainer, an FP8 and a bf16 receiver.
+"$refit" bench --scenario fp8 --net shm --model tiny-fp8 >"$tmp/fp8e.json"
+check fp8-engine "$tmp/fp8e.json" fp8_bits_exact wire_carries_fp8
 # A model whose shards cut FP8 blocks is refused with a clear error.
 if "$refit" bench --scenario fp8 --model tiny-moe >/dev/null 2>"$tmp/err"; then
     echo "FAIL: fp8 on tiny-moe was accepted"; fail=$((fail + 1))
