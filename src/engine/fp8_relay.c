@@ -25,16 +25,21 @@ struct refit_fp8_relay {
 refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const refit_publisher_params_t *pp,
                                       refit_manifest_t *bf16, refit_fp8_relay_t **out)
 {
-    if (!rp || !pp || !bf16 || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_fp8_relay_create: NULL argument");
-    const char *rg = rp->group && rp->group[0] ? rp->group : "trainer";
-    if (!pp->group || !pp->group[0] || !strcmp(pp->group, rg))
-        return refit_error(REFIT_ERR_INVALID_ARG, "an FP8 relay publishes into a group of its own (not \"%s\")", rg);
-    if (rp->device >= 0 || pp->device >= 0)
-        return refit_error(REFIT_ERR_UNSUPPORTED, "FP8 relays quantize in host memory");
-    refit_fp8_relay_t *x = calloc(1, sizeof(*x));
-    if (!x) return refit_error(REFIT_ERR_NO_MEMORY, "fp8 relay");
+    refit_status_t st = REFIT_OK;
+    const char *rg = rp && rp->group && rp->group[0] ? rp->group : "trainer";
+    if (!rp || !pp || !bf16 || !out)
+        st = refit_error(REFIT_ERR_INVALID_ARG, "refit_fp8_relay_create: NULL argument");
+    else if (!pp->group || !pp->group[0] || !strcmp(pp->group, rg))
+        st = refit_error(REFIT_ERR_INVALID_ARG, "an FP8 relay publishes into a group of its own (not \"%s\")", rg);
+    else if (rp->device >= 0 || pp->device >= 0)
+        st = refit_error(REFIT_ERR_UNSUPPORTED, "FP8 relays quantize in host memory");
+    refit_fp8_relay_t *x = st ? NULL : calloc(1, sizeof(*x));
+    if (!st && !x) st = refit_error(REFIT_ERR_NO_MEMORY, "fp8 relay");
+    if (st) { /* the manifest is ours even so */
+        refit_manifest_destroy(bf16);
+        return st;
+    }
     refit_manifest_t *fm = NULL;
-    refit_status_t st;
     if ((st = refit_fp8_target_create(bf16, &x->target))) goto err;
     if ((st = refit_fp8_target_manifest(x->target, bf16, &fm))) goto err;
     x->image_bytes = refit_manifest_region_size(bf16, 0);
