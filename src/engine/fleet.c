@@ -110,6 +110,7 @@ typedef struct {
     double deadline;
     uint64_t version;
     refit_progress_hdr_t *progress; /* ours, when we are a relay */
+    uint64_t launches;              /* GPU kernel launches of the chunk pulls (cuda_ipc) */
     uint8_t **avail;                /* per holder: chunks a partial relay has written (NULL: not a partial relay) */
     double time_sum;
     uint64_t time_n;
@@ -252,6 +253,7 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, bool r
     }
     refit_pull_stats_t st = {0};
     refit_status_t rc = pull_from(S, h, regs, c->n, S->dst, &st);
+    __atomic_add_fetch(&S->launches, st.launches, __ATOMIC_RELAXED);
     if (!rc && !H->lanes[0]) snprintf(H->lanes, sizeof(H->lanes), "%.63s", st.lanes);
     free(regs);
     return rc;
@@ -564,6 +566,7 @@ static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holde
         if (!st && stats) {
             stats->bytes += ps.bytes;
             stats->requests += ps.requests;
+            stats->launches += ps.launches;
             snprintf(stats->lanes, sizeof(stats->lanes), "%s", ps.lanes);
         }
     }
@@ -740,6 +743,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     if (!st && stats) {
         for (size_t i = 0; i < S.nc; i++) stats->bytes += S.c[i].bytes;
         stats->requests += S.nc;
+        stats->launches += S.launches;
         for (uint32_t h = 0; h < nh; h++)
             if (holders[h].chunks && !strstr(stats->lanes, holders[h].lanes)) {
                 size_t l = strlen(stats->lanes);
