@@ -255,6 +255,17 @@ static bool netns_up(nb_opts_t *o, uint32_t nodes, double mbps, char *why, size_
     return true;
 }
 
+/* Sets node `node`'s link (both directions) to mbps MB/s. */
+static bool node_rate(const nb_opts_t *o, uint32_t node, double mbps)
+{
+    uint64_t bps = (uint64_t)(mbps * 1e6), burst = bps / 200 > (256u << 10) ? bps / 200 : (256u << 10);
+    const char *t = o->tag;
+    return sh("ip netns exec rf%sn%u tc qdisc replace dev rf%sv%u root tbf rate %" PRIu64 "bit burst %" PRIu64
+              " latency 50ms", t, node, t, node, bps * 8, burst) &&
+           sh("tc qdisc replace dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency 50ms", t, node,
+              bps * 8, burst);
+}
+
 /* Moves this (child) process into node `node`'s namespace. */
 static void enter_node(const nb_opts_t *o, int node)
 {
@@ -782,64 +793,102 @@ int bench_fanout(int argc, char **argv)
 int bench_straggler(int argc, char **argv)
 {
     nb_opts_t o;
-    /* Two DP replicas of the trainer; links emulated at --link-mbps (default 1000 MB/s). */
+    /* Two DP replicas of the trainer; links emulated at --link-mbps (default 1000 MB/s over shm, 100 over netns). */
     int rc = parse(argc, argv, &o, "megatron:tp=1,dp=2", "vllm:tp=4", 4, 1000);
     if (rc) return rc;
     o.max_readers = 0;
     uint32_t P = world_of(o.src);
+    char why[160] = "";
+    bool net = o.net && !strcmp(o.net, "netns");
+    if (net && !netns_possible(why, sizeof(why))) {
+        fprintf(stderr, "refit bench straggler --net netns: %s\n", why);
+        return 1;
+    }
+    if (P + o.receivers > 62) return tool_usage("bench", "too many nodes");
+    if (net) {
+        if (!o.link_set) o.link_mbps = 100;
+        o.transport = "ucx";
+        if (!netns_up(&o, P + o.receivers, o.link_mbps, why, sizeof(why))) {
+            fprintf(stderr, "refit bench straggler: %s\n", why);
+            return 1;
+        }
+    }
     double L = o.link_mbps;
+    /* Nodes (netns): replicas 0..P-1, receivers P..P+N-1.  Over shm every
+     * link is a pacing of one holder's chunks per reader. */
+    int rnode0 = net ? (int)P : -1;
     /* A. one receiver, both replicas at full rate; B. replica 1 at a tenth. */
     result_t a, b;
     nb_opts_t oa = o;
     fresh_registry(&oa);
     child_t pubs[64];
-    if (!start_publishers(&oa, pubs, P, NULL, 1)) return tool_fail(REFIT_ERR_PEER, "bench straggler: publishers");
-    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, UINT32_MAX, 0), -1, false, 0});
-    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, throttle_all("trainer", P, L, 1, L / 10), -1, false, 0});
+    bool ok = true;
+    for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&oa, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    ok = publish_all(pubs, P, 1);
+    child_t r1 = spawn(&oa, &(role_t){false, 0, -1, net ? NULL : throttle_all("trainer", P, L, UINT32_MAX, 0), rnode0,
+                                      false, 0});
+    child_t r2 = spawn(&oa, &(role_t){false, 0, -1, net ? NULL : throttle_all("trainer", P, L, 1, L / 10), rnode0,
+                                      false, 0});
     send_cmd(&r1, "pull 1");
-    bool ok = get_result(&r1, &a);
+    ok &= get_result(&r1, &a);
+    if (net) ok &= node_rate(&o, 1, L / 10);
     send_cmd(&r2, "pull 1");
     ok &= get_result(&r2, &b);
     stop(&r1, false);
     stop(&r2, false);
     /* C. N receivers, none slowed; D. N receivers, receiver 0's links at a
-     * tenth.  Links at L/10 here, so that the links, not the two CPUs that
-     * all receivers share on this host, bound the healthy receivers. */
+     * tenth.  Receivers' links at L/4 here (over shm L/10, so that the links,
+     * not the two CPUs all receivers share, bound them), the replicas' at L,
+     * so that each healthy receiver is bound by its own link. */
     result_t c[16], d[16];
     child_t rcv[16];
-    double LR = L / 10;
+    double LR = net ? L / 4 : L / 10;
+    if (net) {
+        ok &= node_rate(&o, 1, L);
+        for (uint32_t i = 0; i < o.receivers; i++) ok &= node_rate(&o, P + i, LR);
+    }
     for (int phase = 0; phase < 2 && ok; phase++) {
         result_t *res = phase ? d : c;
+        if (net && phase) ok &= node_rate(&o, P, LR / 10);
         for (uint32_t i = 0; i < o.receivers; i++)
             rcv[i] = spawn(&oa, &(role_t){false, 0, -1,
-                                          throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0), -1, false, 0});
+                                          net ? NULL : throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0),
+                                          net ? (int)(P + i) : -1, false, 0});
         for (uint32_t i = 0; i < o.receivers; i++) send_cmd(&rcv[i], "pull 1");
         for (uint32_t i = 0; i < o.receivers; i++) ok &= get_result(&rcv[i], &res[i]);
         for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
     }
     for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
     rm_registry(&oa);
+    netns_down(&o);
     if (!ok) return tool_fail(REFIT_ERR_PEER, "bench straggler: a pull failed");
-    double ratio = b.transfer_ms / a.transfer_ms;
-    double healthy_c = 0, healthy_d = 0, worst = 0;
-    for (uint32_t i = 1; i < o.receivers; i++) {
-        healthy_c += c[i].transfer_ms / (o.receivers - 1);
-        healthy_d += d[i].transfer_ms / (o.receivers - 1);
+    /* Times from the discovery round to the data in place (transfer_ms
+     * alone would leave out waiting for a holder). */
+    double ta = (a.end - a.begin) * 1e3, tb = (b.end - b.begin) * 1e3;
+    double ratio = tb / ta;
+    double healthy_c = 0, healthy_d = 0, worst = 0, tc[16], td[16];
+    for (uint32_t i = 0; i < o.receivers; i++) {
+        tc[i] = (c[i].end - c[i].begin) * 1e3;
+        td[i] = (d[i].end - d[i].begin) * 1e3;
     }
     for (uint32_t i = 1; i < o.receivers; i++) {
-        double dev = d[i].transfer_ms / healthy_c - 1;
+        healthy_c += tc[i] / (o.receivers - 1);
+        healthy_d += td[i] / (o.receivers - 1);
+    }
+    for (uint32_t i = 1; i < o.receivers; i++) {
+        double dev = td[i] / healthy_c - 1;
         if (dev > worst) worst = dev;
     }
     out_t j = {0};
     out_begin(&j, "straggler", &o, NULL);
-    metric(&j, "slow_source_unthrottled_ms", "%.2f", a.transfer_ms);
-    metric(&j, "slow_source_throttled_ms", "%.2f", b.transfer_ms);
+    metric(&j, "slow_source_unthrottled_ms", "%.2f", ta);
+    metric(&j, "slow_source_throttled_ms", "%.2f", tb);
     metric(&j, "slow_source_ratio", "%.3f", ratio);
     metric(&j, "static_split_ratio_expected", "%.3f", 5.0); /* half the bytes at a tenth of the rate */
     metric(&j, "slow_source_holders", "\"%s\"", b.list);
     metric(&j, "healthy_mean_ms_no_straggler", "%.2f", healthy_c);
     metric(&j, "healthy_mean_ms_with_straggler", "%.2f", healthy_d);
-    metric(&j, "straggler_ms", "%.2f", d[0].transfer_ms);
+    metric(&j, "straggler_ms", "%.2f", td[0]);
     metric(&j, "healthy_worst_individual_slowdown", "%.4f", worst);
     double mean_dev = healthy_d / healthy_c - 1;
     metric(&j, "healthy_mean_slowdown", "%.4f", mean_dev);
@@ -847,6 +896,11 @@ int bench_straggler(int argc, char **argv)
     assertion(&j, "slow_replica_refit_within_1.3x", "<= 1.3", ratio, ratio <= 1.3);
     assertion(&j, "healthy_receivers_mean_within_10pct", "<= 0.10", mean_dev, mean_dev <= 0.10);
     assertion(&j, "healthy_receivers_each_within_10pct", "<= 0.10", worst, worst <= 0.10);
+    if (net)
+        return out_end(&j, "each process a node (network namespace, tbf on both directions), UCX/TCP; slow source: the "
+                           "replicas and the receiver at link_mbps, then replica 1 at a tenth; slow receiver: replicas at "
+                           "link_mbps, receivers at a quarter, receiver 0 then at a fortieth; times from the discovery "
+                           "round to the data in place");
     return out_end(&j, "links emulated by REFIT_TEST_THROTTLE pacing (per reader, per holder): --link-mbps for the "
                        "slow-source runs (replica 1 at a tenth), a tenth of that for the slow-receiver runs (the "
                        "straggler receiver's links at a tenth again)");

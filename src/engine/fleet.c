@@ -211,7 +211,7 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
     one.nsrcs = S->nh;
     refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
     const refit_transport_ops_t *ops = S->ts->ops[H->transport];
-    bool serial = strcmp(ops->name, "shm") != 0;
+    bool serial = !(refit_transport_caps(ops) & REFIT_TCAP_CONCURRENT);
     if (serial) pthread_mutex_lock(&S->serial[H->transport]);
     refit_status_t st = ops->pull(S->ts->ctx[H->transport], peers, &one, dst, &ctl, ps);
     if (serial) pthread_mutex_unlock(&S->serial[H->transport]);

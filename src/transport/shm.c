@@ -374,6 +374,7 @@ out:
 
 const refit_transport_ops_t refit_transport_shm = {
     .name = "shm",
+    .caps = REFIT_TCAP_HOST | REFIT_TCAP_CONCURRENT,
     .create = shm_create,
     .destroy = shm_destroy,
     .alloc = shm_alloc,

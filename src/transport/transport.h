@@ -43,6 +43,7 @@ typedef struct {
 #define REFIT_TCAP_HOST_DST 4u   /* pulls into host memory */
 #define REFIT_TCAP_DEVICE_DST 8u /* pulls into GPU memory */
 #define REFIT_TCAP_HOST (REFIT_TCAP_HOST_SRC | REFIT_TCAP_HOST_DST)
+#define REFIT_TCAP_CONCURRENT 16u /* pull may run in several threads at once (a fleet's holders in parallel) */
 
 typedef struct {
     const char *name;

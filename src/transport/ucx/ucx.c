@@ -75,10 +75,15 @@
  * connect_timeout=S (10), stall_timeout=S (30).  UCX_* environment
  * variables apply as usual.
  *
- * Threads: the publisher side is served by its own thread; the receiver side
- * (connect, pull, disconnect) may be called from any thread, one at a time
- * (serialized).  Disconnect every peer before destroying its transport (a
- * peer left over is closed by destroy and must still be disconnected).
+ * Threads: the publisher side is served by its own thread.  On the receiver
+ * side connect and disconnect may be called from any thread, and pulls from
+ * several threads at once (a fleet reads chunks from several holders in
+ * parallel): they share one worker under rlock, which a pull holds except
+ * while it sleeps or runs its tick.  Callbacks find their pull through the
+ * slot (data replies by sequence number); whoever progresses the worker and
+ * completes another pull's slot wakes that pull's thread (its eventfd).
+ * Disconnect every peer before destroying its transport (a peer left over is
+ * closed by destroy and must still be disconnected).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -355,12 +360,13 @@ struct refit_transport {
     job_t *sending;          /* replies UCX is sending */
     char pub_error[256]; /* first failure of the progress thread */
 
-    /* Receiver side: serialized by rlock. */
+    /* Receiver side: guarded by rlock. */
     pthread_mutex_t rlock;
     ucp_worker_h rw;
     int rw_efd;
     uint32_t pull_seq;
-    pull_t *cur;
+    REFIT_VEC(pull_t *) active; /* pulls in progress */
+    pull_t *progressing;        /* the pull whose thread is progressing the worker, if any */
     hello_wait_t *hello;
     REFIT_VEC(refit_peer_t *) peers;
 };
@@ -1033,23 +1039,11 @@ static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 /* One step of waiting on the receiver worker: progresses it; after spin_s
  * without events, sleeps on its event fd (at most 10 ms, and not past
  * `until`).  Callers loop on their own condition. */
-static void rwait(refit_transport_t *t, double until, double spin_s)
-{
-    unsigned n = progress_all(t->rw);
-    static __thread double idle_since;
-    double now = refit_now();
-    if (n) {
-        idle_since = now;
-        return;
-    }
-    if (idle_since == 0 || idle_since > now) idle_since = now;
-    if (now - idle_since < spin_s) return;
-    if (ucp_worker_arm(t->rw) != UCS_OK) return;
-    double left = until - now;
-    int ms = left <= 0 ? 0 : left > 0.01 ? 10 : (int)(left * 1000) + 1;
-    struct pollfd pf = {t->rw_efd, POLLIN, 0};
-    poll(&pf, 1, ms);
-}
+static void pwait(refit_transport_t *t, pull_t *pl, double until, double spin_s);
+
+/* Progresses the receive worker, then sleeps (at most 10 ms, until `until`)
+ * when nothing happened for spin_s.  rlock held. */
+static void rwait(refit_transport_t *t, double until, double spin_s) { pwait(t, NULL, until, spin_s); }
 
 static void ep_force_close(refit_transport_t *t, ucp_ep_h ep)
 {
@@ -1408,6 +1402,7 @@ enum { SLOT_FREE = 0, SLOT_WAIT, SLOT_RECV, SLOT_DONE, SLOT_PARKED };
 
 typedef struct pull_peer pull_peer_t;
 typedef struct {
+    pull_t *pl;      /* NULL once its pull gave up on it (leaked, see ucx_pull) */
     pull_peer_t *pp;
     uint32_t idx, gen;
     int state;
@@ -1450,12 +1445,49 @@ struct pull {
     uint32_t *done; /* slot indices completed by callbacks */
     size_t ndone;
     uint64_t requests;
+    int wake_fd;    /* eventfd: another thread completed one of our slots */
+    double idle_since;
 };
+
+/* rwait for a pull's thread: its own completions end the wait too, and it
+ * sleeps without rlock, so that other pulls progress meanwhile. */
+static void pwait(refit_transport_t *t, pull_t *pl, double until, double spin_s)
+{
+    static __thread double idle_since;
+    double *idle = pl ? &pl->idle_since : &idle_since;
+    t->progressing = pl;
+    unsigned n = progress_all(t->rw);
+    t->progressing = NULL;
+    double now = refit_now();
+    if (n || (pl && pl->ndone)) {
+        *idle = now;
+        return;
+    }
+    if (*idle == 0 || *idle > now) *idle = now;
+    if (now - *idle < spin_s) return;
+    if (ucp_worker_arm(t->rw) != UCS_OK) return;
+    double left = until - now;
+    int ms = left <= 0 ? 0 : left > 0.01 ? 10 : (int)(left * 1000) + 1;
+    struct pollfd pf[2] = {{t->rw_efd, POLLIN, 0}, {pl ? pl->wake_fd : -1, POLLIN, 0}};
+    if (pl) pthread_mutex_unlock(&t->rlock);
+    poll(pf, pl && pl->wake_fd >= 0 ? 2 : 1, ms);
+    if (pl && pl->wake_fd >= 0 && (pf[1].revents & POLLIN)) {
+        uint64_t v;
+        if (read(pl->wake_fd, &v, sizeof(v)) < 0) {
+        }
+    }
+    if (pl) pthread_mutex_lock(&t->rlock);
+}
 
 static void mark_done(pull_t *pl, slot_t *s)
 {
     s->state = SLOT_DONE;
     pl->done[pl->ndone++] = s->idx;
+    if (pl != pl->t->progressing && pl->wake_fd >= 0) {
+        uint64_t one = 1;
+        if (write(pl->wake_fd, &one, sizeof(one)) < 0) {
+        }
+    }
 }
 
 /* Fills slot s with the next request of pp: runs of one source region, up
@@ -1505,7 +1537,7 @@ static bool next_request(pull_t *pl, pull_peer_t *pp, slot_t *s)
 static void recv_done_cb(void *request, ucs_status_t status, size_t length, void *user)
 {
     slot_t *s = user;
-    pull_t *pl = s->pp->peer->t->cur;
+    pull_t *pl = s->pl;
     if (status == UCS_OK && length != s->bytes) status = UCS_ERR_MESSAGE_TRUNCATED;
     s->status = status;
     if (pl) mark_done(pl, s);
@@ -1518,7 +1550,7 @@ static void send_done_cb(void *request, ucs_status_t status, void *user)
     s->send_pending = false;
     if (status != UCS_OK && s->status == UCS_OK) s->status = status;
     if (status != UCS_OK && s->state == SLOT_WAIT) {
-        pull_t *pl = s->pp->peer->t->cur;
+        pull_t *pl = s->pl;
         if (pl) mark_done(pl, s);
     }
     ucp_request_free(request);
@@ -1529,7 +1561,7 @@ static void get_done_cb(void *request, ucs_status_t status, void *user)
     slot_t *s = user;
     if (status != UCS_OK && s->status == UCS_OK) s->status = status;
     if (--s->gets_pending == 0) {
-        pull_t *pl = s->pp->peer->t->cur;
+        pull_t *pl = s->pl;
         if (pl) mark_done(pl, s);
     }
     ucp_request_free(request);
@@ -1547,11 +1579,13 @@ static ucs_status_t am_data_cb(void *arg, const void *hdr, size_t hdr_len, void 
                                const ucp_am_recv_param_t *param)
 {
     refit_transport_t *t = arg;
-    pull_t *pl = t->cur;
+    pull_t *pl = NULL;
     data_hdr_t h;
-    if (!pl || hdr_len != sizeof(h)) return UCS_OK;
+    if (hdr_len != sizeof(h)) return UCS_OK;
     memcpy(&h, hdr, sizeof(h));
-    if (h.seq != pl->seq || h.idx >= pl->nslots) return UCS_OK; /* stale */
+    for (size_t i = 0; i < t->active.len && !pl; i++)
+        if (t->active.data[i]->seq == h.seq) pl = t->active.data[i];
+    if (!pl || h.idx >= pl->nslots) return UCS_OK; /* stale: its pull is over */
     slot_t *s = &pl->slots[h.idx];
     if (s->gen != h.gen || s->state != SLOT_WAIT) return UCS_OK;
     if (h.status != PUB_OK) {
@@ -1660,7 +1694,7 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
     refit_status_t st = REFIT_OK;
     size_t nsrc = refit_plan_num_sources(plan), nregs;
     const refit_plan_region_t *regs = refit_plan_regions(plan, &nregs);
-    pull_t pl = {.t = t, .regs = regs, .dst_bases = dst_bases};
+    pull_t pl = {.t = t, .regs = regs, .dst_bases = dst_bases, .wake_fd = -1};
     size_t *idx = NULL;
     uint64_t total = 0;
 
@@ -1745,9 +1779,15 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
     for (size_t i = 0; i < pl.nslots; i++) {
         pl.slots[i].idx = (uint32_t)i;
         pl.slots[i].pp = &pl.pps[i / per];
+        pl.slots[i].pl = &pl;
     }
+    if (REFIT_VEC_RESERVE(&t->active, t->active.len + 1)) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
+        goto out;
+    }
+    pl.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     pl.seq = ++t->pull_seq;
-    t->cur = &pl;
+    t->active.data[t->active.len++] = &pl;
 
     double deadline = ctl && ctl->deadline > 0 ? ctl->deadline : 0;
     double now = refit_now(), next_tick = now + 0.05;
@@ -1764,7 +1804,7 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
         bool busy = false;
         for (size_t k = 0; k < pl.npps; k++) busy |= pl.pps[k].busy > 0;
         if (!busy) break;
-        rwait(t, deadline ? deadline : refit_now() + 1, t->o.spin_us * 1e-6);
+        pwait(t, &pl, deadline ? deadline : refit_now() + 1, t->o.spin_us * 1e-6);
         now = refit_now();
         /* Completed slots: scatter, account, refill. */
         while (pl.ndone && !st) {
@@ -1814,7 +1854,9 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
         }
         if (ctl && ctl->tick && now >= next_tick) {
             next_tick = now + 0.05;
+            pthread_mutex_unlock(&t->rlock); /* a tick may wait on the registry: other pulls go on */
             refit_status_t ts = ctl->tick(ctl->user);
+            pthread_mutex_lock(&t->rlock);
             if (ts) {
                 st = ts;
                 refit_error_prefix("ucx: pull aborted by its tick: ");
@@ -1840,7 +1882,7 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
         do {
             any = false;
             for (size_t i = 0; i < pl.nslots; i++) any |= slot_busy(&pl.slots[i]);
-            if (any) rwait(t, until, 0.0005);
+            if (any) pwait(t, &pl, until, 0.0005);
         } while (any && refit_now() < until);
         if (any) {
             for (size_t k = 0; k < pl.npps; k++) {
@@ -1862,8 +1904,9 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
         }
         if (any) {
             /* UCX still holds requests pointing into the slots: leak them
-             * rather than let a callback write into freed memory. */
-            t->cur = NULL;
+             * rather than let a callback write into freed memory (the
+             * slots forget this pull, which is about to end). */
+            for (size_t i = 0; i < pl.nslots; i++) pl.slots[i].pl = NULL;
             pl.slots = NULL;
             pl.done = NULL;
         }
@@ -1889,7 +1932,12 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
         }
     }
 out:
-    t->cur = NULL;
+    for (size_t i = 0; i < t->active.len; i++)
+        if (t->active.data[i] == &pl) {
+            t->active.data[i] = t->active.data[--t->active.len];
+            break;
+        }
+    if (pl.wake_fd >= 0) close(pl.wake_fd);
     if (pl.slots)
         for (size_t i = 0; i < pl.nslots; i++) free(pl.slots[i].stage);
     free(pl.slots);
@@ -1917,6 +1965,7 @@ static void ucx_destroy(refit_transport_t *t)
         p->t = NULL;
     }
     REFIT_VEC_FREE(&t->peers);
+    REFIT_VEC_FREE(&t->active);
     pthread_mutex_unlock(&t->rlock);
     /* Publisher side. */
     if (t->thread_started) {
@@ -1951,6 +2000,7 @@ static void ucx_destroy(refit_transport_t *t)
 
 const refit_transport_ops_t refit_transport_ucx = {
     .name = "ucx",
+    .caps = REFIT_TCAP_HOST | REFIT_TCAP_CONCURRENT,
     .create = ucx_create,
     .destroy = ucx_destroy,
     .alloc = NULL,
