@@ -462,6 +462,72 @@ static void *pull_thread(void *arg)
     return NULL;
 }
 
+/* Several threads pull at once through one receiver transport, each from
+ * one of two publishers (as a fleet's holders are read in parallel): every
+ * pull's bytes are right, and slow ones do not hold up the others' slots. */
+typedef struct {
+    refit_transport_t *rt;
+    refit_peer_t *peer;
+    const pub_t *pub;
+    unsigned seed;
+    int bad;
+    refit_status_t st;
+    char err[512];
+} conc_job_t;
+
+static void *conc_thread(void *arg)
+{
+    conc_job_t *j = arg;
+    uint64_t size = j->pub->size[0];
+    unsigned char *dst = malloc(size);
+    for (int it = 0; it < 12 && !j->st && !j->bad && dst; it++) {
+        refit_plan_t *plan = plan_new(1);
+        unsigned x = j->seed * 2654435761u + (unsigned)it * 40503u;
+        uint64_t run = 1000 + (x % 50000), count = 1 + (x >> 8) % 40, stride = run + (x >> 16) % 3000;
+        uint64_t so = (x >> 4) % 4096;
+        if (so + (count - 1) * stride + run > size) count = 1;
+        plan_add(plan, loop(R(0, 0, 0, so, so, run), count, stride, stride));
+        memset(dst, 0xee, size);
+        refit_pull_ctl_t ctl = {.deadline = refit_now() + 30};
+        j->st = ops->pull(j->rt, (refit_peer_t *const[]){j->peer}, plan, (void *const[]){dst}, &ctl, NULL);
+        if (j->st) snprintf(j->err, sizeof(j->err), "%s", refit_last_error());
+        for (uint64_t k = 0; !j->st && k < count; k++)
+            if (memcmp(dst + so + k * stride, (unsigned char *)j->pub->base[0] + so + k * stride, run)) j->bad = 1;
+        refit_plan_destroy(plan);
+    }
+    free(dst);
+    return NULL;
+}
+
+static void concurrent_pulls(void **state)
+{
+    (void)state;
+    pub_t a, b;
+    uint64_t sz[] = {4u << 20};
+    pub_open(&a, "listen=127.0.0.1", 1, sz, 300);
+    pub_open(&b, "listen=127.0.0.1", 1, sz, 400);
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create("chunk=64K,inflight=2", &rt));
+    refit_peer_t *pa = pub_connect(rt, &a), *pb = pub_connect(rt, &b);
+    enum { NT = 4 };
+    conc_job_t jobs[NT];
+    pthread_t tid[NT];
+    for (unsigned i = 0; i < NT; i++) {
+        jobs[i] = (conc_job_t){.rt = rt, .peer = i % 2 ? pb : pa, .pub = i % 2 ? &b : &a, .seed = i + 1};
+        assert_int_equal(pthread_create(&tid[i], NULL, conc_thread, &jobs[i]), 0);
+    }
+    for (unsigned i = 0; i < NT; i++) pthread_join(tid[i], NULL);
+    for (unsigned i = 0; i < NT; i++) {
+        if (jobs[i].st) fail_msg("thread %u: %s", i, jobs[i].err);
+        assert_int_equal(jobs[i].bad, 0);
+    }
+    ops->disconnect(pa);
+    ops->disconnect(pb);
+    ops->destroy(rt);
+    pub_close(&a);
+    pub_close(&b);
+}
+
 /* The publisher unexposes (and unmaps) a region while a receiver pulls it:
  * unexpose waits for the replies UCX is sending from it, so unmapping right
  * after is safe; the pull fails with REFIT_ERR_PEER or has finished. */
@@ -798,6 +864,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(strided_two_sources),
         cmocka_unit_test(planner_plan),
         cmocka_unit_test(get_method),
+        cmocka_unit_test(concurrent_pulls),
         cmocka_unit_test(large_from_process),
         cmocka_unit_test(publisher_killed),
         cmocka_unit_test(publisher_destroyed),
