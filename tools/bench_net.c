@@ -914,17 +914,35 @@ int bench_egress(int argc, char **argv)
     int rc = parse(argc, argv, &o, "megatron:tp=1,dp=4", "vllm:tp=2", 4, 0);
     if (rc) return rc;
     o.max_readers = 0;
-    fresh_registry(&o);
     uint32_t P = world_of(o.src);
+    char why[160] = "";
+    bool net = o.net && !strcmp(o.net, "netns");
+    if (net && !netns_possible(why, sizeof(why))) {
+        fprintf(stderr, "refit bench egress --net netns: %s\n", why);
+        return 1;
+    }
+    if (P + o.receivers > 62) return tool_usage("bench", "too many nodes");
+    if (net) { /* every replica and receiver a node, every link at --link-mbps (default 100) */
+        if (!o.link_set) o.link_mbps = 100;
+        o.transport = "ucx";
+        if (!netns_up(&o, P + o.receivers, o.link_mbps, why, sizeof(why))) {
+            fprintf(stderr, "refit bench egress: %s\n", why);
+            return 1;
+        }
+    }
+    fresh_registry(&o);
     child_t pubs[64], rcv[16];
     result_t res[16];
-    bool ok = start_publishers(&o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < o.receivers; i++) rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL, -1, false, 0});
+    for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    bool ok = publish_all(pubs, P, 1);
+    for (uint32_t i = 0; i < o.receivers; i++)
+        rcv[i] = spawn(&o, &(role_t){false, i % world_of(o.dst), -1, NULL, net ? (int)(P + i) : -1, false, 0});
     for (uint32_t i = 0; i < o.receivers && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < o.receivers && ok; i++) ok &= get_result(&rcv[i], &res[i]);
     for (uint32_t i = 0; i < o.receivers; i++) stop(&rcv[i], false);
     for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
     rm_registry(&o);
+    netns_down(&o);
     if (!ok) return tool_fail(REFIT_ERR_PEER, "bench egress: a pull failed");
     uint64_t per[64] = {0}, total = 0;
     for (uint32_t i = 0; i < o.receivers; i++) {
@@ -954,6 +972,10 @@ int bench_egress(int argc, char **argv)
     metric(&j, "refit_s", "%.4f", span(res, o.receivers));
     result_json(&j, "receivers", res, o.receivers);
     assertion(&j, "bytes_per_source_within_5pct", "<= 0.05", dev, dev <= 0.05);
+    if (net)
+        return out_end(&j, "every trainer rank is a DP replica holding the same bytes, each a node (network namespace, "
+                           "tbf at link_mbps both ways) like each receiver, UCX/TCP; chunks go to whichever holder is "
+                           "free first");
     return out_end(&j, "every trainer rank is a DP replica holding the same bytes; receivers are ranks of vllm "
                        "layouts; chunks go to whichever holder is free first");
 }
@@ -968,18 +990,39 @@ int bench_elastic(int argc, char **argv)
      * in the middle of it. */
     int rc = parse(argc, argv, &o, "megatron:tp=1", "vllm:tp=4", 4, 200);
     if (rc) return rc;
-    o.max_readers = 0;
-    fresh_registry(&o);
     uint32_t P = world_of(o.src), N = o.receivers;
+    char why[160] = "";
+    bool net = o.net && !strcmp(o.net, "netns");
+    if (net && !netns_possible(why, sizeof(why))) {
+        fprintf(stderr, "refit bench elastic --net netns: %s\n", why);
+        return 1;
+    }
+    if (P + N + 1 > 62 || N > 15) return tool_usage("bench", "too many nodes");
+    if (net) {
+        /* Every process a node with one link each way: one reader per holder
+         * (--max-readers 1, a chain that pipelines), 100 MB/s links. */
+        if (!o.max_readers_set) o.max_readers = 1;
+        if (!o.link_set) o.link_mbps = 100;
+        o.transport = "ucx";
+        if (!netns_up(&o, P + N + 1, o.link_mbps, why, sizeof(why))) {
+            fprintf(stderr, "refit bench elastic: %s\n", why);
+            return 1;
+        }
+    } else {
+        o.max_readers = 0;
+    }
+    fresh_registry(&o);
     double L = o.link_mbps;
     char thr[1024];
     snprintf(thr, sizeof(thr), "%s", throttle_all("trainer", P, L, UINT32_MAX, 0));
     size_t l = strlen(thr);
     for (uint32_t s = 0; s < 16 && l < sizeof(thr) - 30; s++) l += (size_t)snprintf(thr + l, sizeof(thr) - l, ",relay:%u=%g", s, L);
+    const char *th = net ? NULL : thr; /* over netns the links are real */
     child_t pubs[64], rcv[17];
     result_t v0[17], v1[17], v2[17], v3[17];
-    bool ok = start_publishers(&o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, thr, -1, false, 0});
+    for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    bool ok = publish_all(pubs, P, 1);
+    for (uint32_t i = 0; i < N; i++) rcv[i] = spawn(&o, &(role_t){false, 0, (int)i, th, net ? (int)(P + i) : -1, false, 0});
     /* Version 1 warms up (plans, connections); version 2 is the baseline: the fleet alone. */
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < N && ok; i++) ok &= get_result(&rcv[i], &v0[i]);
@@ -989,7 +1032,7 @@ int bench_elastic(int argc, char **argv)
     /* Version 3: a joiner starts while the others pull. */
     ok = ok && publish_all(pubs, P, 3);
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 3");
-    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, thr, -1, false, 0});
+    rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, th, net ? (int)(P + N) : -1, false, 0});
     double join_t0 = refit_now();
     send_cmd(&rcv[N], "pull 0");
     for (uint32_t i = 0; i <= N && ok; i++) ok &= get_result(&rcv[i], &v2[i]);
@@ -1020,6 +1063,7 @@ int bench_elastic(int argc, char **argv)
     for (uint32_t i = 1; i <= N; i++) stop(&rcv[i], false);
     for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
     rm_registry(&o);
+    netns_down(&o);
     if (!ok) return tool_fail(REFIT_ERR_PEER, "bench elastic: a pull failed");
     double worst = 0;
     for (uint32_t i = 0; i < N; i++) {
@@ -1042,6 +1086,10 @@ int bench_elastic(int argc, char **argv)
     assertion(&j, "joiner_gets_newest", "== 3", (double)v2[N].version, v2[N].version == 3);
     assertion(&j, "joiner_slows_others_at_most_10pct", "<= 0.10", worst, worst <= 0.10);
     assertion(&j, "all_remaining_complete_after_relay_killed", "== receivers", (double)ok3, ok3 == N);
+    if (net)
+        return out_end(&j, "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one reader "
+                           "per holder; receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; "
+                           "v4: receiver 0 commits first, then is killed while the others read from it and each other");
     return out_end(&j, "receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; v4: "
                        "receiver 0 commits first, then is killed while the others read from it and the trainer");
 }

@@ -631,8 +631,15 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     S.c = cv.data;
     S.nc = cv.len;
     S.pieces = pv.data;
+    /* Chunks a failed try of the same plan left in place are not read again. */
+    size_t resumed = 0;
+    if (x->resume && x->resume->done && x->resume->n == S.nc)
+        for (size_t i = 0; i < S.nc; i++)
+            if (x->resume->done[i]) S.c[i].state = CH_DONE, S.done++, resumed++;
+    if (resumed) refit_log(REFIT_LOG_INFO, "fleet: %zu of %zu chunks already in place from the try before", resumed, S.nc);
     /* Every chunk needs some holder from the start. */
     for (size_t i = 0; i < S.nc; i++) {
+        if (S.c[i].state == CH_DONE) continue;
         bool ok = false;
         for (uint32_t h = 0; h < nh && !ok; h++) ok = could_serve(&S, h, &S.c[i]);
         if (!ok) {
@@ -669,6 +676,8 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         hd->chunk_bytes = chunk;
         hd->nchunks = S.nc;
         hd->complete = 0;
+        for (size_t i = 0; i < S.nc; i++)
+            if (S.c[i].state == CH_DONE) ((uint8_t *)(hd + 1))[i] = 1;
         __atomic_store_n(&hd->version, x->version, __ATOMIC_RELEASE);
         S.progress = hd;
         if (x->announce) x->announce(x->user);
@@ -740,6 +749,14 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
                   holders[h].name, holders[h].chunks, holders[h].taken, holders[h].steals, holders[h].early,
                   holders[h].waits, holders[h].bytes,
                   holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
+    if (x->resume) { /* what is in place now, for a try after this one */
+        uint8_t *d = x->resume->n == S.nc ? x->resume->done : realloc(x->resume->done, S.nc ? S.nc : 1);
+        if (d) {
+            for (size_t i = 0; i < S.nc; i++) d[i] = S.c[i].state == CH_DONE;
+            x->resume->done = d;
+            x->resume->n = S.nc;
+        }
+    }
     if (!st && stats) {
         for (size_t i = 0; i < S.nc; i++) stats->bytes += S.c[i].bytes;
         stats->requests += S.nc;

@@ -49,6 +49,13 @@ typedef struct {
     char error[256];
 } refit_fleet_holder_t;
 
+/* Chunks already in place, carried from a failed transfer to the next try
+ * of the same plan and chunk size (the caller's; the transfer updates it). */
+typedef struct {
+    uint8_t *done; /* per chunk: 1 written */
+    size_t n;
+} refit_fleet_resume_t;
+
 typedef struct {
     const refit_tset_t *ts;
     const refit_plan_t *plan;
@@ -64,6 +71,7 @@ typedef struct {
     void (*announce)(void *user); /* called once *progress is valid: the relay may serve it */
     refit_status_t (*tick)(void *user);
     void *user;
+    refit_fleet_resume_t *resume; /* NULL: start from nothing */
 } refit_fleet_xfer_t;
 
 uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);

@@ -521,9 +521,12 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, u
                             .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
                             .threads = r->params.threads, .version = v,
                             .progress = refit_relays_progress(r->relays, r->mem), .announce = fleet_announce};
+    refit_fleet_resume_t resume = {0};
+    x.resume = &resume;
     refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
     if (st && !with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
-        /* Every relay we had failed: the trainer serves what is left (the whole plan again). */
+        /* Every relay we had failed: the trainer serves what is left (the
+         * chunks already written stay). */
         refit_log(REFIT_LOG_INFO, "relays failed (%s); reading version %" PRIu64 " from the trainer", refit_last_error(), v);
         uint32_t before = nh;
         if (!(st = trainer_holders(r, s, v, plan, h, &nh, max))) {
@@ -533,6 +536,7 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, u
         }
     }
     free(keys);
+    free(resume.done);
     free(r->holders);
     r->holders = calloc(nh ? nh : 1, sizeof(refit_holder_stat_t));
     r->nholders = r->holders ? nh : 0;

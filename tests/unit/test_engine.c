@@ -407,6 +407,49 @@ static void relay_killed_reader_fails_over(void **state)
     t_rm_tree(g.dir);
 }
 
+/* The only relay dies mid-transfer: the trainer serves what is left, and
+ * the chunks already read from the relay are not read again. */
+static void relay_killed_trainer_resumes(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    relay_t a = relay_start(&g, "tiny-dense", "vllm:tp=1", 0, 0, 1, 0);
+    void *b;
+    refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 4, &b);
+    setenv("REFIT_TEST_THROTTLE", "relay:0=1", 1); /* ~0.6 MB at 1 MB/s; killed at 150 ms */
+    pid_t killer = fork();
+    if (killer == 0) {
+        t_msleep(150);
+        kill(a.pid, SIGKILL);
+        _exit(0);
+    }
+    refit_pull_report_t rep;
+    refit_status_t st = refit_receiver_pull(r, 1, 10000, &rep);
+    unsetenv("REFIT_TEST_THROTTLE");
+    waitpid(killer, NULL, 0);
+    REFIT_ASSERT_OK(st);
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
+    refit_holder_stat_t hs[8];
+    size_t nh = refit_receiver_holders(r, hs, 8);
+    const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0"), *t0 = holder(hs, nh, "trainer:0");
+    assert_non_null(h0);
+    assert_non_null(t0);
+    assert_true(h0->failed && h0->chunks > 0);
+    refit_manifest_t *m = t_manifest_named("tiny-dense", "vllm:tp=1", 0);
+    uint64_t total = refit_manifest_region_size(m, 0);
+    refit_manifest_destroy(m);
+    /* The trainer moved what the relay had not: less than everything. */
+    assert_true(t0->bytes > 0 && t0->bytes + h0->bytes / 2 < total);
+    refit_receiver_destroy(r);
+    relay_stop(&a, true);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
 /* A chain pipelines: relay A pulls slowly from the trainer (2 MB/s); B,
  * limited to one reader per holder, finds A holding the version while A is
  * still receiving it and reads A's chunks as they land, on a link as slow as
@@ -1198,6 +1241,7 @@ int main(void)
         cmocka_unit_test(identity_and_corrupt_manifest),
         cmocka_unit_test(relay_serves_joiner),
         cmocka_unit_test(relay_killed_reader_fails_over),
+        cmocka_unit_test(relay_killed_trainer_resumes),
         cmocka_unit_test(relay_chain_pipelines),
         cmocka_unit_test(slow_replica_chunks_stolen),
     };
