@@ -668,16 +668,23 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     /* We are a relay: readers may follow us chunk by chunk from now on. */
     if (x->progress && S.nc <= REFIT_PROGRESS_MAX_CHUNKS) {
         refit_progress_hdr_t *hd = x->progress;
-        __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
-        memset(hd + 1, 0, S.nc);
-        hd->magic = REFIT_PROGRESS_MAGIC;
-        hd->plan_src = S.key.src;
-        hd->plan_dst = S.key.dst;
-        hd->chunk_bytes = chunk;
-        hd->nchunks = S.nc;
-        hd->complete = 0;
+        /* A retry of the same transfer (resumed) keeps its progress as it
+         * is, so that readers following it see no gap. */
+        bool same = __atomic_load_n(&hd->version, __ATOMIC_ACQUIRE) == x->version && resumed &&
+                    hd->magic == REFIT_PROGRESS_MAGIC && hd->plan_src == S.key.src && hd->plan_dst == S.key.dst &&
+                    hd->chunk_bytes == chunk && hd->nchunks == S.nc && !hd->complete;
+        if (!same) {
+            __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
+            memset(hd + 1, 0, S.nc);
+            hd->magic = REFIT_PROGRESS_MAGIC;
+            hd->plan_src = S.key.src;
+            hd->plan_dst = S.key.dst;
+            hd->chunk_bytes = chunk;
+            hd->nchunks = S.nc;
+            hd->complete = 0;
+        }
         for (size_t i = 0; i < S.nc; i++)
-            if (S.c[i].state == CH_DONE) ((uint8_t *)(hd + 1))[i] = 1;
+            if (S.c[i].state == CH_DONE) __atomic_store_n((uint8_t *)(hd + 1) + i, 1, __ATOMIC_RELEASE);
         __atomic_store_n(&hd->version, x->version, __ATOMIC_RELEASE);
         S.progress = hd;
         if (x->announce) x->announce(x->user);

@@ -198,6 +198,7 @@ refit_progress_hdr_t *refit_relays_progress(refit_relays_t *R, void *const *mem)
 void refit_relays_announce(refit_relays_t *R, uint64_t v)
 {
     if (!R || !R->pub) return;
+    if (R->partial && R->serving == v) return; /* a retry of the same pull (its chunks written so far stay) */
     if (refit_publisher_publish(R->pub, v)) { /* e.g. v again after a failed pull: served once complete */
         refit_log(REFIT_LOG_DEBUG, "relay %s slot %d: not serving %" PRIu64 " while receiving it: %s", R->group, R->slot,
                   v, refit_last_error());
