@@ -58,6 +58,8 @@ struct refit_receiver {
     void **mem;
     bool *owned;
     void **stage;         /* pinned host staging for GPU memory pulled by host-only transports */
+    uint64_t stage_version; /* the version the staging holds whole (0: none): a delta applies there */
+    bool pull_staged;     /* this pull went through the staging */
     uint32_t world;
     source_t *src;
     cached_plan_t plans[PLAN_CACHE];
@@ -572,7 +574,10 @@ size_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *ou
  * (a restarted trainer may publish a version number again with other bytes). */
 static bool delta_eligible(const refit_receiver_t *r, const snapshot_t *s, uint64_t v, const refit_plan_t *plan)
 {
-    if (r->params.no_delta || r->params.device >= 0 || !r->committed || !r->usable || v <= r->committed) return false;
+    if (r->params.no_delta || !r->committed || !r->usable || v <= r->committed) return false;
+    /* GPU memory: the delta applies to the pinned staging when that holds
+     * the committed version whole (it came through it), then goes up. */
+    if (r->params.device >= 0 && r->stage_version != r->committed) return false;
     bool any = false;
     for (uint32_t k = 0; k < r->world; k++) {
         if (!refit_plan_source_bytes(plan, k)) continue;
@@ -792,15 +797,23 @@ static refit_status_t delta_pull(refit_receiver_t *r, const snapshot_t *s, uint6
     if (!st) {
         refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
         r->usable = false;
+        r->stage_version = 0; /* the staging is being written too (GPU) */
     }
+    bool gpu = r->params.device >= 0;
+    void *const *dst = gpu ? r->stage : r->mem;
     for (uint32_t j = 0; j < nd && !st; j++) {
         refit_delta_apply_stats_t as = {0};
-        st = refit_delta_apply_threads(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, r->mem,
+        st = refit_delta_apply_threads(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, dst,
                                        r->params.threads, &as);
         if (st) refit_error_prefix("applying the delta of source rank %u region %u", cp->dsrc[j].src, cp->dsrc[j].region);
         rep->delta_units += as.units_written + as.bytes_written / 2;
     }
     free(total);
+#ifdef REFIT_HAVE_CUDA
+    for (uint32_t i = 0; gpu && !st && i < r->nregions; i++) st = refit_gpu_copy(r->mem[i], r->stage[i], r->m->regions.data[i]);
+    if (gpu && !st) append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
+#endif
+    if (gpu) r->pull_staged = true;
     if (!st) {
         rep->delta_base = r->committed;
         append(rep->lanes, sizeof(rep->lanes), " ", "(delta)");
@@ -868,6 +881,7 @@ static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap,
      * (a relay stops serving first, and waits for its readers). */
     refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
     r->usable = false;
+    r->stage_version = 0; /* the staging is being written too (GPU) */
     /* Fault-injection hook for the test suite: a pause after the receiver
      * committed to the transfer, during which a test kills a process. */
     const char *pause = getenv("REFIT_TEST_PAUSE_MS");
@@ -916,7 +930,7 @@ static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap,
         if ((st = refit_gpu_copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto done;
     if (bounce) append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
 #endif
-    (void)bounce;
+    r->pull_staged = bounce;
     rep->bytes = stats.bytes;
     rep->requests = stats.requests;
     rep->launches = stats.launches;
@@ -929,6 +943,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
 {
     refit_status_t st;
     double t0 = refit_now();
+    r->pull_staged = false;
     /* The group may not have started yet: wait for rank 0's manifest. */
     while (!r->world) {
         st = learn_world(r);
@@ -1072,6 +1087,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     rep->verify_ms = (refit_now() - t3) * 1e3;
     /* 8. Commit. */
     r->committed = v;
+    r->stage_version = r->pull_staged ? v : 0;
     for (uint32_t k = 0; k < r->world; k++) r->committed_inc[k] = s.present[k] ? s.recs[k].incarnation : 0;
     r->usable = true;
     rep->version = v;
