@@ -144,11 +144,13 @@ typedef struct {
                                       only while no relay holds the version (a tree); 0: no limit */
     uint32_t chunk_kb;             /* chunk size for fleet transfers; 0: 2048 */
     uint32_t relay_heartbeat_ms;   /* the relay's heartbeat (dead after 4x); 0: 200 */
-    /* Delta refit (host memory): when every source this receiver reads
-     * offers a delta whose base is the version this memory holds, the pull
-     * fetches only the delta chunks its plan reads and applies them in place
-     * (bit-exact; padding is untouched).  Any failure on that path falls back
-     * to a full pull within the same call.  true: always pull in full. */
+    /* Delta refit: when every source this receiver reads offers a delta
+     * whose base is the version this memory holds (same publisher
+     * incarnation), the pull fetches only the delta chunks its plan reads and
+     * applies them in place (bit-exact; padding is untouched).  GPU memory:
+     * only when the pulls go through the pinned host staging, where the delta
+     * applies before the staging is copied up.  Any failure on that path falls
+     * back to a full pull within the same call.  true: always pull in full. */
     bool no_delta;
     double truth_fraction;         /* REFIT_VERIFY_TRUTH against refit_truth_fill_delta(fraction): the share of
                                       elements that change per version (host memory); 0: 1 (every element,
