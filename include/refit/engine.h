@@ -133,10 +133,12 @@ typedef struct {
                                       be on that device, padding is written and the truth verified by
                                       kernels; transports that cannot write GPU memory (shm, ucx) go
                                       through a pinned host staging copy. */
-    /* Fleet (host memory only).  Every pull reads from every holder of the
-     * bytes it needs - trainer ranks, their DP replicas, relays of this
-     * receiver's layout and rank - in chunks that fast holders steal from
-     * slow ones; a holder that dies is dropped and its chunks go to others. */
+    /* Fleet (host memory, or GPU memory when none of the transports writes
+     * GPU memory: then pulls land in the pinned staging, and a relay serves
+     * from there).  Every pull reads from every holder of the bytes it
+     * needs - trainer ranks, their DP replicas, relays of this receiver's
+     * layout and rank - in chunks that fast holders steal from slow ones; a
+     * holder that dies is dropped and its chunks go to others. */
     int relay_slot;                /* >= 0: after each commit, serve the version to other receivers of the
                                       same layout and rank as relay slot N (0..15; unique per rank);
                                       -1: not a relay */

@@ -141,7 +141,17 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     if ((st = refit_registry_open(or_default(r->params.registry, refit_default_registry()),
                                   or_default(r->params.job, "default"), &r->reg)))
         goto err;
-    if (r->params.device < 0 && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
+    /* The fleet path (chunks, holders, relays) runs in host memory: a GPU
+     * receiver takes it when none of its transports writes GPU memory, so
+     * that every pull goes through its pinned staging anyway (relays then
+     * serve from the staging). */
+    bool host_path = r->params.device < 0;
+    if (!host_path) {
+        host_path = true;
+        for (uint32_t t = 0; t < r->ts.n; t++)
+            if (refit_transport_caps(r->ts.ops[t]) & REFIT_TCAP_DEVICE_DST) host_path = false;
+    }
+    if (host_path && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
     r->m = m;
     r->usable = true; /* nothing written yet: whatever the caller put there stands */
     *out = r;
@@ -508,7 +518,8 @@ static void fleet_announce(void *user)
     refit_relays_announce(r->relays, r->lease_version);
 }
 
-static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, uint64_t v, const refit_plan_t *plan,
+static refit_status_t fleet_transfer(refit_receiver_t *r, void *const *dst, const snapshot_t *s, uint64_t v,
+                                     const refit_plan_t *plan,
                                      refit_fleet_holder_t *h, uint32_t nh, bool with_trainer, double deadline,
                                      int *tix, refit_pull_stats_t *stats, uint32_t *used)
 {
@@ -516,13 +527,13 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, const snapshot_t *s, u
     uint64_t *keys = calloc(r->world ? r->world : 1, sizeof(uint64_t));
     if (!keys) return refit_error(REFIT_ERR_NO_MEMORY, "fleet");
     for (uint32_t k = 0; k < r->world; k++) keys[k] = r->src[k].m ? r->src[k].mkey : 0;
-    refit_fleet_xfer_t x = {.ts = &r->ts, .plan = plan, .plan_keys = keys, .dst = r->mem, .deadline = deadline,
+    refit_fleet_xfer_t x = {.ts = &r->ts, .plan = plan, .plan_keys = keys, .dst = dst, .deadline = deadline,
                             .chunk_bytes = (uint64_t)r->params.chunk_kb << 10, .tick = fleet_tick, .user = r,
                             .seed = (uint32_t)refit_random_u64(),
                             /* The receiver's copy-thread budget caps the workers each holder gets. */
                             .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
                             .threads = r->params.threads, .version = v,
-                            .progress = refit_relays_progress(r->relays, r->mem), .announce = fleet_announce};
+                            .progress = refit_relays_progress(r->relays, dst), .announce = fleet_announce};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;
     refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
@@ -858,8 +869,9 @@ static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap,
     }
     rep->connect_ms = (refit_now() - tc) * 1e3;
     /* GPU memory and a transport that cannot write it: everything goes
-     * through pinned host staging, then one copy per region. */
-    bool gpu = r->params.device >= 0, bounce = false;
+     * through pinned host staging, then one copy per region (the fleet path
+     * on a GPU receiver always does). */
+    bool gpu = r->params.device >= 0, bounce = gpu && fleet;
     for (uint32_t k = 0; k < r->world; k++)
         if (tix[k] >= 0) {
             unsigned caps = refit_transport_caps(r->ts.ops[tix[k]]);
@@ -891,7 +903,8 @@ static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap,
     rep->transport[0] = rep->lanes[0] = '\0';
     if (fleet) {
         uint32_t used = 0;
-        if ((st = fleet_transfer(r, &s, v, plan, holders, nh, with_trainer, deadline, tix, &stats, &used))) goto done;
+        if ((st = fleet_transfer(r, dst, &s, v, plan, holders, nh, with_trainer, deadline, tix, &stats, &used)))
+            goto done;
         rep->sources = used;
         snprintf(rep->transport, sizeof(rep->transport), "%s", r->ts.ops[0]->name);
         append(rep->lanes, sizeof(rep->lanes), " ", stats.lanes);
@@ -1093,7 +1106,9 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     rep->version = v;
     if ((st = refit_registry_ack(r->reg, r->group, r->reader, v)))
         refit_log(REFIT_LOG_WARN, "ack of version %" PRIu64 ": %s", v, refit_last_error());
-    if ((st = refit_relays_serve(r->relays, r->mem, v)))
+    /* A relay serves host memory: a GPU receiver's staging, which holds v whole. */
+    if (r->params.device >= 0 && !r->pull_staged) refit_relays_withdraw(r->relays, 0);
+    else if ((st = refit_relays_serve(r->relays, r->params.device >= 0 ? r->stage : r->mem, v)))
         refit_log(REFIT_LOG_WARN, "serving version %" PRIu64 " as a relay: %s", v, refit_last_error());
     st = REFIT_OK;
 out:

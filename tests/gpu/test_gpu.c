@@ -393,6 +393,75 @@ static void engine_delta_case(const char *model, const char *src_spec, const cha
     t_rm_tree(g.dir);
 }
 
+/* Relays on GPU receivers: host publishers over shm, two GPU receivers of
+ * the same rank, one reader per holder.  A pulls from the trainer and then
+ * serves the version from its pinned staging; B reads all of it from A. */
+static void gpu_relay_case(const char *model, const char *src_spec, const char *dst_spec, int dst_dev)
+{
+    reg_t g;
+    reg_file(&g);
+    refit_layout_t *sl = t_layout(src_spec);
+    uint32_t ns = refit_layout_world(sl);
+    refit_publisher_t *pub[8];
+    refit_manifest_t *pm[8];
+    void *pb[8];
+    assert_true(ns <= 8);
+    for (uint32_t s = 0; s < ns; s++) {
+        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+        pp.registry = g.url;
+        pp.job = g.job;
+        pp.transports = "shm";
+        pm[s] = t_manifest_named(model, src_spec, s);
+        REFIT_ASSERT_OK(refit_publisher_create(&pp, pm[s], &pub[s]));
+        REFIT_ASSERT_OK(refit_publisher_alloc(pub[s], 0, &pb[s]));
+    }
+    refit_receiver_t *rx[2];
+    void *rb[2];
+    for (int i = 0; i < 2; i++) {
+        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+        rp.registry = g.url;
+        rp.job = g.job;
+        rp.device = dst_dev;
+        rp.transports = "shm";
+        rp.verify = REFIT_VERIFY_TRUTH;
+        rp.relay_slot = i;
+        rp.max_readers = 1;
+        rp.reader = i ? "gpu-b" : "gpu-a";
+        REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, dst_spec, 0), &rx[i]));
+        REFIT_ASSERT_OK(refit_receiver_alloc(rx[i], 0, &rb[i]));
+    }
+    refit_manifest_t *rm = t_manifest_named(model, dst_spec, 0);
+    uint64_t size = refit_manifest_region_size(rm, 0);
+    for (uint64_t v = 1; v <= 2; v++) {
+        for (uint32_t s = 0; s < ns; s++) {
+            REFIT_ASSERT_OK(refit_truth_fill(pm[s], &pb[s], v));
+            REFIT_ASSERT_OK(refit_publisher_publish(pub[s], v));
+        }
+        refit_pull_report_t rep;
+        REFIT_ASSERT_OK(refit_receiver_pull(rx[0], v, 20000, &rep));
+        REFIT_ASSERT_OK(refit_receiver_pull(rx[1], v, 20000, &rep));
+        refit_holder_stat_t hs[8];
+        size_t nh = refit_receiver_holders(rx[1], hs, 8);
+        uint64_t from_relay = 0, from_trainer = 0;
+        for (size_t i = 0; i < nh && i < 8; i++) {
+            if (!strncmp(hs[i].name, "relay:0", 7)) from_relay += hs[i].bytes;
+            if (!strncmp(hs[i].name, "trainer:", 8)) from_trainer += hs[i].bytes;
+        }
+        if (from_relay < size / 2 || from_trainer)
+            FAIL("version %llu: B read %llu bytes from relay 0 and %llu from the trainer (%zu holders; lanes %s)",
+                 (unsigned long long)v, (unsigned long long)from_relay, (unsigned long long)from_trainer, nh, rep.lanes);
+        for (int i = 0; i < 2; i++) REFIT_ASSERT_OK(refit_gpu_truth_verify(rm, dst_dev, (const void *const *)&rb[i], v, NULL));
+        printf("  GPU relay: %s -> %s v%llu: B read %llu bytes from A's staging, transfer %.2f ms, %s\n", src_spec,
+               dst_spec, (unsigned long long)v, (unsigned long long)from_relay, rep.transfer_ms, rep.lanes);
+        for (uint32_t s = 0; s < ns; s++) REFIT_ASSERT_OK(refit_publisher_wait_readers(pub[s], v, 10000));
+    }
+    for (int i = 0; i < 2; i++) refit_receiver_destroy(rx[i]);
+    refit_manifest_destroy(rm);
+    for (uint32_t s = 0; s < ns; s++) refit_publisher_destroy(pub[s]);
+    refit_layout_destroy(sl);
+    t_rm_tree(g.dir);
+}
+
 static void test_engine(void **state)
 {
     (void)state;
@@ -402,6 +471,8 @@ static void test_engine(void **state)
     engine_case("tiny-moe", "hf", 0, "megatron:tp=4", g_dst_dev, true); /* padding on the GPU */
     engine_delta_case("tiny-moe", "megatron:ep=2", "vllm:tp=2", g_dst_dev);
     engine_delta_case("qwen3-30b-a3b-mini", "megatron:ep=2", "vllm:tp=2", g_dst_dev);
+    gpu_relay_case("tiny-moe", "megatron:ep=2", "vllm:tp=2", g_dst_dev);
+    gpu_relay_case("qwen3-30b-a3b-mini", "megatron:ep=2", "vllm:tp=2", g_dst_dev);
 }
 #endif
 
@@ -423,7 +494,7 @@ int main(void)
     test_batch(NULL);
     printf("ok batch copy kernel\n");
     test_engine(NULL);
-    printf("ok engine over cuda_ipc (GPU->GPU, GPU->host, host->GPU), deltas into GPU memory\n");
+    printf("ok engine over cuda_ipc (GPU->GPU, GPU->host, host->GPU), deltas into GPU memory, relays on GPU receivers\n");
     return 0;
 #endif
 }
