@@ -405,6 +405,77 @@ static void publisher_killed(void **state)
     nn_finish(&c, 5);
 }
 
+/* Two threads pull from one publisher process through one transport; B's
+ * tick kills the publisher and then sleeps without the lock, while A finds
+ * the failure and force-closes the shared endpoint.  B must come back to a
+ * clear failure, not send on the closed endpoint (this crashed once). */
+typedef struct {
+    pid_t victim;
+    int ticks;
+} ks_tick_t;
+
+static refit_status_t kill_and_sleep(void *user)
+{
+    ks_tick_t *k = user;
+    if (k->ticks++ == 0) {
+        kill(k->victim, SIGKILL);
+        usleep(1500000);
+    }
+    return REFIT_OK;
+}
+
+typedef struct {
+    refit_transport_t *rt;
+    refit_peer_t *peer;
+    refit_plan_t *plan;
+    void *dst;
+    refit_pull_ctl_t ctl;
+    refit_status_t st;
+} ks_job_t;
+
+static void *ks_thread(void *arg)
+{
+    ks_job_t *j = arg;
+    j->st = ops->pull(j->rt, (refit_peer_t *const[]){j->peer}, j->plan, (void *const[]){j->dst}, &j->ctl, NULL);
+    return NULL;
+}
+
+static void shared_peer_killed(void **state)
+{
+    (void)state;
+    const uint64_t size = 512ull << 20;
+    for (int round = 0; round < 3; round++) {
+        nn_child_t c;
+        void *desc;
+        size_t len;
+        spawn_publisher(&c, NULL, size, 5, "listen=127.0.0.1,tls=tcp", &desc, &len);
+        refit_transport_t *rt;
+        refit_peer_t *peer;
+        REFIT_ASSERT_OK(ops->create("tls=tcp", &rt));
+        REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){desc}, &len, 1, &peer));
+        refit_plan_t *plan = whole_plan(size);
+        unsigned char *da = big_alloc(size), *db = big_alloc(size);
+        ks_tick_t k = {c.pid, 0};
+        ks_job_t a = {rt, peer, plan, da, {.deadline = refit_now() + 20}, REFIT_OK};
+        ks_job_t b = {rt, peer, plan, db, {.deadline = refit_now() + 20, .tick = kill_and_sleep, .user = &k}, REFIT_OK};
+        pthread_t ta, tb;
+        assert_int_equal(pthread_create(&ta, NULL, ks_thread, &a), 0);
+        assert_int_equal(pthread_create(&tb, NULL, ks_thread, &b), 0);
+        pthread_join(ta, NULL);
+        pthread_join(tb, NULL);
+        assert_true(k.ticks > 0);
+        assert_true(a.st == REFIT_ERR_PEER || a.st == REFIT_ERR_TIMEOUT);
+        assert_true(b.st == REFIT_ERR_PEER || b.st == REFIT_ERR_TIMEOUT);
+        ops->disconnect(peer);
+        ops->destroy(rt);
+        big_free(da, size);
+        big_free(db, size);
+        refit_plan_destroy(plan);
+        free(desc);
+        nn_finish(&c, 5);
+    }
+}
+
 static refit_status_t destroy_on_tick(void *user)
 {
     pub_t *p = user;
@@ -865,6 +936,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(planner_plan),
         cmocka_unit_test(get_method),
         cmocka_unit_test(concurrent_pulls),
+        cmocka_unit_test(shared_peer_killed),
         cmocka_unit_test(large_from_process),
         cmocka_unit_test(publisher_killed),
         cmocka_unit_test(publisher_destroyed),

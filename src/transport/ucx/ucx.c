@@ -1646,6 +1646,11 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
     pp->busy++;
     pp->inflight_bytes += s->bytes;
     pl->requests++;
+    if (!p->ep) { /* closed by another pull that found the peer broken */
+        s->status = UCS_ERR_NOT_CONNECTED;
+        mark_done(pl, s);
+        return UCS_OK;
+    }
     if (p->use_get) {
         const peer_region_t *pr = &p->regions[s->region];
         s->gets_pending = 1; /* guard while issuing */
@@ -1793,6 +1798,13 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
     double now = refit_now(), next_tick = now + 0.05;
     for (size_t k = 0; k < pl.npps; k++) pl.pps[k].last_data = now;
     for (;;) {
+        /* Another pull sharing a peer may have closed it while this one
+         * slept or ticked without the lock. */
+        for (size_t k = 0; k < pl.npps && !st; k++)
+            if (!pl.pps[k].peer->ep || pl.pps[k].peer->broken)
+                st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) failed in another pull",
+                                 pl.pps[k].peer->name, pl.pps[k].src);
+        if (st) break;
         /* Fill every peer's window with free slots. */
         for (size_t i = 0; i < pl.nslots; i++) {
             slot_t *s = &pl.slots[i];
@@ -1905,8 +1917,15 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
         if (any) {
             /* UCX still holds requests pointing into the slots: leak them
              * rather than let a callback write into freed memory (the
-             * slots forget this pull, which is about to end). */
+             * slots forget this pull, which is about to end, and late
+             * replies no longer find it). */
             for (size_t i = 0; i < pl.nslots; i++) pl.slots[i].pl = NULL;
+            for (size_t i = 0; i < t->active.len; i++)
+                if (t->active.data[i] == &pl) {
+                    t->active.data[i] = t->active.data[--t->active.len];
+                    break;
+                }
+            pl.nslots = 0;
             pl.slots = NULL;
             pl.done = NULL;
         }
