@@ -60,6 +60,13 @@
 #include "engine/fleet.h"
 #include "plan/plan.h"
 
+uint64_t refit_fleet_origin(const uint64_t *incs, const uint8_t *present, uint32_t world)
+{
+    uint64_t h = 0x6f726967696e2121ULL ^ world;
+    for (uint32_t k = 0; k < world; k++) h = refit_mix64(h ^ (present[k] ? incs[k] : 0) ^ ((uint64_t)k << 56));
+    return h ? h : 1;
+}
+
 uint64_t refit_fleet_mirror_key(const refit_manifest_t *m)
 {
     /* The signature with the rank left out: equal keys mean equal layouts,
@@ -110,6 +117,7 @@ typedef struct {
     double deadline;
     uint64_t version;
     refit_progress_hdr_t *progress; /* ours, when we are a relay */
+    uint64_t origin;                /* see refit_fleet_xfer_t */
     uint64_t launches;              /* GPU kernel launches of the chunk pulls (cuda_ipc) */
     uint8_t **avail;                /* per holder: chunks a partial relay has written (NULL: not a partial relay) */
     double time_sum;
@@ -292,6 +300,9 @@ static void refresh(sched_t *S, uint32_t h)
     if (!st) memcpy(&hd, buf, sizeof(hd));
     if (!st && (hd.magic != REFIT_PROGRESS_MAGIC || hd.version != S->version))
         st = refit_error(REFIT_ERR_PEER, "%s stopped serving version %" PRIu64, H->name, S->version);
+    else if (!st && hd.origin != S->origin)
+        st = refit_error(REFIT_ERR_PEER, "%s holds version %" PRIu64 " from other trainer publishers (restarted)",
+                         H->name, S->version);
     if (st) {
         if (!H->failed) {
             H->failed = true;
@@ -656,8 +667,14 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         REFIT_VEC_FREE(&pv);
         return refit_error(REFIT_ERR_NO_MEMORY, "holders");
     }
+    S.origin = x->origin;
     for (uint32_t h = 0; h < nh; h++) {
         holders[h].partial = holders[h].mirror_dst && holders[h].progress_region >= 0;
+        if (holders[h].mirror_dst && holders[h].progress_region < 0 && !holders[h].failed) {
+            /* Without progress there is no telling which trainer its bytes came from. */
+            holders[h].failed = true;
+            snprintf(holders[h].error, sizeof(holders[h].error), "a relay without a progress region");
+        }
         if (holders[h].partial && !(S.avail[h] = calloc(S.nc ? S.nc : 1, 1))) {
             /* Without a map of what it has, a relay still receiving cannot be
              * read safely: leave it out (the other holders serve). */
@@ -685,6 +702,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         }
         for (size_t i = 0; i < S.nc; i++)
             if (S.c[i].state == CH_DONE) __atomic_store_n((uint8_t *)(hd + 1) + i, 1, __ATOMIC_RELEASE);
+        hd->origin = x->origin;
         __atomic_store_n(&hd->version, x->version, __ATOMIC_RELEASE);
         S.progress = hd;
         if (x->announce) x->announce(x->user);

@@ -18,7 +18,7 @@ typedef struct {
     uint64_t plan_src, plan_dst; /* the plan's key */
     uint64_t chunk_bytes, nchunks;
     uint64_t complete;          /* 1: committed; every byte of the version is there */
-    uint64_t reserved;
+    uint64_t origin;            /* refit_fleet_origin of the trainer records the version came from */
 } refit_progress_hdr_t;
 #define REFIT_PROGRESS_BYTES (sizeof(refit_progress_hdr_t) + REFIT_PROGRESS_MAX_CHUNKS)
 
@@ -72,9 +72,15 @@ typedef struct {
     refit_status_t (*tick)(void *user);
     void *user;
     refit_fleet_resume_t *resume; /* NULL: start from nothing */
+    uint64_t origin;        /* refit_fleet_origin of this pull's trainer records: a relay whose version came
+                               from other records (a restarted trainer that reused the version number) is
+                               not read; ours, as a relay, is marked with it */
 } refit_fleet_xfer_t;
 
 uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
+/* A hash of the incarnations of the trainer ranks whose records are present
+ * (incs[k], present[k], k < world): which publishers a version's bytes are. */
+uint64_t refit_fleet_origin(const uint64_t *incs, const uint8_t *present, uint32_t world);
 /* REFIT_TEST_THROTTLE rate for holder kind:index, bytes/s (0: none). */
 double refit_fleet_throttle(const char *kind, uint32_t index);
 refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,

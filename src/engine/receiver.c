@@ -345,6 +345,17 @@ static uint64_t common_version(const refit_receiver_t *r, const snapshot_t *s, u
     return v;
 }
 
+/* Which trainer publishers the snapshot's version is (see refit_fleet_origin). */
+static uint64_t origin_of(const refit_receiver_t *r, const snapshot_t *s)
+{
+    uint64_t *incs = calloc(r->world ? r->world : 1, sizeof(uint64_t));
+    if (!incs) return 1; /* matches no relay: the trainer serves */
+    for (uint32_t k = 0; k < r->world; k++) incs[k] = s->recs[k].incarnation;
+    uint64_t o = refit_fleet_origin(incs, s->present, r->world);
+    free(incs);
+    return o;
+}
+
 static refit_status_t tick(void *user)
 {
     refit_receiver_t *r = user;
@@ -533,7 +544,8 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, void *const *dst, cons
                             /* The receiver's copy-thread budget caps the workers each holder gets. */
                             .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
                             .threads = r->params.threads, .version = v,
-                            .progress = refit_relays_progress(r->relays, dst), .announce = fleet_announce};
+                            .progress = refit_relays_progress(r->relays, dst), .announce = fleet_announce,
+                            .origin = origin_of(r, s)};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;
     refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
@@ -1108,7 +1120,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         refit_log(REFIT_LOG_WARN, "ack of version %" PRIu64 ": %s", v, refit_last_error());
     /* A relay serves host memory: a GPU receiver's staging, which holds v whole. */
     if (r->params.device >= 0 && !r->pull_staged) refit_relays_withdraw(r->relays, 0);
-    else if ((st = refit_relays_serve(r->relays, r->params.device >= 0 ? r->stage : r->mem, v)))
+    else if ((st = refit_relays_serve(r->relays, r->params.device >= 0 ? r->stage : r->mem, v, origin_of(r, &s))))
         refit_log(REFIT_LOG_WARN, "serving version %" PRIu64 " as a relay: %s", v, refit_last_error());
     st = REFIT_OK;
 out:

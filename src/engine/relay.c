@@ -222,13 +222,13 @@ void refit_relays_abort(refit_relays_t *R)
     R->partial = false;
 }
 
-refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v)
+refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v, uint64_t origin)
 {
     refit_status_t st;
     if (!R || R->slot < 0) return REFIT_OK;
     if ((st = ensure_pub(R, mem))) return st;
     refit_progress_hdr_t *hd = R->progress;
-    if (R->partial && R->serving == v) { /* published when the transfer started */
+    if (R->partial && R->serving == v && hd->origin == origin) { /* published when the transfer started */
         __atomic_store_n(&hd->complete, 1, __ATOMIC_RELEASE);
         R->partial = false;
         return REFIT_OK;
@@ -237,6 +237,7 @@ refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t 
     hd->magic = REFIT_PROGRESS_MAGIC;
     hd->nchunks = hd->chunk_bytes = hd->plan_src = hd->plan_dst = 0;
     hd->complete = 1;
+    hd->origin = origin;
     __atomic_store_n(&hd->version, v, __ATOMIC_RELEASE);
     if ((st = refit_publisher_publish(R->pub, v))) return st;
     R->serving = v;

@@ -22,7 +22,7 @@ void refit_relays_announce(refit_relays_t *R, uint64_t v);
 /* The pull of the announced version failed: stop serving it. */
 void refit_relays_abort(refit_relays_t *R);
 /* After a commit: serve version v from the receiver's memory (slot >= 0 only). */
-refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v);
+refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v, uint64_t origin);
 bool refit_relays_serving(const refit_relays_t *R);
 /* Other relays holding v with room (max_readers): leased, connected, as
  * holders; *holding counts the relays that hold v, full or not. */

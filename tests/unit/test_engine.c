@@ -450,6 +450,39 @@ static void relay_killed_trainer_resumes(void **state)
     t_rm_tree(g.dir);
 }
 
+/* The trainer restarts and publishes version 1 again (another incarnation:
+ * its bytes need not be those the relay holds).  A reader that finds the
+ * relay still serving "version 1" must not read it: the relay's progress
+ * names the trainer records its version came from, and they differ. */
+static void relay_of_restarted_trainer_skipped(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    relay_t a = relay_start(&g, "tiny-dense", "vllm:tp=1", 0, 0, 1, 1);
+    pub_stop(&p);
+    p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    void *b;
+    refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 1, &b);
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
+    refit_holder_stat_t hs[8];
+    size_t nh = refit_receiver_holders(r, hs, 8);
+    const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0"), *t0 = holder(hs, nh, "trainer:0");
+    assert_non_null(t0);
+    assert_true(t0->bytes > 0);
+    assert_true(!h0 || (h0->failed && h0->bytes == 0));
+    refit_receiver_destroy(r);
+    relay_stop(&a, false);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
 /* A chain pipelines: relay A pulls slowly from the trainer (2 MB/s); B,
  * limited to one reader per holder, finds A holding the version while A is
  * still receiving it and reads A's chunks as they land, on a link as slow as
@@ -1242,6 +1275,7 @@ int main(void)
         cmocka_unit_test(relay_serves_joiner),
         cmocka_unit_test(relay_killed_reader_fails_over),
         cmocka_unit_test(relay_killed_trainer_resumes),
+        cmocka_unit_test(relay_of_restarted_trainer_skipped),
         cmocka_unit_test(relay_chain_pipelines),
         cmocka_unit_test(slow_replica_chunks_stolen),
     };
