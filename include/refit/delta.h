@@ -41,7 +41,8 @@ typedef enum {
 typedef struct {
     refit_delta_format_t format;
     uint32_t block_bytes; /* REFIT_DELTA_BLOCKS: bytes per block (even, divides the chunk); 0: 64 */
-    unsigned threads;     /* encoding threads (chunks are split between them); 0: 1 */
+    unsigned threads;     /* encoding threads (chunks are split between them); 0: 1.  Added after
+                             format and block_bytes: initialize the whole struct (= {0}, then set) */
 } refit_delta_params_t;
 
 typedef struct {

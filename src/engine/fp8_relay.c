@@ -68,9 +68,15 @@ refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int 
     refit_fp8_relay_report_t r;
     memset(&r, 0, sizeof(r));
     refit_pull_report_t pr;
+    memset(&pr, 0, sizeof(pr));
     double t0 = refit_now();
-    refit_status_t st = refit_receiver_pull(x->rx, version, timeout_ms, &pr);
-    if (st) {
+    refit_status_t st = REFIT_OK;
+    uint64_t have = refit_receiver_committed(x->rx);
+    if (have > x->published && refit_receiver_usable(x->rx) && (version == REFIT_VERSION_NEWEST || version == have)) {
+        /* A step before this one pulled `have` but could not publish it
+         * (its readers did not leave in time): the image still holds it. */
+        pr.version = have;
+    } else if ((st = refit_receiver_pull(x->rx, version, timeout_ms, &pr))) {
         refit_error_prefix("FP8 relay: pulling the bf16 version");
         return st;
     }

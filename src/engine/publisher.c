@@ -93,9 +93,11 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     }
     if (!p->params.delta_max_pct) p->params.delta_max_pct = 10;
     if (p->params.delta_max_pct > 100) p->params.delta_max_pct = 100;
-    if (!p->params.delta_threads) {
+    {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        p->params.delta_threads = ncpu > 0 && ncpu < 4 ? (unsigned)ncpu : 4;
+        unsigned cap = ncpu > 0 ? (unsigned)ncpu : 1;
+        if (!p->params.delta_threads) p->params.delta_threads = 4;
+        if (p->params.delta_threads > cap) p->params.delta_threads = cap;
     }
     if (!p->params.heartbeat_ms) p->params.heartbeat_ms = 200;
     if (!p->params.dead_ms) p->params.dead_ms = 2000;

@@ -562,6 +562,7 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, void *const *dst, cons
     }
     free(keys);
     free(resume.done);
+    free(resume.was);
     free(r->holders);
     r->holders = calloc(nh ? nh : 1, sizeof(refit_holder_stat_t));
     r->nholders = r->holders ? nh : 0;
@@ -704,6 +705,7 @@ static refit_status_t delta_pull(refit_receiver_t *r, const snapshot_t *s, uint6
 {
     refit_status_t st;
     double tc = refit_now();
+    r->nholders = 0; /* not a fleet pull: no holders to report */
     if ((st = delta_sources(r, cp))) return st;
     for (uint32_t k = 0; k < r->world; k++) tix[k] = -1;
     rep->sources = 0;
@@ -1075,7 +1077,8 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         } else {
             refit_log(REFIT_LOG_INFO, "%s: delta of version %" PRIu64 " not applied (%s); pulling in full", r->reader, v,
                       refit_last_error());
-            rep->delta_base = rep->delta_units = 0;
+            rep->delta_base = rep->delta_units = rep->bytes = rep->requests = 0;
+            rep->sources = 0;
         }
     }
     if (!delta_done && (st = full_transfer(r, &s, v, plan, deadline, tix, peers, rep))) goto out;
