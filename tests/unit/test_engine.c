@@ -483,6 +483,68 @@ static void relay_of_restarted_trainer_skipped(void **state)
     t_rm_tree(g.dir);
 }
 
+/* Waits until relay group `group` serves `version` (it does from the start
+ * of its transfer). */
+static void wait_relay_serves(const reg_t *g, const char *group, uint64_t version)
+{
+    refit_registry_t *reg;
+    REFIT_ASSERT_OK(refit_registry_open(g->url, g->job, &reg));
+    for (int i = 0;; i++) {
+        refit_version_record_t rec;
+        uint8_t present = 0;
+        REFIT_ASSERT_OK(refit_registry_records(reg, group, 1, &rec, &present));
+        if (present && rec.version == version) break;
+        if (i > 2500) fail_msg("%s never served version %llu", group, (unsigned long long)version);
+        t_msleep(2);
+    }
+    refit_registry_close(reg);
+}
+
+/* A chain trainer -> A -> B -> reader; A dies mid-transfer.  B's own pull
+ * fails over to the trainer (keeping what it has), and B goes on serving
+ * the same version: the reader keeps following B rather than dropping it. */
+static void chain_survives_relay_death(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    setenv("REFIT_TEST_THROTTLE", "trainer:0=2,relay:0=2,relay:1=2", 1); /* ~0.3 s per transfer */
+    relay_t a = relay_spawn(&g, "tiny-dense", "vllm:tp=1", 0, 0, 1, 1);
+    wait_relay_serves(&g, "trainer.relay.r0.s0", 1);
+    relay_t bb = relay_spawn(&g, "tiny-dense", "vllm:tp=1", 0, 1, 1, 1);
+    wait_relay_serves(&g, "trainer.relay.r0.s1", 1);
+    pid_t killer = fork();
+    if (killer == 0) {
+        t_msleep(60);
+        kill(a.pid, SIGKILL);
+        _exit(0);
+    }
+    void *b;
+    refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 1, &b);
+    refit_pull_report_t rep;
+    refit_status_t st = refit_receiver_pull(r, 1, 15000, &rep);
+    unsetenv("REFIT_TEST_THROTTLE");
+    waitpid(killer, NULL, 0);
+    REFIT_ASSERT_OK(st);
+    relay_pulled(&bb); /* B completed (and verified) after failing over */
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
+    refit_holder_stat_t hs[8];
+    size_t nh = refit_receiver_holders(r, hs, 8);
+    const refit_holder_stat_t *h1 = holder(hs, nh, "relay:1");
+    assert_non_null(h1);
+    assert_false(h1->failed);
+    assert_true(h1->bytes * 2 > rep.bytes); /* most of it from B */
+    assert_null(holder(hs, nh, "trainer:0"));
+    refit_receiver_destroy(r);
+    relay_stop(&a, true);
+    relay_stop(&bb, false);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
 /* A chain pipelines: relay A pulls slowly from the trainer (2 MB/s); B,
  * limited to one reader per holder, finds A holding the version while A is
  * still receiving it and reads A's chunks as they land, on a link as slow as
@@ -1276,6 +1338,7 @@ int main(void)
         cmocka_unit_test(relay_killed_reader_fails_over),
         cmocka_unit_test(relay_killed_trainer_resumes),
         cmocka_unit_test(relay_of_restarted_trainer_skipped),
+        cmocka_unit_test(chain_survives_relay_death),
         cmocka_unit_test(relay_chain_pipelines),
         cmocka_unit_test(slow_replica_chunks_stolen),
     };
