@@ -60,6 +60,7 @@ typedef struct {
     double delta;          /* delta scenario: share of elements changed per version (publishers offer deltas) */
     uint32_t versions;     /* delta scenario */
     const char *pub_transports; /* publishers' transports when not `transport` (fp8: "shm,ucx") */
+    unsigned threads;      /* receivers' copy (and delta apply) threads; 0: 1 */
 } nb_opts_t;
 
 static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers,
@@ -78,7 +79,8 @@ static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const cha
                                          {"max-readers", required_argument, 0, 'r'}, {"chunk-kb", required_argument, 0, 'c'},
                                          {"link-mbps", required_argument, 0, 'l'}, {"verify", no_argument, 0, 'v'},
                                          {"net", required_argument, 0, 'N'},      {"fraction", required_argument, 0, 'f'},
-                                         {"versions", required_argument, 0, 'V'}, {0, 0, 0, 0}};
+                                         {"versions", required_argument, 0, 'V'}, {"threads", required_argument, 0, 'T'},
+                                         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -96,8 +98,9 @@ static int parse(int argc, char **argv, nb_opts_t *o, const char *src, const cha
         case 'N': o->net = optarg; break;
         case 'f': o->delta = atof(optarg); break;
         case 'V': o->versions = (uint32_t)atoi(optarg); break;
+        case 'T': o->threads = (unsigned)atoi(optarg); break;
         default: return tool_usage("bench", "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
-                                            "--chunk-kb N --link-mbps X --net shm|netns --verify --out FILE "
+                                            "--chunk-kb N --link-mbps X --net shm|netns --threads N --verify --out FILE "
                                             "(delta: --fraction F --versions N)");
         }
     }
@@ -409,7 +412,7 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
     rp.job = o->job;
     rp.group = r->fp8 == 2 ? "fp8" : NULL;
     rp.transports = o->transport;
-    rp.threads = 1;
+    rp.threads = o->threads ? o->threads : 1;
     rp.verify = o->verify && !r->fp8 ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
     rp.relay_slot = r->slot;
     rp.max_readers = o->max_readers;
@@ -1202,7 +1205,8 @@ int bench_delta_net(int argc, char **argv)
     double wire = (double)db / (double)fb;
     out_t j = {0};
     char extra[96];
-    snprintf(extra, sizeof(extra), "\"fraction\":%g,\"versions\":%u,\"threads_per_receiver\":1", o.delta, V);
+    snprintf(extra, sizeof(extra), "\"fraction\":%g,\"versions\":%u,\"threads_per_receiver\":%u", o.delta, V,
+             o.threads ? o.threads : 1);
     out_begin(&j, "delta", &o, extra);
     metric(&j, "full_refit_ms", "%.3f", full_ms);
     metric(&j, "delta_refit_ms", "%.3f", delta_ms);
