@@ -1212,24 +1212,6 @@ static void delta_fallbacks(void **state)
 
 /* ---- FP8 relays ------------------------------------------------------------- */
 
-/* The FP8 arena of a bf16 rank staged here from the truth: what an FP8
- * receiver must hold, computed without the engine. */
-static unsigned char *fp8_reference(const char *layout, uint32_t rank, uint64_t v, refit_manifest_t **fm)
-{
-    refit_manifest_t *m = t_manifest_named("tiny-fp8", layout, rank);
-    void *img = calloc(1, refit_manifest_region_size(m, 0));
-    REFIT_ASSERT_OK(refit_truth_fill(m, &img, v));
-    refit_fp8_target_t *t;
-    REFIT_ASSERT_OK(refit_fp8_target_create(m, &t));
-    unsigned char *arena = calloc(1, refit_fp8_target_bytes(t));
-    REFIT_ASSERT_OK(refit_fp8_stage(t, img, arena, 1));
-    REFIT_ASSERT_OK(refit_fp8_target_manifest(t, m, fm));
-    refit_fp8_target_destroy(t);
-    refit_manifest_destroy(m);
-    free(img);
-    return arena;
-}
-
 /* bf16 trainer (2 processes) -> two FP8 relays (vllm:tp=2 ranks) -> FP8
  * receivers of tp=2 rank 1 and of tp=1 (resharded from the two arenas);
  * every byte equal to a reference quantization of the truth, and the FP8
@@ -1262,7 +1244,7 @@ static void fp8_relays(void **state)
     void *b2, *b1;
     refit_manifest_t *want_m;
     for (int i = 0; i < 2; i++) {
-        unsigned char *ref = fp8_reference(i ? "vllm:tp=1" : "vllm:tp=2", i ? 0 : 1, 1, &want_m);
+        unsigned char *ref = t_fp8_arena("tiny-fp8", i ? "vllm:tp=1" : "vllm:tp=2", i ? 0 : 1, 1, &want_m);
         free(ref);
         refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
         rp.registry = g.url;
@@ -1290,7 +1272,7 @@ static void fp8_relays(void **state)
         assert_int_equal(rep.sources, 2);
         for (int i = 0; i < 2; i++) {
             refit_manifest_t *fm;
-            unsigned char *ref = fp8_reference(i ? "vllm:tp=1" : "vllm:tp=2", i ? 0 : 1, v, &fm);
+            unsigned char *ref = t_fp8_arena("tiny-fp8", i ? "vllm:tp=1" : "vllm:tp=2", i ? 0 : 1, v, &fm);
             assert_memory_equal(i ? b1 : b2, ref, refit_manifest_region_size(fm, 0));
             refit_manifest_destroy(fm);
             free(ref);

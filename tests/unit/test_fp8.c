@@ -170,25 +170,6 @@ static void stage_equals_reference(void **state)
     }
 }
 
-/* The FP8 arena of a bf16 rank, staged from the truth of version v. */
-static unsigned char *staged(const char *layout, uint32_t rank, uint64_t v, refit_manifest_t **fp8m)
-{
-    refit_manifest_t *dst = t_manifest_named("tiny-fp8", layout, rank);
-    uint64_t ds = refit_manifest_region_size(dst, 0);
-    void *img = calloc(1, ds);
-    REFIT_ASSERT_OK(refit_truth_fill(dst, &img, v));
-    refit_fp8_target_t *t;
-    REFIT_ASSERT_OK(refit_fp8_target_create(dst, &t));
-    unsigned char *arena = calloc(1, refit_fp8_target_bytes(t));
-    REFIT_ASSERT_OK(refit_fp8_stage(t, img, arena, 1));
-    REFIT_ASSERT_OK(refit_fp8_target_manifest(t, dst, fp8m));
-    assert_int_equal(refit_manifest_region_size(*fp8m, 0), refit_fp8_target_bytes(t));
-    refit_fp8_target_destroy(t);
-    refit_manifest_destroy(dst);
-    free(img);
-    return arena;
-}
-
 /* FP8 arenas described as manifests plan like any layouts: the same layout
  * is one contiguous copy, and tp=2 arenas reshard into the tp=1 arena byte
  * for byte (blocks are canonical blocks, so their scales do not depend on
@@ -198,8 +179,8 @@ static void fp8_manifest_plans(void **state)
     (void)state;
     refit_manifest_t *src[2], *one;
     unsigned char *sa[2];
-    for (uint32_t r = 0; r < 2; r++) sa[r] = staged("vllm:tp=2", r, 5, &src[r]);
-    unsigned char *want = staged("vllm:tp=1", 0, 5, &one);
+    for (uint32_t r = 0; r < 2; r++) sa[r] = t_fp8_arena("tiny-fp8", "vllm:tp=2", r, 5, &src[r]);
+    unsigned char *want = t_fp8_arena("tiny-fp8", "vllm:tp=1", 0, 5, &one);
     refit_manifest_identity_t id;
     refit_manifest_identity(src[1], &id);
     assert_string_equal(id.layout, "vllm:tp=2,ep=1,dp=1,pad=64+fp8");
@@ -207,7 +188,7 @@ static void fp8_manifest_plans(void **state)
     /* Same layout: rank 1 from the two ranks, one contiguous region. */
     refit_plan_t *plan;
     refit_manifest_t *again = NULL;
-    unsigned char *a1 = staged("vllm:tp=2", 1, 5, &again);
+    unsigned char *a1 = t_fp8_arena("tiny-fp8", "vllm:tp=2", 1, 5, &again);
     REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)src, 2, again, NULL, &plan));
     refit_plan_stats_t ps;
     refit_plan_stats(plan, &ps);

@@ -233,3 +233,23 @@ bool t_redis_start(t_redis_t *r, int port)
     t_redis_stop(r);
     return false;
 }
+
+unsigned char *t_fp8_arena(const char *model, const char *spec, uint32_t rank, uint64_t v, refit_manifest_t **fp8m)
+{
+    refit_manifest_t *m = t_manifest_named(model, spec, rank);
+    void *img = calloc(1, refit_manifest_region_size(m, 0));
+    assert_non_null(img);
+    REFIT_ASSERT_OK(refit_truth_fill(m, &img, v));
+    refit_fp8_target_t *t;
+    REFIT_ASSERT_OK(refit_fp8_target_create(m, &t));
+    unsigned char *arena = calloc(1, refit_fp8_target_bytes(t));
+    assert_non_null(arena);
+    REFIT_ASSERT_OK(refit_fp8_stage(t, img, arena, 1));
+    REFIT_ASSERT_OK(refit_fp8_target_manifest(t, m, fp8m));
+    assert_int_equal(refit_manifest_region_size(*fp8m, 0), refit_fp8_target_bytes(t));
+    refit_fp8_target_destroy(t);
+    refit_manifest_destroy(m);
+    free(img);
+    return arena;
+}
+

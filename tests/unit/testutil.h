@@ -40,6 +40,11 @@ int t_find_placement(const refit_manifest_t *m, const char *local, const char *c
  * src_spec (synthetic truth, version v) and verifies every byte; returns the
  * number of destination ranks checked. */
 uint32_t t_execute_pair(const char *model, const char *src_spec, const char *dst_spec, uint64_t v);
+
+/* The FP8 arena (refit/fp8.h) of rank `rank` of bf16 layout `spec`, staged
+ * here from the truth of version v, and its manifest in *fp8m (a
+ * reference made without the engine).  Free the arena. */
+unsigned char *t_fp8_arena(const char *model, const char *spec, uint32_t rank, uint64_t v, refit_manifest_t **fp8m);
 #endif
 
 #ifndef REFIT_TESTUTIL_PROCS
