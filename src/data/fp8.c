@@ -15,7 +15,9 @@
 
 #define B REFIT_FP8_BLOCK
 
-float refit_bf16_to_f32(uint16_t b)
+/* Inline bodies for the hot loops: the exported functions are interposable
+ * in the shared library, so calls to them from this file are not inlined. */
+static inline float bf16f(uint16_t b)
 {
     uint32_t u = (uint32_t)b << 16;
     float f;
@@ -23,27 +25,33 @@ float refit_bf16_to_f32(uint16_t b)
     return f;
 }
 
-uint8_t refit_fp8_e4m3_from_f32(float x)
+/* Branch-free, in signed 32-bit arithmetic (the quantizer's inner loop
+ * vectorizes with plain SSE2): every case is computed and one is selected. */
+static inline uint8_t e4m3(float x)
 {
-    uint32_t u;
+    int32_t u;
     memcpy(&u, &x, 4);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
-    u &= 0x7fffffffu;
-    if (u > 0x7f800000u) return sign | 0x7f;             /* NaN */
-    if (u >= 0x43e00000u) return sign | 0x7e;            /* >= 448: saturate */
-    if (u < 0x3c800000u) {                               /* < 2^-6: subnormal, steps of 2^-9 */
-        float a;
-        memcpy(&a, &u, 4);
-        float q = (a * 512.0f + 0x1p23f) - 0x1p23f; /* round to nearest even (exact: a * 512 < 8) */
-        return sign | (uint8_t)q;                         /* 8 is the smallest normal, encoded 0x08 */
-    }
-    /* Normal: keep 3 mantissa bits, rounding to nearest even on the 20 dropped. */
-    uint32_t r = u + 0x7ffffu + ((u >> 20) & 1);
-    int e = (int)(r >> 23) - 127 + 7;
-    uint32_t code = (uint32_t)e << 3 | ((r >> 20) & 7);
-    if (code > 0x7e) code = 0x7e;
-    return sign | (uint8_t)code;
+    int32_t sign = (u >> 24) & 0x80;
+    u &= 0x7fffffff;
+    float a;
+    memcpy(&a, &u, 4);
+    /* < 2^-6: subnormal, steps of 2^-9, round to nearest even (exact: a * 512 < 8;
+     * other values are cleared first, so that the conversion is always defined) */
+    float as = u < 0x3c800000 ? a : 0.0f;
+    int32_t sub = (int32_t)((as * 512.0f + 0x1p23f) - 0x1p23f);
+    /* normal: keep 3 mantissa bits, rounding to nearest even on the 20 dropped */
+    int32_t r = u + 0x7ffff + ((u >> 20) & 1);
+    int32_t code = (((r >> 23) - 120) << 3) | ((r >> 20) & 7);
+    code = code > 0x7e ? 0x7e : code;
+    int32_t v = u < 0x3c800000 ? sub : code;
+    v = u >= 0x43e00000 ? 0x7e : v; /* >= 448: saturate */
+    v = u > 0x7f800000 ? 0x7f : v;  /* NaN */
+    return (uint8_t)(sign | v);
 }
+
+float refit_bf16_to_f32(uint16_t b) { return bf16f(b); }
+
+uint8_t refit_fp8_e4m3_from_f32(float x) { return e4m3(x); }
 
 float refit_fp8_e4m3_to_f32(uint8_t b)
 {
@@ -57,15 +65,25 @@ float refit_fp8_e4m3_to_f32(uint8_t b)
 
 float refit_fp8_quantize_block(const uint16_t *x, uint64_t ld, uint32_t rows, uint32_t cols, uint8_t *q, uint64_t ldq)
 {
-    float amax = 0;
-    for (uint32_t r = 0; r < rows; r++)
+    /* amax on the bit patterns: |bf16| orders like its low 15 bits (a NaN
+     * sorts above every number, as fabsf's comparison would not: NaN never
+     * wins there, so it is excluded here too). */
+    int16_t m = 0;
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint16_t *restrict xr = x + r * ld;
         for (uint32_t c = 0; c < cols; c++) {
-            float v = fabsf(refit_bf16_to_f32(x[r * ld + c]));
-            if (v > amax) amax = v;
+            int16_t a = (int16_t)(xr[c] & 0x7fffu);
+            a = a <= 0x7f80 ? a : 0;
+            m = a > m ? a : m;
         }
+    }
+    float amax = bf16f((uint16_t)m);
     float scale = amax > 0 ? amax / REFIT_FP8_MAX : 1.0f;
-    for (uint32_t r = 0; r < rows; r++)
-        for (uint32_t c = 0; c < cols; c++) q[r * ldq + c] = refit_fp8_e4m3_from_f32(refit_bf16_to_f32(x[r * ld + c]) / scale);
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint16_t *restrict xr = x + r * ld;
+        uint8_t *restrict qr = q + r * ldq;
+        for (uint32_t c = 0; c < cols; c++) qr[c] = e4m3(bf16f(xr[c]) / scale);
+    }
     return scale;
 }
 
