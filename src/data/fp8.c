@@ -40,8 +40,10 @@ static inline uint8_t e4m3(float x)
     float as = u < 0x3c800000 ? a : 0.0f;
     int32_t sub = (int32_t)((as * 512.0f + 0x1p23f) - 0x1p23f);
     /* normal: keep 3 mantissa bits, rounding to nearest even on the 20 dropped */
-    int32_t r = u + 0x7ffff + ((u >> 20) & 1);
-    int32_t code = (((r >> 23) - 120) << 3) | ((r >> 20) & 7);
+    int32_t r = (int32_t)((uint32_t)u + 0x7ffffu + (((uint32_t)u >> 20) & 1)); /* no signed overflow (NaN) */
+    int32_t e = (r >> 23) - 120;
+    e = e < 0 ? 0 : e; /* below the normal range: the subnormal result is taken instead */
+    int32_t code = (e << 3) | ((r >> 20) & 7);
     code = code > 0x7e ? 0x7e : code;
     int32_t v = u < 0x3c800000 ? sub : code;
     v = u >= 0x43e00000 ? 0x7e : v; /* >= 448: saturate */
