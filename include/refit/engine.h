@@ -152,9 +152,9 @@ typedef struct {
      * applies them in place (bit-exact; padding is untouched).  GPU memory:
      * only when the pulls go through the pinned host staging, where the delta
      * applies before the staging is copied up.  Any failure on that path falls
-     * back to a full pull within the same call, unless the pull's deadline has
-     * passed (then the error is returned, the memory marked unusable if the
-     * apply had begun).  true: always pull in full. */
+     * back to a full pull within the same call, except a timeout or a failure
+     * after the pull's deadline (then the error is returned, the memory marked
+     * unusable if the apply had begun).  true: always pull in full. */
     bool no_delta;
     double truth_fraction;         /* REFIT_VERIFY_TRUTH against refit_truth_fill_delta(fraction): the share of
                                       elements that change per version (host memory); 0: 1 (every element,
@@ -245,8 +245,9 @@ REFIT_API refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *r
 /* Pulls `version` (or REFIT_VERSION_NEWEST) in bf16, quantizes, publishes
  * the same version number in FP8.  In in-place mode it first waits (up to
  * timeout_ms) for the readers of the FP8 version it published last; if they
- * stay, the step fails with REFIT_ERR_TIMEOUT and the next step publishes
- * the version it had pulled (without pulling again) before going on. */
+ * stay, the step fails with REFIT_ERR_TIMEOUT, and the next step (for that
+ * version or NEWEST) publishes the version it had pulled, without pulling,
+ * and returns; a newer version waits for the step after. */
 REFIT_API refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int timeout_ms,
                                               refit_fp8_relay_report_t *rep);
 REFIT_API void refit_fp8_relay_destroy(refit_fp8_relay_t *x);

@@ -39,6 +39,11 @@ char *refit_options_for_device(const char *options, int device, uint32_t rank);
 const char *refit_transports_for_device(const char *names, int device);
 
 uint64_t refit_random_u64(void);
+
+/* Flags every later record of this publisher carries (relays: the low 32
+ * bits of the origin of the version they serve, so that readers skip a
+ * relay of another trainer incarnation without reading it). */
+void refit_publisher_stamp(refit_publisher_t *p, uint32_t flags);
 void refit_hostname(char *buf, size_t n);
 
 #endif

@@ -648,11 +648,6 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         for (size_t i = 0; i < S.nc; i++)
             if (x->resume->done[i]) S.c[i].state = CH_DONE, S.done++, resumed++;
     if (resumed) refit_log(REFIT_LOG_INFO, "fleet: %zu of %zu chunks already in place from the try before", resumed, S.nc);
-    if (x->resume) { /* remember which, for the byte count */
-        free(x->resume->was);
-        x->resume->was = resumed ? malloc(S.nc) : NULL;
-        if (x->resume->was) memcpy(x->resume->was, x->resume->done, S.nc);
-    }
     /* Every chunk needs some holder from the start. */
     for (size_t i = 0; i < S.nc; i++) {
         if (S.c[i].state == CH_DONE) continue;
@@ -788,8 +783,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         }
     }
     if (!st && stats) {
-        for (size_t i = 0; i < S.nc; i++) /* not the chunks a try before this one moved */
-            if (!x->resume || !x->resume->was || !x->resume->was[i]) stats->bytes += S.c[i].bytes;
+        for (size_t i = 0; i < S.nc; i++) stats->bytes += S.c[i].bytes; /* a resumed try's included: same pull */
         stats->requests += S.nc;
         stats->launches += S.launches;
         for (uint32_t h = 0; h < nh; h++)

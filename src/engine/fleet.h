@@ -54,7 +54,6 @@ typedef struct {
 typedef struct {
     uint8_t *done; /* per chunk: 1 written */
     size_t n;
-    uint8_t *was;  /* the transfer's own: chunks it found written (NULL: none) */
 } refit_fleet_resume_t;
 
 typedef struct {

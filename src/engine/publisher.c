@@ -48,6 +48,7 @@ struct refit_publisher {
     int darena_owner[NBUF_SNAPSHOT][64];
     uint64_t dcap[64];
     refit_publish_delta_t last_delta;
+    uint32_t rec_flags;             /* refit_publisher_stamp */
     refit_version_record_t last_rec; /* under lock */
     bool have_rec;
     /* heartbeat thread */
@@ -386,6 +387,11 @@ static uint64_t offer_delta(refit_publisher_t *p, uint32_t b, uint64_t version)
     return ld->base_version;
 }
 
+void refit_publisher_stamp(refit_publisher_t *p, uint32_t flags)
+{
+    if (p) p->rec_flags = flags;
+}
+
 refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publish_delta_t *out)
 {
     if (!p || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_last_delta: NULL argument");
@@ -404,7 +410,8 @@ refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
     for (uint32_t r = 0; r < p->nregions; r++)
         if (!p->mem[r]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u has no memory (alloc or attach it)", r);
     if (!p->announced && (st = announce(p))) return st;
-    refit_version_record_t rec = {.version = version, .signature = p->m->signature, .incarnation = p->info.incarnation};
+    refit_version_record_t rec = {.version = version, .signature = p->m->signature, .incarnation = p->info.incarnation,
+                                  .flags = p->rec_flags};
     if (p->params.mode == REFIT_MODE_SNAPSHOT) {
         uint32_t b = p->next_buffer;
         if (p->stage_version[b] && (st = wait_leases(p, p->stage_version[b], (int)p->params.dead_ms * 4))) return st;

@@ -199,7 +199,7 @@ refit_status_t refit_receiver_attach(refit_receiver_t *r, uint32_t region, void 
 uint64_t refit_receiver_committed(const refit_receiver_t *r) { return r ? r->committed : 0; }
 bool refit_receiver_usable(const refit_receiver_t *r) { return r && r->usable; }
 
-static void drop_source(refit_receiver_t *r, source_t *s)
+static void drop_peers(refit_receiver_t *r, source_t *s)
 {
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++)
         for (uint32_t b = 0; b < MAX_BUFFERS; b++)
@@ -207,6 +207,11 @@ static void drop_source(refit_receiver_t *r, source_t *s)
                 r->ts.ops[t]->disconnect(s->peer[t][b]);
                 s->peer[t][b] = NULL;
             }
+}
+
+static void drop_source(refit_receiver_t *r, source_t *s)
+{
+    drop_peers(r, s);
     refit_manifest_destroy(s->m);
     s->m = NULL;
     s->signature = s->incarnation = 0;
@@ -499,8 +504,8 @@ static refit_status_t fleet_select(refit_receiver_t *r, const snapshot_t *s, uin
     uint32_t cap = r->params.max_readers;
     for (;;) {
         uint32_t holding = 0;
-        *nh = refit_relays_find(r->relays, &r->ts, v, r->reader, r->params.lease_ms, h, REFIT_MIN(max, REFIT_MAX_RELAYS),
-                                &holding);
+        *nh = refit_relays_find(r->relays, &r->ts, v, origin_of(r, s), r->reader, r->params.lease_ms, h,
+                                REFIT_MIN(max, REFIT_MAX_RELAYS), &holding);
         refit_log(REFIT_LOG_DEBUG, "%s: version %" PRIu64 ": %u relay(s) hold it, %u with room", r->reader, v, holding,
                   *nh);
         if (*nh && cap) {
@@ -562,7 +567,6 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, void *const *dst, cons
     }
     free(keys);
     free(resume.done);
-    free(resume.was);
     free(r->holders);
     r->holders = calloc(nh ? nh : 1, sizeof(refit_holder_stat_t));
     r->nholders = r->holders ? nh : 0;
@@ -1128,6 +1132,12 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     st = REFIT_OK;
 out:
     if (st) refit_relays_abort(r->relays); /* readers following a partial version stop */
+    if (st == REFIT_ERR_PEER || st == REFIT_ERR_TIMEOUT || st == REFIT_ERR_TRANSPORT) {
+        /* A transport may have given up on a live peer (force-closed it):
+         * the next pull connects every source and relay afresh. */
+        for (uint32_t k = 0; k < r->world; k++) drop_peers(r, &r->src[k]);
+        refit_relays_reset(r->relays, &r->ts);
+    }
     refit_relays_release_as(r->relays, r->reader);
     if (leased) {
         refit_status_t keep = st;

@@ -100,6 +100,12 @@ static void drop(refit_relays_t *R, const refit_tset_t *ts, relay_src_t *s)
     (void)R;
 }
 
+void refit_relays_reset(refit_relays_t *R, const refit_tset_t *ts)
+{
+    if (!R) return;
+    for (int i = 0; i < REFIT_MAX_RELAYS; i++) drop(R, ts, &R->src[i]);
+}
+
 void refit_relays_close(refit_relays_t *R, const refit_tset_t *ts)
 {
     if (!R) return;
@@ -199,6 +205,7 @@ void refit_relays_announce(refit_relays_t *R, uint64_t v)
 {
     if (!R || !R->pub) return;
     if (R->partial && R->serving == v) return; /* a retry of the same pull (its chunks written so far stay) */
+    refit_publisher_stamp(R->pub, (uint32_t)R->progress->origin);
     if (refit_publisher_publish(R->pub, v)) { /* e.g. v again after a failed pull: served once complete */
         refit_log(REFIT_LOG_DEBUG, "relay %s slot %d: not serving %" PRIu64 " while receiving it: %s", R->group, R->slot,
                   v, refit_last_error());
@@ -238,6 +245,7 @@ refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t 
     hd->nchunks = hd->chunk_bytes = hd->plan_src = hd->plan_dst = 0;
     hd->complete = 1;
     hd->origin = origin;
+    refit_publisher_stamp(R->pub, (uint32_t)origin);
     __atomic_store_n(&hd->version, v, __ATOMIC_RELEASE);
     if ((st = refit_publisher_publish(R->pub, v))) return st;
     R->serving = v;
@@ -295,7 +303,7 @@ static refit_status_t connect_relay(refit_relays_t *R, const refit_tset_t *ts, r
     return st;
 }
 
-uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, const char *reader,
+uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, uint64_t origin, const char *reader,
                            uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding)
 {
     uint32_t nh = 0;
@@ -318,7 +326,8 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         if ((int)j == R->slot) continue;
         const char *g = groups[j];
         refit_version_record_t rec = recs[j];
-        if (!present[j] || rec.version != v || !alive[j]) continue;
+        /* A relay of another trainer incarnation's version is no holder (its progress says so too). */
+        if (!present[j] || rec.version != v || !alive[j] || rec.flags != (uint32_t)origin) continue;
         if (!s->m || s->signature != rec.signature || s->incarnation != rec.incarnation) {
             drop(R, ts, s);
             void *buf = NULL;

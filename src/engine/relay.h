@@ -24,10 +24,14 @@ void refit_relays_abort(refit_relays_t *R);
 /* After a commit: serve version v from the receiver's memory (slot >= 0 only). */
 refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v, uint64_t origin);
 bool refit_relays_serving(const refit_relays_t *R);
-/* Other relays holding v with room (max_readers): leased, connected, as
- * holders; *holding counts the relays that hold v, full or not. */
-uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, const char *reader,
+/* Other relays holding v from the trainer records of `origin`, with room
+ * (max_readers): leased, connected, as holders; *holding counts the relays
+ * that hold v, full or not. */
+uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, uint64_t origin, const char *reader,
                            uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding);
+/* Disconnects every relay peer (after a failed pull: the next one connects
+ * afresh). */
+void refit_relays_reset(refit_relays_t *R, const refit_tset_t *ts);
 /* A load token on the trainer group (always true when cap is 0). */
 bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reader, uint32_t cap);
 refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_t lease_ms);

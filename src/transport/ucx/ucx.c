@@ -64,10 +64,15 @@
  *     from a peer, and a peer whose endpoint fails fails the pull with
  *     REFIT_ERR_PEER naming it (a SIGKILLed publisher: ~0.1 s).  ctl->tick
  *     runs every 50 ms.  After a failure, requests in flight are drained
- *     (replies of live peers get 1 s, then endpoints are force-closed), so
- *     UCX never writes into the caller's memory after pull returns; a
+ *     (replies of live peers get 1 s, then endpoints are force-closed, which
+ *     completes or cancels them), so UCX does not write into the caller's
+ *     memory after pull returns; only if a request still were not done 2 s
+ *     after its endpoint's force-close would its slot be leaked (kept, never
+ *     freed) rather than risk a write into freed memory, and a rendezvous
+ *     receive or get of it could then still land in the destination.  A
  *     force-closed peer fails later pulls with REFIT_ERR_PEER until it is
- *     reconnected.  Fill regions are the caller's, as with every transport.
+ *     reconnected (receivers reconnect every source after a failed pull).
+ *     Fill regions are the caller's, as with every transport.
  *
  * Options ("key=value,..."): listen=IP[:PORT], require=rdma, method=auto|am|get,
  * tls=LIST and devices=LIST ('+' separated), chunk=BYTES (4M), inflight=N (8),
@@ -93,6 +98,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -1461,6 +1467,11 @@ static void pwait(refit_transport_t *t, pull_t *pl, double until, double spin_s)
     double now = refit_now();
     if (n || (pl && pl->ndone)) {
         *idle = now;
+        if (pl && t->active.len > 1) { /* let the other pulls in: a busy one would keep the lock */
+            pthread_mutex_unlock(&t->rlock);
+            sched_yield();
+            pthread_mutex_lock(&t->rlock);
+        }
         return;
     }
     if (*idle == 0 || *idle > now) *idle = now;
@@ -1801,7 +1812,7 @@ static refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers,
         /* Another pull sharing a peer may have closed it while this one
          * slept or ticked without the lock. */
         for (size_t k = 0; k < pl.npps && !st; k++)
-            if (!pl.pps[k].peer->ep || pl.pps[k].peer->broken)
+            if ((pl.pps[k].busy || !pl.pps[k].exhausted) && (!pl.pps[k].peer->ep || pl.pps[k].peer->broken))
                 st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) failed in another pull",
                                  pl.pps[k].peer->name, pl.pps[k].src);
         if (st) break;
