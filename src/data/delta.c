@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "plan/plan.h"
 #include "util/util.h"
@@ -682,17 +681,7 @@ refit_status_t refit_delta_apply_threads(const refit_delta_index_t *ix, const vo
     atomic_init(&a.next, 0);
     atomic_init(&a.failed, 0);
     pthread_mutex_init(&a.lock, NULL);
-    if (threads == 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (unsigned)n : 1;
-    }
-    if (threads > 64) threads = 64;
-    pthread_t tid[64];
-    unsigned started = 0;
-    for (unsigned t = 1; t < threads; t++)
-        if (!pthread_create(&tid[started], NULL, apply_worker, &a)) started++;
-    apply_worker(&a);
-    for (unsigned t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    refit_run_threads(apply_worker, &a, threads);
     pthread_mutex_destroy(&a.lock);
     if (atomic_load(&a.failed)) return refit_error(a.st, "%s", a.detail);
     if (stats) *stats = a.s;

@@ -4,12 +4,10 @@
 #include "refit/fp8.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "layout/manifest.h"
 
@@ -286,17 +284,7 @@ refit_status_t refit_fp8_stage(const refit_fp8_target_t *t, const void *bf16_ima
         }
     }
     atomic_init(&s.next, 0);
-    if (!threads) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = c > 0 ? (unsigned)c : 1;
-    }
-    if (threads > 64) threads = 64;
-    pthread_t tid[64];
-    unsigned started = 0;
-    for (unsigned i = 1; i < threads; i++)
-        if (!pthread_create(&tid[started], NULL, stage_worker, &s)) started++;
-    stage_worker(&s);
-    for (unsigned i = 0; i < started; i++) pthread_join(tid[i], NULL);
+    refit_run_threads(stage_worker, &s, threads);
     free(s.units);
     return REFIT_OK;
 }

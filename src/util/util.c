@@ -1,10 +1,12 @@
 /* Small helpers: growable arrays, strings, hashing, clocks. */
 #include "util/util.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int refit_vec_grow_(void **data, size_t *cap, size_t elem, size_t need)
 {
@@ -74,3 +76,19 @@ uint64_t refit_now_ns(void)
 }
 
 double refit_now(void) { return (double)refit_now_ns() * 1e-9; }
+
+void refit_run_threads(void *(*fn)(void *), void *arg, unsigned threads)
+{
+    if (threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (unsigned)n : 1;
+    }
+    if (threads > 64) threads = 64;
+    pthread_t tid[64];
+    unsigned started = 0;
+    for (unsigned t = 1; t < threads; t++)
+        if (!pthread_create(&tid[started], NULL, fn, arg)) started++;
+    fn(arg);
+    for (unsigned t = 0; t < started; t++) pthread_join(tid[t], NULL);
+}
+

@@ -88,4 +88,9 @@ static inline uint64_t refit_hasher_done(const refit_hasher_t *s) { return refit
 double refit_now(void);
 uint64_t refit_now_ns(void);
 
+/* Runs fn(arg) on `threads` threads at once (0: one per CPU; at most 64),
+ * the calling thread among them (fewer when a thread cannot be started),
+ * and returns when every one has returned. */
+void refit_run_threads(void *(*fn)(void *), void *arg, unsigned threads);
+
 #endif
