@@ -211,12 +211,7 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
     }
     for (size_t i = 0; i < n; i++) sb[h] += refit_plan_region_bytes(&regs[i]);
     peers[h] = H->peer;
-    struct refit_plan one;
-    memset(&one, 0, sizeof(one));
-    one.regions.data = regs;
-    one.regions.len = one.regions.cap = n;
-    one.src_bytes = sb;
-    one.nsrcs = S->nh;
+    struct refit_plan one = refit_plan_view(regs, n, sb, S->nh);
     refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
     const refit_transport_ops_t *ops = S->ts->ops[H->transport];
     bool serial = !(refit_transport_caps(ops) & REFIT_TCAP_CONCURRENT);

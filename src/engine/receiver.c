@@ -678,12 +678,7 @@ static refit_status_t raw_pull(refit_receiver_t *r, const snapshot_t *s, const i
                 sb[regs[i].src] += regs[i].run;
             }
         if (!m) continue;
-        struct refit_plan one;
-        memset(&one, 0, sizeof(one));
-        one.regions.data = sub;
-        one.regions.len = one.regions.cap = m;
-        one.src_bytes = sb;
-        one.nsrcs = r->world;
+        struct refit_plan one = refit_plan_view(sub, m, sb, r->world);
         refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .tick = tick, .user = r};
         refit_pull_stats_t ps = {0};
         if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, &one, bufs, &ctl, &ps))) break;

@@ -2,6 +2,8 @@
 #ifndef REFIT_PLAN_INTERNAL_H
 #define REFIT_PLAN_INTERNAL_H
 
+#include <string.h>
+
 #include "layout/manifest.h"
 #include "refit/plan.h"
 
@@ -13,6 +15,19 @@ struct refit_plan {
     refit_plan_stats_t stats;
     refit_plan_key_t key;
 };
+
+/* A plan over the caller's regions (not copied, not freed), for a one-off
+ * transport pull: src_bytes[s] the bytes read from source s < nsrcs. */
+static inline struct refit_plan refit_plan_view(refit_plan_region_t *regs, size_t n, uint64_t *src_bytes, size_t nsrcs)
+{
+    struct refit_plan p;
+    memset(&p, 0, sizeof(p));
+    p.regions.data = regs;
+    p.regions.len = p.regions.cap = n;
+    p.src_bytes = src_bytes;
+    p.nsrcs = nsrcs;
+    return p;
+}
 
 /* Innermost runs of a region (product of its loop counts), and the source and
  * destination offsets of run `row` (loop 0 varies fastest). */
