@@ -285,6 +285,25 @@ static void enter_node(const nb_opts_t *o, int node)
         _exit(5);
 }
 
+/* --net netns for a scenario: namespaces can be made here, links default to
+ * 100 MB/s, bytes go over UCX, and `nodes` nodes are up.  False after saying
+ * why on stderr. */
+static bool net_up(nb_opts_t *o, const char *scenario, uint32_t nodes)
+{
+    char why[160] = "";
+    if (!netns_possible(why, sizeof(why))) {
+        fprintf(stderr, "refit bench %s --net netns: %s\n", scenario, why);
+        return false;
+    }
+    if (!o->link_set) o->link_mbps = 100;
+    o->transport = "ucx";
+    if (!netns_up(o, nodes, o->link_mbps, why, sizeof(why))) {
+        fprintf(stderr, "refit bench %s: %s\n", scenario, why);
+        return false;
+    }
+    return true;
+}
+
 static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 {
     refit_manifest_t *m;
@@ -801,21 +820,9 @@ int bench_straggler(int argc, char **argv)
     if (rc) return rc;
     o.max_readers = 0;
     uint32_t P = world_of(o.src);
-    char why[160] = "";
     bool net = o.net && !strcmp(o.net, "netns");
-    if (net && !netns_possible(why, sizeof(why))) {
-        fprintf(stderr, "refit bench straggler --net netns: %s\n", why);
-        return 1;
-    }
     if (P + o.receivers > 62) return tool_usage("bench", "too many nodes");
-    if (net) {
-        if (!o.link_set) o.link_mbps = 100;
-        o.transport = "ucx";
-        if (!netns_up(&o, P + o.receivers, o.link_mbps, why, sizeof(why))) {
-            fprintf(stderr, "refit bench straggler: %s\n", why);
-            return 1;
-        }
-    }
+    if (net && !net_up(&o, "straggler", P + o.receivers)) return 1;
     double L = o.link_mbps;
     /* Nodes (netns): replicas 0..P-1, receivers P..P+N-1.  Over shm every
      * link is a pacing of one holder's chunks per reader. */
@@ -918,21 +925,10 @@ int bench_egress(int argc, char **argv)
     if (rc) return rc;
     o.max_readers = 0;
     uint32_t P = world_of(o.src);
-    char why[160] = "";
     bool net = o.net && !strcmp(o.net, "netns");
-    if (net && !netns_possible(why, sizeof(why))) {
-        fprintf(stderr, "refit bench egress --net netns: %s\n", why);
-        return 1;
-    }
     if (P + o.receivers > 62) return tool_usage("bench", "too many nodes");
-    if (net) { /* every replica and receiver a node, every link at --link-mbps (default 100) */
-        if (!o.link_set) o.link_mbps = 100;
-        o.transport = "ucx";
-        if (!netns_up(&o, P + o.receivers, o.link_mbps, why, sizeof(why))) {
-            fprintf(stderr, "refit bench egress: %s\n", why);
-            return 1;
-        }
-    }
+    /* every replica and receiver a node, every link at --link-mbps (default 100) */
+    if (net && !net_up(&o, "egress", P + o.receivers)) return 1;
     fresh_registry(&o);
     child_t pubs[64], rcv[16];
     result_t res[16];
@@ -994,26 +990,13 @@ int bench_elastic(int argc, char **argv)
     int rc = parse(argc, argv, &o, "megatron:tp=1", "vllm:tp=4", 4, 200);
     if (rc) return rc;
     uint32_t P = world_of(o.src), N = o.receivers;
-    char why[160] = "";
     bool net = o.net && !strcmp(o.net, "netns");
-    if (net && !netns_possible(why, sizeof(why))) {
-        fprintf(stderr, "refit bench elastic --net netns: %s\n", why);
-        return 1;
-    }
     if (P + N + 1 > 62 || N > 15) return tool_usage("bench", "too many nodes");
-    if (net) {
-        /* Every process a node with one link each way: one reader per holder
-         * (--max-readers 1, a chain that pipelines), 100 MB/s links. */
-        if (!o.max_readers_set) o.max_readers = 1;
-        if (!o.link_set) o.link_mbps = 100;
-        o.transport = "ucx";
-        if (!netns_up(&o, P + N + 1, o.link_mbps, why, sizeof(why))) {
-            fprintf(stderr, "refit bench elastic: %s\n", why);
-            return 1;
-        }
-    } else {
-        o.max_readers = 0;
-    }
+    /* Over netns every process is a node with one link each way: one reader
+     * per holder (--max-readers 1, a chain that pipelines), 100 MB/s links. */
+    if (!net) o.max_readers = 0;
+    else if (!o.max_readers_set) o.max_readers = 1;
+    if (net && !net_up(&o, "elastic", P + N + 1)) return 1;
     fresh_registry(&o);
     double L = o.link_mbps;
     char thr[1024];
@@ -1127,22 +1110,10 @@ int bench_delta_net(int argc, char **argv)
     if (o.versions < 2 || o.versions > 30) return tool_usage("bench", "--versions is 2..30");
     o.verify = true; /* bit-exactness is what this scenario asserts */
     o.receivers = 2;
-    char why[160] = "";
     bool net = !strcmp(o.net, "netns");
-    if (net && !netns_possible(why, sizeof(why))) {
-        fprintf(stderr, "refit bench delta --net netns: %s\n", why);
-        return 1;
-    }
     uint32_t P = world_of(o.src);
     if (!P || P > 62) return tool_usage("bench", "--src names a layout of 1..62 ranks");
-    if (net) {
-        if (!o.link_set) o.link_mbps = 100;
-        o.transport = "ucx";
-        if (!netns_up(&o, P + 2, o.link_mbps, why, sizeof(why))) {
-            fprintf(stderr, "refit bench delta: %s\n", why);
-            return 1;
-        }
-    }
+    if (net && !net_up(&o, "delta", P + 2)) return 1;
     fresh_registry(&o);
     child_t pubs[64], full, delta;
     for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
@@ -1261,12 +1232,7 @@ int bench_fp8_net(int argc, char **argv)
     if (o.versions > 30) return tool_usage("bench", "--versions is 1..30");
     o.verify = true;
     o.receivers = 2;
-    char why[160] = "";
     bool net = !strcmp(o.net, "netns");
-    if (net && !netns_possible(why, sizeof(why))) {
-        fprintf(stderr, "refit bench fp8 --net netns: %s\n", why);
-        return 1;
-    }
     uint32_t P = world_of(o.src), W = world_of(o.dst);
     if (!P || P > 32 || !W || W > 16) return tool_usage("bench", "--src is 1..32 ranks, --dst 1..16");
     {   /* A layout that cuts FP8 blocks: say so before starting anything. */
@@ -1280,15 +1246,8 @@ int bench_fp8_net(int argc, char **argv)
         }
         if (st) return tool_fail(st, "bench fp8");
     }
-    if (net) {
-        if (!o.link_set) o.link_mbps = 100;
-        o.transport = "ucx";
-        o.pub_transports = "shm,ucx";
-        if (!netns_up(&o, 3, o.link_mbps, why, sizeof(why))) {
-            fprintf(stderr, "refit bench fp8: %s\n", why);
-            return 1;
-        }
-    }
+    if (net) o.pub_transports = "shm,ucx"; /* the relays read the trainer over shm on node 0 */
+    if (net && !net_up(&o, "fp8", 3)) return 1;
     fresh_registry(&o);
     child_t pubs[32], relays[16], fp8rx, bfrx;
     for (uint32_t k = 0; k < P; k++) pubs[k] = spawn(&o, &(role_t){true, k, -1, NULL, net ? 0 : -1, false, 0});
