@@ -329,6 +329,38 @@ static void engine_case(const char *model, const char *src_spec, int src_dev, co
     t_rm_tree(g.dir);
 }
 
+/* Host-memory publishers of every rank of src_spec over shm (delta mode or
+ * not), in this process (at most 8 ranks). */
+typedef struct {
+    refit_publisher_t *pub[8];
+    refit_manifest_t *m[8];
+    void *base[8];
+    uint32_t n;
+} host_pubs_t;
+
+static void host_pubs_start(host_pubs_t *h, const reg_t *g, const char *model, const char *src_spec, bool delta)
+{
+    refit_layout_t *sl = t_layout(src_spec);
+    h->n = refit_layout_world(sl);
+    refit_layout_destroy(sl);
+    assert_true(h->n <= 8);
+    for (uint32_t s = 0; s < h->n; s++) {
+        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+        pp.registry = g->url;
+        pp.job = g->job;
+        pp.transports = "shm";
+        pp.delta = delta;
+        h->m[s] = t_manifest_named(model, src_spec, s);
+        REFIT_ASSERT_OK(refit_publisher_create(&pp, h->m[s], &h->pub[s]));
+        REFIT_ASSERT_OK(refit_publisher_alloc(h->pub[s], 0, &h->base[s]));
+    }
+}
+
+static void host_pubs_stop(host_pubs_t *h)
+{
+    for (uint32_t s = 0; s < h->n; s++) refit_publisher_destroy(h->pub[s]);
+}
+
 /* Delta refit into GPU memory: host publishers offer deltas over shm; the
  * GPU receiver's pulls go through its pinned staging, so the delta applies
  * there and the staging goes up.  Every version checked on the host against
@@ -338,22 +370,8 @@ static void engine_delta_case(const char *model, const char *src_spec, const cha
     const double f = 0.02;
     reg_t g;
     reg_file(&g);
-    refit_layout_t *sl = t_layout(src_spec);
-    uint32_t ns = refit_layout_world(sl);
-    refit_publisher_t *pub[8];
-    refit_manifest_t *pm[8];
-    void *pb[8];
-    assert_true(ns <= 8);
-    for (uint32_t s = 0; s < ns; s++) {
-        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
-        pp.registry = g.url;
-        pp.job = g.job;
-        pp.transports = "shm";
-        pp.delta = true;
-        pm[s] = t_manifest_named(model, src_spec, s);
-        REFIT_ASSERT_OK(refit_publisher_create(&pp, pm[s], &pub[s]));
-        REFIT_ASSERT_OK(refit_publisher_alloc(pub[s], 0, &pb[s]));
-    }
+    host_pubs_t h;
+    host_pubs_start(&h, &g, model, src_spec, true);
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
     rp.registry = g.url;
     rp.job = g.job;
@@ -368,9 +386,9 @@ static void engine_delta_case(const char *model, const char *src_spec, const cha
     void *host = malloc(size);
     assert_non_null(host);
     for (uint64_t v = 1; v <= 4; v++) {
-        for (uint32_t s = 0; s < ns; s++) {
-            REFIT_ASSERT_OK(refit_truth_fill_delta(pm[s], &pb[s], v, f));
-            REFIT_ASSERT_OK(refit_publisher_publish(pub[s], v));
+        for (uint32_t s = 0; s < h.n; s++) {
+            REFIT_ASSERT_OK(refit_truth_fill_delta(h.m[s], &h.base[s], v, f));
+            REFIT_ASSERT_OK(refit_publisher_publish(h.pub[s], v));
         }
         refit_pull_report_t rep;
         REFIT_ASSERT_OK(refit_receiver_pull(rx, v, 20000, &rep));
@@ -383,13 +401,12 @@ static void engine_delta_case(const char *model, const char *src_spec, const cha
         printf("  delta into GPU %d: %s -> %s v%llu: %llu bytes (delta from %llu), transfer %.2f ms, %s\n", dst_dev,
                src_spec, dst_spec, (unsigned long long)v, (unsigned long long)rep.bytes,
                (unsigned long long)rep.delta_base, rep.transfer_ms, rep.lanes);
-        for (uint32_t s = 0; s < ns; s++) REFIT_ASSERT_OK(refit_publisher_wait_readers(pub[s], v, 10000));
+        for (uint32_t s = 0; s < h.n; s++) REFIT_ASSERT_OK(refit_publisher_wait_readers(h.pub[s], v, 10000));
     }
     free(host);
     refit_receiver_destroy(rx);
     refit_manifest_destroy(rm);
-    for (uint32_t s = 0; s < ns; s++) refit_publisher_destroy(pub[s]);
-    refit_layout_destroy(sl);
+    host_pubs_stop(&h);
     t_rm_tree(g.dir);
 }
 
@@ -400,21 +417,8 @@ static void gpu_relay_case(const char *model, const char *src_spec, const char *
 {
     reg_t g;
     reg_file(&g);
-    refit_layout_t *sl = t_layout(src_spec);
-    uint32_t ns = refit_layout_world(sl);
-    refit_publisher_t *pub[8];
-    refit_manifest_t *pm[8];
-    void *pb[8];
-    assert_true(ns <= 8);
-    for (uint32_t s = 0; s < ns; s++) {
-        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
-        pp.registry = g.url;
-        pp.job = g.job;
-        pp.transports = "shm";
-        pm[s] = t_manifest_named(model, src_spec, s);
-        REFIT_ASSERT_OK(refit_publisher_create(&pp, pm[s], &pub[s]));
-        REFIT_ASSERT_OK(refit_publisher_alloc(pub[s], 0, &pb[s]));
-    }
+    host_pubs_t h;
+    host_pubs_start(&h, &g, model, src_spec, false);
     refit_receiver_t *rx[2];
     void *rb[2];
     for (int i = 0; i < 2; i++) {
@@ -433,9 +437,9 @@ static void gpu_relay_case(const char *model, const char *src_spec, const char *
     refit_manifest_t *rm = t_manifest_named(model, dst_spec, 0);
     uint64_t size = refit_manifest_region_size(rm, 0);
     for (uint64_t v = 1; v <= 2; v++) {
-        for (uint32_t s = 0; s < ns; s++) {
-            REFIT_ASSERT_OK(refit_truth_fill(pm[s], &pb[s], v));
-            REFIT_ASSERT_OK(refit_publisher_publish(pub[s], v));
+        for (uint32_t s = 0; s < h.n; s++) {
+            REFIT_ASSERT_OK(refit_truth_fill(h.m[s], &h.base[s], v));
+            REFIT_ASSERT_OK(refit_publisher_publish(h.pub[s], v));
         }
         refit_pull_report_t rep;
         REFIT_ASSERT_OK(refit_receiver_pull(rx[0], v, 20000, &rep));
@@ -453,12 +457,11 @@ static void gpu_relay_case(const char *model, const char *src_spec, const char *
         for (int i = 0; i < 2; i++) REFIT_ASSERT_OK(refit_gpu_truth_verify(rm, dst_dev, (const void *const *)&rb[i], v, NULL));
         printf("  GPU relay: %s -> %s v%llu: B read %llu bytes from A's staging, transfer %.2f ms, %s\n", src_spec,
                dst_spec, (unsigned long long)v, (unsigned long long)from_relay, rep.transfer_ms, rep.lanes);
-        for (uint32_t s = 0; s < ns; s++) REFIT_ASSERT_OK(refit_publisher_wait_readers(pub[s], v, 10000));
+        for (uint32_t s = 0; s < h.n; s++) REFIT_ASSERT_OK(refit_publisher_wait_readers(h.pub[s], v, 10000));
     }
     for (int i = 0; i < 2; i++) refit_receiver_destroy(rx[i]);
     refit_manifest_destroy(rm);
-    for (uint32_t s = 0; s < ns; s++) refit_publisher_destroy(pub[s]);
-    refit_layout_destroy(sl);
+    host_pubs_stop(&h);
     t_rm_tree(g.dir);
 }
 
