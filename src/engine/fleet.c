@@ -60,10 +60,10 @@
 #include "engine/fleet.h"
 #include "plan/plan.h"
 
-uint64_t refit_fleet_origin(const uint64_t *incs, const uint8_t *present, uint32_t world)
+uint64_t refit_fleet_origin(const refit_version_record_t *recs, const uint8_t *present, uint32_t world)
 {
     uint64_t h = 0x6f726967696e2121ULL ^ world;
-    for (uint32_t k = 0; k < world; k++) h = refit_mix64(h ^ (present[k] ? incs[k] : 0) ^ ((uint64_t)k << 56));
+    for (uint32_t k = 0; k < world; k++) h = refit_mix64(h ^ (present[k] ? recs[k].incarnation : 0) ^ ((uint64_t)k << 56));
     return h ? h : 1;
 }
 

@@ -79,8 +79,8 @@ typedef struct {
 
 uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
 /* A hash of the incarnations of the trainer ranks whose records are present
- * (incs[k], present[k], k < world): which publishers a version's bytes are. */
-uint64_t refit_fleet_origin(const uint64_t *incs, const uint8_t *present, uint32_t world);
+ * (recs[k], present[k], k < world): which publishers a version's bytes are. */
+uint64_t refit_fleet_origin(const refit_version_record_t *recs, const uint8_t *present, uint32_t world);
 /* REFIT_TEST_THROTTLE rate for holder kind:index, bytes/s (0: none). */
 double refit_fleet_throttle(const char *kind, uint32_t index);
 refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,

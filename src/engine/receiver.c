@@ -322,12 +322,14 @@ static refit_status_t learn_world(refit_receiver_t *r)
 typedef struct {
     refit_version_record_t *recs;
     uint8_t *present, *alive;
+    uint64_t origin; /* refit_fleet_origin of the records: which trainer publishers they are */
 } snapshot_t;
 
 static refit_status_t read_state(refit_receiver_t *r, snapshot_t *s)
 {
     refit_status_t st;
     if ((st = refit_registry_records(r->reg, r->group, r->world, s->recs, s->present))) return st;
+    s->origin = refit_fleet_origin(s->recs, s->present, r->world);
     return refit_registry_alive(r->reg, r->group, r->world, s->alive, NULL);
 }
 
@@ -348,17 +350,6 @@ static uint64_t common_version(const refit_receiver_t *r, const snapshot_t *s, u
         (*live)++;
     }
     return v;
-}
-
-/* Which trainer publishers the snapshot's version is (see refit_fleet_origin). */
-static uint64_t origin_of(const refit_receiver_t *r, const snapshot_t *s)
-{
-    uint64_t *incs = calloc(r->world ? r->world : 1, sizeof(uint64_t));
-    if (!incs) return 1; /* matches no relay: the trainer serves */
-    for (uint32_t k = 0; k < r->world; k++) incs[k] = s->recs[k].incarnation;
-    uint64_t o = refit_fleet_origin(incs, s->present, r->world);
-    free(incs);
-    return o;
 }
 
 static refit_status_t tick(void *user)
@@ -504,7 +495,7 @@ static refit_status_t fleet_select(refit_receiver_t *r, const snapshot_t *s, uin
     uint32_t cap = r->params.max_readers;
     for (;;) {
         uint32_t holding = 0;
-        *nh = refit_relays_find(r->relays, &r->ts, v, origin_of(r, s), r->reader, r->params.lease_ms, h,
+        *nh = refit_relays_find(r->relays, &r->ts, v, s->origin, r->reader, r->params.lease_ms, h,
                                 REFIT_MIN(max, REFIT_MAX_RELAYS), &holding);
         refit_log(REFIT_LOG_DEBUG, "%s: version %" PRIu64 ": %u relay(s) hold it, %u with room", r->reader, v, holding,
                   *nh);
@@ -550,7 +541,7 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, void *const *dst, cons
                             .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
                             .threads = r->params.threads, .version = v,
                             .progress = refit_relays_progress(r->relays, dst), .announce = fleet_announce,
-                            .origin = origin_of(r, s)};
+                            .origin = s->origin};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;
     refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
@@ -982,7 +973,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1);
         if (st && st != REFIT_ERR_TIMEOUT) return st;
     }
-    snapshot_t s = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1)};
+    snapshot_t s = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1), 0};
     const refit_manifest_t **srcs = calloc(r->world, sizeof(void *));
     refit_peer_t **peers = calloc(r->world, sizeof(void *));
     int *tix = calloc(r->world, sizeof(int));
@@ -1082,7 +1073,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     }
     if (!delta_done && (st = full_transfer(r, &s, v, plan, deadline, tix, peers, rep))) goto out;
     /* 6. Nothing changed under us: same records, sources alive. */
-    snapshot_t s2 = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1)};
+    snapshot_t s2 = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1), 0};
     if (!s2.recs || !s2.present || !s2.alive) st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
     else st = read_state(r, &s2);
     for (uint32_t k = 0; !st && k < r->world; k++) {
@@ -1122,7 +1113,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         refit_log(REFIT_LOG_WARN, "ack of version %" PRIu64 ": %s", v, refit_last_error());
     /* A relay serves host memory: a GPU receiver's staging, which holds v whole. */
     if (r->params.device >= 0 && !r->pull_staged) refit_relays_withdraw(r->relays, 0);
-    else if ((st = refit_relays_serve(r->relays, r->params.device >= 0 ? r->stage : r->mem, v, origin_of(r, &s))))
+    else if ((st = refit_relays_serve(r->relays, r->params.device >= 0 ? r->stage : r->mem, v, s.origin)))
         refit_log(REFIT_LOG_WARN, "serving version %" PRIu64 " as a relay: %s", v, refit_last_error());
     st = REFIT_OK;
 out:
