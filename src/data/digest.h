@@ -1,0 +1,206 @@
+/*
+ * data/digest.h - layout-independent content digests (internal API).
+ *
+ * A receiver verifies the bytes it pulled against digests its sources
+ * computed, whatever the two layouts are, without the synthetic truth.
+ *
+ * Canonical coordinates.  A canonical tensor of ndim 1 or 2 is read as a
+ * matrix of R rows by U units, a unit being 2 bytes of a row (one bf16/f16
+ * element, half an f32, two fp8 bytes); ndim 1 is one row.  Unit values are
+ * the raw 16-bit patterns, little-endian, read as signed int16.  With a
+ * 32-byte key, two independent lanes l = 0, 1 have
+ *   column keys  K_l[j]    odd int16 (a table of 65536 per lane, j mod 65536),
+ *   row keys     r_l(t, i) odd uint32 from a keyed mix of (tensor id, row i),
+ *   tensor id    t = a keyed 64-bit hash of the canonical name,
+ * and the digest of a box B = rows [a,b) x units [c,d) of tensor t is
+ *   D_l(B) = sum_{i in [a,b)} r_l(t,i) * sum_{j in [c,d)} K_l[j] * v_ij  (mod 2^32).
+ * D is additive over any partition of a box.  Boxes whose column start or
+ * width is not a whole number of units, tensors whose rows are an odd number
+ * of bytes, and tensors of ndim >= 3 are not digestible: they are reported
+ * as unverifiable, never "verified".
+ *
+ * Publisher: for every digestible placement (a box [a,b) x [c,d) of its
+ * manifest), prefix tables P[k] = D(rows [a,a+k) x units [c,d)), k = 0..b-a,
+ * and Q[k] = D(rows [a,b) x units [c,c+k)), k = 0..d-c (P[b-a] = Q[d-c] = D(box)).
+ * The table of a manifest is those arrays, P then Q, for every digestible
+ * placement in placement order; each entry is 8 bytes: lane 0 then lane 1,
+ * little-endian uint32.  Offsets depend on the manifest alone
+ * (refit_digest_table_offsets), so a receiver computes them from the
+ * source's manifest.
+ *
+ * Receiver: a destination box that spans whole rows (c = 0, d = U) gets its
+ * expected digest from P entries of the source boxes that meet its rows, one
+ * that spans every row (a = 0, b = R) from Q entries; one cut in both
+ * dimensions is unverifiable.  Per canonical tensor, one source box of every
+ * set of identical boxes (replicas) is used: the usable one of the lowest
+ * source index; the distinct boxes must partition the tensor (otherwise its
+ * placements are unverifiable).  Each (destination box, source box) pair
+ * needs at most 2 entries (hi minus lo; P[0] = Q[0] = 0 is never fetched;
+ * Q[end] is fetched as P[end], the same value); entries are fetched once.
+ * Padding (local bytes no placement covers) is part of no digest.
+ *
+ * Strength: every change of a single unit changes both lanes (odd keys are
+ * invertible mod 2^32); other corruptions (swapped rows, several changed
+ * units) escape both lanes with a small probability.  Linear and keyed
+ * with a shared key, this guards against faults and bugs, not against
+ * someone who knows the key or can read the tables: it is no MAC.
+ *
+ * Ownership and threads: a key is immutable after creation and may be used
+ * by any number of threads at once.  A plan copies what it needs from the
+ * manifests (they may be destroyed afterwards), is immutable after creation
+ * and may be shared by threads.  Every function is reentrant; functions that
+ * take `threads` run helpers with refit_run_threads and return after all of
+ * them.  Outputs are written only on success (except the documented partial
+ * writes of refit_digest_table_fill into the caller's table).
+ */
+#ifndef REFIT_DATA_DIGEST_H
+#define REFIT_DATA_DIGEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "refit/manifest.h"
+
+typedef struct refit_digest_key refit_digest_key_t;
+
+/* One digest or partial sum: lanes are uint32, arithmetic wraps mod 2^32. */
+typedef struct {
+    uint32_t lane[2];
+} refit_dsum_t;
+
+/* Which kernel a key uses.  Both give identical results. */
+typedef enum {
+    REFIT_DIGEST_IMPL_AUTO = 0,   /* AVX2 when the CPU has it, else scalar */
+    REFIT_DIGEST_IMPL_SCALAR = 1, /* portable C */
+    REFIT_DIGEST_IMPL_AVX2 = 2,   /* x86-64 AVX2 (_mm256_madd_epi16) */
+} refit_digest_impl_t;
+
+/* Derives the column-key tables and seeds from a 32-byte key (about 256 KiB).
+ * *out is the caller's; destroy it with refit_digest_key_destroy.
+ * REFIT_ERR_INVALID_ARG for NULL arguments, REFIT_ERR_NO_MEMORY. */
+refit_status_t refit_digest_key_create(const uint8_t key[32], refit_digest_key_t **out);
+/* The same with a chosen kernel (tests, benchmarks): REFIT_ERR_UNSUPPORTED
+ * for AVX2 on a CPU or build without it; REFIT_ERR_INVALID_ARG for an
+ * unknown impl. */
+refit_status_t refit_digest_key_create_impl(const uint8_t key[32], refit_digest_impl_t impl, refit_digest_key_t **out);
+/* The kernel the key resolved to (SCALAR or AVX2, never AUTO). */
+refit_digest_impl_t refit_digest_key_impl(const refit_digest_key_t *k);
+/* NULL is accepted. */
+void refit_digest_key_destroy(refit_digest_key_t *k);
+
+/* ---- Low level: exposed for tests and for a fused copy+hash loop. ---- */
+
+/* Keyed 64-bit id of a canonical tensor name (NUL-terminated). */
+uint64_t refit_digest_tensor_id(const refit_digest_key_t *k, const char *canonical_name);
+/* Row keys r_0(t,row), r_1(t,row): odd values. */
+refit_dsum_t refit_digest_row_key(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t row);
+/* sum_{j < n} K[first_unit + j] * v_j: n units (2n bytes, any alignment) at `units`. */
+refit_dsum_t refit_digest_dot(const refit_digest_key_t *k, const void *units, uint64_t first_unit, uint64_t n);
+/* acc += r(t,row) * sum_{j < n} K[first_unit + j] * v_j: one row segment, e.g.
+ * right after a copy loop wrote it, while it is in cache. */
+void refit_digest_span(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t row, uint64_t first_unit,
+                       const void *p, uint64_t n, refit_dsum_t *acc);
+/* acc += D(rows [row, row+nrows) x units [first_unit, first_unit+n)) with
+ * row i at p + (i - row) * stride bytes: a strided copy region in one call. */
+void refit_digest_rows(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t row, uint64_t nrows,
+                       uint64_t first_unit, const void *p, uint64_t stride, uint64_t n, refit_dsum_t *acc);
+
+/* ---- Publisher: the table of a manifest. ---- */
+
+/* Bytes of the table of a finalized manifest (0 if none of its placements
+ * is digestible, or m is NULL or not finalized). */
+uint64_t refit_digest_table_bytes(const refit_manifest_t *m);
+/* Byte offset of each placement's P array in the table (its Q array follows
+ * (rows + 1) entries later), UINT64_MAX for placements that are not
+ * digestible; `offsets` has refit_manifest_num_placements(m) entries.
+ * Returns the table's size, as refit_digest_table_bytes. */
+uint64_t refit_digest_table_offsets(const refit_manifest_t *m, uint64_t *offsets);
+/* Fills `table` (refit_digest_table_bytes(m) bytes, 8-byte aligned, the
+ * caller's) from the memory of the manifest's regions: bases[r] is region r.
+ * threads: 0 = one per CPU.  The memory must not change during the call.
+ * Errors: REFIT_ERR_INVALID_ARG (NULL argument, manifest not finalized,
+ * table not 8-byte aligned), REFIT_ERR_NO_MEMORY, REFIT_ERR_INTERNAL (a
+ * placement's P and Q totals differ: the memory changed during the fill);
+ * on failure the table's contents are unspecified. */
+refit_status_t refit_digest_table_fill(const refit_digest_key_t *k, const refit_manifest_t *m, const void *const *bases,
+                                       void *table, unsigned threads);
+
+/* ---- Receiver: the digest plan. ---- */
+
+/* Why a destination placement is or is not verifiable. */
+typedef enum {
+    REFIT_DIGEST_VERIFIABLE = 0,
+    REFIT_DIGEST_UNV_NDIM = 1,         /* canonical tensor of ndim >= 3 */
+    REFIT_DIGEST_UNV_ODD_BYTES = 2,    /* row, column start or width not whole 2-byte units */
+    REFIT_DIGEST_UNV_CUT_BOTH = 3,     /* the box spans neither whole rows nor every row */
+    REFIT_DIGEST_UNV_NO_PARTITION = 4, /* the distinct usable source boxes overlap or leave a gap */
+    REFIT_DIGEST_UNV_SOURCE_BOX = 5,   /* a source box it needs is not digestible (odd bytes) */
+    REFIT_DIGEST_REASON_COUNT = 6
+} refit_digest_reason_t;
+/* "verifiable", "ndim>=3", "odd-bytes", "cut-both", "no-partition", "source-box". */
+const char *refit_digest_reason_name(refit_digest_reason_t r);
+
+typedef struct refit_digest_plan refit_digest_plan_t;
+
+/* Builds the digest plan of destination `dst` from sources srcs[0..nsrcs)
+ * (all finalized; srcs[i] NULL is a missing rank; usable may be NULL = all,
+ * else usable[i] != 0 says source i may be used).  Built once per (sources,
+ * destination) and reused every step.  *out is the caller's.  Errors:
+ * REFIT_ERR_INVALID_ARG (NULL dst/out, nsrcs > UINT32_MAX, a manifest not
+ * finalized), REFIT_ERR_IDENTITY (a source of another model),
+ * REFIT_ERR_MISMATCH (a tensor whose dtype or shape differs between a
+ * source and dst), REFIT_ERR_NO_MEMORY.  Unverifiable placements are not
+ * errors: they are counted in the stats and logged at INFO. */
+refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, size_t nsrcs, const uint8_t *usable,
+                                        const refit_manifest_t *dst, refit_digest_plan_t **out);
+/* NULL is accepted. */
+void refit_digest_plan_destroy(refit_digest_plan_t *p);
+
+/* One table entry to fetch: 8 bytes at `offset` in source `src`'s table. */
+typedef struct {
+    uint32_t src;
+    uint64_t offset;
+} refit_digest_fetch_t;
+/* The entries to fetch, sorted by source then offset, each once; the array
+ * lives as long as the plan.  *n may be 0. */
+const refit_digest_fetch_t *refit_digest_plan_fetches(const refit_digest_plan_t *p, size_t *n);
+
+typedef struct {
+    uint64_t placements;         /* destination placements */
+    uint64_t verifiable;         /* ... of which verifiable */
+    uint64_t bytes;              /* bytes of all destination placements */
+    uint64_t unverifiable_bytes; /* ... of the unverifiable ones */
+    uint64_t fetches;            /* table entries to fetch */
+    uint64_t unverifiable[REFIT_DIGEST_REASON_COUNT]; /* placements by reason ([0]: 0) */
+} refit_digest_plan_stats_t;
+void refit_digest_plan_stats(const refit_digest_plan_t *p, refit_digest_plan_stats_t *out);
+/* Why destination placement i is (un)verifiable (i < placements). */
+refit_digest_reason_t refit_digest_plan_reason(const refit_digest_plan_t *p, uint32_t i);
+
+/* The receiver's own digests: out[i] = D(box of destination placement i) for
+ * the placements whose box alone allows it (not ndim >= 3, odd bytes or cut
+ * in both dimensions; 0 for those), computed from the memory of dst's
+ * regions (bases[r] = region r); out has refit_manifest_num_placements(dst)
+ * entries.  threads: 0 = one per CPU.  Errors: REFIT_ERR_INVALID_ARG (NULL
+ * argument, dst not finalized), REFIT_ERR_NO_MEMORY. */
+refit_status_t refit_digest_local(const refit_digest_key_t *k, const refit_manifest_t *dst, const void *const *bases,
+                                  refit_dsum_t *out, unsigned threads);
+
+typedef struct {
+    uint64_t checked;    /* verifiable placements compared */
+    uint64_t bytes;      /* their bytes */
+    uint64_t mismatches; /* placements whose digests differ */
+} refit_digest_report_t;
+/* Compares: fetched = the 8 bytes of every fetch of the plan, in order (any
+ * alignment); local = refit_digest_local's output for the plan's destination.
+ * REFIT_ERR_VERIFY when any verifiable placement differs, with a detail naming
+ * the first one's canonical tensor, its box, the destination placement and
+ * the sources used, prefixed by the count when several differ;
+ * REFIT_ERR_INVALID_ARG for NULL arguments (fetched may be NULL when there is
+ * nothing to fetch).  report (may be NULL) is written whether or not the
+ * digests match. */
+refit_status_t refit_digest_check(const refit_digest_plan_t *p, const void *fetched, const refit_dsum_t *local,
+                                  refit_digest_report_t *report);
+
+#endif

@@ -1,0 +1,868 @@
+/* Content digests (src/data/digest.h): the AVX2 kernel equals the scalar one
+ * and a naive reference bit for bit; digests add up over any split of a box;
+ * publisher tables hold the prefix sums they claim; end to end over real
+ * layout pairs (synthetic sources, real plans, real copies) every destination
+ * placement verifies, and a flipped byte, swapped rows, a stale source or a
+ * wrong key fail naming the tensor, while padding is ignored; unusable
+ * sources, overlapping, gapped, cut or odd-byte boxes are unverifiable, never
+ * wrongly verified. */
+#include "testutil.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/digest.h"
+#include "layout/manifest.h"
+#include "plan/local.h"
+#include "util/util.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static refit_digest_key_t *key_impl(uint8_t seed, refit_digest_impl_t impl)
+{
+    uint8_t raw[32];
+    for (int i = 0; i < 32; i++) raw[i] = (uint8_t)(seed * 31 + i * 7);
+    refit_digest_key_t *k = NULL;
+    REFIT_ASSERT_OK(refit_digest_key_create_impl(raw, impl, &k));
+    return k;
+}
+static refit_digest_key_t *key_of(uint8_t seed) { return key_impl(seed, REFIT_DIGEST_IMPL_AUTO); }
+
+static bool have_avx2(void)
+{
+    uint8_t raw[32] = {0};
+    refit_digest_key_t *k = NULL;
+    refit_status_t st = refit_digest_key_create_impl(raw, REFIT_DIGEST_IMPL_AVX2, &k);
+    refit_digest_key_destroy(k);
+    return st == REFIT_OK;
+}
+
+static uint64_t rng_state = 0x1234567;
+static uint64_t rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return refit_mix64(rng_state);
+}
+
+/* K_l[j] recovered through the API: the dot of a single unit of value 1. */
+static uint32_t kcol(const refit_digest_key_t *k, int lane, uint64_t j)
+{
+    uint8_t one[2] = {1, 0};
+    return refit_digest_dot(k, one, j, 1).lane[lane];
+}
+
+/* sum_t K[j+t] * v_t mod 2^32, written independently of the library. */
+static refit_dsum_t naive_dot(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n)
+{
+    refit_dsum_t d = {{0, 0}};
+    for (uint64_t t = 0; t < n; t++) {
+        int16_t v;
+        memcpy(&v, p + 2 * t, 2);
+        for (int l = 0; l < 2; l++) d.lane[l] += kcol(k, l, (j + t) % 65536) * (uint32_t)(int32_t)v;
+    }
+    return d;
+}
+
+static bool dsum_eq(refit_dsum_t a, refit_dsum_t b) { return a.lane[0] == b.lane[0] && a.lane[1] == b.lane[1]; }
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* ------------------------------------------------------------- kernels */
+
+static void key_properties(void **state)
+{
+    (void)state;
+    refit_digest_key_t *a = key_of(1), *b = key_of(2);
+    uint64_t ta = refit_digest_tensor_id(a, "model.embed_tokens.weight");
+    assert_int_not_equal(ta, refit_digest_tensor_id(a, "lm_head.weight"));
+    assert_int_not_equal(ta, refit_digest_tensor_id(b, "model.embed_tokens.weight"));
+    unsigned same = 0;
+    for (uint64_t i = 0; i < 1000; i++) {
+        refit_dsum_t r = refit_digest_row_key(a, ta, i);
+        assert_true(r.lane[0] & 1);
+        assert_true(r.lane[1] & 1);
+        assert_int_not_equal(r.lane[0], r.lane[1]);
+        assert_false(dsum_eq(r, refit_digest_row_key(a, ta, i + 1)));
+        for (int l = 0; l < 2; l++) assert_true(kcol(a, l, i * 61) & 1);
+        same += kcol(a, 0, i) == kcol(b, 0, i);
+    }
+    assert_true(same < 20); /* 16-bit keys of two keys agree by chance only */
+    refit_digest_key_destroy(a);
+    refit_digest_key_destroy(b);
+}
+
+/* AVX2 == scalar == naive for every length 0..200, misaligned addresses and
+ * starts, across the 65536 key period, and on the int16 extremes where
+ * madd's pair sum wraps. */
+static void kernels_agree(void **state)
+{
+    (void)state;
+    if (!have_avx2()) skip();
+    refit_digest_key_t *ks = key_impl(3, REFIT_DIGEST_IMPL_SCALAR), *kv = key_impl(3, REFIT_DIGEST_IMPL_AVX2);
+    assert_int_equal(refit_digest_key_impl(kv), REFIT_DIGEST_IMPL_AVX2);
+    enum { N = 200 };
+    uint8_t buf[2 * N + 64];
+    const uint64_t starts[] = {0, 1, 7, 15, 16, 33, 1000, 65536 - 200, 65536 - 17, 65536 - 1, 65536, 3 * 65536 + 5};
+    for (int pattern = 0; pattern < 4; pattern++) {
+        for (size_t i = 0; i < sizeof(buf); i++) {
+            uint8_t b = (uint8_t)rnd();
+            if (pattern == 1) b = (i & 1) ? 0x80 : 0x00;           /* -32768 everywhere */
+            if (pattern == 2) b = (i & 1) ? 0x7f : 0xff;           /* +32767 */
+            if (pattern == 3) b = (uint8_t)((i & 1) ? (rnd() & 1 ? 0x80 : 0x7f) : (rnd() & 1 ? 0 : 0xff));
+            buf[i] = b;
+        }
+        for (size_t si = 0; si < REFIT_ARRAY_LEN(starts); si++)
+            for (unsigned mis = 0; mis < 3; mis++)
+                for (uint64_t n = 0; n <= N; n++) {
+                    const uint8_t *p = buf + mis;
+                    refit_dsum_t a = refit_digest_dot(ks, p, starts[si], n), b = refit_digest_dot(kv, p, starts[si], n);
+                    if (!dsum_eq(a, b))
+                        fail_msg("pattern %d start %" PRIu64 " misalign %u n %" PRIu64 ": scalar %08x%08x avx2 %08x%08x",
+                                 pattern, starts[si], mis, n, a.lane[0], a.lane[1], b.lane[0], b.lane[1]);
+                    if (n % 37 == 0 || n < 20 || pattern == 1) assert_true(dsum_eq(a, naive_dot(ks, p, starts[si], n)));
+                }
+    }
+    /* -32768 times every key: madd's pairs reach 2^31 and wrap; the sum must
+     * still be exact mod 2^32. */
+    {
+        enum { M = 4096 };
+        uint8_t *big = xmalloc(2 * M);
+        for (size_t i = 0; i < M; i++) big[2 * i] = 0x00, big[2 * i + 1] = 0x80;
+        refit_dsum_t want = {{0, 0}};
+        for (uint64_t j = 0; j < M; j++)
+            for (int l = 0; l < 2; l++) want.lane[l] += kcol(ks, l, j) * (uint32_t)(int32_t)-32768;
+        assert_true(dsum_eq(want, refit_digest_dot(kv, big, 0, M)));
+        assert_true(dsum_eq(want, refit_digest_dot(ks, big, 0, M)));
+        free(big);
+    }
+    /* Long rows across the key period, and rows of several rows (row keys
+     * applied in vector lanes) against span-by-span sums. */
+    {
+        uint64_t n = 70000;
+        uint8_t *row = xmalloc(2 * n * 3);
+        for (size_t i = 0; i < 2 * n * 3; i++) row[i] = (uint8_t)rnd();
+        for (uint64_t first = 0; first < 65536 * 2; first += 65536 - 3) {
+            assert_true(dsum_eq(refit_digest_dot(ks, row, first, n), refit_digest_dot(kv, row, first, n)));
+            refit_dsum_t a = {{0, 0}}, b = {{0, 0}}, c = {{0, 0}};
+            refit_digest_rows(ks, 42, 9, 3, first, row, 2 * n, n, &a);
+            refit_digest_rows(kv, 42, 9, 3, first, row, 2 * n, n, &b);
+            for (uint64_t i = 0; i < 3; i++) {
+                refit_dsum_t r = refit_digest_row_key(ks, 42, 9 + i), d = refit_digest_dot(ks, row + 2 * n * i, first, n);
+                c.lane[0] += r.lane[0] * d.lane[0];
+                c.lane[1] += r.lane[1] * d.lane[1];
+            }
+            assert_true(dsum_eq(a, b));
+            assert_true(dsum_eq(a, c));
+        }
+        free(row);
+    }
+    refit_digest_key_destroy(ks);
+    refit_digest_key_destroy(kv);
+}
+
+/* D of a box equals the sum of D over any split of it into sub-boxes. */
+static void additivity(void **state)
+{
+    (void)state;
+    refit_digest_key_t *k = key_of(4);
+    enum { R = 37, U = 150 };
+    uint8_t *m = xmalloc(2 * R * U);
+    for (size_t i = 0; i < 2 * R * U; i++) m[i] = (uint8_t)rnd();
+    uint64_t tid = refit_digest_tensor_id(k, "t");
+    refit_dsum_t whole = {{0, 0}};
+    refit_digest_rows(k, tid, 0, R, 0, m, 2 * U, U, &whole);
+    for (int trial = 0; trial < 200; trial++) {
+        /* A guillotine split: cut rows at random, then each band's columns at random. */
+        refit_dsum_t sum = {{0, 0}};
+        uint64_t a = 0;
+        while (a < R) {
+            uint64_t b = a + 1 + rnd() % (R - a);
+            uint64_t c = 0;
+            while (c < U) {
+                uint64_t d = c + 1 + rnd() % (U - c);
+                if (trial % 2) {
+                    refit_digest_rows(k, tid, a, b - a, c, m + 2 * (a * U + c), 2 * U, d - c, &sum);
+                } else {
+                    for (uint64_t i = a; i < b; i++) refit_digest_span(k, tid, i, c, m + 2 * (i * U + c), d - c, &sum);
+                }
+                c = d;
+            }
+            a = b;
+        }
+        assert_true(dsum_eq(sum, whole));
+    }
+    /* The same box at other rows or columns, or of another tensor, differs. */
+    refit_dsum_t other = {{0, 0}}, shifted = {{0, 0}}, moved = {{0, 0}};
+    refit_digest_rows(k, tid + 1, 0, R, 0, m, 2 * U, U, &other);
+    refit_digest_rows(k, tid, 1, R, 0, m, 2 * U, U, &shifted);
+    refit_digest_rows(k, tid, 0, R, 1, m, 2 * U, U, &moved);
+    assert_false(dsum_eq(whole, other));
+    assert_false(dsum_eq(whole, shifted));
+    assert_false(dsum_eq(whole, moved));
+    free(m);
+    refit_digest_key_destroy(k);
+}
+
+/* ------------------------------------------------- hand-made manifests */
+
+typedef struct {
+    const char *name;
+    refit_dtype_t dtype;
+    uint32_t ndim;
+    uint64_t shape[3];
+} tspec_t;
+
+typedef struct {
+    uint32_t t;          /* index into the tensor list */
+    uint64_t off[3], ext[3];
+} bspec_t;
+
+/* A manifest of model "m" holding each box in its own local tensor, packed
+ * in one region. */
+static refit_manifest_t *hand_manifest(uint32_t rank, const tspec_t *ts, size_t nt, const bspec_t *bs, size_t nb)
+{
+    refit_manifest_identity_t id = {"m", "hand", rank, 8};
+    refit_manifest_t *m = NULL;
+    REFIT_ASSERT_OK(refit_manifest_create(&id, &m));
+    uint64_t size = 0;
+    for (size_t b = 0; b < nb; b++) {
+        uint64_t v = refit_dtype_size(ts[bs[b].t].dtype);
+        for (uint32_t d = 0; d < ts[bs[b].t].ndim; d++) v *= bs[b].ext[d];
+        size += (v + 63) / 64 * 64;
+    }
+    uint32_t region;
+    REFIT_ASSERT_OK(refit_manifest_add_region(m, size ? size : 64, &region));
+    uint64_t off = 0;
+    for (size_t b = 0; b < nb; b++) {
+        const tspec_t *t = &ts[bs[b].t];
+        refit_tensor_info_t ci = {t->name, t->dtype, t->ndim, {0}}, li = ci;
+        char lname[64];
+        snprintf(lname, sizeof(lname), "local%zu", b);
+        li.name = lname;
+        uint64_t v = refit_dtype_size(t->dtype);
+        for (uint32_t d = 0; d < t->ndim; d++) {
+            ci.shape[d] = t->shape[d];
+            li.shape[d] = bs[b].ext[d];
+            v *= bs[b].ext[d];
+        }
+        uint32_t cid, lid;
+        REFIT_ASSERT_OK(refit_manifest_add_canonical(m, &ci, &cid));
+        REFIT_ASSERT_OK(refit_manifest_add_local(m, &li, region, off, &lid));
+        refit_placement_t p = {.canon = cid, .local = lid, .ndim = t->ndim};
+        for (uint32_t d = 0; d < t->ndim; d++) {
+            p.canon_offset[d] = bs[b].off[d];
+            p.extent[d] = bs[b].ext[d];
+        }
+        REFIT_ASSERT_OK(refit_manifest_add_placement(m, &p));
+        off += (v + 63) / 64 * 64;
+    }
+    REFIT_ASSERT_OK(refit_manifest_finalize(m));
+    return m;
+}
+
+/* Fills every placement of m with the value of each canonical element: a
+ * hash of (tensor name, flat index, byte). */
+static void *hand_fill(const refit_manifest_t *m)
+{
+    uint64_t size = refit_manifest_region_size(m, 0);
+    uint8_t *arena = xmalloc(size);
+    memset(arena, 0x5a, size);
+    for (size_t i = 0; i < m->placements.len; i++) {
+        const refit_placement_t *p = &m->placements.data[i];
+        const refit_tdesc_t *c = &m->canon.data[p->canon];
+        const refit_local_t *l = &m->locals.data[p->local];
+        uint64_t es = refit_dtype_size(c->dtype), cst[REFIT_MAX_DIMS], n = 1, seed = refit_hash64(c->name, strlen(c->name), 9);
+        refit_tdesc_strides(c, cst);
+        for (uint32_t d = 0; d < p->ndim; d++) n *= p->extent[d];
+        for (uint64_t e = 0; e < n; e++) {
+            uint64_t pt[REFIT_MAX_DIMS] = {0}, rem = e, flat = 0;
+            for (int d = (int)p->ndim - 1; d >= 0; d--) {
+                pt[d] = p->canon_offset[d] + rem % p->extent[d];
+                rem /= p->extent[d];
+                flat += pt[d] * cst[d];
+            }
+            uint8_t *q = arena + l->offset + refit_placement_local_index(m, p, pt) * es;
+            for (uint64_t b = 0; b < es; b++) q[b] = (uint8_t)refit_mix64(seed ^ (flat * es + b));
+        }
+    }
+    return arena;
+}
+
+static void *table_of(const refit_digest_key_t *k, const refit_manifest_t *m, void *arena, unsigned threads)
+{
+    void *t = aligned_alloc(64, (refit_digest_table_bytes(m) + 64) / 64 * 64);
+    assert_non_null(t);
+    REFIT_ASSERT_OK(refit_digest_table_fill(k, m, (const void *const *)&arena, t, threads));
+    return t;
+}
+
+static uint8_t *fetch_all(const refit_digest_plan_t *dp, void *const *tables, const refit_manifest_t *const *srcs)
+{
+    size_t n;
+    const refit_digest_fetch_t *f = refit_digest_plan_fetches(dp, &n);
+    uint8_t *buf = xmalloc(8 * n);
+    for (size_t i = 0; i < n; i++) {
+        assert_non_null(srcs[f[i].src]);
+        assert_true(f[i].offset % 8 == 0 && f[i].offset + 8 <= refit_digest_table_bytes(srcs[f[i].src]));
+        memcpy(buf + 8 * i, (const uint8_t *)tables[f[i].src] + f[i].offset, 8);
+    }
+    return buf;
+}
+
+/* Digest plan + fetch + local + check. */
+static refit_status_t verify(const refit_digest_key_t *k, const refit_manifest_t *const *srcs, size_t nsrcs,
+                             const uint8_t *usable, void *const *tables, const refit_manifest_t *dst, void *arena,
+                             refit_digest_plan_stats_t *stats, refit_digest_report_t *rep)
+{
+    refit_digest_plan_t *dp = NULL;
+    REFIT_ASSERT_OK(refit_digest_plan_create(srcs, nsrcs, usable, dst, &dp));
+    if (stats) refit_digest_plan_stats(dp, stats);
+    uint8_t *fetched = fetch_all(dp, tables, srcs);
+    refit_dsum_t *local = xmalloc(sizeof(refit_dsum_t) * dst->placements.len);
+    REFIT_ASSERT_OK(refit_digest_local(k, dst, (const void *const *)&arena, local, 2));
+    refit_status_t st = refit_digest_check(dp, fetched, local, rep);
+    free(local);
+    free(fetched);
+    refit_digest_plan_destroy(dp);
+    return st;
+}
+
+/* Tables hold P[k] = D(rows [a, a+k) of the box) and Q[k] = D(columns [c, c+k)),
+ * computed independently here; identical for any thread count and kernel,
+ * including boxes split into several work items. */
+static void table_contents(void **state)
+{
+    (void)state;
+    const tspec_t ts[] = {{"big", REFIT_DTYPE_BF16, 2, {2100, 300}},
+                          {"f32", REFIT_DTYPE_F32, 2, {40, 24}},
+                          {"vec", REFIT_DTYPE_BF16, 1, {1000}},
+                          {"u8", REFIT_DTYPE_U8, 2, {8, 64}}};
+    const bspec_t bs[] = {{0, {0, 20}, {2100, 260}}, {1, {3, 4}, {30, 20}}, {2, {100}, {900}}, {3, {2, 8}, {5, 40}}};
+    refit_manifest_t *m = hand_manifest(0, ts, 4, bs, 4);
+    void *arena = hand_fill(m);
+    refit_digest_key_t *k = key_of(5);
+    uint64_t *offs = xmalloc(sizeof(uint64_t) * 4);
+    uint64_t bytes = refit_digest_table_offsets(m, offs);
+    assert_int_equal(bytes, refit_digest_table_bytes(m));
+    assert_int_equal(bytes, 8 * ((2101 + 261) + (31 + 41) + (2 + 901) + (6 + 21)));
+    uint8_t *t1 = table_of(k, m, arena, 1);
+    refit_dsum_t local[4];
+    REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&arena, local, 1));
+    for (uint32_t i = 0; i < 4; i++) {
+        const refit_placement_t *p = &m->placements.data[i];
+        const refit_tdesc_t *c = &m->canon.data[p->canon];
+        const refit_local_t *l = &m->locals.data[p->local];
+        uint64_t es = refit_dtype_size(c->dtype), tid = refit_digest_tensor_id(k, c->name);
+        bool two = c->ndim == 2;
+        uint64_t a = two ? p->canon_offset[0] : 0, rows = two ? p->extent[0] : 1;
+        uint64_t cu = p->canon_offset[c->ndim - 1] * es / 2, n = p->extent[c->ndim - 1] * es / 2;
+        const uint8_t *base = (const uint8_t *)arena + l->offset;
+        uint64_t stride = two ? l->d.shape[1] * es : 0;
+        const uint8_t *P = t1 + offs[i], *Q = P + 8 * (rows + 1);
+        for (uint64_t x = 0; x <= rows; x += (x < 5 || rows - x < 5) ? 1 : 97) {
+            refit_dsum_t want = {{0, 0}}, got;
+            refit_digest_rows(k, tid, a, x, cu, base, stride, n, &want);
+            memcpy(&got, P + 8 * x, 8);
+            assert_true(dsum_eq(want, got));
+        }
+        for (uint64_t x = 0; x <= n; x += (x < 5 || n - x < 5) ? 1 : 13) {
+            refit_dsum_t want = {{0, 0}}, got;
+            refit_digest_rows(k, tid, a, rows, cu, base, stride, x, &want);
+            memcpy(&got, Q + 8 * x, 8);
+            assert_true(dsum_eq(want, got));
+        }
+        refit_dsum_t pe, qe;
+        memcpy(&pe, P + 8 * rows, 8);
+        memcpy(&qe, Q + 8 * n, 8);
+        assert_true(dsum_eq(pe, qe));
+        /* The receiver computes its own digest only for boxes it can verify:
+         * not "f32" and "u8", cut in both dimensions. */
+        if (i == 0 || i == 2) assert_true(dsum_eq(pe, local[i]));
+        else assert_true(local[i].lane[0] == 0 && local[i].lane[1] == 0);
+    }
+    /* "big" is about 1 MiB: several work items adding into one Q. */
+    uint8_t *t2 = table_of(k, m, arena, 2), *t8 = table_of(k, m, arena, 8);
+    assert_memory_equal(t1, t2, bytes);
+    assert_memory_equal(t1, t8, bytes);
+    if (have_avx2()) {
+        refit_digest_key_t *ks = key_impl(5, REFIT_DIGEST_IMPL_SCALAR);
+        uint8_t *ts1 = table_of(ks, m, arena, 3);
+        assert_memory_equal(t1, ts1, bytes);
+        refit_dsum_t ls[4];
+        REFIT_ASSERT_OK(refit_digest_local(ks, m, (const void *const *)&arena, ls, 3));
+        assert_memory_equal(local, ls, sizeof(ls));
+        free(ts1);
+        refit_digest_key_destroy(ks);
+    }
+    free(t1);
+    free(t2);
+    free(t8);
+    free(offs);
+    free(arena);
+    refit_digest_key_destroy(k);
+    refit_manifest_destroy(m);
+}
+
+/* ------------------------------------------------------ end to end */
+
+/* Address of canonical point (row, col) of placement p in arena. */
+static uint8_t *elem_at(const refit_manifest_t *m, uint32_t pi, void *arena, uint64_t row, uint64_t col)
+{
+    const refit_placement_t *p = &m->placements.data[pi];
+    const refit_local_t *l = &m->locals.data[p->local];
+    uint64_t pt[REFIT_MAX_DIMS] = {0};
+    if (p->ndim == 2) {
+        pt[0] = p->canon_offset[0] + row;
+        pt[1] = p->canon_offset[1] + col;
+    } else {
+        pt[0] = p->canon_offset[0] + col;
+    }
+    return (uint8_t *)arena + l->offset + refit_placement_local_index(m, p, pt) * refit_dtype_size(l->d.dtype);
+}
+
+static const char *canon_of(const refit_manifest_t *m, uint32_t pi)
+{
+    return m->canon.data[m->placements.data[pi].canon].name;
+}
+
+/* Every way of breaking the destination's bytes that must fail, and the
+ * padding change that must not (the last rank holds the padded vocabulary rows). */
+static void tamper(const refit_digest_key_t *k, const refit_manifest_t *const *srcs, size_t nsrcs, void *const *tables,
+                   const refit_manifest_t *dm, void *arena)
+{
+    uint32_t np = (uint32_t)dm->placements.len;
+    const uint32_t picks[] = {0, np / 3, np / 2, np - 1};
+    for (size_t x = 0; x < REFIT_ARRAY_LEN(picks); x++) {
+        uint32_t pi = picks[x];
+        const refit_placement_t *p = &dm->placements.data[pi];
+        uint64_t rows = p->ndim == 2 ? p->extent[0] : 1, cols = p->extent[p->ndim - 1];
+        /* A byte in the middle, then the very last byte of the box (the kernel's tail). */
+        for (int where = 0; where < 2; where++) {
+            uint64_t es = refit_dtype_size(dm->canon.data[p->canon].dtype);
+            uint8_t *q = where ? elem_at(dm, pi, arena, rows - 1, cols - 1) + es - 1 : elem_at(dm, pi, arena, rows / 2, cols / 2);
+            *q ^= 0x10;
+            refit_digest_report_t rep;
+            REFIT_ASSERT_ERR(verify(k, srcs, nsrcs, NULL, tables, dm, arena, NULL, &rep), REFIT_ERR_VERIFY,
+                             canon_of(dm, pi));
+            assert_int_equal(rep.mismatches, 1);
+            *q ^= 0x10;
+        }
+    }
+    /* Two different rows of one box swapped. */
+    for (uint32_t pi = np / 4, done = 0; pi < np && !done; pi++) {
+        const refit_placement_t *p = &dm->placements.data[pi];
+        if (p->ndim != 2 || p->extent[0] < 4) continue;
+        uint64_t rb = p->extent[1] * refit_dtype_size(dm->canon.data[p->canon].dtype);
+        uint8_t *r1 = elem_at(dm, pi, arena, 1, 0), *r3 = elem_at(dm, pi, arena, 3, 0);
+        if (!memcmp(r1, r3, rb)) continue;
+        uint8_t *tmp = xmalloc(rb);
+        memcpy(tmp, r1, rb);
+        memcpy(r1, r3, rb);
+        memcpy(r3, tmp, rb);
+        REFIT_ASSERT_ERR(verify(k, srcs, nsrcs, NULL, tables, dm, arena, NULL, NULL), REFIT_ERR_VERIFY, canon_of(dm, pi));
+        memcpy(r3, r1, rb);
+        memcpy(r1, tmp, rb);
+        free(tmp);
+        done = 1;
+    }
+    /* Padding is part of no digest. */
+    unsigned padded = 0;
+    for (uint32_t li = 0; li < dm->locals.len; li++) {
+        refit_box_t *boxes;
+        size_t n;
+        REFIT_ASSERT_OK(refit_manifest_padding(dm, li, &boxes, &n));
+        if (n) {
+            const refit_local_t *l = &dm->locals.data[li];
+            uint64_t lst[REFIT_MAX_DIMS], idx = 0;
+            refit_tdesc_strides(&l->d, lst);
+            for (uint32_t d = 0; d < boxes[0].ndim; d++) idx += boxes[0].off[d] * lst[d];
+            uint8_t *q = (uint8_t *)arena + l->offset + idx * refit_dtype_size(l->d.dtype);
+            *q ^= 0xff;
+            REFIT_ASSERT_OK(verify(k, srcs, nsrcs, NULL, tables, dm, arena, NULL, NULL));
+            *q ^= 0xff;
+            padded++;
+        }
+        free(boxes);
+    }
+    assert_true(padded > 0);
+    REFIT_ASSERT_OK(verify(k, srcs, nsrcs, NULL, tables, dm, arena, NULL, NULL));
+}
+
+typedef struct {
+    const char *model, *src, *dst;
+    bool tamper;
+} pair_t;
+
+static void run_pair(const pair_t *pr)
+{
+    refit_model_t *model = t_model(pr->model);
+    refit_layout_t *sl = t_layout(pr->src), *dl = t_layout(pr->dst);
+    refit_local_set_t set;
+    REFIT_ASSERT_OK(refit_local_set_create(model, sl, true, 11, &set));
+    refit_digest_key_t *k = key_of(6);
+    void **tables = xmalloc(set.n * sizeof(void *));
+    for (uint32_t s = 0; s < set.n; s++) tables[s] = table_of(k, set.manifests[s], set.arenas[s], 2);
+    const refit_manifest_t *const *srcs = (const refit_manifest_t *const *)set.manifests;
+    uint64_t placements = 0, fetches = 0, bytes = 0;
+    for (uint32_t r = 0; r < refit_layout_world(dl); r++) {
+        refit_manifest_t *dm = NULL;
+        REFIT_ASSERT_OK(refit_layout_manifest(dl, model, r, &dm));
+        refit_plan_t *plan = NULL;
+        REFIT_ASSERT_OK(refit_plan_create(srcs, set.n, dm, NULL, &plan));
+        uint64_t size = refit_manifest_region_size(dm, 0);
+        void *arena = xmalloc(size);
+        memset(arena, 0xa5, size);
+        REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, set.bases, &arena, 1));
+        REFIT_ASSERT_OK(refit_truth_verify(dm, (const void *const *)&arena, 11, NULL));
+        refit_plan_stats_t ps;
+        refit_plan_stats(plan, &ps);
+        refit_digest_plan_stats_t st;
+        refit_digest_report_t rep;
+        refit_status_t s = verify(k, srcs, set.n, NULL, tables, dm, arena, &st, &rep);
+        if (s) fail_msg("%s %s -> %s rank %u: %s", pr->model, pr->src, pr->dst, r, refit_last_error());
+        /* Every placement of these layouts is verifiable. */
+        assert_int_equal(st.placements, dm->placements.len);
+        assert_int_equal(st.verifiable, st.placements);
+        assert_int_equal(st.unverifiable_bytes, 0);
+        assert_int_equal(st.bytes, ps.bytes_written);
+        assert_int_equal(rep.checked, st.placements);
+        assert_int_equal(rep.bytes, ps.bytes_written);
+        assert_true(st.fetches > 0 && st.fetches <= 2 * ps.pieces);
+        placements += st.placements;
+        fetches += st.fetches;
+        bytes += st.bytes;
+        if (pr->tamper && r + 1 == refit_layout_world(dl)) tamper(k, srcs, set.n, tables, dm, arena);
+        free(arena);
+        refit_plan_destroy(plan);
+        refit_manifest_destroy(dm);
+    }
+    print_message("%s %s -> %s: %u ranks, %" PRIu64 " placements (%" PRIu64 " bytes) verified with %" PRIu64
+                  " fetches\n", pr->model, pr->src, pr->dst, refit_layout_world(dl), placements, bytes, fetches);
+    for (uint32_t s = 0; s < set.n; s++) free(tables[s]);
+    free(tables);
+    refit_digest_key_destroy(k);
+    refit_local_set_destroy(&set);
+    refit_layout_destroy(sl);
+    refit_layout_destroy(dl);
+    refit_model_destroy(model);
+}
+
+static void layout_pairs(void **state)
+{
+    (void)state;
+    const pair_t pairs[] = {
+        {"tiny-moe", "megatron:tp=2", "vllm:tp=2", true},
+        {"tiny-moe", "megatron:ep=8", "vllm:tp=2", true},
+        {"tiny-moe", "megatron:tp=2,pp=2,ep=4", "vllm:tp=4,ep=4", true},
+        {"tiny-moe", "hf", "vllm:tp=4", true},
+        {"tiny-moe", "megatron:tp=2,dp=2", "vllm:tp=2,dp=2", false},
+        {"tiny-moe", "vllm:tp=4,ep=4", "megatron:tp=2,pp=2,ep=2", false},
+        {"tiny-dense", "megatron:tp=4,pp=2", "vllm:tp=2", true},
+        {"tiny-dense", "megatron:tp=8", "hf", false},
+        {"tiny-mla", "megatron:tp=2,ep=2", "vllm:tp=2", true},
+        {"tiny-tied", "megatron:tp=2,pp=2", "vllm:tp=4", false},
+    };
+    for (size_t i = 0; i < REFIT_ARRAY_LEN(pairs); i++) run_pair(&pairs[i]);
+}
+
+/* A source byte changed after its table was filled: the destination copy of
+ * it fails verification, naming the tensor (an expert: held by one source). */
+static void stale_source(void **state)
+{
+    (void)state;
+    refit_model_t *model = t_model("tiny-moe");
+    refit_layout_t *sl = t_layout("megatron:ep=8"), *dl = t_layout("vllm:tp=2");
+    refit_local_set_t set;
+    REFIT_ASSERT_OK(refit_local_set_create(model, sl, true, 3, &set));
+    refit_digest_key_t *k = key_of(7), *wrong = key_of(8);
+    void **tables = xmalloc(set.n * sizeof(void *));
+    for (uint32_t s = 0; s < set.n; s++) tables[s] = table_of(k, set.manifests[s], set.arenas[s], 1);
+    const refit_manifest_t *const *srcs = (const refit_manifest_t *const *)set.manifests;
+    /* An expert placement of source 5; the canonical element at row 0, column 0
+     * goes to destination rank 0 (gate/up rows and down columns split over tp). */
+    const refit_manifest_t *sm = set.manifests[5];
+    int32_t pick = -1;
+    for (uint32_t i = 0; i < sm->placements.len && pick < 0; i++)
+        if (strstr(canon_of(sm, i), "experts.") && sm->placements.data[i].canon_offset[0] == 0 &&
+            sm->placements.data[i].canon_offset[1] == 0)
+            pick = (int32_t)i;
+    assert_true(pick >= 0);
+    uint8_t *q = elem_at(sm, (uint32_t)pick, set.arenas[5], 0, 0);
+    *q ^= 1;
+    refit_manifest_t *dm = NULL;
+    REFIT_ASSERT_OK(refit_layout_manifest(dl, model, 0, &dm));
+    refit_plan_t *plan = NULL;
+    REFIT_ASSERT_OK(refit_plan_create(srcs, set.n, dm, NULL, &plan));
+    void *arena = xmalloc(refit_manifest_region_size(dm, 0));
+    REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, set.bases, &arena, 2));
+    refit_digest_report_t rep;
+    REFIT_ASSERT_ERR(verify(k, srcs, set.n, NULL, tables, dm, arena, NULL, &rep), REFIT_ERR_VERIFY, canon_of(sm, (uint32_t)pick));
+    assert_int_equal(rep.mismatches, 1);
+    assert_non_null(strstr(refit_last_error(), "source(s) 5"));
+    /* Restored: passes; a receiver with another key: every placement fails. */
+    *q ^= 1;
+    REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, set.bases, &arena, 2));
+    REFIT_ASSERT_OK(verify(k, srcs, set.n, NULL, tables, dm, arena, NULL, NULL));
+    REFIT_ASSERT_ERR(verify(wrong, srcs, set.n, NULL, tables, dm, arena, NULL, &rep), REFIT_ERR_VERIFY, "placements differ");
+    assert_int_equal(rep.mismatches, dm->placements.len);
+    free(arena);
+    refit_plan_destroy(plan);
+    refit_manifest_destroy(dm);
+    for (uint32_t s = 0; s < set.n; s++) free(tables[s]);
+    free(tables);
+    refit_digest_key_destroy(k);
+    refit_digest_key_destroy(wrong);
+    refit_local_set_destroy(&set);
+    refit_layout_destroy(sl);
+    refit_layout_destroy(dl);
+    refit_model_destroy(model);
+}
+
+/* Sources marked unusable: a replica takes over (still fully verifiable,
+ * never fetching from them); with both replicas of a shard unusable, what
+ * needs that shard is unverifiable, the rest still verified. */
+static void unusable_sources(void **state)
+{
+    (void)state;
+    refit_model_t *model = t_model("tiny-moe");
+    refit_layout_t *sl = t_layout("megatron:tp=2,dp=2"), *dl = t_layout("vllm:tp=2");
+    refit_local_set_t set;
+    REFIT_ASSERT_OK(refit_local_set_create(model, sl, true, 5, &set));
+    assert_int_equal(set.n, 4); /* rank = tp_rank + 2 * dp_rank */
+    refit_digest_key_t *k = key_of(9);
+    void **tables = xmalloc(set.n * sizeof(void *));
+    for (uint32_t s = 0; s < set.n; s++) tables[s] = table_of(k, set.manifests[s], set.arenas[s], 2);
+    const refit_manifest_t *const *srcs = (const refit_manifest_t *const *)set.manifests;
+    refit_manifest_t *dm = NULL;
+    REFIT_ASSERT_OK(refit_layout_manifest(dl, model, 0, &dm));
+    /* Rank 0 is dead: the copy comes from its replica, rank 2. */
+    const refit_manifest_t *alive[4] = {NULL, srcs[1], srcs[2], srcs[3]};
+    refit_plan_t *plan = NULL;
+    REFIT_ASSERT_OK(refit_plan_create(alive, 4, dm, NULL, &plan));
+    void *arena = xmalloc(refit_manifest_region_size(dm, 0));
+    REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, set.bases, &arena, 1));
+    const uint8_t usable[4] = {0, 1, 1, 1};
+    refit_digest_plan_stats_t st;
+    REFIT_ASSERT_OK(verify(k, srcs, 4, usable, tables, dm, arena, &st, NULL));
+    assert_int_equal(st.verifiable, st.placements);
+    refit_digest_plan_t *dp = NULL;
+    REFIT_ASSERT_OK(refit_digest_plan_create(srcs, 4, usable, dm, &dp));
+    size_t nf;
+    const refit_digest_fetch_t *f = refit_digest_plan_fetches(dp, &nf);
+    unsigned from2 = 0;
+    for (size_t i = 0; i < nf; i++) {
+        assert_int_not_equal(f[i].src, 0);
+        from2 += f[i].src == 2;
+    }
+    assert_true(from2 > 0);
+    refit_digest_plan_destroy(dp);
+    /* Without usable, the lowest index (rank 0) is used: same verdict. */
+    REFIT_ASSERT_OK(verify(k, srcs, 4, NULL, tables, dm, arena, NULL, NULL));
+    /* Both holders of TP shard 0 unusable. */
+    const uint8_t only_odd[4] = {0, 1, 0, 1};
+    REFIT_ASSERT_OK(verify(k, srcs, 4, only_odd, tables, dm, arena, &st, NULL));
+    assert_true(st.unverifiable[REFIT_DIGEST_UNV_NO_PARTITION] > 0);
+    assert_int_equal(st.unverifiable[REFIT_DIGEST_UNV_NO_PARTITION], st.placements - st.verifiable);
+    assert_true(st.verifiable > 0); /* replicated norms and the router, from rank 1 */
+    free(arena);
+    refit_plan_destroy(plan);
+    refit_manifest_destroy(dm);
+    for (uint32_t s = 0; s < set.n; s++) free(tables[s]);
+    free(tables);
+    refit_digest_key_destroy(k);
+    refit_local_set_destroy(&set);
+    refit_layout_destroy(sl);
+    refit_layout_destroy(dl);
+    refit_model_destroy(model);
+}
+
+/* Unverifiable, never wrongly verified: overlapping non-identical source
+ * boxes, a gap, a destination box cut in both dimensions, odd bytes (at
+ * the destination or only at a source), ndim 3.  What is verifiable next to
+ * them still is, and still catches a wrong byte. */
+static void unverifiable_cases(void **state)
+{
+    (void)state;
+    const tspec_t ts[] = {
+        {"overlap", REFIT_DTYPE_BF16, 2, {8, 16}}, /* sources rows [0,6) and [4,8) */
+        {"good", REFIT_DTYPE_BF16, 2, {8, 16}},    /* sources rows [0,4) and [4,8) */
+        {"gap", REFIT_DTYPE_BF16, 2, {8, 16}},     /* sources rows [0,3) and [4,8) */
+        {"cut", REFIT_DTYPE_BF16, 2, {8, 16}},     /* destination [0:4, 0:8] */
+        {"odd", REFIT_DTYPE_U8, 2, {4, 15}},       /* rows of 15 bytes */
+        {"oddsrc", REFIT_DTYPE_U8, 2, {4, 16}},    /* sources split at column 5 */
+        {"cube", REFIT_DTYPE_BF16, 3, {2, 4, 8}},
+        {"overlap2", REFIT_DTYPE_BF16, 2, {8, 16}}, /* [0:5, 0:16] and [4:8, 0:12]: volumes add up */
+    };
+    const bspec_t a[] = {{0, {0, 0}, {6, 16}}, {1, {0, 0}, {4, 16}}, {2, {0, 0}, {3, 16}}, {3, {0, 0}, {8, 16}},
+                         {4, {0, 0}, {4, 15}}, {5, {0, 0}, {4, 5}},  {6, {0, 0, 0}, {2, 4, 8}}, {7, {0, 0}, {5, 16}}};
+    const bspec_t b[] = {{0, {4, 0}, {4, 16}}, {1, {4, 0}, {4, 16}}, {2, {4, 0}, {4, 16}}, {5, {0, 5}, {4, 11}},
+                         {7, {4, 0}, {4, 12}}};
+    const bspec_t d[] = {{0, {0, 0}, {8, 16}}, {1, {0, 0}, {8, 16}}, {2, {4, 0}, {4, 16}}, {3, {0, 0}, {4, 8}},
+                         {4, {0, 0}, {4, 15}}, {5, {0, 0}, {2, 16}}, {6, {0, 0, 0}, {2, 4, 8}}, {7, {0, 0}, {8, 16}}};
+    refit_manifest_t *sa = hand_manifest(0, ts, 8, a, REFIT_ARRAY_LEN(a));
+    refit_manifest_t *sb = hand_manifest(1, ts, 8, b, REFIT_ARRAY_LEN(b));
+    refit_manifest_t *dm = hand_manifest(2, ts, 8, d, REFIT_ARRAY_LEN(d));
+    void *aa = hand_fill(sa), *ab = hand_fill(sb), *ad = hand_fill(dm);
+    refit_digest_key_t *k = key_of(10);
+    void *tables[2] = {table_of(k, sa, aa, 1), table_of(k, sb, ab, 1)};
+    const refit_manifest_t *srcs[2] = {sa, sb};
+    refit_digest_plan_t *dp = NULL;
+    REFIT_ASSERT_OK(refit_digest_plan_create(srcs, 2, NULL, dm, &dp));
+    const refit_digest_reason_t want[] = {REFIT_DIGEST_UNV_NO_PARTITION, REFIT_DIGEST_VERIFIABLE,
+                                          REFIT_DIGEST_UNV_NO_PARTITION, REFIT_DIGEST_UNV_CUT_BOTH,
+                                          REFIT_DIGEST_UNV_ODD_BYTES,    REFIT_DIGEST_UNV_SOURCE_BOX,
+                                          REFIT_DIGEST_UNV_NDIM,         REFIT_DIGEST_UNV_NO_PARTITION};
+    for (uint32_t i = 0; i < REFIT_ARRAY_LEN(want); i++)
+        if (refit_digest_plan_reason(dp, i) != want[i])
+            fail_msg("placement %u (%s): %s, want %s", i, canon_of(dm, i),
+                     refit_digest_reason_name(refit_digest_plan_reason(dp, i)), refit_digest_reason_name(want[i]));
+    refit_digest_plan_stats_t st;
+    refit_digest_plan_stats(dp, &st);
+    assert_int_equal(st.placements, 8);
+    assert_int_equal(st.verifiable, 1);
+    assert_int_equal(st.bytes, 256 + 256 + 128 + 64 + 60 + 32 + 128 + 256);
+    assert_int_equal(st.unverifiable_bytes, st.bytes - 256);
+    assert_int_equal(st.fetches, 2); /* "good": P[end] of each source */
+    refit_digest_plan_destroy(dp);
+    /* Only "good" is compared: wrong bytes elsewhere pass, in "good" fail. */
+    refit_digest_report_t rep;
+    for (uint32_t i = 0; i < 8; i++)
+        if (i != 1) *elem_at(dm, i, ad, 0, 0) ^= 0x40;
+    REFIT_ASSERT_OK(verify(k, srcs, 2, NULL, tables, dm, ad, NULL, &rep));
+    assert_int_equal(rep.checked, 1);
+    *elem_at(dm, 1, ad, 7, 15) ^= 0x40;
+    REFIT_ASSERT_ERR(verify(k, srcs, 2, NULL, tables, dm, ad, NULL, NULL), REFIT_ERR_VERIFY, "good [0:8, 0:16]");
+    /* Local digests are 0 where the box alone is unverifiable. */
+    refit_dsum_t local[8];
+    REFIT_ASSERT_OK(refit_digest_local(k, dm, (const void *const *)&ad, local, 1));
+    for (uint32_t i = 0; i < 8; i++) {
+        bool zero = local[i].lane[0] == 0 && local[i].lane[1] == 0;
+        assert_int_equal(zero, i == 3 || i == 4 || i == 6);
+    }
+    free(tables[0]);
+    free(tables[1]);
+    free(aa);
+    free(ab);
+    free(ad);
+    refit_digest_key_destroy(k);
+    refit_manifest_destroy(sa);
+    refit_manifest_destroy(sb);
+    refit_manifest_destroy(dm);
+}
+
+/* Each dst placement half of a source box: hi - lo, both fetched; a whole
+ * source box: one fetch (P[end]); Q's last entry fetched as P's last. */
+static void fetch_shape(void **state)
+{
+    (void)state;
+    const tspec_t ts[] = {{"rows", REFIT_DTYPE_BF16, 2, {8, 16}}, {"cols", REFIT_DTYPE_BF16, 2, {8, 16}}};
+    const bspec_t s0[] = {{0, {0, 0}, {8, 16}}, {1, {0, 0}, {8, 8}}};
+    const bspec_t s1[] = {{1, {0, 8}, {8, 8}}};
+    const bspec_t d[] = {{0, {2, 0}, {3, 16}}, {1, {0, 4}, {8, 12}}};
+    refit_manifest_t *a = hand_manifest(0, ts, 2, s0, 2), *b = hand_manifest(1, ts, 2, s1, 1),
+                     *dm = hand_manifest(2, ts, 2, d, 2);
+    refit_digest_plan_t *dp = NULL;
+    const refit_manifest_t *srcs[2] = {a, b};
+    REFIT_ASSERT_OK(refit_digest_plan_create(srcs, 2, NULL, dm, &dp));
+    size_t nf;
+    const refit_digest_fetch_t *f = refit_digest_plan_fetches(dp, &nf);
+    uint64_t offs0[2];
+    refit_digest_table_offsets(a, offs0);
+    /* rows: P[5] - P[2] of source 0; cols: Q[8] - Q[4] of source 0 (Q[8] as P[8]), Q[8] of source 1 as P[8]. */
+    const refit_digest_fetch_t want[] = {{0, offs0[0] + 8 * 2},
+                                         {0, offs0[0] + 8 * 5},
+                                         {0, offs0[1] + 8 * 8},
+                                         {0, offs0[1] + 8 * (9 + 4)},
+                                         {1, 8 * 8}};
+    assert_int_equal(nf, REFIT_ARRAY_LEN(want));
+    for (size_t i = 0; i < nf; i++) {
+        assert_int_equal(f[i].src, want[i].src);
+        assert_int_equal(f[i].offset, want[i].offset);
+    }
+    void *aa = hand_fill(a), *ab = hand_fill(b), *ad = hand_fill(dm);
+    refit_digest_key_t *k = key_of(12);
+    void *tables[2] = {table_of(k, a, aa, 1), table_of(k, b, ab, 1)};
+    REFIT_ASSERT_OK(verify(k, srcs, 2, NULL, tables, dm, ad, NULL, NULL));
+    *elem_at(dm, 1, ad, 7, 0) ^= 1; /* first column of "cols" dst: row 7, col 4 */
+    REFIT_ASSERT_ERR(verify(k, srcs, 2, NULL, tables, dm, ad, NULL, NULL), REFIT_ERR_VERIFY, "cols [0:8, 4:16]");
+    free(tables[0]);
+    free(tables[1]);
+    free(aa);
+    free(ab);
+    free(ad);
+    refit_digest_key_destroy(k);
+    refit_digest_plan_destroy(dp);
+    refit_manifest_destroy(a);
+    refit_manifest_destroy(b);
+    refit_manifest_destroy(dm);
+}
+
+static void errors(void **state)
+{
+    (void)state;
+    refit_digest_key_t *k = NULL;
+    REFIT_ASSERT_ERR(refit_digest_key_create(NULL, &k), REFIT_ERR_INVALID_ARG, NULL);
+    REFIT_ASSERT_ERR(refit_digest_key_create_impl((const uint8_t *)"0123456789abcdef0123456789abcdef", 9, &k),
+                     REFIT_ERR_INVALID_ARG, NULL);
+    assert_null(k);
+    k = key_of(1);
+    const tspec_t ts[] = {{"w", REFIT_DTYPE_BF16, 2, {8, 16}}};
+    const tspec_t ts2[] = {{"w", REFIT_DTYPE_F16, 2, {8, 16}}};
+    const bspec_t b[] = {{0, {0, 0}, {8, 16}}};
+    refit_manifest_t *s = hand_manifest(0, ts, 1, b, 1), *d = hand_manifest(1, ts2, 1, b, 1);
+    refit_digest_plan_t *dp = NULL;
+    const refit_manifest_t *srcs[1] = {s};
+    REFIT_ASSERT_ERR(refit_digest_plan_create(srcs, 1, NULL, d, &dp), REFIT_ERR_MISMATCH, "w");
+    assert_null(dp);
+    refit_manifest_t *other = t_manifest_named("tiny-dense", "hf", 0);
+    REFIT_ASSERT_ERR(refit_digest_plan_create(srcs, 1, NULL, other, &dp), REFIT_ERR_IDENTITY, NULL);
+    REFIT_ASSERT_ERR(refit_digest_plan_create(srcs, 1, NULL, NULL, &dp), REFIT_ERR_INVALID_ARG, NULL);
+    /* A missing source is no error: what it held is unverifiable. */
+    const refit_manifest_t *none[1] = {NULL};
+    REFIT_ASSERT_OK(refit_digest_plan_create(none, 1, NULL, s, &dp));
+    refit_digest_plan_stats_t st;
+    refit_digest_plan_stats(dp, &st);
+    assert_int_equal(st.unverifiable[REFIT_DIGEST_UNV_NO_PARTITION], 1);
+    assert_int_equal(st.fetches, 0);
+    refit_dsum_t local[1] = {{{1, 2}}};
+    REFIT_ASSERT_OK(refit_digest_check(dp, NULL, local, NULL));
+    REFIT_ASSERT_ERR(refit_digest_check(dp, NULL, NULL, NULL), REFIT_ERR_INVALID_ARG, NULL);
+    refit_digest_plan_destroy(dp);
+    void *arena = hand_fill(s);
+    uint8_t *table = xmalloc(refit_digest_table_bytes(s) + 8);
+    REFIT_ASSERT_ERR(refit_digest_table_fill(k, s, (const void *const *)&arena, table + 4, 1), REFIT_ERR_INVALID_ARG,
+                     "aligned");
+    REFIT_ASSERT_ERR(refit_digest_local(k, s, NULL, local, 1), REFIT_ERR_INVALID_ARG, NULL);
+    refit_manifest_identity_t id = {"m", "x", 0, 1};
+    refit_manifest_t *unfinished = NULL;
+    REFIT_ASSERT_OK(refit_manifest_create(&id, &unfinished));
+    assert_int_equal(refit_digest_table_bytes(unfinished), 0);
+    REFIT_ASSERT_ERR(refit_digest_plan_create(srcs, 1, NULL, unfinished, &dp), REFIT_ERR_INVALID_ARG, "finalized");
+    refit_manifest_destroy(unfinished);
+    free(table);
+    free(arena);
+    refit_manifest_destroy(s);
+    refit_manifest_destroy(d);
+    refit_manifest_destroy(other);
+    refit_digest_key_destroy(k);
+    refit_digest_key_destroy(NULL);
+    refit_digest_plan_destroy(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(key_properties), cmocka_unit_test(kernels_agree),    cmocka_unit_test(additivity),
+        cmocka_unit_test(table_contents), cmocka_unit_test(layout_pairs),     cmocka_unit_test(stale_source),
+        cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases), cmocka_unit_test(fetch_shape),
+        cmocka_unit_test(errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
