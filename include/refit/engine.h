@@ -43,12 +43,25 @@ typedef struct refit_receiver refit_receiver_t;
 
 typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_mode_t;
 
-/* Registry URL used when params leave it NULL: $REFIT_REGISTRY, else "file:/tmp/refit-registry". */
+/* Registry URL used when params leave it NULL: $REFIT_REGISTRY, else
+ * "file:$XDG_RUNTIME_DIR/refit/registry", else "file:$HOME/.cache/refit/registry"
+ * (never a world-writable directory; docs/security.md). */
 REFIT_API const char *refit_default_registry(void);
 
+/* Authentication (docs/security.md): every registry entry is signed and
+ * checked with keys derived from the job's secret, and every transport
+ * connection proves it.  secret_file names a file holding it (at least 16
+ * bytes, mode 0600, ours); NULL: $REFIT_SECRET_FILE, then $REFIT_SECRET, then
+ * (file: registries only) DIR/<job>/.secret, created on first use.  A redis
+ * registry without a secret is refused (REFIT_ERR_AUTH) unless `insecure`
+ * (or $REFIT_INSECURE=1) is set, which uses a public key: anyone who can
+ * write the registry or reach a listener is then trusted. */
+
 /* Version 2 added `device`; version-1 callers get host memory.  Version 3
- * added delta refit (delta .. delta_threads); older callers publish in full. */
-#define REFIT_PUBLISHER_PARAMS_VERSION 3
+ * added delta refit (delta .. delta_threads); older callers publish in full.
+ * Version 4 added authentication and fencing (secret_file .. no_digest);
+ * older callers get the defaults. */
+#define REFIT_PUBLISHER_PARAMS_VERSION 4
 typedef struct {
     unsigned version;              /* REFIT_PUBLISHER_PARAMS_VERSION */
     const char *registry;          /* "file:DIR" or "redis://HOST:PORT"; NULL: refit_default_registry() */
@@ -73,9 +86,17 @@ typedef struct {
                                       in full only; 0: 10 (sparse costs 4 bytes per changed 2-byte unit, so
                                       10% holds up to about 5% of elements changed) */
     unsigned delta_threads;        /* encoding threads at publish; 0: 4, at most one per CPU */
+    const char *secret_file;       /* the job's secret (above); NULL: from the environment or the registry */
+    bool insecure;                 /* no secret: public key (above) */
+    uint32_t lease_ms;             /* the longest lease its receivers take (their lease_ms); a publisher that
+                                      lost its view of the registry (its entries vanished: a store restarted
+                                      without its data) waits this long before it trusts "no leases"; 0: 10000 */
+    bool no_digest;                /* true: publish no content digests (receivers cannot verify this rank's
+                                      bytes and say so); false: digest tables computed at each publish */
 } refit_publisher_params_t;
 #define REFIT_PUBLISHER_PARAMS_INIT \
-    {REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0, -1, false, 0, 0}
+    {REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0, -1, false, 0, 0, \
+     NULL, false, 0, false}
 
 /* Creates a publisher for the rank `manifest` describes (finalized).  On
  * success the publisher owns the manifest.  Opens the registry (errors as
@@ -117,8 +138,9 @@ typedef enum { REFIT_VERIFY_NONE = 0, REFIT_VERIFY_TRUTH = 1 } refit_verify_mode
 /* Version 2 added `device`; version-1 callers get host memory.  Version 3
  * added the fleet fields (relay_slot .. relay_heartbeat_ms); older callers
  * get no relay, no reader limit, default chunks.  Version 4 added
- * `no_delta` and `truth_fraction`; older callers take deltas where offered. */
-#define REFIT_RECEIVER_PARAMS_VERSION 4
+ * `no_delta` and `truth_fraction`; older callers take deltas where offered.
+ * Version 5 added authentication and digests (secret_file .. no_digest). */
+#define REFIT_RECEIVER_PARAMS_VERSION 5
 typedef struct {
     unsigned version;              /* REFIT_RECEIVER_PARAMS_VERSION */
     const char *registry, *job, *group; /* as for publishers */
@@ -159,9 +181,15 @@ typedef struct {
     double truth_fraction;         /* REFIT_VERIFY_TRUTH against refit_truth_fill_delta(fraction): the share of
                                       elements that change per version (host memory); 0: 1 (every element,
                                       refit_truth_fill) */
+    const char *secret_file;       /* the job's secret (above); NULL: from the environment or the registry */
+    bool insecure;                 /* no secret: public key (above) */
+    bool no_digest;                /* true: do not check the pulled bytes against the sources' content digests
+                                      (for those who accept the risk); false: every verifiable byte is checked
+                                      before the version is committed (REFIT_ERR_VERIFY naming the tensor) */
 } refit_receiver_params_t;
 #define REFIT_RECEIVER_PARAMS_INIT \
-    {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0, false, 0}
+    {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0, false, 0, \
+     NULL, false, false}
 
 REFIT_API refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *manifest,
                                                refit_receiver_t **out);

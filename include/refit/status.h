@@ -52,7 +52,8 @@ extern "C" {
     X(ERR_TRANSPORT, -44, "transport failure")                                           \
     X(ERR_REGISTRY, -45, "registry failure")                                             \
     X(ERR_STALE, -46, "version or entry is stale")                                       \
-    X(ERR_BUSY, -47, "resource busy")
+    X(ERR_BUSY, -47, "resource busy")                                                    \
+    X(ERR_AUTH, -48, "authentication failed: an entry or a peer did not prove the job's secret")
 
 typedef enum {
 #define REFIT_STATUS_ENUM_(name, value, msg) REFIT_##name = value,

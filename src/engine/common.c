@@ -1,4 +1,5 @@
 /* Shared by publishers and receivers: transport sets, names, defaults. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,10 +8,29 @@
 
 #include "engine/engine.h"
 
+static char g_default_registry[4200];
+static pthread_once_t g_default_once = PTHREAD_ONCE_INIT;
+
+/* A directory only this user writes: the per-user runtime directory, the
+ * home cache, or (neither set) a private directory under /tmp whose checks
+ * the file registry makes (ours, 0700). */
+static void default_registry_init(void)
+{
+    const char *run = getenv("XDG_RUNTIME_DIR"), *home = getenv("HOME");
+    if (run && run[0] == '/')
+        snprintf(g_default_registry, sizeof(g_default_registry), "file:%.4000s/refit/registry", run);
+    else if (home && home[0] == '/' && strcmp(home, "/") != 0)
+        snprintf(g_default_registry, sizeof(g_default_registry), "file:%.4000s/.cache/refit/registry", home);
+    else
+        snprintf(g_default_registry, sizeof(g_default_registry), "file:/tmp/refit-%u/registry", (unsigned)geteuid());
+}
+
 const char *refit_default_registry(void)
 {
     const char *env = getenv("REFIT_REGISTRY");
-    return env && env[0] ? env : "file:/tmp/refit-registry";
+    if (env && env[0]) return env;
+    pthread_once(&g_default_once, default_registry_init);
+    return g_default_registry;
 }
 
 static char *options_for(const char *options, const char *name)
@@ -34,7 +54,7 @@ static char *options_for(const char *options, const char *name)
     return out;
 }
 
-refit_status_t refit_tset_open(refit_tset_t *ts, const char *names, const char *options)
+refit_status_t refit_tset_open(refit_tset_t *ts, const char *names, const char *options, const uint8_t *key)
 {
     refit_status_t st = REFIT_OK;
     memset(ts, 0, sizeof(*ts));
@@ -64,6 +84,7 @@ refit_status_t refit_tset_open(refit_tset_t *ts, const char *names, const char *
         st = ops->create(opt, &ts->ctx[ts->n]);
         free(opt);
         if (st) goto err;
+        if (key && ops->set_key) ops->set_key(ts->ctx[ts->n], key);
         ts->ops[ts->n++] = ops;
     }
     if (ts->n == 0) {

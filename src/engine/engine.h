@@ -21,8 +21,9 @@ typedef struct {
 } refit_tset_t;
 
 /* Parses "shm,ucx" (NULL: every built-in transport, shm first) and creates
- * each with its options taken from `options` ("ucx.listen=...,shm.x=..."). */
-refit_status_t refit_tset_open(refit_tset_t *ts, const char *names, const char *options);
+ * each with its options taken from `options` ("ucx.listen=...,shm.x=..."),
+ * giving each the connection key (32 bytes; NULL: the public key). */
+refit_status_t refit_tset_open(refit_tset_t *ts, const char *names, const char *options, const uint8_t *key);
 void refit_tset_close(refit_tset_t *ts);
 
 /* Manifest attribute naming one region's descriptor for one transport and buffer. */

@@ -51,6 +51,10 @@ struct refit_publisher {
     uint32_t rec_flags;             /* refit_publisher_stamp */
     refit_version_record_t last_rec; /* under lock */
     bool have_rec;
+    /* Fencing: the store's epoch when we last looked, and when we last saw
+     * the registry lose our entries (0: never; under lock). */
+    uint64_t epoch;
+    double lost_at;
     /* heartbeat thread */
     pthread_t hb;
     bool hb_running, hb_stop;
@@ -74,10 +78,11 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     refit_publisher_t *p = calloc(1, sizeof(*p));
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "publisher");
     p->params = defaults;
-    if (params) /* version 1 ends before `device`, version 2 before `delta` */
+    if (params) /* version 1 ends before `device`, version 2 before `delta`, version 3 before `secret_file` */
         memcpy(&p->params, params,
                params->version == 1   ? offsetof(refit_publisher_params_t, device)
                : params->version == 2 ? offsetof(refit_publisher_params_t, delta)
+               : params->version == 3 ? offsetof(refit_publisher_params_t, secret_file)
                                       : sizeof(refit_publisher_params_t));
     p->params.version = REFIT_PUBLISHER_PARAMS_VERSION;
 #ifndef REFIT_HAVE_CUDA
@@ -101,6 +106,7 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
         if (p->params.delta_threads > cap) p->params.delta_threads = cap;
     }
     if (!p->params.heartbeat_ms) p->params.heartbeat_ms = 200;
+    if (!p->params.lease_ms) p->params.lease_ms = 10000;
     if (!p->params.dead_ms) p->params.dead_ms = 2000;
     if (p->params.dead_ms < 2 * p->params.heartbeat_ms) p->params.dead_ms = 2 * p->params.heartbeat_ms;
     snprintf(p->group, sizeof(p->group), "%s", or_default(p->params.group, "trainer"));
@@ -116,18 +122,22 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     for (uint32_t r = 0; r < p->nregions; r++) p->mem_owner[r] = -1;
     if ((st = refit_check_name("group", p->group))) goto err;
     {
+        refit_registry_auth_t auth = {p->params.secret_file, p->params.insecure};
+        if ((st = refit_registry_open_auth(or_default(p->params.registry, refit_default_registry()),
+                                           or_default(p->params.job, "default"), &auth, &p->reg)))
+            goto err;
+    }
+    {
         char *opts = refit_options_for_device(p->params.transport_options, p->params.device, m->rank);
         if (!opts) {
             st = refit_error(REFIT_ERR_NO_MEMORY, "publisher");
             goto err;
         }
-        st = refit_tset_open(&p->ts, refit_transports_for_device(p->params.transports, p->params.device), opts);
+        st = refit_tset_open(&p->ts, refit_transports_for_device(p->params.transports, p->params.device), opts,
+                             refit_registry_key(p->reg, REFIT_KEY_CONNECTION));
         free(opts);
         if (st) goto err;
     }
-    if ((st = refit_registry_open(or_default(p->params.registry, refit_default_registry()),
-                                  or_default(p->params.job, "default"), &p->reg)))
-        goto err;
     if (p->params.delta) {
         refit_delta_params_t dp = {REFIT_DELTA_SPARSE, 0, p->params.delta_threads};
         if ((st = refit_delta_encoder_create(m->regions.data, p->nregions, &dp, &p->denc))) {
@@ -227,6 +237,11 @@ static void *heartbeat_main(void *arg)
         pthread_mutex_unlock(&p->lock);
         bool absent = false;
         refit_status_t st = refit_registry_beat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms, &absent);
+        if (!st && absent) {
+            pthread_mutex_lock(&p->lock);
+            p->lost_at = refit_now(); /* leases may have vanished with our entries */
+            pthread_mutex_unlock(&p->lock);
+        }
         if (!st && (lost || absent) && !(st = reannounce(p))) {
             refit_log(REFIT_LOG_INFO, "rank %u: registry is back; manifest and record written again", p->m->rank);
             lost = false;
@@ -295,6 +310,7 @@ static refit_status_t announce(refit_publisher_t *p)
     if ((st = refit_manifest_encode(p->m, &enc, &enc_len))) return st;
     p->enc = enc;
     p->enc_len = enc_len;
+    if ((st = refit_registry_epoch(p->reg, &p->epoch, NULL))) return st;
     if ((st = refit_registry_put_manifest(p->reg, p->group, p->m->rank, enc, enc_len))) return st;
     if ((st = refit_registry_heartbeat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms))) return st;
     if (pthread_create(&p->hb, NULL, heartbeat_main, p) != 0)
@@ -304,19 +320,63 @@ static refit_status_t announce(refit_publisher_t *p)
     return REFIT_OK;
 }
 
+/* Whether the store lost its data since we last looked (its epoch changed):
+ * then leases may have vanished with it, and the version's retired marker
+ * too, which is written again. */
+static refit_status_t check_epoch(refit_publisher_t *p, uint64_t version)
+{
+    uint64_t e = 0;
+    refit_status_t st = refit_registry_epoch(p->reg, &e, NULL);
+    if (st) return st;
+    if (e == p->epoch) return REFIT_OK;
+    bool first = p->epoch == 0;
+    p->epoch = e;
+    if (first) return REFIT_OK;
+    refit_log(REFIT_LOG_WARN, "rank %u: the registry lost its data (new epoch); leases on version %" PRIu64
+              " are trusted again after %u ms", p->m->rank, version, p->params.lease_ms);
+    pthread_mutex_lock(&p->lock);
+    p->lost_at = refit_now();
+    pthread_mutex_unlock(&p->lock);
+    return refit_registry_retire(p->reg, p->group, version);
+}
+
+/* Retires `version` and waits until no reader holds it.  "No lease" is
+ * believed only when the registry has not lost its data within the last
+ * lease lifetime: a reader whose lease vanished with the data may still be
+ * reading (it finds out at its next renewal, or when it checks its lease
+ * before committing, and then discards what it read). */
 static refit_status_t wait_leases(refit_publisher_t *p, uint64_t version, int timeout_ms)
 {
     refit_status_t st;
+    if ((st = check_epoch(p, version))) return st;
     if ((st = refit_registry_retire(p->reg, p->group, version))) return st;
     double deadline = refit_now() + timeout_ms / 1e3;
+    bool said = false;
     for (;;) {
         uint32_t n = 0;
         if ((st = refit_registry_lease_count(p->reg, p->group, version, &n))) return st;
-        if (n == 0) return REFIT_OK;
+        if (n == 0 && (st = check_epoch(p, version))) return st;
+        pthread_mutex_lock(&p->lock);
+        double since_loss = p->lost_at ? refit_now() - p->lost_at : 1e30;
+        pthread_mutex_unlock(&p->lock);
+        bool fenced = since_loss < p->params.lease_ms / 1e3;
+        if (n == 0 && !fenced) return REFIT_OK;
+        if (n == 0 && !said) {
+            refit_log(REFIT_LOG_INFO, "rank %u: no lease on version %" PRIu64 ", but the registry lost its data %.0f ms "
+                      "ago: waiting out a lease lifetime (%u ms)", p->m->rank, version, since_loss * 1e3,
+                      p->params.lease_ms);
+            said = true;
+        }
         double left = deadline - refit_now();
-        if (left <= 0)
+        if (left <= 0) {
+            if (n == 0)
+                return refit_error(REFIT_ERR_TIMEOUT,
+                                   "version %" PRIu64 ": the registry lost its data %.0f ms ago, and a reader whose "
+                                   "lease vanished with it may still read for up to %u ms (lease_ms); waited %d ms",
+                                   version, since_loss * 1e3, p->params.lease_ms, timeout_ms);
             return refit_error(REFIT_ERR_TIMEOUT, "%u reader(s) still hold version %" PRIu64 " after %d ms", n, version,
                                timeout_ms);
+        }
         /* A release is a registry change; an expiry is not, so wake up now and then. */
         int slice = (int)(left * 1e3) < 100 ? (int)(left * 1e3) + 1 : 100;
         st = refit_registry_wait(p->reg, slice);

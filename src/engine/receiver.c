@@ -68,7 +68,7 @@ struct refit_receiver {
     uint64_t *committed_inc; /* per source rank: its incarnation when `committed` was pulled */
     bool usable;
     /* during a pull */
-    uint64_t lease_version;
+    uint64_t lease_version, lease_token;
     double lease_renewed;
     /* fleet (relay.c, fleet.c): relays, and the holders of the last pull */
     refit_relays_t *relays;
@@ -96,6 +96,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
                params->version == 1   ? offsetof(refit_receiver_params_t, device)
                : params->version == 2 ? offsetof(refit_receiver_params_t, relay_slot)
                : params->version == 3 ? offsetof(refit_receiver_params_t, no_delta)
+               : params->version == 4 ? offsetof(refit_receiver_params_t, secret_file)
                                       : sizeof(refit_receiver_params_t));
     r->params.version = REFIT_RECEIVER_PARAMS_VERSION;
 #ifndef REFIT_HAVE_CUDA
@@ -129,18 +130,22 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     }
     if ((st = refit_check_name("group", r->group)) || (st = refit_check_name("reader", r->reader))) goto err;
     {
+        refit_registry_auth_t auth = {r->params.secret_file, r->params.insecure};
+        if ((st = refit_registry_open_auth(or_default(r->params.registry, refit_default_registry()),
+                                           or_default(r->params.job, "default"), &auth, &r->reg)))
+            goto err;
+    }
+    {
         char *opts = refit_options_for_device(r->params.transport_options, r->params.device, m->rank);
         if (!opts) {
             st = refit_error(REFIT_ERR_NO_MEMORY, "receiver");
             goto err;
         }
-        st = refit_tset_open(&r->ts, refit_transports_for_device(r->params.transports, r->params.device), opts);
+        st = refit_tset_open(&r->ts, refit_transports_for_device(r->params.transports, r->params.device), opts,
+                             refit_registry_key(r->reg, REFIT_KEY_CONNECTION));
         free(opts);
         if (st) goto err;
     }
-    if ((st = refit_registry_open(or_default(r->params.registry, refit_default_registry()),
-                                  or_default(r->params.job, "default"), &r->reg)))
-        goto err;
     /* The fleet path (chunks, holders, relays) runs in host memory: a GPU
      * receiver takes it when none of its transports writes GPU memory, so
      * that every pull goes through its pinned staging anyway (relays then
@@ -359,7 +364,8 @@ static refit_status_t tick(void *user)
     refit_relays_renew(r->relays, r->reader, r->params.lease_ms); /* load tokens live 1.5 s: its own pace */
     if (now - r->lease_renewed < r->params.lease_ms / 3e3) return REFIT_OK;
     r->lease_renewed = now;
-    return refit_registry_lease_acquire(r->reg, r->group, r->lease_version, r->reader, r->params.lease_ms);
+    return refit_registry_lease_renew(r->reg, r->group, r->lease_version, r->reader, r->params.lease_ms,
+                                      r->lease_token);
 }
 
 static cached_plan_t *find_plan(refit_receiver_t *r, const refit_plan_key_t *key)
@@ -977,7 +983,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     const refit_manifest_t **srcs = calloc(r->world, sizeof(void *));
     refit_peer_t **peers = calloc(r->world, sizeof(void *));
     int *tix = calloc(r->world, sizeof(int));
-    bool leased = false;
+    bool leased = false, committed = false;
     if (!s.recs || !s.present || !s.alive || !srcs || !peers || !tix) {
         st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
         goto out;
@@ -997,7 +1003,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         }
         bool ready = c && (want == REFIT_VERSION_NEWEST ? c > r->committed : c == want);
         if (ready) {
-            st = refit_registry_lease_acquire(r->reg, r->group, c, r->reader, r->params.lease_ms);
+            st = refit_registry_lease_take(r->reg, r->group, c, r->reader, r->params.lease_ms, &r->lease_token);
             if (!st) {
                 v = c;
                 leased = true;
@@ -1103,21 +1109,30 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         if (st) goto out;
     }
     rep->verify_ms = (refit_now() - t3) * 1e3;
+    /* Fencing: our lease must still hold.  A publisher that found no lease
+     * (deleted, expired, or a store that lost its data) may have rewritten
+     * its memory while we read it; such bytes are never committed. */
+    if ((st = refit_registry_lease_holds(r->reg, r->group, v, r->reader, r->lease_token))) goto out;
     /* 8. Commit. */
     r->committed = v;
     r->stage_version = r->pull_staged ? v : 0;
     for (uint32_t k = 0; k < r->world; k++) r->committed_inc[k] = s.present[k] ? s.recs[k].incarnation : 0;
     r->usable = true;
     rep->version = v;
-    if ((st = refit_registry_ack(r->reg, r->group, r->reader, v)))
-        refit_log(REFIT_LOG_WARN, "ack of version %" PRIu64 ": %s", v, refit_last_error());
+    refit_status_t ack = refit_registry_ack(r->reg, r->group, r->reader, v);
+    char ack_detail[512] = "";
+    if (ack) snprintf(ack_detail, sizeof(ack_detail), "%s", refit_last_error());
     /* A relay serves host memory: a GPU receiver's staging, which holds v whole. */
     if (r->params.device >= 0 && !r->pull_staged) refit_relays_withdraw(r->relays, 0);
     else if ((st = refit_relays_serve(r->relays, r->params.device >= 0 ? r->stage : r->mem, v, s.origin)))
         refit_log(REFIT_LOG_WARN, "serving version %" PRIu64 " as a relay: %s", v, refit_last_error());
     st = REFIT_OK;
+    /* The bytes are committed (committed() says v, the memory is usable), but
+     * a driver waiting for acknowledgements would never learn it: say so. */
+    if (ack) st = refit_error(ack, "version %" PRIu64 " was committed but not acknowledged: %s", v, ack_detail);
+    committed = true;
 out:
-    if (st) refit_relays_abort(r->relays); /* readers following a partial version stop */
+    if (st && !committed) refit_relays_abort(r->relays); /* readers following a partial version stop */
     if (st == REFIT_ERR_PEER || st == REFIT_ERR_TIMEOUT || st == REFIT_ERR_TRANSPORT) {
         /* A transport may have given up on a live peer (force-closed it):
          * the next pull connects every source and relay afresh. */

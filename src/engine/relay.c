@@ -175,6 +175,10 @@ static refit_status_t ensure_pub(refit_relays_t *R, void *const *mem)
     pp.transport_options = R->params.transport_options;
     pp.heartbeat_ms = R->params.relay_heartbeat_ms;
     pp.dead_ms = R->params.relay_heartbeat_ms ? R->params.relay_heartbeat_ms * 4 : 0;
+    pp.secret_file = R->params.secret_file;
+    pp.insecure = R->params.insecure;
+    pp.lease_ms = R->params.lease_ms;
+    pp.no_digest = true; /* its readers check the trainer's digests: the bytes are the same canonical bytes */
     if ((st = refit_publisher_create(&pp, copy, &R->pub))) {
         refit_manifest_destroy(copy);
         return st;

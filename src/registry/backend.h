@@ -24,6 +24,9 @@ typedef struct {
     /* Unexpired keys starting with prefix (malloc'ed array of malloc'ed strings). */
     refit_status_t (*list)(refit_kv_t *kv, const char *prefix, char ***keys, size_t *n);
     refit_status_t (*wait)(refit_kv_t *kv, int timeout_ms);
+    /* Optional: a secret shared by everyone who can open this store (file:
+     * DIR/<job>/.secret, created on first use); NULL where there is none. */
+    refit_status_t (*job_secret)(refit_kv_t *kv, uint8_t out[32]);
 } refit_kv_ops_t;
 
 extern const refit_kv_ops_t refit_kv_file_ops;

@@ -27,6 +27,14 @@
  * Waiting: an inotify watch on the job directory, opened at open() so that
  * no change is lost; events on our own '.' files are ignored.
  *
+ * Trust: the directory is the boundary.  DIR and DIR/<job> are created 0700;
+ * an existing one must be a directory owned by this user and not writable
+ * by group or others (else anyone could replace entries), and files are
+ * created 0600.  DIR/<job>/.secret holds the job's secret when no other is
+ * given (registry.c): 32 random bytes, made by the first process (linked
+ * into place, so concurrent openers agree), 0600, refused if it is not a
+ * regular file of ours that only we can read.
+ *
  * Thread safety: `mu` serialises the operations of one object (they share
  * the lock file descriptor); `wait_mu` serialises waiters, so a blocked
  * wait never holds up a put. */
@@ -44,6 +52,7 @@
 #include <unistd.h>
 
 #include "registry/backend.h"
+#include "util/crypto.h"
 
 #define HDR_SIZE 16u
 #define MAX_VALUE (1ull << 30)
@@ -289,7 +298,7 @@ static refit_status_t write_temp(refit_kv_t *kv, const void *val, size_t len, ui
     int fd = -1;
     for (int tries = 0; fd < 0; tries++) {
         snprintf(tmp, 64, ".tmp.%ld.%lu", (long)getpid(), kv->tmp_seq++);
-        fd = openat(kv->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        fd = openat(kv->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0 && (errno != EEXIST || tries > 100)) return io_error(kv, "create", tmp, errno);
     }
     if (write_all(fd, hdr, HDR_SIZE) != 0 || write_all(fd, val, len) != 0) {
@@ -317,7 +326,7 @@ static int mkdirs(char *path)
         if (*p != '/' && *p != '\0') continue;
         char c = *p;
         *p = '\0';
-        int rc = mkdir(path, 0777);
+        int rc = mkdir(path, 0700);
         int err = errno;
         *p = c;
         if (rc != 0 && err != EEXIST) {
@@ -326,6 +335,97 @@ static int mkdirs(char *path)
         }
         if (c == '\0') return 0;
     }
+}
+
+/* A registry directory must be ours and closed to writes by others. */
+static refit_status_t check_dir_fd(int fd, const char *path)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return refit_error(REFIT_ERR_REGISTRY, "file registry %s: fstat: %s", path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return refit_error(REFIT_ERR_REGISTRY, "file registry %s is not a directory", path);
+    if (sb.st_uid != geteuid())
+        return refit_error(REFIT_ERR_AUTH,
+                           "file registry %s belongs to uid %u, not to this user (uid %u): anyone owning it could "
+                           "forge or remove entries; use a directory of your own",
+                           path, (unsigned)sb.st_uid, (unsigned)geteuid());
+    if (sb.st_mode & 022)
+        return refit_error(REFIT_ERR_AUTH,
+                           "file registry %s is writable by group or others (mode %04o): they could forge or remove "
+                           "entries; chmod go-w it or use a directory of your own",
+                           path, (unsigned)(sb.st_mode & 07777));
+    return REFIT_OK;
+}
+
+/* DIR itself as above; every directory above it must belong to us or root
+ * and, if others may write it, be sticky (as /tmp): otherwise its owner
+ * could move our directory away and put one of theirs in its place. */
+static refit_status_t check_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return refit_error(REFIT_ERR_REGISTRY, "file registry %s: open: %s", path, strerror(errno));
+    refit_status_t st = check_dir_fd(fd, path);
+    close(fd);
+    char *up = realpath(path, NULL);
+    if (!up) return st ? st : refit_error(REFIT_ERR_REGISTRY, "file registry %s: realpath: %s", path, strerror(errno));
+    for (char *slash = strrchr(up, '/'); !st && slash; slash = strrchr(up, '/')) {
+        if (slash == up) slash[1] = '\0';
+        else *slash = '\0';
+        struct stat sb;
+        if (stat(up, &sb) != 0) {
+            st = refit_error(REFIT_ERR_REGISTRY, "file registry %s: stat %s: %s", path, up, strerror(errno));
+        } else if ((sb.st_uid != geteuid() && sb.st_uid != 0) || ((sb.st_mode & 022) && !(sb.st_mode & S_ISVTX))) {
+            st = refit_error(REFIT_ERR_AUTH,
+                             "file registry %s: its parent %s belongs to uid %u (mode %04o): its owner or group could "
+                             "replace the registry; use a directory under one that only you or root control",
+                             path, up, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777));
+        }
+        if (slash == up) break;
+    }
+    free(up);
+    return st;
+}
+
+/* Reads DIR/<job>/.secret, creating it first if absent. */
+static refit_status_t file_job_secret(refit_kv_t *kv, uint8_t out[32])
+{
+    for (int tries = 0; tries < 3; tries++) {
+        int fd = openat(kv->dirfd, ".secret", O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd >= 0) {
+            struct stat sb;
+            refit_status_t st = REFIT_OK;
+            if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077) ||
+                sb.st_size != 32)
+                st = refit_error(REFIT_ERR_AUTH,
+                                 "file registry %s/.secret is not a 32-byte regular file readable only by this user",
+                                 kv->path);
+            else if (read_full(fd, out, 32) != 32)
+                st = refit_error(REFIT_ERR_AUTH, "file registry %s/.secret: short read", kv->path);
+            close(fd);
+            return st;
+        }
+        if (errno != ENOENT) return io_error(kv, "open", ".secret", errno);
+        uint8_t secret[32];
+        refit_status_t st = refit_random_bytes(secret, sizeof(secret));
+        char tmp[64];
+        snprintf(tmp, sizeof(tmp), ".tmp.secret.%ld.%lu", (long)getpid(), kv->tmp_seq++);
+        int w = st ? -1 : openat(kv->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (!st && w < 0) st = io_error(kv, "create", tmp, errno);
+        if (!st && (write_all(w, secret, sizeof(secret)) != 0 || close(w) != 0)) {
+            st = io_error(kv, "write", tmp, errno);
+            w = -1;
+        } else if (!st) {
+            w = -1;
+        }
+        if (w >= 0) close(w);
+        refit_wipe(secret, sizeof(secret));
+        /* link fails if another process put its secret first: then read theirs. */
+        if (!st && linkat(kv->dirfd, tmp, kv->dirfd, ".secret", 0) != 0 && errno != EEXIST)
+            st = io_error(kv, "link", ".secret", errno);
+        unlinkat(kv->dirfd, tmp, 0);
+        if (st) return st;
+    }
+    return refit_error(REFIT_ERR_REGISTRY, "file registry %s: .secret keeps vanishing", kv->path);
 }
 
 static refit_status_t file_open(const char *rest, const char *job, refit_kv_t **out)
@@ -345,12 +445,14 @@ static refit_status_t file_open(const char *rest, const char *job, refit_kv_t **
         st = refit_error(REFIT_ERR_REGISTRY, "file registry %s: cannot create it: %s", kv->path, strerror(errno));
         goto close_kv;
     }
-    kv->dirfd = open(kv->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if ((st = check_dir(rest))) goto close_kv;
+    kv->dirfd = open(kv->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     if (kv->dirfd < 0) {
         st = refit_error(REFIT_ERR_REGISTRY, "file registry %s: open: %s", kv->path, strerror(errno));
         goto close_kv;
     }
-    kv->lockfd = openat(kv->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if ((st = check_dir_fd(kv->dirfd, kv->path))) goto close_kv;
+    kv->lockfd = openat(kv->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (kv->lockfd < 0) {
         st = refit_error(REFIT_ERR_REGISTRY, "file registry %s: cannot create .lock: %s", kv->path, strerror(errno));
         goto close_kv;
@@ -605,4 +707,5 @@ const refit_kv_ops_t refit_kv_file_ops = {
     .del = file_del,
     .list = file_list,
     .wait = file_wait,
+    .job_secret = file_job_secret,
 };

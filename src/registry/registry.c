@@ -31,10 +31,27 @@
  *   40 delta_base u64
  *   48 checksum u64
  *
- * checksum = refit_hash64(bytes before it, seed).  Anything else (length,
+ * checksum = refit_hash64(bytes before it, seed) (catches torn or foreign
+ * bytes; authenticity is the tag's job, below).  Anything else (length,
  * magic, size, checksum, reserved bits, unterminated host) is
  * REFIT_ERR_CORRUPT naming the key; another format number is
  * REFIT_ERR_UNSUPPORTED.
+ *
+ * Authentication.  Every value goes to the backend as value || tag, tag =
+ * HMAC-SHA-256(K_reg, u16 len(key) || key || value) (32 bytes), K_reg derived
+ * by HKDF from the job's secret (refit_registry_auth_t) with the job name in
+ * the info, so a value is bound to its key and its job: moving a record to
+ * another rank's key, or into another job, breaks its tag.  Reads check the
+ * tag before anything else (REFIT_ERR_AUTH naming the key); listings that
+ * count (leases, acks) skip keys whose values are not authentic.  Replaying
+ * an old authentic value under its own key is not prevented by the tag;
+ * records only move forward for receivers (they ignore versions they have
+ * committed), leases carry a token (fencing, below) and the epoch tells a
+ * store that lost its data from one that did not.
+ *
+ *   lease value (40 bytes): "RFLS", u32 = 0, version u64, token u64 (0 for
+ *   plain acquires), reserved u64 x 2; key "epoch" (outside every group):
+ *   a random u64, created by the first user of the job.
  *
  * Lease protocol.  acquire(v, r): (1) get retired(v) (and lease(v, r), to
  * know whether this is a renewal): present -> STALE (deleting the reader's
@@ -62,11 +79,16 @@
  * every retire (a SCAN of the keyspace in redis) and buys nothing more. */
 #include "registry/registry.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "registry/backend.h"
+#include "util/crypto.h"
 
 #define RETIRED_TTL_MS (10u * 60u * 1000u)
 #define MAX_WORLD (1u << 17)
@@ -79,11 +101,20 @@
 #define HB_SIZE 96u
 #define HB_SEED 0x5246484231ULL /* "RFHB1" */
 #define FORMAT 1u
+#define TAG_LEN REFIT_SHA256_LEN
+#define ACK_TTL_MS (60u * 60u * 1000u)
+#define LEASE_MAGIC "RFLS"
+#define LEASE_SIZE 40u
+#define MIN_SECRET 16u
+#define MAX_SECRET 4096u
 
 struct refit_registry {
     const refit_kv_ops_t *ops;
     refit_kv_t *kv;
     char *url;
+    uint8_t reg_key[32], keys[2][32];
+    bool secure;
+    char secret_source[160];
 };
 
 /* ---- names -------------------------------------------------------------- */
@@ -97,13 +128,13 @@ static bool name_ok(const char *s, size_t max, const char *extra)
                   c == '_' || c == '-' || (extra && strchr(extra, c));
         if (!ok || n >= max) return false;
     }
-    return n > 0;
+    return n > 0 && s[0] != '.'; /* never ".", ".." or a hidden name */
 }
 
 static refit_status_t check_group(const char *group)
 {
     if (!group || !name_ok(group, 64, NULL))
-        return refit_error(REFIT_ERR_INVALID_ARG, "registry: group name \"%.80s\" must be 1..64 of [A-Za-z0-9._-]",
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry: group name \"%.80s\" must be 1..64 of [A-Za-z0-9._-], not starting with '.'",
                            group ? group : "(null)");
     return REFIT_OK;
 }
@@ -176,6 +207,8 @@ static refit_status_t decode_record(const void *buf, size_t len, const char *key
         .flags = (uint32_t)refit_get_le(p + 36, 4),
         .delta_base = refit_get_le(p + 40, 8),
     };
+    if (rec.version == 0 || rec.version == UINT64_MAX)
+        return refit_error(REFIT_ERR_CORRUPT, "registry key %s: version %" PRIu64 " is reserved", key, rec.version);
     *out = rec;
     return REFIT_OK;
 }
@@ -204,11 +237,102 @@ static refit_status_t decode_heartbeat(const void *buf, size_t len, const char *
 
 /* ---- open / close ------------------------------------------------------- */
 
+/* ---- the job's secret and the keys derived from it ---------------------- */
+
+/* Reads a secret file: regular, ours, not readable by others, 16..4096 bytes. */
+static refit_status_t read_secret_file(const char *path, uint8_t *buf, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return refit_error(REFIT_ERR_AUTH, "secret file %s: %s", path, strerror(errno));
+    struct stat sb;
+    refit_status_t st = REFIT_OK;
+    if (fstat(fd, &sb) != 0) st = refit_error(REFIT_ERR_AUTH, "secret file %s: fstat: %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode)) st = refit_error(REFIT_ERR_AUTH, "secret file %s is not a regular file", path);
+    else if (sb.st_uid != geteuid())
+        st = refit_error(REFIT_ERR_AUTH, "secret file %s belongs to uid %u, not to this user (uid %u)", path,
+                         (unsigned)sb.st_uid, (unsigned)geteuid());
+    else if (sb.st_mode & 077)
+        st = refit_error(REFIT_ERR_AUTH, "secret file %s is accessible to group or others (mode %04o): chmod 600 it",
+                         path, (unsigned)(sb.st_mode & 07777));
+    else if (sb.st_size < MIN_SECRET || sb.st_size > MAX_SECRET)
+        st = refit_error(REFIT_ERR_AUTH, "secret file %s holds %lld bytes; want %u..%u", path, (long long)sb.st_size,
+                         MIN_SECRET, MAX_SECRET);
+    ssize_t n = st ? -1 : read(fd, buf, MAX_SECRET);
+    if (!st && n != (ssize_t)sb.st_size)
+        st = refit_error(REFIT_ERR_AUTH, "secret file %s: short read", path);
+    close(fd);
+    if (!st) *len = (size_t)n;
+    return st;
+}
+
+/* Finds the secret (refit_registry_auth_t's order) and derives the keys. */
+static refit_status_t derive_keys(refit_registry_t *r, const char *job, const refit_registry_auth_t *auth)
+{
+    uint8_t secret[MAX_SECRET];
+    size_t len = 0;
+    refit_status_t st = REFIT_OK;
+    const char *file = auth && auth->secret_file && auth->secret_file[0] ? auth->secret_file : getenv("REFIT_SECRET_FILE");
+    const char *env = getenv("REFIT_SECRET"), *insecure_env = getenv("REFIT_INSECURE");
+    bool insecure = (auth && auth->insecure) || (insecure_env && strcmp(insecure_env, "1") == 0);
+    if (file && file[0]) {
+        if ((st = read_secret_file(file, secret, &len))) return st;
+        snprintf(r->secret_source, sizeof(r->secret_source), "file %.140s", file);
+    } else if (env && env[0]) {
+        len = strlen(env);
+        if (len < MIN_SECRET || len > MAX_SECRET)
+            return refit_error(REFIT_ERR_AUTH, "$REFIT_SECRET holds %zu characters; want %u..%u", len, MIN_SECRET,
+                               MAX_SECRET);
+        memcpy(secret, env, len);
+        snprintf(r->secret_source, sizeof(r->secret_source), "$REFIT_SECRET");
+    } else if (insecure) {
+        static bool warned;
+        if (!warned) refit_log(REFIT_LOG_WARN, "job %s runs without a secret (insecure): registry entries and "
+                               "connections are not authenticated", job);
+        warned = true;
+        len = 0;
+        snprintf(r->secret_source, sizeof(r->secret_source), "insecure");
+    } else if (r->ops->job_secret) {
+        if ((st = r->ops->job_secret(r->kv, secret))) return st;
+        len = 32;
+        snprintf(r->secret_source, sizeof(r->secret_source), "job directory");
+    } else {
+        return refit_error(REFIT_ERR_AUTH,
+                           "registry %s: no secret for job %s: set REFIT_SECRET_FILE to a file of at least %u random "
+                           "bytes (mode 0600) shared by the job's processes (or REFIT_SECRET, or the secret_file "
+                           "parameter); REFIT_INSECURE=1 runs without authentication",
+                           r->url, job, MIN_SECRET);
+    }
+    r->secure = !insecure || len > 0;
+    static const char salt[] = "refit secret v1";
+    char info[128];
+    static const char *const uses[] = {"registry", "connection", "digest"};
+    for (int i = 0; i < 3; i++) {
+        int n = snprintf(info, sizeof(info), "%s key for job %s", uses[i], job);
+        refit_hkdf(salt, sizeof(salt) - 1, secret, len, info, (size_t)n, i == 0 ? r->reg_key : r->keys[i - 1], 32);
+    }
+    refit_wipe(secret, sizeof(secret));
+    return REFIT_OK;
+}
+
+const uint8_t *refit_registry_key(const refit_registry_t *r, refit_key_use_t use)
+{
+    return r && (unsigned)use < 2 ? r->keys[use] : NULL;
+}
+
+bool refit_registry_secure(const refit_registry_t *r) { return r && r->secure; }
+const char *refit_registry_secret_source(const refit_registry_t *r) { return r ? r->secret_source : ""; }
+
 refit_status_t refit_registry_open(const char *url, const char *job, refit_registry_t **out)
+{
+    return refit_registry_open_auth(url, job, NULL, out);
+}
+
+refit_status_t refit_registry_open_auth(const char *url, const char *job, const refit_registry_auth_t *auth,
+                                        refit_registry_t **out)
 {
     if (!url || !out) return refit_error(REFIT_ERR_INVALID_ARG, "registry open: NULL url or out");
     if (!job || !name_ok(job, 64, NULL))
-        return refit_error(REFIT_ERR_INVALID_ARG, "registry open %s: job name \"%.80s\" must be 1..64 of [A-Za-z0-9._-]",
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry open %s: job name \"%.80s\" must be 1..64 of [A-Za-z0-9._-], not starting with '.'",
                            url, job ? job : "(null)");
     const char *colon = strchr(url, ':');
     if (!colon || colon == url)
@@ -234,7 +358,7 @@ refit_status_t refit_registry_open(const char *url, const char *job, refit_regis
     refit_registry_t *r = calloc(1, sizeof(*r));
     if (!r) return refit_error(REFIT_ERR_NO_MEMORY, "registry open %s", url);
     r->ops = ops;
-    r->url = refit_strdup(url);
+    r->url = refit_redact_url(url);
     refit_status_t st = REFIT_OK;
     if (!r->url) {
         st = refit_error(REFIT_ERR_NO_MEMORY, "registry open %s", url);
@@ -242,12 +366,16 @@ refit_status_t refit_registry_open(const char *url, const char *job, refit_regis
     }
     st = ops->open(rest, job, &r->kv);
     if (st) goto free_url;
+    if ((st = derive_keys(r, job, auth))) goto close_kv;
     *out = r;
     return REFIT_OK;
 
+close_kv:
+    ops->close(r->kv);
 free_url:
     free(r->url);
 free_registry:
+    refit_wipe(r, sizeof(*r));
     free(r);
     return st;
 }
@@ -257,12 +385,90 @@ void refit_registry_close(refit_registry_t *r)
     if (!r) return;
     r->ops->close(r->kv);
     free(r->url);
+    refit_wipe(r, sizeof(*r));
     free(r);
 }
 
 const char *refit_registry_url(const refit_registry_t *r) { return r ? r->url : NULL; }
 
-/* ---- small helpers on the backend -------------------------------------- */
+/* ---- authenticated access to the backend -------------------------------- */
+
+static void tag_of(const refit_registry_t *r, const char *key, const void *val, size_t len, uint8_t tag[TAG_LEN])
+{
+    refit_hmac_t h;
+    uint8_t klen[2];
+    size_t kl = strlen(key);
+    refit_put_le(klen, kl, 2);
+    refit_hmac_init(&h, r->reg_key, sizeof(r->reg_key));
+    refit_hmac_update(&h, klen, 2);
+    refit_hmac_update(&h, key, kl);
+    refit_hmac_update(&h, val, len);
+    refit_hmac_final(&h, tag);
+}
+
+/* Stores value || tag (put, or put_new when nx). */
+static refit_status_t kv_put(refit_registry_t *r, const char *key, const void *val, size_t len, uint32_t ttl_ms,
+                             bool nx)
+{
+    uint8_t small[256], *buf = len + TAG_LEN <= sizeof(small) ? small : malloc(len + TAG_LEN);
+    if (!buf) return refit_error(REFIT_ERR_NO_MEMORY, "registry: %zu-byte value for %s", len, key);
+    if (len) memcpy(buf, val, len);
+    tag_of(r, key, val, len, buf + len);
+    refit_status_t st = nx ? r->ops->put_new(r->kv, key, buf, len + TAG_LEN, ttl_ms)
+                           : r->ops->put(r->kv, key, buf, len + TAG_LEN, ttl_ms);
+    if (buf != small) free(buf);
+    return st;
+}
+
+refit_status_t refit_registry_put_signed(refit_registry_t *r, const char *key, const void *val, size_t len,
+                                         uint32_t ttl_ms)
+{
+    if (!r || !key || (!val && len)) return refit_error(REFIT_ERR_INVALID_ARG, "registry put_signed: NULL argument");
+    return kv_put(r, key, val ? val : "", len, ttl_ms, false);
+}
+
+/* get_many, checking and stripping every tag.  A value whose tag is wrong
+ * (written without this job's secret, or under another key) fails the call
+ * with REFIT_ERR_AUTH, or, when forged != NULL, is logged, reported absent
+ * and flagged there (listings that only count). */
+static refit_status_t kv_get_many(refit_registry_t *r, const char *const *keys, size_t n, void **vals, size_t *lens,
+                                  uint8_t *forged)
+{
+    refit_status_t st = r->ops->get_many(r->kv, keys, n, vals, lens);
+    if (st) return st;
+    for (size_t i = 0; i < n; i++) {
+        if (forged) forged[i] = 0;
+        if (!vals[i]) continue;
+        uint8_t tag[TAG_LEN];
+        bool ok = lens[i] >= TAG_LEN;
+        if (ok) {
+            tag_of(r, keys[i], vals[i], lens[i] - TAG_LEN, tag);
+            ok = refit_ct_equal(tag, (uint8_t *)vals[i] + lens[i] - TAG_LEN, TAG_LEN);
+        }
+        if (ok) {
+            lens[i] -= TAG_LEN;
+            continue;
+        }
+        refit_status_t e = refit_error(REFIT_ERR_AUTH,
+                                       "registry %s: key %s is not signed with this job's secret (%s): written by "
+                                       "someone without it, or under another key",
+                                       r->url, keys[i], r->secret_source);
+        if (forged) {
+            refit_log(REFIT_LOG_WARN, "%s; ignored", refit_last_error());
+            forged[i] = 1;
+            free(vals[i]);
+            vals[i] = NULL;
+            lens[i] = 0;
+            continue;
+        }
+        for (size_t k = 0; k < n; k++) {
+            free(vals[k]);
+            vals[k] = NULL;
+        }
+        return e;
+    }
+    return REFIT_OK;
+}
 
 /* One key: *val malloc'ed or NULL when absent. */
 static refit_status_t get_one(refit_registry_t *r, const char *key, void **val, size_t *len)
@@ -270,7 +476,7 @@ static refit_status_t get_one(refit_registry_t *r, const char *key, void **val, 
     const char *keys[1] = {key};
     void *vals[1] = {NULL};
     size_t lens[1] = {0};
-    refit_status_t st = r->ops->get_many(r->kv, keys, 1, vals, lens);
+    refit_status_t st = kv_get_many(r, keys, 1, vals, lens, NULL);
     if (st) return st;
     *val = vals[0];
     *len = lens[0];
@@ -313,7 +519,7 @@ static refit_status_t get_ranks(refit_registry_t *r, const char *group, uint32_t
         src_key(kb + (size_t)k * KEY_MAX, group, k, what);
         keys[k] = kb + (size_t)k * KEY_MAX;
     }
-    st = r->ops->get_many(r->kv, keys, world, v, l);
+    st = kv_get_many(r, keys, world, v, l, NULL);
     if (st) goto free_arrays;
     free(keys);
     *keybuf = kb;
@@ -347,7 +553,7 @@ refit_status_t refit_registry_put_manifest(refit_registry_t *r, const char *grou
     if (!buf || len == 0) return refit_error(REFIT_ERR_INVALID_ARG, "registry put_manifest %s/%u: empty", group, rank);
     char key[KEY_MAX];
     src_key(key, group, rank, "manifest");
-    return r->ops->put(r->kv, key, buf, len, 0);
+    return kv_put(r, key, buf, len, 0, false);
 }
 
 refit_status_t refit_registry_get_manifest(refit_registry_t *r, const char *group, uint32_t rank, void **buf,
@@ -393,7 +599,7 @@ refit_status_t refit_registry_beat(refit_registry_t *r, const char *group, uint3
         if ((st = is_present(r, key, &present))) return st;
         *was_absent = !present;
     }
-    return r->ops->put(r->kv, key, val, sizeof(val), ttl_ms);
+    return kv_put(r, key, val, sizeof(val), ttl_ms, false);
 }
 
 refit_status_t refit_registry_alive(refit_registry_t *r, const char *group, uint32_t world, uint8_t *alive,
@@ -453,10 +659,13 @@ refit_status_t refit_registry_publish(refit_registry_t *r, const char *group, ui
     if (st) return st;
     if (!rec) return refit_error(REFIT_ERR_INVALID_ARG, "registry publish %s/%u: NULL record", group, rank);
     uint8_t val[REC_SIZE];
+    if (rec->version == 0 || rec->version == UINT64_MAX)
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry publish %s/%u: version %" PRIu64 " is reserved", group,
+                           rank, rec->version);
     encode_record(val, rec);
     char key[KEY_MAX];
     src_key(key, group, rank, "rec");
-    return r->ops->put(r->kv, key, val, sizeof(val), 0);
+    return kv_put(r, key, val, sizeof(val), 0, false);
 }
 
 refit_status_t refit_registry_heads(refit_registry_t *r, const char *const *groups, uint32_t n,
@@ -481,7 +690,10 @@ refit_status_t refit_registry_heads(refit_registry_t *r, const char *const *grou
         keys[2 * i] = kb + (size_t)(2 * i) * KEY_MAX;
         keys[2 * i + 1] = kb + (size_t)(2 * i + 1) * KEY_MAX;
     }
-    if (!st) st = r->ops->get_many(r->kv, keys, (size_t)n * 2, v, l);
+    uint8_t *forged = st ? NULL : calloc((size_t)n * 2, 1);
+    if (!st && !forged) st = refit_error(REFIT_ERR_NO_MEMORY, "registry heads: %u groups", n);
+    if (!st) st = kv_get_many(r, keys, (size_t)n * 2, v, l, forged);
+    free(forged);
     for (uint32_t i = 0; i < n && !st; i++) {
         memset(&recs[i], 0, sizeof(recs[i]));
         present[i] = v[2 * i] != NULL;
@@ -557,11 +769,68 @@ refit_status_t refit_registry_retire(refit_registry_t *r, const char *group, uin
     if (st) return st;
     char key[KEY_MAX];
     retired_key(key, group, version);
-    return r->ops->put(r->kv, key, "retired", 7, RETIRED_TTL_MS);
+    return kv_put(r, key, "retired", 7, RETIRED_TTL_MS, false);
 }
 
-refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *group, uint64_t version,
-                                            const char *reader, uint32_t ttl_ms)
+refit_status_t refit_registry_epoch(refit_registry_t *r, uint64_t *epoch, bool *created)
+{
+    if (!r || !epoch) return refit_error(REFIT_ERR_INVALID_ARG, "registry epoch: NULL argument");
+    for (int tries = 0; tries < 3; tries++) {
+        void *val = NULL;
+        size_t len = 0;
+        refit_status_t st = get_one(r, "epoch", &val, &len);
+        if (st) return st;
+        if (val) {
+            bool ok = len == 8;
+            uint64_t e = ok ? refit_get_le(val, 8) : 0;
+            free(val);
+            if (!ok || e == 0) return refit_error(REFIT_ERR_CORRUPT, "registry %s: key epoch is not an epoch", r->url);
+            *epoch = e;
+            if (created) *created = false;
+            return REFIT_OK;
+        }
+        uint8_t v[8];
+        uint64_t e = 0;
+        while (!e)
+            if ((st = refit_random_bytes(&e, sizeof(e)))) return st;
+        refit_put_le(v, e, 8);
+        st = kv_put(r, "epoch", v, sizeof(v), 0, true);
+        if (!st) {
+            *epoch = e;
+            if (created) *created = true;
+            return REFIT_OK;
+        }
+        if (st != REFIT_ERR_BUSY) return st; /* else another process made it first: read it */
+    }
+    return refit_error(REFIT_ERR_REGISTRY, "registry %s: the epoch key keeps changing", r->url);
+}
+
+typedef struct {
+    uint64_t version, token;
+} lease_val_t;
+
+static void encode_lease(uint8_t p[LEASE_SIZE], const lease_val_t *l)
+{
+    memset(p, 0, LEASE_SIZE);
+    memcpy(p, LEASE_MAGIC, 4);
+    refit_put_le(p + 8, l->version, 8);
+    refit_put_le(p + 16, l->token, 8);
+}
+
+/* false for a value that is not a lease. */
+static bool decode_lease(const void *val, size_t len, lease_val_t *out)
+{
+    const uint8_t *p = val;
+    if (len != LEASE_SIZE || memcmp(p, LEASE_MAGIC, 4) != 0) return false;
+    *out = (lease_val_t){refit_get_le(p + 8, 8), refit_get_le(p + 16, 8)};
+    return true;
+}
+
+/* The acquire protocol (see the top of this file).  expect_token != 0: a
+ * renewal, valid only while the lease holds that token; new_token: what
+ * the lease value carries (0 for plain acquires). */
+static refit_status_t acquire(refit_registry_t *r, const char *group, uint64_t version, const char *reader,
+                              uint32_t ttl_ms, uint64_t expect_token, uint64_t new_token)
 {
     refit_status_t st = check_group(group);
     if (!st) st = check_reader(reader);
@@ -575,11 +844,20 @@ refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *gro
     const char *keys[2] = {rkey, lkey};
     void *vals[2] = {NULL, NULL};
     size_t lens[2] = {0, 0};
-    st = r->ops->get_many(r->kv, keys, 2, vals, lens);
+    st = kv_get_many(r, keys, 2, vals, lens, NULL);
     if (st) return st;
     bool retired = vals[0] != NULL, renewal = vals[1] != NULL;
+    lease_val_t held = {0};
+    bool ours = renewal && decode_lease(vals[1], lens[1], &held) && held.version == version &&
+                held.token == expect_token;
     free(vals[0]);
     free(vals[1]);
+    if (expect_token && !ours)
+        return refit_error(REFIT_ERR_STALE,
+                           "registry: the lease of reader %s on version %" PRIu64 " of %s was lost (%s): the "
+                           "publisher may have reused its memory",
+                           reader, version, group, renewal ? "it holds another token" : "deleted, expired, or the "
+                           "store lost its data");
     if (retired) {
         /* No lease stays behind, not even one taken earlier; deleting only
          * what exists keeps refused acquires from notifying waiters. */
@@ -587,7 +865,10 @@ refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *gro
         goto stale;
     }
     /* (2) The lease. */
-    st = r->ops->put(r->kv, lkey, "lease", 5, ttl_ms);
+    uint8_t lv[LEASE_SIZE];
+    lease_val_t mine = {version, new_token};
+    encode_lease(lv, &mine);
+    st = kv_put(r, lkey, lv, sizeof(lv), ttl_ms, false);
     if (st) return st;
     /* (3) The marker again. */
     st = is_present(r, rkey, &retired);
@@ -612,6 +893,55 @@ stale:
                        reader);
 }
 
+refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *group, uint64_t version,
+                                            const char *reader, uint32_t ttl_ms)
+{
+    return acquire(r, group, version, reader, ttl_ms, 0, 0);
+}
+
+refit_status_t refit_registry_lease_take(refit_registry_t *r, const char *group, uint64_t version,
+                                         const char *reader, uint32_t ttl_ms, uint64_t *token)
+{
+    if (!token) return refit_error(REFIT_ERR_INVALID_ARG, "registry lease_take: NULL token");
+    uint64_t t = 0;
+    refit_status_t st;
+    while (!t)
+        if ((st = refit_random_bytes(&t, sizeof(t)))) return st;
+    if ((st = acquire(r, group, version, reader, ttl_ms, 0, t))) return st;
+    *token = t;
+    return REFIT_OK;
+}
+
+refit_status_t refit_registry_lease_renew(refit_registry_t *r, const char *group, uint64_t version,
+                                          const char *reader, uint32_t ttl_ms, uint64_t token)
+{
+    if (!token) return refit_error(REFIT_ERR_INVALID_ARG, "registry lease_renew: no token");
+    return acquire(r, group, version, reader, ttl_ms, token, token);
+}
+
+refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group, uint64_t version,
+                                          const char *reader, uint64_t token)
+{
+    refit_status_t st = check_group(group);
+    if (!st) st = check_reader(reader);
+    if (st) return st;
+    char lkey[KEY_MAX];
+    lease_key(lkey, group, version, reader);
+    void *val = NULL;
+    size_t len = 0;
+    if ((st = get_one(r, lkey, &val, &len))) return st;
+    lease_val_t held;
+    bool ours = val && decode_lease(val, len, &held) && held.version == version && held.token == token;
+    free(val);
+    if (!ours)
+        return refit_error(REFIT_ERR_STALE,
+                           "registry: the lease of reader %s on version %" PRIu64 " of %s was lost during the "
+                           "transfer (%s): the publisher may have rewritten its memory, the bytes are not trusted",
+                           reader, version, group, val ? "it holds another token" : "deleted, expired, or the store "
+                           "lost its data");
+    return REFIT_OK;
+}
+
 refit_status_t refit_registry_lease_release(refit_registry_t *r, const char *group, uint64_t version,
                                             const char *reader)
 {
@@ -623,6 +953,46 @@ refit_status_t refit_registry_lease_release(refit_registry_t *r, const char *gro
     return r->ops->del(r->kv, key);
 }
 
+/* The values under `prefix`, authentic ones only (forged ones are logged and
+ * skipped).  *vals[i] NULL where absent or forged; free with free_listing. */
+static refit_status_t authentic_listing(refit_registry_t *r, const char *prefix, char ***keys, void ***vals,
+                                        size_t **lens, size_t *n)
+{
+    char **k = NULL;
+    size_t nk = 0;
+    refit_status_t st = r->ops->list(r->kv, prefix, &k, &nk);
+    if (st) return st;
+    void **v = calloc(nk ? nk : 1, sizeof(void *));
+    size_t *l = calloc(nk ? nk : 1, sizeof(size_t));
+    uint8_t *forged = calloc(nk ? nk : 1, 1);
+    if (!v || !l || !forged) st = refit_error(REFIT_ERR_NO_MEMORY, "registry: listing %s", prefix);
+    else if (nk) st = kv_get_many(r, (const char *const *)k, nk, v, l, forged);
+    free(forged);
+    if (st) {
+        for (size_t i = 0; i < nk; i++) free(k[i]);
+        free(k);
+        free(v);
+        free(l);
+        return st;
+    }
+    *keys = k;
+    *vals = v;
+    *lens = l;
+    *n = nk;
+    return REFIT_OK;
+}
+
+static void free_listing(char **keys, void **vals, size_t *lens, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(keys[i]);
+        free(vals[i]);
+    }
+    free(keys);
+    free(vals);
+    free(lens);
+}
+
 refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n)
 {
     refit_status_t st = check_group(group);
@@ -631,20 +1001,26 @@ refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group
     char prefix[KEY_MAX];
     snprintf(prefix, sizeof(prefix), "%s/v/%" PRIu64 "/lease/", group, version);
     char **keys = NULL;
-    size_t nkeys = 0;
-    st = r->ops->list(r->kv, prefix, &keys, &nkeys);
-    if (st) return st;
-    for (size_t i = 0; i < nkeys; i++) free(keys[i]);
-    free(keys);
-    *n = (uint32_t)REFIT_MIN(nkeys, (size_t)UINT32_MAX);
+    void **vals = NULL;
+    size_t *lens = NULL, nkeys = 0;
+    if ((st = authentic_listing(r, prefix, &keys, &vals, &lens, &nkeys))) return st;
+    uint32_t count = 0;
+    for (size_t i = 0; i < nkeys; i++) {
+        lease_val_t l;
+        /* Plain acquires (relays' load tokens) store a lease value with token 0. */
+        if (vals[i] && decode_lease(vals[i], lens[i], &l) && l.version == version) count++;
+    }
+    free_listing(keys, vals, lens, nkeys);
+    *n = count;
     return REFIT_OK;
 }
 
 /* ---- acknowledgements --------------------------------------------------- */
 
 /* "<group>/ack/<reader>" holds the last version the reader committed, as a
- * u64 little-endian (8 bytes).  Acks have no ttl: a reader that went away
- * still counts for the versions it did commit. */
+ * u64 little-endian (8 bytes), for ACK_TTL_MS after the last report: a reader
+ * that went away still counts for the versions it did commit for an hour,
+ * and a job does not keep one key per receiver process forever. */
 static void ack_key(char *key, const char *group, const char *reader)
 {
     snprintf(key, KEY_MAX, "%s/ack/%s", group, reader);
@@ -655,11 +1031,13 @@ refit_status_t refit_registry_ack(refit_registry_t *r, const char *group, const 
     refit_status_t st = check_group(group);
     if (!st) st = check_reader(reader);
     if (st) return st;
+    if (version == 0 || version == UINT64_MAX)
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry ack: version %" PRIu64 " is reserved", version);
     char key[KEY_MAX];
     uint8_t val[8];
     ack_key(key, group, reader);
     refit_put_le(val, version, 8);
-    return r->ops->put(r->kv, key, val, sizeof(val), 0);
+    return kv_put(r, key, val, sizeof(val), ACK_TTL_MS, false);
 }
 
 refit_status_t refit_registry_acks(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n)
@@ -670,28 +1048,20 @@ refit_status_t refit_registry_acks(refit_registry_t *r, const char *group, uint6
     char prefix[KEY_MAX];
     snprintf(prefix, sizeof(prefix), "%s/ack/", group);
     char **keys = NULL;
-    size_t nkeys = 0;
-    if ((st = r->ops->list(r->kv, prefix, &keys, &nkeys))) return st;
-    void **vals = calloc(nkeys ? nkeys : 1, sizeof(void *));
-    size_t *lens = calloc(nkeys ? nkeys : 1, sizeof(size_t));
-    if (!vals || !lens) st = refit_error(REFIT_ERR_NO_MEMORY, "registry acks");
-    else if (nkeys) st = r->ops->get_many(r->kv, (const char *const *)keys, nkeys, vals, lens);
+    void **vals = NULL;
+    size_t *lens = NULL, nkeys = 0;
+    if ((st = authentic_listing(r, prefix, &keys, &vals, &lens, &nkeys))) return st;
     uint32_t count = 0;
     for (size_t i = 0; !st && i < nkeys; i++) {
-        if (!vals[i]) continue; /* deleted between list and get */
+        if (!vals[i]) continue; /* deleted between list and get, or not authentic */
         if (lens[i] != 8) {
             st = refit_error(REFIT_ERR_CORRUPT, "registry: %s holds %zu bytes, not an 8-byte version", keys[i], lens[i]);
             break;
         }
-        count += refit_get_le(vals[i], 8) >= version;
+        uint64_t v = refit_get_le(vals[i], 8);
+        count += v >= version && v != UINT64_MAX;
     }
-    for (size_t i = 0; i < nkeys; i++) {
-        free(keys[i]);
-        if (vals) free(vals[i]);
-    }
-    free(keys);
-    free(vals);
-    free(lens);
+    free_listing(keys, vals, lens, nkeys);
     if (!st) *n = count;
     return st;
 }

@@ -22,11 +22,44 @@
 
 typedef struct refit_registry refit_registry_t;
 
-/* Opens a registry for `job` (namespace; [A-Za-z0-9._-], 1..64 chars).
+/* Authentication (docs/security.md).  Every value the registry stores
+ * carries an HMAC-SHA-256 tag under a key derived from the job's secret and
+ * bound to the value's key, and every value read is checked: a value written
+ * without the secret (or moved to another key) is refused with
+ * REFIT_ERR_AUTH naming the key.  The secret is looked up in this order:
+ *   secret_file, else $REFIT_SECRET_FILE: a regular file of at least 16
+ *     bytes, owned by this user, not readable by group or others;
+ *   $REFIT_SECRET: the secret itself (at least 16 characters);
+ *   insecure, else $REFIT_INSECURE=1: a fixed, public key: anyone who can
+ *     write the registry or reach a listener is trusted (logged once);
+ *   file: registries: DIR/<job>/.secret, 32 random bytes created (0600) by
+ *     the first process to open the job; every process that can open the
+ *     job directory (0700, ours) shares it;
+ *   otherwise (redis) REFIT_ERR_AUTH: a networked registry needs a secret.
+ * Keys for other uses (transport connections, content digests) are derived
+ * from the same secret (refit_registry_key). */
+typedef struct {
+    const char *secret_file;
+    bool insecure;
+} refit_registry_auth_t;
+
+/* Opens a registry for `job` (namespace; [A-Za-z0-9._-], 1..64 chars, not
+ * starting with '.').  auth NULL: the environment and defaults above.
  * REFIT_ERR_INVALID_ARG for a malformed URL or job, REFIT_ERR_UNSUPPORTED for
  * a scheme not built in (e.g. redis without hiredis), REFIT_ERR_REGISTRY if
- * the store cannot be reached or created (detail names URL and reason). */
+ * the store cannot be reached or created (detail names URL and reason),
+ * REFIT_ERR_AUTH if no usable secret was found (the detail says where it looked). */
+refit_status_t refit_registry_open_auth(const char *url, const char *job, const refit_registry_auth_t *auth,
+                                        refit_registry_t **out);
 refit_status_t refit_registry_open(const char *url, const char *job, refit_registry_t **out);
+
+typedef enum { REFIT_KEY_CONNECTION = 0, REFIT_KEY_DIGEST = 1 } refit_key_use_t;
+/* A 32-byte key derived from the job's secret for `use` (valid while r is open). */
+const uint8_t *refit_registry_key(const refit_registry_t *r, refit_key_use_t use);
+/* False when the registry runs with the public key (insecure). */
+bool refit_registry_secure(const refit_registry_t *r);
+/* Where the secret came from ("file /path", "$REFIT_SECRET", "job directory", "insecure"). */
+const char *refit_registry_secret_source(const refit_registry_t *r);
 void refit_registry_close(refit_registry_t *r);
 const char *refit_registry_url(const refit_registry_t *r);
 
@@ -81,6 +114,18 @@ refit_status_t refit_registry_records(refit_registry_t *r, const char *group, ui
 refit_status_t refit_registry_heads(refit_registry_t *r, const char *const *groups, uint32_t n,
                                     refit_version_record_t *recs, uint8_t *present, uint8_t *alive);
 
+/* Stores `val` under `key` (inside the job) signed as the registry signs its
+ * own values: for tests and tools that need to write an entry by hand. */
+refit_status_t refit_registry_put_signed(refit_registry_t *r, const char *key, const void *val, size_t len,
+                                         uint32_t ttl_ms);
+
+/* ---- the store's epoch ---------------------------------------------------- */
+/* A random value the first user of the job stores (no expiry); a store that
+ * lost its data (Redis restarted without persistence, the directory wiped)
+ * comes back with another one, created by whoever looks first.  *created is
+ * set when this call created it. */
+refit_status_t refit_registry_epoch(refit_registry_t *r, uint64_t *epoch, bool *created);
+
 /* ---- leases ------------------------------------------------------------- */
 /* Marks `version` retired: later lease_acquire calls on it fail with REFIT_ERR_STALE. */
 refit_status_t refit_registry_retire(refit_registry_t *r, const char *group, uint64_t version);
@@ -90,13 +135,28 @@ refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *gro
                                             const char *reader, uint32_t ttl_ms);
 refit_status_t refit_registry_lease_release(refit_registry_t *r, const char *group, uint64_t version,
                                             const char *reader);
-/* Unexpired leases on version. */
+/* Fenced leases (receivers reading a trainer's memory): take() acquires as
+ * lease_acquire and stores a fresh random token in the lease (*token);
+ * renew() re-acquires only while the lease still holds that token
+ * (REFIT_ERR_STALE "lease lost" if it vanished - deleted, expired, or the
+ * store lost its data - or holds another token); holds() checks the same
+ * without writing.  A reader commits only if holds() passes after its
+ * transfer: a publisher that saw no lease may have rewritten its memory. */
+refit_status_t refit_registry_lease_take(refit_registry_t *r, const char *group, uint64_t version,
+                                         const char *reader, uint32_t ttl_ms, uint64_t *token);
+refit_status_t refit_registry_lease_renew(refit_registry_t *r, const char *group, uint64_t version,
+                                          const char *reader, uint32_t ttl_ms, uint64_t token);
+refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group, uint64_t version,
+                                          const char *reader, uint64_t token);
+/* Unexpired leases on version whose values are authentic (a forged lease
+ * key is logged and not counted). */
 refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n);
 
 /* ---- receivers' acknowledgements ---------------------------------------- */
-/* Reader reports that it committed `version` (replacing its previous report). */
+/* Reader reports that it committed `version` (replacing its previous report;
+ * a report expires after an hour without a newer one). */
 refit_status_t refit_registry_ack(refit_registry_t *r, const char *group, const char *reader, uint64_t version);
-/* Readers whose last report is >= version. */
+/* Readers whose last authentic report is >= version. */
 refit_status_t refit_registry_acks(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n);
 
 /* ---- waiting ------------------------------------------------------------ */

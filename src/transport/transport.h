@@ -68,6 +68,11 @@ typedef struct {
      * region r. */
     refit_status_t (*pull)(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                            void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats);
+    /* Optional: the job's connection key (32 bytes, derived from its secret;
+     * docs/security.md), given right after create.  Connections prove it both
+     * ways before any byte is served; a transport never given one uses the
+     * public all-zero key (as an insecure job does). */
+    void (*set_key)(refit_transport_t *t, const uint8_t key[32]);
 } refit_transport_ops_t;
 
 static inline unsigned refit_transport_caps(const refit_transport_ops_t *ops)

@@ -45,6 +45,15 @@ char *refit_asprintf(const char *fmt, ...)
     return p;
 }
 
+char *refit_redact_url(const char *url)
+{
+    const char *auth = strstr(url, "://");
+    const char *at = auth ? strchr(auth + 3, '@') : NULL;
+    const char *colon = at ? memchr(auth + 3, ':', (size_t)(at - auth - 3)) : NULL;
+    if (!colon) return refit_strdup(url);
+    return refit_asprintf("%.*s***%s", (int)(colon + 1 - url), url, at);
+}
+
 uint64_t refit_hash64(const void *data, size_t len, uint64_t seed)
 {
     const unsigned char *p = data;

@@ -63,6 +63,10 @@ char *refit_strdup(const char *s);
 /* snprintf into a fresh heap string; NULL on OOM. */
 char *refit_asprintf(const char *fmt, ...) REFIT_PRINTF(1, 2);
 
+/* A copy of a URL with any password ("scheme://user:PASSWORD@host") replaced
+ * by "***", for messages; NULL on OOM. */
+char *refit_redact_url(const char *url);
+
 /* 64-bit hashing (our own construction: multiply-xorshift over 8-byte words,
  * finalised with a 64-bit avalanche).  Stable across runs and hosts; used for
  * layout signatures, the synthetic truth and checksums, never for security. */

@@ -946,6 +946,154 @@ static void receiver_killed_mid_transfer(void **state)
     t_rm_tree(g.dir);
 }
 
+/* ---- fencing: a receiver never commits bytes its lease stopped protecting -- */
+
+/* A receiver child ("victim", reader name `reader`) pulls version 1 without
+ * the synthetic truth (as production does), pausing `pause_ms` after it
+ * committed to the transfer; it answers on *resp: "<status> usable=U
+ * committed=C bytes_of_v=V", V = the version whose truth the memory holds
+ * (0: neither 1 nor 2). */
+static pid_t fenced_victim(const reg_t *g, const char *reader, int pause_ms, int *resp)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(fds[0]);
+        char ms[16];
+        snprintf(ms, sizeof(ms), "%d", pause_ms);
+        setenv("REFIT_TEST_PAUSE_MS", ms, 1);
+        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+        rp.registry = g->url;
+        rp.job = g->job;
+        rp.transports = "shm";
+        rp.reader = reader;
+        rp.lease_ms = 60000; /* no renewal during the pause: only the fence can notice */
+        refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=1", 0);
+        refit_manifest_t *check = t_manifest_named("tiny-moe", "vllm:tp=1", 0);
+        refit_receiver_t *r;
+        void *b;
+        if (refit_receiver_create(&rp, m, &r) || refit_receiver_alloc(r, 0, &b)) _exit(3);
+        refit_status_t st = refit_receiver_pull(r, 1, 30000, NULL);
+        char detail[512];
+        snprintf(detail, sizeof(detail), "%s", st ? refit_last_error() : "");
+        int holds = 0;
+        for (uint64_t v = 1; v <= 2 && !holds; v++)
+            if (!refit_truth_verify(check, (const void *const *)&b, v, NULL)) holds = (int)v;
+        char out[700];
+        int len = snprintf(out, sizeof(out), "%s usable=%d committed=%llu bytes_of_v=%d %s\n", refit_status_name(st),
+                           (int)refit_receiver_usable(r), (unsigned long long)refit_receiver_committed(r), holds,
+                           detail);
+        if (write(fds[1], out, (size_t)len) != len) _exit(4);
+        refit_receiver_destroy(r);
+        refit_manifest_destroy(check);
+        _exit(0);
+    }
+    close(fds[1]);
+    *resp = fds[0];
+    return pid;
+}
+
+static void victim_result(pid_t pid, int resp, char *out, size_t cap)
+{
+    size_t len = 0;
+    double t0 = refit_now();
+    while (len < cap - 1 && t_ms_since(t0) < 30000) {
+        struct pollfd pfd = {resp, POLLIN, 0};
+        if (poll(&pfd, 1, 100) <= 0) continue;
+        ssize_t got = read(resp, out + len, cap - 1 - len);
+        if (got <= 0) break;
+        len += (size_t)got;
+        if (out[len - 1] == '\n') break;
+    }
+    out[len] = '\0';
+    close(resp);
+    waitpid(pid, NULL, 0);
+}
+
+static void wait_lease(const reg_t *g, uint64_t v)
+{
+    refit_registry_t *reg;
+    REFIT_ASSERT_OK(refit_registry_open(g->url, g->job, &reg));
+    uint32_t n = 0;
+    double t0 = refit_now();
+    while (n == 0 && t_ms_since(t0) < 10000) {
+        REFIT_ASSERT_OK(refit_registry_lease_count(reg, "trainer", v, &n));
+        if (!n) t_msleep(10);
+    }
+    refit_registry_close(reg);
+    assert_int_equal(n, 1);
+}
+
+/* The lease is deleted while the receiver reads (an operator, a bug, an
+ * attacker with write access to the store): the publisher finds no reader,
+ * rewrites its memory with version 2, and the receiver - which read v2's
+ * bytes as "v1" - must not commit them.  Before fencing it did (rc 0). */
+static void lease_lost_mid_read_not_committed(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    int resp;
+    pid_t victim = fenced_victim(&g, "victim", 1500, &resp);
+    wait_lease(&g, 1);
+    refit_registry_t *reg;
+    REFIT_ASSERT_OK(refit_registry_open(g.url, g.job, &reg));
+    REFIT_ASSERT_OK(refit_registry_lease_release(reg, "trainer", 1, "victim"));
+    refit_registry_close(reg);
+    PUB_OK(&p, "wait 1 5000"); /* no lease: it returns at once */
+    PUB_OK(&p, "scribble 2");  /* and the trainer writes its next step in place */
+    char out[800];
+    victim_result(victim, resp, out, sizeof(out));
+    if (strncmp(out, "REFIT_ERR_STALE usable=0 committed=0", 36) || !strstr(out, "was lost during the transfer"))
+        fail_msg("victim: %s", out);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
+/* Redis restarts without its data while the receiver reads: every lease and
+ * retired marker is gone.  The publisher notices (a new epoch) and does not
+ * believe "no leases" for a lease lifetime, so it does not rewrite its
+ * memory; the receiver finds its lease gone and does not commit. */
+static void registry_lost_mid_read_fenced(void **state)
+{
+    (void)state;
+#ifndef REFIT_HAVE_REDIS
+    skip();
+#else
+    if (!t_in_path("redis-server")) skip();
+    t_redis_t rs = {0};
+    assert_true(t_redis_start(&rs, 0));
+    reg_t g;
+    snprintf(g.url, sizeof(g.url), "redis://127.0.0.1:%d", rs.port);
+    snprintf(g.job, sizeof(g.job), "fence-%d", (int)getpid());
+    g.dir[0] = '\0';
+    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    int resp;
+    pid_t victim = fenced_victim(&g, "victim", 2500, &resp);
+    wait_lease(&g, 1);
+    t_redis_stop(&rs);
+    assert_true(t_redis_start(&rs, rs.port));
+    /* The publisher's default lease_ms is 10 s: within 1.5 s it must refuse
+     * to call the version free, naming the reason. */
+    const char *said = pub_cmd(&p, "wait 1 1500");
+    if (strncmp(said, "REFIT_ERR_TIMEOUT", 17) || !strstr(said, "lost its data")) fail_msg("publisher said: %s", said);
+    char out[800];
+    victim_result(victim, resp, out, sizeof(out));
+    if (strncmp(out, "REFIT_ERR_STALE usable=0 committed=0", 36)) fail_msg("victim: %s", out);
+    pub_stop(&p);
+    t_redis_stop(&rs);
+    t_rm_tree(rs.dir);
+#endif
+}
+
 static void identity_and_corrupt_manifest(void **state)
 {
     (void)state;
@@ -1316,6 +1464,8 @@ int main(void)
         cmocka_unit_test(stale_entry_and_missing_rank),
         cmocka_unit_test(receiver_killed_mid_transfer),
         cmocka_unit_test(identity_and_corrupt_manifest),
+        cmocka_unit_test(lease_lost_mid_read_not_committed),
+        cmocka_unit_test(registry_lost_mid_read_fenced),
         cmocka_unit_test(relay_serves_joiner),
         cmocka_unit_test(relay_killed_reader_fails_over),
         cmocka_unit_test(relay_killed_trainer_resumes),

@@ -590,27 +590,40 @@ static void test_corrupt(void **state)
     refit_version_record_t untouched[3];
     memcpy(untouched, recs, sizeof(recs));
 
+    /* Written without the secret (a plain key write): refused as such. */
     REFIT_ASSERT_OK(b->ops->put(kv, "g/src/2/rec", "garbage", 7, 0));
-    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "g/src/2/rec");
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_AUTH, "g/src/2/rec");
     assert_memory_equal(present, ((uint8_t[]){7, 7, 7}), 3); /* outputs only on success */
     assert_memory_equal(recs, untouched, sizeof(recs));
-
-    /* Right size, right magic, one flipped bit: the checksum catches it. */
+    /* An authentic value moved to another key: its tag names the first key. */
     void *vals[1] = {NULL};
     size_t lens[1] = {0};
     const char *key0[1] = {"g/src/0/rec"};
     REFIT_ASSERT_OK(b->ops->get_many(kv, key0, 1, vals, lens));
     assert_non_null(vals[0]);
-    assert_int_equal(lens[0], 56);
-    ((uint8_t *)vals[0])[20] ^= 0x10;
+    assert_int_equal(lens[0], 56 + 32);
     REFIT_ASSERT_OK(b->ops->put(kv, "g/src/2/rec", vals[0], lens[0], 0));
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_AUTH, "g/src/2/rec");
+    /* One flipped bit of an authentic value breaks its tag. */
+    ((uint8_t *)vals[0])[20] ^= 0x10;
+    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/0/rec", vals[0], lens[0], 0));
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_AUTH, "g/src/0/rec");
+    REFIT_ASSERT_OK(refit_registry_publish(r, "g", 0, &rec));
+
+    /* Signed by someone with the secret, but malformed: the decoders still check. */
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "g/src/2/rec", "garbage", 7, 0));
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "g/src/2/rec");
+    ((uint8_t *)vals[0])[20] ^= 0x10;
+    lens[0] -= 32; /* the record without its tag */
+    ((uint8_t *)vals[0])[20] ^= 0x10; /* right size, right magic, one flipped bit: the checksum catches it */
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "g/src/2/rec", vals[0], lens[0], 0));
     REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "checksum");
     ((uint8_t *)vals[0])[20] ^= 0x10;
     ((uint8_t *)vals[0])[4] = 9; /* another format */
-    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/2/rec", vals[0], lens[0], 0));
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "g/src/2/rec", vals[0], lens[0], 0));
     REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_UNSUPPORTED, "format");
     free(vals[0]);
-    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/2/rec", "", 0, 0));
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "g/src/2/rec", "", 0, 0));
     REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "0 bytes");
     REFIT_ASSERT_OK(b->ops->del(kv, "g/src/2/rec"));
     REFIT_ASSERT_OK(refit_registry_records(r, "g", 3, recs, present));
@@ -618,7 +631,7 @@ static void test_corrupt(void **state)
 
     /* A heartbeat with a record's bytes. */
     uint8_t alive[2];
-    REFIT_ASSERT_OK(b->ops->put(kv, "g/src/1/hb", "RFHB....", 8, 5000));
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "g/src/1/hb", "RFHB....", 8, 5000));
     REFIT_ASSERT_ERR(refit_registry_alive(r, "g", 2, alive, NULL), REFIT_ERR_CORRUPT, "g/src/1/hb");
     b->ops->close(kv);
     refit_registry_close(r);
@@ -751,6 +764,250 @@ static void test_file_layout(void **state)
     fclose(f);
     assert_int_equal(count(r, "g", 1), 0);
     refit_registry_close(r);
+}
+
+/* ---- authentication (issue 13) --------------------------------------------- */
+
+/* A registry of the same job opened with another secret. */
+static refit_registry_t *open_with_secret(const backend_t *b, const char *job, const char *secret)
+{
+    char *old = getenv("REFIT_SECRET") ? strdup(getenv("REFIT_SECRET")) : NULL;
+    setenv("REFIT_SECRET", secret, 1);
+    refit_registry_t *r = NULL;
+    REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r));
+    if (old) setenv("REFIT_SECRET", old, 1);
+    else unsetenv("REFIT_SECRET");
+    free(old);
+    return r;
+}
+
+/* Entries written by someone without the job's secret are refused or, where
+ * a listing only counts them, ignored: forged records, manifests, leases,
+ * acks, the version 2^64-1. */
+static void test_forged_entries(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    refit_registry_t *x = open_with_secret(b, job, "the attacker's own secret, wrong");
+    /* Everything the attacker writes through a registry of its own fails our checks. */
+    refit_version_record_t rec = rec_of(7, 0);
+    REFIT_ASSERT_OK(refit_registry_publish(x, "g", 0, &rec));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(x, "g", 0, "forged manifest", 15));
+    refit_version_record_t recs[1];
+    uint8_t present[1];
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 1, recs, present), REFIT_ERR_AUTH, "g/src/0/rec");
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_ERR(refit_registry_get_manifest(r, "g", 0, &buf, &len), REFIT_ERR_AUTH, "g/src/0/manifest");
+    assert_null(buf);
+    refit_source_info_t info = {.incarnation = 1, .pid = 1, .host = "h"};
+    REFIT_ASSERT_OK(refit_registry_heartbeat(x, "g", 0, &info, 5000));
+    uint8_t alive[1];
+    REFIT_ASSERT_ERR(refit_registry_alive(r, "g", 1, alive, NULL), REFIT_ERR_AUTH, "g/src/0/hb");
+    /* A forged lease does not hold the publisher; a forged ack does not count. */
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(x, "g", 3, "ghost", 5000));
+    assert_int_equal(count(r, "g", 3), 0);
+    REFIT_ASSERT_OK(refit_registry_lease_acquire(r, "g", 3, "real", 5000));
+    assert_int_equal(count(r, "g", 3), 1);
+    REFIT_ASSERT_OK(refit_registry_ack(x, "g", "ghost", UINT64_MAX - 1));
+    uint32_t n = 99;
+    REFIT_ASSERT_OK(refit_registry_acks(r, "g", 1, &n));
+    assert_int_equal(n, 0);
+    REFIT_ASSERT_OK(refit_registry_ack(r, "g", "real", 2));
+    REFIT_ASSERT_OK(refit_registry_acks(r, "g", 1, &n));
+    assert_int_equal(n, 1);
+    /* The reserved version: never written, never read, even when signed. */
+    REFIT_ASSERT_ERR(refit_registry_ack(r, "g", "real", UINT64_MAX), REFIT_ERR_INVALID_ARG, "reserved");
+    rec = rec_of(UINT64_MAX, 0);
+    REFIT_ASSERT_ERR(refit_registry_publish(r, "g", 0, &rec), REFIT_ERR_INVALID_ARG, "reserved");
+    uint8_t raw[56];
+    rec = rec_of(5, 0);
+    REFIT_ASSERT_OK(refit_registry_publish(r, "g", 1, &rec));
+    refit_kv_t *kv = open_kv(b, job);
+    void *vals[1] = {NULL};
+    size_t lens[1];
+    const char *k1[1] = {"g/src/1/rec"};
+    REFIT_ASSERT_OK(b->ops->get_many(kv, k1, 1, vals, lens));
+    assert_int_equal(lens[0], 56 + 32);
+    memcpy(raw, vals[0], 56);
+    free(vals[0]);
+    refit_put_le(raw + 8, UINT64_MAX, 8);
+    refit_put_le(raw + 48, refit_hash64(raw, 48, 0x5246565231ULL), 8);
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "g/src/1/rec", raw, 56, 0));
+    refit_version_record_t recs2[2];
+    uint8_t present2[2];
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 2, recs2, present2), REFIT_ERR_AUTH, "g/src/0/rec");
+    REFIT_ASSERT_OK(b->ops->del(kv, "g/src/0/rec"));
+    REFIT_ASSERT_ERR(refit_registry_records(r, "g", 2, recs2, present2), REFIT_ERR_CORRUPT, "reserved");
+    b->ops->close(kv);
+    refit_registry_close(x);
+    refit_registry_close(r);
+}
+
+/* Fenced leases: take, renew and holds follow the lease's token; a lease
+ * that vanished (deleted, expired) cannot be renewed or relied on. */
+static void test_fenced_lease(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    uint64_t t1 = 0, t2 = 0;
+    REFIT_ASSERT_OK(refit_registry_lease_take(r, "g", 4, "rd", 5000, &t1));
+    assert_true(t1 != 0);
+    REFIT_ASSERT_OK(refit_registry_lease_holds(r, "g", 4, "rd", t1));
+    REFIT_ASSERT_OK(refit_registry_lease_renew(r, "g", 4, "rd", 5000, t1));
+    REFIT_ASSERT_ERR(refit_registry_lease_holds(r, "g", 4, "rd", t1 + 1), REFIT_ERR_STALE, "another token");
+    REFIT_ASSERT_ERR(refit_registry_lease_renew(r, "g", 4, "rd", 5000, t1 + 1), REFIT_ERR_STALE, "lost");
+    assert_int_equal(count(r, "g", 4), 1);
+    /* Deleted under the reader. */
+    REFIT_ASSERT_OK(refit_registry_lease_release(r, "g", 4, "rd"));
+    REFIT_ASSERT_ERR(refit_registry_lease_holds(r, "g", 4, "rd", t1), REFIT_ERR_STALE, "lost during the transfer");
+    REFIT_ASSERT_ERR(refit_registry_lease_renew(r, "g", 4, "rd", 5000, t1), REFIT_ERR_STALE, "was lost");
+    assert_int_equal(count(r, "g", 4), 0); /* a failed renewal leaves nothing behind */
+    /* Expired under the reader. */
+    REFIT_ASSERT_OK(refit_registry_lease_take(r, "g", 4, "rd", 100, &t2));
+    assert_true(t2 != t1);
+    msleep(250);
+    REFIT_ASSERT_ERR(refit_registry_lease_renew(r, "g", 4, "rd", 5000, t2), REFIT_ERR_STALE, "lost");
+    /* Retired: no new lease. */
+    REFIT_ASSERT_OK(refit_registry_retire(r, "g", 4));
+    REFIT_ASSERT_ERR(refit_registry_lease_take(r, "g", 4, "rd", 5000, &t2), REFIT_ERR_STALE, "retired");
+    refit_registry_close(r);
+}
+
+/* The epoch: made once, stable, replaced when the store loses it. */
+static void test_epoch(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    refit_registry_t *r2 = open_job(b, job);
+    uint64_t e1 = 0, e2 = 0, e3 = 0;
+    bool created = false;
+    REFIT_ASSERT_OK(refit_registry_epoch(r, &e1, &created));
+    assert_true(created && e1 != 0);
+    REFIT_ASSERT_OK(refit_registry_epoch(r2, &e2, &created));
+    assert_false(created);
+    assert_true(e1 == e2);
+    refit_kv_t *kv = open_kv(b, job);
+    REFIT_ASSERT_OK(b->ops->del(kv, "epoch")); /* the store lost its data */
+    REFIT_ASSERT_OK(refit_registry_epoch(r2, &e3, &created));
+    assert_true(created && e3 != e1);
+    REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "12345678", 8, 0)); /* forged */
+    REFIT_ASSERT_ERR(refit_registry_epoch(r, &e3, NULL), REFIT_ERR_AUTH, "epoch");
+    b->ops->close(kv);
+    refit_registry_close(r2);
+    refit_registry_close(r);
+}
+
+/* Where the secret comes from, and the checks on secret files. */
+static void test_secret_sources(void **state)
+{
+    backend_t *b = need(state);
+    char job[32], path[PATH_MAX + 64];
+    new_job(job);
+    snprintf(path, sizeof(path), "%s/secret-%s", b->dir[0] ? b->dir : "/tmp", job);
+    char *saved = strdup(getenv("REFIT_SECRET"));
+    unsetenv("REFIT_SECRET");
+    refit_registry_t *r = NULL;
+    refit_registry_auth_t auth = {path, false};
+    /* Missing, too short, too open, not a regular file. */
+    REFIT_ASSERT_ERR(refit_registry_open_auth(b->url, job, &auth, &r), REFIT_ERR_AUTH, path);
+    FILE *f = fopen(path, "w");
+    fputs("short", f);
+    fclose(f);
+    chmod(path, 0600);
+    REFIT_ASSERT_ERR(refit_registry_open_auth(b->url, job, &auth, &r), REFIT_ERR_AUTH, "want 16..4096");
+    f = fopen(path, "w");
+    fputs("a perfectly good secret of enough bytes", f);
+    fclose(f);
+    chmod(path, 0644);
+    REFIT_ASSERT_ERR(refit_registry_open_auth(b->url, job, &auth, &r), REFIT_ERR_AUTH, "chmod 600");
+    chmod(path, 0600);
+    REFIT_ASSERT_OK(refit_registry_open_auth(b->url, job, &auth, &r));
+    assert_true(refit_registry_secure(r));
+    assert_non_null(strstr(refit_registry_secret_source(r), path));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    refit_registry_close(r);
+    /* The same secret through the environment reads it back. */
+    setenv("REFIT_SECRET_FILE", path, 1);
+    REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r));
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
+    free(buf);
+    refit_registry_close(r);
+    unsetenv("REFIT_SECRET_FILE");
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    REFIT_ASSERT_ERR(refit_registry_open_auth(b->url, job, &auth, &r), REFIT_ERR_AUTH, "not a regular file");
+    unlink(path);
+    /* Nothing given: file registries make one in the job directory; redis refuses. */
+    if (!strcmp(b->name, "file")) {
+        refit_registry_t *r2 = NULL;
+        REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r));
+        REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r2));
+        assert_string_equal(refit_registry_secret_source(r), "job directory");
+        assert_memory_equal(refit_registry_key(r, REFIT_KEY_CONNECTION), refit_registry_key(r2, REFIT_KEY_CONNECTION), 32);
+        snprintf(path, sizeof(path), "%s/%s/.secret", b->dir, job);
+        struct stat sb;
+        assert_int_equal(stat(path, &sb), 0);
+        assert_int_equal(sb.st_mode & 0777, 0600);
+        assert_int_equal(sb.st_size, 32);
+        refit_registry_close(r2);
+        refit_registry_close(r);
+        chmod(path, 0644);
+        REFIT_ASSERT_ERR(refit_registry_open(b->url, job, &r), REFIT_ERR_AUTH, ".secret");
+    } else {
+        REFIT_ASSERT_ERR(refit_registry_open(b->url, job, &r), REFIT_ERR_AUTH, "REFIT_SECRET_FILE");
+    }
+    /* Insecure: a public key, said as such. */
+    setenv("REFIT_INSECURE", "1", 1);
+    char job2[32];
+    REFIT_ASSERT_OK(refit_registry_open(b->url, new_job(job2), &r));
+    assert_false(refit_registry_secure(r));
+    assert_string_equal(refit_registry_secret_source(r), "insecure");
+    refit_registry_close(r);
+    unsetenv("REFIT_INSECURE");
+    setenv("REFIT_SECRET", saved, 1);
+    free(saved);
+}
+
+/* The file registry's directory is a trust boundary: ours, 0700, files 0600;
+ * a directory others may write, or under a parent they own, is refused. */
+static void test_file_permissions(void **state)
+{
+    backend_t *b = need(state);
+    char job[32], path[PATH_MAX + 128];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    refit_registry_close(r);
+    struct stat sb;
+    snprintf(path, sizeof(path), "%s/%s", b->dir, job);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0700);
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fsrc%%2F0%%2Fmanifest", b->dir, job);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    /* A job directory others may write (as a pre-created 0777 one in /tmp). */
+    snprintf(path, sizeof(path), "%s/%s", b->dir, job);
+    chmod(path, 0777);
+    REFIT_ASSERT_ERR(refit_registry_open(b->url, job, &r), REFIT_ERR_AUTH, "writable by group or others");
+    chmod(path, 0700);
+    /* A registry under a non-sticky directory others may write. */
+    char top[PATH_MAX + 64], url[PATH_MAX + 96];
+    snprintf(top, sizeof(top), "%s/open-%s", b->dir, job);
+    assert_int_equal(mkdir(top, 0777), 0);
+    chmod(top, 0777);
+    snprintf(url, sizeof(url), "file:%s/reg", top);
+    REFIT_ASSERT_ERR(refit_registry_open(url, job, &r), REFIT_ERR_AUTH, "its parent");
+    chmod(top, 01777); /* sticky, as /tmp: fine */
+    REFIT_ASSERT_OK(refit_registry_open(url, job, &r));
+    refit_registry_close(r);
+    /* Names that would leave the directory. */
+    REFIT_ASSERT_ERR(refit_registry_open(b->url, "..", &r), REFIT_ERR_INVALID_ARG, "not starting with '.'");
+    REFIT_ASSERT_ERR(refit_registry_open(b->url, ".hidden", &r), REFIT_ERR_INVALID_ARG, "job name");
 }
 
 /* ---- open errors ---------------------------------------------------------- */
@@ -952,13 +1209,16 @@ static void test_redis_sigpipe(void **state)
         cmocka_unit_test_prestate(test_lease_expiry, &(b)), cmocka_unit_test_prestate(test_retire, &(b)),      \
         cmocka_unit_test_prestate(test_lease_race, &(b)), cmocka_unit_test_prestate(test_wait, &(b)),          \
         cmocka_unit_test_prestate(test_remove_source, &(b)), cmocka_unit_test_prestate(test_corrupt, &(b)),    \
-        cmocka_unit_test_prestate(test_kv_put_new, &(b)), cmocka_unit_test_prestate(test_kv_put_new_race, &(b))
+        cmocka_unit_test_prestate(test_kv_put_new, &(b)), cmocka_unit_test_prestate(test_kv_put_new_race, &(b)), \
+        cmocka_unit_test_prestate(test_forged_entries, &(b)), cmocka_unit_test_prestate(test_fenced_lease, &(b)),  \
+        cmocka_unit_test_prestate(test_epoch, &(b)), cmocka_unit_test_prestate(test_secret_sources, &(b))
 
 int main(void)
 {
     const struct CMUnitTest file_tests[] = {
         BACKEND_TESTS(g_file),
         cmocka_unit_test_prestate(test_file_layout, &g_file),
+        cmocka_unit_test_prestate(test_file_permissions, &g_file),
     };
     const struct CMUnitTest redis_tests[] = {
         BACKEND_TESTS(g_redis),

@@ -5,6 +5,14 @@
 
 #include "util/util.h"
 
+/* Every test process runs its job with one shared test secret (a redis
+ * registry refuses to run without one), unless the test says otherwise;
+ * tests of the secret lookup itself unset it. */
+__attribute__((constructor)) static void t_default_secret(void)
+{
+    setenv("REFIT_SECRET", "refit unit tests: not a real secret", 0);
+}
+
 void refit_test_assert_err(refit_status_t got, refit_status_t want, const char *needle, const char *expr,
                            const char *file, int line)
 {

@@ -653,4 +653,5 @@ extern "C" const refit_transport_ops_t refit_transport_cuda_ipc = {
     ipc_connect,
     ipc_disconnect,
     ipc_pull,
+    NULL, /* set_key: IPC handles are opened by CUDA, not over a connection (docs/security.md) */
 };
