@@ -663,7 +663,12 @@ static void unusable_sources(void **state)
     }
     assert_true(from2 > 0);
     refit_digest_plan_destroy(dp);
-    /* Without usable, the lowest index (rank 0) is used: same verdict. */
+    /* Without usable, the lowest index of each replica set is used (ranks 0
+     * and 1, never their replicas 2 and 3): same verdict. */
+    REFIT_ASSERT_OK(refit_digest_plan_create(srcs, 4, NULL, dm, &dp));
+    f = refit_digest_plan_fetches(dp, &nf);
+    for (size_t i = 0; i < nf; i++) assert_true(f[i].src < 2);
+    refit_digest_plan_destroy(dp);
     REFIT_ASSERT_OK(verify(k, srcs, 4, NULL, tables, dm, arena, NULL, NULL));
     /* Both holders of TP shard 0 unusable. */
     const uint8_t only_odd[4] = {0, 1, 0, 1};
