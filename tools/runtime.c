@@ -111,8 +111,7 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
         if (strcmp(cmd, "publish")) return tool_usage(cmd, "--from-safetensors is a publish option");
         if (!o->model) o->model = o->from_st; /* the checkpoint's config.json */
         if (!o->layout) o->layout = "hf";
-        if (strcmp(o->layout, "hf") || o->rank || o->device >= 0)
-            return tool_usage(cmd, "--from-safetensors publishes one hf rank from host memory (--layout hf, rank 0)");
+        if (o->device >= 0) return tool_usage(cmd, "--from-safetensors publishes from host memory (no --device)");
     }
     if (o->dump && strcmp(cmd, "pull")) return tool_usage(cmd, "--dump is a pull option");
     if (o->no_delta && strcmp(cmd, "pull")) return tool_usage(cmd, "--no-delta is a pull option");
@@ -145,12 +144,28 @@ int cmd_publish(int argc, char **argv)
     refit_publisher_t *p = NULL;
     void *base = NULL;
     refit_hf_source_t *hf = NULL;
+    refit_manifest_t *hfm = NULL; /* --from-safetensors with another layout: the checkpoint's own manifest */
     if (o.from_st) {
         refit_model_t *model = NULL;
         if ((st = refit_model_open(o.model, &model))) return tool_fail(st, "model");
         st = refit_hf_source_open(o.from_st, model, &hf, &m);
         refit_model_destroy(model);
         if (st) return tool_fail(st, "safetensors");
+        if (strcmp(o.layout, "hf") != 0) {
+            /* A rank of another layout: its manifest, filled below from the
+             * mapped shards by a plan (this rank's boxes only). */
+            hfm = m;
+            m = NULL;
+            if ((st = rank_manifest(&o, &m))) {
+                refit_manifest_destroy(hfm);
+                refit_hf_source_close(hf);
+                return tool_fail(st, "manifest");
+            }
+        } else if (o.rank) {
+            refit_manifest_destroy(m);
+            refit_hf_source_close(hf);
+            return tool_usage("publish", "--layout hf has one rank, 0");
+        }
     } else if ((st = rank_manifest(&o, &m))) return tool_fail(st, "manifest");
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
     pp.registry = o.registry;
@@ -164,10 +179,44 @@ int cmd_publish(int argc, char **argv)
     pp.delta = o.delta > 0;
     if ((st = refit_publisher_create(&pp, m, &p))) {
         refit_manifest_destroy(m);
+        refit_manifest_destroy(hfm);
         refit_hf_source_close(hf);
         return tool_fail(st, "publisher");
     }
-    if (hf) {
+    if (hfm) {
+        /* The cut is copied once into the publisher's memory; every version
+         * publishes the same bytes. */
+        refit_plan_t *plan = NULL;
+        refit_plan_params_t pl = REFIT_PLAN_PARAMS_INIT;
+        const refit_manifest_t *srcs[1] = {hfm};
+        double t0 = refit_now();
+        if ((st = refit_publisher_alloc(p, 0, &base)) || (st = refit_plan_create(srcs, 1, m, &pl, &plan))) {
+            rc = tool_fail(st, "plan from the checkpoint");
+            goto out;
+        }
+        uint32_t nr = refit_hf_source_num_regions(hf);
+        const void **rb = calloc(nr ? nr : 1, sizeof(*rb));
+        if (!rb) {
+            refit_plan_destroy(plan);
+            rc = tool_fail(REFIT_ERR_NO_MEMORY, "plan from the checkpoint");
+            goto out;
+        }
+        for (uint32_t r = 0; r < nr; r++) rb[r] = refit_hf_source_region(hf, r);
+        const void *const *sb[1] = {rb};
+        void *db[1] = {base};
+        st = refit_plan_execute_memcpy(plan, sb, db, 0);
+        refit_plan_stats_t ps;
+        refit_plan_stats(plan, &ps);
+        free(rb);
+        refit_plan_destroy(plan);
+        if (st) {
+            rc = tool_fail(st, "copying from the checkpoint");
+            goto out;
+        }
+        if (!o.json)
+            printf("rank %" PRIu64 " of %s: %" PRIu64 " bytes cut from %s in %.1f ms\n", o.rank, o.layout,
+                   ps.bytes_written, o.from_st, (refit_now() - t0) * 1e3);
+    } else if (hf) {
         /* Cold start from disk: the mapped shard files are the regions, read
          * by the transports where they lie; every version publishes the
          * same bytes. */
@@ -182,7 +231,7 @@ int cmd_publish(int argc, char **argv)
     }
     for (uint64_t v = o.first; v < o.first + o.versions; v++) {
         double t0 = refit_now();
-        if (hf) st = REFIT_OK;
+        if (hf) st = REFIT_OK; /* the checkpoint's bytes, mapped or cut above */
         else
 #ifdef REFIT_HAVE_CUDA
         if (o.device >= 0) st = refit_gpu_truth_fill(m, o.device, &base, v);
@@ -229,6 +278,7 @@ int cmd_publish(int argc, char **argv)
     if (o.hold_ms) usleep((useconds_t)(o.hold_ms * 1000));
 out:
     refit_publisher_destroy(p);
+    refit_manifest_destroy(hfm);
     refit_hf_source_close(hf);
     return rc;
 }

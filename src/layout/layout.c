@@ -43,6 +43,18 @@ static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const cha
         char *eq = strchr(kv, '=');
         if (!eq) return refit_error(REFIT_ERR_PARSE, "layout '%s': '%s' is not knob=value", spec, kv);
         *eq = '\0';
+        if (l->scheme == REFIT_SCHEME_VLLM && strcmp(kv, "names") == 0) {
+            uint32_t v = !strcmp(eq + 1, "fused") ? REFIT_VLLM_NAMES_FUSED
+                         : !strcmp(eq + 1, "routed") ? REFIT_VLLM_NAMES_ROUTED : UINT32_MAX;
+            if (v == UINT32_MAX)
+                return refit_error(REFIT_ERR_PARSE,
+                                   "layout '%s': names=%s is neither routed (vLLM 0.32: "
+                                   "mlp.experts.routed_experts.w13_weight) nor fused (older vLLM: mlp.experts.w13_weight)",
+                                   spec, eq + 1);
+            if (l->names != UINT32_MAX) return refit_error(REFIT_ERR_PARSE, "layout '%s': names given twice", spec);
+            l->names = v;
+            continue;
+        }
         const knob_t *k = NULL;
         for (size_t i = 0; i < REFIT_ARRAY_LEN(g_knobs); i++)
             if (strcmp(g_knobs[i].name, kv) == 0 &&
@@ -51,7 +63,7 @@ static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const cha
         if (!k)
             return refit_error(REFIT_ERR_PARSE, "layout '%s': unknown knob '%s' (%s takes %s)", spec, kv,
                                l->scheme == REFIT_SCHEME_MEGATRON ? "megatron" : "vllm",
-                               l->scheme == REFIT_SCHEME_MEGATRON ? "tp, pp, ep, etp, dp, pad, first, last" : "tp, ep, dp, pad");
+                               l->scheme == REFIT_SCHEME_MEGATRON ? "tp, pp, ep, etp, dp, pad, first, last" : "tp, ep, dp, pad, names");
         char *end;
         errno = 0;
         unsigned long v = strtoul(eq + 1, &end, 10);
@@ -84,6 +96,7 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
         if (colon && colon[1]) return refit_error(REFIT_ERR_PARSE, "layout '%s': hf takes no knobs", spec);
         l.tp = l.pp = l.ep = l.etp = l.dp = 1;
         l.pad = l.first = l.last = 0;
+        l.names = REFIT_VLLM_NAMES_FUSED;
     } else if (colon && colon[1] && (st = parse_knobs(&l, spec, colon + 1))) {
         return st;
     }
@@ -92,6 +105,7 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
     if (l.ep == UINT32_MAX) l.ep = 1;
     if (l.scheme == REFIT_SCHEME_MEGATRON) {
         if (l.etp == UINT32_MAX) l.etp = l.tp;
+        l.names = REFIT_VLLM_NAMES_FUSED;
         uint32_t ee = l.ep * l.etp;
         if (l.dp == UINT32_MAX) l.dp = ee / gcd32(ee, l.tp); /* least dp with ee | tp*dp */
         if (l.pad == UINT32_MAX) l.pad = 128;
@@ -117,7 +131,9 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
             return refit_error(REFIT_ERR_GEOMETRY,
                                "layout '%s': vllm's expert parallel size is 1 (off) or tp x dp = %u (on), not %u",
                                spec, l.tp * l.dp, l.ep);
-        snprintf(l.str, sizeof(l.str), "vllm:tp=%u,ep=%u,dp=%u,pad=%u", l.tp, l.ep, l.dp, l.pad);
+        if (l.names == UINT32_MAX) l.names = REFIT_VLLM_NAMES_FUSED;
+        snprintf(l.str, sizeof(l.str), "vllm:tp=%u,ep=%u,dp=%u,pad=%u%s", l.tp, l.ep, l.dp, l.pad,
+                 l.names == REFIT_VLLM_NAMES_ROUTED ? ",names=routed" : "");
     } else {
         snprintf(l.str, sizeof(l.str), "hf");
     }

@@ -13,9 +13,15 @@ struct refit_layout {
     refit_scheme_t scheme;
     uint32_t tp, pp, ep, etp, dp, pad;
     uint32_t first, last; /* megatron: layers of the first / last pipeline stage (0: even split) */
+    uint32_t names;       /* vllm: REFIT_VLLM_NAMES_* (expert parameter names of the vLLM version) */
     uint32_t world;
     char str[160];
 };
+
+/* vllm names=: the routed experts' parameters are mlp.experts.w13_weight /
+ * w2_weight (fused, vLLM before the MoE runner refactor; SGLang) or
+ * mlp.experts.routed_experts.w13_weight / w2_weight (routed, vLLM 0.32). */
+enum { REFIT_VLLM_NAMES_FUSED = 0, REFIT_VLLM_NAMES_ROUTED = 1 };
 
 #define REFIT_LAYOUT_ALIGN 256
 

@@ -5,11 +5,14 @@
  *  - qkv_proj per rank is [q of its heads; k of its kv heads; v of them];
  *    when tp > kv heads, rank t holds kv head t / (tp / kv) (replicated);
  *  - gate_up_proj per rank is [gate shard; up shard];
- *  - FusedMoE: w13_weight [E_local, 2*I_shard, H] ([gate; up] per expert) and
- *    w2_weight [E_local, H, I_shard].  Expert parallel (ep = tp*dp): rank r
- *    holds experts r*base + min(r, E%ep) .., base = E/ep, the first E%ep ranks
- *    one more, unsplit.  Otherwise every rank holds every expert, split over
- *    tp*dp;
+ *  - experts: w13_weight [E_local, 2*I_shard, H] ([gate; up] per expert) and
+ *    w2_weight [E_local, H, I_shard], under mlp.experts.routed_experts. in
+ *    vLLM 0.32 (names=routed) and mlp.experts. before (names=fused, the
+ *    default, also SGLang's).  These are the loader's layout: kernels may
+ *    rewrite them after loading (python/refit/vllm_backend.py deals with
+ *    that).  Expert parallel (ep = tp*dp): rank r holds experts
+ *    r*base + min(r, E%ep) .., base = E/ep, the first E%ep ranks one more,
+ *    unsplit.  Otherwise every rank holds every expert, split over tp*dp;
  *  - vocabulary padded to a multiple of pad (64), split evenly, padding rows
  *    at the global end; lm_head absent when tied;
  *  - MLA: fused_qkv_a_proj = [q_a_proj; kv_a_proj_with_mqa] replicated,
@@ -150,8 +153,9 @@ static void mlp_moe(refit_lbuild_t *b, const refit_model_spec_t *s, const refit_
         snprintf(name, sizeof(name), "%s.mlp.gate.e_score_correction_bias", p);
         refit_lb_whole(b, name, name);
     }
-    uint32_t w13 = refit_lb_local(b, 0, 3, (uint64_t[]){ne, 2 * w, H}, "%s.mlp.experts.w13_weight", p);
-    uint32_t w2 = refit_lb_local(b, 0, 3, (uint64_t[]){ne, H, w}, "%s.mlp.experts.w2_weight", p);
+    const char *ex = l->names == REFIT_VLLM_NAMES_ROUTED ? "mlp.experts.routed_experts" : "mlp.experts";
+    uint32_t w13 = refit_lb_local(b, 0, 3, (uint64_t[]){ne, 2 * w, H}, "%s.%s.w13_weight", p, ex);
+    uint32_t w2 = refit_lb_local(b, 0, 3, (uint64_t[]){ne, H, w}, "%s.%s.w2_weight", p, ex);
     for (uint64_t j = 0; j < ne && !b->st; j++) {
         unsigned long long e = (unsigned long long)(e0 + j);
         snprintf(gate, sizeof(gate), "%s.mlp.experts.%llu.gate_proj.weight", p, e);

