@@ -247,7 +247,10 @@ int main(int argc, char **argv)
     /* Both pairs of processes start; then rep by rep, (a) then (b). */
     nn_child_t snd, rcv, pub, sub;
     nn_spawn(&snd, pair.a, (char *const[]){self, "--tcp-send", "47001", sz, rp, NULL});
-    nn_spawn(&pub, pair.a, (char *const[]){self, "--publish", sz, (char *)pub_opts, NULL});
+    /* The publisher listens on its end of the veth (listeners bind one address). */
+    char popts[512];
+    snprintf(popts, sizeof(popts), "listen=" NETNS_ADDR_A "%s%s", pub_opts[0] ? "," : "", pub_opts);
+    nn_spawn(&pub, pair.a, (char *const[]){self, "--publish", sz, popts, NULL});
     int sub_rc = -1;
     bool started = false;
     if (!nn_readline(&snd, line, sizeof(line), 60) || strcmp(line, "READY")) {

@@ -269,10 +269,17 @@ static bool node_rate(const nb_opts_t *o, uint32_t node, double mbps)
               bps * 8, burst);
 }
 
+/* A child's transport options: on a node, UCX listens on that node's veth
+ * (listeners bind one named interface, never every one). */
+static char g_child_topts[64];
+
+static const char *child_topts(void) { return g_child_topts[0] ? g_child_topts : NULL; }
+
 /* Moves this (child) process into node `node`'s namespace. */
 static void enter_node(const nb_opts_t *o, int node)
 {
     if (node < 0 || !o->nodes) return;
+    snprintf(g_child_topts, sizeof(g_child_topts), "ucx.listen=rf%sv%d", o->tag, node);
     char path[96];
     snprintf(path, sizeof(path), "/run/netns/rf%sn%d", o->tag, node);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -312,6 +319,7 @@ static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int o
     pp.registry = o->url;
     pp.job = o->job;
     pp.transports = o->pub_transports ? o->pub_transports : o->transport;
+    pp.transport_options = child_topts();
     pp.mode = REFIT_MODE_SNAPSHOT;
     pp.delta = o->delta > 0;
     refit_publisher_t *p;
@@ -388,6 +396,7 @@ static void child_fp8_relay(const nb_opts_t *o, const role_t *r, FILE *in, int o
     pp.job = o->job;
     pp.group = "fp8";
     pp.transports = o->transport;
+    pp.transport_options = child_topts();
     refit_fp8_relay_t *x;
     if (refit_fp8_relay_create(&rp, &pp, m, &x)) {
         char buf[600];
@@ -431,6 +440,7 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
     rp.job = o->job;
     rp.group = r->fp8 == 2 ? "fp8" : NULL;
     rp.transports = o->transport;
+    rp.transport_options = child_topts();
     rp.threads = o->threads ? o->threads : 1;
     rp.verify = o->verify && !r->fp8 ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
     rp.relay_slot = r->slot;

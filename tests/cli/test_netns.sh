@@ -34,7 +34,7 @@ reg=file:$tmp/reg
 common=(--model tiny-moe --registry "$reg" --job netns --timeout-ms 30000)
 for r in 0 1; do
   ip netns exec "$a" "$refit" publish "${common[@]}" --layout megatron:ep=2 --rank $r --transports ucx \
-    --versions 2 --acks 2 --json >"$tmp/pub$r.log" 2>&1 &
+    --transport-options ucx.listen=10.78.0.1 --versions 2 --acks 2 --json >"$tmp/pub$r.log" 2>&1 &
   pids+=($!)
 done
 for r in 0 1; do
@@ -58,10 +58,10 @@ PY
 done
 # Requiring RDMA where only TCP exists fails loudly instead of running slowly.
 ip netns exec "$a" "$refit" publish "${common[@]}" --layout megatron:ep=2 --rank 0 --transports ucx --job rdma \
-  --versions 1 --hold-ms 15000 >/dev/null 2>&1 &
+  --transport-options ucx.listen="$va" --versions 1 --hold-ms 15000 >/dev/null 2>&1 &
 pids+=($!)
 ip netns exec "$a" "$refit" publish "${common[@]}" --layout megatron:ep=2 --rank 1 --transports ucx --job rdma \
-  --versions 1 --hold-ms 15000 >/dev/null 2>&1 &
+  --transport-options ucx.listen="$va" --versions 1 --hold-ms 15000 >/dev/null 2>&1 &
 pids+=($!)
 out=$(ip netns exec "$b" "$refit" pull "${common[@]}" --job rdma --layout vllm:tp=1 --rank 0 --transports ucx \
   --transport-options ucx.require=rdma --timeout-ms 10000 2>&1); rc=$?

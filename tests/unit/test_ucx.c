@@ -264,16 +264,19 @@ static void planner_plan(void **state)
     refit_model_destroy(m);
 }
 
-/* method=get: the same strided shapes through ucp_get_nbx (over TCP UCX
- * emulates it with messages; on RDMA it is the path method=auto picks). */
+/* method=get: the same strided shapes through ucp_get_nbx (on RDMA the path
+ * method=auto picks with rma=rdma).  Here UCX emulates RMA over TCP, which
+ * only rma=emulated allows (it is unsafe: test_rma_refused shows why). */
 static void get_method(void **state)
 {
     (void)state;
     pub_t a;
     uint64_t as[] = {2u << 20};
-    pub_open(&a, NULL, 1, as, 7);
+    pub_open(&a, "rma=emulated", 1, as, 7);
     refit_transport_t *rt;
-    REFIT_ASSERT_OK(ops->create("method=get,chunk=64K", &rt));
+    REFIT_ASSERT_ERR(ops->create("method=get", &rt), REFIT_ERR_INVALID_ARG, "rma=rdma");
+    REFIT_ASSERT_ERR(ops->create("rma=rdma,tls=tcp", &rt), REFIT_ERR_INVALID_ARG, "emulated");
+    REFIT_ASSERT_OK(ops->create("method=get,chunk=64K,rma=emulated", &rt));
     refit_peer_t *peers[1] = {pub_connect(rt, &a)};
     refit_plan_t *plan = plan_new(1);
     plan_add(plan, R(0, 0, 0, 3, 0, (1u << 20) + 5));
@@ -824,7 +827,7 @@ static void across_namespaces(void **state)
     nn_child_t pub, sub;
     void *desc;
     size_t len;
-    spawn_publisher(&pub, ns_pair.a, size, 31, "", &desc, &len);
+    spawn_publisher(&pub, ns_pair.a, size, 31, "listen=" NETNS_ADDR_A, &desc, &len);
     char *hex = nn_hex(desc, len), sz[32], line[1024] = "";
     snprintf(sz, sizeof(sz), "%" PRIu64, size);
     assert_int_equal(nn_spawn(&sub, ns_pair.b, (char *const[]){self_exe, "--receive", hex, sz, "31", "", NULL}), 0);

@@ -110,16 +110,23 @@
 #include <ucp/api/ucp.h>
 
 #include "transport/transport.h"
+#include "util/crypto.h"
 
 #define UCX_MAGIC 0x58554652u /* "RFUX" */
-#define UCX_DESC_VERSION 1
+#define UCX_DESC_VERSION 2
 #define UCX_MAX_ADDRS 16
 #define UCX_MAX_RUNS 256 /* runs per request: 4 KiB of run list */
 
 enum { AM_HELLO = 17, AM_HELLO_REPLY = 18, AM_REQ = 19, AM_DATA = 20 };
 enum { METHOD_AUTO = 0, METHOD_AM = 1, METHOD_GET = 2 };
 /* Statuses a publisher puts in replies. */
-enum { PUB_OK = 0, PUB_NO_REGION = 1, PUB_RANGE = 2, PUB_NO_MEMORY = 3, PUB_BAD_ID = 4 };
+enum { PUB_OK = 0, PUB_NO_REGION = 1, PUB_RANGE = 2, PUB_NO_MEMORY = 3, PUB_BAD_ID = 4, PUB_AUTH = 5,
+       PUB_CHALLENGE = 6 };
+enum { RMA_OFF = 0, RMA_RDMA = 1, RMA_EMULATED = 2 };
+#define NONCE_LEN 16
+#define TOKEN_LEN 16
+#define UCX_MAX_REPLY (1ull << 30) /* bytes one request may ask for (the largest chunk option) */
+#define UCX_MAX_JOBS_PER_CONN 4096 /* requests a connection may have queued or in flight */
 
 static const char *pub_status_str(int32_t s)
 {
@@ -128,6 +135,7 @@ static const char *pub_status_str(int32_t s)
     case PUB_RANGE: return "byte range outside the region";
     case PUB_NO_MEMORY: return "out of memory";
     case PUB_BAD_ID: return "different publisher instance";
+    case PUB_AUTH: return "the connection did not prove the job's secret";
     default: return "unknown error";
     }
 }
@@ -151,22 +159,32 @@ typedef struct {
     /* wire_addr_t addrs[naddrs]; rkey bytes */
 } wire_desc_t;
 
+/* HELLO, in two phases: 1 carries the client's nonce (the reply carries
+ * the publisher's nonce and its proof of the key, nothing else); 2 carries
+ * the client's proof (the reply: the regions' sizes). */
 typedef struct {
     uint32_t magic, nregions;
     uint64_t pub_id, cookie;
+    uint32_t phase, pad;
+    uint8_t nonce[NONCE_LEN];
+    uint8_t proof[REFIT_SHA256_LEN]; /* phase 2 */
     /* data: uint64_t region_ids[nregions] */
 } hello_hdr_t;
 
 typedef struct {
     uint64_t cookie;
     int32_t status, pad;
-    /* data: uint64_t sizes[nregions] (UINT64_MAX: not exposed) */
+    uint8_t nonce[NONCE_LEN];        /* PUB_CHALLENGE: the publisher's nonce */
+    uint8_t proof[REFIT_SHA256_LEN]; /* PUB_CHALLENGE: the publisher's proof */
+    /* data (PUB_OK): uint64_t sizes[nregions] (UINT64_MAX: not exposed) */
 } hello_reply_t;
 
 typedef struct {
     uint32_t magic, nruns;
     uint32_t seq, idx, gen, pad;
     uint64_t region_id;
+    uint64_t pub_id;
+    uint8_t token[TOKEN_LEN]; /* the connection's token (derived from both nonces under the key) */
     /* data: wire_run_t runs[nruns] */
 } req_hdr_t;
 
@@ -185,9 +203,11 @@ typedef struct {
 
 typedef struct {
     char listen_ip[INET6_ADDRSTRLEN];
+    char listen_if[IF_NAMESIZE]; /* the interface that has listen_ip */
     uint16_t listen_port;
     bool require_rdma;
-    int method;
+    int method, rma;
+    uint64_t max_queued;
     char tls[128], devices[128];
     uint64_t chunk, rndv, solo;
     unsigned inflight, spin_us;
@@ -215,11 +235,59 @@ static void copy_list(char *dst, size_t cap, const char *v)
         if (*p == '+') *p = ',';
 }
 
+/* The listener binds one address, never every interface: listen= names an
+ * address (which must be one of this host's) or an interface (its first
+ * address); the default is the loopback.  listen_if becomes the only
+ * network device UCX uses on the publisher side. */
+static refit_status_t resolve_listen(ucx_opts_t *o)
+{
+    unsigned char want[16];
+    int family = inet_pton(AF_INET, o->listen_ip, want) == 1 ? AF_INET
+                 : inet_pton(AF_INET6, o->listen_ip, want) == 1 ? AF_INET6 : 0;
+    if (family == AF_INET ? !memcmp(want, (unsigned char[4]){0}, 4)
+                          : family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED((struct in6_addr *)want))
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "ucx: listen=%s would accept connections on every interface: name the address or the "
+                           "interface receivers reach (listen=10.0.0.5, listen=eth0)", o->listen_ip);
+    struct ifaddrs *ifa = NULL;
+    if (getifaddrs(&ifa) != 0) return refit_error(REFIT_ERR_TRANSPORT, "ucx: getifaddrs: %s", strerror(errno));
+    bool found = false;
+    for (struct ifaddrs *i = ifa; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || !i->ifa_name) continue;
+        int f = i->ifa_addr->sa_family;
+        if (f != AF_INET && f != AF_INET6) continue;
+        const void *a = f == AF_INET ? (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr
+                                     : (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+        if (family) {
+            found = f == family && !memcmp(a, want, f == AF_INET ? 4 : 16);
+        } else if (!strcmp(i->ifa_name, o->listen_ip)) { /* an interface: its IPv4, else a global IPv6 */
+            if (f == AF_INET6 && IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)a)) continue;
+            if (f == AF_INET6) {
+                bool v4 = false;
+                for (struct ifaddrs *j = ifa; j; j = j->ifa_next)
+                    v4 |= j->ifa_addr && j->ifa_name && !strcmp(j->ifa_name, i->ifa_name) &&
+                          j->ifa_addr->sa_family == AF_INET;
+                if (v4) continue;
+            }
+            found = true;
+            snprintf(o->listen_if, sizeof(o->listen_if), "%s", i->ifa_name);
+            inet_ntop(f, a, o->listen_ip, sizeof(o->listen_ip));
+            break;
+        }
+        if (found) snprintf(o->listen_if, sizeof(o->listen_if), "%s", i->ifa_name);
+    }
+    freeifaddrs(ifa);
+    if (!found)
+        return refit_error(REFIT_ERR_INVALID_ARG, "ucx: listen=%s: no interface of this host %s", o->listen_ip,
+                           family ? "has that address" : "of that name has an address");
+    return REFIT_OK;
+}
+
 static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
 {
-    *o = (ucx_opts_t){.listen_ip = "0.0.0.0", .chunk = 4u << 20, .rndv = 64u << 10, .solo = 16u << 10, .inflight = 8,
-                      .spin_us = 100, .connect_timeout = 10, .stall_timeout = 30};
-    if (!s) return REFIT_OK;
+    *o = (ucx_opts_t){.listen_ip = "127.0.0.1", .chunk = 4u << 20, .rndv = 64u << 10, .solo = 16u << 10, .inflight = 8,
+                      .spin_us = 100, .connect_timeout = 10, .stall_timeout = 30, .max_queued = 256u << 20};
+    if (!s) return resolve_listen(o);
     char *dup = refit_strdup(s), *save = NULL;
     if (!dup) return refit_error(REFIT_ERR_NO_MEMORY, "ucx: options");
     refit_status_t st = REFIT_OK;
@@ -250,8 +318,17 @@ static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
             if (ok && *v) snprintf(o->listen_ip, sizeof(o->listen_ip), "%s", v);
             if (ok && port) ok = parse_u64(port, &n) && n <= 65535, o->listen_port = (uint16_t)n;
             unsigned char tmp[16];
-            if (ok && inet_pton(AF_INET, o->listen_ip, tmp) != 1 && inet_pton(AF_INET6, o->listen_ip, tmp) != 1)
+            /* An address, or the name of an interface (resolve_listen). */
+            if (ok && inet_pton(AF_INET, o->listen_ip, tmp) != 1 && inet_pton(AF_INET6, o->listen_ip, tmp) != 1 &&
+                (strlen(o->listen_ip) >= IF_NAMESIZE || !if_nametoindex(o->listen_ip)))
                 ok = false;
+        } else if (!strcmp(kv, "rma")) {
+            if (!strcmp(v, "off")) o->rma = RMA_OFF;
+            else if (!strcmp(v, "rdma")) o->rma = RMA_RDMA;
+            else if (!strcmp(v, "emulated")) o->rma = RMA_EMULATED;
+            else ok = false;
+        } else if (!strcmp(kv, "max_queued")) {
+            ok = parse_u64(v, &o->max_queued) && o->max_queued >= (1u << 20);
         } else if (!strcmp(kv, "require")) {
             if (!strcmp(v, "rdma")) o->require_rdma = true;
             else if (!strcmp(v, "none") || !*v) o->require_rdma = false;
@@ -294,7 +371,15 @@ static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
         }
     }
     free(dup);
-    return st;
+    if (!st && o->method == METHOD_GET && o->rma == RMA_OFF)
+        st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: method=get needs RMA: rma=rdma (RDMA lanes only) or, in tests, "
+                                                "rma=emulated");
+    if (!st && o->rma == RMA_RDMA && o->tls[0] &&
+        (strstr(o->tls, "tcp") || strstr(o->tls, "sm") || strstr(o->tls, "posix") || strstr(o->tls, "sysv") ||
+         strstr(o->tls, "cma") || strstr(o->tls, "knem") || strstr(o->tls, "xpmem") || strstr(o->tls, "all")))
+        st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: rma=rdma with tls=%s: RMA over those transports is emulated or "
+                                                "process-wide; name RDMA transports only (rc, dc, ud)", o->tls);
+    return st ? st : resolve_listen(o);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -315,8 +400,13 @@ typedef struct conn conn_t;
 struct conn {
     refit_transport_t *t;
     ucp_ep_h ep;
-    unsigned refs; /* jobs using it */
+    unsigned refs; /* jobs using it (queued or sending) */
     bool failed, closed;
+    bool closing; /* close once its last reply (a refusal) is sent */
+    /* Authentication (HELLO phases): nonces, then the proof was checked. */
+    bool challenged, authed;
+    uint8_t nonce_c[NONCE_LEN], nonce_s[NONCE_LEN], token[TOKEN_LEN];
+    uint64_t sending_bytes; /* reply bytes UCX is sending for it (capped by max_queued) */
 };
 
 typedef struct job job_t;
@@ -332,6 +422,7 @@ struct job {
     } hdr;
     req_hdr_t req;
     hello_hdr_t hello;
+    uint64_t bytes; /* REQ: reply bytes counted in conn->sending_bytes */
     uint32_t nitems;
     uint64_t items[]; /* REQ: 2 per run; HELLO: region ids, replaced by sizes */
 };
@@ -341,7 +432,9 @@ typedef struct hello_wait hello_wait_t;
 
 struct refit_transport {
     ucx_opts_t o;
-    ucp_context_h ctx;
+    ucp_context_h ctx;  /* receiver side (and RMA registrations when RMA is on) */
+    ucp_context_h pctx; /* publisher side: only the listen interface */
+    uint8_t key[32];    /* connection key (set_key; zeros: public) */
     uint64_t pub_id;
     size_t max_am_header;
 
@@ -396,6 +489,7 @@ struct refit_peer {
     bool broken;         /* force-closed after a failed pull */
     bool use_get, rdma;
     char lanes[160];
+    uint8_t token[TOKEN_LEN]; /* proves the handshake in every request */
 };
 
 /* The refit status for a UCX failure of an operation with a peer. */
@@ -433,12 +527,43 @@ static refit_status_t ucx_err(refit_status_t code, ucs_status_t s, const char *f
 static uint64_t random_id(void)
 {
     uint64_t x = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (f) {
-        if (fread(&x, sizeof(x), 1, f) != 1) x = 0;
-        fclose(f);
-    }
-    return refit_mix64(x ^ refit_now_ns() ^ ((uint64_t)getpid() << 32));
+    if (refit_random_bytes(&x, sizeof(x))) x = refit_mix64(refit_now_ns() ^ ((uint64_t)getpid() << 32));
+    return x ? x : 1;
+}
+
+/* A UCP context for this transport.  RMA is enabled only when asked for
+ * (rma=rdma: RDMA transports only; rma=emulated: tests): without it UCX
+ * installs no handler that reads or writes memory for a peer, so the only
+ * way to get bytes out of this process is refit's own checked protocol. */
+static refit_status_t init_context(refit_transport_t *t, ucp_config_t *cfg, ucp_context_h *ctx)
+{
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                                    UCP_PARAM_FIELD_NAME,
+                      .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (t->o.rma != RMA_OFF ? UCP_FEATURE_RMA : 0),
+                      .mt_workers_shared = 1,
+                      .name = "refit"};
+    ucs_status_t s = ucp_init(&p, cfg, ctx);
+    return s == UCS_OK ? REFIT_OK : ucx_err(REFIT_ERR_TRANSPORT, s, "ucp_init");
+}
+
+static void ucx_set_key(refit_transport_t *t, const uint8_t key[32])
+{
+    if (t && key) memcpy(t->key, key, sizeof(t->key));
+}
+
+/* HMAC(key, label || pub_id || nonce_c || nonce_s): the proofs and the token. */
+static void conn_mac(const refit_transport_t *t, const char *label, uint64_t pub_id, const uint8_t *nc,
+                     const uint8_t *ns, uint8_t out[REFIT_SHA256_LEN])
+{
+    refit_hmac_t h;
+    uint8_t id[8];
+    refit_put_le(id, pub_id, 8);
+    refit_hmac_init(&h, t->key, sizeof(t->key));
+    refit_hmac_update(&h, label, strlen(label) + 1);
+    refit_hmac_update(&h, id, sizeof(id));
+    refit_hmac_update(&h, nc, NONCE_LEN);
+    refit_hmac_update(&h, ns, NONCE_LEN);
+    refit_hmac_final(&h, out);
 }
 
 static refit_status_t ucx_create(const char *options, refit_transport_t **out)
@@ -470,15 +595,14 @@ static refit_status_t ucx_create(const char *options, refit_transport_t **out)
         st = ucx_err(REFIT_ERR_INVALID_ARG, s, "devices=%s", t->o.devices);
         goto fail;
     }
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                                    UCP_PARAM_FIELD_NAME,
-                      .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
-                      .mt_workers_shared = 1,
-                      .name = "refit"};
-    if ((s = ucp_init(&p, cfg, &t->ctx)) != UCS_OK) {
-        st = ucx_err(REFIT_ERR_TRANSPORT, s, "ucp_init");
+    if (t->o.rma == RMA_RDMA && !t->o.tls[0] && (s = ucp_config_modify(cfg, "TLS", "rc,dc,ud,self")) != UCS_OK) {
+        st = ucx_err(REFIT_ERR_TRANSPORT, s, "restricting UCX to RDMA transports for rma=rdma");
         goto fail;
     }
+    if (t->o.rma == RMA_EMULATED)
+        refit_log(REFIT_LOG_WARN, "ucx: rma=emulated: UCX serves RMA over TCP and shared memory in software, reading "
+                                  "and writing any address a peer names: for tests only");
+    if ((st = init_context(t, cfg, &t->ctx))) goto fail;
     ucp_config_release(cfg);
     *out = t;
     return REFIT_OK;
@@ -491,14 +615,15 @@ fail:
     return st;
 }
 
-/* Creates a worker with wakeup; *efd is its event fd. */
-static refit_status_t make_worker(refit_transport_t *t, ucp_worker_h *w, int *efd, const char *name)
+/* Creates a worker of context ctx with wakeup; *efd is its event fd. */
+static refit_status_t make_worker_in(refit_transport_t *t, ucp_context_h ctx, ucp_worker_h *w, int *efd,
+                                     const char *name)
 {
     ucs_status_t s;
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME,
                               .thread_mode = UCS_THREAD_MODE_SERIALIZED,
                               .name = name};
-    if ((s = ucp_worker_create(t->ctx, &wp, w)) != UCS_OK) return ucx_err(REFIT_ERR_TRANSPORT, s, "ucp_worker_create");
+    if ((s = ucp_worker_create(ctx, &wp, w)) != UCS_OK) return ucx_err(REFIT_ERR_TRANSPORT, s, "ucp_worker_create");
     if ((s = ucp_worker_get_efd(*w, efd)) != UCS_OK) {
         ucp_worker_destroy(*w);
         *w = NULL;
@@ -594,7 +719,14 @@ static ucs_status_t queue_job(refit_transport_t *t, int type, const void *hdr, s
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
         return UCS_OK; /* not from a refit receiver: drop */
     conn_t *c = conn_of(t, param->reply_ep);
-    if (!c || c->failed) return UCS_OK;
+    if (!c || c->failed || c->closing) return UCS_OK;
+    if (c->refs >= UCX_MAX_JOBS_PER_CONN) {
+        /* A client that keeps asking without reading its replies: cut it off
+         * rather than queue without bound. */
+        refit_log(REFIT_LOG_WARN, "ucx: a connection has %u requests queued; closing it", c->refs);
+        c->failed = true;
+        return UCS_OK;
+    }
     /* UCX may hand headers over unaligned: copy before reading. */
     uint32_t n;
     req_hdr_t rh;
@@ -608,7 +740,9 @@ static ucs_status_t queue_job(refit_transport_t *t, int type, const void *hdr, s
     } else {
         if (hdr_len != sizeof(hh)) return UCS_OK;
         memcpy(&hh, hdr, sizeof(hh));
-        if (hh.magic != UCX_MAGIC || hh.nregions > 65536 || len != hh.nregions * 8ull) return UCS_OK;
+        if (hh.magic != UCX_MAGIC || hh.nregions > 65536 || len != hh.nregions * 8ull ||
+            (hh.phase != 1 && hh.phase != 2))
+            return UCS_OK;
         n = hh.nregions;
     }
     job_t *j = calloc(1, sizeof(*j) + (size_t)n * 8);
@@ -647,6 +781,7 @@ static void job_free(refit_transport_t *t, job_t *j)
         j->region->inflight--;
         pthread_cond_broadcast(&t->cond);
     }
+    j->conn->sending_bytes -= j->bytes;
     free(j->pack);
     conn_unref(j->conn);
     free(j);
@@ -667,47 +802,112 @@ static void conn_unref(conn_t *c)
     c->refs--;
 }
 
-/* Sends the reply of job j (lock held). */
-static void serve_job(refit_transport_t *t, job_t *j)
+/* The reply to a HELLO: phase 1 answers with the publisher's nonce and its
+ * proof of the key (nothing about the regions); phase 2 checks the
+ * client's proof and only then says which regions exist and their sizes.
+ * A client that fails the check is told so and cut off. */
+static void hello_reply(refit_transport_t *t, job_t *j, const void **buf, size_t *len)
+{
+    conn_t *c = j->conn;
+    hello_reply_t *h = &j->hdr.hello;
+    memset(h, 0, sizeof(*h));
+    h->cookie = j->hello.cookie;
+    *buf = NULL;
+    *len = 0;
+    if (j->hello.phase == 1) {
+        memcpy(c->nonce_c, j->hello.nonce, NONCE_LEN);
+        if (refit_random_bytes(c->nonce_s, NONCE_LEN)) {
+            h->status = PUB_NO_MEMORY;
+            return;
+        }
+        c->challenged = true;
+        c->authed = false;
+        h->status = PUB_CHALLENGE;
+        memcpy(h->nonce, c->nonce_s, NONCE_LEN);
+        conn_mac(t, "refit ucx publisher proof", t->pub_id, c->nonce_c, c->nonce_s, h->proof);
+        return;
+    }
+    uint8_t want[REFIT_SHA256_LEN];
+    if (c->challenged) conn_mac(t, "refit ucx receiver proof", t->pub_id, c->nonce_c, c->nonce_s, want);
+    if (!c->challenged || !refit_ct_equal(want, j->hello.proof, sizeof(want)) ||
+        memcmp(c->nonce_c, j->hello.nonce, NONCE_LEN) != 0) {
+        h->status = PUB_AUTH;
+        c->closing = true; /* closed once the refusal is sent */
+        refit_log(REFIT_LOG_WARN, "ucx: a client failed to prove the job's secret; connection closed");
+        return;
+    }
+    if (j->hello.pub_id != t->pub_id) { /* the right job, another instance: nothing to say */
+        h->status = PUB_BAD_ID;
+        return;
+    }
+    uint8_t tok[REFIT_SHA256_LEN];
+    conn_mac(t, "refit ucx token", t->pub_id, c->nonce_c, c->nonce_s, tok);
+    memcpy(c->token, tok, TOKEN_LEN);
+    c->authed = true;
+    h->status = PUB_OK;
+    for (uint32_t i = 0; i < j->nitems; i++) {
+        pub_region_t *r = region_of(t, j->items[i]);
+        j->items[i] = r ? r->size : UINT64_MAX;
+    }
+    *buf = j->items;
+    *len = (size_t)j->nitems * 8;
+}
+
+/* Checks a request: its connection authenticated with this token, this
+ * publisher, an exposed region, runs inside it, at most UCX_MAX_REPLY bytes. */
+static int32_t check_req(refit_transport_t *t, const job_t *j, pub_region_t **region, uint64_t *total)
+{
+    const conn_t *c = j->conn;
+    if (!c->authed || !refit_ct_equal(c->token, j->req.token, TOKEN_LEN) || j->req.pub_id != t->pub_id)
+        return PUB_AUTH;
+    pub_region_t *r = region_of(t, j->req.region_id);
+    if (!r) return PUB_NO_REGION;
+    const wire_run_t *runs = (const wire_run_t *)j->items;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < j->req.nruns; i++) {
+        uint64_t end;
+        if (!refit_add_u64(runs[i].off, runs[i].len, &end) || end > r->size || !runs[i].len ||
+            !refit_add_u64(sum, runs[i].len, &sum) || sum > UCX_MAX_REPLY)
+            return PUB_RANGE;
+    }
+    *region = r;
+    *total = sum;
+    return PUB_OK;
+}
+
+/* Sends the reply of job j (lock held).  false: not now - its connection
+ * already has max_queued bytes of replies in flight (the job stays queued). */
+static bool serve_job(refit_transport_t *t, job_t *j)
 {
     conn_t *c = j->conn;
     const void *buf = NULL;
     size_t len = 0, hlen;
     const void *hdr;
     uint32_t flags = 0;
-    if (c->failed || c->closed) {
+    if (c->failed || c->closed || c->closing) {
         job_free(t, j);
-        return;
+        return true;
     }
     if (j->type == AM_HELLO) {
-        j->hdr.hello.cookie = j->hello.cookie;
-        j->hdr.hello.status = j->hello.pub_id == t->pub_id ? PUB_OK : PUB_BAD_ID;
-        for (uint32_t i = 0; i < j->nitems; i++) {
-            pub_region_t *r = region_of(t, j->items[i]);
-            j->items[i] = r ? r->size : UINT64_MAX;
-        }
+        hello_reply(t, j, &buf, &len);
         hdr = &j->hdr.hello;
         hlen = sizeof(j->hdr.hello);
-        buf = j->items;
-        len = (size_t)j->nitems * 8;
     } else {
         data_hdr_t *d = &j->hdr.data;
         *d = (data_hdr_t){j->req.seq, j->req.idx, j->req.gen, PUB_OK, 0};
         hdr = d;
         hlen = sizeof(*d);
-        pub_region_t *r = region_of(t, j->req.region_id);
+        pub_region_t *r = NULL;
+        uint64_t total = 0;
+        d->status = check_req(t, j, &r, &total);
+        if (d->status == PUB_AUTH) {
+            c->closing = true; /* a request without the handshake: cut off after the refusal */
+            refit_log(REFIT_LOG_WARN, "ucx: a request without a valid connection token; connection closed");
+        }
+        if (d->status == PUB_OK && c->sending_bytes && c->sending_bytes + total > t->o.max_queued)
+            return false; /* its earlier replies first */
         const wire_run_t *runs = (const wire_run_t *)j->items;
         uint32_t nr = j->req.nruns;
-        uint64_t total = 0;
-        if (!r) d->status = PUB_NO_REGION;
-        for (uint32_t i = 0; r && i < nr; i++) {
-            uint64_t end;
-            if (!refit_add_u64(runs[i].off, runs[i].len, &end) || end > r->size || !runs[i].len ||
-                !refit_add_u64(total, runs[i].len, &total)) {
-                d->status = PUB_RANGE;
-                break;
-            }
-        }
         if (d->status == PUB_OK && nr == 1) {
             buf = r->base + runs[0].off;
         } else if (d->status == PUB_OK) {
@@ -727,12 +927,15 @@ static void serve_job(refit_transport_t *t, job_t *j)
             d->len = total;
             j->region = r;
             r->inflight++;
+            j->bytes = total;
+            c->sending_bytes += total;
             if (t->o.rndv) flags |= total >= t->o.rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
         }
     }
+    /* REPLY: the receiver checks that data comes over the connection it asked on. */
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                               UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = flags,
+                              .flags = flags | UCP_AM_SEND_FLAG_REPLY,
                               .cb.send = job_sent_cb,
                               .user_data = j};
     void *req = ucp_am_send_nbx(c->ep, j->type == AM_HELLO ? AM_HELLO_REPLY : AM_DATA, hdr, hlen, buf, len, &rp);
@@ -746,6 +949,7 @@ static void serve_job(refit_transport_t *t, job_t *j)
         if (t->sending) t->sending->prev = j;
         t->sending = j;
     }
+    return true;
 }
 
 /* One round of publisher work (lock held): progress, serve jobs, close failed conns. */
@@ -759,14 +963,19 @@ static unsigned pub_round(refit_transport_t *t)
         if (!v) break;
         memcpy(v, t->jobs.data, k * sizeof(*v));
         t->jobs.len = 0;
-        for (size_t i = 0; i < k; i++) serve_job(t, v[i]);
+        size_t served = 0;
+        for (size_t i = 0; i < k; i++) {
+            if (serve_job(t, v[i])) served++;
+            else REFIT_VEC_PUSH(&t->jobs, v[i]); /* cannot fail: the vector held k before */
+        }
         free(v);
-        n += (unsigned)k;
+        n += (unsigned)served;
         n += progress_all(t->pw);
+        if (!served) break; /* every queued job waits for its connection's replies to drain */
     }
     for (size_t i = 0; i < t->conns.len;) {
         conn_t *c = t->conns.data[i];
-        if (c->failed && !c->closed) conn_close(c), n++;
+        if ((c->failed || (c->closing && c->refs == 0)) && !c->closed) conn_close(c), n++;
         if (c->closed && c->refs == 0) {
             t->conns.data[i] = t->conns.data[--t->conns.len];
             free(c);
@@ -851,8 +1060,23 @@ static refit_status_t pub_start(refit_transport_t *t)
     refit_status_t st;
     ucs_status_t s;
     if (t->thread_started) return REFIT_OK;
+    if (!t->pctx) {
+        /* UCX opens listening sockets on every network device it uses: on
+         * the publisher side, only the listen interface (unless devices=). */
+        ucp_config_t *cfg = NULL;
+        ucs_status_t cs = ucp_config_read(NULL, NULL, &cfg);
+        if (cs != UCS_OK) return ucx_err(REFIT_ERR_TRANSPORT, cs, "reading the UCX configuration");
+        const char *tls = t->o.tls[0] ? t->o.tls : t->o.rma == RMA_RDMA ? "rc,dc,ud,self" : NULL;
+        const char *devs = t->o.devices[0] ? t->o.devices : t->o.rma == RMA_RDMA ? NULL : t->o.listen_if;
+        if (tls && (cs = ucp_config_modify(cfg, "TLS", tls)) != UCS_OK) st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "tls=%s", tls);
+        else if (devs && devs[0] && (cs = ucp_config_modify(cfg, "NET_DEVICES", devs)) != UCS_OK)
+            st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "devices=%s", devs);
+        else st = init_context(t, cfg, &t->pctx);
+        ucp_config_release(cfg);
+        if (st) return st;
+    }
     if (!t->pw) {
-        if ((st = make_worker(t, &t->pw, &t->pw_efd, "refit-pub"))) return st;
+        if ((st = make_worker_in(t, t->pctx, &t->pw, &t->pw_efd, "refit-pub"))) return st;
         if ((st = set_am(t->pw, AM_HELLO, am_hello_cb, t)) || (st = set_am(t->pw, AM_REQ, am_req_cb, t))) return st;
     }
     if (!t->listener) {
@@ -914,27 +1138,34 @@ static refit_status_t ucx_expose(refit_transport_t *t, void *base, uint64_t size
     if (!r) return refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
     r->base = base;
     r->size = size;
-    if (size) {
+    pub_lock(t);
+    st = pub_start(t);
+    pthread_mutex_unlock(&t->lock);
+    if (st) goto fail;
+    if (size && t->o.rma != RMA_OFF) {
+        /* True RMA (rma=rdma): registered for remote reads only, exactly this
+         * region; the packed key travels in the (signed) manifest. */
         ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                                                  UCP_MEM_MAP_PARAM_FIELD_PROT,
                                    .address = base,
                                    .length = size,
                                    .prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ};
-        if ((s = ucp_mem_map(t->ctx, &mp, &r->memh)) != UCS_OK) {
+        if ((s = ucp_mem_map(t->pctx, &mp, &r->memh)) != UCS_OK) {
             st = ucx_err(REFIT_ERR_TRANSPORT, s, "registering %" PRIu64 " bytes at %p", size, base);
             goto fail;
         }
-        if ((s = ucp_rkey_pack(t->ctx, r->memh, &r->rkey, &r->rkey_len)) != UCS_OK) {
+        if ((s = ucp_rkey_pack(t->pctx, r->memh, &r->rkey, &r->rkey_len)) != UCS_OK) {
             st = ucx_err(REFIT_ERR_TRANSPORT, s, "packing the remote key of %p", base);
             goto fail;
         }
     }
     pub_lock(t);
-    st = pub_start(t);
-    if (!st && REFIT_VEC_PUSH(&t->regions, r)) st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
-    if (!st) r->id = t->next_region_id++;
+    if (REFIT_VEC_PUSH(&t->regions, r)) st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
+    /* Unguessable region ids: a request must name one it was told about. */
+    if (!st) r->id = random_id();
     wire_desc_t h = {UCX_MAGIC, UCX_DESC_VERSION, t->pub_id, r->id, (uint64_t)(uintptr_t)base, size,
                      t->port, t->naddrs, (uint32_t)r->rkey_len};
+    if (t->o.rma == RMA_OFF) h.base = 0; /* no one needs our addresses */
     wire_addr_t addrs[UCX_MAX_ADDRS];
     memcpy(addrs, t->addrs, sizeof(addrs));
     pthread_mutex_unlock(&t->lock);
@@ -955,7 +1186,7 @@ static refit_status_t ucx_expose(refit_transport_t *t, void *base, uint64_t size
     return REFIT_OK;
 fail:
     if (r->rkey) ucp_rkey_buffer_release(r->rkey);
-    if (r->memh) ucp_mem_unmap(t->ctx, r->memh);
+    if (r->memh) ucp_mem_unmap(t->pctx, r->memh);
     free(r);
     return st;
 }
@@ -963,7 +1194,7 @@ fail:
 static void region_release(refit_transport_t *t, pub_region_t *r)
 {
     if (r->rkey) ucp_rkey_buffer_release(r->rkey);
-    if (r->memh) ucp_mem_unmap(t->ctx, r->memh);
+    if (r->memh) ucp_mem_unmap(t->pctx, r->memh);
     free(r);
 }
 
@@ -1014,6 +1245,9 @@ struct hello_wait {
     uint64_t *sizes;
     bool done;
     int32_t status;
+    ucp_ep_h ep;                     /* the reply must come over it */
+    uint8_t nonce[NONCE_LEN];        /* PUB_CHALLENGE */
+    uint8_t proof[REFIT_SHA256_LEN]; /* PUB_CHALLENGE */
 };
 
 static ucs_status_t am_hello_reply_cb(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
@@ -1023,11 +1257,16 @@ static ucs_status_t am_hello_reply_cb(void *arg, const void *hdr, size_t hdr_len
     hello_wait_t *w = t->hello;
     hello_reply_t h;
     if (!w || hdr_len != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) return UCS_OK;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep != w->ep) return UCS_OK;
     memcpy(&h, hdr, sizeof(h));
     if (h.cookie != w->cookie) return UCS_OK;
     w->status = h.status;
     if (h.status == PUB_OK && len == (size_t)w->nregions * 8) memcpy(w->sizes, data, len);
     else if (h.status == PUB_OK) w->status = PUB_RANGE;
+    if (h.status == PUB_CHALLENGE) {
+        memcpy(w->nonce, h.nonce, NONCE_LEN);
+        memcpy(w->proof, h.proof, sizeof(w->proof));
+    }
     w->done = true;
     return UCS_OK;
 }
@@ -1218,34 +1457,61 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
         goto out;
     }
     for (uint32_t i = 0; i < p->nregions; i++) ids[i] = p->regions[i].id;
-    hello_wait_t w = {.cookie = random_id(), .nregions = p->nregions, .sizes = sizes};
-    hello_hdr_t h = {UCX_MAGIC, p->nregions, p->pub_id, w.cookie};
+    /* Phase 1: our nonce; the publisher proves the key over both nonces.
+     * Phase 2: we prove it; then, and only then, it answers about regions. */
+    hello_wait_t w = {.nregions = p->nregions, .sizes = sizes, .ep = p->ep};
+    hello_hdr_t h = {.magic = UCX_MAGIC, .nregions = p->nregions, .pub_id = p->pub_id};
+    if ((st = refit_random_bytes(h.nonce, NONCE_LEN))) goto out;
     t->hello = &w;
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
-    void *req = ucp_am_send_nbx(p->ep, AM_HELLO, &h, sizeof(h), ids, (size_t)p->nregions * 8, &rp);
-    if (UCS_PTR_IS_ERR(req)) {
-        st = ucx_err(REFIT_ERR_TRANSPORT, UCS_PTR_STATUS(req), "saying hello to publisher %s", p->name);
-        goto out_hello;
+    for (uint32_t phase = 1; phase <= 2 && !st; phase++) {
+        w.done = false;
+        w.cookie = h.cookie = random_id();
+        h.phase = phase;
+        if (phase == 2) conn_mac(t, "refit ucx receiver proof", p->pub_id, h.nonce, w.nonce, h.proof);
+        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                  .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
+        void *req = ucp_am_send_nbx(p->ep, AM_HELLO, &h, sizeof(h), ids, (size_t)p->nregions * 8, &rp);
+        if (UCS_PTR_IS_ERR(req)) {
+            st = ucx_err(REFIT_ERR_TRANSPORT, UCS_PTR_STATUS(req), "saying hello to publisher %s", p->name);
+            break;
+        }
+        while (!w.done && p->failed == UCS_OK && refit_now() < until) rwait(t, until, 0.001);
+        if (req) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS && p->failed == UCS_OK && refit_now() < until)
+                rwait(t, until, 0.001);
+            ucp_request_free(req); /* if still in flight, closing the endpoint below completes it */
+        }
+        uint8_t want[REFIT_SHA256_LEN];
+        bool proven = false;
+        if (w.done && phase == 1 && w.status == PUB_CHALLENGE) {
+            conn_mac(t, "refit ucx publisher proof", p->pub_id, h.nonce, w.nonce, want);
+            proven = refit_ct_equal(want, w.proof, sizeof(want));
+        }
+        if (!w.done && p->failed != UCS_OK) st = ucx_err(REFIT_ERR_PEER, p->failed, "publisher %s", p->name);
+        else if (!w.done)
+            st = refit_error(REFIT_ERR_TIMEOUT, "ucx: publisher %s did not answer within the connect timeout", p->name);
+        else if (phase == 1 && proven)
+            continue;
+        else if (phase == 1)
+            st = refit_error(REFIT_ERR_AUTH, "ucx: %s did not prove the job's secret (%s): not a publisher of this job, "
+                             "or one with another secret", p->name,
+                             w.status == PUB_CHALLENGE ? "wrong proof" : pub_status_str(w.status));
+        else if (w.status == PUB_BAD_ID) /* another publisher answered there: try the next address */
+            st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)", p->name);
+        else if (w.status == PUB_AUTH)
+            st = refit_error(REFIT_ERR_AUTH, "ucx: publisher %s refused our proof of the job's secret", p->name);
+        else if (w.status != PUB_OK)
+            st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s: %s", p->name, pub_status_str(w.status));
     }
-    while (!w.done && p->failed == UCS_OK && refit_now() < until) rwait(t, until, 0.001);
-    if (req) {
-        while (ucp_request_check_status(req) == UCS_INPROGRESS && p->failed == UCS_OK && refit_now() < until)
-            rwait(t, until, 0.001);
-        ucp_request_free(req); /* if still in flight, closing the endpoint below completes it */
+    if (!st) {
+        uint8_t tok[REFIT_SHA256_LEN];
+        conn_mac(t, "refit ucx token", p->pub_id, h.nonce, w.nonce, tok);
+        memcpy(p->token, tok, TOKEN_LEN);
     }
-    if (!w.done && p->failed != UCS_OK) st = ucx_err(REFIT_ERR_PEER, p->failed, "publisher %s", p->name);
-    else if (!w.done)
-        st = refit_error(REFIT_ERR_TIMEOUT, "ucx: publisher %s did not answer within the connect timeout", p->name);
-    else if (w.status == PUB_BAD_ID) /* another publisher answered there: try the next address */
-        st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)", p->name);
-    else if (w.status != PUB_OK)
-        st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s: %s", p->name, pub_status_str(w.status));
     for (uint32_t i = 0; !st && i < p->nregions; i++)
         if (sizes[i] != p->regions[i].size)
             st = refit_error(REFIT_ERR_STALE, "ucx: publisher %s: region %u is %s", p->name, i,
                              sizes[i] == UINT64_MAX ? "no longer exposed" : "of a different size");
-out_hello:
     t->hello = NULL;
 out:
     free(ids);
@@ -1304,7 +1570,7 @@ static refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs
     }
     pthread_mutex_lock(&t->rlock);
     if (!t->rw) {
-        if ((st = make_worker(t, &t->rw, &t->rw_efd, "refit-recv")) ||
+        if ((st = make_worker_in(t, t->ctx, &t->rw, &t->rw_efd, "refit-recv")) ||
             (st = set_am(t->rw, AM_HELLO_REPLY, am_hello_reply_cb, t)) ||
             (st = set_am(t->rw, AM_DATA, am_data_cb, t))) {
             if (t->rw) ucp_worker_destroy(t->rw);
@@ -1327,14 +1593,14 @@ static refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs
          * one that drops packets cannot use up the whole budget. */
         double left = until - refit_now(), share = left / (h0.naddrs - k);
         st = try_addr(t, p, &addrs0[k], h0.port, refit_now() + (share < 1 ? REFIT_MIN(1.0, left) : share));
-        if (st == REFIT_ERR_STALE) break; /* reached it; it is not the right one */
+        if (st == REFIT_ERR_STALE || st == REFIT_ERR_AUTH) break; /* reached it; it is not the right one */
         if (st) {
             int w = snprintf(tried + tl, sizeof(tried) - tl, "%s%s: %s", tl ? "; " : "", p->name, refit_last_error());
             if (w > 0 && (size_t)w < sizeof(tried) - tl) tl += (size_t)w;
         }
         if (refit_now() >= until) break;
     }
-    if (st && st != REFIT_ERR_STALE)
+    if (st && st != REFIT_ERR_STALE && st != REFIT_ERR_AUTH)
         st = refit_error(st == REFIT_ERR_TIMEOUT ? REFIT_ERR_TIMEOUT : REFIT_ERR_PEER,
                          "ucx: cannot reach the publisher at any of its %u addresses (%s)", h0.naddrs, tried);
     if (!st) {
@@ -1599,6 +1865,8 @@ static ucs_status_t am_data_cb(void *arg, const void *hdr, size_t hdr_len, void 
     if (!pl || h.idx >= pl->nslots) return UCS_OK; /* stale: its pull is over */
     slot_t *s = &pl->slots[h.idx];
     if (s->gen != h.gen || s->state != SLOT_WAIT) return UCS_OK;
+    /* Only the publisher we asked, over the connection we asked on, answers. */
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep != s->pp->peer->ep) return UCS_OK;
     if (h.status != PUB_OK) {
         s->pub_status = h.status;
         mark_done(pl, s);
@@ -1680,7 +1948,8 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
         return UCS_OK;
     }
     for (uint32_t i = 0; i < s->nruns; i++) s->wire[i] = (wire_run_t){s->runs[i].off, s->runs[i].len};
-    s->hdr = (req_hdr_t){UCX_MAGIC, s->nruns, pl->seq, s->idx, s->gen, 0, p->regions[s->region].id};
+    s->hdr = (req_hdr_t){UCX_MAGIC, s->nruns, pl->seq, s->idx, s->gen, 0, p->regions[s->region].id, p->pub_id, {0}};
+    memcpy(s->hdr.token, p->token, TOKEN_LEN);
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                               UCP_OP_ATTR_FIELD_FLAGS,
                               .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
@@ -2021,7 +2290,9 @@ static void ucx_destroy(refit_transport_t *t)
     if (t->pw) ucp_worker_destroy(t->pw);
     if (t->rw) ucp_worker_destroy(t->rw);
     if (t->wake_fd >= 0) close(t->wake_fd);
+    if (t->pctx) ucp_cleanup(t->pctx);
     ucp_cleanup(t->ctx);
+    refit_wipe(t->key, sizeof(t->key));
     pthread_mutex_destroy(&t->lock);
     pthread_mutex_destroy(&t->rlock);
     pthread_cond_destroy(&t->cond);
@@ -2040,4 +2311,5 @@ const refit_transport_ops_t refit_transport_ucx = {
     .connect = ucx_connect,
     .disconnect = ucx_disconnect,
     .pull = ucx_pull,
+    .set_key = ucx_set_key,
 };

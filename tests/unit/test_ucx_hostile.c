@@ -1,0 +1,624 @@
+/* Hostile peers against the ucx transport (issue 13): a raw UCX client that
+ * tries RMA reads and writes of a publisher's memory, unauthenticated HELLO
+ * and REQ messages, a receiver or publisher with another key (a fake
+ * publisher), a client that floods requests without reading the replies,
+ * and listeners that would bind every interface.
+ *
+ * The publisher under attack is a forked child, so the test knows the
+ * addresses of its globals (a "secret" outside any exposed region) as an
+ * attacker who guessed them would.  The raw client speaks the wire format
+ * of src/transport/ucx/ucx.c, mirrored below. */
+#include "testutil.h"
+#include "transport/transport.h"
+#include "util/crypto.h"
+
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifdef REFIT_HAVE_UCX
+#include <ucp/api/ucp.h>
+
+static const refit_transport_ops_t *ops = &refit_transport_ucx;
+
+/* ---- the wire format (mirrors ucx.c) ----------------------------------- */
+
+#define UCX_MAGIC 0x58554652u
+enum { AM_HELLO = 17, AM_HELLO_REPLY = 18, AM_REQ = 19, AM_DATA = 20 };
+enum { PUB_OK = 0, PUB_AUTH = 5, PUB_CHALLENGE = 6 };
+
+typedef struct {
+    uint32_t magic, version;
+    uint64_t pub_id, region_id, base, size;
+    uint16_t port, naddrs;
+    uint32_t rkey_len;
+} w_desc_t;
+
+typedef struct {
+    uint32_t magic, nregions;
+    uint64_t pub_id, cookie;
+    uint32_t phase, pad;
+    uint8_t nonce[16];
+    uint8_t proof[32];
+} w_hello_t;
+
+typedef struct {
+    uint64_t cookie;
+    int32_t status, pad;
+    uint8_t nonce[16];
+    uint8_t proof[32];
+} w_hello_reply_t;
+
+typedef struct {
+    uint32_t magic, nruns;
+    uint32_t seq, idx, gen, pad;
+    uint64_t region_id, pub_id;
+    uint8_t token[16];
+} w_req_t;
+
+typedef struct {
+    uint32_t seq, idx, gen;
+    int32_t status;
+    uint64_t len;
+} w_data_t;
+
+/* ---- the publisher under attack (a forked child) ------------------------ */
+
+static char g_secret[64] = "refit-test-secret: nobody outside may read this";
+#define WEIGHTS (4u << 20)
+
+typedef struct {
+    pid_t pid;
+    int cmd, resp;
+    unsigned char *weights; /* its address in the child (same as ours: fork) */
+    void *desc;
+    size_t len;
+    uint64_t region_id, pub_id;
+    uint16_t port;
+} victim_t;
+
+static unsigned char g_weights[WEIGHTS];
+
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 131u + seed);
+}
+
+static void victim_main(const char *opts, const uint8_t *key, int cmd, int resp)
+{
+    refit_transport_t *t;
+    void *desc;
+    size_t len;
+    fill(g_weights, WEIGHTS, 7);
+    FILE *out = fdopen(resp, "w");
+    if (ops->create(opts, &t)) {
+        fprintf(out, "FAIL %s\n", refit_last_error());
+        fflush(out);
+        _exit(2);
+    }
+    if (key) ops->set_key(t, key);
+    if (ops->expose(t, g_weights, WEIGHTS, &desc, &len)) {
+        fprintf(out, "FAIL %s\n", refit_last_error());
+        fflush(out);
+        _exit(2);
+    }
+    fprintf(out, "DESC ");
+    for (size_t i = 0; i < len; i++) fprintf(out, "%02x", ((unsigned char *)desc)[i]);
+    fprintf(out, "\n");
+    fflush(out);
+    FILE *in = fdopen(cmd, "r");
+    char line[64];
+    while (fgets(line, sizeof(line), in)) {
+        if (!strncmp(line, "check", 5)) {
+            unsigned char ref[256];
+            bool weights_ok = true;
+            for (size_t o = 0; o < WEIGHTS && weights_ok; o += sizeof(ref)) {
+                fill(ref, sizeof(ref), 7 + (unsigned)(o * 131u));
+                weights_ok = !memcmp(ref, g_weights + o, sizeof(ref));
+            }
+            bool secret_ok = !strcmp(g_secret, "refit-test-secret: nobody outside may read this");
+            fprintf(out, "alive weights=%d secret=%d\n", weights_ok, secret_ok);
+            fflush(out);
+        } else if (!strncmp(line, "rss", 3)) {
+            FILE *f = fopen("/proc/self/status", "r");
+            char l[256];
+            long kb = -1;
+            while (f && fgets(l, sizeof(l), f))
+                if (!strncmp(l, "VmRSS:", 6)) kb = atol(l + 6);
+            if (f) fclose(f);
+            fprintf(out, "rss %ld\n", kb);
+            fflush(out);
+        } else {
+            break;
+        }
+    }
+    ops->unexpose(t, g_weights);
+    ops->destroy(t);
+    _exit(0);
+}
+
+static bool readline_t(int fd, char *buf, size_t cap, int timeout_ms)
+{
+    size_t n = 0;
+    double t0 = refit_now();
+    while (n + 1 < cap && t_ms_since(t0) < timeout_ms) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0) continue;
+        if (read(fd, buf + n, 1) != 1) break;
+        if (buf[n++] == '\n') {
+            buf[n - 1] = 0;
+            return true;
+        }
+    }
+    buf[n] = 0;
+    return false;
+}
+
+static victim_t victim_start(const char *opts, const uint8_t *key)
+{
+    int a[2], b[2];
+    assert_int_equal(pipe(a), 0);
+    assert_int_equal(pipe(b), 0);
+    victim_t v = {0};
+    v.pid = fork();
+    assert_true(v.pid >= 0);
+    if (v.pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(a[1]);
+        close(b[0]);
+        victim_main(opts, key, a[0], b[1]);
+    }
+    close(a[0]);
+    close(b[1]);
+    v.cmd = a[1];
+    v.resp = b[0];
+    v.weights = g_weights;
+    char line[8192];
+    assert_true(readline_t(v.resp, line, sizeof(line), 10000));
+    if (strncmp(line, "DESC ", 5)) fail_msg("victim: %s", line);
+    size_t hl = strlen(line + 5);
+    v.len = hl / 2;
+    v.desc = malloc(v.len);
+    for (size_t i = 0; i < v.len; i++) sscanf(line + 5 + 2 * i, "%2hhx", &((unsigned char *)v.desc)[i]);
+    w_desc_t d;
+    memcpy(&d, v.desc, sizeof(d));
+    v.region_id = d.region_id;
+    v.pub_id = d.pub_id;
+    v.port = d.port;
+    return v;
+}
+
+/* "alive weights=W secret=S", or "dead" when the child died. */
+static void victim_check(victim_t *v, char *out, size_t cap)
+{
+    snprintf(out, cap, "dead");
+    if (write(v->cmd, "check\n", 6) != 6) return;
+    if (!readline_t(v->resp, out, cap, 5000)) snprintf(out, cap, "dead");
+}
+
+static long victim_rss_kb(victim_t *v)
+{
+    char line[64];
+    if (write(v->cmd, "rss\n", 4) != 4 || !readline_t(v->resp, line, sizeof(line), 5000)) return -1;
+    return atol(line + 4);
+}
+
+static void victim_stop(victim_t *v)
+{
+    if (write(v->cmd, "quit\n", 5) != 5) kill(v->pid, SIGKILL);
+    double t0 = refit_now();
+    while (waitpid(v->pid, NULL, WNOHANG) == 0) {
+        if (t_ms_since(t0) > 10000) {
+            kill(v->pid, SIGKILL);
+            waitpid(v->pid, NULL, 0);
+            break;
+        }
+        t_msleep(5);
+    }
+    close(v->cmd);
+    close(v->resp);
+    free(v->desc);
+}
+
+/* ---- a raw UCX client ---------------------------------------------------- */
+
+typedef struct {
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    ucs_status_t failed;
+    /* replies seen */
+    int hello_status, data_status, data_replies;
+    w_hello_reply_t hello;
+    bool hold_rndv; /* keep rendezvous replies pending (never receive them) */
+    void *held[8192];
+    int nheld;
+} atk_t;
+
+static void atk_err(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    ((atk_t *)arg)->failed = status;
+}
+
+static ucs_status_t atk_hello_cb(void *arg, const void *hdr, size_t hl, void *data, size_t len,
+                                 const ucp_am_recv_param_t *p)
+{
+    (void)data, (void)len, (void)p;
+    atk_t *a = arg;
+    if (hl == sizeof(a->hello)) memcpy(&a->hello, hdr, hl), a->hello_status = a->hello.status;
+    return UCS_OK;
+}
+
+static ucs_status_t atk_data_cb(void *arg, const void *hdr, size_t hl, void *data, size_t len,
+                                const ucp_am_recv_param_t *p)
+{
+    (void)len;
+    atk_t *a = arg;
+    w_data_t d;
+    if (hl == sizeof(d)) memcpy(&d, hdr, hl), a->data_status = d.status;
+    a->data_replies++;
+    if (a->hold_rndv && (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && a->nheld < 8192) {
+        a->held[a->nheld++] = data;
+        return UCS_INPROGRESS; /* the publisher's send stays in flight */
+    }
+    return UCS_OK;
+}
+
+static void atk_progress(atk_t *a, int ms)
+{
+    double t0 = refit_now();
+    while (t_ms_since(t0) < ms) {
+        ucp_worker_progress(a->w);
+        usleep(200);
+    }
+}
+
+static void atk_open(atk_t *a, uint16_t port)
+{
+    memset(a, 0, sizeof(*a));
+    ucp_config_t *cfg;
+    assert_int_equal(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM | UCP_FEATURE_RMA};
+    assert_int_equal(ucp_init(&p, cfg, &a->ctx), UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    assert_int_equal(ucp_worker_create(a->ctx, &wp, &a->w), UCS_OK);
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+                                 .flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA,
+                                 .arg = a};
+    hp.id = AM_HELLO_REPLY, hp.cb = atk_hello_cb;
+    assert_int_equal(ucp_worker_set_am_recv_handler(a->w, &hp), UCS_OK);
+    hp.id = AM_DATA, hp.cb = atk_data_cb;
+    assert_int_equal(ucp_worker_set_am_recv_handler(a->w, &hp), UCS_OK);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+                          .sockaddr = {(struct sockaddr *)&sa, sizeof(sa)},
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {atk_err, a}};
+    assert_int_equal(ucp_ep_create(a->w, &ep, &a->ep), UCS_OK);
+    atk_progress(a, 200);
+}
+
+static void atk_close(atk_t *a)
+{
+    for (int i = 0; i < a->nheld; i++) ucp_am_data_release(a->w, a->held[i]);
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *r = ucp_ep_close_nbx(a->ep, &rp);
+    if (UCS_PTR_IS_PTR(r)) {
+        double t0 = refit_now();
+        while (ucp_request_check_status(r) == UCS_INPROGRESS && t_ms_since(t0) < 2000) ucp_worker_progress(a->w);
+        ucp_request_free(r);
+    }
+    ucp_worker_destroy(a->w);
+    ucp_cleanup(a->ctx);
+}
+
+/* Runs a request to completion (or 2 s); its status. */
+static ucs_status_t atk_wait(atk_t *a, void *r)
+{
+    if (r == NULL) return UCS_OK;
+    if (UCS_PTR_IS_ERR(r)) return UCS_PTR_STATUS(r);
+    double t0 = refit_now();
+    ucs_status_t s;
+    while ((s = ucp_request_check_status(r)) == UCS_INPROGRESS && t_ms_since(t0) < 2000 && a->failed == UCS_OK)
+        ucp_worker_progress(a->w);
+    if (s == UCS_INPROGRESS) {
+        ucp_request_cancel(a->w, r);
+        s = UCS_ERR_TIMED_OUT;
+    }
+    ucp_request_free(r);
+    return s;
+}
+
+/* A GET or PUT of the victim's address `addr` with a remote key packed for
+ * our own memory (over TCP the key carries nothing the victim checks). */
+static ucs_status_t atk_rma(atk_t *a, bool put, uint64_t addr, void *buf, size_t len)
+{
+    ucp_mem_h memh;
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = buf,
+                               .length = len};
+    if (ucp_mem_map(a->ctx, &mp, &memh) != UCS_OK) return UCS_ERR_NO_RESOURCE;
+    void *packed;
+    size_t plen;
+    ucp_rkey_h rkey = NULL;
+    ucs_status_t s = ucp_rkey_pack(a->ctx, memh, &packed, &plen);
+    if (s == UCS_OK) {
+        s = ucp_ep_rkey_unpack(a->ep, packed, &rkey);
+        ucp_rkey_buffer_release(packed);
+    }
+    if (s == UCS_OK) {
+        ucp_request_param_t rp = {.op_attr_mask = 0};
+        s = atk_wait(a, put ? ucp_put_nbx(a->ep, buf, len, addr, rkey, &rp) : ucp_get_nbx(a->ep, buf, len, addr, rkey, &rp));
+        if (s == UCS_OK) {
+            ucp_request_param_t fp = {.op_attr_mask = 0};
+            s = atk_wait(a, ucp_ep_flush_nbx(a->ep, &fp));
+        }
+    }
+    if (rkey) ucp_rkey_destroy(rkey);
+    ucp_mem_unmap(a->ctx, memh);
+    return s;
+}
+
+static ucs_status_t atk_send(atk_t *a, unsigned id, const void *hdr, size_t hl, const void *data, size_t len)
+{
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
+    return atk_wait(a, ucp_am_send_nbx(a->ep, id, hdr, hl, data, len, &rp));
+}
+
+static void mac(const uint8_t key[32], const char *label, uint64_t pub_id, const uint8_t *nc, const uint8_t *ns,
+                uint8_t out[32])
+{
+    refit_hmac_t h;
+    uint8_t id[8];
+    refit_put_le(id, pub_id, 8);
+    refit_hmac_init(&h, key, 32);
+    refit_hmac_update(&h, label, strlen(label) + 1);
+    refit_hmac_update(&h, id, 8);
+    refit_hmac_update(&h, nc, 16);
+    refit_hmac_update(&h, ns, 16);
+    refit_hmac_final(&h, out);
+}
+
+/* The whole handshake with `key`: the connection's token, or false. */
+static bool atk_handshake(atk_t *a, const victim_t *v, const uint8_t key[32], uint8_t token[16])
+{
+    w_hello_t h = {.magic = UCX_MAGIC, .nregions = 1, .pub_id = v->pub_id, .cookie = 1, .phase = 1};
+    memset(h.nonce, 0x42, 16);
+    uint64_t id = v->region_id;
+    a->hello_status = -1;
+    if (atk_send(a, AM_HELLO, &h, sizeof(h), &id, 8) != UCS_OK) return false;
+    atk_progress(a, 300);
+    if (a->hello_status != PUB_CHALLENGE) return false;
+    uint8_t ns[16];
+    memcpy(ns, a->hello.nonce, 16);
+    h.phase = 2;
+    h.cookie = 2;
+    mac(key, "refit ucx receiver proof", v->pub_id, h.nonce, ns, h.proof);
+    a->hello_status = -1;
+    if (atk_send(a, AM_HELLO, &h, sizeof(h), &id, 8) != UCS_OK) return false;
+    atk_progress(a, 300);
+    if (a->hello_status != PUB_OK) return false;
+    uint8_t t[32];
+    mac(key, "refit ucx token", v->pub_id, h.nonce, ns, t);
+    memcpy(token, t, 16);
+    return true;
+}
+
+/* ---- the tests ------------------------------------------------------------ */
+
+/* RMA by a raw client: reading a global outside the exposed region, writing
+ * into the (read-only) weights, and reading address 0x10.  On the previous
+ * code (RMA enabled in every context) the first returned the secret, the
+ * second rewrote the weights and the third killed the publisher.  Now the
+ * publisher's context has no RMA: nothing is read, written or crashed.
+ * rma=emulated (tests only) shows that the attack itself is real. */
+static void rma_refused(void **state)
+{
+    (void)state;
+    victim_t v = victim_start("listen=127.0.0.1", NULL);
+    atk_t a;
+    atk_open(&a, v.port);
+    char buf[64] = {0}, said[128];
+    ucs_status_t s = atk_rma(&a, false, (uint64_t)(uintptr_t)g_secret, buf, sizeof(buf));
+    print_message("GET of the secret: %s, read \"%.20s\"\n", ucs_status_string(s), buf);
+    assert_true(strncmp(buf, "refit-test-secret", 17) != 0);
+    unsigned char junk[4096];
+    memset(junk, 0xee, sizeof(junk));
+    s = atk_rma(&a, true, (uint64_t)(uintptr_t)g_weights + 4096, junk, sizeof(junk));
+    print_message("PUT into the weights: %s\n", ucs_status_string(s));
+    s = atk_rma(&a, false, 0x10, buf, 8);
+    print_message("GET of 0x10: %s\n", ucs_status_string(s));
+    victim_check(&v, said, sizeof(said));
+    assert_string_equal(said, "alive weights=1 secret=1");
+    atk_close(&a);
+    victim_stop(&v);
+
+    /* The same attack where RMA is emulated: it works, which is why only
+     * rma=rdma (RDMA lanes, registration enforced by the NIC) is for use. */
+    v = victim_start("listen=127.0.0.1,rma=emulated", NULL);
+    atk_open(&a, v.port);
+    memset(buf, 0, sizeof(buf));
+    s = atk_rma(&a, false, (uint64_t)(uintptr_t)g_secret, buf, sizeof(buf));
+    print_message("rma=emulated: GET of the secret: %s, read \"%.20s\"\n", ucs_status_string(s), buf);
+    assert_int_equal(s, UCS_OK);
+    assert_true(strncmp(buf, "refit-test-secret", 17) == 0);
+    atk_close(&a);
+    victim_stop(&v);
+}
+
+/* Messages without the handshake: a phase-2 HELLO with a made-up proof and
+ * a REQ without a token get PUB_AUTH and no byte; the connection is then
+ * closed.  The previous code answered both (region sizes, then the data). */
+static void unauthenticated_requests(void **state)
+{
+    (void)state;
+    victim_t v = victim_start("listen=127.0.0.1", NULL);
+    atk_t a;
+    atk_open(&a, v.port);
+    w_req_t r = {.magic = UCX_MAGIC, .nruns = 1, .seq = 1, .region_id = v.region_id, .pub_id = v.pub_id};
+    uint64_t run[2] = {0, 4096};
+    a.data_status = -1;
+    assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
+    atk_progress(&a, 500);
+    print_message("REQ without a handshake: %d replies, status %d, endpoint %s\n", a.data_replies, a.data_status,
+                  ucs_status_string(a.failed));
+    assert_int_equal(a.data_status, PUB_AUTH);
+    assert_true(a.failed != UCS_OK); /* cut off */
+    atk_close(&a);
+
+    atk_open(&a, v.port);
+    w_hello_t h = {.magic = UCX_MAGIC, .nregions = 1, .pub_id = v.pub_id, .cookie = 9, .phase = 2};
+    uint64_t id = v.region_id;
+    a.hello_status = -1;
+    assert_int_equal(atk_send(&a, AM_HELLO, &h, sizeof(h), &id, 8), UCS_OK);
+    atk_progress(&a, 500);
+    assert_int_equal(a.hello_status, PUB_AUTH);
+    atk_close(&a);
+
+    /* With the wrong key the handshake stops at the publisher's proof; with
+     * the right one (the public key here) it works, and a token forged
+     * after it is refused. */
+    atk_open(&a, v.port);
+    uint8_t wrong[32], zero[32] = {0}, token[16];
+    memset(wrong, 0x5a, sizeof(wrong));
+    assert_false(atk_handshake(&a, &v, wrong, token));
+    assert_int_equal(a.hello_status, PUB_AUTH);
+    atk_close(&a);
+    atk_open(&a, v.port);
+    assert_true(atk_handshake(&a, &v, zero, token));
+    token[0] ^= 1;
+    memcpy(r.token, token, 16);
+    a.data_status = -1;
+    assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
+    atk_progress(&a, 500);
+    assert_int_equal(a.data_status, PUB_AUTH);
+    atk_close(&a);
+    char said[128];
+    victim_check(&v, said, sizeof(said));
+    assert_string_equal(said, "alive weights=1 secret=1");
+    victim_stop(&v);
+}
+
+/* A receiver and a publisher with different keys (another job, or a fake
+ * publisher a forged registry entry points at): the receiver refuses the
+ * publisher before sending anything but its nonce. */
+static void fake_publisher_refused(void **state)
+{
+    (void)state;
+    uint8_t kp[32], kr[32];
+    memset(kp, 1, sizeof(kp));
+    memset(kr, 2, sizeof(kr));
+    victim_t v = victim_start("listen=127.0.0.1", kp);
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create(NULL, &rt));
+    ops->set_key(rt, kr);
+    refit_peer_t *peer = NULL;
+    REFIT_ASSERT_ERR(ops->connect(rt, (const void *const[]){v.desc}, &v.len, 1, &peer), REFIT_ERR_AUTH,
+                     "did not prove the job's secret");
+    ops->set_key(rt, kp);
+    REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){v.desc}, &v.len, 1, &peer));
+    ops->disconnect(peer);
+    ops->destroy(rt);
+    victim_stop(&v);
+}
+
+/* A client that asks for big packed replies and never reads them: the
+ * publisher keeps at most max_queued bytes of replies in flight for it (the
+ * previous code queued 1.27 GB for such a client). */
+static void request_flood_bounded(void **state)
+{
+    (void)state;
+    victim_t v = victim_start("listen=127.0.0.1,max_queued=8M,rndv=64K", NULL);
+    long rss0 = victim_rss_kb(&v);
+    atk_t a;
+    atk_open(&a, v.port);
+    a.hold_rndv = true;
+    uint8_t zero[32] = {0};
+    w_req_t r = {.magic = UCX_MAGIC, .nruns = 2, .region_id = v.region_id, .pub_id = v.pub_id};
+    assert_true(atk_handshake(&a, &v, zero, r.token));
+    /* 200 requests of two runs (packed: a copy of 4 MiB each) = 800 MiB. */
+    uint64_t runs[4] = {0, 2u << 20, 2u << 20, 2u << 20};
+    for (uint32_t i = 0; i < 200 && a.failed == UCS_OK; i++) {
+        r.seq = i + 1;
+        atk_send(&a, AM_REQ, &r, sizeof(r), runs, sizeof(runs));
+        ucp_worker_progress(a.w);
+    }
+    atk_progress(&a, 1500);
+    long rss1 = victim_rss_kb(&v);
+    print_message("publisher RSS %ld -> %ld kB with 800 MiB of unread replies asked for; %d replies seen\n", rss0,
+                  rss1, a.data_replies);
+    assert_true(rss1 - rss0 < 64 * 1024); /* max_queued 8 MiB plus one request, not 800 MiB */
+    atk_close(&a);
+    char said[128];
+    victim_check(&v, said, sizeof(said));
+    assert_string_equal(said, "alive weights=1 secret=1");
+    victim_stop(&v);
+}
+
+/* Listeners bind one address: a wildcard is refused, an interface name
+ * resolves to its address, the default is the loopback. */
+static void listen_addresses(void **state)
+{
+    (void)state;
+    refit_transport_t *t;
+    REFIT_ASSERT_ERR(ops->create("listen=0.0.0.0", &t), REFIT_ERR_INVALID_ARG, "every interface");
+    REFIT_ASSERT_ERR(ops->create("listen=[::]:0", &t), REFIT_ERR_INVALID_ARG, "every interface");
+    REFIT_ASSERT_ERR(ops->create("listen=192.0.2.77", &t), REFIT_ERR_INVALID_ARG, "no interface of this host");
+    REFIT_ASSERT_ERR(ops->create("listen=nosuchif0", &t), REFIT_ERR_INVALID_ARG, "listen");
+    const char *opts[] = {NULL, "listen=lo"};
+    for (int i = 0; i < 2; i++) {
+        REFIT_ASSERT_OK(ops->create(opts[i], &t));
+        void *desc;
+        size_t len;
+        unsigned char b[64];
+        REFIT_ASSERT_OK(ops->expose(t, b, sizeof(b), &desc, &len));
+        w_desc_t d;
+        memcpy(&d, desc, sizeof(d));
+        assert_int_equal(d.naddrs, 1);
+        assert_int_equal(d.base, 0); /* no address of ours leaves the process without RMA */
+        assert_int_equal(d.rkey_len, 0);
+        unsigned char *a = (unsigned char *)desc + sizeof(d) + 4; /* wire_addr_t: family, pad[3], addr */
+        assert_memory_equal(a, ((unsigned char[]){127, 0, 0, 1}), 4);
+        free(desc);
+        ops->unexpose(t, b);
+        ops->destroy(t);
+    }
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    setenv("UCX_LOG_LEVEL", "error", 0); /* the victim's "no handler for AM id" warnings are expected */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(rma_refused),
+        cmocka_unit_test(unauthenticated_requests),
+        cmocka_unit_test(fake_publisher_refused),
+        cmocka_unit_test(request_flood_bounded),
+        cmocka_unit_test(listen_addresses),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else
+
+int main(void)
+{
+    printf("test_ucx_hostile: skipped: refit was built without UCX\n");
+    return 0;
+}
+
+#endif
