@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "data/digest.h"
 #include "layout/manifest.h"
@@ -28,6 +29,28 @@
             exit(1);                                                                                        \
         }                                                                                                   \
     } while (0)
+
+/* The host: CPU model, online CPUs and the load average when the run began
+ * (other processes share the machines these figures come from). */
+static void host_json(char *buf, size_t size)
+{
+    char model[128] = "unknown", line[256];
+    double load = -1;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(model, sizeof(model), "%s", strchr(line, ':') + 2);
+            model[strcspn(model, "\n\"")] = '\0';
+            break;
+        }
+    if (f) fclose(f);
+    if ((f = fopen("/proc/loadavg", "r"))) {
+        if (fscanf(f, "%lf", &load) != 1) load = -1;
+        fclose(f);
+    }
+    snprintf(buf, size, "  \"host\": {\"cpu\": \"%s\", \"cpus\": %ld, \"loadavg_1min_at_start\": %.2f},\n", model,
+             sysconf(_SC_NPROCESSORS_ONLN), load);
+}
 
 static refit_manifest_t *manifest(const refit_model_t *model, const char *spec, uint32_t rank)
 {
@@ -124,6 +147,8 @@ int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 5;
     if (reps < 1) reps = 1;
+    char host[512];
+    host_json(host, sizeof(host)); /* before the run loads the machine */
     const char *model_name = "qwen3-30b-a3b-mini";
     refit_model_t *model;
     CHECK(refit_model_builtin(model_name, &model));
@@ -167,8 +192,8 @@ int main(int argc, char **argv)
     memset(table, 0, tbytes);
     double f1 = best_fill(k, sm, sarena, table, 1, reps), f2 = best_fill(k, sm, sarena, table, 2, reps);
 
-    printf("{\n  \"bench\": \"digest\",\n  \"model\": \"%s\",\n  \"kernel\": \"%s\",\n  \"reps\": %d,\n", model_name,
-           refit_digest_key_impl(k) == REFIT_DIGEST_IMPL_AVX2 ? "avx2" : "scalar", reps);
+    printf("{\n  \"bench\": \"digest\",\n%s  \"model\": \"%s\",\n  \"kernel\": \"%s\",\n  \"reps\": %d,\n", host,
+           model_name, refit_digest_key_impl(k) == REFIT_DIGEST_IMPL_AVX2 ? "avx2" : "scalar", reps);
     printf("  \"receiver\": {\"layout\": \"vllm:tp=2\", \"rank\": 0, \"placements\": %zu, \"rows\": %" PRIu64
            ", \"placed_bytes\": %" PRIu64 ", \"region_bytes\": %" PRIu64 ",\n",
            dm->placements.len, rows, placed, region);
