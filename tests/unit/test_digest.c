@@ -1,8 +1,8 @@
 /* Content digests (src/data/digest.h): the AVX2 kernel equals the scalar one
  * and a naive reference bit for bit; digests add up over any split of a box;
  * publisher tables hold the prefix sums they claim; end to end over real
- * layout pairs (synthetic sources, real plans, real copies) every destination
- * placement verifies, and a flipped byte, swapped rows, a stale source or a
+ * layout pairs (synthetic sources, real plans, real copies; FP8 arenas too)
+ * every destination placement verifies, and a flipped byte, swapped rows, a stale source or a
  * wrong key fail naming the tensor, while padding is ignored; unusable
  * sources, overlapping, gapped, cut or odd-byte boxes are unverifiable, never
  * wrongly verified. */
@@ -572,6 +572,54 @@ static void layout_pairs(void **state)
     for (size_t i = 0; i < REFIT_ARRAY_LEN(pairs); i++) run_pair(&pairs[i]);
 }
 
+/* FP8 arenas (refit/fp8.h) as publishers and receivers: e4m3 weights (two
+ * bytes a unit, shards on the 128 grid) and fp32 block scales verify from a
+ * vLLM tp=2 FP8 stage into a tp=1 FP8 receiver; a flipped fp8 byte fails. */
+static void fp8_arenas(void **state)
+{
+    (void)state;
+    refit_manifest_t *sm[2], *dm;
+    unsigned char *sa[2];
+    for (uint32_t r = 0; r < 2; r++) sa[r] = t_fp8_arena("tiny-fp8", "vllm:tp=2", r, 4, &sm[r]);
+    unsigned char *ref = t_fp8_arena("tiny-fp8", "vllm:tp=1", 0, 4, &dm);
+    refit_digest_key_t *k = key_of(13);
+    void *tables[2] = {table_of(k, sm[0], sa[0], 2), table_of(k, sm[1], sa[1], 2)};
+    const refit_manifest_t *srcs[2] = {sm[0], sm[1]};
+    refit_plan_t *plan = NULL;
+    REFIT_ASSERT_OK(refit_plan_create(srcs, 2, dm, NULL, &plan));
+    uint64_t size = refit_manifest_region_size(dm, 0);
+    void *arena = xmalloc(size);
+    memset(arena, 0xa5, size);
+    const void *const *bases[2] = {(const void *const *)&sa[0], (const void *const *)&sa[1]};
+    REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, bases, &arena, 1));
+    refit_digest_plan_stats_t st;
+    REFIT_ASSERT_OK(verify(k, srcs, 2, NULL, tables, dm, arena, &st, NULL));
+    assert_int_equal(st.verifiable, st.placements);
+    unsigned f8 = 0, scales = 0;
+    int32_t pick = -1;
+    for (uint32_t i = 0; i < dm->placements.len; i++) {
+        refit_dtype_t t = dm->canon.data[dm->placements.data[i].canon].dtype;
+        f8 += t == REFIT_DTYPE_F8_E4M3;
+        scales += t == REFIT_DTYPE_F32;
+        if (t == REFIT_DTYPE_F8_E4M3 && pick < 0 && dm->placements.data[i].extent[0] > 2) pick = (int32_t)i;
+    }
+    assert_true(f8 > 0 && scales > 0 && pick >= 0);
+    uint8_t *q = elem_at(dm, (uint32_t)pick, arena, 2, 129); /* an odd byte: the high half of a unit */
+    *q ^= 0x08;
+    REFIT_ASSERT_ERR(verify(k, srcs, 2, NULL, tables, dm, arena, NULL, NULL), REFIT_ERR_VERIFY, canon_of(dm, (uint32_t)pick));
+    free(arena);
+    free(ref);
+    free(tables[0]);
+    free(tables[1]);
+    for (uint32_t r = 0; r < 2; r++) {
+        free(sa[r]);
+        refit_manifest_destroy(sm[r]);
+    }
+    refit_manifest_destroy(dm);
+    refit_plan_destroy(plan);
+    refit_digest_key_destroy(k);
+}
+
 /* A source byte changed after its table was filled: the destination copy of
  * it fails verification, naming the tensor (an expert: held by one source). */
 static void stale_source(void **state)
@@ -865,7 +913,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(key_properties), cmocka_unit_test(kernels_agree),    cmocka_unit_test(additivity),
-        cmocka_unit_test(table_contents), cmocka_unit_test(layout_pairs),     cmocka_unit_test(stale_source),
+        cmocka_unit_test(table_contents), cmocka_unit_test(layout_pairs),     cmocka_unit_test(fp8_arenas),
+        cmocka_unit_test(stale_source),
         cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases), cmocka_unit_test(fetch_shape),
         cmocka_unit_test(errors),
     };
