@@ -29,11 +29,25 @@ extern "C" {
 
 typedef struct refit_layout refit_layout_t;
 
+/* Limits on geometries, checked by refit_layout_parse before anything is
+ * allocated: a world of W ranks means W manifests for `refit plan
+ * --all-ranks` and world-sized tables in every receiver.  Generous for real
+ * jobs (Llama-3.1-405B pretrained on 16,384 GPUs as tp=8, pp=16, dp=128;
+ * DeepSeek-V3 serves with ep=320), finite for hostile strings.  The world
+ * limit is the manifest's (REFIT_MANIFEST_MAX_WORLD), so every layout's
+ * manifests decode. */
+#define REFIT_LAYOUT_MAX_TP 1024u
+#define REFIT_LAYOUT_MAX_PP 1024u
+#define REFIT_LAYOUT_MAX_ETP 1024u
+#define REFIT_LAYOUT_MAX_EP REFIT_MANIFEST_MAX_WORLD
+#define REFIT_LAYOUT_MAX_DP REFIT_MANIFEST_MAX_WORLD
+#define REFIT_LAYOUT_MAX_WORLD REFIT_MANIFEST_MAX_WORLD /* tp x pp x dp */
+
 /* Parses a layout string.  REFIT_ERR_PARSE for syntax errors and unknown
  * knobs, REFIT_ERR_NOT_FOUND for unknown schemes, REFIT_ERR_GEOMETRY for a
  * geometry that breaks its framework's rules independent of the model (e.g.
- * megatron ep*etp not dividing tp*dp, vllm ep not 1 or tp*dp), each with a
- * detail naming the rule. */
+ * megatron ep*etp not dividing tp*dp, vllm ep not 1 or tp*dp) or a knob or
+ * world above the limits above, each with a detail naming the rule. */
 REFIT_API refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out);
 REFIT_API void refit_layout_destroy(refit_layout_t *layout);
 

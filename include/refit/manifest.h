@@ -59,9 +59,14 @@ typedef struct {
 /* Limits enforced by finalize and decode. */
 #define REFIT_MANIFEST_MAX_NAME 255
 #define REFIT_MANIFEST_MAX_ENTRIES (1u << 24)
+/* Ranks of one layout (enforced by create and decode): receivers keep tables
+ * as long as their sources' world, so a hostile manifest must not choose it
+ * freely.  Also the layouts' limit (refit/layout.h). */
+#define REFIT_MANIFEST_MAX_WORLD 16384u
 
 /* Creates an empty manifest.  REFIT_ERR_INVALID_ARG if rank >= world, world is
- * 0, or a string is NULL or longer than REFIT_MANIFEST_MAX_NAME. */
+ * 0 or above REFIT_MANIFEST_MAX_WORLD, or a string is NULL or longer than
+ * REFIT_MANIFEST_MAX_NAME. */
 REFIT_API refit_status_t refit_manifest_create(const refit_manifest_identity_t *id, refit_manifest_t **out);
 /* Destroys a manifest; NULL is accepted. */
 REFIT_API void refit_manifest_destroy(refit_manifest_t *m);

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/file.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -205,31 +206,30 @@ refit_status_t refit_safetensors_parse(const void *buf, size_t len, refit_safete
 refit_status_t refit_safetensors_open(const char *path, refit_safetensors_t **out)
 {
     if (!path || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_safetensors_open: NULL argument");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return refit_error(REFIT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    /* A regular file only: opening a FIFO named model.safetensors blocked
+     * `publish --from-safetensors` forever. */
+    int fd;
+    uint64_t size;
+    refit_status_t st = refit_open_regular(path, &fd, &size);
+    if (st) return st;
+    if (size < 8) {
         close(fd);
-        return refit_error(REFIT_ERR_IO, "%s is not a regular file", path);
+        return refit_error(REFIT_ERR_CORRUPT, "%s: safetensors file is %llu bytes, shorter than its 8-byte header "
+                           "length", path, (unsigned long long)size);
     }
-    if (sb.st_size < 8) {
-        close(fd);
-        return refit_error(REFIT_ERR_CORRUPT, "%s: safetensors file is %lld bytes, shorter than its 8-byte header "
-                           "length", path, (long long)sb.st_size);
-    }
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
     int err = errno;
     close(fd);
     if (map == MAP_FAILED) return refit_error(REFIT_ERR_IO, "cannot map %s: %s", path, strerror(err));
     refit_safetensors_t *f = calloc(1, sizeof(*f));
     if (!f) {
-        munmap(map, (size_t)sb.st_size);
+        munmap(map, (size_t)size);
         return refit_error(REFIT_ERR_NO_MEMORY, "safetensors reader");
     }
     f->buf = map;
     f->map = map;
-    f->len = (size_t)sb.st_size;
-    refit_status_t st = st_parse(f);
+    f->len = (size_t)size;
+    st = st_parse(f);
     if (st) {
         refit_error_prefix("%s: ", path);
         st_free(f);
@@ -265,6 +265,7 @@ int64_t refit_safetensors_find(const refit_safetensors_t *f, const char *name)
 /* ---- the hf source ---- */
 
 #define HF_MAX_SHARDS 64
+#define HF_MAX_INDEX_BYTES (64u << 20) /* real indexes: a few MB */
 
 struct refit_hf_source {
     uint32_t n;
@@ -291,32 +292,6 @@ void *refit_hf_source_region(const refit_hf_source_t *s, uint32_t r)
     return s && r < s->n ? (void *)(uintptr_t)refit_safetensors_data(s->f[r]) : NULL;
 }
 const char *refit_hf_source_file(const refit_hf_source_t *s, uint32_t r) { return s && r < s->n ? s->path[r] : NULL; }
-
-static refit_status_t read_file(const char *path, char **buf, size_t *len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return refit_error(REFIT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || sb.st_size > (64 << 20)) {
-        close(fd);
-        return refit_error(REFIT_ERR_IO, "%s: unreadable or larger than 64 MiB", path);
-    }
-    char *b = malloc((size_t)sb.st_size + 1);
-    size_t got = 0;
-    while (b && got < (size_t)sb.st_size) {
-        ssize_t k = read(fd, b + got, (size_t)sb.st_size - got);
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    close(fd);
-    if (!b || got != (size_t)sb.st_size) {
-        free(b);
-        return refit_error(REFIT_ERR_IO, "cannot read %s", path);
-    }
-    *buf = b;
-    *len = got;
-    return REFIT_OK;
-}
 
 static refit_status_t add_shard(refit_hf_source_t *s, const char *dir, const char *file)
 {
@@ -357,7 +332,7 @@ static refit_status_t open_shards(refit_hf_source_t *s, const char *dir)
     char *text = NULL;
     size_t len = 0;
     refit_json_t *root = NULL;
-    if ((st = read_file(idx, &text, &len))) goto out;
+    if ((st = refit_read_regular(idx, HF_MAX_INDEX_BYTES, &text, &len))) goto out;
     if ((st = refit_json_parse(text, len, &root))) {
         refit_error_prefix("%s: ", idx);
         goto out;

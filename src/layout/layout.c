@@ -24,13 +24,18 @@ typedef struct {
     const char *name;
     size_t field;
     bool megatron, vllm;
+    uint32_t max; /* REFIT_LAYOUT_MAX_* for the parallel sizes; pad, first and last allocate nothing */
 } knob_t;
 
 static const knob_t g_knobs[] = {
-    {"tp", offsetof(refit_layout_t, tp), true, true},   {"pp", offsetof(refit_layout_t, pp), true, false},
-    {"ep", offsetof(refit_layout_t, ep), true, true},   {"etp", offsetof(refit_layout_t, etp), true, false},
-    {"dp", offsetof(refit_layout_t, dp), true, true},   {"pad", offsetof(refit_layout_t, pad), true, true},
-    {"first", offsetof(refit_layout_t, first), true, false}, {"last", offsetof(refit_layout_t, last), true, false},
+    {"tp", offsetof(refit_layout_t, tp), true, true, REFIT_LAYOUT_MAX_TP},
+    {"pp", offsetof(refit_layout_t, pp), true, false, REFIT_LAYOUT_MAX_PP},
+    {"ep", offsetof(refit_layout_t, ep), true, true, REFIT_LAYOUT_MAX_EP},
+    {"etp", offsetof(refit_layout_t, etp), true, false, REFIT_LAYOUT_MAX_ETP},
+    {"dp", offsetof(refit_layout_t, dp), true, true, REFIT_LAYOUT_MAX_DP},
+    {"pad", offsetof(refit_layout_t, pad), true, true, 65536},
+    {"first", offsetof(refit_layout_t, first), true, false, 65536},
+    {"last", offsetof(refit_layout_t, last), true, false, 65536},
 };
 
 static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const char *args)
@@ -68,8 +73,12 @@ static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const cha
         errno = 0;
         unsigned long v = strtoul(eq + 1, &end, 10);
         bool zero_ok = strcmp(k->name, "pad") == 0 || strcmp(k->name, "first") == 0 || strcmp(k->name, "last") == 0;
-        if (errno || end == eq + 1 || *end || eq[1] == '-' || v > 65536 || (!zero_ok && v == 0))
-            return refit_error(REFIT_ERR_PARSE, "layout '%s': %s=%s is not a %s integer up to 65536", spec, kv, eq + 1,
+        bool digits = end != eq + 1 && !*end && eq[1] != '-';
+        if (digits && (errno == ERANGE || v > k->max))
+            return refit_error(REFIT_ERR_GEOMETRY, "layout '%s': %s=%s is above refit's limit of %u", spec, kv, eq + 1,
+                               k->max);
+        if (errno || !digits || (!zero_ok && v == 0))
+            return refit_error(REFIT_ERR_PARSE, "layout '%s': %s=%s is not a %s integer", spec, kv, eq + 1,
                                zero_ok ? "non-negative" : "positive");
         uint32_t *slot = (uint32_t *)((char *)l + k->field);
         if (*slot != UINT32_MAX) return refit_error(REFIT_ERR_PARSE, "layout '%s': %s given twice", spec, kv);
@@ -137,8 +146,13 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
     } else {
         snprintf(l.str, sizeof(l.str), "hf");
     }
+    /* Each knob is within its limit (parse_knobs), so the products above fit
+     * 32 bits; their product, the world, is bounded here. */
     uint64_t world = (uint64_t)l.tp * l.pp * l.dp;
-    if (world > 1u << 20) return refit_error(REFIT_ERR_GEOMETRY, "layout '%s': %" PRIu64 " ranks is too many", spec, world);
+    if (world > REFIT_LAYOUT_MAX_WORLD)
+        return refit_error(REFIT_ERR_GEOMETRY,
+                           "layout '%s': a world of %" PRIu64 " ranks (tp %u x pp %u x dp %u) is above refit's limit of %u",
+                           spec, world, l.tp, l.pp, l.dp, REFIT_LAYOUT_MAX_WORLD);
     l.world = (uint32_t)world;
     refit_layout_t *p = malloc(sizeof(*p));
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "allocating a layout");

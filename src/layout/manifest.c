@@ -30,6 +30,9 @@ refit_status_t refit_manifest_create(const refit_manifest_identity_t *id, refit_
     if ((st = check_string(id->model, "model name")) || (st = check_string(id->layout, "layout string"))) return st;
     if (id->world == 0 || id->rank >= id->world)
         return refit_error(REFIT_ERR_INVALID_ARG, "rank %u is not below world size %u", id->rank, id->world);
+    if (id->world > REFIT_MANIFEST_MAX_WORLD)
+        return refit_error(REFIT_ERR_INVALID_ARG, "world size %u is above refit's limit of %u", id->world,
+                           REFIT_MANIFEST_MAX_WORLD);
     refit_manifest_t *m = calloc(1, sizeof(*m));
     if (!m) goto err_nomem;
     m->model = refit_strdup(id->model);

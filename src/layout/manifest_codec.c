@@ -35,8 +35,11 @@
  * Decoding treats input as hostile: header and checksum are checked first,
  * then every read is bounds-checked against the bytes before the checksum,
  * every count is bounded by REFIT_MANIFEST_MAX_ENTRIES and by the bytes left
- * before anything is allocated for it, and strings, dtypes, ndims and ids are
- * range-checked (REFIT_ERR_CORRUPT, naming the field and byte offset).  The
+ * before anything is allocated for it (so what a decode allocates grows with
+ * its input's size only), the world (which sizes receivers' tables, and is
+ * not tied to the bytes) by REFIT_MANIFEST_MAX_WORLD, and strings, dtypes,
+ * ndims and ids are range-checked (REFIT_ERR_CORRUPT, naming the field and
+ * byte offset).  The
  * manifest is then built through the public builder and finalized, so the
  * same validation as for a local manifest applies and its codes (e.g.
  * REFIT_ERR_OUT_OF_BOUNDS, REFIT_ERR_OVERLAP) come back unchanged, with the
@@ -382,9 +385,15 @@ static refit_status_t read_identity(reader_t *r, refit_manifest_t **out)
     char model[REFIT_MANIFEST_MAX_NAME + 1], layout[REFIT_MANIFEST_MAX_NAME + 1];
     uint64_t rank, world;
     size_t start = r->pos;
-    if ((st = r_str(r, "model", model)) || (st = r_str(r, "layout", layout)) || (st = r_fixed(r, 4, "rank", &rank)) ||
-        (st = r_fixed(r, 4, "world", &world)))
+    size_t at;
+    if ((st = r_str(r, "model", model)) || (st = r_str(r, "layout", layout)) || (st = r_fixed(r, 4, "rank", &rank)))
         return st;
+    at = r->pos;
+    if ((st = r_fixed(r, 4, "world", &world))) return st;
+    /* Receivers size tables by their sources' world: bounded before use. */
+    if (world > REFIT_MANIFEST_MAX_WORLD)
+        return refit_error(REFIT_ERR_CORRUPT, "world at byte %zu is %" PRIu64 ", beyond the limit of %u", at, world,
+                           REFIT_MANIFEST_MAX_WORLD);
     refit_manifest_identity_t id = {model, layout, (uint32_t)rank, (uint32_t)world};
     if ((st = refit_manifest_create(&id, out))) return at_entry(st, r, start);
     return REFIT_OK;

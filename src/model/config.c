@@ -10,7 +10,6 @@
 #include "model/config.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -18,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/file.h"
 #include "util/json.h"
 
 typedef struct {
@@ -358,53 +358,6 @@ refit_status_t refit_model_from_config_text(const char *text, size_t len, const 
     return refit_model_from_spec(&spec, out);
 }
 
-/* The whole file at path into a fresh buffer (not NUL-terminated). */
-static refit_status_t read_file(const char *path, char **out, size_t *out_len)
-{
-    refit_status_t st;
-    REFIT_VEC(char) buf = {0};
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return refit_error(REFIT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = refit_error(REFIT_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
-        goto err_fd;
-    }
-    if (S_ISDIR(sb.st_mode)) {
-        st = refit_error(REFIT_ERR_IO, "cannot read %s: %s", path, strerror(EISDIR));
-        goto err_fd;
-    }
-    /* The size is a hint (it is 0 for pipes and some special files). */
-    size_t want = S_ISREG(sb.st_mode) && sb.st_size > 0 && (uintmax_t)sb.st_size < SIZE_MAX ? (size_t)sb.st_size + 1 : 4096;
-    if (REFIT_VEC_RESERVE(&buf, want)) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "reading %s", path);
-        goto err_fd;
-    }
-    for (;;) {
-        if (buf.len == buf.cap && REFIT_VEC_RESERVE(&buf, buf.cap + 1)) {
-            st = refit_error(REFIT_ERR_NO_MEMORY, "reading %s", path);
-            goto err_buf;
-        }
-        ssize_t n = read(fd, buf.data + buf.len, buf.cap - buf.len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            st = refit_error(REFIT_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-            goto err_buf;
-        }
-        if (n == 0) break;
-        buf.len += (size_t)n;
-    }
-    close(fd);
-    *out = buf.data;
-    *out_len = buf.len;
-    return REFIT_OK;
-err_buf:
-    REFIT_VEC_FREE(&buf);
-err_fd:
-    close(fd);
-    return st;
-}
-
 /* The name of the directory holding file (fresh string), NULL if there is
  * none to speak of (the root, or out of memory). */
 static char *dir_name_of(const char *file)
@@ -435,7 +388,8 @@ refit_status_t refit_model_from_config(const char *path, refit_model_t **out)
     if (!file) return refit_error(REFIT_ERR_NO_MEMORY, "reading %s", path);
     char *text = NULL;
     size_t len = 0;
-    if ((st = read_file(file, &text, &len))) goto err_file;
+    /* A regular file only: a FIFO named config.json blocked here forever. */
+    if ((st = refit_read_regular(file, REFIT_MODEL_MAX_CONFIG_BYTES, &text, &len))) goto err_file;
     char *hint = dir_name_of(file);
     st = refit_model_from_config_text(text, len, hint, out);
     if (st) refit_error_prefix("%s", file);

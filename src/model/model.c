@@ -1,6 +1,11 @@
 /* Models: consistency checks on a spec, the canonical tensor table (Hugging
  * Face names and full shapes, in checkpoint order) and accessors.  The
- * table is built once per model; lookups by name go through a hash map. */
+ * table is built once per model; lookups by name go through a hash map.
+ *
+ * The table is built twice over: a first pass counts its tensors and bytes
+ * without allocating anything, so that the limits of refit/model.h are
+ * checked on the very table the second pass will build (no separate formula
+ * to keep in step with add_layer), and the second allocates it in one go. */
 #include "model/model.h"
 
 #include <inttypes.h>
@@ -9,7 +14,9 @@
 #include <string.h>
 
 typedef struct {
-    refit_model_t *m;
+    refit_model_t *m; /* NULL: count only */
+    const refit_model_spec_t *s;
+    uint64_t tensors, bytes;
     refit_status_t st;
 } builder_t;
 
@@ -19,21 +26,25 @@ static void add(builder_t *b, refit_dtype_t dtype, uint32_t ndim, uint64_t d0, u
 static void add(builder_t *b, refit_dtype_t dtype, uint32_t ndim, uint64_t d0, uint64_t d1, const char *fmt, ...)
 {
     if (b->st) return;
+    uint64_t bytes;
+    bool overflow = !refit_mul_u64(d0, ndim > 1 ? d1 : 1, &bytes) ||
+                    !refit_mul_u64(bytes, refit_dtype_size(dtype), &bytes) || !refit_add_u64(b->bytes, bytes, &b->bytes);
+    b->tensors++;
+    if (!b->m && !overflow) return; /* counting: names only for messages */
     char name[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(name, sizeof(name), fmt, ap);
     va_end(ap);
+    if (overflow) {
+        b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: the size of %s overflows 64 bits", b->s->name, name);
+        return;
+    }
     refit_tdesc_t t = {.name = refit_strdup(name), .dtype = dtype, .ndim = ndim, .shape = {d0, d1}};
     if (!t.name || REFIT_VEC_PUSH(&b->m->tensors, t)) {
         free(t.name);
         b->st = refit_error(REFIT_ERR_NO_MEMORY, "building the tensor table");
-        return;
     }
-    uint64_t bytes;
-    if (!refit_mul_u64(d0, ndim > 1 ? d1 : 1, &bytes) || !refit_mul_u64(bytes, refit_dtype_size(dtype), &bytes) ||
-        !refit_add_u64(b->m->total_bytes, bytes, &b->m->total_bytes))
-        b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: the size of %s overflows 64 bits", b->m->spec.name, name);
 }
 
 /* x * y for a dimension; 0 (and the builder fails) if it overflows. */
@@ -41,7 +52,7 @@ static uint64_t mul_dim(builder_t *b, uint64_t x, uint64_t y)
 {
     uint64_t r;
     if (refit_mul_u64(x, y, &r)) return r;
-    if (!b->st) b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: a tensor dimension overflows 64 bits", b->m->spec.name);
+    if (!b->st) b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: a tensor dimension overflows 64 bits", b->s->name);
     return 0;
 }
 
@@ -94,6 +105,17 @@ static void add_layer(builder_t *b, const refit_model_spec_t *s, uint32_t l)
     }
 }
 
+/* Every canonical tensor, in checkpoint order (counted only when b->m is NULL). */
+static void build_table(builder_t *b)
+{
+    const refit_model_spec_t *s = b->s;
+    const uint64_t V = s->vocab, H = s->hidden;
+    add(b, s->dtype, 2, V, H, "model.embed_tokens.weight");
+    for (uint32_t l = 0; l < s->layers && !b->st; l++) add_layer(b, s, l);
+    add(b, s->dtype, 1, H, 0, "model.norm.weight");
+    if (!s->tie) add(b, s->dtype, 2, V, H, "lm_head.weight");
+}
+
 static refit_status_t check_spec(const refit_model_spec_t *s)
 {
 #define REQUIRE(cond, ...) \
@@ -104,6 +126,31 @@ static refit_status_t check_spec(const refit_model_spec_t *s)
     REQUIRE(refit_dtype_size(s->dtype) > 0, "model %s: invalid dtype", s->name);
     REQUIRE(s->hidden > 0 && s->layers > 0 && s->heads > 0 && s->vocab > 0,
             "model %s: hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive", s->name);
+    /* Limits before any rule that multiplies or divides the numbers. */
+    const bool mla = s->arch == REFIT_ARCH_MLA;
+    const struct {
+        const char *field; /* as config.json names it */
+        uint32_t value, max;
+    } lim[] = {
+        {"num_hidden_layers", s->layers, REFIT_MODEL_MAX_LAYERS},
+        {"hidden_size", s->hidden, REFIT_MODEL_MAX_HIDDEN},
+        {"num_attention_heads", s->heads, REFIT_MODEL_MAX_HEADS},
+        {"num_key_value_heads", s->kv_heads, REFIT_MODEL_MAX_HEADS},
+        {"head_dim", s->head_dim, REFIT_MODEL_MAX_HEAD_DIM},
+        {"intermediate_size", s->intermediate, REFIT_MODEL_MAX_INTERMEDIATE},
+        {mla ? "n_routed_experts" : "num_experts", s->experts, REFIT_MODEL_MAX_EXPERTS},
+        {"moe_intermediate_size", s->moe_intermediate, REFIT_MODEL_MAX_INTERMEDIATE},
+        {"n_shared_experts", s->shared_experts, REFIT_MODEL_MAX_SHARED_EXPERTS},
+        {"vocab_size", s->vocab, REFIT_MODEL_MAX_VOCAB},
+        {"q_lora_rank", s->q_lora_rank, REFIT_MODEL_MAX_LORA_RANK},
+        {"kv_lora_rank", s->kv_lora_rank, REFIT_MODEL_MAX_LORA_RANK},
+        {"qk_nope_head_dim", s->qk_nope_dim, REFIT_MODEL_MAX_HEAD_DIM},
+        {"qk_rope_head_dim", s->qk_rope_dim, REFIT_MODEL_MAX_HEAD_DIM},
+        {"v_head_dim", s->v_head_dim, REFIT_MODEL_MAX_HEAD_DIM},
+    };
+    for (size_t i = 0; i < REFIT_ARRAY_LEN(lim); i++)
+        REQUIRE(lim[i].value <= lim[i].max, "model %s: %s %u is above refit's limit of %u", s->name, lim[i].field,
+                lim[i].value, lim[i].max);
     if (s->arch == REFIT_ARCH_MLA) {
         REQUIRE(s->q_lora_rank > 0 && s->kv_lora_rank > 0 && s->qk_nope_dim > 0 && s->qk_rope_dim > 0 &&
                     s->v_head_dim > 0,
@@ -136,16 +183,28 @@ refit_status_t refit_model_from_spec(const refit_model_spec_t *spec, refit_model
     refit_status_t st;
     if (!spec || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_model_from_spec: NULL argument");
     if ((st = check_spec(spec))) return st;
+    builder_t count = {.s = spec};
+    build_table(&count);
+    if ((st = count.st)) return st;
+    if (count.tensors > REFIT_MODEL_MAX_TENSORS)
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "model %s: %" PRIu64 " tensors (num_hidden_layers %u, %u experts) are above refit's limit of %u",
+                           spec->name, count.tensors, spec->layers, spec->experts, REFIT_MODEL_MAX_TENSORS);
+    if (count.bytes > REFIT_MODEL_MAX_BYTES)
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "model %s: %" PRIu64 " bytes of weights are above refit's limit of %" PRIu64 " (64 TiB)",
+                           spec->name, count.bytes, REFIT_MODEL_MAX_BYTES);
     refit_model_t *m = calloc(1, sizeof(*m));
     if (!m) return refit_error(REFIT_ERR_NO_MEMORY, "allocating a model");
     m->spec = *spec;
-    builder_t b = {m, REFIT_OK};
-    const uint64_t V = spec->vocab, H = spec->hidden;
-    add(&b, spec->dtype, 2, V, H, "model.embed_tokens.weight");
-    for (uint32_t l = 0; l < spec->layers; l++) add_layer(&b, spec, l);
-    add(&b, spec->dtype, 1, H, 0, "model.norm.weight");
-    if (!spec->tie) add(&b, spec->dtype, 2, V, H, "lm_head.weight");
+    if (REFIT_VEC_RESERVE(&m->tensors, count.tensors)) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "allocating a table of %" PRIu64 " tensors", count.tensors);
+        goto err_model;
+    }
+    builder_t b = {.m = m, .s = &m->spec};
+    build_table(&b);
     if ((st = b.st)) goto err_model;
+    m->total_bytes = b.bytes;
     for (size_t i = 0; i < m->tensors.len; i++)
         if (refit_strmap_put(&m->index, m->tensors.data[i].name, (uint32_t)i)) {
             st = refit_error(REFIT_ERR_NO_MEMORY, "indexing the tensor table");

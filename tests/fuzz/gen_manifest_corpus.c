@@ -177,7 +177,7 @@ static refit_manifest_t *long_names(void)
     char name[REFIT_MANIFEST_MAX_NAME + 1];
     memset(name, 'n', REFIT_MANIFEST_MAX_NAME);
     name[REFIT_MANIFEST_MAX_NAME] = '\0';
-    refit_manifest_t *m = mk(name, name, 4000000000u, 4000000001u);
+    refit_manifest_t *m = mk(name, name, REFIT_MANIFEST_MAX_WORLD - 1, REFIT_MANIFEST_MAX_WORLD);
     ok(refit_manifest_add_region(m, 16, NULL), "region");
     uint32_t c = canon(m, name, REFIT_DTYPE_I32, 1, DIMS(4));
     uint32_t l = local(m, name, REFIT_DTYPE_I32, 1, DIMS(4), 0, 0);
@@ -254,5 +254,25 @@ int main(int argc, char **argv)
     m = four_d();
     place(m, 1, 1, 2, DIMS(0, 0), DIMS(2, 2), DIMS(1, 1, 1, 0));
     free(emit(m, "invalid_box_beyond_local", true, &len));
+
+    /* worlds beyond REFIT_MANIFEST_MAX_WORLD (receivers size tables by it):
+     * the world field of a valid encoding patched and resealed */
+    static const struct {
+        const char *name;
+        uint32_t rank, world;
+    } worlds[] = {
+        {"invalid_world_131072", 0, 131072},
+        {"invalid_world_beyond_limit", REFIT_MANIFEST_MAX_WORLD, REFIT_MANIFEST_MAX_WORLD + 1},
+        {"invalid_world_u32_max", 0, UINT32_MAX},
+    };
+    buf = emit(tiny(), "valid_tiny", false, &len);
+    const size_t rank_at = REFIT_MANIFEST_HEADER_SIZE + 2 + 1 + 2 + 1; /* after model "m" and layout "l" */
+    for (size_t i = 0; i < sizeof(worlds) / sizeof(worlds[0]); i++) {
+        refit_put_le(buf + rank_at, worlds[i].rank, 4);
+        refit_put_le(buf + rank_at + 4, worlds[i].world, 4);
+        refit_manifest_reseal(buf, len);
+        write_file(worlds[i].name, buf, len);
+    }
+    free(buf);
     return 0;
 }

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "model/model.h"
@@ -583,32 +585,21 @@ static void test_defaults_and_options(void **state)
     free(t2);
 }
 
-/* Numbers near 2^32 give shapes beyond 32 bits, computed in 64; sizes beyond
- * 64 bits are refused rather than wrapped. */
+/* Numbers near 2^32 are refused by the limits, naming the field, before any
+ * product of them is formed (the builder's 64-bit overflow checks stay as a
+ * second line). */
 static void test_huge_numbers(void **state)
 {
     (void)state;
-    refit_model_t *m = NULL;
+    refit_model_t *m = (refit_model_t *)&m;
     char *t = with_field(DEEPSEEK_V3, "qk_nope_head_dim", "4294967295");
-    REFIT_ASSERT_OK(refit_model_from_config_text(t, strlen(t), NULL, &m));
-    refit_tensor_info_t ti;
-    REFIT_ASSERT_OK(refit_model_tensor(m, (size_t)refit_model_find_tensor(m, "model.layers.0.self_attn.q_b_proj.weight"), &ti));
-    assert_true(ti.shape[0] == 128ULL * (4294967295ULL + 64));
-    refit_model_destroy(m);
-    free(t);
-    char *t2 = with_field(DEEPSEEK_V3, "num_attention_heads", "4294967295");
-    char *t3 = with_field(t2, "qk_nope_head_dim", "4294967295");
-    t = with_field(t3, "qk_rope_head_dim", "4294967295");
-    m = (refit_model_t *)&m;
     REFIT_ASSERT_ERR(refit_model_from_config_text(t, strlen(t), NULL, &m), REFIT_ERR_INVALID_ARG,
-                     "a tensor dimension overflows 64 bits");
+                     "qk_nope_head_dim 4294967295 is above refit's limit of 4096");
     free(t);
-    free(t2);
-    free(t3);
-    t2 = with_field(LLAMA3_8B, "hidden_size", "4294967264");
+    char *t2 = with_field(LLAMA3_8B, "hidden_size", "4294967264");
     t = with_field(t2, "vocab_size", "4294967295");
     REFIT_ASSERT_ERR(refit_model_from_config_text(t, strlen(t), NULL, &m), REFIT_ERR_INVALID_ARG,
-                     "the size of model.embed_tokens.weight overflows 64 bits");
+                     "hidden_size 4294967264 is above refit's limit of 65536");
     assert_ptr_equal(m, (refit_model_t *)&m);
     free(t);
     free(t2);
@@ -809,7 +800,7 @@ static void test_errors(void **state)
     /* A directory named config.json inside the directory. */
     make_dir("nested");
     make_dir("nested/config.json");
-    REFIT_ASSERT_ERR(refit_model_from_config(make_dir("nested"), &m), REFIT_ERR_IO, "Is a directory");
+    REFIT_ASSERT_ERR(refit_model_from_config(make_dir("nested"), &m), REFIT_ERR_IO, "nested/config.json is a directory, not a regular file");
     if (geteuid() != 0) { /* root reads anything */
         file = write_config("errors", "config.json", LLAMA3_8B);
         assert_int_equal(chmod(file, 0), 0);
@@ -823,6 +814,139 @@ static void test_errors(void **state)
     assert_null(m);
 }
 
+/* meta-llama/Llama-3.1-405B (the largest dense model; rope_scaling trimmed) */
+static const char LLAMA31_405B[] = "{\n"
+                                   "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+                                   "  \"hidden_size\": 16384,\n"
+                                   "  \"intermediate_size\": 53248,\n"
+                                   "  \"model_type\": \"llama\",\n"
+                                   "  \"num_attention_heads\": 128,\n"
+                                   "  \"num_hidden_layers\": 126,\n"
+                                   "  \"num_key_value_heads\": 8,\n"
+                                   "  \"rope_scaling\": null,\n"
+                                   "  \"tie_word_embeddings\": false,\n"
+                                   "  \"torch_dtype\": \"bfloat16\",\n"
+                                   "  \"vocab_size\": 128256\n"
+                                   "}\n";
+
+/* Numbers that parse but describe no real model are refused before the
+ * tensor table is allocated (issue 13: num_hidden_layers=1e8 allocated 15 GB),
+ * naming the field, its value and the limit; the largest real models load. */
+static void test_limits(void **state)
+{
+    (void)state;
+    static const bad_t over[] = {
+        {QWEN3_30B_A3B, "num_hidden_layers", "100000000", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "num_hidden_layers 100000000 is above refit's limit of 1024"},
+        {QWEN3_30B_A3B, "num_hidden_layers", "1025", NULL, NULL, REFIT_ERR_INVALID_ARG, "num_hidden_layers 1025 is above refit's limit of 1024"},
+        {QWEN3_8B, "hidden_size", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG, "hidden_size 65537 is above refit's limit of 65536"},
+        {QWEN3_8B, "num_attention_heads", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "num_attention_heads 4097 is above refit's limit of 4096"},
+        {QWEN3_8B, "num_key_value_heads", "8192", NULL, NULL, REFIT_ERR_INVALID_ARG, "num_key_value_heads 8192 is above refit's limit of 4096"},
+        {QWEN3_8B, "head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "head_dim 4097 is above refit's limit of 4096"},
+        {QWEN3_8B, "intermediate_size", "262145", NULL, NULL, REFIT_ERR_INVALID_ARG, "intermediate_size 262145 is above refit's limit of 262144"},
+        {QWEN3_8B, "vocab_size", "4194305", NULL, NULL, REFIT_ERR_INVALID_ARG, "vocab_size 4194305 is above refit's limit of 4194304"},
+        {QWEN3_30B_A3B, "num_experts", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "num_experts 4097 is above refit's limit of 4096"},
+        {QWEN3_30B_A3B, "moe_intermediate_size", "262145", NULL, NULL, REFIT_ERR_INVALID_ARG, "moe_intermediate_size 262145 is above refit's limit of 262144"},
+        {DEEPSEEK_V3, "n_routed_experts", "100000", NULL, NULL, REFIT_ERR_INVALID_ARG, "n_routed_experts 100000 is above refit's limit of 4096"},
+        {DEEPSEEK_V3, "n_shared_experts", "65", NULL, NULL, REFIT_ERR_INVALID_ARG, "n_shared_experts 65 is above refit's limit of 64"},
+        {DEEPSEEK_V3, "q_lora_rank", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG, "q_lora_rank 65537 is above refit's limit of 65536"},
+        {DEEPSEEK_V3, "kv_lora_rank", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG, "kv_lora_rank 65537 is above refit's limit of 65536"},
+        {DEEPSEEK_V3, "qk_rope_head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "qk_rope_head_dim 4097 is above refit's limit of 4096"},
+        {DEEPSEEK_V3, "v_head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "v_head_dim 4097 is above refit's limit of 4096"},
+        /* each number within its limit, their products not: the tensor count, the bytes */
+        {QWEN3_30B_A3B, "num_hidden_layers", "1024", "num_experts", "4096", REFIT_ERR_INVALID_ARG,
+         "12592131 tensors (num_hidden_layers 1024, 4096 experts) are above refit's limit of 1048576"},
+        {LLAMA3_8B, "num_hidden_layers", "1024", "intermediate_size", "262144", REFIT_ERR_INVALID_ARG, NULL},
+    };
+    for (size_t i = 0; i < sizeof(over) / sizeof(over[0]); i++) {
+        char *t = with_field(over[i].base, over[i].key, over[i].value);
+        if (over[i].key2) {
+            char *t2 = with_field(t, over[i].key2, over[i].value2);
+            free(t);
+            t = t2;
+        }
+        if (!over[i].needle) { /* the bytes case also needs a wide hidden size */
+            char *t2 = with_field(t, "hidden_size", "65536");
+            free(t);
+            t = t2;
+        }
+        const char *needle = over[i].needle ? over[i].needle : "bytes of weights are above refit's limit of 70368744177664";
+        const char *file = write_config("limits", "config.json", t);
+        refit_model_t *m = (refit_model_t *)&m;
+        refit_status_t st = refit_model_from_config(file, &m);
+        if (st != over[i].want || !strstr(refit_last_error(), needle))
+            fail_msg("case %zu (%s = %s): %s \"%s\", want %s \"%s\"", i, over[i].key, over[i].value,
+                     refit_status_name(st), refit_last_error(), refit_status_name(over[i].want), needle);
+        assert_int_equal(strncmp(refit_last_error(), file, strlen(file)), 0);
+        assert_ptr_equal(m, (refit_model_t *)&m);
+        free(t);
+    }
+    /* A spec built in code meets the same limits. */
+    refit_model_spec_t spec = refit_builtin_specs()[0];
+    spec.layers = UINT32_MAX;
+    refit_model_t *m = (refit_model_t *)&m;
+    REFIT_ASSERT_ERR(refit_model_from_spec(&spec, &m), REFIT_ERR_INVALID_ARG,
+                     "num_hidden_layers 4294967295 is above refit's limit of 1024");
+    assert_ptr_equal(m, (refit_model_t *)&m);
+    /* The largest real models load: every built-in (Kimi-K2 and DeepSeek-V3
+     * among them), Llama-3.1-405B, and numbers at their limits. */
+    for (const refit_model_spec_t *s = refit_builtin_specs(); s->name[0]; s++) {
+        REFIT_ASSERT_OK(refit_model_from_spec(s, &m));
+        refit_model_destroy(m);
+    }
+    m = from_text(LLAMA31_405B, NULL);
+    assert_int_equal(refit_model_num_tensors(m), 3 + 126 * 9);
+    assert_true(refit_model_total_bytes(m) > UINT64_C(810000000000)); /* 405.9e9 parameters in bf16 */
+    refit_model_destroy(m);
+    char *t2 = with_field(QWEN3_8B, "vocab_size", "4194304");
+    char *t = with_field(t2, "num_hidden_layers", "1024");
+    m = from_text(t, NULL);
+    assert_int_equal(refit_model_num_tensors(m), 3 + 1024 * 11);
+    refit_model_destroy(m);
+    free(t);
+    free(t2);
+}
+
+/* A FIFO, a device or a socket where config.json should be is refused without
+ * reading it: opening a FIFO for reading blocked forever (issue 13), a device
+ * could be read without end.  The alarm turns a hang into a failure. */
+static void test_not_regular(void **state)
+{
+    (void)state;
+    alarm(30);
+    refit_model_t *m = (refit_model_t *)&m;
+    const char *dir = make_dir("fifo");
+    char *p = malloc(strlen(dir) + 16);
+    assert_non_null(p);
+    sprintf(p, "%s/config.json", dir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    remember(p);
+    REFIT_ASSERT_ERR(refit_model_from_config(dir, &m), REFIT_ERR_IO, "config.json is a FIFO, not a regular file");
+    REFIT_ASSERT_ERR(refit_model_from_config(p, &m), REFIT_ERR_IO, "is a FIFO, not a regular file");
+    REFIT_ASSERT_ERR(refit_model_open(dir, &m), REFIT_ERR_IO, "is a FIFO, not a regular file");
+    dir = make_dir("chardev");
+    p = malloc(strlen(dir) + 16);
+    assert_non_null(p);
+    sprintf(p, "%s/config.json", dir);
+    assert_int_equal(symlink("/dev/null", p), 0);
+    remember(p);
+    REFIT_ASSERT_ERR(refit_model_open(dir, &m), REFIT_ERR_IO, "is a character device, not a regular file");
+    dir = make_dir("socket");
+    p = malloc(strlen(dir) + 16);
+    assert_non_null(p);
+    sprintf(p, "%s/config.json", dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    assert_true(strlen(p) < sizeof(sa.sun_path));
+    strcpy(sa.sun_path, p);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    remember(p);
+    REFIT_ASSERT_ERR(refit_model_open(dir, &m), REFIT_ERR_IO, "is a socket, not a regular file");
+    close(fd);
+    assert_ptr_equal(m, (refit_model_t *)&m);
+    alarm(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -833,6 +957,7 @@ int main(void)
         cmocka_unit_test(test_defaults_and_options), cmocka_unit_test(test_huge_numbers),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_open),            cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_limits),          cmocka_unit_test(test_not_regular),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }

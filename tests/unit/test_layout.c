@@ -355,6 +355,50 @@ static void manifests_differ_by_rank_not_by_step(void **state)
     refit_model_destroy(m);
 }
 
+/* Geometries whose products are absurd are refused at parse time, before any
+ * world-sized array or per-rank manifest exists (issue 13: megatron:dp=65536
+ * made `refit plan --all-ranks` allocate 12.5 GB; ep*etp overflowing 32 bits
+ * divided by zero). */
+static void geometry_limits(void **state)
+{
+    (void)state;
+    struct { const char *spec; const char *needle; } bad[] = {
+        {"megatron:dp=65536", "dp=65536 is above refit's limit of 16384"},
+        {"megatron:ep=65536,etp=65536,dp=1", "ep=65536 is above refit's limit of 16384"},
+        {"megatron:tp=1025", "tp=1025 is above refit's limit of 1024"},
+        {"megatron:pp=1025", "pp=1025 is above refit's limit of 1024"},
+        {"megatron:etp=2048", "etp=2048 is above refit's limit of 1024"},
+        {"vllm:dp=16385", "dp=16385 is above refit's limit of 16384"},
+        {"vllm:tp=4294967296", "tp=4294967296 is above refit's limit of 1024"},
+        {"megatron:tp=1024,pp=1024", "1048576 ranks (tp 1024 x pp 1024 x dp 1) is above refit's limit of 16384"},
+        {"megatron:tp=8,pp=16,dp=256", "32768 ranks (tp 8 x pp 16 x dp 256) is above refit's limit of 16384"},
+        {"vllm:tp=128,dp=256", "32768 ranks (tp 128 x pp 1 x dp 256) is above refit's limit of 16384"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        refit_layout_t *l = (refit_layout_t *)&l;
+        refit_status_t st = refit_layout_parse(bad[i].spec, &l);
+        if (st != REFIT_ERR_GEOMETRY || !strstr(refit_last_error(), bad[i].needle))
+            fail_msg("%s: %s \"%s\", want REFIT_ERR_GEOMETRY \"%s\"", bad[i].spec, refit_status_name(st),
+                     refit_last_error(), bad[i].needle);
+        assert_ptr_equal(l, (refit_layout_t *)&l);
+    }
+    /* At the limits: Llama-3.1-405B's 16,384-GPU pretraining layout, a 16,384-rank
+     * vLLM expert-parallel fleet, and every knob at its own limit. */
+    struct { const char *spec; uint32_t world; } good[] = {
+        {"megatron:tp=8,pp=16,dp=128", 16384},
+        {"vllm:tp=128,dp=128,ep=16384", 16384},
+        {"megatron:tp=1024,pp=16", 16384},
+        {"megatron:pp=1024,dp=16", 16384},
+        {"megatron:tp=16,etp=1024,ep=16,dp=1024", 16384},
+        {"megatron:dp=16384,ep=16384,etp=1", 16384},
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        refit_layout_t *l = t_layout(good[i].spec);
+        assert_int_equal(refit_layout_world(l), good[i].world);
+        refit_layout_destroy(l);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -363,6 +407,7 @@ int main(void)
         cmocka_unit_test(megatron_pipeline_and_vocab), cmocka_unit_test(megatron_experts),
         cmocka_unit_test(vllm_attention),             cmocka_unit_test(vllm_experts),
         cmocka_unit_test(manifests_differ_by_rank_not_by_step),
+        cmocka_unit_test(geometry_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* Manifest builder, validation (finalize), signature and binary codec. */
 #include "testutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -891,6 +892,34 @@ static void test_decode_duplicate_local_and_attr(void **state)
     refit_manifest_destroy(m);
 }
 
+/* The world sizes receivers' tables (one entry per source rank), and unlike
+ * the counts it is not tied to the encoding's length: a forged manifest of a
+ * few bytes with world 131,072 decoded (issue 13).  It is bounded like a
+ * layout's world, by decode and by create. */
+static void test_world_limit(void **state)
+{
+    (void)state;
+    hand_t ref;
+    hand_encoding(&ref);
+    const size_t world_at = ref.rank + 4;
+    char needle[96];
+    snprintf(needle, sizeof(needle), "world at byte %zu is 131072, beyond the limit of 16384", world_at);
+    HOSTILE(patch(&h, world_at, 4, "\x00\x00\x02\x00", 4), REFIT_ERR_CORRUPT, needle);
+    HOSTILE(patch(&h, world_at, 4, "\x01\x40\x00\x00", 4), REFIT_ERR_CORRUPT, "is 16385, beyond the limit of 16384");
+    HOSTILE(patch(&h, world_at, 4, "\xff\xff\xff\xff", 4), REFIT_ERR_CORRUPT, "is 4294967295, beyond the limit");
+    HOSTILE(patch(&h, world_at, 4, "\x00\x40\x00\x00", 4), REFIT_OK, NULL); /* 16384: the limit itself */
+    HOSTILE((patch(&h, world_at, 4, "\x00\x40\x00\x00", 4), patch(&h, h.rank, 4, "\xff\x3f\x00\x00", 4)), REFIT_OK,
+            NULL); /* its last rank */
+    refit_manifest_t *m = NULL;
+    REFIT_ASSERT_ERR(refit_manifest_create(&(refit_manifest_identity_t){"m", "l", 0, 16385}, &m), REFIT_ERR_INVALID_ARG,
+                     "world size 16385 is above refit's limit of 16384");
+    REFIT_ASSERT_ERR(refit_manifest_create(&(refit_manifest_identity_t){"m", "l", 131071, 131072}, &m),
+                     REFIT_ERR_INVALID_ARG, "world size 131072 is above refit's limit of 16384");
+    assert_null(m);
+    REFIT_ASSERT_OK(refit_manifest_create(&(refit_manifest_identity_t){"m", "l", 16383, 16384}, &m));
+    refit_manifest_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -917,6 +946,7 @@ int main(void)
         cmocka_unit_test(test_decode_hostile_fields),
         cmocka_unit_test(test_decode_hostile_semantics),
         cmocka_unit_test(test_decode_duplicate_local_and_attr),
+        cmocka_unit_test(test_world_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
