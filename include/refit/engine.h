@@ -127,6 +127,9 @@ typedef struct {
     double encode_ms;               /* wall time spent encoding inside publish */
 } refit_publish_delta_t;
 REFIT_API refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publish_delta_t *out);
+/* Milliseconds the last publish spent computing its content digests (0 when
+ * digests are off). */
+REFIT_API double refit_publisher_digest_ms(const refit_publisher_t *p);
 /* Waits until `n` distinct receivers reported committing `version` (or a
  * later one).  For drivers that want every receiver to see every version. */
 REFIT_API refit_status_t refit_publisher_wait_acks(refit_publisher_t *p, uint64_t version, uint32_t n, int timeout_ms);
@@ -219,6 +222,13 @@ typedef struct {
     uint64_t delta_base;     /* a delta from this version was applied (0: a full pull); `bytes` are its bytes */
     uint64_t delta_units;    /* 2-byte units the delta changed in this receiver's memory (dense chunks:
                                 every unit they cover) */
+    /* Content digests (no_digest off): the bytes checked against the sources'
+     * digests, those that could not be (a source without digests - GPU
+     * memory, no_digest -, GPU memory here, boxes no digest covers), and
+     * the time it took (hashing this memory, fetching the entries,
+     * comparing); part of verify_ms. */
+    uint64_t digest_bytes, unverified_bytes;
+    double digest_ms;
 } refit_pull_report_t;
 
 /* Pulls `version` (or the newest complete version newer than the committed

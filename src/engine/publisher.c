@@ -11,7 +11,14 @@
  * does not fit its arena is not offered.  The arenas of a buffer are
  * rewritten only when its memory is (in-place: after the caller waited for
  * the readers; snapshot: after wait_leases on the version it held), so a
- * reader never sees a delta change under it without the record changing. */
+ * reader never sees a delta change under it without the record changing.
+ *
+ * Content digests (host memory, unless no_digest): each buffer also has a
+ * digest table (data/digest.h: prefix sums of keyed row and column
+ * marginals of every placement, in canonical coordinates), exposed as the
+ * region after the delta arenas (attribute "refit.digest" holds its index)
+ * and filled at each publish from the bytes published, under the same rule
+ * as the arenas: rewritten only when its buffer's memory is. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -20,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data/digest.h"
 #include "engine/engine.h"
 #include "refit/delta.h"
 
@@ -49,6 +57,11 @@ struct refit_publisher {
     uint64_t dcap[64];
     refit_publish_delta_t last_delta;
     uint32_t rec_flags;             /* refit_publisher_stamp */
+    refit_digest_key_t *dkey;       /* content digests: NULL when off */
+    uint64_t dbytes;                /* table size */
+    void *dtable[NBUF_SNAPSHOT];
+    int dtable_owner[NBUF_SNAPSHOT];
+    double digest_ms;               /* filling the last version's table */
     refit_version_record_t last_rec; /* under lock */
     bool have_rec;
     /* Fencing: the store's epoch when we last looked, and when we last saw
@@ -148,6 +161,12 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
             p->dcap[r] = (refit_delta_table_bytes(m->regions.data[r]) +
                           m->regions.data[r] / 100 * p->params.delta_max_pct + 4095) & ~(uint64_t)4095;
     }
+    /* Content digests of host memory (a GPU publisher's bytes would need a
+     * kernel: its receivers report those bytes as unverified). */
+    if (!p->params.no_digest && p->params.device < 0 && refit_digest_table_bytes(m) &&
+        (st = refit_digest_key_create(refit_registry_key(p->reg, REFIT_KEY_DIGEST), &p->dkey)))
+        goto err;
+    if (p->dkey) p->dbytes = refit_digest_table_bytes(m);
     p->info.incarnation = refit_random_u64();
     p->info.pid = (uint32_t)getpid();
     refit_hostname(p->info.host, sizeof(p->info.host));
@@ -279,9 +298,12 @@ static refit_status_t announce(refit_publisher_t *p)
         for (uint32_t r = 0; r < p->nregions; r++)
             if (!p->darena[b][r] && (st = alloc_with(p, p->dcap[r], &p->darena[b][r], &p->darena_owner[b][r])))
                 return st;
+    for (uint32_t b = 0; b < nbuf && p->dkey; b++)
+        if (!p->dtable[b] && (st = alloc_with(p, p->dbytes, &p->dtable[b], &p->dtable_owner[b]))) return st;
     uint32_t exposing = 0;
     for (uint32_t t = 0; t < p->ts.n; t++)
         exposing += can_expose(p, t);
+    uint32_t dreg = p->nregions + (p->denc ? p->nregions : 0); /* the digest table's index */
     if (!exposing)
         return refit_error(REFIT_ERR_INVALID_ARG, "none of the transports exposes %s memory",
                            p->params.device >= 0 ? "GPU" : "host");
@@ -304,6 +326,18 @@ static refit_status_t announce(refit_publisher_t *p)
                 free(desc);
                 if (st) return st;
             }
+    for (uint32_t t = 0; t < p->ts.n && p->dkey; t++)
+        for (uint32_t b = 0; b < nbuf && can_expose(p, t); b++) {
+            void *desc;
+            size_t len;
+            char key[96];
+            if ((st = p->ts.ops[t]->expose(p->ts.ctx[t], p->dtable[b], p->dbytes, &desc, &len))) return st;
+            refit_desc_key(key, sizeof(key), p->ts.ops[t]->name, dreg, b);
+            st = refit_manifest_set_attr(p->m, key, desc, len);
+            free(desc);
+            if (st) return st;
+        }
+    if (p->dkey && (st = refit_manifest_set_attr(p->m, "refit.digest", &dreg, sizeof(dreg)))) return st;
     if (p->denc && (st = refit_manifest_set_attr(p->m, "refit.delta", &p->nregions, sizeof(p->nregions)))) return st;
     uint32_t nb = nbuf;
     if ((st = refit_manifest_set_attr(p->m, "refit.buffers", &nb, sizeof(nb)))) return st;
@@ -452,6 +486,8 @@ void refit_publisher_stamp(refit_publisher_t *p, uint32_t flags)
     if (p) p->rec_flags = flags;
 }
 
+double refit_publisher_digest_ms(const refit_publisher_t *p) { return p ? p->digest_ms : 0; }
+
 refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publish_delta_t *out)
 {
     if (!p || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_last_delta: NULL argument");
@@ -489,6 +525,16 @@ refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
         rec.buffer = b;
     }
     if (p->denc) rec.delta_base = offer_delta(p, rec.buffer, version);
+    if (p->dkey) {
+        double t0 = refit_now();
+        void *const *src = p->params.mode == REFIT_MODE_SNAPSHOT ? p->stage[rec.buffer] : p->mem;
+        if ((st = refit_digest_table_fill(p->dkey, p->m, (const void *const *)src, p->dtable[rec.buffer],
+                                          p->params.delta_threads))) {
+            refit_error_prefix("rank %u, digests of version %" PRIu64 ": ", p->m->rank, version);
+            return st;
+        }
+        p->digest_ms = (refit_now() - t0) * 1e3;
+    }
     pthread_mutex_lock(&p->lock);
     p->last_rec = rec;
     p->have_rec = true;
@@ -535,6 +581,8 @@ void refit_publisher_destroy(refit_publisher_t *p)
         pthread_join(p->hb, NULL);
     }
     if (p->reg && p->announced) refit_registry_remove_source(p->reg, p->group, p->m->rank);
+    for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++) free_with(p, p->dtable[b], p->dbytes, p->dtable_owner[b]);
+    refit_digest_key_destroy(p->dkey);
     for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++)
         for (uint32_t r = 0; r < p->nregions && r < 64; r++) {
             free_with(p, p->stage[b][r], p->m->regions.data[r], p->stage_owner[b][r]);

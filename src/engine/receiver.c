@@ -6,7 +6,14 @@
  * holds the version and is alive -> verify -> commit -> ack -> release.
  *
  * Discovery reads one record and one heartbeat per source rank (one round
- * trip each with Redis) and nothing else in steady state.  The receiver's
+ * trip each with Redis) and nothing else in steady state.
+ *
+ * Content digests: after the transfer (and the re-check of the sources),
+ * the receiver hashes its own memory in canonical coordinates, fetches the
+ * few entries of the sources' digest tables its boxes need (one transport
+ * pull of 8-byte runs) and compares (data/digest.h), so that bytes that do
+ * not match what the publishers published are never committed, whatever
+ * carried them (relays, deltas, a torn read).  The receiver's
  * memory is marked unusable from the first byte written until a pull
  * completes, so a failed pull never passes for a good one. */
 #include <inttypes.h>
@@ -16,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data/digest.h"
 #include "engine/engine.h"
 #include "engine/relay.h"
 #include "refit/delta.h"
@@ -46,6 +54,8 @@ typedef struct {
     uint64_t last_used;
     delta_src_t *dsrc; /* NULL until the first delta pull with this plan */
     uint32_t ndsrc;
+    refit_digest_plan_t *dplan; /* NULL until the first verified pull with this plan */
+    uint8_t *dusable;           /* the sources it was built for */
 } cached_plan_t;
 
 struct refit_receiver {
@@ -74,6 +84,8 @@ struct refit_receiver {
     refit_relays_t *relays;
     refit_holder_stat_t *holders;
     size_t nholders;
+    refit_digest_key_t *dkey; /* content digests; NULL with no_digest */
+    refit_dsum_t *dlocal;     /* per destination placement */
 };
 
 static const char *or_default(const char *s, const char *d) { return s && s[0] ? s : d; }
@@ -157,6 +169,12 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
             if (refit_transport_caps(r->ts.ops[t]) & REFIT_TCAP_DEVICE_DST) host_path = false;
     }
     if (host_path && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
+    if (!r->params.no_digest &&
+        ((st = refit_digest_key_create(refit_registry_key(r->reg, REFIT_KEY_DIGEST), &r->dkey)) ||
+         !(r->dlocal = calloc(m->placements.len ? m->placements.len : 1, sizeof(refit_dsum_t))))) {
+        if (!st) st = refit_error(REFIT_ERR_NO_MEMORY, "receiver digests");
+        goto err;
+    }
     r->m = m;
     r->usable = true; /* nothing written yet: whatever the caller put there stands */
     *out = r;
@@ -231,6 +249,8 @@ static void drop_plan(cached_plan_t *cp)
     }
     free(cp->dsrc);
     refit_plan_destroy(cp->plan);
+    refit_digest_plan_destroy(cp->dplan);
+    free(cp->dusable);
     memset(cp, 0, sizeof(*cp));
 }
 
@@ -266,6 +286,8 @@ void refit_receiver_destroy(refit_receiver_t *r)
     free(r->stage);
     free(r->mem);
     free(r->owned);
+    refit_digest_key_destroy(r->dkey);
+    free(r->dlocal);
     refit_manifest_destroy(r->m);
     free(r);
 }
@@ -399,6 +421,17 @@ static uint32_t delta_regions(const refit_manifest_t *m)
     return n == m->regions.len ? n : 0;
 }
 
+/* The index of a source's digest table region, or -1 when it offers none. */
+static int64_t digest_region(const refit_manifest_t *m)
+{
+    const void *v;
+    size_t len;
+    uint32_t n;
+    if (refit_manifest_get_attr(m, "refit.digest", &v, &len) || len != sizeof(n)) return -1;
+    memcpy(&n, v, sizeof(n));
+    return n == m->regions.len + delta_regions(m) ? (int64_t)n : -1;
+}
+
 /* Connects source k for buffer b through the first transport that works. */
 static refit_status_t connect_source(refit_receiver_t *r, uint32_t k, uint32_t b, int *tidx)
 {
@@ -406,7 +439,8 @@ static refit_status_t connect_source(refit_receiver_t *r, uint32_t k, uint32_t b
     refit_status_t st = REFIT_OK, first = REFIT_OK;
     char first_detail[512] = "";
     uint32_t n = (uint32_t)s->m->regions.len;
-    n += delta_regions(s->m); /* a delta publisher's arenas follow its regions */
+    n += delta_regions(s->m);             /* a delta publisher's arenas follow its regions */
+    n += digest_region(s->m) >= 0 ? 1 : 0; /* then its digest table */
     for (uint32_t t = 0; t < r->ts.n; t++) {
         if (s->peer[t][b]) {
             *tidx = (int)t;
@@ -687,6 +721,80 @@ static refit_status_t raw_pull(refit_receiver_t *r, const snapshot_t *s, const i
     free(sb);
     free(peers);
     free(sub);
+    return st;
+}
+
+/* Checks this memory against the sources' content digests: hash it, fetch
+ * the table entries the digest plan names (connecting sources the transfer
+ * did not read: relays served it), compare.  REFIT_ERR_VERIFY names the
+ * first tensor that differs.  Bytes no digest covers are counted as
+ * unverified (and said once per plan at INFO). */
+static refit_status_t digest_verify(refit_receiver_t *r, const snapshot_t *s, uint64_t v, cached_plan_t *cp,
+                                    double deadline, int *tix, refit_pull_report_t *rep)
+{
+    double t0 = refit_now();
+    refit_status_t st = REFIT_OK;
+    uint8_t *usable = calloc(r->world ? r->world : 1, 1);
+    if (!usable) return refit_error(REFIT_ERR_NO_MEMORY, "digests");
+    const refit_manifest_t **srcs = calloc(r->world ? r->world : 1, sizeof(void *));
+    if (!srcs) {
+        free(usable);
+        return refit_error(REFIT_ERR_NO_MEMORY, "digests");
+    }
+    for (uint32_t k = 0; k < r->world; k++) {
+        srcs[k] = r->src[k].m;
+        usable[k] = s->present[k] && s->alive[k] && s->recs[k].version == v && r->src[k].m &&
+                    s->recs[k].incarnation == r->src[k].incarnation && digest_region(r->src[k].m) >= 0;
+    }
+    if (!cp->dplan || memcmp(cp->dusable, usable, r->world) != 0) {
+        refit_digest_plan_destroy(cp->dplan);
+        free(cp->dusable);
+        cp->dplan = NULL;
+        cp->dusable = NULL;
+        if ((st = refit_digest_plan_create(srcs, r->world, usable, r->m, &cp->dplan))) goto out;
+        cp->dusable = usable;
+        usable = NULL;
+        refit_digest_plan_stats_t ps;
+        refit_digest_plan_stats(cp->dplan, &ps);
+        if (ps.unverifiable_bytes)
+            refit_log(REFIT_LOG_INFO, "%s: %" PRIu64 " of %" PRIu64 " bytes cannot be checked against the sources' "
+                      "digests (sources without digests, or boxes no digest covers)", r->reader, ps.unverifiable_bytes,
+                      ps.bytes + ps.unverifiable_bytes);
+    }
+    size_t nf = 0;
+    const refit_digest_fetch_t *f = refit_digest_plan_fetches(cp->dplan, &nf);
+    /* The entries: one 8-byte run each, from the source's digest region. */
+    refit_plan_region_t *regs = calloc(nf ? nf : 1, sizeof(*regs));
+    unsigned char *fetched = calloc(nf ? nf : 1, 8);
+    if (!regs || !fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
+    for (size_t i = 0; i < nf && !st; i++) {
+        uint32_t k = f[i].src;
+        if (tix[k] < 0 && (st = connect_source(r, k, s->recs[k].buffer, &tix[k]))) break;
+        regs[i] = (refit_plan_region_t){.src = k, .src_region = (uint32_t)digest_region(r->src[k].m),
+                                        .src_offset = f[i].offset, .dst_offset = i * 8, .run = 8};
+    }
+    refit_pull_report_t scratch = {0};
+    void *bufs[1] = {fetched};
+    if (!st && nf) st = raw_pull(r, s, tix, regs, nf, bufs, deadline, &scratch);
+    /* This memory: the staging when the pull went through it (GPU), else the
+     * receiver's own (host); GPU memory itself is not hashed here. */
+    bool host = r->params.device < 0 || r->pull_staged;
+    void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
+    if (!st && host) st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
+    refit_digest_report_t dr = {0};
+    if (!st && host) st = refit_digest_check(cp->dplan, fetched, r->dlocal, &dr);
+    if (st == REFIT_ERR_VERIFY)
+        refit_error_prefix("version %" PRIu64 " does not match what its publishers published: ", v);
+    refit_digest_plan_stats_t ps;
+    refit_digest_plan_stats(cp->dplan, &ps);
+    rep->digest_bytes = host ? dr.bytes : 0;
+    rep->unverified_bytes = host ? ps.unverifiable_bytes : ps.bytes + ps.unverifiable_bytes;
+    free(regs);
+    free(fetched);
+out:
+    free(usable);
+    free(srcs);
+    rep->digest_ms = (refit_now() - t0) * 1e3;
     return st;
 }
 
@@ -1099,7 +1207,12 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     rep->begin_s = round;
     rep->end_s = t3;
     rep->transfer_begin_s = t2;
-    /* 7. Verify. */
+    /* Fencing: our lease must still hold.  A publisher that found no lease
+     * (deleted, expired, or a store that lost its data) may have rewritten
+     * its memory while we read it; such bytes are never committed. */
+    if ((st = refit_registry_lease_holds(r->reg, r->group, v, r->reader, r->lease_token))) goto out;
+    /* 7. Verify: the sources' digests, then (tests) the synthetic truth. */
+    if (r->dkey && (st = digest_verify(r, &s, v, cp, deadline, tix, rep))) goto out;
     if (r->params.verify == REFIT_VERIFY_TRUTH) {
 #ifdef REFIT_HAVE_CUDA
         if (r->params.device >= 0) st = refit_gpu_truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, NULL);
@@ -1109,10 +1222,6 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         if (st) goto out;
     }
     rep->verify_ms = (refit_now() - t3) * 1e3;
-    /* Fencing: our lease must still hold.  A publisher that found no lease
-     * (deleted, expired, or a store that lost its data) may have rewritten
-     * its memory while we read it; such bytes are never committed. */
-    if ((st = refit_registry_lease_holds(r->reg, r->group, v, r->reader, r->lease_token))) goto out;
     /* 8. Commit. */
     r->committed = v;
     r->stage_version = r->pull_staged ? v : 0;

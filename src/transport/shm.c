@@ -857,11 +857,7 @@ static refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers,
         if (!peers[s]) continue;
         only[s] = 1;
         bases[s] = &flat[k];
-        for (uint32_t r = 0; r < peers[s]->nregions; r++) {
-            flat[k++] = peers[s]->regions[r].map;
-            if (peers[s]->regions[r].map) mapped = true;
-            else pvm = true;
-        }
+        for (uint32_t r = 0; r < peers[s]->nregions; r++) flat[k++] = peers[s]->regions[r].map;
     }
     /* Every region of the plan must come from a region the peer has. */
     size_t n;
@@ -876,6 +872,8 @@ static refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers,
             goto out;
         }
         bytes += refit_plan_region_bytes(&regs[i]);
+        if (p->regions[regs[i].src_region].map) mapped = true; /* what carried the bytes this plan reads */
+        else pvm = true;
     }
     pull_ctx_t pc = {peers};
     refit_exec_opts_t o = {.threads = ctl ? ctl->threads : 0, .copy = pvm ? pvm_copy : NULL, .user = &pc,

@@ -660,6 +660,21 @@ static void end_to_end_shm_file(void **state)
         /* First pull plans and reads both manifests; later ones neither. */
         assert_int_equal(rep.planned, v == 1);
         assert_int_equal(rep.manifests_read, v == 1 ? 2 : 0);
+        /* Every byte the placements cover was checked against the publishers' digests. */
+        refit_plan_t *pl;
+        refit_manifest_t *srcs[2] = {t_manifest_named("tiny-moe", "megatron:tp=2,ep=2,etp=1", 0),
+                                     t_manifest_named("tiny-moe", "megatron:tp=2,ep=2,etp=1", 1)};
+        refit_manifest_t *dm = t_manifest_named("tiny-moe", "vllm:tp=2", 0);
+        REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)srcs, 2, dm, NULL, &pl));
+        refit_plan_stats_t ps;
+        refit_plan_stats(pl, &ps);
+        assert_int_equal(rep.digest_bytes, ps.bytes_written);
+        assert_int_equal(rep.unverified_bytes, 0);
+        assert_true(rep.digest_ms > 0 && rep.digest_ms <= rep.verify_ms);
+        refit_plan_destroy(pl);
+        refit_manifest_destroy(dm);
+        refit_manifest_destroy(srcs[0]);
+        refit_manifest_destroy(srcs[1]);
         REFIT_ASSERT_OK(refit_receiver_pull(r1, v, 10000, &rep));
         expect_truth("tiny-moe", "vllm:tp=2", 0, b0, v);
         expect_truth("tiny-moe", "vllm:tp=2", 1, b1, v);
@@ -1051,6 +1066,32 @@ static void lease_lost_mid_read_not_committed(void **state)
     char out[800];
     victim_result(victim, resp, out, sizeof(out));
     if (strncmp(out, "REFIT_ERR_STALE usable=0 committed=0", 36) || !strstr(out, "was lost during the transfer"))
+        fail_msg("victim: %s", out);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
+/* A trainer that rewrites its memory while a receiver reads it (in place,
+ * without waiting for its readers: a bug, or a second writer), the lease
+ * intact: no synthetic truth in the receiver, only the publisher's content
+ * digests, which the bytes read no longer match.  Before the digests the
+ * receiver committed v2's bytes as v1 with rc 0. */
+static void scribble_during_read_refused(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    int resp;
+    pid_t victim = fenced_victim(&g, "victim", 1500, &resp);
+    wait_lease(&g, 1);
+    PUB_OK(&p, "scribble 2");
+    char out[800];
+    victim_result(victim, resp, out, sizeof(out));
+    if (strncmp(out, "REFIT_ERR_VERIFY usable=0 committed=0", 37) ||
+        !strstr(out, "does not match what its publishers published"))
         fail_msg("victim: %s", out);
     pub_stop(&p);
     t_rm_tree(g.dir);
@@ -1466,6 +1507,7 @@ int main(void)
         cmocka_unit_test(identity_and_corrupt_manifest),
         cmocka_unit_test(lease_lost_mid_read_not_committed),
         cmocka_unit_test(registry_lost_mid_read_fenced),
+        cmocka_unit_test(scribble_during_read_refused),
         cmocka_unit_test(relay_serves_joiner),
         cmocka_unit_test(relay_killed_reader_fails_over),
         cmocka_unit_test(relay_killed_trainer_resumes),
