@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -24,7 +25,9 @@
 typedef struct {
     pid_t pid;
     int fd;
-    bool receiver, eof, exited;
+    bool receiver, eof;
+    bool exited;  /* reaped: pid is no longer ours to signal */
+    bool stopped; /* killed by the demo itself (timeout, or another child failed) */
     int status;
     uint32_t rank;
     char buf[16384];
@@ -169,6 +172,46 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
         *failed = true;
     }
     refit_json_free(o);
+}
+
+static const char *role(const child_t *c) { return c->receiver ? "receiver" : "publisher"; }
+
+/* How a child ended, for messages: "exited with status 1", "was killed by
+ * signal 9 (Killed)". */
+static void describe_end(int status, char *buf, size_t size)
+{
+    if (WIFEXITED(status)) snprintf(buf, size, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, size, "was killed by signal %d (%s)%s", WTERMSIG(status), strsignal(WTERMSIG(status)),
+                 WCOREDUMP(status) ? ", core dumped" : "");
+    else snprintf(buf, size, "ended with wait status 0x%x", (unsigned)status);
+}
+
+/* Reaps every child that has ended, without waiting.  A child that ended
+ * other than with status 0 (killed, crashed, failed) fails the demo at once:
+ * the others would otherwise wait for it until their timeout (publishers for
+ * its acks, receivers for its versions).  Returns true if one did. */
+static bool reap_ended(child_t *kids, uint32_t n)
+{
+    bool failed = false;
+    for (uint32_t i = 0; i < n; i++) {
+        child_t *c = &kids[i];
+        if (c->exited) continue;
+        int status;
+        pid_t got = waitpid(c->pid, &status, WNOHANG);
+        if (got != c->pid) continue;
+        c->exited = true;
+        c->status = status;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+        if (!c->stopped) {
+            char how[96];
+            describe_end(status, how, sizeof(how));
+            fprintf(stderr, "refit demo: %s %u (pid %d) %s; stopping the other children\n", role(c), c->rank,
+                    (int)c->pid, how);
+        }
+        failed = true;
+    }
+    return failed;
 }
 
 static void remove_tree(const char *path)
@@ -392,12 +435,18 @@ int cmd_demo(int argc, char **argv)
                 map[n++] = i;
             }
         if (!n) break;
+        if (reap_ended(kids, started)) failed = true;
         if (refit_now() > deadline || failed) {
             if (!failed) fprintf(stderr, "refit demo: timed out after %" PRIu64 " s\n", timeout_s);
             failed = true;
             for (uint32_t i = 0; i < started; i++)
-                if (!kids[i].eof) kill(kids[i].pid, SIGKILL);
+                if (!kids[i].exited && !kids[i].stopped) {
+                    kids[i].stopped = true;
+                    kill(kids[i].pid, SIGKILL);
+                }
         }
+        /* A child's end closes its pipe and wakes the poll; the next turn
+         * reaps it (its exit status may come a moment after the EOF). */
         if (poll(pfd, n, 200) < 0 && errno != EINTR) break;
         for (uint32_t k = 0; k < n; k++) {
             if (!(pfd[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -431,13 +480,18 @@ int cmd_demo(int argc, char **argv)
         }
     }
     for (uint32_t i = 0; i < started; i++) {
-        int status;
-        if (waitpid(kids[i].pid, &status, 0) == kids[i].pid && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-            fprintf(stderr, "refit demo: %s %u exited with %s %d\n", kids[i].receiver ? "receiver" : "publisher",
-                    kids[i].rank, WIFEXITED(status) ? "status" : "signal",
-                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-            failed = true;
+        child_t *ch = &kids[i];
+        if (!ch->exited) {
+            if (waitpid(ch->pid, &ch->status, 0) != ch->pid) continue;
+            ch->exited = true;
+            if (WIFEXITED(ch->status) && WEXITSTATUS(ch->status) == 0) continue;
+            if (!ch->stopped) {
+                char how[96];
+                describe_end(ch->status, how, sizeof(how));
+                fprintf(stderr, "refit demo: %s %u (pid %d) %s\n", role(ch), ch->rank, (int)ch->pid, how);
+            }
         }
+        if (!(WIFEXITED(ch->status) && WEXITSTATUS(ch->status) == 0)) failed = true;
     }
     bool verified = !failed;
     for (uint64_t k = 0; k < cycles; k++) verified &= cy[k].reports == R;

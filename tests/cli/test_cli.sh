@@ -82,5 +82,53 @@ kill "$stpub" 2>/dev/null; wait "$stpub" 2>/dev/null
 expect "publish from missing dir" 1 "neither model.safetensors.index.json" -- "$refit" publish --from-safetensors "$tmp/nope" --model tiny-moe
 expect "publish from wrong model" 1 "" -- "$refit" publish --from-safetensors "$tmp/ck/rank-0" --model tiny-dense
 
+# checkpoint files that are not regular files are refused, not read: a FIFO
+# named model.safetensors or config.json blocked these commands forever (the
+# timeout turns such a hang into exit 124, a failure)
+mkdir -p "$tmp/fifo-st" "$tmp/fifo-cfg"
+mkfifo "$tmp/fifo-st/model.safetensors" "$tmp/fifo-cfg/config.json"
+expect "publish from a FIFO shard" 1 "model.safetensors is a FIFO, not a regular file" -- \
+  timeout 20 "$refit" publish --from-safetensors "$tmp/fifo-st" --model tiny-moe
+expect "model from a FIFO config.json" 1 "config.json is a FIFO, not a regular file" -- \
+  timeout 20 "$refit" plan --model "$tmp/fifo-cfg" --src hf --dst hf
+
+# a demo child that dies (here: SIGKILL to a receiver) fails the demo at once,
+# naming the child and how it died, instead of the others waiting for it until
+# their timeout (60 s here; 900 s by default)
+"$refit" demo --model tiny-moe --src megatron:tp=2,ep=2,etp=1 --dst vllm:tp=2 --cycles 1000 --timeout-s 60 \
+  >"$tmp/kill.out" 2>"$tmp/kill.err" &
+demo=$!
+victim=""
+for _ in $(seq 100); do # up to 10 s for the receivers to start
+  for c in $(pgrep -P "$demo"); do
+    if tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q " pull .*--rank 1 "; then victim=$c; fi
+  done
+  [ -n "$victim" ] && break
+  sleep 0.1
+done
+if [ -z "$victim" ]; then
+  bad "demo child killed: no receiver child of the demo found"
+else
+  sleep 1 # let it be mid-cycle
+  kill -9 "$victim"
+  t0=$(date +%s)
+  for _ in $(seq 100); do kill -0 "$demo" 2>/dev/null || break; sleep 0.1; done # up to 10 s
+  if kill -0 "$demo" 2>/dev/null; then
+    bad "demo child killed: the demo still runs $(( $(date +%s) - t0 )) s after receiver 1 (pid $victim) was killed"
+    for c in $(pgrep -P "$demo"); do kill -9 "$c" 2>/dev/null; done
+    kill -9 "$demo" 2>/dev/null; wait "$demo" 2>/dev/null
+  else
+    wait "$demo"; rc=$?
+    if [ "$rc" -eq 0 ]; then bad "demo child killed: exit 0"
+    elif ! grep -qF "receiver 1 (pid $victim) was killed by signal 9" "$tmp/kill.err"; then
+      bad "demo child killed: stderr lacks 'receiver 1 (pid $victim) was killed by signal 9': $(tail -5 "$tmp/kill.err")"
+    else ok "demo child killed (exit $rc in $(( $(date +%s) - t0 )) s)"; fi
+  fi
+fi
+if [ -z "$victim" ]; then
+  for c in $(pgrep -P "$demo"); do kill -9 "$c" 2>/dev/null; done
+  kill -9 "$demo" 2>/dev/null; wait "$demo" 2>/dev/null
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
