@@ -18,7 +18,11 @@ redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$d
 rpid=$!
 trap 'kill $rpid 2>/dev/null; wait $rpid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
-"$build/refit" demo --cycles "$cycles" --registry "redis://127.0.0.1:$port" --json > bench/results/demo-shm-redis.json
+# A networked registry needs the job's secret (docs/security.md): a fresh one for this run.
+secret=$dir/job.secret
+head -c 32 /dev/urandom >"$secret" && chmod 600 "$secret"
+REFIT_SECRET_FILE=$secret "$build/refit" demo --cycles "$cycles" --registry "redis://127.0.0.1:$port" --json \
+  > bench/results/demo-shm-redis.json
 python3 - bench/results/demo-shm-file.json bench/results/demo-shm-redis.json <<'PY'
 import json, sys
 for f in sys.argv[1:]:

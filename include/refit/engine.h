@@ -48,6 +48,11 @@ typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_
  * (never a world-writable directory; docs/security.md). */
 REFIT_API const char *refit_default_registry(void);
 
+/* sizeof the public structure named `name` ("refit_pull_report_t",
+ * "refit_publisher_params_t", "refit_receiver_params_t"), 0 for others: for
+ * bindings that mirror the structures, to refuse a library they do not match. */
+REFIT_API size_t refit_struct_size(const char *name);
+
 /* Authentication (docs/security.md): every registry entry is signed and
  * checked with keys derived from the job's secret, and every transport
  * connection proves it.  secret_file names a file holding it (at least 16

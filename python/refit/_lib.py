@@ -29,7 +29,9 @@ class PublisherParams(C.Structure):
     _fields_ = [("version", C.c_uint), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
                 ("transports", C.c_char_p), ("transport_options", C.c_char_p), ("mode", C.c_int),
                 ("heartbeat_ms", C.c_uint32), ("dead_ms", C.c_uint32), ("device", C.c_int),
-                ("delta", C.c_bool), ("delta_max_pct", C.c_uint32), ("delta_threads", C.c_uint)]
+                ("delta", C.c_bool), ("delta_max_pct", C.c_uint32), ("delta_threads", C.c_uint),
+                ("secret_file", C.c_char_p), ("insecure", C.c_bool), ("lease_ms", C.c_uint32),
+                ("no_digest", C.c_bool)]
 
 
 class ReceiverParams(C.Structure):
@@ -37,7 +39,8 @@ class ReceiverParams(C.Structure):
                 ("transports", C.c_char_p), ("transport_options", C.c_char_p), ("reader", C.c_char_p),
                 ("lease_ms", C.c_uint32), ("threads", C.c_uint), ("verify", C.c_int), ("device", C.c_int),
                 ("relay_slot", C.c_int), ("max_readers", C.c_uint32), ("chunk_kb", C.c_uint32),
-                ("relay_heartbeat_ms", C.c_uint32), ("no_delta", C.c_bool), ("truth_fraction", C.c_double)]
+                ("relay_heartbeat_ms", C.c_uint32), ("no_delta", C.c_bool), ("truth_fraction", C.c_double),
+                ("secret_file", C.c_char_p), ("insecure", C.c_bool), ("no_digest", C.c_bool)]
 
 
 class PullReportC(C.Structure):
@@ -47,7 +50,8 @@ class PullReportC(C.Structure):
                 ("total_ms", C.c_double), ("transport", C.c_char * 32), ("lanes", C.c_char * 256),
                 ("requests", C.c_uint64), ("launches", C.c_uint64), ("connect_ms", C.c_double),
                 ("begin_s", C.c_double), ("end_s", C.c_double), ("transfer_begin_s", C.c_double),
-                ("delta_base", C.c_uint64), ("delta_units", C.c_uint64)]
+                ("delta_base", C.c_uint64), ("delta_units", C.c_uint64), ("digest_bytes", C.c_uint64),
+                ("unverified_bytes", C.c_uint64), ("digest_ms", C.c_double)]
 
 
 class PlanParams(C.Structure):
@@ -65,8 +69,8 @@ class TruthReport(C.Structure):
     _fields_ = [("elements_checked", C.c_uint64), ("bytes_checked", C.c_uint64), ("mismatches", C.c_uint64)]
 
 
-PUBLISHER_PARAMS_VERSION = 3
-RECEIVER_PARAMS_VERSION = 4
+PUBLISHER_PARAMS_VERSION = 4
+RECEIVER_PARAMS_VERSION = 5
 PLAN_PARAMS_VERSION = 1
 VERSION_NEWEST = (1 << 64) - 1
 
@@ -148,6 +152,7 @@ _API = {
     "refit_hf_source_close": (None, [P]),
     # engine
     "refit_default_registry": (C.c_char_p, []),
+    "refit_struct_size": (C.c_size_t, [C.c_char_p]),
     "refit_publisher_create": (ST, [C.POINTER(PublisherParams), P, PP]),
     "refit_publisher_alloc": (ST, [P, C.c_uint32, PP]),
     "refit_publisher_attach": (ST, [P, C.c_uint32, C.c_void_p]),
@@ -205,6 +210,15 @@ def _load():
 
 lib = _load()
 library_path = lib._refit_path
+
+# The structures mirrored above must be the library's: a library built from
+# another revision would write past (or short of) them.
+for _name, _cls in (("refit_pull_report_t", PullReportC), ("refit_publisher_params_t", PublisherParams),
+                    ("refit_receiver_params_t", ReceiverParams)):
+    _size = lib.refit_struct_size(_name.encode()) if hasattr(lib, "refit_struct_size") else 0
+    if _size != C.sizeof(_cls):
+        raise ImportError(f"refit: {library_path} does not match this package: sizeof({_name}) is {_size} there, "
+                          f"{C.sizeof(_cls)} here; rebuild the library or reinstall the package from the same revision")
 libc = C.CDLL(None)
 libc.free.argtypes = [C.c_void_p]
 libc.free.restype = None

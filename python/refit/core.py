@@ -581,13 +581,16 @@ class Publisher(_Endpoint):
     def __init__(self, manifest: Manifest, *, registry: str = None, job: str = None, group: str = None,
                  transports: str = None, transport_options: str = None, mode: str = "in-place",
                  heartbeat_ms: int = 0, dead_ms: int = 0, device: int = -1, delta: bool = False,
-                 delta_max_pct: int = 0, delta_threads: int = 0):
+                 delta_max_pct: int = 0, delta_threads: int = 0, secret_file: str = None, insecure: bool = False,
+                 lease_ms: int = 0, no_digest: bool = False):
         super().__init__(manifest, device)
         if mode not in ("in-place", "snapshot"):
             raise RefitError(-1, "mode is 'in-place' or 'snapshot'", "Publisher")
         self._keep = [_b(registry), _b(job), _b(group), _b(transports), _b(transport_options)]
+        self._secret = _b(secret_file)
         pp = _lib.PublisherParams(_lib.PUBLISHER_PARAMS_VERSION, *self._keep, 1 if mode == "snapshot" else 0,
-                                  heartbeat_ms, dead_ms, device, delta, delta_max_pct, delta_threads)
+                                  heartbeat_ms, dead_ms, device, delta, delta_max_pct, delta_threads, self._secret,
+                                  insecure, lease_ms, no_digest)
         h = C.c_void_p()
         _check(lib.refit_publisher_create(C.byref(pp), manifest._h, C.byref(h)), "refit_publisher_create")
         self._h = h
@@ -626,6 +629,9 @@ class PullReport:
     lanes: str
     connect_ms: float
     delta_base: int = 0  # a delta from this version was applied (0: a full pull)
+    digest_bytes: int = 0  # bytes checked against the publishers' content digests
+    unverified_bytes: int = 0  # bytes no digest covered (sources without digests, GPU memory)
+    digest_ms: float = 0.0  # hashing, fetching and comparing digests (part of verify_ms)
 
 
 class Receiver(_Endpoint):
@@ -637,11 +643,14 @@ class Receiver(_Endpoint):
     def __init__(self, manifest: Manifest, *, registry: str = None, job: str = None, group: str = None,
                  transports: str = None, transport_options: str = None, reader: str = None, lease_ms: int = 0,
                  threads: int = 0, verify: bool = False, device: int = -1, relay_slot: int = -1,
-                 max_readers: int = 0, chunk_kb: int = 0, no_delta: bool = False, truth_fraction: float = 0.0):
+                 max_readers: int = 0, chunk_kb: int = 0, no_delta: bool = False, truth_fraction: float = 0.0,
+                 secret_file: str = None, insecure: bool = False, no_digest: bool = False):
         super().__init__(manifest, device)
         self._keep = [_b(registry), _b(job), _b(group), _b(transports), _b(transport_options), _b(reader)]
+        self._secret = _b(secret_file)
         rp = _lib.ReceiverParams(_lib.RECEIVER_PARAMS_VERSION, *self._keep, lease_ms, threads, 1 if verify else 0,
-                                 device, relay_slot, max_readers, chunk_kb, 0, no_delta, truth_fraction)
+                                 device, relay_slot, max_readers, chunk_kb, 0, no_delta, truth_fraction,
+                                 self._secret, insecure, no_digest)
         h = C.c_void_p()
         _check(lib.refit_receiver_create(C.byref(rp), manifest._h, C.byref(h)), "refit_receiver_create")
         self._h = h
@@ -660,7 +669,8 @@ class Receiver(_Endpoint):
         _check(lib.refit_receiver_pull(self._h, v, timeout_ms, C.byref(rep)), f"pull({version})")
         return PullReport(rep.version, rep.bytes, rep.sources, rep.planned, rep.manifests_read, rep.wait_ms,
                           rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
-                          rep.transport.decode(), rep.lanes.decode(), rep.connect_ms, rep.delta_base)
+                          rep.transport.decode(), rep.lanes.decode(), rep.connect_ms, rep.delta_base,
+                          rep.digest_bytes, rep.unverified_bytes, rep.digest_ms)
 
     @property
     def committed(self) -> int:

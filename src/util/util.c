@@ -47,9 +47,9 @@ char *refit_asprintf(const char *fmt, ...)
 
 char *refit_redact_url(const char *url)
 {
-    const char *auth = strstr(url, "://");
-    const char *at = auth ? strchr(auth + 3, '@') : NULL;
-    const char *colon = at ? memchr(auth + 3, ':', (size_t)(at - auth - 3)) : NULL;
+    const char *auth = strstr(url, "//");
+    const char *at = auth ? strchr(auth + 2, '@') : NULL;
+    const char *colon = at ? memchr(auth + 2, ':', (size_t)(at - auth - 2)) : NULL;
     if (!colon) return refit_strdup(url);
     return refit_asprintf("%.*s***%s", (int)(colon + 1 - url), url, at);
 }

@@ -1175,6 +1175,58 @@ static bool redis_raw(int port, const char *cmd, const char *want)
  * writes hit a reset socket (EPIPE), which must not kill the process with
  * SIGPIPE (its default action here); the backend then retries once on a
  * fresh connection, so the put succeeds. */
+/* Redis ACL users: the registry authenticates with USER:PASSWORD from the
+ * URL or $REFIT_REDIS_PASSWORD_FILE; a wrong password, none, or a user
+ * scoped to another job's keys each fail clearly; the password never
+ * appears in messages. */
+static void test_redis_acl(void **state)
+{
+    backend_t *b = need(state);
+    (void)b;
+    t_redis_t rs = {0};
+    const char *extra[] = {"--user", "default", "off", "--user", "refitjob", "on", ">s3cret-pw", "~refit:acljob:*",
+                           "&refit:acljob:events", "+@all", NULL};
+    assert_true(t_redis_start_with(&rs, 0, extra));
+    char url[128], bad[128], anon[128], useronly[128];
+    snprintf(url, sizeof(url), "redis://refitjob:s3cret-pw@127.0.0.1:%d", rs.port);
+    snprintf(bad, sizeof(bad), "redis://refitjob:wrong@127.0.0.1:%d", rs.port);
+    snprintf(anon, sizeof(anon), "redis://127.0.0.1:%d", rs.port);
+    snprintf(useronly, sizeof(useronly), "redis://refitjob@127.0.0.1:%d", rs.port);
+    refit_registry_t *r = NULL;
+    REFIT_ASSERT_OK(refit_registry_open(url, "acljob", &r));
+    assert_null(strstr(refit_registry_url(r), "s3cret"));
+    assert_non_null(strstr(refit_registry_url(r), "refitjob:***@"));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    void *buf = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
+    free(buf);
+    refit_registry_close(r);
+    REFIT_ASSERT_ERR(refit_registry_open(bad, "acljob", &r), REFIT_ERR_AUTH, "AUTH as refitjob");
+    assert_null(strstr(refit_last_error(), "wrong"));
+    REFIT_ASSERT_ERR(refit_registry_open(anon, "acljob", &r), REFIT_ERR_REGISTRY, "NOAUTH");
+    REFIT_ASSERT_ERR(refit_registry_open(url, "otherjob", &r), REFIT_ERR_REGISTRY, "NOPERM");
+    /* The password from a file of ours. */
+    char pwf[64];
+    snprintf(pwf, sizeof(pwf), "/tmp/refit-redis-pw-%d", (int)getpid());
+    FILE *f = fopen(pwf, "w");
+    fputs("s3cret-pw\n", f);
+    fclose(f);
+    chmod(pwf, 0644);
+    setenv("REFIT_REDIS_PASSWORD_FILE", pwf, 1);
+    REFIT_ASSERT_ERR(refit_registry_open(useronly, "acljob", &r), REFIT_ERR_AUTH, "chmod 600");
+    chmod(pwf, 0600);
+    REFIT_ASSERT_OK(refit_registry_open(useronly, "acljob", &r));
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
+    free(buf);
+    refit_registry_close(r);
+    unsetenv("REFIT_REDIS_PASSWORD_FILE");
+    unlink(pwf);
+    REFIT_ASSERT_ERR(refit_registry_open(useronly, "acljob", &r), REFIT_ERR_AUTH, "without a password");
+    t_redis_stop(&rs);
+    t_rm_tree(rs.dir);
+}
+
 static void test_redis_sigpipe(void **state)
 {
     backend_t *b = need(state);
@@ -1225,6 +1277,7 @@ int main(void)
         cmocka_unit_test_prestate(test_redis_restart, &g_redis),
         cmocka_unit_test_prestate(test_redis_hang, &g_redis),
         cmocka_unit_test_prestate(test_redis_sigpipe, &g_redis),
+        cmocka_unit_test_prestate(test_redis_acl, &g_redis),
     };
     const struct CMUnitTest misc_tests[] = {
         cmocka_unit_test(test_open_errors),

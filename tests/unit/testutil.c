@@ -181,7 +181,8 @@ bool t_redis_ping(int port)
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     char buf[16] = {0};
     bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6 &&
-              recv(fd, buf, sizeof(buf) - 1, 0) >= 5 && strncmp(buf, "+PONG", 5) == 0;
+              recv(fd, buf, sizeof(buf) - 1, 0) >= 5 &&
+              (strncmp(buf, "+PONG", 5) == 0 || strncmp(buf, "-NOAUTH", 7) == 0); /* up, and wants AUTH */
     close(fd);
     return ok;
 }
@@ -203,7 +204,9 @@ void t_redis_stop(t_redis_t *r)
     r->pid = 0;
 }
 
-bool t_redis_start(t_redis_t *r, int port)
+bool t_redis_start(t_redis_t *r, int port) { return t_redis_start_with(r, port, NULL); }
+
+bool t_redis_start_with(t_redis_t *r, int port, const char *const *extra)
 {
     if (!r->dir[0]) {
         snprintf(r->dir, sizeof(r->dir), "/tmp/refit-redis-XXXXXX");
@@ -223,8 +226,12 @@ bool t_redis_start(t_redis_t *r, int port)
             dup2(null, 1);
             dup2(null, 2);
         }
-        execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "", "--appendonly",
-               "no", "--daemonize", "no", "--dir", r->dir, (char *)NULL);
+        const char *argv[64] = {"redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                "no", "--daemonize", "no", "--dir", r->dir};
+        int n = 13;
+        for (int i = 0; extra && extra[i] && n < 63; i++) argv[n++] = extra[i];
+        argv[n] = NULL;
+        execvp("redis-server", (char *const *)argv);
         _exit(127);
     }
     r->pid = pid;

@@ -66,6 +66,8 @@ typedef struct {
  * in a fresh temporary directory; waits (<= 5 s) until it answers PING.  The
  * server dies with the test process. */
 bool t_redis_start(t_redis_t *r, int port);
+/* The same with more redis-server arguments (NULL-terminated list). */
+bool t_redis_start_with(t_redis_t *r, int port, const char *const *extra);
 bool t_redis_ping(int port);
 /* SIGTERM (then SIGKILL after 5 s) and reap; keeps dir and port for a restart. */
 void t_redis_stop(t_redis_t *r);

@@ -20,19 +20,31 @@
  * the next call reconnects.  A subscriber that had to reconnect may have
  * missed messages, so that wait() returns at once (a change is reported).
  *
+ * Authentication: redis://USER@HOST:PORT or redis://USER:PASSWORD@HOST:PORT
+ * (or redis://:PASSWORD@...): every connection sends AUTH [USER] PASSWORD
+ * first (Redis 6 ACL users: give the job's user only the keys
+ * refit:<job>:* and the channel refit:<job>:events; docs/security.md).  A
+ * password not in the URL comes from $REFIT_REDIS_PASSWORD_FILE (a file of
+ * ours, not readable by others) or $REFIT_REDIS_PASSWORD.  TLS: hiredis 0.14
+ * has none; docs/security.md shows a stunnel client in front (tested).
+ *
  * SIGPIPE: hiredis writes with write(2); a write to a closed socket would
  * kill the process.  Commands run with SIGPIPE blocked in the calling thread
  * and a SIGPIPE they raised is consumed before it is unblocked. */
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "registry/backend.h"
+#include "util/crypto.h"
 
 #define IO_TIMEOUT_MS 2000
 #define DEFAULT_PORT 6379
@@ -43,6 +55,7 @@
 struct refit_kv {
     char *host;
     int port;
+    char *user, *password; /* AUTH; NULL: none */
     char *addr;    /* "host:port", for messages */
     char *prefix;  /* "refit:<job>:" */
     size_t prefix_len;
@@ -124,6 +137,22 @@ static refit_status_t connect_ctx(refit_kv_t *kv, redisContext **out)
         refit_status_t st = refit_error(REFIT_ERR_REGISTRY, "redis %s: setting I/O timeout: %s", kv->addr, c->errstr);
         redisFree(c);
         return st;
+    }
+    if (kv->password) {
+        const char *argv[3] = {"AUTH", kv->user ? kv->user : kv->password, kv->password};
+        size_t lens[3] = {4, strlen(argv[1]), strlen(kv->password)};
+        sigpipe_block(&g);
+        redisReply *r = redisCommandArgv(c, kv->user ? 3 : 2, argv, lens);
+        sigpipe_unblock(&g);
+        if (!r || r->type == REDIS_REPLY_ERROR) {
+            refit_status_t st = refit_error(r ? REFIT_ERR_AUTH : REFIT_ERR_REGISTRY, "redis %s: AUTH as %s: %s",
+                                            kv->addr, kv->user ? kv->user : "default",
+                                            r ? r->str : c->errstr);
+            if (r) freeReplyObject(r);
+            redisFree(c);
+            return st;
+        }
+        freeReplyObject(r);
     }
     *out = c;
     return REFIT_OK;
@@ -226,11 +255,70 @@ static refit_status_t unexpected(refit_kv_t *kv, const char *what, const redisRe
 static void redis_close(refit_kv_t *kv);
 
 /* "//HOST[:PORT]" or "//[V6ADDR][:PORT]". */
+/* A password from the environment: $REFIT_REDIS_PASSWORD_FILE (a regular
+ * file of ours that no one else may read; one line) or $REFIT_REDIS_PASSWORD. */
+static refit_status_t env_password(refit_kv_t *kv)
+{
+    const char *file = getenv("REFIT_REDIS_PASSWORD_FILE"), *pw = getenv("REFIT_REDIS_PASSWORD");
+    if (file && file[0]) {
+        int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        struct stat sb;
+        char buf[1024];
+        ssize_t n = -1;
+        refit_status_t st = REFIT_OK;
+        if (fd < 0 || fstat(fd, &sb) != 0)
+            st = refit_error(REFIT_ERR_AUTH, "redis password file %s: %s", file, strerror(errno));
+        else if (!S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077))
+            st = refit_error(REFIT_ERR_AUTH, "redis password file %s must be a regular file of this user that no one "
+                             "else may read (chmod 600)", file);
+        else if ((n = read(fd, buf, sizeof(buf) - 1)) <= 0)
+            st = refit_error(REFIT_ERR_AUTH, "redis password file %s is empty", file);
+        if (fd >= 0) close(fd);
+        if (st) return st;
+        buf[n] = '\0';
+        buf[strcspn(buf, "\r\n")] = '\0';
+        kv->password = refit_strdup(buf);
+        refit_wipe(buf, sizeof(buf));
+    } else if (pw && pw[0]) {
+        kv->password = refit_strdup(pw);
+    } else {
+        return REFIT_OK;
+    }
+    return kv->password ? REFIT_OK : refit_error(REFIT_ERR_NO_MEMORY, "redis password");
+}
+
 static refit_status_t parse_addr(refit_kv_t *kv, const char *rest)
 {
     const char *h = rest, *end;
     if (strncmp(h, "//", 2) != 0) goto malformed;
     h += 2;
+    /* USER[:PASSWORD]@ or :PASSWORD@ */
+    const char *at = strchr(h, '@');
+    if (at) {
+        const char *colon = memchr(h, ':', (size_t)(at - h));
+        size_t ul = colon ? (size_t)(colon - h) : (size_t)(at - h);
+        if (ul) {
+            kv->user = malloc(ul + 1);
+            if (!kv->user) return refit_error(REFIT_ERR_NO_MEMORY, "redis url");
+            memcpy(kv->user, h, ul);
+            kv->user[ul] = '\0';
+        }
+        if (colon) {
+            size_t pl = (size_t)(at - colon - 1);
+            kv->password = malloc(pl + 1);
+            if (!kv->password) return refit_error(REFIT_ERR_NO_MEMORY, "redis url");
+            memcpy(kv->password, colon + 1, pl);
+            kv->password[pl] = '\0';
+        }
+        h = at + 1;
+    }
+    if (!kv->password) {
+        refit_status_t st = env_password(kv);
+        if (st) return st;
+    }
+    if (kv->user && !kv->password)
+        return refit_error(REFIT_ERR_AUTH, "registry url \"redis:%s\": user %s without a password (put it in "
+                           "$REFIT_REDIS_PASSWORD_FILE)", kv->addr, kv->user);
     if (*h == '[') {
         h++;
         end = strchr(h, ']');
@@ -273,7 +361,7 @@ static refit_status_t redis_open(const char *rest, const char *job, refit_kv_t *
     pthread_mutex_init(&kv->cmd_mu, NULL);
     pthread_mutex_init(&kv->sub_mu, NULL);
     refit_status_t st = REFIT_OK;
-    kv->addr = refit_strdup(rest); /* for the parse error message */
+    kv->addr = refit_redact_url(rest); /* for the parse error message */
     if (!kv->addr) {
         st = refit_error(REFIT_ERR_NO_MEMORY, "redis registry");
         goto close_kv;
@@ -313,6 +401,9 @@ static void redis_close(refit_kv_t *kv)
     free(kv->prefix);
     free(kv->addr);
     free(kv->host);
+    free(kv->user);
+    if (kv->password) refit_wipe(kv->password, strlen(kv->password));
+    free(kv->password);
     free(kv);
 }
 
