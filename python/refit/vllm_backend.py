@@ -38,10 +38,11 @@ BACKEND_NAME = "refit"
 
 
 class RefitVllmError(RefitError):
-    """A vLLM setup refit does not handle (named), or a failed update."""
+    """A vLLM setup refit does not handle (REFIT_ERR_UNSUPPORTED, naming it), or a failed update (the pull's
+    status, e.g. REFIT_ERR_MISMATCH, with the worker and its layout)."""
 
-    def __init__(self, detail: str, call: str = "refit vllm backend"):
-        super().__init__(-1, detail, call)
+    def __init__(self, detail: str, call: str = "refit vllm backend", status: int = -4):
+        super().__init__(status, detail, call)
 
 
 # ---------------------------------------------------------------- init and update info
@@ -436,6 +437,52 @@ class VllmBinding:
 # ---------------------------------------------------------------- the engine
 
 
+def _agree(outcome):
+    """outcome of every tensor-parallel worker of this model (gloo all_gather of small objects), in rank order."""
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+    tp = get_tp_group()
+    if tp.world_size == 1 or not dist.is_initialized():
+        return [outcome]
+    out = [None] * tp.world_size
+    dist.all_gather_object(out, outcome, group=tp.cpu_group)
+    return out
+
+
+def realign_worker_replies(llm, timeout_s: float = 60.0) -> int:
+    """Workaround for vLLM 0.32's multiprocess executor: when a collective_rpc fails on one worker, the executor
+    raises at the first error reply and leaves the later workers' replies unread, so every later collective_rpc
+    returns those workers' replies one call late (docs/vllm.md; tests/python/test_vllm.py shows it).  This sends a
+    marker to every worker and discards each reply queue's entries up to the marker's reply.  Needs the engine core
+    in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0); returns the number of stale replies dropped."""
+    import pickle
+    import uuid
+
+    import cloudpickle
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    executor = getattr(getattr(core, "engine_core", None), "model_executor", None)
+    mqs = getattr(executor, "response_mqs", None)
+    if mqs is None or getattr(executor, "rpc_broadcast_mq", None) is None:
+        raise RefitVllmError("realign_worker_replies needs vLLM's multiprocess executor in this process "
+                             "(VLLM_ENABLE_V1_MULTIPROCESSING=0 and tensor_parallel_size > 1)")
+    token = uuid.uuid4().hex
+    executor.rpc_broadcast_mq.enqueue((cloudpickle.dumps(_marker, protocol=pickle.HIGHEST_PROTOCOL), (token,), {},
+                                       None))
+    dropped = 0
+    for mq in mqs:
+        while True:
+            _status, result = mq.dequeue(timeout=timeout_s)
+            if result == token:
+                break
+            dropped += 1
+    return dropped
+
+
+def _marker(worker, token):
+    return token
+
+
+
 class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateInfo]):
     """The `refit` weight-transfer backend of vLLM: one refit Receiver per worker (see the module docstring)."""
 
@@ -484,13 +531,28 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
     def receive_weights(self, update_info: RefitUpdateInfo) -> None:
         self._need()
         want = None if update_info.version == "newest" else update_info.version
+        g = self.binding.geometry
         t0 = time.perf_counter()
+        rep, err = None, None
         try:
             rep = self.rx.pull(want, self.info.timeout_ms)
         except RefitError as e:
-            raise RefitVllmError(f"refit pull of version {update_info.version} failed on worker rank "
-                                 f"{self.binding.geometry['rank']} ({self.binding.layout_str}): {e.name}: {e.detail}",
-                                 "update_weights") from None
+            after = ("nothing was written" if self.rx.usable else
+                     "the transfer had begun: parameters written in place (the direct ones) may hold a mix of "
+                     "versions until an update succeeds")
+            err = (e.status, f"worker rank {g['rank']}: {e.detail}; {after}")
+        # Every worker of the model learns every worker's outcome before any applies: no worker runs a version
+        # that another failed to pull, and every worker raises the same error.
+        outcomes = _agree(err)
+        failed = [o for o in outcomes if o is not None]
+        if failed:
+            mine = "" if err is not None else (
+                f" (worker rank {g['rank']} pulled version {rep.version}; its staged layers were not rebuilt and its "
+                "direct parameters hold that version until an update succeeds)")
+            raise RefitVllmError(f"update to version {update_info.version} failed ({self.binding.layout_str}, job "
+                                 f"{self.info.job}, group {self.info.group}): " + " | ".join(m for _, m in failed)
+                                 + mine + "; staged layers keep the previous version",
+                                 "update_weights", failed[0][0])
         t1 = time.perf_counter()
         apply_ms = self.binding.apply()
         t2 = time.perf_counter()

@@ -1,0 +1,65 @@
+"""Tiny checkpoints for the vLLM tests (tests/python/test_vllm.py), written by transformers with random weights.
+
+Two architectures vLLM 0.32 serves on the CPU: a Qwen3-MoE (8 experts, top-2, untied lm_head, vocabulary 250 so
+that vLLM's 64-padding adds rows) and a dense Qwen3 with tied embeddings.  Sizes respect the CPU kernels: head_dim
+32 (a CPU attention size), hidden and per-rank MoE intermediate multiples of 32 (the CPU MoE kernel's alignment)
+at tp=2.  Each version is a directory named after the model (`<root>/v1/tiny-qwen3-moe`), so every version has
+the same refit identity (a config directory's base name).
+
+    python vllm_models.py ROOT     # writes ROOT/{v1,v2,bad}/{tiny-qwen3-moe,tiny-qwen3}
+"""
+import os
+import sys
+
+MOE = "tiny-qwen3-moe"
+DENSE = "tiny-qwen3"
+
+
+def _common(**kw):
+    base = dict(vocab_size=250, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-6, torch_dtype="bfloat16")
+    base.update(kw)
+    return base
+
+
+def config(kind: str, bad: bool = False, **over):
+    """The transformers config of `kind` (MOE or DENSE); bad=True changes one shape (the negative test)."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+    if kind == MOE:
+        return Qwen3MoeConfig(**_common(intermediate_size=256, moe_intermediate_size=32 if bad else 64, num_experts=8,
+                                        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                                        mlp_only_layers=[], tie_word_embeddings=False, **over))
+    if kind == DENSE:
+        return Qwen3Config(**_common(intermediate_size=128 if bad else 256, tie_word_embeddings=True, **over))
+    raise ValueError(kind)
+
+
+def write(kind: str, out: str, seed: int, bad: bool = False, **over):
+    """Random weights (normal(0, 0.05) for matrices, uniform(0.5, 1.5) for norms: every value differs between
+    seeds), bf16, saved with save_pretrained as one model.safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config(kind, bad, **over)).to(torch.bfloat16)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.05)
+            else:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(out)
+    return out
+
+
+def write_all(root: str):
+    paths = {}
+    for kind in (MOE, DENSE):
+        for ver, seed in (("v1", 1), ("v2", 2)):
+            paths[(kind, ver)] = write(kind, os.path.join(root, ver, kind), seed)
+        paths[(kind, "bad")] = write(kind, os.path.join(root, "bad", kind), 3, bad=True)
+    return paths
+
+
+if __name__ == "__main__":
+    for k, v in write_all(sys.argv[1]).items():
+        print(k, v)
