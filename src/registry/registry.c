@@ -87,11 +87,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "refit/manifest.h"
 #include "registry/backend.h"
 #include "util/crypto.h"
 
 #define RETIRED_TTL_MS (10u * 60u * 1000u)
-#define MAX_WORLD (1u << 17)
+#define MAX_WORLD REFIT_MANIFEST_MAX_WORLD /* the largest world a manifest may have */
 #define KEY_MAX 256
 
 #define REC_MAGIC "RFVR"

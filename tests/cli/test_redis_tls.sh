@@ -42,8 +42,8 @@ redis-server --port 0 --tls-port "$tls_port" --bind 127.0.0.1 --tls-cert-file "$
   --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
 pids+=($!)
 
-start_stunnel() { # NAME CAFILE -> prints the local port
-  local port; port=$(free_port)
+start_stunnel() { # NAME CAFILE PORT (not in a subshell: its pid must reach cleanup)
+  local port=$3
   cat >"$tmp/$1.conf" <<EOF
 foreground = yes
 pid =
@@ -57,10 +57,11 @@ checkIP = 127.0.0.1
 EOF
   stunnel "$tmp/$1.conf" >"$tmp/$1.log" 2>&1 &
   pids+=($!)
-  echo "$port"
 }
-local_port=$(start_stunnel tunnel "$tmp/ca.crt")
-distrust_port=$(start_stunnel distrust "$tmp/other.crt")
+local_port=$(free_port)
+distrust_port=$(free_port)
+start_stunnel tunnel "$tmp/ca.crt" "$local_port"
+start_stunnel distrust "$tmp/other.crt" "$distrust_port"
 for _ in $(seq 50); do
   python3 - "$local_port" <<'PY' && break
 import socket, sys

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1097,6 +1098,52 @@ static void scribble_during_read_refused(void **state)
     t_rm_tree(g.dir);
 }
 
+/* A registry on a full filesystem: the receiver's error says so (the
+ * issue saw "0 of 1 receivers committed" from the driver instead). */
+static void registry_disk_full_said(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("[  SKIPPED ] needs root to mount a small tmpfs\n");
+        skip();
+    }
+    reg_t g;
+    reg_file(&g);
+    if (mount("refit-test", g.dir, "tmpfs", 0, "size=2m,mode=0700") != 0) {
+        print_message("[  SKIPPED ] cannot mount a tmpfs: %s\n", strerror(errno));
+        t_rm_tree(g.dir);
+        skip();
+    }
+    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    void *b;
+    refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, NULL)); /* reads the manifest while there is room */
+    PUB_OK(&p, "wait 1 5000");
+    PUB_OK(&p, "publish 2");
+    /* Fill what is left. */
+    char junk[160];
+    snprintf(junk, sizeof(junk), "%s/junk", g.dir);
+    FILE *f = fopen(junk, "w");
+    static char block[4096];
+    for (int i = 0; f && i < 4096; i++) /* 16 MiB at most: the tmpfs has 2 */
+        if (fwrite(block, 1, sizeof(block), f) != sizeof(block) || fflush(f) != 0 || ferror(f)) break;
+    if (f) fclose(f);
+    /* The receiver cannot take its lease: it says why. */
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, REFIT_VERSION_NEWEST, 3000, NULL), REFIT_ERR_REGISTRY,
+                     "No space left on device");
+    assert_int_equal(refit_receiver_committed(r), 1);
+    assert_true(refit_receiver_usable(r));
+    /* Nor can the publisher retire or publish. */
+    const char *said = pub_cmd(&p, "wait 2 3000");
+    if (!strstr(said, "No space left on device")) fail_msg("publisher said: %s", said);
+    refit_receiver_destroy(r);
+    pub_kill(&p);
+    umount2(g.dir, MNT_DETACH);
+    t_rm_tree(g.dir);
+}
+
 /* Redis restarts without its data while the receiver reads: every lease and
  * retired marker is gone.  The publisher notices (a new epoch) and does not
  * believe "no leases" for a lease lifetime, so it does not rewrite its
@@ -1508,6 +1555,7 @@ int main(void)
         cmocka_unit_test(lease_lost_mid_read_not_committed),
         cmocka_unit_test(registry_lost_mid_read_fenced),
         cmocka_unit_test(scribble_during_read_refused),
+        cmocka_unit_test(registry_disk_full_said),
         cmocka_unit_test(relay_serves_joiner),
         cmocka_unit_test(relay_killed_reader_fails_over),
         cmocka_unit_test(relay_killed_trainer_resumes),
