@@ -12,10 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "tool.h"
+#include "util/crypto.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -352,6 +354,26 @@ int cmd_demo(int argc, char **argv)
         registry = reg;
     }
     snprintf(job, sizeof(job), "demo-%d", (int)getpid());
+    /* A networked registry needs the job's secret (docs/security.md): when
+     * none is given, the demo makes a fresh one for its children. */
+    char secret_dir[64] = "";
+    if (!strncmp(registry, "redis:", 6) && !getenv("REFIT_SECRET_FILE") && !getenv("REFIT_SECRET") &&
+        !getenv("REFIT_INSECURE")) {
+        char path[96];
+        unsigned char key[32];
+        snprintf(secret_dir, sizeof(secret_dir), "/tmp/refit-demo-secret-XXXXXX");
+        FILE *f = NULL;
+        if (mkdtemp(secret_dir) && !refit_random_bytes(key, sizeof(key)) &&
+            snprintf(path, sizeof(path), "%s/job.secret", secret_dir) > 0 && (f = fopen(path, "wx")) &&
+            fchmod(fileno(f), 0600) == 0 && fwrite(key, 1, sizeof(key), f) == sizeof(key) && fclose(f) == 0) {
+            setenv("REFIT_SECRET_FILE", path, 1);
+            if (!json) printf("refit demo: a fresh job secret for this run in %s\n", path);
+        } else {
+            if (f) fclose(f);
+            fprintf(stderr, "refit demo: cannot make a job secret: %s\n", strerror(errno));
+            return 1;
+        }
+    }
 
     double memcpy_gbps = measure_memcpy_gbps();
     if (!json)
@@ -564,6 +586,7 @@ int cmd_demo(int argc, char **argv)
     free(kids);
     free(cy);
     if (tmpdir[0]) remove_tree(tmpdir);
+    if (secret_dir[0]) remove_tree(secret_dir);
     return verified ? 0 : 1;
 early:
     refit_layout_destroy(src);
