@@ -14,15 +14,22 @@
  *   1.09x, 1.47x, 1.53x the same run's plain TCP stream (0.9-1.1 GB/s);
  *   UCX_TLS unset picks tcp on the veth (lanes "ucx:tcp/<veth> am").
  *
- *   - Publisher: create() makes a ucp context (AM|RMA|WAKEUP); the first
- *     expose() starts a worker, a ucp_listener on "listen=IP[:PORT]"
- *     (default 0.0.0.0, ephemeral port) and a progress thread.  expose()
- *     registers the memory (ucp_mem_map) and returns a descriptor: publisher
- *     id, region id, base, size, the host's IPs (non-loopback first) and the
- *     listener's port, and the packed rkey for true RMA.  The thread serves
+ *   - Publisher: create() makes a ucp context (AM|WAKEUP, and RMA only with
+ *     rma=rdma or rma=emulated); the first expose() starts a second context
+ *     whose only network device is the listen interface, a worker, a
+ *     ucp_listener on "listen=IP[:PORT]" or "listen=IFNAME" (default the
+ *     loopback; a wildcard is refused) and a progress thread.  expose()
+ *     returns a descriptor: publisher id, a random region id, size, the
+ *     listen address and port, and (RMA only) the base address and the packed
+ *     rkey of a registration for remote reads of exactly that region.  A
+ *     connection proves the job's key both ways before anything is served:
+ *     HELLO phase 1 carries the client's nonce and gets the publisher's nonce
+ *     and proof, phase 2 the client's proof and gets the regions' sizes; every
+ *     REQ carries the connection's token.  The thread serves
  *     REQ messages (up to 256 (offset, length) runs of one region) with one
  *     AM_DATA reply carrying the runs' bytes: a single run is sent from the
- *     registered memory itself (zero copy), several short runs are packed.
+ *     exposed memory itself (zero copy), several short runs are packed; a
+ *     connection has at most max_queued bytes of replies in flight.
  *     Replies of >= rndv bytes (64K) are forced to rendezvous, shorter ones
  *     to eager (UCX's own switch moves between 8K and 20K with the lanes;
  *     16K replies in rendezvous ran 0.36-0.98 GB/s, eager 0.85-1.7).  It
@@ -33,8 +40,9 @@
  *
  *   - Receiver: connect() makes a client endpoint to IP:port (each IP in
  *     turn, each with a share of connect_timeout; error mode PEER, so a dead
- *     publisher is an error, not a hang), says HELLO (checks the publisher
- *     instance and the regions' sizes) and reads the lanes UCX chose
+ *     publisher is an error, not a hang), says HELLO (both phases: checks
+ *     the publisher's proof, the instance and the regions' sizes; a peer
+ *     without the key is REFIT_ERR_AUTH) and reads the lanes UCX chose
  *     (ucp_ep_print_info, parsed: 1.13 has no ucp_ep_query for transports).
  *     pull() flattens the plan's strided regions into runs (adjacent runs
  *     coalesced), per peer, every peer at once: a run of >= solo bytes (16K)
@@ -51,13 +59,15 @@
  *     variable is changed (options tls= and devices= set UCX_TLS and
  *     UCX_NET_DEVICES through ucp_config_modify when asked).
  *
- *   - Where the peer's RMA lanes are RDMA verbs (rc/dc), method=auto uses
- *     ucp_get_nbx with the rkey instead (one get per run, same windows);
- *     "method=get" forces it anywhere (tested over TCP, where UCX emulates
- *     it), "method=am" forbids it.  stats->lanes reports
+ *   - With rma=rdma and RDMA lanes (rc/dc), method=auto uses ucp_get_nbx
+ *     with the rkey instead (one get per run, same windows); "method=get"
+ *     forces it (tested with rma=emulated, where UCX emulates it over TCP -
+ *     which also serves any address a peer names: tests only),
+ *     "method=am" forbids it.  stats->lanes reports
  *     "ucx:<tl>/<dev>[+...] am|get".  "require=rdma" fails connect with
  *     REFIT_ERR_TRANSPORT when no lane is RDMA (a silent TCP fallback once
- *     cost ModelExpress users 7x).
+ *     cost ModelExpress users 7x).  Replies are accepted only over the
+ *     endpoint the request went out on.
  *
  *   - Every wait is bounded: connect by connect_timeout, pull by
  *     ctl->deadline (REFIT_ERR_TIMEOUT), by stall_timeout without a reply
@@ -74,9 +84,10 @@
  *     reconnected (receivers reconnect every source after a failed pull).
  *     Fill regions are the caller's, as with every transport.
  *
- * Options ("key=value,..."): listen=IP[:PORT], require=rdma, method=auto|am|get,
- * tls=LIST and devices=LIST ('+' separated), chunk=BYTES (4M), inflight=N (8),
- * solo=BYTES (16K), rndv=BYTES|auto (64K), spin_us=N (100),
+ * Options ("key=value,..."): listen=IP[:PORT]|IFNAME (the loopback),
+ * rma=off|rdma|emulated (off), require=rdma, method=auto|am|get, tls=LIST and
+ * devices=LIST ('+' separated), chunk=BYTES (4M), inflight=N (8), solo=BYTES
+ * (16K), rndv=BYTES|auto (64K), spin_us=N (100), max_queued=BYTES (256M),
  * connect_timeout=S (10), stall_timeout=S (30).  UCX_* environment
  * variables apply as usual.
  *
