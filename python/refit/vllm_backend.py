@@ -199,6 +199,9 @@ def _classify(name: str, module, platform: str) -> str:
     elif _exact(qm, *_UNQ_MOE):
         backend = _moe_backend(module)
         if backend == "CPU":
+            kernel = type(getattr(getattr(qm, "moe_kernel", None), "fused_experts", None)).__name__
+            if kernel not in _CPU_MOE_KERNELS:
+                raise RefitVllmError(f"{name}: CPU MoE kernel {kernel} is not one refit has checked")
             return "moe-cpu"
         if backend in ("TRITON", "BATCHED_TRITON") and platform == "cuda":
             return "direct"
@@ -210,6 +213,12 @@ def _classify(name: str, module, platform: str) -> str:
         raise RefitVllmError(f"{name}: quantization method {qcls} of {mcls} is not supported (refit moves "
                              "unquantized weights; quantized layers repack or rescale after loading)")
     raise RefitVllmError(f"{name}: {qcls} on platform {platform} is not supported (refit handles cpu and cuda)")
+
+
+# vLLM 0.32's CPU MoE kernels (fused_moe/experts/cpu_moe.py): after loading they zero-pad the intermediate
+# dimension to the kernel's alignment (when needed) and prepack w13 / w2 with prepack_moe_weight for their ISA.
+_CPU_MOE_KERNELS = ("CPUUnquantizedExperts", "X86CPUUnquantizedExperts", "ArmCPUUnquantizedExperts",
+                    "PowerCPUUnquantizedExperts")
 
 
 @dataclass
@@ -416,6 +425,14 @@ class VllmBinding:
         """vLLM's CPU MoE: after loading, the experts kernel pads and prepacks w13/w2.  Run the kernel's own step
         on a stand-in layer holding the staged tensors and copy its result into the live storage."""
         kernel = layer.quant_method.moe_kernel.fused_experts
+        mc = getattr(kernel, "moe_config", None)
+        if (type(kernel).__name__ in _CPU_MOE_KERNELS and getattr(kernel, "_use_zentorch", True) is False
+                and mc is not None and kernel._padded_intermediate_size(mc) == mc.intermediate_size_per_partition
+                and hasattr(torch.ops._C, "prepack_moe_weight")):
+            # What that step amounts to without padding: vLLM's prepack op, straight into the live storage.
+            for a in ("w13_weight", "w2_weight"):
+                torch.ops._C.prepack_moe_weight(self.staged_views[f"{prefix}.{a}"], getattr(layer, a).data, kernel.isa)
+            return
         proxy = torch.nn.Module()
         for a in ("moe_config", "activation"):
             if hasattr(layer, a):

@@ -26,11 +26,12 @@ def config(kind: str, bad: bool = False, **over):
     """The transformers config of `kind` (MOE or DENSE); bad=True changes one shape (the negative test)."""
     from transformers import Qwen3Config, Qwen3MoeConfig
     if kind == MOE:
-        return Qwen3MoeConfig(**_common(intermediate_size=256, moe_intermediate_size=32 if bad else 64, num_experts=8,
-                                        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
-                                        mlp_only_layers=[], tie_word_embeddings=False, **over))
+        kw = dict(intermediate_size=256, moe_intermediate_size=32 if bad else 64, num_experts=8, num_experts_per_tok=2,
+                  norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False)
+        return Qwen3MoeConfig(**_common(**dict(kw, **over)))
     if kind == DENSE:
-        return Qwen3Config(**_common(intermediate_size=128 if bad else 256, tie_word_embeddings=True, **over))
+        return Qwen3Config(**_common(**dict(dict(intermediate_size=128 if bad else 256, tie_word_embeddings=True),
+                                            **over)))
     raise ValueError(kind)
 
 
