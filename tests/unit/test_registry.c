@@ -1005,6 +1005,39 @@ static void test_file_permissions(void **state)
     chmod(top, 01777); /* sticky, as /tmp: fine */
     REFIT_ASSERT_OK(refit_registry_open(url, job, &r));
     refit_registry_close(r);
+    /* Acks expire (about an hour after the reader's last report): the file's expiry field is set. */
+    r = open_job(b, job);
+    REFIT_ASSERT_OK(refit_registry_ack(r, "g", "rd", 3));
+    refit_registry_close(r);
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fack%%2Frd", b->dir, job);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    uint8_t hdr[16];
+    assert_int_equal(fread(hdr, 1, 16, f), 16);
+    fclose(f);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t expiry = refit_get_le(hdr + 8, 8), now_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
+    assert_true(expiry > now_ms + 50u * 60u * 1000u && expiry < now_ms + 70u * 60u * 1000u);
+    /* The default registry is never under a world-writable directory. */
+    pid_t kid = fork();
+    if (kid == 0) {
+        unsetenv("REFIT_REGISTRY");
+        setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+        _exit(strcmp(refit_default_registry(), "file:/run/user/4242/refit/registry") == 0 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(kid, &status, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    kid = fork();
+    if (kid == 0) {
+        unsetenv("REFIT_REGISTRY");
+        unsetenv("XDG_RUNTIME_DIR");
+        setenv("HOME", "/home/someone", 1);
+        _exit(strcmp(refit_default_registry(), "file:/home/someone/.cache/refit/registry") == 0 ? 0 : 1);
+    }
+    waitpid(kid, &status, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     /* Names that would leave the directory. */
     REFIT_ASSERT_ERR(refit_registry_open(b->url, "..", &r), REFIT_ERR_INVALID_ARG, "not starting with '.'");
     REFIT_ASSERT_ERR(refit_registry_open(b->url, ".hidden", &r), REFIT_ERR_INVALID_ARG, "job name");
