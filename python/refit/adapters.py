@@ -1,7 +1,7 @@
 """Describe a live torch model to refit from its named_parameters().
 
     binding = refit.adapters.megatron(model.named_parameters(), refit_model, "megatron:tp=2,ep=2,etp=1", rank)
-    binding = refit.adapters.vllm(llm_model.named_parameters(), refit_model, "vllm:tp=2", rank)
+    binding = refit.adapters.vllm(llm_model.named_parameters(), refit_model, "vllm:tp=2", rank)  # names detected
     binding = refit.adapters.hf(hf_model.named_parameters(), refit_model)        # transformers 4.x and 5.x
     binding = refit.adapters.from_placements(named_params, refit_model, placements, layout="my-fw", rank, world)
 
@@ -44,10 +44,12 @@ class AdapterError(RefitError):
 
 @dataclass
 class Binding:
-    """A manifest whose region 0 is `arena`, and the parameters (views into the arena) it describes."""
+    """A manifest whose region 0 is `arena`, and the parameters (views into the arena) it describes.  expert_names:
+    for vllm(), the expert parameter names found ("routed", "fused" or None for a model without experts)."""
     manifest: Manifest
     arena: object  # torch.uint8 tensor
     params: Dict[str, object] = field(default_factory=dict)
+    expert_names: Optional[str] = None
 
     def attach(self, endpoint):
         """Attach the arena as region 0 of a Publisher or Receiver created with this binding's manifest."""
@@ -133,11 +135,31 @@ def megatron(named_params, model: Model, layout: str, rank: int, **kw) -> Bindin
     return bind_layout(params, model, layout, rank, strip=(), **kw)
 
 
+def vllm_expert_names(param_names) -> Optional[str]:
+    """Which names a vLLM model gives its routed experts: "routed" (vLLM 0.32: mlp.experts.routed_experts.
+    w13_weight / w2_weight), "fused" (older vLLM and SGLang: mlp.experts.w13_weight), None without experts."""
+    routed = any(".mlp.experts.routed_experts.w13_weight" in n for n in param_names)
+    fused = any(n.endswith(".mlp.experts.w13_weight") for n in param_names)
+    if routed and fused:
+        raise AdapterError("vllm expert names", [], [], ["the model has both mlp.experts.w13_weight and "
+                                                         "mlp.experts.routed_experts.w13_weight parameters"])
+    return "routed" if routed else "fused" if fused else None
+
+
 def vllm(named_params, model: Model, layout: str, rank: int, **kw) -> Binding:
-    """A vLLM model (fused qkv_proj / gate_up_proj / experts.w13_weight names and shapes)."""
+    """A vLLM model (fused qkv_proj / gate_up_proj / w13_weight names and shapes).  The experts' names follow the
+    model: without names= in the layout, a model whose experts are mlp.experts.routed_experts.* (vLLM 0.32) binds
+    as names=routed; Binding.expert_names says which were found."""
     if not layout.startswith("vllm"):
         raise RefitError(-1, f"vllm adapter needs a vllm layout, not {layout}", "adapter")
-    return bind_layout(named_params, model, layout, rank, **kw)
+    params = _named(named_params, kw.pop("strip", ("module.",)))
+    names = vllm_expert_names(params)
+    if names == "routed" and "names=" not in layout:
+        scheme, _, knobs = layout.partition(":")
+        layout = f"{scheme}:{knobs + ',' if knobs else ''}names=routed"
+    b = bind_layout(params, model, layout, rank, strip=(), **kw)
+    b.expert_names = names
+    return b
 
 
 def from_placements(named_params, model: Model, placements: Iterable[Placement], *, layout: str = "custom",

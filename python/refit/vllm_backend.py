@@ -29,7 +29,7 @@ import torch
 from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
                                                    WeightTransferUpdateInfo)
 
-from .adapters import ALIGN, AdapterError
+from .adapters import ALIGN, AdapterError, vllm_expert_names
 from .core import Layout, Manifest, Model, Receiver, RefitError, torch_dtype
 
 logger = logging.getLogger("refit.vllm")
@@ -112,14 +112,12 @@ def _worker_geometry(vllm_config) -> dict:
 
 
 def detect_names(param_names) -> Optional[str]:
-    """The vllm layout's names= for these parameter names: "routed" (vLLM 0.32: mlp.experts.routed_experts.
-    w13_weight), "fused" (older vLLM: mlp.experts.w13_weight), or None for a model without experts."""
-    routed = any(".mlp.experts.routed_experts.w13_weight" in n for n in param_names)
-    fused = any(n.endswith(".mlp.experts.w13_weight") for n in param_names)
-    if routed and fused:
-        raise RefitVllmError("the model has both mlp.experts.w13_weight and mlp.experts.routed_experts.w13_weight "
-                             "parameters; refit's vllm layout expects one naming")
-    return "routed" if routed else "fused" if fused else None
+    """The vllm layout's names= for these parameter names (refit.adapters.vllm_expert_names): "routed", "fused", or
+    None for a model without experts."""
+    try:
+        return vllm_expert_names(param_names)
+    except AdapterError as e:
+        raise RefitVllmError(e.detail) from None
 
 
 def _refit_model(model_config, identity: Optional[str]) -> Model:

@@ -289,3 +289,21 @@ def test_names_detection_and_layout_option():
         refit.Layout("vllm:names=old")
     with pytest.raises(refit.RefitError, match="unknown knob 'names'"):
         refit.Layout("megatron:names=routed")
+
+
+def test_vllm_adapter_detects_expert_names():
+    """refit.adapters.vllm binds a model with vLLM 0.32's names (mlp.experts.routed_experts.*) without names= in
+    the layout, says which it found, and still takes the older names."""
+    import refit
+    import torch
+    m = refit.Model("tiny-moe")
+    for names, spec in (("routed", "vllm:tp=2,names=routed"), ("fused", "vllm:tp=2")):
+        params = {l.name: torch.nn.Parameter(torch.zeros(l.shape, dtype=refit.torch_dtype(l.dtype)))
+                  for l in refit.Layout(spec).manifest(m, 1).locals()}
+        b = refit.adapters.vllm(params.items(), m, "vllm:tp=2", 1)
+        assert b.expert_names == names
+        assert b.manifest.identity["layout"] == str(refit.Layout(spec))
+    dense = refit.Model("tiny-dense")
+    params = {l.name: torch.nn.Parameter(torch.zeros(l.shape, dtype=refit.torch_dtype(l.dtype)))
+              for l in refit.Layout("vllm:tp=1").manifest(dense, 0).locals()}
+    assert refit.adapters.vllm(params.items(), dense, "vllm:tp=1", 0).expert_names is None
