@@ -307,3 +307,44 @@ def test_vllm_adapter_detects_expert_names():
     params = {l.name: torch.nn.Parameter(torch.zeros(l.shape, dtype=refit.torch_dtype(l.dtype)))
               for l in refit.Layout("vllm:tp=1").manifest(dense, 0).locals()}
     assert refit.adapters.vllm(params.items(), dense, "vllm:tp=1", 0).expert_names is None
+
+
+def test_publish_cut_from_checkpoint(ckpts, tmp_path):
+    """refit publish --from-safetensors DIR --layout L --rank R serves rank R of L cut from the checkpoint: a vllm
+    receiver pulling from the 4 ranks of megatron:tp=2,ep=2 gets exactly what a plan straight from the checkpoint
+    gives; refused combinations say why."""
+    import numpy as np
+    import refit
+    ckpt = ckpts[(vllm_models.MOE, "v2")]
+    reg = "file:" + str(tmp_path / "reg")
+    os.makedirs(reg[5:])
+    pubs = [subprocess.Popen([REFIT_BIN, "publish", "--from-safetensors", ckpt, "--layout", "megatron:tp=2,ep=2",
+                              "--rank", str(r), "--registry", reg, "--job", "cut", "--hold-ms", "60000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(4)]
+    try:
+        out = subprocess.run([REFIT_BIN, "pull", "--model", ckpt, "--layout", "vllm:tp=2,names=routed", "--rank", "1",
+                              "--registry", reg, "--job", "cut", "--dump", str(tmp_path / "dump")],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+    finally:
+        for p in pubs:
+            p.kill()
+        logs = [p.communicate()[0] for p in pubs]
+    assert all("bytes cut from" in l for l in logs), logs
+    model = refit.Model(ckpt)
+    dst = refit.Layout("vllm:tp=2,names=routed").manifest(model, 1)
+    want = np.zeros(dst.regions()[0], dtype=np.uint8)
+    with refit.HfSource(ckpt, model) as src:
+        refit.Plan([src.manifest], dst).execute([src.regions], [want])
+    with refit.SafetensorsFile(str(tmp_path / "dump" / "rank-1" / "model.safetensors")) as f:
+        got = f.tensors()
+        assert set(got) == {l.name for l in dst.locals()}
+        for l in dst.locals():
+            a = f.numpy(l.name).reshape(-1).view(np.uint8)
+            assert np.array_equal(a, want[l.offset:l.offset + l.nbytes]), l.name
+    for args, msg in ((["--layout", "hf", "--rank", "1"], "--layout hf has one rank"),
+                      (["--layout", "megatron:tp=2", "--rank", "2"], "not below the world size 2"),
+                      (["--layout", "megatron:tp=2", "--device", "0"], "from host memory")):
+        p = subprocess.run([REFIT_BIN, "publish", "--from-safetensors", ckpt, "--registry", reg, "--job", "x"] + args,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and msg in p.stdout + p.stderr, p.stdout + p.stderr

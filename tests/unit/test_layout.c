@@ -341,6 +341,58 @@ static void vllm_experts(void **state)
     refit_model_destroy(m);
 }
 
+/* names=: vLLM 0.32 puts the routed experts under mlp.experts.routed_experts
+ * (checked in the real engine by tests/python/test_vllm.py), older vLLM and
+ * SGLang directly under mlp.experts; the placements are the same. */
+static void vllm_expert_names(void **state)
+{
+    (void)state;
+    refit_layout_t *l = t_layout("vllm:tp=2,ep=2,names=routed");
+    assert_string_equal(refit_layout_string(l), "vllm:tp=2,ep=2,dp=1,pad=64,names=routed");
+    refit_layout_destroy(l);
+    l = t_layout("vllm:names=fused");
+    assert_string_equal(refit_layout_string(l), "vllm:tp=1,ep=1,dp=1,pad=64"); /* the default, unchanged */
+    refit_layout_destroy(l);
+    refit_layout_t *bad = (refit_layout_t *)0x1;
+    REFIT_ASSERT_ERR(refit_layout_parse("vllm:names=v2", &bad), REFIT_ERR_PARSE,
+                     "names=v2 is neither routed (vLLM 0.32: mlp.experts.routed_experts.w13_weight) nor fused");
+    assert_ptr_equal(bad, (refit_layout_t *)0x1);
+    REFIT_ASSERT_ERR(refit_layout_parse("vllm:names=routed,names=fused", &bad), REFIT_ERR_PARSE, "names given twice");
+    REFIT_ASSERT_ERR(refit_layout_parse("megatron:names=routed", &bad), REFIT_ERR_PARSE, "unknown knob 'names'");
+    REFIT_ASSERT_ERR(refit_layout_parse("vllm:tp=2,pp=2", &bad), REFIT_ERR_PARSE, "tp, ep, dp, pad, names");
+
+    refit_model_t *m = t_model("tiny-moe");
+    refit_manifest_t *r = t_manifest(m, "vllm:tp=1,dp=3,ep=3,names=routed", 1);
+    local_shape(r, "model.layers.0.mlp.experts.routed_experts.w13_weight", 3, 3, 64, 64);
+    local_shape(r, "model.layers.0.mlp.experts.routed_experts.w2_weight", 3, 3, 64, 32);
+    expect_rows(r, "model.layers.0.mlp.experts.routed_experts.w13_weight",
+                "model.layers.0.mlp.experts.5.up_proj.weight", 0, 32, 2, 32);
+    /* Only the two expert tensors per layer are renamed: everything else is the default layout's. */
+    refit_manifest_t *f = t_manifest(m, "vllm:tp=1,dp=3,ep=3", 1);
+    assert_int_equal(refit_manifest_num_locals(r), refit_manifest_num_locals(f));
+    assert_int_equal(refit_manifest_region_size(r, 0), refit_manifest_region_size(f, 0));
+    uint32_t renamed = 0;
+    for (uint32_t i = 0; i < refit_manifest_num_locals(r); i++) {
+        refit_tensor_info_t a, b;
+        uint32_t ra, rb;
+        uint64_t oa, ob;
+        refit_manifest_local(r, i, &a, &ra, &oa);
+        refit_manifest_local(f, i, &b, &rb, &ob);
+        assert_int_equal(oa, ob);
+        assert_null(strstr(a.name, ".mlp.experts.w"));
+        if (strcmp(a.name, b.name) != 0) {
+            assert_non_null(strstr(a.name, ".mlp.experts.routed_experts.w"));
+            renamed++;
+        }
+    }
+    assert_int_equal(renamed, 2 * 4); /* w13 and w2 of tiny-moe's four layers */
+    refit_manifest_destroy(f);
+    refit_manifest_destroy(r);
+    refit_model_destroy(m);
+    assert_int_equal(t_execute_pair("tiny-moe", "megatron:tp=2,ep=2", "vllm:tp=2,names=routed", 2), 2);
+    assert_int_equal(t_execute_pair("tiny-moe", "vllm:tp=1,dp=3,ep=3,names=routed", "vllm:tp=2", 2), 2);
+}
+
 static void manifests_differ_by_rank_not_by_step(void **state)
 {
     (void)state;
@@ -407,7 +459,7 @@ int main(void)
         cmocka_unit_test(megatron_pipeline_and_vocab), cmocka_unit_test(megatron_experts),
         cmocka_unit_test(vllm_attention),             cmocka_unit_test(vllm_experts),
         cmocka_unit_test(manifests_differ_by_rank_not_by_step),
-        cmocka_unit_test(geometry_limits),
+        cmocka_unit_test(geometry_limits),            cmocka_unit_test(vllm_expert_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
