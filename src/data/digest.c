@@ -384,15 +384,21 @@ uint64_t refit_digest_table_offsets(const refit_manifest_t *m, uint64_t *offsets
 
 uint64_t refit_digest_table_bytes(const refit_manifest_t *m) { return refit_digest_table_offsets(m, NULL); }
 
-/* Address of the box's first unit and the bytes between its rows. */
-static const uint8_t *box_memory(const refit_manifest_t *m, const refit_placement_t *p, const void *const *bases,
-                                 uint64_t *stride)
+/* Byte offset of the box's first unit in its region, and the bytes between its rows. */
+static uint64_t box_offset(const refit_manifest_t *m, const refit_placement_t *p, uint64_t *stride)
 {
     const refit_local_t *l = &m->locals.data[p->local];
     uint64_t es = refit_dtype_size(l->d.dtype), lst[REFIT_MAX_DIMS];
     refit_tdesc_strides(&l->d, lst);
     *stride = p->ndim == 2 ? lst[l->d.ndim - 2] * es : 0;
-    return (const uint8_t *)bases[l->region] + l->offset + refit_placement_local_index(m, p, p->canon_offset) * es;
+    return l->offset + refit_placement_local_index(m, p, p->canon_offset) * es;
+}
+
+/* Address of the box's first unit and the bytes between its rows. */
+static const uint8_t *box_memory(const refit_manifest_t *m, const refit_placement_t *p, const void *const *bases,
+                                 uint64_t *stride)
+{
+    return (const uint8_t *)bases[m->locals.data[p->local].region] + box_offset(m, p, stride);
 }
 
 /* ------------------------------------------------ work items and threads */
@@ -487,6 +493,183 @@ done:
     REFIT_VEC_FREE(&items);
     free(tids);
     return st;
+}
+
+/* ------------------------------------------------------------ the sink */
+
+typedef struct {
+    uint64_t start, end;   /* bytes of the region the box's rows span */
+    uint64_t stride, rowb; /* bytes between rows, bytes of a row of the box */
+    uint64_t tid, row0, j0;
+    uint32_t pl;
+} sink_span_t;
+
+struct refit_digest_sink {
+    const refit_digest_key_t *k;
+    uint32_t nregions, nplacements;
+    uint32_t *rstart; /* region r's spans: [rstart[r], rstart[r+1]) */
+    sink_span_t *spans;
+    unsigned workers;
+    refit_dsum_t *acc; /* workers x nplacements */
+    size_t *cursor;    /* per worker: the span it used last */
+    uint8_t *bad;      /* per worker: was given a piece it could not hash */
+    bool usable;       /* no interleaved boxes */
+};
+
+static int cmp_span(const void *x, const void *y)
+{
+    const sink_span_t *a = x, *b = y;
+    return a->start < b->start ? -1 : a->start > b->start;
+}
+
+/* Which region a span belongs to is kept aside while sorting. */
+typedef struct {
+    uint32_t region;
+    sink_span_t s;
+} rspan_t;
+
+static int cmp_rspan(const void *x, const void *y)
+{
+    const rspan_t *a = x, *b = y;
+    if (a->region != b->region) return a->region < b->region ? -1 : 1;
+    return cmp_span(&a->s, &b->s);
+}
+
+refit_status_t refit_digest_sink_create(const refit_digest_key_t *k, const refit_manifest_t *dst, unsigned workers,
+                                        refit_digest_sink_t **out)
+{
+    if (!k || !dst || !out || !workers || workers > 1024)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_sink_create: bad argument");
+    if (!dst->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_sink_create: manifest not finalized");
+    refit_digest_sink_t *s = calloc(1, sizeof(*s));
+    uint64_t *tids = tensor_ids(k, dst);
+    rspan_t *tmp = calloc(REFIT_MAX(dst->placements.len, 1), sizeof(*tmp));
+    size_t n = 0;
+    if (!s || !tids || !tmp) goto oom;
+    s->k = k;
+    s->nregions = (uint32_t)dst->regions.len;
+    s->nplacements = (uint32_t)dst->placements.len;
+    s->workers = workers;
+    s->usable = true;
+    for (uint32_t i = 0; i < dst->placements.len; i++) {
+        const refit_placement_t *p = &dst->placements.data[i];
+        cbox_t b;
+        if (cbox_of(&dst->canon.data[p->canon], p, &b) != REFIT_DIGEST_VERIFIABLE) continue;
+        if (!cbox_full_rows(&b) && !cbox_all_rows(&b)) continue; /* as refit_digest_local */
+        uint64_t stride, start = box_offset(dst, p, &stride), rowb = b.n * 2;
+        if (b.nrows == 1 || stride == rowb) stride = rowb;
+        tmp[n++] = (rspan_t){dst->locals.data[p->local].region,
+                             {start, start + (b.nrows - 1) * stride + rowb, stride, rowb, tids[p->canon], b.a, b.c, i}};
+    }
+    qsort(tmp, n, sizeof(*tmp), cmp_rspan);
+    s->rstart = calloc(s->nregions + 1, sizeof(uint32_t));
+    s->spans = calloc(REFIT_MAX(n, 1), sizeof(sink_span_t));
+    s->acc = calloc((size_t)workers * REFIT_MAX(s->nplacements, 1), sizeof(refit_dsum_t));
+    s->cursor = calloc(workers, sizeof(size_t));
+    s->bad = calloc(workers, 1);
+    if (!s->rstart || !s->spans || !s->acc || !s->cursor || !s->bad) goto oom;
+    for (size_t i = 0; i < n; i++) {
+        s->spans[i] = tmp[i].s;
+        s->rstart[tmp[i].region + 1] = (uint32_t)(i + 1);
+        if (i && tmp[i].region == tmp[i - 1].region && tmp[i - 1].s.end > tmp[i].s.start) s->usable = false;
+    }
+    for (uint32_t r = 1; r <= s->nregions; r++)
+        if (s->rstart[r] < s->rstart[r - 1]) s->rstart[r] = s->rstart[r - 1];
+    free(tmp);
+    free(tids);
+    *out = s;
+    return REFIT_OK;
+oom:
+    free(tmp);
+    free(tids);
+    refit_digest_sink_destroy(s);
+    return refit_error(REFIT_ERR_NO_MEMORY, "digest sink of %u placements", (unsigned)dst->placements.len);
+}
+
+void refit_digest_sink_destroy(refit_digest_sink_t *s)
+{
+    if (!s) return;
+    free(s->rstart);
+    free(s->spans);
+    free(s->acc);
+    free(s->cursor);
+    free(s->bad);
+    free(s);
+}
+
+unsigned refit_digest_sink_workers(const refit_digest_sink_t *s) { return s ? s->workers : 0; }
+
+void refit_digest_sink_reset(refit_digest_sink_t *s)
+{
+    memset(s->acc, 0, (size_t)s->workers * REFIT_MAX(s->nplacements, 1) * sizeof(refit_dsum_t));
+    memset(s->bad, 0, s->workers);
+}
+
+/* The first span of region r that ends after off, starting from the
+ * worker's cursor when it still fits (copies walk forward). */
+static size_t sink_find(const refit_digest_sink_t *s, uint32_t r, size_t cur, uint64_t off)
+{
+    size_t lo = s->rstart[r], hi = s->rstart[r + 1];
+    if (cur >= lo && cur < hi && s->spans[cur].start <= off && (cur + 1 == hi || s->spans[cur + 1].start > off))
+        return s->spans[cur].end > off ? cur : cur + 1;
+    while (lo < hi) { /* the first span with end > off (spans are disjoint and sorted) */
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->spans[mid].end <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+void refit_digest_sink_add(refit_digest_sink_t *s, unsigned worker, uint32_t region, uint64_t offset, const void *p,
+                           uint64_t len)
+{
+    if (!s || worker >= s->workers || region >= s->nregions || !len || !s->usable || s->bad[worker]) return;
+    refit_dsum_t *acc = s->acc + (size_t)worker * s->nplacements;
+    const uint8_t *base = (const uint8_t *)p - offset; /* region bytes, for address arithmetic only */
+    uint64_t end = offset + len;
+    size_t i = sink_find(s, region, s->cursor[worker], offset);
+    for (; i < s->rstart[region + 1] && s->spans[i].start < end; i++) {
+        const sink_span_t *sp = &s->spans[i];
+        uint64_t x = REFIT_MAX(offset, sp->start), y = REFIT_MIN(end, sp->end);
+        refit_dsum_t *a = &acc[sp->pl];
+        while (x < y) {
+            uint64_t rel = x - sp->start, row = rel / sp->stride, o = rel % sp->stride;
+            if (o >= sp->rowb) { /* between two rows of a strided box */
+                x += sp->stride - o;
+                continue;
+            }
+            uint64_t seg = REFIT_MIN(sp->rowb - o, y - x);
+            if ((o | seg) & 1) { /* a 2-byte unit cut in two: cannot hash it here */
+                s->bad[worker] = 1;
+                return;
+            }
+            if (o == 0 && seg == sp->rowb) { /* whole rows: every complete one in [x, y) in one call */
+                uint64_t rows = (y - x - sp->rowb) / sp->stride + 1;
+                rows_any(s->k, sp->tid, sp->row0 + row, rows, sp->j0, base + x, sp->stride, sp->rowb / 2, a->lane);
+                x += (rows - 1) * sp->stride + sp->rowb;
+                continue;
+            }
+            rows_any(s->k, sp->tid, sp->row0 + row, 1, sp->j0 + o / 2, base + x, sp->stride, seg / 2, a->lane);
+            x += seg;
+        }
+    }
+    s->cursor[worker] = i ? i - 1 : 0;
+}
+
+bool refit_digest_sink_sum(const refit_digest_sink_t *s, refit_dsum_t *out)
+{
+    if (!s || !s->usable) return false;
+    for (unsigned w = 0; w < s->workers; w++)
+        if (s->bad[w]) return false;
+    for (uint32_t pl = 0; pl < s->nplacements; pl++) {
+        refit_dsum_t t = {{0, 0}};
+        for (unsigned w = 0; w < s->workers; w++) {
+            t.lane[0] += s->acc[(size_t)w * s->nplacements + pl].lane[0];
+            t.lane[1] += s->acc[(size_t)w * s->nplacements + pl].lane[1];
+        }
+        out[pl] = t;
+    }
+    return true;
 }
 
 /* ------------------------------------------------------------ publisher */
