@@ -47,6 +47,9 @@ typedef struct {
     uint64_t launches, requests; /* sums over receivers */
     double published, publish_ms, fill_ms; /* latest publish time, max publish_ms / fill_ms over publishers */
     uint32_t deltas;            /* receivers that applied a delta */
+    double digest_ms;           /* max over receivers: checking against the publishers' digests */
+    double pub_digest_ms;       /* max over publishers: computing them (part of publish_ms) */
+    uint64_t digest_bytes, unverified_bytes; /* sums over receivers */
 } cycle_t;
 
 /* Aggregate rate of a cycle: every receiver's bytes over the window from the
@@ -136,6 +139,9 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             cy->plan = REFIT_MAX(cy->plan, num(o, "plan_ms"));
             cy->transfer = REFIT_MAX(cy->transfer, num(o, "transfer_ms"));
             cy->verify = REFIT_MAX(cy->verify, num(o, "verify_ms"));
+            cy->digest_ms = REFIT_MAX(cy->digest_ms, num(o, "digest_ms"));
+            cy->digest_bytes += (uint64_t)num(o, "digest_bytes");
+            cy->unverified_bytes += (uint64_t)num(o, "unverified_bytes");
             cy->total = REFIT_MAX(cy->total, num(o, "total_ms"));
             cy->connect = REFIT_MAX(cy->connect, num(o, "connect_ms"));
             double b = num(o, "begin_s"), e = num(o, "end_s"), xb = num(o, "transfer_begin_s");
@@ -167,6 +173,7 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             cy->published = REFIT_MAX(cy->published, num(o, "at_s"));
             cy->publish_ms = REFIT_MAX(cy->publish_ms, num(o, "publish_ms"));
             cy->fill_ms = REFIT_MAX(cy->fill_ms, num(o, "fill_ms"));
+            cy->pub_digest_ms = REFIT_MAX(cy->pub_digest_ms, num(o, "digest_ms"));
         }
     } else if (ev && !strcmp(ev, "failed")) {
         const char *e = refit_json_string(refit_json_get(o, "error"), &len);
@@ -518,7 +525,8 @@ int cmd_demo(int argc, char **argv)
     bool verified = !failed;
     for (uint64_t k = 0; k < cycles; k++) verified &= cy[k].reports == R;
     /* Steady state: cycles after the first. */
-    double ctrl[MAX_CYCLES], gbps[MAX_CYCLES], span[MAX_CYCLES], xfer[MAX_CYCLES], p2c[MAX_CYCLES];
+    double ctrl[MAX_CYCLES], gbps[MAX_CYCLES], span[MAX_CYCLES], xfer[MAX_CYCLES], p2c[MAX_CYCLES], dig[MAX_CYCLES],
+        pdig[MAX_CYCLES];
     size_t ns = 0;
     for (uint64_t k = 1; k < cycles; k++)
         if (cy[k].reports == R && cy[k].transfer > 0) {
@@ -527,6 +535,8 @@ int cmd_demo(int argc, char **argv)
             span[ns] = (cy[k].end - cy[k].begin) * 1e3;
             xfer[ns] = cy[k].transfer;
             p2c[ns] = cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0;
+            dig[ns] = cy[k].digest_ms;
+            pdig[ns] = cy[k].pub_digest_ms;
             ns++;
         }
     if (ns == 0 && cycles == 1 && cy[0].reports == R && cy[0].transfer > 0) {
@@ -535,16 +545,20 @@ int cmd_demo(int argc, char **argv)
         ns = 1;
     }
     double steady_ctrl = median(ctrl, ns), steady_gbps = median(gbps, ns), steady_span = median(span, ns),
-           steady_xfer = median(xfer, ns), steady_p2c = median(p2c, ns);
+           steady_xfer = median(xfer, ns), steady_p2c = median(p2c, ns), steady_dig = median(dig, ns),
+           steady_pdig = median(pdig, ns);
     uint64_t bytes_per_cycle = cy[0].bytes;
     if (json) {
         printf("{\"verified\":%s,\"cycles\":%" PRIu64 ",\"bytes_per_cycle\":%" PRIu64 ",\"steady_control_ms\":%.3f,"
                "\"steady_transfer_gbps\":%.3f,\"memcpy_gbps\":%.3f,\"transfer_vs_memcpy\":%.3f,"
                "\"steady_span_ms\":%.3f,\"steady_transfer_ms\":%.3f,\"steady_publish_to_commit_ms\":%.3f,"
+               "\"steady_digest_ms\":%.3f,\"digest_vs_transfer\":%.3f,\"steady_publisher_digest_ms\":%.3f,"
+               "\"digest_bytes_per_cycle\":%" PRIu64 ",\"unverified_bytes_per_cycle\":%" PRIu64 ","
                "\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64 ",\"transport\":",
                verified ? "true" : "false", cycles, bytes_per_cycle, steady_ctrl, steady_gbps, memcpy_gbps,
-               memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0, steady_span, steady_xfer, steady_p2c, src_device,
-               dst_device);
+               memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0, steady_span, steady_xfer, steady_p2c, steady_dig,
+               steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
+               cy[cycles - 1].unverified_bytes, src_device, dst_device);
         tool_json_string(stdout, used_transport[0] ? used_transport : transport);
         printf(",\"lanes\":");
         tool_json_string(stdout, lanes);
@@ -559,11 +573,13 @@ int cmd_demo(int argc, char **argv)
             printf("%s{\"version\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"discover_ms\":%.3f,\"plan_ms\":%.3f,"
                    "\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"planned\":%s,\"span_ms\":%.3f,"
                    "\"connect_ms\":%.3f,\"launches\":%" PRIu64 ",\"requests\":%" PRIu64 ",\"publish_ms\":%.3f,"
-                   "\"fill_ms\":%.3f,\"publish_to_commit_ms\":%.3f,\"delta_pulls\":%u}",
+                   "\"fill_ms\":%.3f,\"publish_to_commit_ms\":%.3f,\"delta_pulls\":%u,\"digest_ms\":%.3f,"
+                   "\"publisher_digest_ms\":%.3f,\"digest_bytes\":%" PRIu64 ",\"unverified_bytes\":%" PRIu64 "}",
                    k ? "," : "", k + 1, cy[k].bytes, cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify,
                    cy[k].total, cy[k].planned ? "true" : "false", (cy[k].end - cy[k].begin) * 1e3, cy[k].connect,
                    cy[k].launches, cy[k].requests, cy[k].publish_ms, cy[k].fill_ms,
-                   cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0, cy[k].deltas);
+                   cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0, cy[k].deltas, cy[k].digest_ms,
+                   cy[k].pub_digest_ms, cy[k].digest_bytes, cy[k].unverified_bytes);
         printf("]}\n");
     } else {
         printf("%5s %14s %12s %10s %12s %11s %10s %8s %9s\n", "cycle", "bytes", "discover_ms", "plan_ms",
@@ -579,6 +595,10 @@ int cmd_demo(int argc, char **argv)
                " the last one's end; control plane: discover + plan, the slowest receiver's)\n");
         printf("steady state (median of cycles 2..%" PRIu64 "): control plane %.2f ms, transfer %.2f GB/s = %.2f x memcpy\n",
                cycles, steady_ctrl, steady_gbps, memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0);
+        printf("content digests: %.1f ms per receiver to check (%.2f x transfer), %.1f ms per publisher to compute; "
+               "%" PRIu64 " bytes checked, %" PRIu64 " not checkable\n",
+               steady_dig, steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
+               cy[cycles - 1].unverified_bytes);
         printf("transport %s (%s)\n", used_transport[0] ? used_transport : transport, lanes);
         printf("%s\n", verified ? "verified: every byte of every receiver in every cycle matched the synthetic truth"
                                 : "FAILED: see the messages above");

@@ -255,8 +255,9 @@ int cmd_publish(int argc, char **argv)
         if (o.json)
             printf("{\"event\":\"published\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64
                    ",\"fill_ms\":%.3f,\"publish_ms\":%.3f,\"at_s\":%.6f,\"delta_base\":%" PRIu64
-                   ",\"delta_bytes\":%" PRIu64 ",\"delta_encode_ms\":%.3f}\n",
-                   o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3, t2, d.base_version, d.bytes, d.encode_ms);
+                   ",\"delta_bytes\":%" PRIu64 ",\"delta_encode_ms\":%.3f,\"digest_ms\":%.3f}\n",
+                   o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3, t2, d.base_version, d.bytes, d.encode_ms,
+                   refit_publisher_digest_ms(p));
         else if (d.base_version)
             printf("rank %" PRIu64 " published version %" PRIu64 " (fill %.1f ms, publish %.2f ms; delta from %" PRIu64
                    ": %" PRIu64 " bytes, encoded in %.1f ms)\n",
@@ -336,11 +337,12 @@ int cmd_pull(int argc, char **argv)
                    "\"plan_ms\":%.3f,\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"verified\":%s,"
                    "\"connect_ms\":%.3f,\"requests\":%" PRIu64 ",\"launches\":%" PRIu64
                    ",\"begin_s\":%.6f,\"end_s\":%.6f,\"transfer_begin_s\":%.6f,\"device\":%d,\"delta_base\":%" PRIu64
+                   ",\"digest_ms\":%.3f,\"digest_bytes\":%" PRIu64 ",\"unverified_bytes\":%" PRIu64
                    ",\"transport\":\"%s\",\"lanes\":",
                    o.rank, rep.version, rep.bytes, rep.sources, rep.planned ? "true" : "false", rep.manifests_read,
                    rep.wait_ms, rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
                    o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s, rep.transfer_begin_s,
-                   o.device, rep.delta_base, rep.transport);
+                   o.device, rep.delta_base, rep.digest_ms, rep.digest_bytes, rep.unverified_bytes, rep.transport);
             tool_json_string(stdout, rep.lanes);
             printf("}\n");
         } else {
