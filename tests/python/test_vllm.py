@@ -167,8 +167,7 @@ def test_refit_into_vllm(ckpts, case, tmp_path):
 
     if ep:  # the vLLM 0.32 finding itself
         assert r["generation_without_refit_check"].startswith("failed"), r["generation_without_refit_check"]
-    else:
-        _bench.append(_bench_case(kind, tp, ep, src, r))
+    _bench.append(_bench_case(kind, tp, ep, src, r))
 
 
 def _check_negative(r, kind, tp):
@@ -212,6 +211,7 @@ def _bench_case(kind, tp, ep, src, r):
             "refit_first_vs_load_weights": round(first["session_ms"] / lw["total_ms"], 3),
         })
     return {"model": kind, "tp": tp, "expert_parallel": ep, "trainer_layout": src, "env": r["env"],
+            "generation_compared": not ep,
             "paths": ups[0]["workers"][0]["init"]["classes"], "driver_s": round(r["driver_s"], 1),
             "refit_byte_equal_to_fresh_v2": r["refit_vs_reference"]["equal"],
             "load_weights_byte_equal_to_fresh_v2": r["load_weights"]["vs_reference"]["equal"],
@@ -236,6 +236,9 @@ def _bench_doc():
         "date": time.strftime("%Y-%m-%d"),
         "refit_vs_load_weights": {_ids((c["model"], c["tp"], c["expert_parallel"], None)): c["refit_vs_load_weights"]
                                   for c in _bench},
+        "note": "on vLLM 0.32's CPU MoE backend load_weights (layerwise reload) leaves w13/w2 unpacked, so its result "
+                "is wrong there (load_weights_byte_equal_to_fresh_v2 false) and its time lacks the prepacking that "
+                "refit runs (refit's apply_ms moe-cpu); dense layers are right in both",
         "cases": _bench,
     }
 
