@@ -750,30 +750,61 @@ static refit_status_t digest_verify(refit_receiver_t *r, const snapshot_t *s, ui
         usable[k] = s->present[k] && s->alive[k] && s->recs[k].version == v && r->src[k].m &&
                     s->recs[k].incarnation == r->src[k].incarnation && digest_region(r->src[k].m) >= 0;
     }
-    if (!cp->dplan || memcmp(cp->dusable, usable, r->world) != 0) {
-        refit_digest_plan_destroy(cp->dplan);
-        free(cp->dusable);
-        cp->dplan = NULL;
-        cp->dusable = NULL;
-        if ((st = refit_digest_plan_create(srcs, r->world, usable, r->m, &cp->dplan))) goto out;
-        cp->dusable = usable;
-        usable = NULL;
-        refit_digest_plan_stats_t ps;
-        refit_digest_plan_stats(cp->dplan, &ps);
-        if (ps.unverifiable_bytes)
-            refit_log(REFIT_LOG_INFO, "%s: %" PRIu64 " of %" PRIu64 " bytes cannot be checked against the sources' "
-                      "digests (sources without digests, or boxes no digest covers)", r->reader, ps.unverifiable_bytes,
-                      ps.bytes + ps.unverifiable_bytes);
-    }
+    /* The entries come from the sources the digest plan picks; one we cannot
+     * reach (a replica the transfer did not need) is left out and the plan
+     * made again without it. */
     size_t nf = 0;
-    const refit_digest_fetch_t *f = refit_digest_plan_fetches(cp->dplan, &nf);
+    const refit_digest_fetch_t *f = NULL;
+    for (uint32_t attempt = 0; attempt <= r->world && !st; attempt++) {
+        if (!cp->dplan || memcmp(cp->dusable, usable, r->world) != 0) {
+            refit_digest_plan_destroy(cp->dplan);
+            free(cp->dusable);
+            cp->dplan = NULL;
+            cp->dusable = NULL;
+            uint8_t *keep = malloc(r->world ? r->world : 1);
+            if (!keep) {
+                st = refit_error(REFIT_ERR_NO_MEMORY, "digests");
+                break;
+            }
+            memcpy(keep, usable, r->world);
+            if ((st = refit_digest_plan_create(srcs, r->world, usable, r->m, &cp->dplan))) {
+                free(keep);
+                break;
+            }
+            cp->dusable = keep;
+            refit_digest_plan_stats_t ps;
+            refit_digest_plan_stats(cp->dplan, &ps);
+            if (ps.unverifiable_bytes)
+                refit_log(REFIT_LOG_INFO, "%s: %" PRIu64 " of %" PRIu64 " bytes cannot be checked against the "
+                          "sources' digests (sources without digests, or boxes no digest covers)", r->reader,
+                          ps.unverifiable_bytes, ps.bytes + ps.unverifiable_bytes);
+        }
+        f = refit_digest_plan_fetches(cp->dplan, &nf);
+        bool dropped = false;
+        for (size_t i = 0; i < nf; i++) {
+            uint32_t k = f[i].src;
+            if (tix[k] >= 0 || !usable[k]) continue;
+            if (connect_source(r, k, s->recs[k].buffer, &tix[k])) {
+                refit_log(REFIT_LOG_INFO, "%s: digests of source rank %u unreachable (%s); using others", r->reader, k,
+                          refit_last_error());
+                tix[k] = -1;
+                usable[k] = 0;
+                dropped = true;
+            }
+        }
+        if (!dropped) break;
+    }
+    if (st) goto out;
     /* The entries: one 8-byte run each, from the source's digest region. */
     refit_plan_region_t *regs = calloc(nf ? nf : 1, sizeof(*regs));
     unsigned char *fetched = calloc(nf ? nf : 1, 8);
     if (!regs || !fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
     for (size_t i = 0; i < nf && !st; i++) {
         uint32_t k = f[i].src;
-        if (tix[k] < 0 && (st = connect_source(r, k, s->recs[k].buffer, &tix[k]))) break;
+        if (tix[k] < 0) {
+            st = refit_error(REFIT_ERR_PEER, "source rank %u holds digests this receiver needs and is unreachable", k);
+            break;
+        }
         regs[i] = (refit_plan_region_t){.src = k, .src_region = (uint32_t)digest_region(r->src[k].m),
                                         .src_offset = f[i].offset, .dst_offset = i * 8, .run = 8};
     }
