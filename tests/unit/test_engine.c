@@ -1043,6 +1043,27 @@ static void wait_lease(const reg_t *g, uint64_t v)
     assert_int_equal(n, 1);
 }
 
+/* A one-rank in-place publisher that published version 1, and a victim
+ * receiver holding its lease while it pauses before the transfer. */
+static pub_t victim_scene(reg_t *g, pid_t *victim, int *resp)
+{
+    reg_file(g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g->url, g->job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    *victim = fenced_victim(g, "victim", 1500, resp);
+    wait_lease(g, 1);
+    return p;
+}
+
+/* The victim's answer must start with `want` and name `why`. */
+static void expect_victim(pid_t victim, int resp, const char *want, const char *why)
+{
+    char out[800];
+    victim_result(victim, resp, out, sizeof(out));
+    if (strncmp(out, want, strlen(want)) || !strstr(out, why)) fail_msg("victim: %s", out);
+}
+
 /* The lease is deleted while the receiver reads (an operator, a bug, an
  * attacker with write access to the store): the publisher finds no reader,
  * rewrites its memory with version 2, and the receiver - which read v2's
@@ -1051,23 +1072,16 @@ static void lease_lost_mid_read_not_committed(void **state)
 {
     (void)state;
     reg_t g;
-    reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
-    pub_t p = pub_start(&c, 0);
-    PUB_OK(&p, "publish 1");
+    pid_t victim;
     int resp;
-    pid_t victim = fenced_victim(&g, "victim", 1500, &resp);
-    wait_lease(&g, 1);
+    pub_t p = victim_scene(&g, &victim, &resp);
     refit_registry_t *reg;
     REFIT_ASSERT_OK(refit_registry_open(g.url, g.job, &reg));
     REFIT_ASSERT_OK(refit_registry_lease_release(reg, "trainer", 1, "victim"));
     refit_registry_close(reg);
     PUB_OK(&p, "wait 1 5000"); /* no lease: it returns at once */
     PUB_OK(&p, "scribble 2");  /* and the trainer writes its next step in place */
-    char out[800];
-    victim_result(victim, resp, out, sizeof(out));
-    if (strncmp(out, "REFIT_ERR_STALE usable=0 committed=0", 36) || !strstr(out, "was lost during the transfer"))
-        fail_msg("victim: %s", out);
+    expect_victim(victim, resp, "REFIT_ERR_STALE usable=0 committed=0", "was lost during the transfer");
     pub_stop(&p);
     t_rm_tree(g.dir);
 }
@@ -1081,19 +1095,11 @@ static void scribble_during_read_refused(void **state)
 {
     (void)state;
     reg_t g;
-    reg_file(&g);
-    pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
-    pub_t p = pub_start(&c, 0);
-    PUB_OK(&p, "publish 1");
+    pid_t victim;
     int resp;
-    pid_t victim = fenced_victim(&g, "victim", 1500, &resp);
-    wait_lease(&g, 1);
+    pub_t p = victim_scene(&g, &victim, &resp);
     PUB_OK(&p, "scribble 2");
-    char out[800];
-    victim_result(victim, resp, out, sizeof(out));
-    if (strncmp(out, "REFIT_ERR_VERIFY usable=0 committed=0", 37) ||
-        !strstr(out, "does not match what its publishers published"))
-        fail_msg("victim: %s", out);
+    expect_victim(victim, resp, "REFIT_ERR_VERIFY usable=0 committed=0", "does not match what its publishers published");
     pub_stop(&p);
     t_rm_tree(g.dir);
 }
@@ -1173,9 +1179,7 @@ static void registry_lost_mid_read_fenced(void **state)
      * to call the version free, naming the reason. */
     const char *said = pub_cmd(&p, "wait 1 1500");
     if (strncmp(said, "REFIT_ERR_TIMEOUT", 17) || !strstr(said, "lost its data")) fail_msg("publisher said: %s", said);
-    char out[800];
-    victim_result(victim, resp, out, sizeof(out));
-    if (strncmp(out, "REFIT_ERR_STALE usable=0 committed=0", 36)) fail_msg("victim: %s", out);
+    expect_victim(victim, resp, "REFIT_ERR_STALE usable=0 committed=0", "lost");
     pub_stop(&p);
     t_redis_stop(&rs);
     t_rm_tree(rs.dir);
