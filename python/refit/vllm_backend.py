@@ -139,6 +139,22 @@ def _refit_model(model_config, identity: Optional[str]) -> Model:
         return Model(d)
 
 
+def _vocab_pad(params, rmodel: Model, tp: int) -> int:
+    """The vllm layout's pad= that gives the live embedding's padded vocabulary: vLLM's 64 unless the model pads
+    otherwise (the smallest pad p with round_up(V, p) equal to the live rows x tp)."""
+    emb = params.get("model.embed_tokens.weight")
+    vocab = next((t.shape[0] for t in rmodel.tensors() if t.name == "model.embed_tokens.weight"), None)
+    if emb is None or vocab is None or emb.dim() != 2:
+        return 64
+    vp = emb.shape[0] * tp
+    if vp == -(-vocab // 64) * 64 or vp < vocab:
+        return 64  # the default, or a mismatch the shape check reports
+    for p in range(vp - vocab + 1, min(vp, 65536) + 1):
+        if vp % p == 0:
+            return p
+    return 64
+
+
 # ---------------------------------------------------------------- parameter classes
 
 
@@ -259,7 +275,8 @@ class VllmBinding:
         params = dict(model.named_parameters())
         self.names = detect_names(params)
         self.rmodel = _refit_model(mc, identity)
-        spec = f"vllm:tp={g['tp']},ep={g['ep']},dp={g['dp']}" + (",names=routed" if self.names == "routed" else "")
+        spec = (f"vllm:tp={g['tp']},ep={g['ep']},dp={g['dp']},pad={_vocab_pad(params, self.rmodel, g['tp'])}"
+                + (",names=routed" if self.names == "routed" else ""))
         self.layout = Layout(spec)
         scheme = self.layout.manifest(self.rmodel, g["rank"])
         self.layout_str = scheme.identity["layout"]
@@ -573,7 +590,8 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         t2 = time.perf_counter()
         rec = {"version": rep.version, "bytes": rep.bytes, "sources": rep.sources, "transport": rep.transport,
                "planned": rep.planned, "wait_ms": rep.wait_ms, "discover_ms": rep.discover_ms, "plan_ms": rep.plan_ms,
-               "transfer_ms": rep.transfer_ms, "pull_ms": (t1 - t0) * 1e3, "apply_ms": apply_ms,
+               "transfer_ms": rep.transfer_ms, "verify_ms": rep.verify_ms, "pull_ms": (t1 - t0) * 1e3,
+               "apply_ms": apply_ms,
                "apply_total_ms": (t2 - t1) * 1e3}
         if self._session is not None:
             self._session["updates"].append(rec)
