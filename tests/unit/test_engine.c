@@ -579,7 +579,9 @@ static void relay_chain_pipelines(void **state)
     setenv("REFIT_TEST_THROTTLE", "relay:0=2", 1);
     refit_pull_report_t rep;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
-    double b_end = t_ms_since(t0);
+    /* When B's bytes were in place (its verification - digests, truth - comes after). */
+    double b_end = (rep.end_s - t0) * 1e3;
+    unsigned long long dbytes = rep.digest_bytes;
     unsetenv("REFIT_TEST_THROTTLE");
     relay_pulled(&a); /* A verified its copy too */
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
@@ -595,6 +597,7 @@ static void relay_chain_pipelines(void **state)
     /* One transfer at 2 MB/s is ~0.3 s; back to back it would be ~0.6 s. */
     double one_ms = (double)rep.bytes / 2e6 * 1e3;
     if (b_end > 1.6 * one_ms) fail_msg("B ended after %.0f ms; one transfer takes %.0f ms", b_end, one_ms);
+    assert_true(dbytes > 0); /* bytes read from a relay are checked against the trainer's digests */
     refit_receiver_destroy(r);
     relay_stop(&a, false);
     pub_stop(&p);
