@@ -118,7 +118,7 @@ REFIT_API refit_status_t refit_publisher_attach(refit_publisher_t *p, uint32_t r
 /* Publishes the memory as `version` (greater than any published before).
  * REFIT_ERR_INVALID_ARG if a region has no memory or versions go backwards;
  * REFIT_ERR_TIMEOUT in snapshot mode if a staging arena's readers did not
- * finish within dead_ms * 4. */
+ * finish within dead_ms * 4 + lease_ms. */
 REFIT_API refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version);
 /* In-place mode: retires `version` and waits until no reader holds it.
  * REFIT_ERR_TIMEOUT (with the number of readers) after timeout_ms. */

@@ -510,7 +510,10 @@ refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
                                   .flags = p->rec_flags};
     if (p->params.mode == REFIT_MODE_SNAPSHOT) {
         uint32_t b = p->next_buffer;
-        if (p->stage_version[b] && (st = wait_leases(p, p->stage_version[b], (int)p->params.dead_ms * 4))) return st;
+        /* Readers get dead_ms * 4; after a registry that lost its data, a lease lifetime more (wait_leases). */
+        if (p->stage_version[b] &&
+            (st = wait_leases(p, p->stage_version[b], (int)(p->params.dead_ms * 4 + p->params.lease_ms))))
+            return st;
         for (uint32_t r = 0; r < p->nregions; r++) {
 #ifdef REFIT_HAVE_CUDA
             if (p->params.device >= 0) {
