@@ -4,6 +4,8 @@
 #                        qwen3-30b-a3b-mini (qwen3-30b-a3b's 18,867 tensors, 1.12 GB) over shm,
 #                        embedded file registry, every byte verified, memcpy measured in the same run
 #   demo-shm-redis.json  the same with a real Redis (started here on 127.0.0.1, stopped after)
+# Both report the content digests' cost next to the transfer (steady_digest_ms, digest_vs_transfer,
+# steady_publisher_digest_ms).
 # Usage: bench/runtime.sh [BUILD_DIR] [CYCLES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,4 +32,7 @@ for f in sys.argv[1:]:
     print(f"{f}: verified={o['verified']} cycles={o['cycles']} bytes/cycle={o['bytes_per_cycle']} "
           f"control={o['steady_control_ms']:.2f} ms transfer={o['steady_transfer_gbps']:.2f} GB/s "
           f"memcpy={o['memcpy_gbps']:.2f} GB/s ratio={o['transfer_vs_memcpy']:.2f} transport={o['transport']}")
+    print(f"  content digests: check {o['steady_digest_ms']:.1f} ms per receiver = {o['digest_vs_transfer']:.3f} of "
+          f"the transfer ({o['steady_transfer_ms']:.1f} ms); compute {o['steady_publisher_digest_ms']:.1f} ms per "
+          f"publisher; {o['digest_bytes_per_cycle']} bytes checked, {o['unverified_bytes_per_cycle']} not checkable")
 PY
