@@ -268,6 +268,11 @@ class VllmBinding:
         if "process_weights_after_loading" in type(model).__dict__:
             raise RefitVllmError(f"{type(model).__name__} has a model-level process_weights_after_loading hook "
                                  "that refit does not run")
+        mla = sorted({type(mod).__name__ for mod in model.modules()
+                      if "MLA" in type(mod).__name__ or "LatentAttention" in type(mod).__name__})
+        if mla:
+            raise RefitVllmError(f"multi-head latent attention ({', '.join(mla)}) is not supported: vLLM derives "
+                                 "W_UK_T / W_UV from kv_b_proj after loading, a step refit does not run")
         self.platform = _platform()
         if self.platform not in ("cpu", "cuda"):
             raise RefitVllmError(f"platform {self.platform} is not supported (refit handles cpu and cuda)")

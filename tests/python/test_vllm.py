@@ -357,3 +357,44 @@ def test_publish_cut_from_checkpoint(ckpts, tmp_path):
         p = subprocess.run([REFIT_BIN, "publish", "--from-safetensors", ckpt, "--registry", reg, "--job", "x"] + args,
                            capture_output=True, text=True, timeout=60)
         assert p.returncode != 0 and msg in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_unknown_layers_and_backends_refused_by_name():
+    """What refit has not been checked against is refused at init, naming it (never guessed)."""
+    import torch
+    from refit.vllm_backend import RefitVllmError, _classify
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    class Fp8LinearMethod:  # stands in for any quantization method
+        pass
+
+    class CustomNorm(torch.nn.Module):
+        pass
+
+    layer = torch.nn.Module()
+    layer.quant_method = Fp8LinearMethod()
+    with pytest.raises(RefitVllmError, match="quantization method Fp8LinearMethod of Module is not supported"):
+        _classify("model.layers.0.self_attn.qkv_proj.weight", layer, "cpu")
+    with pytest.raises(RefitVllmError, match="layer class CustomNorm is not one refit has checked"):
+        _classify("model.norm.weight", CustomNorm(), "cpu")
+    from vllm.config import VllmConfig, set_current_vllm_config
+    with set_current_vllm_config(VllmConfig()):  # vLLM's custom ops want a config to be built
+        norm = RMSNorm(8)
+    assert _classify("model.norm.weight", norm, "cpu") == "direct"
+    layer.quant_method = UnquantizedLinearMethod()
+    assert _classify("x.weight", layer, "cpu") == "linear-cpu" and _classify("x.weight", layer, "cuda") == "direct"
+    with pytest.raises(RefitVllmError, match="on platform rocm is not supported"):
+        _classify("x.weight", layer, "rocm")
+    moe = object.__new__(UnquantizedFusedMoEMethod)  # a method without running its backend selection
+    layer.quant_method = moe
+    for backend in ("FLASHINFER_CUTLASS", "FLASHINFER_TRTLLM", "AITER", "MOONEP", "XPU"):
+        moe.unquantized_backend = UnquantizedMoeBackend[backend]
+        with pytest.raises(RefitVllmError, match=f"MoE backend {backend} is not supported.*moe_backend=\"triton\""):
+            _classify("model.layers.0.mlp.experts.routed_experts.w13_weight", layer, "cuda")
+    moe.unquantized_backend = UnquantizedMoeBackend.TRITON
+    assert _classify("w13", layer, "cuda") == "direct"
+    with pytest.raises(RefitVllmError, match="MoE backend TRITON is not supported"):
+        _classify("w13", layer, "cpu")
