@@ -217,6 +217,13 @@ def wrong_name_publisher(ckpt, reg, job):
     return pub, arena, wrong
 
 
+def _vllm_shm():
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("vllm_dist_") and "cpushm" in n}
+    except OSError:
+        return set()
+
+
 def update(llm, version):
     t = time.perf_counter()
     llm.start_weight_update()
@@ -246,6 +253,7 @@ def main(cfg_path, out_path):
                                                "cpus": os.cpu_count()}}
     log = open(os.path.join(work, "publishers.log"), "w")
     procs = []
+    shm_before = _vllm_shm()
 
     def step(name, **kw):
         res["steps"].append(dict(step=name, **kw))
@@ -356,6 +364,14 @@ def main(cfg_path, out_path):
         for p in procs:
             p.wait()
         log.close()
+        # vLLM 0.32's CPU shared-memory communicator (tp > 1) does not always unlink its segments at shutdown:
+        # remove the ones this run's engines left.
+        res["shm_segments_left_by_vllm"] = sorted(_vllm_shm() - shm_before)
+        for name in res["shm_segments_left_by_vllm"]:
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1)
 
