@@ -557,6 +557,12 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
                     b.geometry["rank"], b.layout_str, b.geometry["rank"], b.rmodel.name, b.names or "none (dense)",
                     {k: v["tensors"] for k, v in b.classes.items()})
 
+    def parse_update_info(self, update_dict) -> RefitUpdateInfo:
+        """{"version": N}, {"version": "newest"}, {} (newest), or the bare value (N or "newest")."""
+        if isinstance(update_dict, (int, str)) and not isinstance(update_dict, bool):
+            update_dict = {"version": update_dict}
+        return super().parse_update_info(update_dict)
+
     def _need(self):
         if self.rx is None:
             raise RefitVllmError("the refit backend is not initialized: call init_weight_transfer_engine first")

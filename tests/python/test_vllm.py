@@ -278,6 +278,14 @@ def test_init_and_update_info_are_checked():
     for v in (0, -1, "latest", 1.5, True):
         with pytest.raises(ValueError, match="version"):
             RefitUpdateInfo(version=v)
+    # The engine's parser (vLLM's base class calls it from update_weights) also takes the bare value.
+    from refit.vllm_backend import RefitWeightTransferEngine
+    eng = object.__new__(RefitWeightTransferEngine)
+    assert eng.parse_update_info({"version": 3}).version == 3
+    assert eng.parse_update_info({}).version == "newest"
+    assert eng.parse_update_info("newest").version == "newest" and eng.parse_update_info(5).version == 5
+    with pytest.raises(ValueError, match="Invalid update_info"):
+        eng.parse_update_info({"step": 3})
 
 
 def test_names_detection_and_layout_option():
