@@ -18,7 +18,6 @@ Anything else -- a quantization method, an MoE backend, a platform or a layer th
 against -- is refused at init_weight_transfer_engine with an error that names it.
 """
 import json
-import logging
 import os
 import tempfile
 import time
@@ -28,11 +27,12 @@ from typing import Dict, List, Optional, Union
 import torch
 from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
                                                    WeightTransferUpdateInfo)
+from vllm.logger import init_logger
 
 from .adapters import ALIGN, AdapterError, vllm_expert_names
 from .core import Layout, Manifest, Model, Receiver, RefitError, torch_dtype
 
-logger = logging.getLogger("refit.vllm")
+logger = init_logger("vllm.refit")  # vLLM's format and level, prefixed with the worker in its log
 
 BACKEND_NAME = "refit"
 
