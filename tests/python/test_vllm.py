@@ -11,6 +11,7 @@ bench/results/vllm-update-cpu.json): refit's update against vLLM's own load_weig
 """
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -169,6 +170,7 @@ def test_refit_into_vllm(ckpts, case, tmp_path):
     if ep:  # the vLLM 0.32 finding itself
         assert r["generation_without_refit_check"].startswith("failed"), r["generation_without_refit_check"]
     _bench.append(_bench_case(kind, tp, ep, src, r))
+    shutil.rmtree(tmp_path / "work", ignore_errors=True)  # the state dumps (GBs for the 354 MB model); kept on failure
 
 
 def _check_negative(r, kind, tp):
