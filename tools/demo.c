@@ -257,12 +257,13 @@ int cmd_demo(int argc, char **argv)
 {
     const char *model_name = "qwen3-30b-a3b-mini", *src_spec = "megatron:ep=8", *dst_spec = "vllm:tp=2";
     const char *transport = "shm", *registry = NULL, *mode = "in-place", *topts = NULL;
+    bool no_digest = false;
     int64_t src_device = -1, dst_device = -1;
     uint64_t cycles = 5, timeout_s = 900, threads = 0, replicas = 1;
     bool json = false;
     const char *delta = NULL;
     enum { D_MODEL = 1, D_SRC, D_DST, D_CYCLES, D_TRANSPORT, D_REGISTRY, D_JSON, D_TIMEOUT, D_THREADS, D_MODE,
-           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS, D_DELTA };
+           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS, D_DELTA, D_NO_DIGEST };
     static const struct option opts[] = {
         {"model", required_argument, 0, D_MODEL},         {"src", required_argument, 0, D_SRC},
         {"dst", required_argument, 0, D_DST},             {"cycles", required_argument, 0, D_CYCLES},
@@ -271,7 +272,8 @@ int cmd_demo(int argc, char **argv)
         {"threads", required_argument, 0, D_THREADS},     {"mode", required_argument, 0, D_MODE},
         {"replicas", required_argument, 0, D_REPLICAS},   {"src-device", required_argument, 0, D_SRC_DEVICE},
         {"dst-device", required_argument, 0, D_DST_DEVICE}, {"transport-options", required_argument, 0, D_TOPTS},
-        {"delta", required_argument, 0, D_DELTA},         {0, 0, 0, 0}};
+        {"delta", required_argument, 0, D_DELTA},         {"no-digest", no_argument, 0, D_NO_DIGEST},
+        {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -294,6 +296,7 @@ int cmd_demo(int argc, char **argv)
             if (tool_parse_u64(optarg, &threads)) return tool_usage("demo", "--threads takes a number");
             break;
         case D_TOPTS: topts = optarg; break;
+        case D_NO_DIGEST: no_digest = true; break;
         case D_DELTA: {
             char *end;
             double f = strtod(optarg, &end);
@@ -432,6 +435,7 @@ int cmd_demo(int argc, char **argv)
         if (topts) args[a++] = "--transport-options", args[a++] = (char *)topts;
         if ((rx ? dst_device : src_device) >= 0) args[a++] = "--device", args[a++] = rx ? ddev : sdev;
         if (delta) args[a++] = "--delta", args[a++] = (char *)delta;
+        if (no_digest) args[a++] = "--no-digest";
         if (rx) {
             args[a++] = "--verify";
             args[a++] = "--threads", args[a++] = nthreads;

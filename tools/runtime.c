@@ -26,13 +26,13 @@ typedef struct {
     const char *from_st, *dump; /* publish --from-safetensors DIR, pull --dump DIR */
     uint64_t rank, versions, first, acks, timeout_ms, threads, hold_ms, lease_ms, dead_ms;
     int device; /* -1: host memory */
-    bool snapshot, json, verify, newest, no_delta;
+    bool snapshot, json, verify, newest, no_delta, no_digest;
     double delta; /* publish: delta mode, this share of elements changing per version; pull: the truth's share */
 } rt_opts_t;
 
 enum { O_MODEL = 1, O_LAYOUT, O_RANK, O_REGISTRY, O_JOB, O_GROUP, O_TRANSPORTS, O_TOPTS, O_MODE, O_VERSIONS,
        O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD,
-       O_DEVICE, O_FROM_ST, O_DUMP, O_DELTA, O_NO_DELTA };
+       O_DEVICE, O_FROM_ST, O_DUMP, O_DELTA, O_NO_DELTA, O_NO_DIGEST };
 
 static const struct option g_rt_opts[] = {
     {"model", required_argument, 0, O_MODEL},       {"layout", required_argument, 0, O_LAYOUT},
@@ -48,6 +48,7 @@ static const struct option g_rt_opts[] = {
     {"dead-ms", required_argument, 0, O_DEAD},      {"device", required_argument, 0, O_DEVICE},
     {"from-safetensors", required_argument, 0, O_FROM_ST}, {"dump", required_argument, 0, O_DUMP},
     {"delta", required_argument, 0, O_DELTA},       {"no-delta", no_argument, 0, O_NO_DELTA},
+    {"no-digest", no_argument, 0, O_NO_DIGEST},
     {0, 0, 0, 0}};
 
 static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
@@ -84,6 +85,7 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
             break;
         }
         case O_NO_DELTA: o->no_delta = true; break;
+        case O_NO_DIGEST: o->no_digest = true; break;
         case O_JSON: o->json = true; break;
         case O_VERIFY: o->verify = true; break;
         case O_NEWEST: o->newest = true; break;
@@ -177,6 +179,7 @@ int cmd_publish(int argc, char **argv)
     pp.dead_ms = (uint32_t)o.dead_ms;
     pp.device = o.device;
     pp.delta = o.delta > 0;
+    pp.no_digest = o.no_digest;
     if ((st = refit_publisher_create(&pp, m, &p))) {
         refit_manifest_destroy(m);
         refit_manifest_destroy(hfm);
@@ -306,6 +309,7 @@ int cmd_pull(int argc, char **argv)
     rp.verify = o.verify ? REFIT_VERIFY_TRUTH : REFIT_VERIFY_NONE;
     rp.device = o.device;
     rp.no_delta = o.no_delta;
+    rp.no_digest = o.no_digest;
     rp.truth_fraction = o.delta;
     if ((st = refit_receiver_create(&rp, m, &r))) {
         refit_manifest_destroy(m);

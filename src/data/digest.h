@@ -203,37 +203,4 @@ typedef struct {
 refit_status_t refit_digest_check(const refit_digest_plan_t *p, const void *fetched, const refit_dsum_t *local,
                                   refit_digest_report_t *report);
 
-/* ---- A sink: the receiver's digests taken as a copy writes its bytes. ----
- *
- * Hashing the receiver's memory after a transfer reads it all again from
- * DRAM.  A sink instead hashes each piece of the destination right after the
- * thread that copied it wrote it, while it is still in that thread's cache:
- * refit_digest_sink_add(worker, region, offset, bytes) for every piece the
- * copy writes, each byte of every placement exactly once per pull, then
- * refit_digest_sink_sum gives what refit_digest_local would (the digest is
- * additive; bytes no placement covers - padding - are ignored).  Each worker
- * (0 .. workers-1) has its own accumulators: one thread per worker index at a
- * time, any number of workers at once.  A sink whose manifest has boxes that
- * interleave in memory (columns of one local tensor split between
- * placements), or that was fed a piece it cannot hash (an odd byte boundary
- * inside a row), reports false from refit_digest_sink_sum: the caller then
- * uses refit_digest_local. */
-typedef struct refit_digest_sink refit_digest_sink_t;
-/* For destination `dst` (finalized; the sink copies what it needs) and up to
- * `workers` workers.  REFIT_ERR_INVALID_ARG, REFIT_ERR_NO_MEMORY. */
-refit_status_t refit_digest_sink_create(const refit_digest_key_t *k, const refit_manifest_t *dst, unsigned workers,
-                                        refit_digest_sink_t **out);
-void refit_digest_sink_destroy(refit_digest_sink_t *s);
-unsigned refit_digest_sink_workers(const refit_digest_sink_t *s);
-/* Clears the accumulators (before a pull). */
-void refit_digest_sink_reset(refit_digest_sink_t *s);
-/* Hashes the len bytes at p, which are bytes [offset, offset+len) of
- * destination region `region`, into worker `worker`'s accumulators. */
-void refit_digest_sink_add(refit_digest_sink_t *s, unsigned worker, uint32_t region, uint64_t offset, const void *p,
-                           uint64_t len);
-/* out[i] = the digest of placement i's bytes added since the reset (as
- * refit_digest_local); false (out untouched) when the sink could not hash
- * everything it was given. */
-bool refit_digest_sink_sum(const refit_digest_sink_t *s, refit_dsum_t *out);
-
 #endif

@@ -556,9 +556,7 @@ static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holde
         else peers[s] = h[of[s]].peer;
     }
     if (!st) {
-        refit_pull_ctl_t ctl = {.deadline = x->deadline, .threads = x->threads, .tick = x->tick, .user = x->user,
-                                .written = x->written, .written_user = x->written_user,
-                                .workers = x->written_workers};
+        refit_pull_ctl_t ctl = {.deadline = x->deadline, .threads = x->threads, .tick = x->tick, .user = x->user};
         refit_pull_stats_t ps = {0};
         double t0 = refit_now();
         st = x->ts->ops[t]->pull(x->ts->ctx[t], peers, x->plan, x->dst, &ctl, &ps);
@@ -575,7 +573,6 @@ static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holde
             stats->bytes += ps.bytes;
             stats->requests += ps.requests;
             stats->launches += ps.launches;
-            stats->written = ps.written;
             snprintf(stats->lanes, sizeof(stats->lanes), "%s", ps.lanes);
         }
     }

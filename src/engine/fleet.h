@@ -75,12 +75,6 @@ typedef struct {
     uint64_t origin;        /* refit_fleet_origin of this pull's trainer records: a relay whose version came
                                from other records (a restarted trainer that reused the version number) is
                                not read; ours, as a relay, is marked with it */
-    /* Direct pulls only: passed to the transport (refit_pull_ctl_t.written)
-     * and stats->written says whether it saw every byte. */
-    void (*written)(void *user, unsigned worker, uint32_t dst_region, uint64_t dst_offset, const void *dst,
-                    uint64_t len);
-    void *written_user;
-    unsigned written_workers;
 } refit_fleet_xfer_t;
 
 uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);

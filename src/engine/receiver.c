@@ -86,8 +86,6 @@ struct refit_receiver {
     size_t nholders;
     refit_digest_key_t *dkey; /* content digests; NULL with no_digest */
     refit_dsum_t *dlocal;     /* per destination placement */
-    refit_digest_sink_t *sink; /* hashes the direct path's bytes as they land */
-    bool dlocal_ready;        /* this pull's sink filled dlocal */
 };
 
 static const char *or_default(const char *s, const char *d) { return s && s[0] ? s : d; }
@@ -288,7 +286,6 @@ void refit_receiver_destroy(refit_receiver_t *r)
     free(r->stage);
     free(r->mem);
     free(r->owned);
-    refit_digest_sink_destroy(r->sink);
     refit_digest_key_destroy(r->dkey);
     free(r->dlocal);
     refit_manifest_destroy(r->m);
@@ -571,7 +568,7 @@ static void fleet_announce(void *user)
 static refit_status_t fleet_transfer(refit_receiver_t *r, void *const *dst, const snapshot_t *s, uint64_t v,
                                      const refit_plan_t *plan,
                                      refit_fleet_holder_t *h, uint32_t nh, bool with_trainer, double deadline,
-                                     int *tix, refit_pull_stats_t *stats, uint32_t *used, const refit_pull_ctl_t *hash)
+                                     int *tix, refit_pull_stats_t *stats, uint32_t *used)
 {
     uint32_t max = REFIT_MAX_RELAYS + r->world;
     uint64_t *keys = calloc(r->world ? r->world : 1, sizeof(uint64_t));
@@ -584,8 +581,7 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, void *const *dst, cons
                             .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
                             .threads = r->params.threads, .version = v,
                             .progress = refit_relays_progress(r->relays, dst), .announce = fleet_announce,
-                            .origin = s->origin, .written = hash->written, .written_user = hash->written_user,
-                            .written_workers = hash->workers};
+                            .origin = s->origin};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;
     refit_status_t st = refit_fleet_transfer(&x, h, nh, stats);
@@ -815,8 +811,7 @@ static refit_status_t digest_verify(refit_receiver_t *r, const snapshot_t *s, ui
      * receiver's own (host); GPU memory itself is not hashed here. */
     bool host = r->params.device < 0 || r->pull_staged;
     void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
-    /* Hashed already as the bytes landed (the direct path), or now. */
-    if (!st && host && !r->dlocal_ready)
+    if (!st && host)
         st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
     refit_digest_report_t dr = {0};
     if (!st && host) st = refit_digest_check(cp->dplan, fetched, r->dlocal, &dr);
@@ -990,25 +985,6 @@ out:
     return st;
 }
 
-static void sink_written(void *user, unsigned worker, uint32_t region, uint64_t off, const void *p, uint64_t len)
-{
-    refit_digest_sink_add(user, worker, region, off, p, len);
-}
-
-/* The sink for this receiver's copy threads (made once). */
-static refit_digest_sink_t *digest_sink(refit_receiver_t *r)
-{
-    if (!r->dkey) return NULL;
-    if (!r->sink) {
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        unsigned w = r->params.threads ? r->params.threads : ncpu > 0 ? (unsigned)ncpu : 1;
-        if (refit_digest_sink_create(r->dkey, r->m, w > 64 ? 64 : w, &r->sink))
-            refit_log(REFIT_LOG_INFO, "%s: no digest sink (%s); digests are taken after the transfer", r->reader,
-                      refit_last_error());
-    }
-    return r->sink;
-}
-
 /* Steps 4 and 5 of a full pull: peers for the sources the plan reads (the
  * fleet path: every holder), then the transfer and the padding. */
 static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap, uint64_t v,
@@ -1073,21 +1049,12 @@ static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap,
     const char *pause = getenv("REFIT_TEST_PAUSE_MS");
     if (pause && atoi(pause) > 0) usleep((useconds_t)atoi(pause) * 1000u);
     refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .tick = tick, .user = r};
-    refit_digest_sink_t *sink = digest_sink(r);
-    if (sink) { /* hash each piece as it lands */
-        refit_digest_sink_reset(sink);
-        ctl.written = sink_written;
-        ctl.written_user = sink;
-        ctl.workers = refit_digest_sink_workers(sink);
-    }
-    bool all_written = sink != NULL;
     refit_pull_stats_t stats = {0};
     rep->transport[0] = rep->lanes[0] = '\0';
     if (fleet) {
         uint32_t used = 0;
-        if ((st = fleet_transfer(r, dst, &s, v, plan, holders, nh, with_trainer, deadline, tix, &stats, &used, &ctl)))
+        if ((st = fleet_transfer(r, dst, &s, v, plan, holders, nh, with_trainer, deadline, tix, &stats, &used)))
             goto done;
-        all_written = all_written && stats.written;
         rep->sources = used;
         snprintf(rep->transport, sizeof(rep->transport), "%s", r->ts.ops[0]->name);
         append(rep->lanes, sizeof(rep->lanes), " ", stats.lanes);
@@ -1101,7 +1068,6 @@ static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap,
         if (!any) continue;
         refit_pull_stats_t ts = {0};
         if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, plan, dst, &ctl, &ts))) goto done;
-        all_written = all_written && ts.written;
         stats.bytes += ts.bytes;
         stats.requests += ts.requests;
         stats.launches += ts.launches;
@@ -1128,7 +1094,6 @@ static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap,
     if (bounce) append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
 #endif
     r->pull_staged = bounce;
-    r->dlocal_ready = all_written && refit_digest_sink_sum(sink, r->dlocal);
     rep->bytes = stats.bytes;
     rep->requests = stats.requests;
     rep->launches = stats.launches;
@@ -1142,7 +1107,6 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     refit_status_t st;
     double t0 = refit_now();
     r->pull_staged = false;
-    r->dlocal_ready = false;
     /* The group may not have started yet: wait for rank 0's manifest. */
     while (!r->world) {
         st = learn_world(r);

@@ -59,34 +59,17 @@ static refit_status_t copy_bytes(exec_ctx_t *c, const refit_plan_region_t *r, ui
     return REFIT_OK;
 }
 
-/* Copies one piece and reports it while it is in this thread's cache. */
-static refit_status_t copy_piece(exec_ctx_t *c, const refit_plan_region_t *r, uint64_t so, unsigned char *dst,
-                                 uint64_t dof, uint64_t len, unsigned worker)
-{
-    const refit_exec_opts_t *o = c->o;
-    bool report = o->written && r->src != REFIT_PLAN_FILL;
-    uint64_t step = report ? REFIT_EXEC_WRITTEN_PIECE : len;
-    for (uint64_t at = 0; at < len;) {
-        uint64_t n = len - at < step ? len - at : step;
-        refit_status_t st = copy_bytes(c, r, so + at, dst + dof + at, n);
-        if (st) return st;
-        if (report) o->written(o->written_user, worker, r->dst_region, dof + at, dst + dof + at, n);
-        at += n;
-    }
-    return REFIT_OK;
-}
-
-static refit_status_t run_task(exec_ctx_t *c, const task_t *t, unsigned worker)
+static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
 {
     const refit_plan_region_t *r = t->r;
     unsigned char *dst = c->dst_bases[r->dst_region];
     refit_status_t st = REFIT_OK;
     if (r->nloops == 0)
-        return copy_piece(c, r, r->src_offset + t->begin, dst, r->dst_offset + t->begin, t->end - t->begin, worker);
+        return copy_bytes(c, r, r->src_offset + t->begin, dst + r->dst_offset + t->begin, t->end - t->begin);
     for (uint64_t row = t->begin; row < t->end && !st; row++) {
         uint64_t so, dof;
         refit_region_row_offsets(r, row, &so, &dof);
-        st = copy_piece(c, r, so, dst, dof, r->run, worker);
+        st = copy_bytes(c, r, so, dst + dof, r->run);
     }
     return st;
 }
@@ -100,19 +83,13 @@ static void record_failure(exec_ctx_t *c, refit_status_t st)
     }
 }
 
-typedef struct {
-    exec_ctx_t *c;
-    unsigned index; /* 1.. (the calling thread is 0) */
-} worker_arg_t;
-
 static void *worker(void *arg)
 {
-    worker_arg_t *w = arg;
-    exec_ctx_t *c = w->c;
+    exec_ctx_t *c = arg;
     while (!atomic_load(&c->failed)) {
         size_t i = atomic_fetch_add(&c->next, 1);
         if (i >= c->ntasks) break;
-        refit_status_t st = run_task(c, &c->tasks[i], w->index);
+        refit_status_t st = run_task(c, &c->tasks[i]);
         if (st) record_failure(c, st);
     }
     return NULL;
@@ -171,12 +148,9 @@ refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *c
     atomic_init(&c.failed, 0);
     if (threads > c.ntasks) threads = c.ntasks ? (unsigned)c.ntasks : 1;
     pthread_t tids[64];
-    worker_arg_t args[64];
     unsigned started = 0;
-    for (unsigned t = 1; t < threads && t < 64; t++) {
-        args[started] = (worker_arg_t){&c, started + 1};
-        if (pthread_create(&tids[started], NULL, worker, &args[started]) == 0) started++;
-    }
+    for (unsigned t = 1; t < threads && t < 64; t++)
+        if (pthread_create(&tids[started], NULL, worker, &c) == 0) started++;
     /* The calling thread works too, and between tasks checks the deadline and
      * calls tick. */
     double last_tick = refit_now();
@@ -196,7 +170,7 @@ refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *c
         }
         size_t i = atomic_fetch_add(&c.next, 1);
         if (i >= c.ntasks) break;
-        refit_status_t ts = run_task(&c, &c.tasks[i], 0);
+        refit_status_t ts = run_task(&c, &c.tasks[i]);
         if (ts) record_failure(&c, ts);
     }
     for (unsigned t = 0; t < started; t++) pthread_join(tids[t], NULL);

@@ -57,16 +57,7 @@ typedef struct {
     double deadline;  /* refit_now() limit; 0: none (REFIT_ERR_TIMEOUT) */
     const uint8_t *only; /* if set, execute only regions whose source s has only[s] != 0 (fills always run) */
     bool skip_fills;
-    /* Called right after each piece of destination is written (at most
-     * WRITTEN_PIECE bytes, so that it is still in the writer's cache), from
-     * the thread that wrote it; `worker` is that thread's index, 0 ..
-     * threads-1 (fills are not reported).  For hashing as the bytes land. */
-    void (*written)(void *user, unsigned worker, uint32_t dst_region, uint64_t dst_offset, const void *dst,
-                    uint64_t len);
-    void *written_user;
 } refit_exec_opts_t;
-
-#define REFIT_EXEC_WRITTEN_PIECE (256u << 10)
 
 refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *const *src_bases,
                                   void *const *dst_bases, const refit_exec_opts_t *opts);

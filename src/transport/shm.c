@@ -879,16 +879,7 @@ static refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers,
     refit_exec_opts_t o = {.threads = ctl ? ctl->threads : 0, .copy = pvm ? pvm_copy : NULL, .user = &pc,
                            .tick = ctl ? ctl->tick : NULL, .tick_user = ctl ? ctl->user : NULL,
                            .deadline = ctl ? ctl->deadline : 0, .only = only, .skip_fills = true};
-    if (ctl && ctl->written && ctl->workers) {
-        /* Each copy thread reports what it wrote (worker indices stay below ctl->workers). */
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        unsigned th = o.threads ? o.threads : ncpu > 0 ? (unsigned)ncpu : 1;
-        o.threads = th < ctl->workers ? th : ctl->workers;
-        o.written = ctl->written;
-        o.written_user = ctl->written_user;
-    }
     st = refit_plan_execute(plan, bases, dst_bases, &o);
-    if (!st && stats && o.written) stats->written = true;
     /* A mapping outlives its publisher, so the bytes would look fine; but a
      * publisher that died during the copy may have died while writing them. */
     for (size_t s = 0; !st && s < nsrc; s++)

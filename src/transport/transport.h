@@ -25,7 +25,6 @@ typedef struct {
     uint64_t requests;    /* network requests, copy tasks, or kernel launches and uploads issued */
     uint64_t launches;    /* GPU kernel launches (cuda_ipc) */
     char lanes[256];      /* what carried the bytes, e.g. "shm:mmap" or "ucx:tcp/veth0 (am)" */
-    bool written;         /* every byte was reported to ctl->written */
 } refit_pull_stats_t;
 
 typedef struct {
@@ -36,14 +35,6 @@ typedef struct {
      * and to notice dead sources). */
     refit_status_t (*tick)(void *user);
     void *user;
-    /* Optional: called with each piece of destination right after it was
-     * written, from the thread that wrote it (worker 0 .. threads-1, threads
-     * as resolved: at most `workers`), while it is in that thread's cache
-     * (content digests).  A transport that honours it sets stats->written. */
-    void (*written)(void *user, unsigned worker, uint32_t dst_region, uint64_t dst_offset, const void *dst,
-                    uint64_t len);
-    void *written_user;
-    unsigned workers;
 } refit_pull_ctl_t;
 
 /* What memory a transport handles.  0 means host memory only (shm, ucx). */
