@@ -21,6 +21,7 @@
 #include "refit/delta.h"
 #include "refit/select.h"
 #include "refit/fp8.h"
+#include "refit/metrics.h"
 
 
 #define REFIT_VERSION_MAJOR 0

@@ -29,6 +29,7 @@
 
 #include "data/digest.h"
 #include "engine/engine.h"
+#include "engine/metrics.h"
 #include "refit/delta.h"
 
 #define NBUF_SNAPSHOT 2
@@ -496,10 +497,9 @@ refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publ
     return REFIT_OK;
 }
 
-refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
+static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
 {
     refit_status_t st;
-    if (!p) return refit_error(REFIT_ERR_INVALID_ARG, "publisher is NULL");
     if (version == 0 || version == REFIT_VERSION_NEWEST || version <= p->last_version)
         return refit_error(REFIT_ERR_INVALID_ARG, "version %" PRIu64 " is not after the last published %" PRIu64, version,
                            p->last_version);
@@ -545,6 +545,17 @@ refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
     if ((st = refit_registry_publish(p->reg, p->group, p->m->rank, &rec))) return st;
     p->last_version = version;
     return REFIT_OK;
+}
+
+/* publish_version, counted once in the process's metrics (metrics.c). */
+refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
+{
+    if (!p) return refit_error(REFIT_ERR_INVALID_ARG, "publisher is NULL");
+    double t0 = refit_now();
+    refit_status_t st = publish_version(p, version);
+    refit_metrics_publish(p->params.job, p->group, p->m, st, version, refit_now() - t0, p->digest_ms,
+                          p->denc ? &p->last_delta : NULL);
+    return st;
 }
 
 refit_status_t refit_publisher_wait_readers(refit_publisher_t *p, uint64_t version, int timeout_ms)

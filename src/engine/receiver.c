@@ -25,6 +25,7 @@
 
 #include "data/digest.h"
 #include "engine/engine.h"
+#include "engine/metrics.h"
 #include "engine/relay.h"
 #include "refit/delta.h"
 
@@ -1307,6 +1308,7 @@ refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t version, int ti
     refit_pull_report_t rep;
     memset(&rep, 0, sizeof(rep));
     refit_status_t st = do_pull(r, version, refit_now() + (timeout_ms < 0 ? 0 : timeout_ms) / 1e3, &rep);
+    refit_metrics_pull(r->params.job, r->group, r->m, st, &rep); /* metrics.c: counters, optional export */
     if (report) *report = rep;
     return st;
 }
