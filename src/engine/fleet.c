@@ -48,7 +48,12 @@
  * leased); every worker is joined before the transfer returns.  Transports
  * without their own concurrency (anything but shm) are called one at a time.
  * REFIT_TEST_THROTTLE="trainer:1=50,relay:0=10" (MB/s) paces holders to
- * emulate slow links in tests and benchmarks on one host. */
+ * emulate slow links in tests and benchmarks on one host.
+ *
+ * The rules above (chunks, shares, claims, direct pulls, the pick of holders)
+ * are pure functions of the scheduling state (fleet.h, first half of this
+ * file); the workers below apply them under their lock at refit_now(), and
+ * `refit simulate` (src/sim) applies the same functions in simulated time. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -90,52 +95,9 @@ double refit_fleet_throttle(const char *kind, uint32_t index)
     return 0;
 }
 
-enum { CH_FREE = 0, CH_BUSY = 1, CH_DONE = 2 };
+/* ---- the rules (fleet.h): no threads, clocks or I/O ---------------------- */
 
-typedef struct {
-    size_t first, n;         /* pieces (regions cut to size; source side in the planned source's coordinates) */
-    uint64_t bytes;          /* destination bytes they write */
-    uint32_t planned;        /* plan source index */
-    uint8_t state, dup;
-    uint32_t owner;          /* holder index while busy */
-    uint32_t pref;           /* holder whose share it is */
-    double start;
-} chunk_t;
-
-typedef struct {
-    const refit_tset_t *ts;
-    refit_fleet_holder_t *h;
-    uint32_t nh;
-    refit_plan_key_t key; /* the plan's (relays' progress names it) */
-    uint64_t *plan_keys; /* mirror key of each plan source */
-    size_t nplan;
-    chunk_t *c;
-    refit_plan_region_t *pieces;
-    size_t nc, done;
-    uint64_t chunk; /* nominal chunk bytes */
-    void *const *dst;
-    double deadline;
-    uint64_t version;
-    refit_progress_hdr_t *progress; /* ours, when we are a relay */
-    uint64_t origin;                /* see refit_fleet_xfer_t */
-    uint64_t launches;              /* GPU kernel launches of the chunk pulls (cuda_ipc) */
-    uint8_t **avail;                /* per holder: chunks a partial relay has written (NULL: not a partial relay) */
-    double time_sum;
-    uint64_t time_n;
-    bool finished;
-    unsigned active;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    pthread_mutex_t serial[REFIT_MAX_TRANSPORTS];
-} sched_t;
-
-typedef struct {
-    sched_t *S;
-    uint32_t h;
-} worker_arg_t;
-
-/* Whether holder h has or will have chunk c's bytes. */
-static bool could_serve(const sched_t *S, uint32_t h, const chunk_t *c)
+bool refit_fleet_could_serve(const refit_fleet_sched_t *S, uint32_t h, const refit_fleet_chunk_t *c)
 {
     const refit_fleet_holder_t *H = &S->h[h];
     if (H->failed || !H->peer) return false;
@@ -143,16 +105,14 @@ static bool could_serve(const sched_t *S, uint32_t h, const chunk_t *c)
     return c->planned < S->nplan && H->mirror_key == S->plan_keys[c->planned];
 }
 
-/* Whether holder h has chunk c's bytes now (lock held). */
-static bool can_serve(const sched_t *S, uint32_t h, const chunk_t *c)
+bool refit_fleet_can_serve(const refit_fleet_sched_t *S, uint32_t h, const refit_fleet_chunk_t *c)
 {
-    if (!could_serve(S, h, c)) return false;
+    if (!refit_fleet_could_serve(S, h, c)) return false;
     const refit_fleet_holder_t *H = &S->h[h];
-    return !H->mirror_dst || !H->partial || (S->avail[h] && S->avail[h][c - S->c]);
+    return !H->mirror_dst || !H->partial || (S->avail && S->avail[h] && S->avail[h][c - S->c]);
 }
 
-/* Cuts region r into pieces of about `chunk` bytes. */
-typedef REFIT_VEC(chunk_t) chunkvec_t;
+typedef REFIT_VEC(refit_fleet_chunk_t) chunkvec_t;
 typedef REFIT_VEC(refit_plan_region_t) piecevec_t;
 
 /* Cuts region r into pieces of at most about `chunk` bytes. */
@@ -196,14 +156,256 @@ static refit_status_t cut(piecevec_t *out, const refit_plan_region_t *r, uint64_
     return REFIT_OK;
 }
 
+refit_status_t refit_fleet_sched_chunks(refit_fleet_sched_t *S, const refit_plan_t *plan, uint64_t chunk)
+{
+    refit_status_t st = REFIT_OK;
+    chunkvec_t cv = {0};
+    piecevec_t pv = {0};
+    size_t nregs;
+    const refit_plan_region_t *regs = refit_plan_regions(plan, &nregs);
+    for (size_t i = 0; i < nregs && !st; i++) st = cut(&pv, &regs[i], chunk);
+    /* Consecutive pieces of one source make one chunk, up to `chunk` bytes
+     * (a plan has thousands of small regions: one chunk each would cost more
+     * than the copy). */
+    for (size_t i = 0; i < pv.len && !st; i++) {
+        uint64_t b = refit_plan_region_bytes(&pv.data[i]);
+        refit_fleet_chunk_t *last = cv.len ? &cv.data[cv.len - 1] : NULL;
+        if (last && last->planned == pv.data[i].src && last->bytes + b <= chunk) {
+            last->n++;
+            last->bytes += b;
+            continue;
+        }
+        refit_fleet_chunk_t c = {.first = i, .n = 1, .bytes = b, .planned = pv.data[i].src};
+        if (REFIT_VEC_PUSH(&cv, c)) st = refit_error(REFIT_ERR_NO_MEMORY, "chunks");
+    }
+    if (st) {
+        REFIT_VEC_FREE(&cv);
+        REFIT_VEC_FREE(&pv);
+        return st;
+    }
+    S->c = cv.data;
+    S->nc = cv.len;
+    S->pieces = pv.data;
+    S->npieces = pv.len;
+    return REFIT_OK;
+}
+
+void refit_fleet_sched_free(refit_fleet_sched_t *S)
+{
+    for (uint32_t h = 0; S->avail && h < S->nh; h++) free(S->avail[h]);
+    free(S->avail);
+    free(S->c);
+    free(S->pieces);
+    S->avail = NULL;
+    S->c = NULL;
+    S->pieces = NULL;
+    S->nc = S->npieces = 0;
+}
+
+/* Seconds per byte of holder h: copy and link pacing, not the time its
+ * threads waited for a CPU (see worker_main). */
+static double per_byte(const refit_fleet_sched_t *S, uint32_t h)
+{
+    const refit_fleet_holder_t *H = &S->h[h];
+    return H->bytes ? H->busy_s / (double)H->bytes : 0;
+}
+
+/* Whether holder v is clearly slower than holder h: over 3x the seconds per
+ * byte (after 3 chunks each), or a chunk in flight for over 10x what h
+ * would take for it (+100 ms).  CPU scheduling noise on a busy 2-core host
+ * stays under that; a link at a tenth of the speed, or a stuck source, not. */
+static bool slower(const refit_fleet_sched_t *S, uint32_t v, uint32_t h, double now)
+{
+    double mine = per_byte(S, h);
+    if (S->h[h].chunks < 3 || mine <= 0) return false;
+    if (S->h[v].chunks >= 3 && per_byte(S, v) > 3.0 * mine) return true;
+    for (size_t i = 0; i < S->nc; i++) {
+        const refit_fleet_chunk_t *c = &S->c[i];
+        if (c->state == REFIT_CHUNK_BUSY && c->owner == v &&
+            now - c->start > 10.0 * mine * (double)c->bytes + 0.1)
+            return true;
+    }
+    return false;
+}
+
+/* First a free chunk of its own share, then a free chunk of another holder's
+ * share (from the back of it), then a chunk another holder has had in flight
+ * for too long (a re-read). */
+refit_fleet_chunk_t *refit_fleet_claim(refit_fleet_sched_t *S, uint32_t h, double now, bool *none_left)
+{
+    double mean = S->time_n ? S->time_sum / (double)S->time_n : 0.02;
+    refit_fleet_chunk_t *take = NULL, *steal = NULL;
+    bool any = false;
+    for (size_t i = 0; i < S->nc; i++) {
+        refit_fleet_chunk_t *c = &S->c[i];
+        if (c->state == REFIT_CHUNK_DONE || !refit_fleet_could_serve(S, h, c)) continue;
+        any = true;
+        if (c->state == REFIT_CHUNK_FREE && c->pref == h && refit_fleet_can_serve(S, h, c)) {
+            take = c;
+            break;
+        }
+    }
+    /* Another holder's share only when that holder is clearly slower (its
+     * chunks take over 3x as long) or is a relay that does not have the
+     * chunk yet: equal holders keep equal shares (egress balance), slow ones
+     * lose theirs (stragglers), and nobody waits for a relay's chunk that
+     * someone else can serve now (taken from the back: the relay's readers
+     * work from the front). */
+    for (size_t i = S->nc; !take && i-- > 0;) {
+        refit_fleet_chunk_t *c = &S->c[i];
+        if (c->state != REFIT_CHUNK_FREE || !refit_fleet_can_serve(S, h, c)) continue;
+        const refit_fleet_holder_t *v = c->pref < S->nh ? &S->h[c->pref] : NULL;
+        if (!v || v->failed || !v->peer || !refit_fleet_can_serve(S, c->pref, c) || slower(S, c->pref, h, now))
+            take = c;
+    }
+    if (take) {
+        if (take->pref != h) S->h[h].taken++;
+        take->state = REFIT_CHUNK_BUSY;
+        take->owner = h;
+        take->start = now;
+        return take;
+    }
+    for (size_t i = 0; i < S->nc && !steal; i++) {
+        refit_fleet_chunk_t *c = &S->c[i];
+        if (c->state == REFIT_CHUNK_BUSY && !c->dup && c->owner != h && !S->h[c->owner].failed &&
+            refit_fleet_can_serve(S, h, c) && now - c->start > 4 * mean + 0.1)
+            steal = c;
+    }
+    if (steal) {
+        steal->dup = 1;
+        steal->owner = h;
+        steal->start = now;
+        S->h[h].steals++;
+        return steal;
+    }
+    *none_left = !any;
+    return NULL;
+}
+
+void refit_fleet_share(refit_fleet_sched_t *S, uint32_t seed)
+{
+    uint64_t *load = calloc(S->nh ? S->nh : 1, sizeof(uint64_t));
+    for (size_t i = 0; i < S->nc; i++) {
+        refit_fleet_chunk_t *c = &S->c[i];
+        uint32_t best = UINT32_MAX;
+        for (uint32_t k = 0; k < S->nh; k++) {
+            uint32_t h = (k + seed) % S->nh;
+            if (!refit_fleet_could_serve(S, h, c)) continue;
+            if (best == UINT32_MAX || (load && load[h] < load[best])) best = h;
+        }
+        c->pref = best;
+        if (load && best != UINT32_MAX) load[best] += c->bytes;
+    }
+    free(load);
+}
+
+bool refit_fleet_chunk_done(refit_fleet_sched_t *S, uint32_t h, refit_fleet_chunk_t *c, uint64_t bytes, double cost,
+                            double dt, bool rows)
+{
+    refit_fleet_holder_t *H = &S->h[h];
+    H->bytes += bytes;
+    H->chunks++;
+    H->early += rows;
+    H->busy_s += cost;
+    if (c->state == REFIT_CHUNK_DONE) return false;
+    c->state = REFIT_CHUNK_DONE;
+    S->done++;
+    S->time_sum += dt;
+    S->time_n++;
+    return true;
+}
+
+void refit_fleet_piece_from(const refit_fleet_holder_t *H, bool rows, refit_plan_region_t *reg)
+{
+    if (H->mirror_dst && rows) {
+        /* The relay holds the piece where we put it: read exactly its rows. */
+        reg->src_region = reg->dst_region;
+        reg->src_offset = reg->dst_offset;
+        memcpy(reg->src_stride, reg->dst_stride, sizeof(reg->src_stride));
+    } else if (H->mirror_dst) {
+        /* A relay holds the whole version where we put it: read each
+         * piece's destination span in one run (bytes between its rows are
+         * the same version's bytes too, or padding, which the relay has as
+         * zeros). */
+        uint64_t lo = reg->dst_offset, hi = refit_region_dst_end(reg);
+        uint32_t dr = reg->dst_region;
+        memset(reg, 0, sizeof(*reg));
+        reg->src_region = reg->dst_region = dr;
+        reg->src_offset = reg->dst_offset = lo;
+        reg->run = hi - lo;
+    }
+}
+
+int refit_fleet_direct_holder(const refit_fleet_holder_t *h, uint32_t nh, uint32_t s)
+{
+    for (uint32_t i = 0; i < nh; i++)
+        if (!h[i].mirror_dst && h[i].id == s && h[i].peer && !h[i].failed) return (int)i;
+    return -1;
+}
+
+bool refit_fleet_direct_ok(const refit_fleet_holder_t *h, uint32_t nh, bool net, bool relay, const refit_plan_t *plan)
+{
+    if (!nh) return false;
+    uint32_t t = h[0].transport;
+    for (uint32_t i = 0; i < nh; i++)
+        if (h[i].mirror_dst || h[i].rate > 0 || h[i].transport != t) return false;
+    /* Over a network a DP replica may be the faster link: keep chunks (and
+     * stealing) whenever some bytes have two holders; and a relay's readers
+     * follow its chunks, which a direct pull does not mark. */
+    if (net && relay) return false;
+    for (uint32_t i = 0; i < nh && net; i++)
+        for (uint32_t j = i + 1; j < nh; j++)
+            if (h[i].mirror_key == h[j].mirror_key) return false;
+    size_t nplan = refit_plan_num_sources(plan);
+    for (uint32_t s = 0; s < nplan; s++)
+        if (refit_plan_source_bytes(plan, s) && refit_fleet_direct_holder(h, nh, s) < 0) return false;
+    return true;
+}
+
+refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding)
+{
+    if (relays_with_room && max_readers) return REFIT_FLEET_PICK_RELAYS;
+    /* With a limit, the trainer feeds only while no relay holds the version. */
+    if (!max_readers) return REFIT_FLEET_PICK_ALL;
+    if (!relays_holding) return REFIT_FLEET_PICK_TRAINER_IF_ROOM;
+    return REFIT_FLEET_PICK_WAIT;
+}
+
+bool refit_fleet_room(uint32_t readers, uint32_t max_readers) { return !max_readers || readers < max_readers; }
+
+/* ---- the engine: workers, transports, progress ----------------------------- */
+
+typedef struct {
+    refit_fleet_sched_t k; /* the rules' state (fleet.h) */
+    const refit_tset_t *ts;
+    refit_plan_key_t key; /* the plan's (relays' progress names it) */
+    uint64_t chunk; /* nominal chunk bytes */
+    void *const *dst;
+    double deadline;
+    uint64_t version;
+    refit_progress_hdr_t *progress; /* ours, when we are a relay */
+    uint64_t origin;                /* see refit_fleet_xfer_t */
+    uint64_t launches;              /* GPU kernel launches of the chunk pulls (cuda_ipc) */
+    bool finished;
+    unsigned active;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    pthread_mutex_t serial[REFIT_MAX_TRANSPORTS];
+} sched_t;
+
+typedef struct {
+    sched_t *S;
+    uint32_t h;
+} worker_arg_t;
+
 /* Pulls regions regs[0..n) (src = h) from holder h into dst (lock not held);
  * transports without their own concurrency one call at a time. */
 static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *regs, size_t n, void *const *dst,
                                 refit_pull_stats_t *ps)
 {
-    refit_fleet_holder_t *H = &S->h[h];
-    uint64_t *sb = calloc(S->nh, sizeof(uint64_t));
-    refit_peer_t **peers = calloc(S->nh, sizeof(void *));
+    refit_fleet_holder_t *H = &S->k.h[h];
+    uint64_t *sb = calloc(S->k.nh, sizeof(uint64_t));
+    refit_peer_t **peers = calloc(S->k.nh, sizeof(void *));
     if (!sb || !peers) {
         free(sb);
         free(peers);
@@ -211,7 +413,7 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
     }
     for (size_t i = 0; i < n; i++) sb[h] += refit_plan_region_bytes(&regs[i]);
     peers[h] = H->peer;
-    struct refit_plan one = refit_plan_view(regs, n, sb, S->nh);
+    struct refit_plan one = refit_plan_view(regs, n, sb, S->k.nh);
     refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
     const refit_transport_ops_t *ops = S->ts->ops[H->transport];
     bool serial = !(refit_transport_caps(ops) & REFIT_TCAP_CONCURRENT);
@@ -225,31 +427,15 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
 
 /* Runs chunk c from holder h; `rows`: a relay still receiving, read row by
  * row, not in spans. */
-static refit_status_t run_chunk(sched_t *S, uint32_t h, const chunk_t *c, bool rows, uint64_t *read)
+static refit_status_t run_chunk(sched_t *S, uint32_t h, const refit_fleet_chunk_t *c, bool rows, uint64_t *read)
 {
-    refit_fleet_holder_t *H = &S->h[h];
+    refit_fleet_holder_t *H = &S->k.h[h];
     refit_plan_region_t *regs = calloc(c->n, sizeof(*regs));
     if (!regs) return refit_error(REFIT_ERR_NO_MEMORY, "chunk");
     *read = 0;
     for (size_t i = 0; i < c->n; i++) {
-        refit_plan_region_t reg = S->pieces[c->first + i];
-        if (H->mirror_dst && rows) {
-            /* The relay holds the piece where we put it: read exactly its rows. */
-            reg.src_region = reg.dst_region;
-            reg.src_offset = reg.dst_offset;
-            memcpy(reg.src_stride, reg.dst_stride, sizeof(reg.src_stride));
-        } else if (H->mirror_dst) {
-            /* A relay holds the whole version where we put it: read each
-             * piece's destination span in one run (bytes between its rows are
-             * the same version's bytes too, or padding, which the relay has as
-             * zeros). */
-            uint64_t lo = reg.dst_offset, hi = refit_region_dst_end(&reg);
-            uint32_t dr = reg.dst_region;
-            memset(&reg, 0, sizeof(reg));
-            reg.src_region = reg.dst_region = dr;
-            reg.src_offset = reg.dst_offset = lo;
-            reg.run = hi - lo;
-        }
+        refit_plan_region_t reg = S->k.pieces[c->first + i];
+        refit_fleet_piece_from(H, rows, &reg);
         reg.src = h;
         regs[i] = reg;
         *read += refit_plan_region_bytes(&reg);
@@ -269,7 +455,7 @@ static refit_status_t read_progress(sched_t *S, uint32_t h, uint8_t *buf, uint64
     refit_plan_region_t reg;
     memset(&reg, 0, sizeof(reg));
     reg.src = h;
-    reg.src_region = (uint32_t)S->h[h].progress_region;
+    reg.src_region = (uint32_t)S->k.h[h].progress_region;
     reg.dst_region = 0;
     reg.run = len;
     void *dst[1] = {buf};
@@ -282,8 +468,8 @@ static refit_status_t read_progress(sched_t *S, uint32_t h, uint8_t *buf, uint64
  * the version. */
 static void refresh(sched_t *S, uint32_t h)
 {
-    refit_fleet_holder_t *H = &S->h[h];
-    uint64_t len = sizeof(refit_progress_hdr_t) + S->nc;
+    refit_fleet_holder_t *H = &S->k.h[h];
+    uint64_t len = sizeof(refit_progress_hdr_t) + S->k.nc;
     uint8_t *buf = malloc(len);
     H->refreshing = true;
     pthread_mutex_unlock(&S->lock);
@@ -308,113 +494,14 @@ static void refresh(sched_t *S, uint32_t h)
         H->partial = false;
     } else {
         bool same = hd.plan_src == S->key.src && hd.plan_dst == S->key.dst && hd.chunk_bytes == S->chunk &&
-                    hd.nchunks == S->nc;
+                    hd.nchunks == S->k.nc;
         bool news = false;
-        for (size_t i = 0; same && i < S->nc; i++)
-            if (buf[sizeof(hd) + i] && !S->avail[h][i]) S->avail[h][i] = 1, news = true;
+        for (size_t i = 0; same && i < S->k.nc; i++)
+            if (buf[sizeof(hd) + i] && !S->k.avail[h][i]) S->k.avail[h][i] = 1, news = true;
         if (!news) H->waits++;
     }
     free(buf);
     pthread_cond_broadcast(&S->cond);
-}
-
-/* Seconds per byte of holder h: copy and link pacing, not the time its
- * threads waited for a CPU (see worker_main). */
-static double per_byte(const sched_t *S, uint32_t h)
-{
-    const refit_fleet_holder_t *H = &S->h[h];
-    return H->bytes ? H->busy_s / (double)H->bytes : 0;
-}
-
-/* Whether holder v is clearly slower than holder h: over 3x the seconds per
- * byte (after 3 chunks each), or a chunk in flight for over 10x what h
- * would take for it (+100 ms).  CPU scheduling noise on a busy 2-core host
- * stays under that; a link at a tenth of the speed, or a stuck source, not. */
-static bool slower(const sched_t *S, uint32_t v, uint32_t h, double now)
-{
-    double mine = per_byte(S, h);
-    if (S->h[h].chunks < 3 || mine <= 0) return false;
-    if (S->h[v].chunks >= 3 && per_byte(S, v) > 3.0 * mine) return true;
-    for (size_t i = 0; i < S->nc; i++) {
-        const chunk_t *c = &S->c[i];
-        if (c->state == CH_BUSY && c->owner == v &&
-            now - c->start > 10.0 * mine * (double)c->bytes + 0.1)
-            return true;
-    }
-    return false;
-}
-
-/* Claims a chunk for holder h (lock held): first a free chunk of its own
- * share, then a free chunk of another holder's share (from the back of it),
- * then a chunk another holder has had in flight for too long (a re-read). */
-static chunk_t *claim(sched_t *S, uint32_t h, bool *none_left)
-{
-    double now = refit_now();
-    double mean = S->time_n ? S->time_sum / (double)S->time_n : 0.02;
-    chunk_t *take = NULL, *steal = NULL;
-    bool any = false;
-    for (size_t i = 0; i < S->nc; i++) {
-        chunk_t *c = &S->c[i];
-        if (c->state == CH_DONE || !could_serve(S, h, c)) continue;
-        any = true;
-        if (c->state == CH_FREE && c->pref == h && can_serve(S, h, c)) {
-            take = c;
-            break;
-        }
-    }
-    /* Another holder's share only when that holder is clearly slower (its
-     * chunks take over 3x as long) or is a relay that does not have the
-     * chunk yet: equal holders keep equal shares (egress balance), slow ones
-     * lose theirs (stragglers), and nobody waits for a relay's chunk that
-     * someone else can serve now (taken from the back: the relay's readers
-     * work from the front). */
-    for (size_t i = S->nc; !take && i-- > 0;) {
-        chunk_t *c = &S->c[i];
-        if (c->state != CH_FREE || !can_serve(S, h, c)) continue;
-        const refit_fleet_holder_t *v = c->pref < S->nh ? &S->h[c->pref] : NULL;
-        if (!v || v->failed || !v->peer || !can_serve(S, c->pref, c) || slower(S, c->pref, h, now)) take = c;
-    }
-    if (take) {
-        if (take->pref != h) S->h[h].taken++;
-        take->state = CH_BUSY;
-        take->owner = h;
-        take->start = now;
-        return take;
-    }
-    for (size_t i = 0; i < S->nc && !steal; i++) {
-        chunk_t *c = &S->c[i];
-        if (c->state == CH_BUSY && !c->dup && c->owner != h && !S->h[c->owner].failed && can_serve(S, h, c) &&
-            now - c->start > 4 * mean + 0.1)
-            steal = c;
-    }
-    if (steal) {
-        steal->dup = 1;
-        steal->owner = h;
-        steal->start = now;
-        S->h[h].steals++;
-        return steal;
-    }
-    *none_left = !any;
-    return NULL;
-}
-
-/* Shares: each chunk goes to the capable holder with the fewest bytes so
- * far (ties rotate with seed), so equal holders serve equal bytes. */
-static void share(sched_t *S, uint32_t seed)
-{
-    uint64_t *load = calloc(S->nh ? S->nh : 1, sizeof(uint64_t));
-    for (size_t i = 0; i < S->nc; i++) {
-        chunk_t *c = &S->c[i];
-        uint32_t best = UINT32_MAX;
-        for (uint32_t k = 0; k < S->nh; k++) {
-            uint32_t h = (k + seed) % S->nh;
-            if (!could_serve(S, h, c)) continue;
-            if (best == UINT32_MAX || (load && load[h] < load[best])) best = h;
-        }
-        c->pref = best;
-        if (load && best != UINT32_MAX) load[best] += c->bytes;
-    }
-    free(load);
 }
 
 static double thread_cpu(void)
@@ -449,12 +536,12 @@ static void *worker_main(void *arg)
     worker_arg_t *a = arg;
     sched_t *S = a->S;
     uint32_t h = a->h;
-    refit_fleet_holder_t *H = &S->h[h];
+    refit_fleet_holder_t *H = &S->k.h[h];
     pthread_mutex_lock(&S->lock);
     for (;;) {
-        if (S->finished || H->failed || S->done == S->nc || refit_now() > S->deadline) break;
+        if (S->finished || H->failed || S->k.done == S->k.nc || refit_now() > S->deadline) break;
         bool none_left = false;
-        chunk_t *c = claim(S, h, &none_left);
+        refit_fleet_chunk_t *c = refit_fleet_claim(&S->k, h, refit_now(), &none_left);
         if (!c) {
             if (none_left) break;
             if (H->mirror_dst && H->partial && !H->refreshing && refit_now() - H->progress_read > 1e-3) {
@@ -468,7 +555,7 @@ static void *worker_main(void *arg)
             pthread_cond_timedwait(&S->cond, &S->lock, &ts);
             continue;
         }
-        chunk_t copy = *c;
+        refit_fleet_chunk_t copy = *c;
         bool rows = H->partial;
         pthread_mutex_unlock(&S->lock);
         double t0 = refit_now(), c0 = thread_cpu();
@@ -486,22 +573,13 @@ static void *worker_main(void *arg)
                 snprintf(H->error, sizeof(H->error), "%s", refit_last_error());
                 H->failed_at = refit_now();
             }
-            if (c->state == CH_BUSY && c->owner == h) c->state = CH_FREE, c->dup = 0;
+            if (c->state == REFIT_CHUNK_BUSY && c->owner == h) c->state = REFIT_CHUNK_FREE, c->dup = 0;
             pthread_cond_broadcast(&S->cond);
             break;
         }
-        H->bytes += bytes;
-        H->chunks++;
-        H->early += rows;
-        H->busy_s += cost;
-        if (c->state != CH_DONE) {
-            c->state = CH_DONE;
-            /* Our own readers may take it from here (the bytes are written). */
-            if (S->progress) __atomic_store_n((uint8_t *)(S->progress + 1) + (c - S->c), 1, __ATOMIC_RELEASE);
-            S->done++;
-            S->time_sum += dt;
-            S->time_n++;
-        }
+        /* Once done, our own readers may take it from here (the bytes are written). */
+        if (refit_fleet_chunk_done(&S->k, h, c, bytes, cost, dt, rows) && S->progress)
+            __atomic_store_n((uint8_t *)(S->progress + 1) + (c - S->k.c), 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&S->cond);
         pthread_mutex_unlock(&S->lock);
         double tp = refit_now();
@@ -515,14 +593,6 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* The holder serving plan source s directly: trainer rank s itself. */
-static int direct_holder(const refit_fleet_holder_t *h, uint32_t nh, uint32_t s)
-{
-    for (uint32_t i = 0; i < nh; i++)
-        if (!h[i].mirror_dst && h[i].id == s && h[i].peer && !h[i].failed) return (int)i;
-    return -1;
-}
-
 /* A direct pull (see the top of this file): REFIT_OK, the pull's error, or
  * REFIT_ERR_UNSUPPORTED (nothing done) when the holders do not qualify. */
 static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holder_t *h, uint32_t nh,
@@ -531,16 +601,8 @@ static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holde
     size_t nplan = refit_plan_num_sources(x->plan);
     if (!nh) return REFIT_ERR_UNSUPPORTED;
     uint32_t t = h[0].transport;
-    for (uint32_t i = 0; i < nh; i++)
-        if (h[i].mirror_dst || h[i].rate > 0 || h[i].transport != t) return REFIT_ERR_UNSUPPORTED;
-    /* Over a network a DP replica may be the faster link: keep chunks (and
-     * stealing) whenever some bytes have two holders; and a relay's readers
-     * follow its chunks, which a direct pull does not mark. */
     bool net = x->ts->ops[t] != &refit_transport_shm;
-    if (net && x->progress) return REFIT_ERR_UNSUPPORTED;
-    for (uint32_t i = 0; i < nh && net; i++)
-        for (uint32_t j = i + 1; j < nh; j++)
-            if (h[i].mirror_key == h[j].mirror_key) return REFIT_ERR_UNSUPPORTED;
+    if (!refit_fleet_direct_ok(h, nh, net, x->progress != NULL, x->plan)) return REFIT_ERR_UNSUPPORTED;
     refit_peer_t **peers = calloc(nplan ? nplan : 1, sizeof(void *));
     int *of = calloc(nplan ? nplan : 1, sizeof(int));
     if (!peers || !of) {
@@ -552,7 +614,7 @@ static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holde
     for (uint32_t s = 0; s < nplan && !st; s++) {
         of[s] = -1;
         if (!refit_plan_source_bytes(x->plan, s)) continue;
-        if ((of[s] = direct_holder(h, nh, s)) < 0) st = REFIT_ERR_UNSUPPORTED;
+        if ((of[s] = refit_fleet_direct_holder(h, nh, s)) < 0) st = REFIT_ERR_UNSUPPORTED;
         else peers[s] = h[of[s]].peer;
     }
     if (!st) {
@@ -600,66 +662,38 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     sched_t S;
     memset(&S, 0, sizeof(S));
     S.ts = x->ts;
-    S.h = holders;
-    S.nh = nh;
+    S.k.h = holders;
+    S.k.nh = nh;
     S.dst = x->dst;
     S.deadline = x->deadline;
-    S.nplan = refit_plan_num_sources(x->plan);
+    S.k.nplan = refit_plan_num_sources(x->plan);
     refit_plan_key(x->plan, &S.key);
     S.version = x->version;
-    S.plan_keys = x->plan_keys;
-    chunkvec_t cv = {0};
-    piecevec_t pv = {0};
-    size_t nregs;
-    const refit_plan_region_t *regs = refit_plan_regions(x->plan, &nregs);
+    S.k.plan_keys = x->plan_keys;
     uint64_t chunk = x->chunk_bytes ? x->chunk_bytes : (2u << 20);
     S.chunk = chunk;
-    for (size_t i = 0; i < nregs && !st; i++) st = cut(&pv, &regs[i], chunk);
-    /* Consecutive pieces of one source make one chunk, up to `chunk` bytes
-     * (a plan has thousands of small regions: one chunk each would cost more
-     * than the copy). */
-    for (size_t i = 0; i < pv.len && !st; i++) {
-        uint64_t b = refit_plan_region_bytes(&pv.data[i]);
-        chunk_t *last = cv.len ? &cv.data[cv.len - 1] : NULL;
-        if (last && last->planned == pv.data[i].src && last->bytes + b <= chunk) {
-            last->n++;
-            last->bytes += b;
-            continue;
-        }
-        chunk_t c = {.first = i, .n = 1, .bytes = b, .planned = pv.data[i].src};
-        if (REFIT_VEC_PUSH(&cv, c)) st = refit_error(REFIT_ERR_NO_MEMORY, "chunks");
-    }
-    if (st) {
-        REFIT_VEC_FREE(&cv);
-        REFIT_VEC_FREE(&pv);
-        return st;
-    }
-    S.c = cv.data;
-    S.nc = cv.len;
-    S.pieces = pv.data;
+    if ((st = refit_fleet_sched_chunks(&S.k, x->plan, chunk))) return st;
     /* Chunks a failed try of the same plan left in place are not read again. */
     size_t resumed = 0;
-    if (x->resume && x->resume->done && x->resume->n == S.nc)
-        for (size_t i = 0; i < S.nc; i++)
-            if (x->resume->done[i]) S.c[i].state = CH_DONE, S.done++, resumed++;
-    if (resumed) refit_log(REFIT_LOG_INFO, "fleet: %zu of %zu chunks already in place from the try before", resumed, S.nc);
+    if (x->resume && x->resume->done && x->resume->n == S.k.nc)
+        for (size_t i = 0; i < S.k.nc; i++)
+            if (x->resume->done[i]) S.k.c[i].state = REFIT_CHUNK_DONE, S.k.done++, resumed++;
+    if (resumed) refit_log(REFIT_LOG_INFO, "fleet: %zu of %zu chunks already in place from the try before", resumed, S.k.nc);
     /* Every chunk needs some holder from the start. */
-    for (size_t i = 0; i < S.nc; i++) {
-        if (S.c[i].state == CH_DONE) continue;
+    for (size_t i = 0; i < S.k.nc; i++) {
+        if (S.k.c[i].state == REFIT_CHUNK_DONE) continue;
         bool ok = false;
-        for (uint32_t h = 0; h < nh && !ok; h++) ok = could_serve(&S, h, &S.c[i]);
+        for (uint32_t h = 0; h < nh && !ok; h++) ok = refit_fleet_could_serve(&S.k, h, &S.k.c[i]);
         if (!ok) {
-            REFIT_VEC_FREE(&cv);
-            REFIT_VEC_FREE(&pv);
+            refit_fleet_sched_free(&S.k);
             return refit_error(REFIT_ERR_MISSING_SOURCE, "no connected holder serves plan source %u's bytes",
-                               S.c[i].planned);
+                               S.k.c[i].planned);
         }
     }
-    share(&S, x->seed);
+    refit_fleet_share(&S.k, x->seed);
     /* Partial relays start with nothing known written. */
-    if (!(S.avail = calloc(nh ? nh : 1, sizeof(uint8_t *)))) {
-        REFIT_VEC_FREE(&cv);
-        REFIT_VEC_FREE(&pv);
+    if (!(S.k.avail = calloc(nh ? nh : 1, sizeof(uint8_t *)))) {
+        refit_fleet_sched_free(&S.k);
         return refit_error(REFIT_ERR_NO_MEMORY, "holders");
     }
     S.origin = x->origin;
@@ -670,7 +704,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
             holders[h].failed = true;
             snprintf(holders[h].error, sizeof(holders[h].error), "a relay without a progress region");
         }
-        if (holders[h].partial && !(S.avail[h] = calloc(S.nc ? S.nc : 1, 1))) {
+        if (holders[h].partial && !(S.k.avail[h] = calloc(S.k.nc ? S.k.nc : 1, 1))) {
             /* Without a map of what it has, a relay still receiving cannot be
              * read safely: leave it out (the other holders serve). */
             holders[h].failed = true;
@@ -678,25 +712,25 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         }
     }
     /* We are a relay: readers may follow us chunk by chunk from now on. */
-    if (x->progress && S.nc <= REFIT_PROGRESS_MAX_CHUNKS) {
+    if (x->progress && S.k.nc <= REFIT_PROGRESS_MAX_CHUNKS) {
         refit_progress_hdr_t *hd = x->progress;
         /* A retry of the same transfer (resumed) keeps its progress as it
          * is, so that readers following it see no gap. */
         bool same = __atomic_load_n(&hd->version, __ATOMIC_ACQUIRE) == x->version && resumed &&
                     hd->magic == REFIT_PROGRESS_MAGIC && hd->plan_src == S.key.src && hd->plan_dst == S.key.dst &&
-                    hd->chunk_bytes == chunk && hd->nchunks == S.nc && !hd->complete;
+                    hd->chunk_bytes == chunk && hd->nchunks == S.k.nc && !hd->complete;
         if (!same) {
             __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
-            memset(hd + 1, 0, S.nc);
+            memset(hd + 1, 0, S.k.nc);
             hd->magic = REFIT_PROGRESS_MAGIC;
             hd->plan_src = S.key.src;
             hd->plan_dst = S.key.dst;
             hd->chunk_bytes = chunk;
-            hd->nchunks = S.nc;
+            hd->nchunks = S.k.nc;
             hd->complete = 0;
         }
-        for (size_t i = 0; i < S.nc; i++)
-            if (S.c[i].state == CH_DONE) __atomic_store_n((uint8_t *)(hd + 1) + i, 1, __ATOMIC_RELEASE);
+        for (size_t i = 0; i < S.k.nc; i++)
+            if (S.k.c[i].state == REFIT_CHUNK_DONE) __atomic_store_n((uint8_t *)(hd + 1) + i, 1, __ATOMIC_RELEASE);
         hd->origin = x->origin;
         __atomic_store_n(&hd->version, x->version, __ATOMIC_RELEASE);
         S.progress = hd;
@@ -725,7 +759,7 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         }
     }
     /* The calling thread renews leases (tick) while the workers run. */
-    while (S.active > 0 && S.done < S.nc) {
+    while (S.active > 0 && S.k.done < S.k.nc) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20000000;
@@ -743,8 +777,8 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         if (refit_now() > S.deadline) break;
     }
     S.finished = true;
-    bool complete = S.done == S.nc;
-    size_t left = S.nc - S.done;
+    bool complete = S.k.done == S.k.nc;
+    size_t left = S.k.nc - S.k.done;
     pthread_cond_broadcast(&S.cond);
     pthread_mutex_unlock(&S.lock);
     for (size_t w = 0; w < nw; w++)
@@ -757,10 +791,10 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
                 pos += (size_t)snprintf(why + pos, sizeof(why) - pos, "%s%s: %s", pos ? "; " : "", holders[h].name,
                                         holders[h].error);
         if (refit_now() > S.deadline)
-            st = refit_error(REFIT_ERR_TIMEOUT, "%zu of %zu chunks not transferred by the deadline%s%s", left, S.nc,
+            st = refit_error(REFIT_ERR_TIMEOUT, "%zu of %zu chunks not transferred by the deadline%s%s", left, S.k.nc,
                              why[0] ? "; " : "", why);
         else
-            st = refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S.nc, why);
+            st = refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S.k.nc, why);
     }
     for (uint32_t h = 0; h < nh; h++)
         refit_log(REFIT_LOG_DEBUG,
@@ -770,16 +804,16 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
                   holders[h].waits, holders[h].bytes,
                   holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
     if (x->resume) { /* what is in place now, for a try after this one */
-        uint8_t *d = x->resume->n == S.nc ? x->resume->done : realloc(x->resume->done, S.nc ? S.nc : 1);
+        uint8_t *d = x->resume->n == S.k.nc ? x->resume->done : realloc(x->resume->done, S.k.nc ? S.k.nc : 1);
         if (d) {
-            for (size_t i = 0; i < S.nc; i++) d[i] = S.c[i].state == CH_DONE;
+            for (size_t i = 0; i < S.k.nc; i++) d[i] = S.k.c[i].state == REFIT_CHUNK_DONE;
             x->resume->done = d;
-            x->resume->n = S.nc;
+            x->resume->n = S.k.nc;
         }
     }
     if (!st && stats) {
-        for (size_t i = 0; i < S.nc; i++) stats->bytes += S.c[i].bytes; /* a resumed try's included: same pull */
-        stats->requests += S.nc;
+        for (size_t i = 0; i < S.k.nc; i++) stats->bytes += S.k.c[i].bytes; /* a resumed try's included: same pull */
+        stats->requests += S.k.nc;
         stats->launches += S.launches;
         for (uint32_t h = 0; h < nh; h++)
             if (holders[h].chunks && !strstr(stats->lanes, holders[h].lanes)) {
@@ -794,9 +828,6 @@ out:
     pthread_mutex_destroy(&S.lock);
     pthread_cond_destroy(&S.cond);
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_destroy(&S.serial[t]);
-    for (uint32_t h = 0; S.avail && h < nh; h++) free(S.avail[h]);
-    free(S.avail);
-    REFIT_VEC_FREE(&cv);
-    REFIT_VEC_FREE(&pv);
+    refit_fleet_sched_free(&S.k);
     return st;
 }

@@ -77,6 +77,87 @@ typedef struct {
                                not read; ours, as a relay, is marked with it */
 } refit_fleet_xfer_t;
 
+/* ---- the rules of a fleet transfer, without threads, clocks or I/O --------
+ * How a plan becomes chunks, how chunks are shared among holders, which chunk
+ * a holder's worker takes next (stealing and re-reads), what a chunk read
+ * from a relay costs, when a pull runs direct, and which holders a receiver
+ * picks.  fleet.c's workers call these under their lock with refit_now();
+ * the simulator (src/sim) calls the same functions with simulated time, so
+ * that what it predicts is what this engine decides. */
+enum { REFIT_CHUNK_FREE = 0, REFIT_CHUNK_BUSY = 1, REFIT_CHUNK_DONE = 2 };
+
+typedef struct {
+    size_t first, n;  /* pieces (regions cut to size; source side in the planned source's coordinates) */
+    uint64_t bytes;   /* destination bytes they write */
+    uint32_t planned; /* plan source index */
+    uint8_t state, dup;
+    uint32_t owner;   /* holder index while busy */
+    uint32_t pref;    /* holder whose share it is */
+    double start;
+} refit_fleet_chunk_t;
+
+typedef struct {
+    refit_fleet_holder_t *h;  /* holders (the caller's) */
+    uint32_t nh;
+    const uint64_t *plan_keys; /* mirror key of each plan source */
+    size_t nplan;
+    refit_fleet_chunk_t *c;    /* refit_fleet_sched_chunks */
+    size_t nc, done;
+    refit_plan_region_t *pieces;
+    size_t npieces;
+    uint8_t **avail;           /* per holder: chunks a partial relay has written (NULL: not a partial relay) */
+    double time_sum;           /* chunk times, for the mean a re-read waits for */
+    uint64_t time_n;
+} refit_fleet_sched_t;
+
+/* Cuts the plan's regions into pieces of at most about `chunk` bytes (along
+ * the outermost loop, or the run) and groups consecutive pieces of one
+ * source into chunks of up to `chunk` bytes: S->c, S->nc, S->pieces.  Other
+ * fields untouched. */
+refit_status_t refit_fleet_sched_chunks(refit_fleet_sched_t *S, const refit_plan_t *plan, uint64_t chunk);
+/* Frees S->c, S->pieces and S->avail (and its rows; nh entries). */
+void refit_fleet_sched_free(refit_fleet_sched_t *S);
+/* Whether holder h has or will have chunk c's bytes. */
+bool refit_fleet_could_serve(const refit_fleet_sched_t *S, uint32_t h, const refit_fleet_chunk_t *c);
+/* Whether holder h has chunk c's bytes now. */
+bool refit_fleet_can_serve(const refit_fleet_sched_t *S, uint32_t h, const refit_fleet_chunk_t *c);
+/* Shares: each chunk goes to the capable holder with the fewest bytes so far
+ * (ties rotate with seed). */
+void refit_fleet_share(refit_fleet_sched_t *S, uint32_t seed);
+/* The chunk holder h's worker takes at time `now` (marked busy), or NULL
+ * (*none_left: nothing this holder could ever serve is left). */
+refit_fleet_chunk_t *refit_fleet_claim(refit_fleet_sched_t *S, uint32_t h, double now, bool *none_left);
+/* Books chunk c read by holder h: `bytes` read, `cost` seconds of the
+ * holder's time, dt wall seconds, `rows` read while the relay was receiving.
+ * True when this made the chunk done (the first read of it). */
+bool refit_fleet_chunk_done(refit_fleet_sched_t *S, uint32_t h, refit_fleet_chunk_t *c, uint64_t bytes, double cost,
+                            double dt, bool rows);
+/* The region a chunk's piece is read as from holder H: the piece itself from
+ * a trainer rank; from a relay, its rows where the reader puts them (`rows`:
+ * the relay is still receiving) or its whole destination span. */
+void refit_fleet_piece_from(const refit_fleet_holder_t *H, bool rows, refit_plan_region_t *reg);
+/* Whether a pull over these holders runs as one direct pull of the plan (see
+ * fleet.c): `net`, the holders' transport is not shm; `relay`, the receiver
+ * serves its own readers chunk by chunk. */
+bool refit_fleet_direct_ok(const refit_fleet_holder_t *h, uint32_t nh, bool net, bool relay, const refit_plan_t *plan);
+/* The holder serving plan source s directly (trainer rank s itself), or -1. */
+int refit_fleet_direct_holder(const refit_fleet_holder_t *h, uint32_t nh, uint32_t s);
+
+/* Which holders a receiver reads (receiver.c's fleet_select; the tree):
+ * RELAYS: the relays with room alone (a limit is set and some have room);
+ * ALL: the relays found and the trainer ranks (no limit);
+ * TRAINER_IF_ROOM: the trainer ranks, if a load token on them is free, else WAIT;
+ * WAIT: until a holder has room. */
+typedef enum {
+    REFIT_FLEET_PICK_RELAYS,
+    REFIT_FLEET_PICK_ALL,
+    REFIT_FLEET_PICK_TRAINER_IF_ROOM,
+    REFIT_FLEET_PICK_WAIT,
+} refit_fleet_pick_t;
+refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding);
+/* Whether a holder with `readers` load tokens takes one more (max_readers 0: no limit). */
+bool refit_fleet_room(uint32_t readers, uint32_t max_readers);
+
 uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
 /* A hash of the incarnations of the trainer ranks whose records are present
  * (recs[k], present[k], k < world): which publishers a version's bytes are. */

@@ -265,7 +265,7 @@ static bool take_token(refit_relays_t *R, const char *g, uint64_t v, const char 
     load_group(g, lg, sizeof(lg));
     if (!cap) return true;
     uint32_t n = 0;
-    if (refit_registry_lease_count(R->reg, lg, v, &n) || n >= cap) return false;
+    if (refit_registry_lease_count(R->reg, lg, v, &n) || !refit_fleet_room(n, cap)) return false;
     if (refit_registry_lease_acquire(R->reg, lg, v, reader, LOAD_TTL_MS)) return false;
     if (refit_registry_lease_count(R->reg, lg, v, &n) || n > cap) { /* raced: back off */
         refit_registry_lease_release(R->reg, lg, v, reader);
