@@ -23,6 +23,8 @@
 #include "util/util.h"
 #include "refit/refit.h"
 
+int cmd_preflight(int argc, char **argv); /* tools/preflight.c */
+
 int tool_fail(refit_status_t st, const char *what)
 {
     fprintf(stderr, "refit: %s: %s (%s)\n", what, refit_last_error()[0] ? refit_last_error() : refit_status_message(st),
@@ -83,10 +85,17 @@ static void print_help(FILE *f)
             "            fanout --net netns (its default as root): each process a network namespace with\n"
             "            tbf-limited links, bytes over UCX; --net shm: all on this host's shared memory\n"
             "  gpus      list the CUDA devices here (JSON; count 0 without CUDA or a GPU)\n"
+            "  preflight check this host for a job before it starts: transports and UCX lanes, RDMA, GPUs, memlock,\n"
+            "            memory, /dev/shm, the registry (reach, a probe key, latency), the secret, the clock, the plan;\n"
+            "            pass/warn/fail with a remedy per line, exit 1 on a fail (docs/operations.md)\n"
+            "            --registry URL --job J --transports LIST --transport-options OPTS --device N\n"
+            "            --model M --src L --dst L --role trainer|rollout --ranks R,S-T|all --mode in-place|snapshot\n"
+            "            --shm-need BYTES --json\n"
             "  version   print the library version\n"
             "\n"
             "layouts: hf | megatron:tp=,pp=,ep=,etp=,dp=,pad= | vllm:tp=,ep=,dp=,pad=   (docs/layouts.md)\n"
-            "environment: REFIT_LOG_LEVEL=error|warn|info|debug|trace\n");
+            "environment: REFIT_LOG_LEVEL=error|warn|info|debug|trace; metrics: REFIT_METRICS_FILE=PATH.prom,\n"
+            "             REFIT_METRICS_ADDR=127.0.0.1:PORT (Prometheus; docs/operations.md)\n");
 }
 
 int tool_parse_u64(const char *s, uint64_t *out)
@@ -385,6 +394,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "gpus")) return cmd_gpus(argc - 1, argv + 1);
+    if (!strcmp(cmd, "preflight")) return cmd_preflight(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
         printf("refit %d.%d.%d (registries: file%s; transports: shm%s%s)\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
                REFIT_VERSION_PATCH,
