@@ -8,9 +8,9 @@ from ._lib import library_path
 from .core import (DTYPES, HfSource, Layout, Local, Manifest, Model, Placement, Plan, PlanStats, Publisher,
                    PullReport, Receiver, RefitError, SafetensorsFile, Tensor, default_registry, torch_dtype,
                    wrap_memory)
-from . import adapters
+from . import adapters, metrics
 
 __all__ = ["DTYPES", "HfSource", "Layout", "Local", "Manifest", "Model", "Placement", "Plan", "PlanStats",
            "Publisher", "PullReport", "Receiver", "RefitError", "SafetensorsFile", "Tensor", "adapters",
-           "default_registry", "library_path", "torch_dtype", "wrap_memory"]
+           "default_registry", "library_path", "metrics", "torch_dtype", "wrap_memory"]
 __version__ = "0.1.0"
