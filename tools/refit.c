@@ -24,6 +24,7 @@
 #include "refit/refit.h"
 
 int cmd_preflight(int argc, char **argv); /* tools/preflight.c */
+int cmd_simulate(int argc, char **argv);  /* tools/simulate.c, src/sim */
 
 int tool_fail(refit_status_t st, const char *what)
 {
@@ -91,6 +92,12 @@ static void print_help(FILE *f)
             "            --registry URL --job J --transports LIST --transport-options OPTS --device N\n"
             "            --model M --src L --dst L --role trainer|rollout --ranks R,S-T|all --mode in-place|snapshot\n"
             "            --shm-need BYTES --json\n"
+            "  simulate  predict a refit on a described cluster: the real planner for every destination rank,\n"
+            "            the engine's fleet rules (relays, chunks, stealing), max-min fair flows over NICs,\n"
+            "            NVLink, PCIe and spine (docs/scale.md): --model M --src L --dst L --replicas N\n"
+            "            [--relays --max-readers K] --cluster PRESET|key=value,...|@FILE.json [--json]\n"
+            "            [--plot FILE.png]; --calibrate: against the measured runs in bench/results;\n"
+            "            --plan-scale: every destination rank planned with --threads N; --presets\n"
             "  version   print the library version\n"
             "\n"
             "layouts: hf | megatron:tp=,pp=,ep=,etp=,dp=,pad= | vllm:tp=,ep=,dp=,pad=   (docs/layouts.md)\n"
@@ -394,6 +401,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "gpus")) return cmd_gpus(argc - 1, argv + 1);
+    if (!strcmp(cmd, "simulate")) return cmd_simulate(argc - 1, argv + 1);
     if (!strcmp(cmd, "preflight")) return cmd_preflight(argc - 1, argv + 1);
     if (!strcmp(cmd, "version")) {
         printf("refit %d.%d.%d (registries: file%s; transports: shm%s%s)\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
