@@ -1115,6 +1115,10 @@ int cmd_preflight(int argc, char **argv)
                 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", strerror(errno));
         return 1;
     }
+    /* The loopback refits below are probes, not the job: they must not
+     * overwrite the job's metrics textfile or take its metrics port. */
+    unsetenv("REFIT_METRICS_FILE");
+    unsetenv("REFIT_METRICS_ADDR");
     /* UCX (1.13) logs its warnings to stdout: while the checks run, stdout
      * is stderr, so that the table and --json stay clean. */
     fflush(stdout);

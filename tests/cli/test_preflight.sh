@@ -73,8 +73,10 @@ model=(--model tiny-moe --src megatron:ep=4 --dst vllm:tp=2 --ranks 0,1)
 P=("$refit" preflight --json)
 
 # ---- a healthy host, file registry ---------------------------------------------------------
-run file_ok -- "${P[@]}" --registry "file:$tmp/reg" --job pf "${model[@]}"
+# (the job's metrics variables set, as in deploy/k8s: preflight's probe refits must not touch them)
+run file_ok REFIT_METRICS_FILE="$tmp/job.prom" -- "${P[@]}" --registry "file:$tmp/reg" --job pf "${model[@]}"
 healthy file_ok
+[ ! -e "$tmp/job.prom" ] && ok "file_ok: the job's metrics textfile is left alone" || bad "preflight wrote REFIT_METRICS_FILE"
 for c in transports plan memory memlock /dev/shm "shm runtime dir" "shm loopback" registry auth clock; do
   expect file_ok "$c" pass
 done

@@ -72,8 +72,8 @@ static void parse_scrape(const char *text, scrape_t *out)
                 for (size_t f = 0; f < out->nfam; f++)
                     if (!strcmp(out->types[f], fam)) fail_msg("scrape line %d: %s typed twice", lineno, fam);
                 assert_true(out->nfam < 64);
-                snprintf(out->types[out->nfam], sizeof(out->types[0]), "%s", fam);
-                snprintf(out->kinds[out->nfam], sizeof(out->kinds[0]), "%s", rest);
+                snprintf(out->types[out->nfam], sizeof(out->types[0]), "%.127s", fam);
+                snprintf(out->kinds[out->nfam], sizeof(out->kinds[0]), "%.15s", rest);
                 cur_family = out->types[out->nfam];
                 cur_kind = out->kinds[out->nfam];
                 out->nfam++;
