@@ -53,7 +53,8 @@ expect() {
   detail=$(field "$name" "$check" detail)
   rem=$(field "$name" "$check" remedy)
   rc=$(cat "$tmp/$name.rc")
-  if [ "$got" != "$want" ]; then
+  # want may list alternatives: "pass|warn" (a registry round trip can pass 5 ms on a loaded machine)
+  if ! grep -qxF -- "$got" <<<"$(tr '|' '\n' <<<"$want")"; then
     bad "$name: $check is '$got', want '$want' ($detail)"; sed 's/^/    /' "$tmp/$name.err" | head -5; return
   fi
   if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$detail"; then bad "$name: $check detail lacks '$needle': $detail"; return; fi
@@ -77,12 +78,12 @@ P=("$refit" preflight --json)
 run file_ok REFIT_METRICS_FILE="$tmp/job.prom" -- "${P[@]}" --registry "file:$tmp/reg" --job pf "${model[@]}"
 healthy file_ok
 [ ! -e "$tmp/job.prom" ] && ok "file_ok: the job's metrics textfile is left alone" || bad "preflight wrote REFIT_METRICS_FILE"
-for c in transports plan memory memlock /dev/shm "shm runtime dir" "shm loopback" registry auth clock; do
+for c in transports plan memory memlock /dev/shm "shm runtime dir" "shm loopback" auth clock; do
   expect file_ok "$c" pass
 done
 expect file_ok plan pass "redundant 0 bytes"
 expect file_ok "shm loopback" pass "shm:mmap"
-expect file_ok registry pass "written, read back and deleted"
+expect file_ok registry "pass|warn" "written, read back and deleted"
 if "$refit" version | grep -q "transports:.*ucx"; then
   expect file_ok "ucx lanes" warn "ucx:tcp"
   # ---- UCX: require=rdma on TCP lanes; listen addresses --------------------------------------
@@ -197,7 +198,7 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null && "$re
   E=(REFIT_SECRET_FILE="$tmp/job.secret" REFIT_REDIS_PASSWORD_FILE="$tmp/redis.pw")
   run redis_ok "${E[@]}" -- "${P[@]}" "${R[@]}" "${model[@]}"
   healthy redis_ok
-  expect redis_ok registry pass "redis://pf@127.0.0.1:$port"
+  expect redis_ok registry "pass|warn" "redis://pf@127.0.0.1:$port"
   expect redis_ok auth pass "file $tmp/job.secret"
   expect redis_ok clock pass "Redis's clock is"
   if [ "$(redis-cli -p "$port" --no-auth-warning --user pf --pass "$(cat "$tmp/redis.pw")" --scan --pattern 'refit:pf:preflight*' | wc -l)" = 0 ]; then
@@ -211,7 +212,7 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null && "$re
   else bad "human table:"; cat "$tmp/human.txt"; fi
   run redis_nosecret REFIT_REDIS_PASSWORD_FILE="$tmp/redis.pw" -- "${P[@]}" "${R[@]}" --transports shm
   expect redis_nosecret auth fail "a redis registry and no secret"
-  expect redis_nosecret registry pass
+  expect redis_nosecret registry "pass|warn"
   run redis_wrongpw "${E[@]}" REFIT_REDIS_PASSWORD=wrong REFIT_REDIS_PASSWORD_FILE= -- "${P[@]}" "${R[@]}" --transports shm
   expect redis_wrongpw registry fail "REFIT_ERR_AUTH"
   run redis_noperm "${E[@]}" -- "${P[@]}" --registry "redis://other@127.0.0.1:$port" --job pf --transports shm
