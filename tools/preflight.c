@@ -64,7 +64,7 @@ typedef struct {
     uint32_t rank_list[256];
     uint32_t nranks;
     uint64_t host_bytes; /* bytes this host's ranks hold (0: unknown) */
-    bool want_ucx, want_shm, require_rdma, rma_rdma;
+    bool want_ucx, want_shm, require_rdma;
     check_t checks[MAX_CHECKS];
     size_t n;
 } pf_t;
@@ -334,9 +334,9 @@ static void check_ucx(pf_t *p, const char *tmpdir)
     if (st) {
         put(p, "ucx lanes", FAIL, "a UCX publisher and receiver of this process: %s (%s)", refit_last_error(),
             refit_status_name(st));
-        if (p->require_rdma || p->rma_rdma)
+        if (p->require_rdma)
             remedy(p, "UCX found no RDMA lane: check the RDMA devices line, UCX_TLS / ucx.tls= and ucx.devices=; or drop "
-                      "ucx.require=rdma / ucx.rma=rdma to accept TCP (about 7x slower)");
+                      "ucx.require=rdma to accept TCP (about 7x slower)");
         else
             remedy(p, "run `ucx_info -d` to see UCX's devices; check ucx.listen= and the firewall for the listen port");
         return;
@@ -374,11 +374,11 @@ static void check_rdma(pf_t *p)
         }
         closedir(d);
     }
-    bool needed = p->require_rdma || p->rma_rdma;
+    bool needed = p->require_rdma;
     if (active) put(p, "rdma devices", PASS, "%d of %d active: %s", active, n, list);
     else if (needed) {
-        put(p, "rdma devices", FAIL, "%s, and the options ask for RDMA (%s)", n ? list : "none in /sys/class/infiniband",
-            p->require_rdma ? "ucx.require=rdma" : "ucx.rma=rdma");
+        put(p, "rdma devices", FAIL, "%s, and the options ask for RDMA (ucx.require=rdma)",
+            n ? list : "none in /sys/class/infiniband");
         remedy(p, "load the NIC's driver (ibv_devices lists it), expose the device to the container (RDMA device "
                   "plugin), or drop the RDMA options");
     } else if (!p->want_ucx)
@@ -493,10 +493,9 @@ static void check_memlock(pf_t *p)
     else fmt_bytes(rl.rlim_cur, lim, sizeof(lim));
     bool cap = has_cap_ipc_lock();
     /* Pinned by the job: memory registered with RDMA NICs (UCX over rc/dc
-     * registers what it sends and receives; ucx.rma=rdma registers every
-     * exposed region).  UCX over TCP and shm pin nothing; CUDA's pinned
+     * registers what it sends and receives).  UCX over TCP and shm pin nothing; CUDA's pinned
      * staging is not counted against RLIMIT_MEMLOCK. */
-    bool rdma_pins = p->want_ucx && (p->require_rdma || p->rma_rdma || access("/sys/class/infiniband", F_OK) == 0);
+    bool rdma_pins = p->want_ucx && (p->require_rdma || access("/sys/class/infiniband", F_OK) == 0);
     uint64_t want = rdma_pins ? p->host_bytes : 0;
     if (cap) {
         put(p, "memlock", PASS, "CAP_IPC_LOCK held: no limit on pinned memory (RLIMIT_MEMLOCK %s)", lim);
@@ -1104,9 +1103,6 @@ int cmd_preflight(int argc, char **argv)
     if (p->model && !(p->src && p->dst)) return tool_usage("preflight", "--model needs --src and --dst");
     char *v = option(p->topts, "ucx.require");
     p->require_rdma = v && !strcmp(v, "rdma");
-    free(v);
-    v = option(p->topts, "ucx.rma");
-    p->rma_rdma = v && !strcmp(v, "rdma");
     free(v);
 
     char tmpdir[4096];

@@ -384,7 +384,8 @@ static refit_status_t tick(void *user)
 {
     refit_receiver_t *r = user;
     double now = refit_now();
-    refit_relays_renew(r->relays, r->reader, r->params.lease_ms); /* load tokens live 1.5 s: its own pace */
+    refit_status_t rs = refit_relays_renew(r->relays, r->reader, r->params.lease_ms); /* its own pace (1.5 s tokens) */
+    if (rs) return rs;
     if (now - r->lease_renewed < r->params.lease_ms / 3e3) return REFIT_OK;
     r->lease_renewed = now;
     return refit_registry_lease_renew(r->reg, r->group, r->lease_version, r->reader, r->params.lease_ms,
@@ -752,6 +753,8 @@ static refit_status_t digest_verify(refit_receiver_t *r, const snapshot_t *s, ui
      * made again without it. */
     size_t nf = 0;
     const refit_digest_fetch_t *f = NULL;
+    uint64_t covered_unverifiable = UINT64_MAX; /* with every source that offers digests */
+    uint32_t unreachable = UINT32_MAX;         /* a source dropped because it could not be reached */
     for (uint32_t attempt = 0; attempt <= r->world && !st; attempt++) {
         if (!cp->dplan || memcmp(cp->dusable, usable, r->world) != 0) {
             refit_digest_plan_destroy(cp->dplan);
@@ -777,6 +780,11 @@ static refit_status_t digest_verify(refit_receiver_t *r, const snapshot_t *s, ui
                           ps.unverifiable_bytes, ps.bytes + ps.unverifiable_bytes);
         }
         f = refit_digest_plan_fetches(cp->dplan, &nf);
+        if (covered_unverifiable == UINT64_MAX) {
+            refit_digest_plan_stats_t ps0;
+            refit_digest_plan_stats(cp->dplan, &ps0);
+            covered_unverifiable = ps0.unverifiable_bytes;
+        }
         bool dropped = false;
         for (size_t i = 0; i < nf; i++) {
             uint32_t k = f[i].src;
@@ -787,11 +795,25 @@ static refit_status_t digest_verify(refit_receiver_t *r, const snapshot_t *s, ui
                 tix[k] = -1;
                 usable[k] = 0;
                 dropped = true;
+                unreachable = k;
             }
         }
         if (!dropped) break;
     }
     if (st) goto out;
+    if (unreachable != UINT32_MAX) {
+        /* Leaving out an unreachable source must not leave bytes unchecked
+         * that its digests would have covered (a dead trainer rank whose
+         * bytes came through a relay): fail rather than commit them. */
+        refit_digest_plan_stats_t ps1;
+        refit_digest_plan_stats(cp->dplan, &ps1);
+        if (ps1.unverifiable_bytes > covered_unverifiable) {
+            st = refit_error(REFIT_ERR_PEER, "%" PRIu64 " bytes of version %" PRIu64 " cannot be checked: the digests "
+                             "of source rank %u are unreachable", ps1.unverifiable_bytes - covered_unverifiable, v,
+                             unreachable);
+            goto out;
+        }
+    }
     /* The entries: one 8-byte run each, from the source's digest region. */
     refit_plan_region_t *regs = calloc(nf ? nf : 1, sizeof(*regs));
     unsigned char *fetched = calloc(nf ? nf : 1, 8);
@@ -1243,7 +1265,9 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     /* Fencing: our lease must still hold.  A publisher that found no lease
      * (deleted, expired, or a store that lost its data) may have rewritten
      * its memory while we read it; such bytes are never committed. */
-    if ((st = refit_registry_lease_holds(r->reg, r->group, v, r->reader, r->lease_token))) goto out;
+    if ((st = refit_registry_lease_holds(r->reg, r->group, v, r->reader, r->lease_token)) ||
+        (st = refit_relays_holds(r->relays, r->reader)))
+        goto out;
     /* 7. Verify: the sources' digests, then (tests) the synthetic truth. */
     if (r->dkey && (st = digest_verify(r, &s, v, cp, deadline, tix, rep))) goto out;
     if (r->params.verify == REFIT_VERIFY_TRUTH) {

@@ -38,7 +38,7 @@ typedef struct {
     uint64_t signature, incarnation;
     refit_peer_t *peer[REFIT_MAX_TRANSPORTS];
     bool leased, loaded;
-    uint64_t version;
+    uint64_t version, token; /* the version leased, and the lease's token (fencing) */
     int progress_region; /* of its manifest (relay_key), -1: none */
 } relay_src_t;
 
@@ -138,8 +138,18 @@ void refit_relays_withdraw(refit_relays_t *R, int timeout_ms)
 {
     if (!R || !R->pub || !R->serving) return;
     __atomic_store_n(&R->progress->version, 0, __ATOMIC_RELEASE); /* readers following us stop */
-    if (refit_publisher_wait_readers(R->pub, R->serving, timeout_ms))
-        refit_log(REFIT_LOG_WARN, "relay %s slot %d: %s (writing anyway)", R->group, R->slot, refit_last_error());
+    if (refit_publisher_wait_readers(R->pub, R->serving, timeout_ms)) {
+        /* This memory must take the next version: readers still on this one
+         * lose their leases, so none of them commits what it reads from now
+         * on (each checks its lease after its transfer). */
+        char g[104];
+        uint32_t n = 0;
+        relay_group(R, (uint32_t)R->slot, g, sizeof(g));
+        refit_status_t st = refit_registry_lease_revoke(R->reg, g, R->serving, &n);
+        refit_log(REFIT_LOG_WARN, "relay %s slot %d: readers of version %" PRIu64 " stayed past %d ms; %s", R->group,
+                  R->slot, R->serving, timeout_ms, st ? refit_last_error() : "their leases are revoked");
+        (void)n;
+    }
     R->serving = 0;
     R->partial = false;
 }
@@ -354,7 +364,7 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         (*holding)++;
         if (!take_token(R, g, v, reader, R->params.max_readers)) continue;
         s->loaded = R->params.max_readers != 0;
-        if (refit_registry_lease_acquire(R->reg, g, v, reader, lease_ms)) { /* retired: it moves on */
+        if (refit_registry_lease_take(R->reg, g, v, reader, lease_ms, &s->token)) { /* retired: it moves on */
             if (s->loaded) drop_token(R, g, v, reader);
             s->loaded = false;
             continue;
@@ -408,7 +418,9 @@ refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_
         relay_src_t *s = &R->src[j];
         if (!s->leased) continue;
         relay_group(R, j, g, sizeof(g));
-        refit_registry_lease_acquire(R->reg, g, s->version, reader, lease_ms); /* a retired relay: ignored */
+        refit_status_t st = refit_registry_lease_renew(R->reg, g, s->version, reader, lease_ms, s->token);
+        if (st) /* retired or revoked: this relay's memory may be rewritten now */
+            return refit_error(st, "relay slot %u: %s", j, refit_last_error());
         if (s->loaded) {
             load_group(g, lg, sizeof(lg));
             refit_registry_lease_acquire(R->reg, lg, s->version, reader, LOAD_TTL_MS);
@@ -418,6 +430,20 @@ refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_
         trainer_load_name(R, g, sizeof(g));
         load_group(g, lg, sizeof(lg));
         refit_registry_lease_acquire(R->reg, lg, R->trainer_version, reader, LOAD_TTL_MS);
+    }
+    return REFIT_OK;
+}
+
+refit_status_t refit_relays_holds(refit_relays_t *R, const char *reader)
+{
+    if (!R) return REFIT_OK;
+    char g[104];
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
+        relay_src_t *s = &R->src[j];
+        if (!s->leased) continue;
+        relay_group(R, j, g, sizeof(g));
+        refit_status_t st = refit_registry_lease_holds(R->reg, g, s->version, reader, s->token);
+        if (st) return refit_error(st, "relay slot %u: %s", j, refit_last_error());
     }
     return REFIT_OK;
 }

@@ -34,7 +34,13 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
 void refit_relays_reset(refit_relays_t *R, const refit_tset_t *ts);
 /* A load token on the trainer group (always true when cap is 0). */
 bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reader, uint32_t cap);
+/* Renews the leases on the relays being read (and the load tokens);
+ * REFIT_ERR_STALE when a relay's lease was lost (the relay retired the
+ * version or revoked its readers to rewrite its memory): the pull must stop. */
 refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_t lease_ms);
+/* Whether every relay lease of this pull still holds (checked after the
+ * transfer, before committing: fencing, as for the trainer's lease). */
+refit_status_t refit_relays_holds(refit_relays_t *R, const char *reader);
 void refit_relays_release_as(refit_relays_t *R, const char *reader);
 
 #endif

@@ -932,14 +932,15 @@ refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group
     size_t len = 0;
     if ((st = get_one(r, lkey, &val, &len))) return st;
     lease_val_t held;
-    bool ours = val && decode_lease(val, len, &held) && held.version == version && held.token == token;
+    bool present = val != NULL;
+    bool ours = present && decode_lease(val, len, &held) && held.version == version && held.token == token;
     free(val);
     if (!ours)
         return refit_error(REFIT_ERR_STALE,
                            "registry: the lease of reader %s on version %" PRIu64 " of %s was lost during the "
                            "transfer (%s): the publisher may have rewritten its memory, the bytes are not trusted",
-                           reader, version, group, val ? "it holds another token" : "deleted, expired, or the store "
-                           "lost its data");
+                           reader, version, group, present ? "it holds another token" : "deleted, expired, or the "
+                           "store lost its data");
     return REFIT_OK;
 }
 
@@ -1014,6 +1015,25 @@ refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group
     free_listing(keys, vals, lens, nkeys);
     *n = count;
     return REFIT_OK;
+}
+
+refit_status_t refit_registry_lease_revoke(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n)
+{
+    refit_status_t st = check_group(group);
+    if (st) return st;
+    char prefix[KEY_MAX];
+    snprintf(prefix, sizeof(prefix), "%s/v/%" PRIu64 "/lease/", group, version);
+    char **keys = NULL;
+    size_t nkeys = 0;
+    if ((st = r->ops->list(r->kv, prefix, &keys, &nkeys))) return st;
+    uint32_t done = 0;
+    for (size_t i = 0; i < nkeys; i++) {
+        if (!st && !(st = r->ops->del(r->kv, keys[i]))) done++;
+        free(keys[i]);
+    }
+    free(keys);
+    if (n) *n = done;
+    return st;
 }
 
 /* ---- acknowledgements --------------------------------------------------- */

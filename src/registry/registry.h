@@ -148,6 +148,11 @@ refit_status_t refit_registry_lease_renew(refit_registry_t *r, const char *group
                                           const char *reader, uint32_t ttl_ms, uint64_t token);
 refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group, uint64_t version,
                                           const char *reader, uint64_t token);
+/* Deletes every lease on `version` (a publisher that must reuse its memory
+ * after its readers' time ran out: a reader whose lease is gone fails its
+ * lease_holds check after its transfer, so it never commits bytes read
+ * while the memory was rewritten).  *n (may be NULL): leases deleted. */
+refit_status_t refit_registry_lease_revoke(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n);
 /* Unexpired leases on version whose values are authentic (a forged lease
  * key is logged and not counted). */
 refit_status_t refit_registry_lease_count(refit_registry_t *r, const char *group, uint64_t version, uint32_t *n);

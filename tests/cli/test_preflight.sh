@@ -102,19 +102,19 @@ if "$refit" version | grep -q "transports:.*ucx"; then
   nocap=(setpriv --bounding-set -ipc_lock --inh-caps -ipc_lock)
   if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
     run memlock_small -- "${nocap[@]}" prlimit --memlock=65536:65536 "${P[@]}" --registry "file:$tmp/reg" --job pf \
-      "${model[@]}" --transport-options ucx.rma=rdma
+      "${model[@]}" --transport-options ucx.require=rdma
     expect memlock_small memlock fail "RLIMIT_MEMLOCK 64.0 KiB <"
     # (8 MiB: the hard limit may not be raised here; the job's 816 KiB fit)
     run memlock_big -- "${nocap[@]}" prlimit --memlock=8388608:8388608 "${P[@]}" --registry "file:$tmp/reg" --job pf \
-      "${model[@]}" --transport-options ucx.rma=rdma
+      "${model[@]}" --transport-options ucx.require=rdma
     expect memlock_big memlock pass "RLIMIT_MEMLOCK 8.0 MiB >= 816"
     run memlock_cap -- prlimit --memlock=65536:65536 "${P[@]}" --registry "file:$tmp/reg" --job pf "${model[@]}" \
-      --transport-options ucx.rma=rdma
+      --transport-options ucx.require=rdma
     expect memlock_cap memlock pass "CAP_IPC_LOCK held"
   elif [ "$(id -u)" != 0 ] && [ "$(ulimit -Hl)" != unlimited ]; then
     # not root: no CAP_IPC_LOCK; lower our own limit
     run memlock_small -- prlimit --memlock=65536:65536 "${P[@]}" --registry "file:$tmp/reg" --job pf "${model[@]}" \
-      --transport-options ucx.rma=rdma
+      --transport-options ucx.require=rdma
     expect memlock_small memlock fail "RLIMIT_MEMLOCK 64.0 KiB <"
   else
     echo "SKIPPED (memlock): cannot drop CAP_IPC_LOCK here"

@@ -264,19 +264,23 @@ static void planner_plan(void **state)
     refit_model_destroy(m);
 }
 
-/* method=get: the same strided shapes through ucp_get_nbx (on RDMA the path
- * method=auto picks with rma=rdma).  Here UCX emulates RMA over TCP, which
- * only rma=emulated allows (it is unsafe: test_rma_refused shows why). */
+/* method=get: the same strided shapes through ucp_get_nbx.  UCX emulates
+ * RMA over TCP, which only rma=emulated allows, and only with
+ * REFIT_UNSAFE_RMA=1 (it is unsafe: test_ucx_hostile's rma_refused shows why). */
 static void get_method(void **state)
 {
     (void)state;
     pub_t a;
     uint64_t as[] = {2u << 20};
-    pub_open(&a, "rma=emulated", 1, as, 7);
     refit_transport_t *rt;
-    REFIT_ASSERT_ERR(ops->create("method=get", &rt), REFIT_ERR_INVALID_ARG, "rma=rdma");
-    REFIT_ASSERT_ERR(ops->create("rma=rdma,tls=tcp", &rt), REFIT_ERR_INVALID_ARG, "emulated");
+    REFIT_ASSERT_ERR(ops->create("method=get", &rt), REFIT_ERR_INVALID_ARG, "rma=emulated");
+    REFIT_ASSERT_ERR(ops->create("rma=rdma", &rt), REFIT_ERR_INVALID_ARG, "rma");
+    unsetenv("REFIT_UNSAFE_RMA");
+    REFIT_ASSERT_ERR(ops->create("rma=emulated", &rt), REFIT_ERR_INVALID_ARG, "REFIT_UNSAFE_RMA=1");
+    setenv("REFIT_UNSAFE_RMA", "1", 1);
+    pub_open(&a, "rma=emulated", 1, as, 7);
     REFIT_ASSERT_OK(ops->create("method=get,chunk=64K,rma=emulated", &rt));
+    unsetenv("REFIT_UNSAFE_RMA");
     refit_peer_t *peers[1] = {pub_connect(rt, &a)};
     refit_plan_t *plan = plan_new(1);
     plan_add(plan, R(0, 0, 0, 3, 0, (1u << 20) + 5));

@@ -52,6 +52,7 @@ typedef struct {
 typedef struct {
     uint64_t cookie;
     int32_t status, pad;
+    uint64_t pub_id;
     uint8_t nonce[16];
     uint8_t proof[32];
 } w_hello_reply_t;
@@ -396,17 +397,18 @@ static void mac(const uint8_t key[32], const char *label, uint64_t pub_id, const
 /* The whole handshake with `key`: the connection's token, or false. */
 static bool atk_handshake(atk_t *a, const victim_t *v, const uint8_t key[32], uint8_t token[16])
 {
-    w_hello_t h = {.magic = UCX_MAGIC, .nregions = 1, .pub_id = v->pub_id, .cookie = 1, .phase = 1};
+    w_hello_t h = {.magic = UCX_MAGIC, .nregions = 0, .pub_id = v->pub_id, .cookie = 1, .phase = 1};
     memset(h.nonce, 0x42, 16);
     uint64_t id = v->region_id;
     a->hello_status = -1;
-    if (atk_send(a, AM_HELLO, &h, sizeof(h), &id, 8) != UCS_OK) return false;
+    if (atk_send(a, AM_HELLO, &h, sizeof(h), NULL, 0) != UCS_OK) return false;
     atk_progress(a, 300);
     if (a->hello_status != PUB_CHALLENGE) return false;
     uint8_t ns[16];
     memcpy(ns, a->hello.nonce, 16);
     h.phase = 2;
     h.cookie = 2;
+    h.nregions = 1;
     mac(key, "refit ucx receiver proof", v->pub_id, h.nonce, ns, h.proof);
     a->hello_status = -1;
     if (atk_send(a, AM_HELLO, &h, sizeof(h), &id, 8) != UCS_OK) return false;
@@ -447,9 +449,11 @@ static void rma_refused(void **state)
     atk_close(&a);
     victim_stop(&v);
 
-    /* The same attack where RMA is emulated: it works, which is why only
-     * rma=rdma (RDMA lanes, registration enforced by the NIC) is for use. */
+    /* The same attack where RMA is on (rma=emulated, refused without
+     * REFIT_UNSAFE_RMA=1): it works, which is why refit never enables RMA. */
+    setenv("REFIT_UNSAFE_RMA", "1", 1); /* the victim forks from here: it inherits it */
     v = victim_start("listen=127.0.0.1,rma=emulated", NULL);
+    unsetenv("REFIT_UNSAFE_RMA");
     atk_open(&a, v.port);
     memset(buf, 0, sizeof(buf));
     s = atk_rma(&a, false, (uint64_t)(uintptr_t)g_secret, buf, sizeof(buf));
@@ -569,6 +573,61 @@ static void request_flood_bounded(void **state)
     victim_stop(&v);
 }
 
+/* Connections that never prove the key are closed (auth_timeout), so idle
+ * peers cannot pile up in a trainer process; a phase-1 HELLO that already
+ * names regions is ignored (nothing is allocated for a stranger). */
+static void idle_connections_closed(void **state)
+{
+    (void)state;
+    victim_t v = victim_start("listen=127.0.0.1,auth_timeout=0.5", NULL);
+    atk_t a;
+    atk_open(&a, v.port);
+    w_hello_t h = {.magic = UCX_MAGIC, .nregions = 1, .pub_id = v.pub_id, .cookie = 3, .phase = 1};
+    uint64_t id = v.region_id;
+    a.hello_status = -1;
+    assert_int_equal(atk_send(&a, AM_HELLO, &h, sizeof(h), &id, 8), UCS_OK);
+    double t0 = refit_now();
+    while (a.failed == UCS_OK && t_ms_since(t0) < 5000) atk_progress(&a, 50);
+    print_message("an idle connection: %s after %.0f ms; phase-1 HELLO with ids: reply %d\n",
+                  ucs_status_string(a.failed), t_ms_since(t0), a.hello_status);
+    assert_int_equal(a.hello_status, -1); /* no answer */
+    assert_true(a.failed != UCS_OK);       /* and cut off */
+    atk_close(&a);
+    char said[128];
+    victim_check(&v, said, sizeof(said));
+    assert_string_equal(said, "alive weights=1 secret=1");
+    victim_stop(&v);
+}
+
+/* A publisher restarted on the same port answers as another instance: the
+ * receiver says so (a peer error, to try its next address or re-read the
+ * registry), not that the secret is wrong. */
+static void restarted_publisher_is_another(void **state)
+{
+    (void)state;
+    int port = t_free_port();
+    char opts[64];
+    snprintf(opts, sizeof(opts), "listen=127.0.0.1:%d", port);
+    victim_t v1 = victim_start(opts, NULL);
+    void *old = malloc(v1.len);
+    size_t olen = v1.len;
+    memcpy(old, v1.desc, olen);
+    victim_stop(&v1);
+    victim_t v2 = victim_start(opts, NULL);
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create("connect_timeout=3", &rt));
+    refit_peer_t *peer = NULL;
+    refit_status_t st = ops->connect(rt, (const void *const[]){old}, &olen, 1, &peer);
+    print_message("old descriptor against the restarted publisher: %s: %s\n", refit_status_name(st), refit_last_error());
+    assert_int_equal(st, REFIT_ERR_PEER);
+    assert_non_null(strstr(refit_last_error(), "another publisher"));
+    REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){v2.desc}, &v2.len, 1, &peer));
+    ops->disconnect(peer);
+    ops->destroy(rt);
+    free(old);
+    victim_stop(&v2);
+}
+
 /* Listeners bind one address: a wildcard is refused, an interface name
  * resolves to its address, the default is the loopback. */
 static void listen_addresses(void **state)
@@ -609,6 +668,8 @@ int main(void)
         cmocka_unit_test(fake_publisher_refused),
         cmocka_unit_test(request_flood_bounded),
         cmocka_unit_test(listen_addresses),
+        cmocka_unit_test(idle_connections_closed),
+        cmocka_unit_test(restarted_publisher_is_another),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

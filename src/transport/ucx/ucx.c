@@ -14,14 +14,14 @@
  *   1.09x, 1.47x, 1.53x the same run's plain TCP stream (0.9-1.1 GB/s);
  *   UCX_TLS unset picks tcp on the veth (lanes "ucx:tcp/<veth> am").
  *
- *   - Publisher: create() makes a ucp context (AM|WAKEUP, and RMA only with
- *     rma=rdma or rma=emulated); the first expose() starts a second context
+ *   - Publisher: create() makes a ucp context (AM|WAKEUP; RMA only with
+ *     rma=emulated, for tests); the first expose() starts a second context
  *     whose only network device is the listen interface, a worker, a
  *     ucp_listener on "listen=IP[:PORT]" or "listen=IFNAME" (default the
  *     loopback; a wildcard is refused) and a progress thread.  expose()
  *     returns a descriptor: publisher id, a random region id, size, the
- *     listen address and port, and (RMA only) the base address and the packed
- *     rkey of a registration for remote reads of exactly that region.  A
+ *     listen address and port, and (rma=emulated only) the base address and
+ *     the packed rkey of the region.  A
  *     connection proves the job's key both ways before anything is served:
  *     HELLO phase 1 carries the client's nonce and gets the publisher's nonce
  *     and proof, phase 2 the client's proof and gets the regions' sizes; every
@@ -59,11 +59,14 @@
  *     variable is changed (options tls= and devices= set UCX_TLS and
  *     UCX_NET_DEVICES through ucp_config_modify when asked).
  *
- *   - With rma=rdma and RDMA lanes (rc/dc), method=auto uses ucp_get_nbx
- *     with the rkey instead (one get per run, same windows); "method=get"
- *     forces it (tested with rma=emulated, where UCX emulates it over TCP -
- *     which also serves any address a peer names: tests only),
- *     "method=am" forbids it.  stats->lanes reports
+ *   - No RMA in production.  UCP's RMA feature installs software handlers
+ *     that read or write any address a peer names, on every interface
+ *     (TCP, shared memory, and the active-message lanes of RDMA transports
+ *     too), before any refit handshake; RDMA verbs lanes move active-message
+ *     rendezvous replies zero-copy without it.  "rma=emulated" (refused
+ *     unless $REFIT_UNSAFE_RMA=1: tests) turns it on so that "method=get"
+ *     (ucp_get_nbx with the rkey, one get per run) stays tested; "method=am"
+ *     (the default, auto) never uses it.  stats->lanes reports
  *     "ucx:<tl>/<dev>[+...] am|get".  "require=rdma" fails connect with
  *     REFIT_ERR_TRANSPORT when no lane is RDMA (a silent TCP fallback once
  *     cost ModelExpress users 7x).  Replies are accepted only over the
@@ -85,10 +88,11 @@
  *     Fill regions are the caller's, as with every transport.
  *
  * Options ("key=value,..."): listen=IP[:PORT]|IFNAME (the loopback),
- * rma=off|rdma|emulated (off), require=rdma, method=auto|am|get, tls=LIST and
+ * rma=off|emulated (off; emulated: tests, with $REFIT_UNSAFE_RMA=1), require=rdma, method=auto|am|get, tls=LIST and
  * devices=LIST ('+' separated), chunk=BYTES (4M), inflight=N (8), solo=BYTES
  * (16K), rndv=BYTES|auto (64K), spin_us=N (100), max_queued=BYTES (256M),
- * connect_timeout=S (10), stall_timeout=S (30).  UCX_* environment
+ * connect_timeout=S (10), stall_timeout=S (30), auth_timeout=S (10: a peer that
+ * has not proven the key by then is disconnected; at most 1024 connections).  UCX_* environment
  * variables apply as usual.
  *
  * Threads: the publisher side is served by its own thread.  On the receiver
@@ -133,11 +137,13 @@ enum { METHOD_AUTO = 0, METHOD_AM = 1, METHOD_GET = 2 };
 /* Statuses a publisher puts in replies. */
 enum { PUB_OK = 0, PUB_NO_REGION = 1, PUB_RANGE = 2, PUB_NO_MEMORY = 3, PUB_BAD_ID = 4, PUB_AUTH = 5,
        PUB_CHALLENGE = 6 };
-enum { RMA_OFF = 0, RMA_RDMA = 1, RMA_EMULATED = 2 };
+enum { RMA_OFF = 0, RMA_EMULATED = 2 };
 #define NONCE_LEN 16
 #define TOKEN_LEN 16
 #define UCX_MAX_REPLY (1ull << 30) /* bytes one request may ask for (the largest chunk option) */
 #define UCX_MAX_JOBS_PER_CONN 4096 /* requests a connection may have queued or in flight */
+#define UCX_MAX_CONNS 1024         /* connections a publisher keeps at once */
+#define UCX_AUTH_TIMEOUT_S 10.0    /* default auth_timeout: a connection not proven by then is closed */
 
 static const char *pub_status_str(int32_t s)
 {
@@ -185,6 +191,7 @@ typedef struct {
 typedef struct {
     uint64_t cookie;
     int32_t status, pad;
+    uint64_t pub_id;                 /* the instance that answers (a restarted publisher: another one) */
     uint8_t nonce[NONCE_LEN];        /* PUB_CHALLENGE: the publisher's nonce */
     uint8_t proof[REFIT_SHA256_LEN]; /* PUB_CHALLENGE: the publisher's proof */
     /* data (PUB_OK): uint64_t sizes[nregions] (UINT64_MAX: not exposed) */
@@ -222,7 +229,7 @@ typedef struct {
     char tls[128], devices[128];
     uint64_t chunk, rndv, solo;
     unsigned inflight, spin_us;
-    double connect_timeout, stall_timeout;
+    double connect_timeout, stall_timeout, auth_timeout;
 } ucx_opts_t;
 
 static bool parse_u64(const char *v, uint64_t *out)
@@ -297,7 +304,8 @@ static refit_status_t resolve_listen(ucx_opts_t *o)
 static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
 {
     *o = (ucx_opts_t){.listen_ip = "127.0.0.1", .chunk = 4u << 20, .rndv = 64u << 10, .solo = 16u << 10, .inflight = 8,
-                      .spin_us = 100, .connect_timeout = 10, .stall_timeout = 30, .max_queued = 256u << 20};
+                      .spin_us = 100, .connect_timeout = 10, .stall_timeout = 30, .max_queued = 256u << 20,
+                      .auth_timeout = UCX_AUTH_TIMEOUT_S};
     if (!s) return resolve_listen(o);
     char *dup = refit_strdup(s), *save = NULL;
     if (!dup) return refit_error(REFIT_ERR_NO_MEMORY, "ucx: options");
@@ -335,7 +343,6 @@ static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
                 ok = false;
         } else if (!strcmp(kv, "rma")) {
             if (!strcmp(v, "off")) o->rma = RMA_OFF;
-            else if (!strcmp(v, "rdma")) o->rma = RMA_RDMA;
             else if (!strcmp(v, "emulated")) o->rma = RMA_EMULATED;
             else ok = false;
         } else if (!strcmp(kv, "max_queued")) {
@@ -366,11 +373,12 @@ static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
         } else if (!strcmp(kv, "spin_us")) {
             ok = parse_u64(v, &n) && n <= 10000000;
             o->spin_us = (unsigned)n;
-        } else if (!strcmp(kv, "connect_timeout") || !strcmp(kv, "stall_timeout")) {
+        } else if (!strcmp(kv, "connect_timeout") || !strcmp(kv, "stall_timeout") || !strcmp(kv, "auth_timeout")) {
             char *end;
             double d = strtod(v, &end);
             ok = end != v && !*end && d > 0 && d < 1e6;
             if (kv[0] == 'c') o->connect_timeout = d;
+            else if (kv[0] == 'a') o->auth_timeout = d;
             else o->stall_timeout = d;
         } else {
             st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: unknown option '%s'", kv);
@@ -383,13 +391,12 @@ static refit_status_t parse_opts(const char *s, ucx_opts_t *o)
     }
     free(dup);
     if (!st && o->method == METHOD_GET && o->rma == RMA_OFF)
-        st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: method=get needs RMA: rma=rdma (RDMA lanes only) or, in tests, "
-                                                "rma=emulated");
-    if (!st && o->rma == RMA_RDMA && o->tls[0] &&
-        (strstr(o->tls, "tcp") || strstr(o->tls, "sm") || strstr(o->tls, "posix") || strstr(o->tls, "sysv") ||
-         strstr(o->tls, "cma") || strstr(o->tls, "knem") || strstr(o->tls, "xpmem") || strstr(o->tls, "all")))
-        st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: rma=rdma with tls=%s: RMA over those transports is emulated or "
-                                                "process-wide; name RDMA transports only (rc, dc, ud)", o->tls);
+        st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: method=get needs rma=emulated (tests only)");
+    const char *unsafe = getenv("REFIT_UNSAFE_RMA");
+    if (!st && o->rma == RMA_EMULATED && !(unsafe && !strcmp(unsafe, "1")))
+        st = refit_error(REFIT_ERR_INVALID_ARG,
+                         "ucx: rma=emulated lets any peer that reaches this process read and write any address in it "
+                         "(UCX serves RMA in software); it exists for tests and needs REFIT_UNSAFE_RMA=1");
     return st ? st : resolve_listen(o);
 }
 
@@ -414,6 +421,7 @@ struct conn {
     unsigned refs; /* jobs using it (queued or sending) */
     bool failed, closed;
     bool closing; /* close once its last reply (a refusal) is sent */
+    double created; /* refit_now() at accept: unauthenticated ones are closed after UCX_AUTH_TIMEOUT_S */
     /* Authentication (HELLO phases): nonces, then the proof was checked. */
     bool challenged, authed;
     uint8_t nonce_c[NONCE_LEN], nonce_s[NONCE_LEN], token[TOKEN_LEN];
@@ -543,7 +551,7 @@ static uint64_t random_id(void)
 }
 
 /* A UCP context for this transport.  RMA is enabled only when asked for
- * (rma=rdma: RDMA transports only; rma=emulated: tests): without it UCX
+ * (rma=emulated: tests): without it UCX
  * installs no handler that reads or writes memory for a peer, so the only
  * way to get bytes out of this process is refit's own checked protocol. */
 static refit_status_t init_context(refit_transport_t *t, ucp_config_t *cfg, ucp_context_h *ctx)
@@ -604,10 +612,6 @@ static refit_status_t ucx_create(const char *options, refit_transport_t **out)
     }
     if (t->o.devices[0] && (s = ucp_config_modify(cfg, "NET_DEVICES", t->o.devices)) != UCS_OK) {
         st = ucx_err(REFIT_ERR_INVALID_ARG, s, "devices=%s", t->o.devices);
-        goto fail;
-    }
-    if (t->o.rma == RMA_RDMA && !t->o.tls[0] && (s = ucp_config_modify(cfg, "TLS", "rc,dc,ud,self")) != UCS_OK) {
-        st = ucx_err(REFIT_ERR_TRANSPORT, s, "restricting UCX to RDMA transports for rma=rdma");
         goto fail;
     }
     if (t->o.rma == RMA_EMULATED)
@@ -690,13 +694,14 @@ static void conn_close(conn_t *c)
 static void conn_req_cb(ucp_conn_request_h creq, void *arg)
 {
     refit_transport_t *t = arg;
-    conn_t *c = calloc(1, sizeof(*c));
+    conn_t *c = t->conns.len < UCX_MAX_CONNS ? calloc(1, sizeof(*c)) : NULL;
     if (!c || REFIT_VEC_RESERVE(&t->conns, t->conns.len + 1)) {
         free(c);
         ucp_listener_reject(t->listener, creq);
         return;
     }
     c->t = t;
+    c->created = refit_now();
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLER,
                           .conn_request = creq,
@@ -752,7 +757,7 @@ static ucs_status_t queue_job(refit_transport_t *t, int type, const void *hdr, s
         if (hdr_len != sizeof(hh)) return UCS_OK;
         memcpy(&hh, hdr, sizeof(hh));
         if (hh.magic != UCX_MAGIC || hh.nregions > 65536 || len != hh.nregions * 8ull ||
-            (hh.phase != 1 && hh.phase != 2))
+            (hh.phase != 1 && hh.phase != 2) || (hh.phase == 1 && hh.nregions)) /* ids only once proven */
             return UCS_OK;
         n = hh.nregions;
     }
@@ -834,6 +839,7 @@ static void hello_reply(refit_transport_t *t, job_t *j, const void **buf, size_t
         c->challenged = true;
         c->authed = false;
         h->status = PUB_CHALLENGE;
+        h->pub_id = t->pub_id;
         memcpy(h->nonce, c->nonce_s, NONCE_LEN);
         conn_mac(t, "refit ucx publisher proof", t->pub_id, c->nonce_c, c->nonce_s, h->proof);
         return;
@@ -984,8 +990,10 @@ static unsigned pub_round(refit_transport_t *t)
         n += progress_all(t->pw);
         if (!served) break; /* every queued job waits for its connection's replies to drain */
     }
+    double now = refit_now();
     for (size_t i = 0; i < t->conns.len;) {
         conn_t *c = t->conns.data[i];
+        if (!c->authed && !c->failed && now - c->created > t->o.auth_timeout) c->failed = true; /* never proven */
         if ((c->failed || (c->closing && c->refs == 0)) && !c->closed) conn_close(c), n++;
         if (c->closed && c->refs == 0) {
             t->conns.data[i] = t->conns.data[--t->conns.len];
@@ -1077,8 +1085,8 @@ static refit_status_t pub_start(refit_transport_t *t)
         ucp_config_t *cfg = NULL;
         ucs_status_t cs = ucp_config_read(NULL, NULL, &cfg);
         if (cs != UCS_OK) return ucx_err(REFIT_ERR_TRANSPORT, cs, "reading the UCX configuration");
-        const char *tls = t->o.tls[0] ? t->o.tls : t->o.rma == RMA_RDMA ? "rc,dc,ud,self" : NULL;
-        const char *devs = t->o.devices[0] ? t->o.devices : t->o.rma == RMA_RDMA ? NULL : t->o.listen_if;
+        const char *tls = t->o.tls[0] ? t->o.tls : NULL;
+        const char *devs = t->o.devices[0] ? t->o.devices : t->o.listen_if;
         if (tls && (cs = ucp_config_modify(cfg, "TLS", tls)) != UCS_OK) st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "tls=%s", tls);
         else if (devs && devs[0] && (cs = ucp_config_modify(cfg, "NET_DEVICES", devs)) != UCS_OK)
             st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "devices=%s", devs);
@@ -1154,8 +1162,7 @@ static refit_status_t ucx_expose(refit_transport_t *t, void *base, uint64_t size
     pthread_mutex_unlock(&t->lock);
     if (st) goto fail;
     if (size && t->o.rma != RMA_OFF) {
-        /* True RMA (rma=rdma): registered for remote reads only, exactly this
-         * region; the packed key travels in the (signed) manifest. */
+        /* rma=emulated (tests): registered for remote reads, the packed key in the manifest. */
         ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                                                  UCP_MEM_MAP_PARAM_FIELD_PROT,
                                    .address = base,
@@ -1257,6 +1264,7 @@ struct hello_wait {
     bool done;
     int32_t status;
     ucp_ep_h ep;                     /* the reply must come over it */
+    uint64_t pub_id;                 /* PUB_CHALLENGE: who answered */
     uint8_t nonce[NONCE_LEN];        /* PUB_CHALLENGE */
     uint8_t proof[REFIT_SHA256_LEN]; /* PUB_CHALLENGE */
 };
@@ -1275,6 +1283,7 @@ static ucs_status_t am_hello_reply_cb(void *arg, const void *hdr, size_t hdr_len
     if (h.status == PUB_OK && len == (size_t)w->nregions * 8) memcpy(w->sizes, data, len);
     else if (h.status == PUB_OK) w->status = PUB_RANGE;
     if (h.status == PUB_CHALLENGE) {
+        w->pub_id = h.pub_id;
         memcpy(w->nonce, h.nonce, NONCE_LEN);
         memcpy(w->proof, h.proof, sizeof(w->proof));
     }
@@ -1478,10 +1487,11 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
         w.done = false;
         w.cookie = h.cookie = random_id();
         h.phase = phase;
+        h.nregions = phase == 1 ? 0 : p->nregions; /* region ids only once the key is proven */
         if (phase == 2) conn_mac(t, "refit ucx receiver proof", p->pub_id, h.nonce, w.nonce, h.proof);
         ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                   .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
-        void *req = ucp_am_send_nbx(p->ep, AM_HELLO, &h, sizeof(h), ids, (size_t)p->nregions * 8, &rp);
+        void *req = ucp_am_send_nbx(p->ep, AM_HELLO, &h, sizeof(h), ids, (size_t)h.nregions * 8, &rp);
         if (UCS_PTR_IS_ERR(req)) {
             st = ucx_err(REFIT_ERR_TRANSPORT, UCS_PTR_STATUS(req), "saying hello to publisher %s", p->name);
             break;
@@ -1503,6 +1513,9 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
             st = refit_error(REFIT_ERR_TIMEOUT, "ucx: publisher %s did not answer within the connect timeout", p->name);
         else if (phase == 1 && proven)
             continue;
+        else if (phase == 1 && w.status == PUB_CHALLENGE && w.pub_id != p->pub_id)
+            /* another instance answers there (the publisher restarted on this port): try the next address */
+            st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)", p->name);
         else if (phase == 1)
             st = refit_error(REFIT_ERR_AUTH, "ucx: %s did not prove the job's secret (%s): not a publisher of this job, "
                              "or one with another secret", p->name,
