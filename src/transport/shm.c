@@ -51,7 +51,10 @@
 #define SHM_IO_TIMEOUT_S 5
 #define SHM_MAX_HANDSHAKES 64
 enum { SHM_MEMFD = 1, SHM_PVM = 2 };
-enum { MSG_HELLO = 1, MSG_CHALLENGE = 2, MSG_AUTH = 3, MSG_GRANT = 4, MSG_REFUSED = 5 };
+enum { MSG_HELLO = 1, MSG_CHALLENGE = 2, MSG_AUTH = 3, MSG_GRANT = 4, MSG_REFUSED = 5, MSG_FDS = 6 };
+/* File descriptors per message: the kernel takes at most SCM_MAX_FD (253)
+ * in one SCM_RIGHTS message; more regions go in follow-up MSG_FDS messages. */
+#define SHM_FDS_PER_MSG 250
 
 typedef struct {
     uint32_t magic, version;
@@ -352,9 +355,22 @@ static void serve_client(refit_transport_t *t, int fd)
         memcpy(g + sizeof(gh) + i * sizeof(grant_t), &gr, sizeof(gr));
     }
     memcpy(g, &gh, sizeof(gh));
-    /* Sent under the lock: the fds stay open (unexpose takes the lock). */
-    send_msg(fd, g, glen, fds, gh.nfds);
+    /* Sent under the lock: the fds stay open (unexpose takes the lock).  The
+     * grants carry the first SHM_FDS_PER_MSG descriptors, MSG_FDS messages
+     * the rest. */
+    uint32_t sent = gh.nfds < SHM_FDS_PER_MSG ? gh.nfds : SHM_FDS_PER_MSG;
+    bool ok = send_msg(fd, g, glen, fds, sent);
+    while (ok && sent < gh.nfds) {
+        uint32_t k = gh.nfds - sent < SHM_FDS_PER_MSG ? gh.nfds - sent : SHM_FDS_PER_MSG;
+        uint32_t hdr[3] = {SHM_MAGIC, MSG_FDS, k};
+        ok = send_msg(fd, hdr, sizeof(hdr), fds + sent, k);
+        sent += k;
+    }
+    int err = errno;
     pthread_mutex_unlock(&t->lock);
+    if (!ok)
+        refit_log(REFIT_LOG_WARN, "shm: sending %u regions (%u descriptors) to pid %d failed: %s", a.nregions,
+                  gh.nfds, (int)cred.pid, strerror(err));
     free(g);
     free(fds);
 out:
@@ -664,6 +680,11 @@ static refit_status_t handshake(refit_transport_t *t, const char *sock, const ui
                          (unsigned)cred.uid, (unsigned)geteuid());
         goto out;
     }
+    /* Pin the peer's identity now, while its socket is connected to us: a
+     * pidfd opened after a long handshake could name a recycled pid. */
+    peer->pid = (uint32_t)cred.pid;
+    peer->start_time = refit_proc_start_time(peer->pid);
+    peer->pidfd = pidfd_of(cred.pid);
     msg_hello_t hello = {SHM_MAGIC, MSG_HELLO, {0}};
     msg_challenge_t ch;
     if ((st = refit_random_bytes(hello.nonce, sizeof(hello.nonce)))) goto out;
@@ -702,13 +723,22 @@ static refit_status_t handshake(refit_transport_t *t, const char *sock, const ui
         st = refit_error(REFIT_ERR_AUTH, "shm: the publisher at %s refused our proof of the job's secret", path);
         goto out;
     }
-    if ((size_t)got != glen || gh.magic != SHM_MAGIC || gh.type != MSG_GRANT || gh.nregions != n || gh.nfds != nfds) {
+    if ((size_t)got != glen || gh.magic != SHM_MAGIC || gh.type != MSG_GRANT || gh.nregions != n || gh.nfds > n ||
+        nfds != (gh.nfds < SHM_FDS_PER_MSG ? gh.nfds : SHM_FDS_PER_MSG)) {
         st = refit_error(REFIT_ERR_CORRUPT, "shm: malformed answer from the publisher at %s", path);
         goto out;
     }
-    peer->pid = (uint32_t)cred.pid;
-    peer->start_time = refit_proc_start_time(peer->pid);
-    peer->pidfd = pidfd_of(cred.pid);
+    while (nfds < gh.nfds) {
+        uint32_t hdr[3];
+        size_t k = 0;
+        got = recv_msg(fd, hdr, sizeof(hdr), fds + nfds, gh.nfds - nfds, &k);
+        nfds += k;
+        if (got != (ssize_t)sizeof(hdr) || hdr[0] != SHM_MAGIC || hdr[1] != MSG_FDS || hdr[2] != k || k == 0) {
+            st = refit_error(REFIT_ERR_CORRUPT, "shm: malformed descriptors from the publisher at %s (%zu of %u): %s",
+                             path, nfds, gh.nfds, got < 0 ? strerror(errno) : "bad message");
+            goto out;
+        }
+    }
     long page = sysconf(_SC_PAGESIZE);
     size_t fi = 0;
     for (uint32_t i = 0; i < n && !st; i++) {
@@ -718,6 +748,11 @@ static refit_status_t handshake(refit_transport_t *t, const char *sock, const ui
         if (g.kind == 0 || g.size != r->size) {
             st = refit_error(REFIT_ERR_STALE, "shm: region %u of the publisher at %s is %s", i, path,
                              g.kind == 0 ? "no longer exposed" : "of a different size");
+            break;
+        }
+        if ((g.kind != SHM_PVM && g.kind != SHM_MEMFD) || (g.kind == SHM_MEMFD && fi >= nfds)) {
+            st = refit_error(REFIT_ERR_CORRUPT, "shm: region %u from the publisher at %s: %s", i, path,
+                             g.kind == SHM_MEMFD ? "no memory descriptor sent for it" : "unknown kind");
             break;
         }
         r->kind = g.kind;

@@ -132,6 +132,54 @@ static void pulls_both_kinds(void **state)
     ops->destroy(pt);
 }
 
+/* More regions than one SCM_RIGHTS message can carry (the kernel's
+ * SCM_MAX_FD is 253): one connect to 600 memfd regions (and attached ones
+ * between them) maps every one and pulls its bytes.  Before, sendmsg failed
+ * with EINVAL in the publisher, silently, and the receiver was told
+ * "broke off the handshake". */
+static void many_regions_one_peer(void **state)
+{
+    (void)state;
+    enum { N = 600 };
+    refit_transport_t *pt = make(NULL), *rt = make(NULL);
+    const uint64_t size = 4096 + 64;
+    void *mem[N];
+    void *d[N];
+    size_t l[N];
+    for (int i = 0; i < N; i++) {
+        if (i % 7 == 3) mem[i] = malloc(size); /* attached memory: no descriptor to send */
+        else REFIT_ASSERT_OK(ops->alloc(pt, size, &mem[i]));
+        fill(mem[i], size, (unsigned)i);
+        REFIT_ASSERT_OK(ops->expose(pt, mem[i], size, &d[i], &l[i]));
+    }
+    refit_peer_t *peer;
+    REFIT_ASSERT_OK(ops->connect(rt, (const void *const *)d, l, N, &peer));
+    unsigned char *got = calloc(1, size);
+    refit_plan_t *plan = calloc(1, sizeof(*plan));
+    plan->nsrcs = 1;
+    plan->src_bytes = calloc(1, sizeof(uint64_t));
+    plan->src_bytes[0] = size;
+    REFIT_VEC_PUSH(&plan->regions, ((refit_plan_region_t){.run = size}));
+    refit_pull_ctl_t ctl = {.deadline = refit_now() + 10, .threads = 1};
+    for (int i = 0; i < N; i += 37) {
+        plan->regions.data[0].src_region = (uint32_t)i;
+        memset(got, 0, size);
+        REFIT_ASSERT_OK(ops->pull(rt, (refit_peer_t *const[]){peer}, plan, (void *const[]){got}, &ctl, NULL));
+        assert_memory_equal(got, mem[i], size);
+    }
+    refit_plan_destroy(plan);
+    free(got);
+    ops->disconnect(peer);
+    for (int i = 0; i < N; i++) {
+        ops->unexpose(pt, mem[i]);
+        if (i % 7 == 3) free(mem[i]);
+        else ops->free(pt, mem[i], size);
+        free(d[i]);
+    }
+    ops->destroy(rt);
+    ops->destroy(pt);
+}
+
 /* A raw client that speaks the protocol with `key` and asks for region id:
  * returns the fd it was granted (-1 if none) and the answer's type. */
 static int raw_fd(const char *sock, uint64_t id, const uint8_t key[32], uint32_t *type)
@@ -418,7 +466,8 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(pulls_both_kinds),        cmocka_unit_test(memory_is_read_only),
+        cmocka_unit_test(pulls_both_kinds),        cmocka_unit_test(many_regions_one_peer),
+        cmocka_unit_test(memory_is_read_only),
         cmocka_unit_test(wrong_key_refused),       cmocka_unit_test(forged_descriptors),
         cmocka_unit_test(other_user_refused),      cmocka_unit_test(dead_publisher_noticed),
     };
