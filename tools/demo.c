@@ -385,11 +385,18 @@ int cmd_demo(int argc, char **argv)
         }
     }
 
+    /* A URL with a password goes to the children in their environment, not
+     * on their command lines (which other users can read in /proc), and is
+     * printed redacted. */
+    char *reg_shown = refit_redact_url(registry);
+    bool has_password = reg_shown && strcmp(reg_shown, registry) != 0;
+    if (has_password) setenv("REFIT_REGISTRY", registry, 1);
     double memcpy_gbps = measure_memcpy_gbps();
     if (!json)
         printf("refit demo: %s (%.2f GB) from %s (%u publishers) to %s (%u receivers), %" PRIu64
                " cycles over %s, registry %s\nmemcpy on this machine (1 thread, same run): %.1f GB/s\n\n",
-               model_label, model_bytes / 1e9, src_label, P, dst_label, R, cycles, transport, registry, memcpy_gbps);
+               model_label, model_bytes / 1e9, src_label, P, dst_label, R, cycles, transport, reg_shown ? reg_shown : "?", memcpy_gbps);
+    free(reg_shown);
     fflush(stdout);
 
     child_t *kids = calloc(P + R, sizeof(child_t));
@@ -426,7 +433,7 @@ int cmd_demo(int argc, char **argv)
         args[a++] = "--model", args[a++] = (char *)model_name;
         args[a++] = "--layout", args[a++] = (char *)(rx ? dst_spec : src_spec);
         args[a++] = "--rank", args[a++] = rankbuf[i];
-        args[a++] = "--registry", args[a++] = (char *)registry;
+        if (!has_password) args[a++] = "--registry", args[a++] = (char *)registry;
         args[a++] = "--job", args[a++] = job;
         args[a++] = "--transports", args[a++] = (char *)transport;
         args[a++] = "--versions", args[a++] = ncyc;

@@ -411,13 +411,12 @@ static refit_status_t file_job_secret(refit_kv_t *kv, uint8_t out[32])
         snprintf(tmp, sizeof(tmp), ".tmp.secret.%ld.%lu", (long)getpid(), kv->tmp_seq++);
         int w = st ? -1 : openat(kv->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (!st && w < 0) st = io_error(kv, "create", tmp, errno);
-        if (!st && (write_all(w, secret, sizeof(secret)) != 0 || close(w) != 0)) {
-            st = io_error(kv, "write", tmp, errno);
-            w = -1;
-        } else if (!st) {
-            w = -1;
+        if (!st) {
+            /* Closed whether or not the write worked. */
+            int e = write_all(w, secret, sizeof(secret)) != 0 ? errno : 0;
+            if (close(w) != 0 && !e) e = errno;
+            if (e) st = io_error(kv, "write", tmp, e);
         }
-        if (w >= 0) close(w);
         refit_wipe(secret, sizeof(secret));
         /* link fails if another process put its secret first: then read theirs. */
         if (!st && linkat(kv->dirfd, tmp, kv->dirfd, ".secret", 0) != 0 && errno != EEXIST)

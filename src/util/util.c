@@ -48,7 +48,7 @@ char *refit_asprintf(const char *fmt, ...)
 char *refit_redact_url(const char *url)
 {
     const char *auth = strstr(url, "//");
-    const char *at = auth ? strchr(auth + 2, '@') : NULL;
+    const char *at = auth ? strrchr(auth + 2, '@') : NULL; /* a password may hold '@' */
     const char *colon = at ? memchr(auth + 2, ':', (size_t)(at - auth - 2)) : NULL;
     if (!colon) return refit_strdup(url);
     return refit_asprintf("%.*s***%s", (int)(colon + 1 - url), url, at);

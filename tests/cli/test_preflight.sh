@@ -192,8 +192,8 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null && "$re
   for _ in $(seq 50); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   echo "pfpw-$RANDOM-$RANDOM" >"$tmp/redis.pw"
   chmod 600 "$tmp/redis.pw"
-  redis-cli -p "$port" ACL SETUSER pf on ">$(cat "$tmp/redis.pw")" '~refit:pf:*' '&refit:pf:events' '+@all' >/dev/null
-  redis-cli -p "$port" ACL SETUSER other on ">$(cat "$tmp/redis.pw")" '~refit:other:*' '&refit:other:events' '+@all' >/dev/null
+  redis-cli -p "$port" ACL SETUSER pf on ">$(cat "$tmp/redis.pw")" '~refit:pf:*' '&refit:pf:events' -@all +set +mget +del +scan +publish +subscribe +ping +time >/dev/null
+  redis-cli -p "$port" ACL SETUSER other on ">$(cat "$tmp/redis.pw")" '~refit:other:*' '&refit:other:events' -@all +set +mget +del +scan +publish +subscribe +ping +time >/dev/null
   R=(--registry "redis://pf@127.0.0.1:$port" --job pf)
   E=(REFIT_SECRET_FILE="$tmp/job.secret" REFIT_REDIS_PASSWORD_FILE="$tmp/redis.pw")
   run redis_ok "${E[@]}" -- "${P[@]}" "${R[@]}" "${model[@]}"

@@ -6,7 +6,10 @@
 # redis-server with only a TLS port (no plaintext port), stunnel in client
 # mode, and a publisher and a receiver that refit a model through it, every
 # byte verified.  Also: refit pointed straight at the TLS port fails clearly,
-# and a stunnel that does not trust the server's CA carries nothing.
+# and a stunnel that does not trust the server's CA carries nothing.  And
+# `refit demo` with a password in its Redis URL: the password reaches the
+# children in their environment, never on a command line, and is printed
+# redacted.
 # Skips (77) without redis-server, stunnel or openssl.
 # Usage: test_redis_tls.sh PATH_TO_REFIT
 set -u
@@ -108,6 +111,33 @@ out=$(timeout 20 "$refit" pull "${common[@]}" --registry "redis://127.0.0.1:$dis
 if [ $rc -ne 0 ] && grep -q "REFIT_ERR_REGISTRY" <<<"$out" && grep -qi "certificate verify failed\|CERT" "$tmp/distrust.log"; then
   ok "an untrusted server certificate: the tunnel refuses, refit reports a registry error"
 else bad "untrusted certificate: exit $rc: $out / $(tail -3 "$tmp/distrust.log")"; fi
+
+# A password in the URL: not on any child's command line, not in the output.
+pw_port=$(free_port)
+redis-server --port "$pw_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" --user default off \
+  --user demo on '>p@ss:w0rd' '~refit:*' '&refit:*' -@all +set +mget +del +scan +publish +subscribe +ping \
+  >"$tmp/redis-pw.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do redis-cli -p "$pw_port" ping 2>/dev/null | grep -q NOAUTH && break; sleep 0.1; done
+"$refit" demo --model tiny-moe --src megatron:ep=2 --dst vllm:tp=2 --cycles 40 --timeout-s 60 \
+  --registry "redis://demo:p@ss:w0rd@127.0.0.1:$pw_port" >"$tmp/demo.out" 2>&1 &
+demo=$!
+seen=0 leaked=0
+for _ in $(seq 100); do
+  for c in $(pgrep -P "$demo"); do
+    seen=$((seen + 1))
+    tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q "w0rd" && leaked=$((leaked + 1))
+  done
+  [ $seen -gt 0 ] && break
+  sleep 0.1
+done
+wait "$demo"; rc=$?
+if [ $rc -eq 0 ] && grep -q "cycle 40/40 verified" "$tmp/demo.out"; then ok "demo over a password URL verified"
+else bad "demo over a password URL: exit $rc: $(tail -5 "$tmp/demo.out")"; fi
+if [ $seen -gt 0 ] && [ $leaked -eq 0 ]; then ok "the password is on no child's command line ($seen children looked at)"
+else bad "password on a command line: $leaked of $seen children"; fi
+if ! grep -q "w0rd" "$tmp/demo.out" && grep -q "demo:\*\*\*@127.0.0.1" "$tmp/demo.out"; then ok "the demo prints the URL redacted"
+else bad "demo output shows the password or no redacted URL: $(grep -m2 registry "$tmp/demo.out")"; fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1218,7 +1218,10 @@ static void test_redis_acl(void **state)
     (void)b;
     t_redis_t rs = {0};
     const char *extra[] = {"--user", "default", "off", "--user", "refitjob", "on", ">s3cret-pw", "~refit:acljob:*",
-                           "&refit:acljob:events", "+@all", NULL};
+                           "&refit:acljob:events", "-@all", "+set", "+mget", "+del", "+scan",
+                           "+publish", "+subscribe", "+ping", "--user", "atuser", "on", ">p@ss@w0rd",
+                           "~refit:acljob:*", "&refit:acljob:events", "-@all", "+set", "+mget", "+del", "+scan",
+                           "+publish", "+subscribe", "+ping", NULL};
     assert_true(t_redis_start_with(&rs, 0, extra));
     char url[128], bad[128], anon[128], useronly[128];
     snprintf(url, sizeof(url), "redis://refitjob:s3cret-pw@127.0.0.1:%d", rs.port);
@@ -1232,6 +1235,16 @@ static void test_redis_acl(void **state)
     REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
     void *buf = NULL;
     size_t len = 0;
+    REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
+    free(buf);
+    refit_registry_close(r);
+    /* A password holding '@': the last '@' ends it, and none of it shows. */
+    char aturl[128];
+    snprintf(aturl, sizeof(aturl), "redis://atuser:p@ss@w0rd@127.0.0.1:%d", rs.port);
+    REFIT_ASSERT_OK(refit_registry_open(aturl, "acljob", &r));
+    assert_null(strstr(refit_registry_url(r), "ss@"));
+    assert_null(strstr(refit_registry_url(r), "w0rd"));
+    assert_non_null(strstr(refit_registry_url(r), "atuser:***@127.0.0.1"));
     REFIT_ASSERT_OK(refit_registry_get_manifest(r, "g", 0, &buf, &len));
     free(buf);
     refit_registry_close(r);

@@ -292,8 +292,9 @@ static refit_status_t parse_addr(refit_kv_t *kv, const char *rest)
     const char *h = rest, *end;
     if (strncmp(h, "//", 2) != 0) goto malformed;
     h += 2;
-    /* USER[:PASSWORD]@ or :PASSWORD@ */
-    const char *at = strchr(h, '@');
+    /* USER[:PASSWORD]@ or :PASSWORD@; the last '@' ends it (a password may
+     * hold '@', a host cannot). */
+    const char *at = strrchr(h, '@');
     if (at) {
         const char *colon = memchr(h, ':', (size_t)(at - h));
         size_t ul = colon ? (size_t)(colon - h) : (size_t)(at - h);
