@@ -110,10 +110,11 @@ static pub_t pub_start(const pubcfg_t *c, uint32_t rank)
     return (pub_t){pid, a[1], b[0]};
 }
 
+static const char *pub_read(pub_t *p);
+
 /* Sends a command; returns the status name the child answered (bounded: 30 s). */
 static const char *pub_cmd(pub_t *p, const char *fmt, ...)
 {
-    static char reply[600];
     char cmd[128];
     va_list ap;
     va_start(ap, fmt);
@@ -121,6 +122,13 @@ static const char *pub_cmd(pub_t *p, const char *fmt, ...)
     va_end(ap);
     cmd[n++] = '\n';
     assert_int_equal(write(p->cmd, cmd, (size_t)n), n);
+    return pub_read(p);
+}
+
+/* The next answer line of a publisher (bounded: 30 s). */
+static const char *pub_read(pub_t *p)
+{
+    static char reply[600];
     size_t len = 0;
     double t0 = refit_now();
     while (len < sizeof(reply) - 1 && t_ms_since(t0) < 30000) {
@@ -1453,6 +1461,134 @@ static void delta_fallbacks(void **state)
     t_rm_tree(g.dir);
 }
 
+/* ---- a relay rewritten under its reader ---------------------------------- */
+
+/* A relay process that pulls version 1, answers "ok" (or the error), then
+ * pulls the newest version on each 'n' and answers "ok2" (or the error). */
+static relay_t relay_follower_spawn(const reg_t *g, const char *model, const char *layout)
+{
+    int a[2], b[2];
+    assert_int_equal(pipe(a), 0);
+    assert_int_equal(pipe(b), 0);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+        close(a[1]);
+        close(b[0]);
+        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+        rp.registry = g->url;
+        rp.job = g->job;
+        rp.transports = "shm";
+        rp.verify = REFIT_VERIFY_TRUTH;
+        rp.threads = 1;
+        rp.chunk_kb = 16;
+        rp.relay_slot = 0;
+        rp.relay_heartbeat_ms = 100;
+        refit_receiver_t *r;
+        void *base;
+        if (refit_receiver_create(&rp, t_manifest_named(model, layout, 0), &r) || refit_receiver_alloc(r, 0, &base))
+            _exit(3);
+        refit_status_t st = refit_receiver_pull(r, 1, 10000, NULL);
+        char out[700];
+        snprintf(out, sizeof(out), "%s\n", st ? refit_last_error() : "ok");
+        if (write(b[1], out, strlen(out)) < 0) _exit(4);
+        char c;
+        while (read(a[0], &c, 1) == 1 && c != 'q') {
+            if (c != 'n') continue;
+            st = refit_receiver_pull(r, REFIT_VERSION_NEWEST, 10000, NULL);
+            snprintf(out, sizeof(out), "%s\n", st ? refit_last_error() : "ok2");
+            if (write(b[1], out, strlen(out)) < 0) _exit(4);
+        }
+        refit_receiver_destroy(r);
+        _exit(0);
+    }
+    close(a[0]);
+    close(b[1]);
+    return (relay_t){pid, a[1], b[0]};
+}
+
+static void relay_answer(relay_t *x, char *buf, size_t cap, const char *want)
+{
+    struct pollfd pfd = {x->resp, POLLIN, 0};
+    assert_true(poll(&pfd, 1, 15000) == 1);
+    ssize_t n = read(x->resp, buf, cap - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    if (strncmp(buf, want, strlen(want))) fail_msg("relay answered \"%s\", want %s", buf, want);
+}
+
+/* A reader pulls version 1 from a relay (slowly); meanwhile the trainer
+ * publishes version 2 and the relay pulls it into the memory the reader is
+ * reading.  The relay waits up to its readers' lease time, then revokes
+ * their leases and writes.  The reader must not report success with a torn
+ * version: its pull is REFIT_ERR_STALE (the relay lease it held is gone) and
+ * its memory is marked unusable.  Digests are off, so the fencing alone must
+ * catch it; before relay leases had tokens the pull returned REFIT_OK with
+ * a mixture of versions 1 and 2. */
+static void relay_rewritten_under_reader_fenced(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_SNAPSHOT, 400, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    relay_t a = relay_follower_spawn(&g, "tiny-dense", "vllm:tp=1");
+    char buf[800];
+    relay_answer(&a, buf, sizeof(buf), "ok");
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g.url;
+    rp.job = g.job;
+    rp.transports = "shm";
+    rp.verify = REFIT_VERIFY_NONE;
+    rp.threads = 1;
+    rp.chunk_kb = 16;
+    rp.max_readers = 1;
+    rp.lease_ms = 600; /* the relay waits this long for us before revoking */
+    rp.no_digest = true;
+    refit_receiver_t *r;
+    void *b;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named("tiny-dense", "vllm:tp=1", 0), &r));
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, &b));
+    setenv("REFIT_TEST_THROTTLE", "relay:0=0.3", 1); /* ~2 s to read the relay */
+    pid_t helper = fork();
+    assert_true(helper >= 0);
+    if (helper == 0) { /* at 300 ms: version 2 published, the relay told to pull it */
+        t_msleep(300);
+        if (write(p.cmd, "publish 2\n", 10) != 10) _exit(1);
+        t_msleep(200);
+        if (write(a.cmd, "n", 1) != 1) _exit(1);
+        _exit(0);
+    }
+    refit_pull_report_t rep;
+    refit_status_t st = refit_receiver_pull(r, 1, 20000, &rep);
+    unsetenv("REFIT_TEST_THROTTLE");
+    waitpid(helper, NULL, 0);
+    refit_holder_stat_t hs[8];
+    size_t nh = refit_receiver_holders(r, hs, 8);
+    const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0");
+    assert_non_null(h0);
+    assert_true(h0->bytes > 0); /* it did read the relay */
+    relay_answer(&a, buf, sizeof(buf), "ok2"); /* the relay moved on to version 2 */
+    if (st != REFIT_ERR_STALE)
+        fail_msg("reader of a rewritten relay: %s (%s), want REFIT_ERR_STALE", refit_status_name(st),
+                 st ? refit_last_error() : "");
+    assert_false(refit_receiver_usable(r));
+    /* The next pull starts over and verifies. */
+    REFIT_ASSERT_OK(refit_receiver_pull(r, REFIT_VERSION_NEWEST, 20000, &rep));
+    assert_int_equal(rep.version, 2);
+    expect_truth("tiny-dense", "vllm:tp=1", 0, b, 2);
+    assert_true(refit_receiver_usable(r));
+    refit_receiver_destroy(r);
+    relay_stop(&a, false);
+    const char *pr = pub_read(&p); /* the trainer's answer to "publish 2" */
+    if (strncmp(pr, "REFIT_OK", 8)) fail_msg("publish 2: %s", pr);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
 /* ---- FP8 relays ------------------------------------------------------------- */
 
 /* bf16 trainer (2 processes) -> two FP8 relays (vllm:tp=2 ranks) -> FP8
@@ -1569,6 +1705,7 @@ int main(void)
         cmocka_unit_test(relay_of_restarted_trainer_skipped),
         cmocka_unit_test(chain_survives_relay_death),
         cmocka_unit_test(relay_chain_pipelines),
+        cmocka_unit_test(relay_rewritten_under_reader_fenced),
         cmocka_unit_test(slow_replica_chunks_stolen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
