@@ -85,6 +85,7 @@ typedef struct {
     double total;        /* payload bytes this receiver reads */
     double recv_done;    /* payload bytes of flows finished */
     uint32_t flows_left;
+    double idle;         /* seconds of request gaps its workers cannot hide */
     /* delta */
     int phase;
     /* results */
@@ -457,7 +458,7 @@ static void end_transfer(sim_t *s, rx_t *r)
     if (r->state >= 4) return;
     r->state = 4;
     r->data_done = true;
-    r->end = s->now + setup_time(s, r, false);
+    r->end = s->now + r->idle + setup_time(s, r, false);
     push(s, r->end, EV_END, r->idx, 0, 0);
     s->dirty = true; /* readers following it are no longer held to its pace */
 }
@@ -552,9 +553,21 @@ static double rx_rate(const sim_t *s, const rx_t *r)
     return v;
 }
 
-/* Caps on flows that read a relay still receiving: a reader within
- * `workers` chunks of its relay goes at the relay's pace.  Returns whether a
- * cap changed. */
+/* Where a flow reading relay q may be: `workers` chunks and a progress
+ * poll (2 ms, as the engine's idle workers wait) behind q; q's pace as
+ * payload bytes/s of this flow's share. */
+static void follow(const sim_t *s, const rx_t *q, const sim_flow_t *fl, double *allowed, double *pace)
+{
+    double B = fl->sent + fl->remaining;
+    double frac_rate = rx_rate(s, q) / q->total;
+    double lag = (double)s->workers * (double)s->chunk / q->total + frac_rate * 2e-3;
+    *allowed = (rx_received(s, q) / q->total - lag) * B;
+    *pace = B * frac_rate;
+}
+
+/* Caps on flows that read a relay still receiving: a reader that has caught
+ * up with its relay goes at the relay's pace; one ahead of where it may be
+ * (at the start) waits.  Returns whether a cap changed. */
 static bool fluid_caps(sim_t *s)
 {
     bool changed = false;
@@ -567,13 +580,10 @@ static bool fluid_caps(sim_t *s)
             rx_t *q = &s->rx[-r->hsrc[h] - 1];
             double cap = 0;
             if (!q->data_done && q->total > 0) {
-                double B = fl->sent + fl->remaining;
-                double lag = (double)s->workers * (double)s->chunk / q->total;
-                double allowed = (rx_received(s, q) / q->total - lag) * B;
-                if (fl->sent >= allowed - 1e-9 * B - 1) {
-                    cap = B * rx_rate(s, q) / q->total;
-                    if (cap < 1) cap = 1;
-                }
+                double allowed, pace, tol = 1e-9 * (fl->sent + fl->remaining) + 1;
+                follow(s, q, fl, &allowed, &pace);
+                if (fl->sent > allowed + tol) cap = 1; /* waits for its relay */
+                else if (fl->sent >= allowed - tol) cap = pace > 1 ? pace : 1;
             }
             if (fabs(cap - fl->cap) > 1e-9 * (cap + fl->cap) + 1e-9) {
                 sim_net_set_cap(s->net, r->hflow[h], cap);
@@ -584,7 +594,8 @@ static bool fluid_caps(sim_t *s)
     return changed;
 }
 
-/* Seconds until an uncapped follower reaches its relay's pace (INFINITY: none). */
+/* Seconds until a follower reaches its relay's pace, or a waiting one may
+ * go on (INFINITY: none). */
 static double fluid_catchup(const sim_t *s)
 {
     double t = INFINITY;
@@ -595,15 +606,12 @@ static double fluid_catchup(const sim_t *s)
             if (r->hflow[h] == UINT32_MAX || r->hsrc[h] >= 0) continue;
             const sim_flow_t *fl = sim_net_flow(s->net, r->hflow[h]);
             const rx_t *q = &s->rx[-r->hsrc[h] - 1];
-            if (q->data_done || fl->cap > 0 || q->total <= 0) continue;
-            double B = fl->sent + fl->remaining;
-            double lag = (double)s->workers * (double)s->chunk / q->total;
-            double allowed = (rx_received(s, q) / q->total - lag) * B;
-            double gain = fl->rate - B * rx_rate(s, q) / q->total;
-            if (gain > 0 && allowed > fl->sent) {
-                double x = (allowed - fl->sent) / gain;
-                if (x < t) t = x;
-            }
+            if (q->data_done || q->total <= 0) continue;
+            double allowed, pace, x = INFINITY, tol = 1e-9 * (fl->sent + fl->remaining) + 1;
+            follow(s, q, fl, &allowed, &pace);
+            if (fl->cap == 0 && fl->rate > pace && allowed > fl->sent) x = (allowed - fl->sent) / (fl->rate - pace);
+            else if (fl->sent > allowed + tol && pace > 0) x = (fl->sent - allowed) / pace;
+            if (x < t) t = x;
         }
     }
     return t;
@@ -635,6 +643,15 @@ static void fluid_start(sim_t *s, rx_t *r)
     }
     refit_fleet_sched_free(&r->S);
     r->total = 0;
+    /* A worker waits a request's round trip per chunk; with several chunks
+     * in flight the others fill the gap.  What they cannot fill adds up. */
+    uint32_t busy = 0;
+    for (uint32_t h = 0; h < r->nh; h++) busy += r->hbytes[h] > 0;
+    uint32_t nl;
+    const sim_link_t *lk = sim_net_links(s->net, &nl);
+    double chunk_s = (double)s->chunk / fmax(lk[s->l_nicrx[nic_of(s, r->gpu)]].cap * s->c->eff, 1);
+    double gap = fmax(0, request_delay(s, r->gpu) - ((double)busy * s->workers - 1) * chunk_s);
+    r->idle = gap * ((double)ps.bytes_read / (double)s->chunk) / fmax(1.0, (double)busy * s->workers);
     for (uint32_t h = 0; h < r->nh; h++) {
         r->hflow[h] = UINT32_MAX;
         r->total += r->hbytes[h];
