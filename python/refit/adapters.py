@@ -117,21 +117,57 @@ def bind_layout(named_params, model: Model, layout: str, rank: int = 0, *, strip
 
 
 _SEQ_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+# Megatron-Core's local layer spec (get_gpt_layer_local_spec: what builds without Transformer Engine, e.g. on a
+# CPU) keeps the norms as modules of their own; the TE spec fuses them into the next linear.  Same tensors, other
+# names: local name suffix -> TE name suffix.
+_LOCAL_SPEC_NORMS = (
+    (".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight"),
+    (".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"),
+)
+
+
+def megatron_names(names, expected) -> Dict[str, str]:
+    """Megatron-Core parameter name -> the megatron scheme's local tensor name, for both layer specs: the
+    Transformer Engine spec's names are the scheme's own; the local spec's are renamed (input_layernorm.weight ->
+    self_attention.linear_qkv.layer_norm_weight, pre_mlp_layernorm.weight -> mlp.linear_fc1.layer_norm_weight
+    where the scheme fuses them, i.e. not for MLA's input norm nor MoE layers' pre-MLP norm; SequentialMLP's
+    mlp.experts.local_experts.{j}.linear_fc1.weight -> TEGroupedMLP's mlp.experts.linear_fc1.weight{j}).
+    `expected` is the set of the manifest's local names: a norm is renamed only when its own name is not
+    expected and its fused name is."""
+    out = {}
+    for n in names:
+        m = _SEQ_EXPERT.match(n)
+        t = f"{m.group(1)}.{m.group(3)}.weight{m.group(2)}" if m else n
+        if t not in expected:
+            for local, te in _LOCAL_SPEC_NORMS:
+                if t.endswith(local) and t[:-len(local)] + te in expected:
+                    t = t[:-len(local)] + te
+                    break
+        out[n] = t
+    return out
 
 
 def megatron(named_params, model: Model, layout: str, rank: int, **kw) -> Binding:
-    """A Megatron-Core model (GPTModel with the Transformer Engine spec; names like
-    decoder.layers.0.self_attention.linear_qkv.weight, mlp.experts.linear_fc1.weight3), wrappers' "module."
-    prefixes stripped.  Experts of a SequentialMLP (mlp.experts.local_experts.{j}.linear_fc1.weight) are the
-    same tensors as TEGroupedMLP's mlp.experts.linear_fc1.weight{j}.  layout is
-    "megatron:tp=..,pp=..,ep=..,etp=.." with the model's geometry."""
+    """A Megatron-Core model (GPTModel), with either layer spec: the Transformer Engine spec (names like
+    decoder.layers.0.self_attention.linear_qkv.weight, .linear_qkv.layer_norm_weight, mlp.experts.linear_fc1.weight3)
+    or the local spec (decoder.layers.0.input_layernorm.weight, pre_mlp_layernorm.weight,
+    mlp.experts.local_experts.3.linear_fc1.weight); see megatron_names.  Wrappers' "module." prefixes (DDP,
+    Float16Module) are stripped.  layout is "megatron:tp=..,pp=..,ep=..,etp=..[,pad=..]" with the model's geometry
+    (Megatron-Core's GPTModel does not pad the vocabulary itself: pad=0 unless the training script padded it).
+    Parameters must have the layout's dtypes: a bf16 model built without Float16Module keeps its norms in fp32 and
+    is refused as mis-typed (wrap it, or cast, first); the binding never converts."""
     if not layout.startswith("megatron"):
         raise RefitError(-1, f"megatron adapter needs a megatron layout, not {layout}", "adapter")
     strip = kw.pop("strip", ("module.",))
+    named = _named(named_params, strip)
+    expected = {l.name for l in Layout(layout).manifest(model, rank).locals()}
+    names = megatron_names(named, expected)
     params = {}
-    for n, p in _named(named_params, strip).items():
-        m = _SEQ_EXPERT.match(n)
-        params[f"{m.group(1)}.{m.group(3)}.weight{m.group(2)}" if m else n] = p
+    for n, p in named.items():
+        if names[n] in params:
+            raise AdapterError("megatron parameters", [], [], [f"{n}: maps to {names[n]}, which another parameter "
+                                                               "already maps to (both layer specs' names at once?)"])
+        params[names[n]] = p
     return bind_layout(params, model, layout, rank, strip=(), **kw)
 
 
