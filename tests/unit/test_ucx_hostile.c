@@ -7,7 +7,7 @@
  * The publisher under attack is a forked child, so the test knows the
  * addresses of its globals (a "secret" outside any exposed region) as an
  * attacker who guessed them would.  The raw client speaks the wire format
- * of src/transport/ucx/ucx.c, mirrored below. */
+ * of src/transport/ucx/ucx_internal.h, mirrored below. */
 #include "testutil.h"
 #include "transport/transport.h"
 #include "util/crypto.h"
@@ -28,7 +28,7 @@
 
 static const refit_transport_ops_t *ops = &refit_transport_ucx;
 
-/* ---- the wire format (mirrors ucx.c) ----------------------------------- */
+/* ---- the wire format (mirrors ucx_internal.h) -------------------------- */
 
 #define UCX_MAGIC 0x58554652u
 enum { AM_HELLO = 17, AM_HELLO_REPLY = 18, AM_REQ = 19, AM_DATA = 20 };

@@ -1,0 +1,592 @@
+/* The ucx transport, receiver side: a pull.  The plan's regions become runs
+ * per peer, runs become requests in slots, replies land in the destination
+ * (rendezvous) or are copied or scattered from UCX's or a staging buffer. */
+
+#include "transport/ucx/ucx_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* Receiver side: pull                                                       */
+
+typedef struct {
+    uint64_t off, len;
+    unsigned char *dst;
+} run_t;
+
+/* FREE -> WAIT (request sent) -> [RECV (rendezvous receive)] -> DONE ->
+ * (PARKED while UCX still completes the request's send) -> FREE or WAIT. */
+enum { SLOT_FREE = 0, SLOT_WAIT, SLOT_RECV, SLOT_DONE, SLOT_PARKED };
+
+typedef struct pull_peer pull_peer_t;
+typedef struct {
+    pull_t *pl;      /* NULL once its pull gave up on it (leaked, see ucx_pull) */
+    pull_peer_t *pp;
+    uint32_t idx, gen;
+    int state;
+    bool send_pending;
+    unsigned gets_pending;
+    ucs_status_t status;
+    int32_t pub_status;
+    uint32_t region;
+    uint32_t nruns;
+    uint64_t bytes;
+    run_t runs[UCX_MAX_RUNS];
+    wire_run_t wire[UCX_MAX_RUNS];
+    req_hdr_t hdr;
+    unsigned char *stage;
+    bool staged; /* data went to stage: scatter on completion */
+} slot_t;
+
+struct pull_peer {
+    refit_peer_t *peer;
+    uint32_t src;
+    /* cursor over this peer's plan regions */
+    size_t *regs, nregs, ri;
+    uint64_t row, row_off, rows;
+    bool exhausted;
+    unsigned busy;
+    uint64_t inflight_bytes;
+    double last_data;
+    uint64_t bytes;
+};
+
+struct pull {
+    refit_transport_t *t;
+    const refit_plan_region_t *regs;
+    void *const *dst_bases;
+    uint32_t seq;
+    pull_peer_t *pps;
+    size_t npps;
+    slot_t *slots;
+    size_t nslots;
+    uint32_t *done; /* slot indices completed by callbacks */
+    size_t ndone;
+    uint64_t requests;
+    int wake_fd;    /* eventfd: another thread completed one of our slots */
+    double idle_since;
+};
+
+/* ucx_rwait for a pull's thread: its own completions end the wait too, and it
+ * sleeps without rlock, so that other pulls progress meanwhile. */
+void ucx_pwait(refit_transport_t *t, pull_t *pl, double until, double spin_s)
+{
+    static __thread double idle_since;
+    double *idle = pl ? &pl->idle_since : &idle_since;
+    t->progressing = pl;
+    unsigned n = ucx_progress_all(t->rw);
+    t->progressing = NULL;
+    double now = refit_now();
+    if (n || (pl && pl->ndone)) {
+        *idle = now;
+        if (pl && t->active.len > 1) { /* let the other pulls in: a busy one would keep the lock */
+            pthread_mutex_unlock(&t->rlock);
+            sched_yield();
+            pthread_mutex_lock(&t->rlock);
+        }
+        return;
+    }
+    if (*idle == 0 || *idle > now) *idle = now;
+    if (now - *idle < spin_s) return;
+    if (ucp_worker_arm(t->rw) != UCS_OK) return;
+    double left = until - now;
+    int ms = left <= 0 ? 0 : left > 0.01 ? 10 : (int)(left * 1000) + 1;
+    struct pollfd pf[2] = {{t->rw_efd, POLLIN, 0}, {pl ? pl->wake_fd : -1, POLLIN, 0}};
+    if (pl) pthread_mutex_unlock(&t->rlock);
+    poll(pf, pl && pl->wake_fd >= 0 ? 2 : 1, ms);
+    if (pl && pl->wake_fd >= 0 && (pf[1].revents & POLLIN)) {
+        uint64_t v;
+        if (read(pl->wake_fd, &v, sizeof(v)) < 0) {
+        }
+    }
+    if (pl) pthread_mutex_lock(&t->rlock);
+}
+
+static void mark_done(pull_t *pl, slot_t *s)
+{
+    s->state = SLOT_DONE;
+    pl->done[pl->ndone++] = s->idx;
+    if (pl != pl->t->progressing && pl->wake_fd >= 0) {
+        uint64_t one = 1;
+        if (write(pl->wake_fd, &one, sizeof(one)) < 0) {
+        }
+    }
+}
+
+/* Fills slot s with the next request of pp: runs of one source region, up
+ * to chunk bytes and UCX_MAX_RUNS runs; false when pp has nothing left. */
+static bool next_request(pull_t *pl, pull_peer_t *pp, slot_t *s)
+{
+    const ucx_opts_t *o = &pl->t->o;
+    s->nruns = 0;
+    s->bytes = 0;
+    while (pp->ri < pp->nregs) {
+        const refit_plan_region_t *r = &pl->regs[pp->regs[pp->ri]];
+        if (s->nruns && r->src_region != s->region) break;
+        uint64_t so, dof;
+        refit_region_row_offsets(r, pp->row, &so, &dof);
+        uint64_t left = r->run - pp->row_off;
+        uint64_t room = o->chunk - s->bytes;
+        uint64_t take = left < room ? left : room;
+        unsigned char *dst = (unsigned char *)pl->dst_bases[r->dst_region] + dof + pp->row_off;
+        so += pp->row_off;
+        run_t *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
+        bool adjacent = last && last->off + last->len == so && last->dst + last->len == dst;
+        /* A request is one run (zero copy on both sides), or a batch of
+         * short runs (packed by the publisher, scattered here): a run of
+         * solo bytes or more never joins a batch. */
+        if (s->nruns && !adjacent && (left >= o->solo || s->runs[0].len >= o->solo)) break;
+        if (adjacent) {
+            last->len += take;
+        } else {
+            if (s->nruns == UCX_MAX_RUNS) break;
+            s->runs[s->nruns++] = (run_t){so, take, dst};
+        }
+        s->region = r->src_region;
+        s->bytes += take;
+        pp->row_off += take;
+        if (pp->row_off == r->run) {
+            pp->row_off = 0;
+            if (++pp->row == pp->rows) {
+                pp->row = 0;
+                if (++pp->ri < pp->nregs) pp->rows = refit_region_rows(&pl->regs[pp->regs[pp->ri]]);
+            }
+        }
+        if (s->bytes >= o->chunk) break;
+    }
+    return s->nruns > 0;
+}
+
+static void recv_done_cb(void *request, ucs_status_t status, size_t length, void *user)
+{
+    slot_t *s = user;
+    pull_t *pl = s->pl;
+    if (status == UCS_OK && length != s->bytes) status = UCS_ERR_MESSAGE_TRUNCATED;
+    s->status = status;
+    if (pl) mark_done(pl, s);
+    ucp_request_free(request);
+}
+
+static void send_done_cb(void *request, ucs_status_t status, void *user)
+{
+    slot_t *s = user;
+    s->send_pending = false;
+    if (status != UCS_OK && s->status == UCS_OK) s->status = status;
+    if (status != UCS_OK && s->state == SLOT_WAIT) {
+        pull_t *pl = s->pl;
+        if (pl) mark_done(pl, s);
+    }
+    ucp_request_free(request);
+}
+
+static void get_done_cb(void *request, ucs_status_t status, void *user)
+{
+    slot_t *s = user;
+    if (status != UCS_OK && s->status == UCS_OK) s->status = status;
+    if (--s->gets_pending == 0) {
+        pull_t *pl = s->pl;
+        if (pl) mark_done(pl, s);
+    }
+    ucp_request_free(request);
+}
+
+static void scatter(slot_t *s, const unsigned char *src)
+{
+    for (uint32_t i = 0; i < s->nruns; i++) {
+        memcpy(s->runs[i].dst, src, s->runs[i].len);
+        src += s->runs[i].len;
+    }
+}
+
+ucs_status_t ucx_am_data_cb(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
+                            const ucp_am_recv_param_t *param)
+{
+    refit_transport_t *t = arg;
+    pull_t *pl = NULL;
+    data_hdr_t h;
+    if (hdr_len != sizeof(h)) return UCS_OK;
+    memcpy(&h, hdr, sizeof(h));
+    for (size_t i = 0; i < t->active.len && !pl; i++)
+        if (t->active.data[i]->seq == h.seq) pl = t->active.data[i];
+    if (!pl || h.idx >= pl->nslots) return UCS_OK; /* stale: its pull is over */
+    slot_t *s = &pl->slots[h.idx];
+    if (s->gen != h.gen || s->state != SLOT_WAIT) return UCS_OK;
+    /* Only the publisher we asked, over the connection we asked on, answers. */
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep != s->pp->peer->ep) return UCS_OK;
+    if (h.status != PUB_OK) {
+        s->pub_status = h.status;
+        mark_done(pl, s);
+        return UCS_OK;
+    }
+    if (len != s->bytes || h.len != s->bytes) {
+        s->status = UCS_ERR_MESSAGE_TRUNCATED;
+        mark_done(pl, s);
+        return UCS_OK;
+    }
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        scatter(s, data);
+        s->status = UCS_OK;
+        mark_done(pl, s);
+        return UCS_OK;
+    }
+    void *dst;
+    if (s->nruns == 1) {
+        dst = s->runs[0].dst;
+        s->staged = false;
+    } else {
+        if (!s->stage) s->stage = malloc(t->o.chunk);
+        if (!s->stage) {
+            s->status = UCS_ERR_NO_MEMORY;
+            mark_done(pl, s);
+            return UCS_OK; /* UCX drops the rendezvous */
+        }
+        dst = s->stage;
+        s->staged = true;
+    }
+    s->state = SLOT_RECV;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.recv_am = recv_done_cb,
+                              .user_data = s};
+    void *r = ucp_am_recv_data_nbx(t->rw, data, dst, len, &rp);
+    if (UCS_PTR_IS_ERR(r)) {
+        s->status = UCS_PTR_STATUS(r);
+        mark_done(pl, s);
+    } else if (r == NULL) {
+        s->status = UCS_OK;
+        mark_done(pl, s);
+    }
+    return UCS_OK;
+}
+
+/* Issues slot s's request (or gets). */
+static ucs_status_t issue(pull_t *pl, slot_t *s)
+{
+    pull_peer_t *pp = s->pp;
+    refit_peer_t *p = pp->peer;
+    s->gen++;
+    s->status = UCS_OK;
+    s->pub_status = PUB_OK;
+    s->staged = false;
+    s->state = SLOT_WAIT;
+    pp->busy++;
+    pp->inflight_bytes += s->bytes;
+    pl->requests++;
+    if (!p->ep) { /* closed by another pull that found the peer broken */
+        s->status = UCS_ERR_NOT_CONNECTED;
+        mark_done(pl, s);
+        return UCS_OK;
+    }
+    if (p->use_get) {
+        const peer_region_t *pr = &p->regions[s->region];
+        s->gets_pending = 1; /* guard while issuing */
+        for (uint32_t i = 0; i < s->nruns; i++) {
+            ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                                      .cb.send = get_done_cb,
+                                      .user_data = s};
+            void *r = ucp_get_nbx(p->ep, s->runs[i].dst, s->runs[i].len, pr->base + s->runs[i].off, pr->rkey, &rp);
+            if (UCS_PTR_IS_ERR(r)) {
+                s->status = UCS_PTR_STATUS(r);
+                break;
+            }
+            if (r) s->gets_pending++;
+        }
+        if (--s->gets_pending == 0) mark_done(pl, s);
+        return UCS_OK;
+    }
+    for (uint32_t i = 0; i < s->nruns; i++) s->wire[i] = (wire_run_t){s->runs[i].off, s->runs[i].len};
+    s->hdr = (req_hdr_t){UCX_MAGIC, s->nruns, pl->seq, s->idx, s->gen, 0, p->regions[s->region].id, p->pub_id, {0}};
+    memcpy(s->hdr.token, p->token, TOKEN_LEN);
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+                              .cb.send = send_done_cb,
+                              .user_data = s};
+    void *r = ucp_am_send_nbx(p->ep, AM_REQ, &s->hdr, sizeof(s->hdr), s->wire, s->nruns * sizeof(wire_run_t), &rp);
+    if (UCS_PTR_IS_ERR(r)) {
+        s->status = UCS_PTR_STATUS(r);
+        mark_done(pl, s);
+    } else if (r) {
+        s->send_pending = true;
+    }
+    return UCS_OK;
+}
+
+/* True while UCX may still touch slot s, or its reply may still come. */
+static bool slot_busy(const slot_t *s)
+{
+    return s->send_pending || s->state == SLOT_RECV || s->gets_pending ||
+           (s->state == SLOT_WAIT && s->pp->peer->ep);
+}
+
+refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                        void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
+{
+    if (!t || !peers || !plan || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "ucx: pull: NULL argument");
+    refit_status_t st = REFIT_OK;
+    size_t nsrc = refit_plan_num_sources(plan), nregs;
+    const refit_plan_region_t *regs = refit_plan_regions(plan, &nregs);
+    pull_t pl = {.t = t, .regs = regs, .dst_bases = dst_bases, .wake_fd = -1};
+    size_t *idx = NULL;
+    uint64_t total = 0;
+
+    pthread_mutex_lock(&t->rlock);
+    /* Peers of this pull, their regions, checks. */
+    pl.pps = calloc(nsrc ? nsrc : 1, sizeof(*pl.pps));
+    idx = calloc(nregs ? nregs : 1, sizeof(*idx));
+    if (!pl.pps || !idx) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
+        goto out;
+    }
+    size_t *count = calloc(nsrc ? nsrc : 1, sizeof(size_t));
+    if (!count) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
+        goto out;
+    }
+    for (size_t i = 0; i < nregs; i++) {
+        const refit_plan_region_t *r = &regs[i];
+        if (r->src >= nsrc || !peers[r->src]) continue;
+        const refit_peer_t *p = peers[r->src];
+        if (p->t != t) {
+            st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: pull: source %u was connected by another transport", r->src);
+            break;
+        }
+        if (r->src_region >= p->nregions || refit_region_src_end(r) > p->regions[r->src_region].size) {
+            st = refit_error(REFIT_ERR_CORRUPT, "ucx: the plan reads past region %u of source %u (publisher %s)",
+                             r->src_region, r->src, p->name);
+            break;
+        }
+        if (!p->ep || p->broken) {
+            st = refit_error(REFIT_ERR_PEER, "ucx: source %u (publisher %s) failed in an earlier pull; reconnect",
+                             r->src, p->name);
+            break;
+        }
+        if (p->failed != UCS_OK) {
+            st = ucx_err(REFIT_ERR_PEER, p->failed, "source %u (publisher %s) failed", r->src, p->name);
+            break;
+        }
+        if (p->use_get && !p->regions[r->src_region].rkey) {
+            st = refit_error(REFIT_ERR_TRANSPORT, "ucx: no remote key for region %u of publisher %s (method=get)",
+                             r->src_region, p->name);
+            break;
+        }
+        if (refit_plan_region_bytes(r) == 0) continue;
+        count[r->src]++;
+        total += refit_plan_region_bytes(r);
+    }
+    if (st) {
+        free(count);
+        goto out;
+    }
+    /* Group region indices by source, in plan order. */
+    size_t at = 0;
+    for (size_t s = 0; s < nsrc; s++) {
+        if (!count[s]) continue;
+        pull_peer_t *pp = &pl.pps[pl.npps++];
+        pp->peer = peers[s];
+        pp->src = (uint32_t)s;
+        pp->regs = idx + at;
+        at += count[s];
+    }
+    free(count);
+    for (size_t i = 0, k = 0; i < nregs; i++) {
+        const refit_plan_region_t *r = &regs[i];
+        if (r->src >= nsrc || !peers[r->src] || refit_plan_region_bytes(r) == 0) continue;
+        while (pl.pps[k].src != r->src) k = (k + 1) % pl.npps;
+        pl.pps[k].regs[pl.pps[k].nregs++] = i;
+    }
+    for (size_t k = 0; k < pl.npps; k++) pl.pps[k].rows = refit_region_rows(&regs[pl.pps[k].regs[0]]);
+
+    /* Per peer: up to inflight * chunk bytes in flight, in at most 4 *
+     * inflight requests (short solo runs make small requests). */
+    unsigned per = t->o.inflight * 4 > 256 ? 256 : t->o.inflight * 4;
+    uint64_t window = (uint64_t)t->o.inflight * t->o.chunk;
+    pl.nslots = pl.npps * per;
+    pl.slots = calloc(pl.nslots ? pl.nslots : 1, sizeof(slot_t));
+    pl.done = calloc(pl.nslots ? pl.nslots : 1, sizeof(uint32_t));
+    if (!pl.slots || !pl.done) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
+        goto out;
+    }
+    for (size_t i = 0; i < pl.nslots; i++) {
+        pl.slots[i].idx = (uint32_t)i;
+        pl.slots[i].pp = &pl.pps[i / per];
+        pl.slots[i].pl = &pl;
+    }
+    if (REFIT_VEC_RESERVE(&t->active, t->active.len + 1)) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
+        goto out;
+    }
+    pl.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pl.seq = ++t->pull_seq;
+    t->active.data[t->active.len++] = &pl;
+
+    double deadline = ctl && ctl->deadline > 0 ? ctl->deadline : 0;
+    double now = refit_now(), next_tick = now + 0.05;
+    for (size_t k = 0; k < pl.npps; k++) pl.pps[k].last_data = now;
+    for (;;) {
+        /* Another pull sharing a peer may have closed it while this one
+         * slept or ticked without the lock. */
+        for (size_t k = 0; k < pl.npps && !st; k++)
+            if ((pl.pps[k].busy || !pl.pps[k].exhausted) && (!pl.pps[k].peer->ep || pl.pps[k].peer->broken))
+                st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) failed in another pull",
+                                 pl.pps[k].peer->name, pl.pps[k].src);
+        if (st) break;
+        /* Fill every peer's window with free slots. */
+        for (size_t i = 0; i < pl.nslots; i++) {
+            slot_t *s = &pl.slots[i];
+            pull_peer_t *pp = s->pp;
+            if (s->state != SLOT_FREE || pp->exhausted || pp->inflight_bytes >= window) continue;
+            if (next_request(&pl, pp, s)) issue(&pl, s);
+            else pp->exhausted = true;
+        }
+        bool busy = false;
+        for (size_t k = 0; k < pl.npps; k++) busy |= pl.pps[k].busy > 0;
+        if (!busy) break;
+        ucx_pwait(t, &pl, deadline ? deadline : refit_now() + 1, t->o.spin_us * 1e-6);
+        now = refit_now();
+        /* Completed slots: scatter, account, refill. */
+        while (pl.ndone && !st) {
+            slot_t *s = &pl.slots[pl.done[--pl.ndone]];
+            pull_peer_t *pp = s->pp;
+            if (s->pub_status != PUB_OK) {
+                st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u): %s", pp->peer->name, pp->src,
+                                 pub_status_str(s->pub_status));
+                break;
+            }
+            if (s->status != UCS_OK) {
+                ucs_status_t why = pp->peer->failed != UCS_OK ? pp->peer->failed : s->status;
+                st = ucx_err(ucx_status_code(why), why, "pulling from publisher %s (source %u)", pp->peer->name, pp->src);
+                break;
+            }
+            if (s->staged) scatter(s, s->stage);
+            pp->bytes += s->bytes;
+            pp->inflight_bytes -= s->bytes;
+            pp->last_data = now;
+            s->state = SLOT_PARKED;
+        }
+        if (st) break;
+        /* Slots whose request send has completed are free again. */
+        for (size_t i = 0; i < pl.nslots; i++) {
+            slot_t *s = &pl.slots[i];
+            if (s->state != SLOT_PARKED || s->send_pending) continue;
+            s->state = SLOT_FREE;
+            s->pp->busy--;
+        }
+        for (size_t k = 0; k < pl.npps && !st; k++) {
+            pull_peer_t *pp = &pl.pps[k];
+            if (pp->peer->failed != UCS_OK) {
+                st = ucx_err(REFIT_ERR_PEER, pp->peer->failed, "publisher %s (source %u) failed mid-pull",
+                             pp->peer->name, pp->src);
+            } else if (pp->busy && now - pp->last_data > t->o.stall_timeout) {
+                st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) sent nothing for %.0f s",
+                                 pp->peer->name, pp->src, t->o.stall_timeout);
+            }
+        }
+        if (st) break;
+        if (deadline && now > deadline) {
+            uint64_t got = 0;
+            for (size_t k = 0; k < pl.npps; k++) got += pl.pps[k].bytes;
+            st = refit_error(REFIT_ERR_TIMEOUT, "ucx: pull deadline passed with %" PRIu64 " of %" PRIu64 " bytes moved",
+                             got, total);
+            break;
+        }
+        if (ctl && ctl->tick && now >= next_tick) {
+            next_tick = now + 0.05;
+            pthread_mutex_unlock(&t->rlock); /* a tick may wait on the registry: other pulls go on */
+            refit_status_t ts = ctl->tick(ctl->user);
+            pthread_mutex_lock(&t->rlock);
+            if (ts) {
+                st = ts;
+                refit_error_prefix("ucx: pull aborted by its tick: ");
+                break;
+            }
+        }
+    }
+    if (st) {
+        /* Drain: let UCX finish (or cancel) everything that may touch the
+         * slots or the destination before returning.  Failed peers are
+         * closed at once (that completes their requests); the replies of
+         * live ones get a second, then their endpoints are closed too. */
+        for (size_t k = 0; k < pl.npps; k++) {
+            refit_peer_t *p = pl.pps[k].peer;
+            if (p->failed != UCS_OK && p->ep) {
+                ucx_ep_force_close(t, p->ep);
+                p->ep = NULL;
+                p->broken = true;
+            }
+        }
+        double until = refit_now() + 1;
+        bool any;
+        do {
+            any = false;
+            for (size_t i = 0; i < pl.nslots; i++) any |= slot_busy(&pl.slots[i]);
+            if (any) ucx_pwait(t, &pl, until, 0.0005);
+        } while (any && refit_now() < until);
+        if (any) {
+            for (size_t k = 0; k < pl.npps; k++) {
+                refit_peer_t *p = pl.pps[k].peer;
+                bool mine = false;
+                for (size_t i = k * per; i < (k + 1) * per; i++) mine |= slot_busy(&pl.slots[i]);
+                if (mine && p->ep) {
+                    ucx_ep_force_close(t, p->ep);
+                    p->ep = NULL;
+                    p->broken = true;
+                }
+            }
+            until = refit_now() + 2;
+            do {
+                any = false;
+                for (size_t i = 0; i < pl.nslots; i++) any |= slot_busy(&pl.slots[i]);
+                if (any) ucx_progress_all(t->rw);
+            } while (any && refit_now() < until);
+        }
+        if (any) {
+            /* UCX still holds requests pointing into the slots: leak them
+             * rather than let a callback write into freed memory (the
+             * slots forget this pull, which is about to end, and late
+             * replies no longer find it). */
+            for (size_t i = 0; i < pl.nslots; i++) pl.slots[i].pl = NULL;
+            for (size_t i = 0; i < t->active.len; i++)
+                if (t->active.data[i] == &pl) {
+                    t->active.data[i] = t->active.data[--t->active.len];
+                    break;
+                }
+            pl.nslots = 0;
+            pl.slots = NULL;
+            pl.done = NULL;
+        }
+        for (size_t k = 0; k < pl.npps; k++) {
+            refit_peer_t *p = pl.pps[k].peer;
+            if (p->failed != UCS_OK && p->ep) {
+                ucx_ep_force_close(t, p->ep);
+                p->ep = NULL;
+                p->broken = true;
+            }
+        }
+    } else if (stats) {
+        stats->bytes += total;
+        stats->requests += pl.requests;
+        size_t used = strlen(stats->lanes);
+        for (size_t k = 0; k < pl.npps; k++) {
+            const refit_peer_t *p = pl.pps[k].peer;
+            char one[200];
+            snprintf(one, sizeof(one), "ucx:%s %s", p->lanes[0] ? p->lanes : "?", p->use_get ? "get" : "am");
+            if (strstr(stats->lanes, one)) continue;
+            int w = snprintf(stats->lanes + used, sizeof(stats->lanes) - used, "%s%s", used ? ", " : "", one);
+            if (w > 0 && (size_t)w < sizeof(stats->lanes) - used) used += (size_t)w;
+        }
+    }
+out:
+    for (size_t i = 0; i < t->active.len; i++)
+        if (t->active.data[i] == &pl) {
+            t->active.data[i] = t->active.data[--t->active.len];
+            break;
+        }
+    if (pl.wake_fd >= 0) close(pl.wake_fd);
+    if (pl.slots)
+        for (size_t i = 0; i < pl.nslots; i++) free(pl.slots[i].stage);
+    free(pl.slots);
+    free(pl.done);
+    free(pl.pps);
+    free(idx);
+    pthread_mutex_unlock(&t->rlock);
+    return st;
+}

@@ -1,0 +1,590 @@
+/* The ucx transport, publisher side: the listener and its progress thread,
+ * connections (HELLO in two phases, then requests carrying their token),
+ * the jobs that serve requests from exposed memory, expose/unexpose. */
+
+#include "transport/ucx/ucx_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* Publisher side                                                            */
+
+static void conn_unref(conn_t *c);
+
+static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    (void)status;
+    conn_t *c = arg;
+    c->failed = true; /* closed by the progress thread, once no job uses it */
+}
+
+static void conn_close(conn_t *c)
+{
+    if (c->closed) return;
+    c->closed = true;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *r = ucp_ep_close_nbx(c->ep, &rp);
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r); /* released when it completes */
+}
+
+static void conn_req_cb(ucp_conn_request_h creq, void *arg)
+{
+    refit_transport_t *t = arg;
+    conn_t *c = t->conns.len < UCX_MAX_CONNS ? calloc(1, sizeof(*c)) : NULL;
+    if (!c || REFIT_VEC_RESERVE(&t->conns, t->conns.len + 1)) {
+        free(c);
+        ucp_listener_reject(t->listener, creq);
+        return;
+    }
+    c->t = t;
+    c->created = refit_now();
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .conn_request = creq,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {conn_err_cb, c}};
+    if (ucp_ep_create(t->pw, &ep, &c->ep) != UCS_OK) {
+        free(c);
+        return; /* the client sees its endpoint fail or its hello time out */
+    }
+    t->conns.data[t->conns.len++] = c;
+}
+
+static conn_t *conn_of(refit_transport_t *t, ucp_ep_h ep)
+{
+    for (size_t i = 0; i < t->conns.len; i++)
+        if (t->conns.data[i]->ep == ep && !t->conns.data[i]->closed) return t->conns.data[i];
+    return NULL;
+}
+
+static pub_region_t *region_of(refit_transport_t *t, uint64_t id)
+{
+    for (size_t i = 0; i < t->regions.len; i++)
+        if (t->regions.data[i]->id == id && !t->regions.data[i]->dead) return t->regions.data[i];
+    return NULL;
+}
+
+/* AM handlers of the publisher: queue a job (replies are sent outside UCX callbacks). */
+static ucs_status_t queue_job(refit_transport_t *t, int type, const void *hdr, size_t hdr_len, const void *data,
+                              size_t len, const ucp_am_recv_param_t *param)
+{
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+        return UCS_OK; /* not from a refit receiver: drop */
+    conn_t *c = conn_of(t, param->reply_ep);
+    if (!c || c->failed || c->closing) return UCS_OK;
+    if (c->refs >= UCX_MAX_JOBS_PER_CONN) {
+        /* A client that keeps asking without reading its replies: cut it off
+         * rather than queue without bound. */
+        refit_log(REFIT_LOG_WARN, "ucx: a connection has %u requests queued; closing it", c->refs);
+        c->failed = true;
+        return UCS_OK;
+    }
+    /* UCX may hand headers over unaligned: copy before reading. */
+    uint32_t n;
+    req_hdr_t rh;
+    hello_hdr_t hh;
+    if (type == AM_REQ) {
+        if (hdr_len != sizeof(rh)) return UCS_OK;
+        memcpy(&rh, hdr, sizeof(rh));
+        if (rh.magic != UCX_MAGIC || rh.nruns == 0 || rh.nruns > UCX_MAX_RUNS || len != rh.nruns * sizeof(wire_run_t))
+            return UCS_OK;
+        n = rh.nruns * 2;
+    } else {
+        if (hdr_len != sizeof(hh)) return UCS_OK;
+        memcpy(&hh, hdr, sizeof(hh));
+        if (hh.magic != UCX_MAGIC || hh.nregions > 65536 || len != hh.nregions * 8ull ||
+            (hh.phase != 1 && hh.phase != 2) || (hh.phase == 1 && hh.nregions)) /* ids only once proven */
+            return UCS_OK;
+        n = hh.nregions;
+    }
+    job_t *j = calloc(1, sizeof(*j) + (size_t)n * 8);
+    if (!j || REFIT_VEC_PUSH(&t->jobs, j)) {
+        free(j);
+        return UCS_OK; /* the receiver times out; nothing better to do */
+    }
+    j->type = type;
+    j->conn = c;
+    c->refs++;
+    j->nitems = n;
+    if (type == AM_REQ) j->req = rh;
+    else j->hello = hh;
+    if (len) memcpy(j->items, data, len);
+    return UCS_OK;
+}
+
+static ucs_status_t am_req_cb(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
+                              const ucp_am_recv_param_t *param)
+{
+    return queue_job(arg, AM_REQ, hdr, hdr_len, data, len, param);
+}
+
+static ucs_status_t am_hello_cb(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
+                                const ucp_am_recv_param_t *param)
+{
+    return queue_job(arg, AM_HELLO, hdr, hdr_len, data, len, param);
+}
+
+void ucx_job_free(refit_transport_t *t, job_t *j)
+{
+    if (j->prev) j->prev->next = j->next;
+    else if (t->sending == j) t->sending = j->next;
+    if (j->next) j->next->prev = j->prev;
+    if (j->region) {
+        j->region->inflight--;
+        pthread_cond_broadcast(&t->cond);
+    }
+    j->conn->sending_bytes -= j->bytes;
+    free(j->pack);
+    conn_unref(j->conn);
+    free(j);
+}
+
+static void job_sent_cb(void *request, ucs_status_t status, void *user)
+{
+    (void)status;
+    job_t *j = user;
+    refit_transport_t *t = j->conn->t;
+    if (status != UCS_OK) j->conn->failed = true;
+    ucx_job_free(t, j);
+    ucp_request_free(request);
+}
+
+static void conn_unref(conn_t *c)
+{
+    c->refs--;
+}
+
+/* The reply to a HELLO: phase 1 answers with the publisher's nonce and its
+ * proof of the key (nothing about the regions); phase 2 checks the
+ * client's proof and only then says which regions exist and their sizes.
+ * A client that fails the check is told so and cut off. */
+static void hello_reply(refit_transport_t *t, job_t *j, const void **buf, size_t *len)
+{
+    conn_t *c = j->conn;
+    hello_reply_t *h = &j->hdr.hello;
+    memset(h, 0, sizeof(*h));
+    h->cookie = j->hello.cookie;
+    *buf = NULL;
+    *len = 0;
+    if (j->hello.phase == 1) {
+        memcpy(c->nonce_c, j->hello.nonce, NONCE_LEN);
+        if (refit_random_bytes(c->nonce_s, NONCE_LEN)) {
+            h->status = PUB_NO_MEMORY;
+            return;
+        }
+        c->challenged = true;
+        c->authed = false;
+        h->status = PUB_CHALLENGE;
+        h->pub_id = t->pub_id;
+        memcpy(h->nonce, c->nonce_s, NONCE_LEN);
+        ucx_conn_mac(t, "refit ucx publisher proof", t->pub_id, c->nonce_c, c->nonce_s, h->proof);
+        return;
+    }
+    uint8_t want[REFIT_SHA256_LEN];
+    if (c->challenged) ucx_conn_mac(t, "refit ucx receiver proof", t->pub_id, c->nonce_c, c->nonce_s, want);
+    if (!c->challenged || !refit_ct_equal(want, j->hello.proof, sizeof(want)) ||
+        memcmp(c->nonce_c, j->hello.nonce, NONCE_LEN) != 0) {
+        h->status = PUB_AUTH;
+        c->closing = true; /* closed once the refusal is sent */
+        refit_log(REFIT_LOG_WARN, "ucx: a client failed to prove the job's secret; connection closed");
+        return;
+    }
+    if (j->hello.pub_id != t->pub_id) { /* the right job, another instance: nothing to say */
+        h->status = PUB_BAD_ID;
+        return;
+    }
+    uint8_t tok[REFIT_SHA256_LEN];
+    ucx_conn_mac(t, "refit ucx token", t->pub_id, c->nonce_c, c->nonce_s, tok);
+    memcpy(c->token, tok, TOKEN_LEN);
+    c->authed = true;
+    h->status = PUB_OK;
+    for (uint32_t i = 0; i < j->nitems; i++) {
+        pub_region_t *r = region_of(t, j->items[i]);
+        j->items[i] = r ? r->size : UINT64_MAX;
+    }
+    *buf = j->items;
+    *len = (size_t)j->nitems * 8;
+}
+
+/* Checks a request: its connection authenticated with this token, this
+ * publisher, an exposed region, runs inside it, at most UCX_MAX_REPLY bytes. */
+static int32_t check_req(refit_transport_t *t, const job_t *j, pub_region_t **region, uint64_t *total)
+{
+    const conn_t *c = j->conn;
+    if (!c->authed || !refit_ct_equal(c->token, j->req.token, TOKEN_LEN) || j->req.pub_id != t->pub_id)
+        return PUB_AUTH;
+    pub_region_t *r = region_of(t, j->req.region_id);
+    if (!r) return PUB_NO_REGION;
+    const wire_run_t *runs = (const wire_run_t *)j->items;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < j->req.nruns; i++) {
+        uint64_t end;
+        if (!refit_add_u64(runs[i].off, runs[i].len, &end) || end > r->size || !runs[i].len ||
+            !refit_add_u64(sum, runs[i].len, &sum) || sum > UCX_MAX_REPLY)
+            return PUB_RANGE;
+    }
+    *region = r;
+    *total = sum;
+    return PUB_OK;
+}
+
+/* Sends the reply of job j (lock held).  false: not now - its connection
+ * already has max_queued bytes of replies in flight (the job stays queued). */
+static bool serve_job(refit_transport_t *t, job_t *j)
+{
+    conn_t *c = j->conn;
+    const void *buf = NULL;
+    size_t len = 0, hlen;
+    const void *hdr;
+    uint32_t flags = 0;
+    if (c->failed || c->closed || c->closing) {
+        ucx_job_free(t, j);
+        return true;
+    }
+    if (j->type == AM_HELLO) {
+        hello_reply(t, j, &buf, &len);
+        hdr = &j->hdr.hello;
+        hlen = sizeof(j->hdr.hello);
+    } else {
+        data_hdr_t *d = &j->hdr.data;
+        *d = (data_hdr_t){j->req.seq, j->req.idx, j->req.gen, PUB_OK, 0};
+        hdr = d;
+        hlen = sizeof(*d);
+        pub_region_t *r = NULL;
+        uint64_t total = 0;
+        d->status = check_req(t, j, &r, &total);
+        if (d->status == PUB_AUTH) {
+            c->closing = true; /* a request without the handshake: cut off after the refusal */
+            refit_log(REFIT_LOG_WARN, "ucx: a request without a valid connection token; connection closed");
+        }
+        if (d->status == PUB_OK && c->sending_bytes && c->sending_bytes + total > t->o.max_queued)
+            return false; /* its earlier replies first */
+        const wire_run_t *runs = (const wire_run_t *)j->items;
+        uint32_t nr = j->req.nruns;
+        if (d->status == PUB_OK && nr == 1) {
+            buf = r->base + runs[0].off;
+        } else if (d->status == PUB_OK) {
+            j->pack = malloc(total);
+            if (!j->pack) d->status = PUB_NO_MEMORY;
+            else {
+                unsigned char *p = j->pack;
+                for (uint32_t i = 0; i < nr; i++) {
+                    memcpy(p, r->base + runs[i].off, runs[i].len);
+                    p += runs[i].len;
+                }
+                buf = j->pack;
+            }
+        }
+        if (d->status == PUB_OK) {
+            len = total;
+            d->len = total;
+            j->region = r;
+            r->inflight++;
+            j->bytes = total;
+            c->sending_bytes += total;
+            if (t->o.rndv) flags |= total >= t->o.rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
+        }
+    }
+    /* REPLY: the receiver checks that data comes over the connection it asked on. */
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = flags | UCP_AM_SEND_FLAG_REPLY,
+                              .cb.send = job_sent_cb,
+                              .user_data = j};
+    void *req = ucp_am_send_nbx(c->ep, j->type == AM_HELLO ? AM_HELLO_REPLY : AM_DATA, hdr, hlen, buf, len, &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+        c->failed = true;
+        ucx_job_free(t, j);
+    } else if (req == NULL) {
+        ucx_job_free(t, j);
+    } else {
+        j->next = t->sending;
+        if (t->sending) t->sending->prev = j;
+        t->sending = j;
+    }
+    return true;
+}
+
+/* One round of publisher work (lock held): progress, serve jobs, close failed conns. */
+unsigned ucx_pub_round(refit_transport_t *t)
+{
+    unsigned n = ucx_progress_all(t->pw);
+    while (t->jobs.len) {
+        /* serve in arrival order */
+        size_t k = t->jobs.len;
+        job_t **v = malloc(k * sizeof(*v));
+        if (!v) break;
+        memcpy(v, t->jobs.data, k * sizeof(*v));
+        t->jobs.len = 0;
+        size_t served = 0;
+        for (size_t i = 0; i < k; i++) {
+            if (serve_job(t, v[i])) served++;
+            else REFIT_VEC_PUSH(&t->jobs, v[i]); /* cannot fail: the vector held k before */
+        }
+        free(v);
+        n += (unsigned)served;
+        n += ucx_progress_all(t->pw);
+        if (!served) break; /* every queued job waits for its connection's replies to drain */
+    }
+    double now = refit_now();
+    for (size_t i = 0; i < t->conns.len;) {
+        conn_t *c = t->conns.data[i];
+        if (!c->authed && !c->failed && now - c->created > t->o.auth_timeout) c->failed = true; /* never proven */
+        if ((c->failed || (c->closing && c->refs == 0)) && !c->closed) conn_close(c), n++;
+        if (c->closed && c->refs == 0) {
+            t->conns.data[i] = t->conns.data[--t->conns.len];
+            free(c);
+            continue;
+        }
+        i++;
+    }
+    return n;
+}
+
+/* The lock as taken by threads other than the progress thread: the
+ * progress thread steps back while someone waits (mutexes are not fair). */
+static void pub_lock(refit_transport_t *t)
+{
+    atomic_fetch_add(&t->waiters, 1);
+    pthread_mutex_lock(&t->lock);
+    atomic_fetch_sub(&t->waiters, 1);
+}
+
+static void *pub_thread(void *arg)
+{
+    refit_transport_t *t = arg;
+    double idle_since = refit_now();
+    while (!atomic_load(&t->stop)) {
+        pthread_mutex_lock(&t->lock);
+        unsigned n = ucx_pub_round(t);
+        double now = refit_now();
+        if (n) idle_since = now;
+        bool sleep = !n && now - idle_since >= t->o.spin_us * 1e-6;
+        ucs_status_t s = sleep ? ucp_worker_arm(t->pw) : UCS_ERR_BUSY;
+        pthread_mutex_unlock(&t->lock);
+        if (atomic_load(&t->waiters)) usleep(20);
+        if (s == UCS_OK) {
+            struct pollfd pf[2] = {{t->pw_efd, POLLIN, 0}, {t->wake_fd, POLLIN, 0}};
+            if (poll(pf, 2, 100) > 0 && (pf[1].revents & POLLIN)) {
+                uint64_t x;
+                if (read(t->wake_fd, &x, sizeof(x)) < 0) { /* nothing to do */
+                }
+            }
+            idle_since = refit_now();
+        }
+    }
+    return NULL;
+}
+
+void ucx_wake_thread(refit_transport_t *t)
+{
+    uint64_t one = 1;
+    if (t->wake_fd >= 0 && write(t->wake_fd, &one, sizeof(one)) < 0) { /* counter saturated: awake anyway */
+    }
+}
+
+/* The host's addresses of `family`, non-loopback first. */
+static void list_addrs(refit_transport_t *t, int family)
+{
+    struct ifaddrs *ifa = NULL;
+    t->naddrs = 0;
+    if (getifaddrs(&ifa) != 0) return;
+    for (int pass = 0; pass < 2; pass++)
+        for (struct ifaddrs *i = ifa; i && t->naddrs < UCX_MAX_ADDRS; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != family || !(i->ifa_flags & IFF_UP)) continue;
+            bool lo = (i->ifa_flags & IFF_LOOPBACK) != 0;
+            if (lo != (pass == 1)) continue;
+            wire_addr_t *a = &t->addrs[t->naddrs];
+            memset(a, 0, sizeof(*a));
+            a->family = (uint8_t)family;
+            if (family == AF_INET) {
+                memcpy(a->addr, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, 4);
+            } else {
+                const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)i->ifa_addr;
+                if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) continue;
+                memcpy(a->addr, &s6->sin6_addr, 16);
+            }
+            t->naddrs++;
+        }
+    freeifaddrs(ifa);
+}
+
+/* Starts the publisher side: worker, listener, thread (lock held). */
+static refit_status_t pub_start(refit_transport_t *t)
+{
+    refit_status_t st;
+    ucs_status_t s;
+    if (t->thread_started) return REFIT_OK;
+    if (!t->pctx) {
+        /* UCX opens listening sockets on every network device it uses: on
+         * the publisher side, only the listen interface (unless devices=). */
+        ucp_config_t *cfg = NULL;
+        ucs_status_t cs = ucp_config_read(NULL, NULL, &cfg);
+        if (cs != UCS_OK) return ucx_err(REFIT_ERR_TRANSPORT, cs, "reading the UCX configuration");
+        const char *tls = t->o.tls[0] ? t->o.tls : NULL;
+        const char *devs = t->o.devices[0] ? t->o.devices : t->o.listen_if;
+        if (tls && (cs = ucp_config_modify(cfg, "TLS", tls)) != UCS_OK) st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "tls=%s", tls);
+        else if (devs && devs[0] && (cs = ucp_config_modify(cfg, "NET_DEVICES", devs)) != UCS_OK)
+            st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "devices=%s", devs);
+        else st = ucx_init_context(t, cfg, &t->pctx);
+        ucp_config_release(cfg);
+        if (st) return st;
+    }
+    if (!t->pw) {
+        if ((st = ucx_make_worker_in(t, t->pctx, &t->pw, &t->pw_efd, "refit-pub"))) return st;
+        if ((st = ucx_set_am(t->pw, AM_HELLO, am_hello_cb, t)) || (st = ucx_set_am(t->pw, AM_REQ, am_req_cb, t))) return st;
+    }
+    if (!t->listener) {
+        struct sockaddr_storage ss;
+        memset(&ss, 0, sizeof(ss));
+        int family = strchr(t->o.listen_ip, ':') ? AF_INET6 : AF_INET;
+        socklen_t sl;
+        if (family == AF_INET) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            a->sin_family = AF_INET;
+            a->sin_port = htons(t->o.listen_port);
+            inet_pton(AF_INET, t->o.listen_ip, &a->sin_addr);
+            sl = sizeof(*a);
+        } else {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+            a->sin6_family = AF_INET6;
+            a->sin6_port = htons(t->o.listen_port);
+            inet_pton(AF_INET6, t->o.listen_ip, &a->sin6_addr);
+            sl = sizeof(*a);
+        }
+        ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
+                                                  UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+                                    .sockaddr = {(const struct sockaddr *)&ss, sl},
+                                    .conn_handler = {conn_req_cb, t}};
+        if ((s = ucp_listener_create(t->pw, &lp, &t->listener)) != UCS_OK)
+            return ucx_err(REFIT_ERR_TRANSPORT, s, "listening on %s:%u", t->o.listen_ip, t->o.listen_port);
+        ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+        if ((s = ucp_listener_query(t->listener, &la)) != UCS_OK)
+            return ucx_err(REFIT_ERR_TRANSPORT, s, "querying the listener on %s", t->o.listen_ip);
+        t->port = ntohs(family == AF_INET ? ((struct sockaddr_in *)&la.sockaddr)->sin_port
+                                          : ((struct sockaddr_in6 *)&la.sockaddr)->sin6_port);
+        bool any = family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_addr.s_addr == htonl(INADDR_ANY)
+                                     : IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&ss)->sin6_addr);
+        if (any) {
+            list_addrs(t, family);
+        } else {
+            t->naddrs = 1;
+            memset(&t->addrs[0], 0, sizeof(t->addrs[0]));
+            t->addrs[0].family = (uint8_t)family;
+            if (family == AF_INET) memcpy(t->addrs[0].addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+            else memcpy(t->addrs[0].addr, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+        }
+        if (!t->naddrs) return refit_error(REFIT_ERR_TRANSPORT, "ucx: no network address to publish on this host");
+    }
+    if (t->wake_fd < 0 && (t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+        return refit_error(REFIT_ERR_TRANSPORT, "ucx: eventfd: %s", strerror(errno));
+    int e = pthread_create(&t->thread, NULL, pub_thread, t);
+    if (e) return refit_error(REFIT_ERR_TRANSPORT, "ucx: starting the progress thread: %s", strerror(e));
+    t->thread_started = true;
+    return REFIT_OK;
+}
+
+refit_status_t ucx_expose(refit_transport_t *t, void *base, uint64_t size, void **desc, size_t *len)
+{
+    refit_status_t st;
+    ucs_status_t s;
+    if (!t || (!base && size) || !desc || !len) return refit_error(REFIT_ERR_INVALID_ARG, "ucx: expose: NULL argument");
+    pub_region_t *r = calloc(1, sizeof(*r));
+    if (!r) return refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
+    r->base = base;
+    r->size = size;
+    pub_lock(t);
+    st = pub_start(t);
+    pthread_mutex_unlock(&t->lock);
+    if (st) goto fail;
+    if (size && t->o.rma != RMA_OFF) {
+        /* rma=emulated (tests): registered for remote reads, the packed key in the manifest. */
+        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                                                 UCP_MEM_MAP_PARAM_FIELD_PROT,
+                                   .address = base,
+                                   .length = size,
+                                   .prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ};
+        if ((s = ucp_mem_map(t->pctx, &mp, &r->memh)) != UCS_OK) {
+            st = ucx_err(REFIT_ERR_TRANSPORT, s, "registering %" PRIu64 " bytes at %p", size, base);
+            goto fail;
+        }
+        if ((s = ucp_rkey_pack(t->pctx, r->memh, &r->rkey, &r->rkey_len)) != UCS_OK) {
+            st = ucx_err(REFIT_ERR_TRANSPORT, s, "packing the remote key of %p", base);
+            goto fail;
+        }
+    }
+    pub_lock(t);
+    if (REFIT_VEC_PUSH(&t->regions, r)) st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
+    /* Unguessable region ids: a request must name one it was told about. */
+    if (!st) r->id = ucx_random_id();
+    wire_desc_t h = {UCX_MAGIC, UCX_DESC_VERSION, t->pub_id, r->id, (uint64_t)(uintptr_t)base, size,
+                     t->port, t->naddrs, (uint32_t)r->rkey_len};
+    if (t->o.rma == RMA_OFF) h.base = 0; /* no one needs our addresses */
+    wire_addr_t addrs[UCX_MAX_ADDRS];
+    memcpy(addrs, t->addrs, sizeof(addrs));
+    pthread_mutex_unlock(&t->lock);
+    if (st) goto fail;
+    size_t n = sizeof(h) + h.naddrs * sizeof(wire_addr_t) + r->rkey_len;
+    unsigned char *d = malloc(n);
+    if (!d) {
+        pub_lock(t);
+        r->dead = true; /* released by destroy; no request can use it */
+        pthread_mutex_unlock(&t->lock);
+        return refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
+    }
+    memcpy(d, &h, sizeof(h));
+    memcpy(d + sizeof(h), addrs, h.naddrs * sizeof(wire_addr_t));
+    if (r->rkey_len) memcpy(d + sizeof(h) + h.naddrs * sizeof(wire_addr_t), r->rkey, r->rkey_len);
+    *desc = d;
+    *len = n;
+    return REFIT_OK;
+fail:
+    if (r->rkey) ucp_rkey_buffer_release(r->rkey);
+    if (r->memh) ucp_mem_unmap(t->pctx, r->memh);
+    free(r);
+    return st;
+}
+
+void ucx_region_release(refit_transport_t *t, pub_region_t *r)
+{
+    if (r->rkey) ucp_rkey_buffer_release(r->rkey);
+    if (r->memh) ucp_mem_unmap(t->pctx, r->memh);
+    free(r);
+}
+
+void ucx_unexpose(refit_transport_t *t, void *base)
+{
+    if (!t) return;
+    pub_lock(t);
+    for (size_t i = 0; i < t->regions.len; i++) {
+        pub_region_t *r = t->regions.data[i];
+        if (r->base != base || r->dead) continue;
+        r->dead = true;
+        /* Replies still being sent read this memory: wait for them (the
+         * progress thread runs while we wait); after 5 s force-close the
+         * connections that hold them, which completes their sends. */
+        double t0 = refit_now();
+        bool forced = false;
+        atomic_fetch_add(&t->waiters, 1); /* cond waits re-take the lock */
+        while (r->inflight && t->thread_started) {
+            if (!forced && refit_now() - t0 > 5) {
+                for (job_t *j = t->sending; j; j = j->next)
+                    if (j->region == r) j->conn->failed = true;
+                forced = true;
+                ucx_wake_thread(t);
+            }
+            if (refit_now() - t0 > 15) break; /* give up waiting; keep the registration */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+            pthread_cond_timedwait(&t->cond, &t->lock, &ts);
+        }
+        atomic_fetch_sub(&t->waiters, 1);
+        if (r->inflight == 0) {
+            t->regions.data[i] = t->regions.data[--t->regions.len];
+            ucx_region_release(t, r);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&t->lock);
+}
