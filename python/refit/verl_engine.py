@@ -1,0 +1,192 @@
+"""A veRL checkpoint engine named "refit" (verl.checkpoint_engine: CheckpointEngine, CheckpointEngineRegistry).
+
+Switched on by configuration, with nothing to import by hand:
+
+    actor_rollout_ref.rollout.checkpoint_engine.backend=refit
+    actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=refit.verl_engine
+    actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.refit.registry=redis://10.0.0.5:6379
+    actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.refit.job=grpo-7
+    actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.refit.model=/ckpt/Qwen3-30B-A3B   # its config.json
+
+veRL imports custom_backend_module in the actor and rollout workers and in its CheckpointEngineManager before it
+asks CheckpointEngineRegistry for the backend; importing this module registers RefitCheckpointEngine under "refit".
+
+What veRL hands an engine (checked in verl 0.9.1): on the actor side, send_weights(weights) with a generator of
+(Hugging Face name, full tensor) pairs from the training engine's get_per_tensor_param() on every actor rank (the
+gather happens inside that generator); on the rollout side, receive_weights() must yield (name, tensor) pairs that
+the server adapter loads into the inference engine (vLLM's / SGLang's load_weights).  Within that contract refit
+is the transport: the master actor rank (is_master, torch rank 0) copies each tensor once into an arena laid out
+as refit's `hf` layout of the model and publishes it as version global_steps; every rollout worker pulls that
+version into an arena of its own (shm on one host, UCX across hosts; planned once, verified by content digests)
+and yields views of it, no copy.  The other actor ranks drain the generator (it runs collectives) and send
+nothing.  Every canonical tensor of the model must arrive exactly once with its dtype and shape, or send_weights
+raises naming the tensors and publishes nothing.  For refit's zero-gather path (each Megatron rank publishing its
+own shard and vLLM workers pulling their own slices) use refit's vLLM backend and adapters directly
+(docs/integrations.md): veRL's interface gathers before the engine sees the weights.
+"""
+import asyncio
+import time
+from typing import Any, Optional
+
+from .core import Layout, Model, Publisher, Receiver, RefitError, torch_dtype
+
+try:  # the real base class and registry when veRL is installed
+    from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
+    HAVE_VERL = True
+except ImportError:  # importable without veRL (docs, tests of the engine alone)
+    HAVE_VERL = False
+
+    class CheckpointEngine:  # type: ignore[no-redef]
+        wire_format = "named_tensors"
+
+    class CheckpointEngineRegistry:  # type: ignore[no-redef]
+        _registry: dict = {}
+
+        def register(backend):
+            def wrapper(cls):
+                CheckpointEngineRegistry._registry[backend] = cls
+                return cls
+            return wrapper
+
+BACKEND_NAME = "refit"
+
+
+async def _aiter(it):
+    if hasattr(it, "__aiter__"):
+        async for x in it:
+            yield x
+    else:
+        for x in it:
+            yield x
+
+
+@CheckpointEngineRegistry.register(BACKEND_NAME)
+class RefitCheckpointEngine(CheckpointEngine):
+    """engine_kwargs: registry (required), job (required), model (a config.json directory or a built-in refit
+    model name, required), group ("verl"), transports, transport_options, timeout_ms (60000), secret_file."""
+
+    wire_format = "named_tensors"
+
+    def __init__(self, bucket_size: int = 0, is_master: bool = False, *, registry: str = None, job: str = None,
+                 model: str = None, group: str = "verl", transports: str = None, transport_options: str = None,
+                 timeout_ms: int = 60000, secret_file: str = None, **unused):
+        missing = [k for k, v in (("registry", registry), ("job", job), ("model", model)) if not v]
+        if missing:
+            raise RefitError(-1, "the refit checkpoint engine needs engine_kwargs.refit." + ", .".join(missing),
+                             "RefitCheckpointEngine")
+        self.bucket_size, self.is_master = bucket_size, is_master
+        self.opts = dict(registry=registry, job=job, group=group, transports=transports,
+                         transport_options=transport_options, secret_file=secret_file)
+        self.model_ref, self.timeout_ms = model, timeout_ms
+        self.role: Optional[str] = None
+        self.rank = 0
+        self._model: Optional[Model] = None
+        self._pub: Optional[Publisher] = None
+        self._rx: Optional[Receiver] = None
+        self._views: dict = {}
+        self._published = 0
+        self.metrics: dict = {}
+
+    # -- topology (veRL's CheckpointEngineManager: prepare on every worker, build_topology once, then
+    #    init_process_group on every worker with its slice of the topology)
+
+    def prepare(self) -> dict[str, Any]:
+        return {"backend": BACKEND_NAME, "is_master": bool(self.is_master), "job": self.opts["job"]}
+
+    @classmethod
+    def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list):
+        """Actor workers come first in `metadata`.  The master actor rank publishes; rollout workers receive; no
+        process group is formed (the registry is the rendezvous)."""
+        actor_meta = metadata[:actor_wg_world_size]
+        masters = [i for i, m in enumerate(actor_meta) if m and m.get("is_master")]
+        pub = masters[0] if masters else 0
+        actor = {"role": ["publisher" if i == pub else "drain" for i in range(actor_wg_world_size)],
+                 "rank": list(range(actor_wg_world_size))}
+        rollout = {"role": ["receiver"] * rollout_world_size, "rank": list(range(rollout_world_size))}
+        return actor, rollout
+
+    def init_process_group(self, role: str = None, rank: int = 0, **unused):
+        if role not in ("publisher", "drain", "receiver"):
+            raise RefitError(-1, f"unknown role {role!r} for the refit checkpoint engine", "init_process_group")
+        self.role, self.rank = role, rank
+
+    def finalize(self):
+        """Publisher and receiver stay up between steps (the plan is reused); nothing to free per step."""
+
+    def shutdown(self):
+        for ep in (self._pub, self._rx):
+            if ep is not None:
+                ep.close()
+        self._pub = self._rx = None
+
+    # -- the data path
+
+    def _refit_model(self) -> Model:
+        if self._model is None:
+            self._model = Model(self.model_ref)
+        return self._model
+
+    def _endpoint(self, cls):
+        import torch
+        m = Layout("hf").manifest(self._refit_model(), 0)
+        ep = cls(m, **self.opts)
+        ep.alloc(0)
+        self._views = {n: t for n, t in ep.tensors().items()}
+        assert all(isinstance(t, torch.Tensor) for t in self._views.values())
+        return ep
+
+    async def send_weights(self, weights, global_steps: Optional[int] = None):
+        role = self.role or ("publisher" if self.is_master else "drain")
+        t0 = time.perf_counter()
+        if role != "publisher":
+            async for _ in _aiter(weights):
+                pass
+            return {}
+        if self._pub is None:
+            self._pub = self._endpoint(Publisher)
+        version = int(global_steps) if global_steps is not None else self._published + 1
+        if version <= self._published:
+            raise RefitError(-1, f"global_steps {version} is not newer than the last published version "
+                                 f"{self._published}", "send_weights")
+        if self._published:
+            # in-place: the arena is what receivers read; wait until the last version's readers are done
+            await asyncio.to_thread(self._pub.wait_readers, self._published, self.timeout_ms)
+        seen, problems, nbytes = set(), [], 0
+        async for name, t in _aiter(weights):
+            dst = self._views.get(name)
+            if dst is None:
+                problems.append(f"{name}: not a tensor of {self._refit_model().name}")
+            elif name in seen:
+                problems.append(f"{name}: sent twice")
+            elif tuple(t.shape) != tuple(dst.shape) or t.dtype != dst.dtype:
+                problems.append(f"{name}: {t.dtype} {list(t.shape)}, the model has {dst.dtype} {list(dst.shape)}")
+            else:
+                dst.copy_(t, non_blocking=False)
+                nbytes += t.numel() * t.element_size()
+            seen.add(name)
+        lacking = [n for n in self._views if n not in seen]
+        if lacking:
+            problems.append(f"not sent ({len(lacking)}): " + ", ".join(lacking[:10]) + (" ..." if len(lacking) > 10
+                                                                                         else ""))
+        if problems:
+            raise RefitError(-20, f"send_weights(version {version}) of {self._refit_model().name}: nothing published: "
+                                  + "; ".join(problems[:20]), "send_weights")
+        t1 = time.perf_counter()
+        self._pub.publish(version)
+        self._published = version
+        self.metrics = {"refit/version": version, "refit/bytes": nbytes, "refit/copy_s": t1 - t0,
+                        "refit/publish_s": time.perf_counter() - t1}
+        return dict(self.metrics)
+
+    async def receive_weights(self, global_steps: Optional[int] = None):
+        if self._rx is None:
+            self._rx = self._endpoint(Receiver)
+        version = int(global_steps) if global_steps is not None else None
+        rep = await asyncio.to_thread(self._rx.pull, version, self.timeout_ms)
+        self.metrics = {"refit/version": rep.version, "refit/bytes": rep.bytes, "refit/transfer_ms": rep.transfer_ms,
+                        "refit/total_ms": rep.total_ms, "refit/transport": rep.transport}
+        for name, t in self._views.items():
+            yield name, t
+
+
+__all__ = ["RefitCheckpointEngine", "BACKEND_NAME", "HAVE_VERL"]
