@@ -406,8 +406,16 @@ fail:
 
 int bench_delta(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) /* --net: the engine end to end (tools/bench_net.c) */
-        if (!strcmp(argv[i], "--net") || !strncmp(argv[i], "--net=", 6)) return bench_delta_net(argc, argv);
+    /* The engine end to end (tools/bench_net.c), over netns unless --net shm;
+     * --net none: the delta data path in this process (encode, apply). */
+    int none = 0;
+    for (int i = 1; i < argc; i++)
+        if ((!strcmp(argv[i], "--net") && i + 1 < argc && !strcmp(argv[i + 1], "none")) || !strcmp(argv[i], "--net=none"))
+            none = i;
+    if (!none) return bench_delta_net(argc, argv);
+    int skip = strcmp(argv[none], "--net=none") ? 2 : 1;
+    for (int i = none; i + skip <= argc; i++) argv[i] = argv[i + skip]; /* argv[argc] is NULL */
+    argc -= skip;
     bopts_t o = {.model = "qwen3-30b-a3b-mini", .src = "megatron:ep=2", .dst = "vllm:tp=2", .fraction = 0.01,
                  .versions = 4, .threads = 1};
     int rc = parse_opts(argc, argv, &o);
