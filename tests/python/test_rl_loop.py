@@ -1,0 +1,51 @@
+"""The RL loop example (examples/grpo_ray/run.py) end to end, on Ray, with real megatron-core trainer ranks and a
+real vLLM (CPU) rollout: 3 steps, its KL gate, the swap-only comparison and the three bad inputs, asserted from
+the JSON it writes (not from its exit code alone).
+
+REFIT_RL_ARGS adds arguments (e.g. "--trainer ep=2 --registry redis"); REFIT_RL_JSON copies the JSON somewhere.
+"""
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+
+def test_rl_loop(tmp_path):
+    out = tmp_path / "rl"
+    extra = shlex.split(os.environ.get("REFIT_RL_ARGS", ""))
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "grpo_ray", "run.py"), "--steps", "3", "--out", str(out)]
+    r = subprocess.run(cmd + extra, timeout=1500)
+    res = json.load(open(out / "rl-loop.json"))
+    if os.environ.get("REFIT_RL_JSON"):
+        shutil.copy(out / "rl-loop.json", os.environ["REFIT_RL_JSON"])
+    steps = res["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    kl_max = res["config"]["kl_max"]
+    for s in steps:
+        # every step refitted through refit (2 trainer sources over shm) and passed the gate
+        assert s["refit_report"]["sources"] == 2 and s["refit_report"]["bytes"] > 0, s
+        assert 0 <= s["kl"] <= kl_max and 0 <= s["kl_native"] <= kl_max, s
+        assert abs(s["kl"] - s["kl_native"]) <= 1e-6 + 0.05 * s["kl_native"], s
+        # the KL is not trivially zero: two implementations (transformers, vLLM) in bf16 differ a little
+        assert s["trainer_vs_vllm_max_abs"] > 0, s
+        assert s["tokens"] > 0 and s["refit_s"] > 0 and s["swap_s"] > 0 and s["swap_load_s"] > 0, s
+    # the weights changed every step (the trainer's update reached vLLM)
+    assert all(s["reward"] >= 0 for s in steps[1:])
+    assert res["passed"] and res["gate_failures"] == []
+    assert r.returncode == 0
+    # the trainer's parameters are views into the published arena
+    assert all(t["all_params_in_arena"] for t in res["trainer"])
+    f = res["faults"]
+    assert f["rollout_before_trainer"]["weights_kept"] and "REFIT_ERR_TIMEOUT" in f["rollout_before_trainer"]["error"]
+    assert "no source of group trainer appeared" in f["rollout_before_trainer"]["error"]
+    assert f["rank_died_mid_publish"]["weights_kept"]
+    assert "nothing was written" in f["rank_died_mid_publish"]["error"]
+    assert any(k in f["rank_died_mid_publish"]["error"] for k in ("REFIT_ERR_MISSING_SOURCE", "REFIT_ERR_TIMEOUT"))
+    assert f["layout_mismatch"]["weights_kept"] and "REFIT_ERR_MISMATCH" in f["layout_mismatch"]["error"]
+    assert "in the destination" in f["layout_mismatch"]["error"]
+    assert os.path.getsize(out / "rl-loop.png") > 1000
