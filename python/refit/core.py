@@ -23,6 +23,18 @@ class RefitError(Exception):
         self.call = call
         super().__init__(f"{self.name}: {detail}" + (f" ({call})" if call else ""))
 
+    def __reduce__(self):
+        # Exceptions pickle as cls(*args) by default, which re-wraps the message in a subclass whose __init__
+        # differs (RefitVllmError's status became UNSUPPORTED after crossing a Ray actor boundary); rebuild from
+        # the fields instead, keeping subclass attributes (AdapterError's lists).
+        return (_rebuild_error, (type(self), self.status, self.detail, self.call), dict(self.__dict__))
+
+
+def _rebuild_error(cls, status, detail, call):
+    e = Exception.__new__(cls)
+    RefitError.__init__(e, status, detail, call)
+    return e
+
 
 def _check(status: int, call: str = ""):
     if status != 0:

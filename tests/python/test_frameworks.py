@@ -201,6 +201,18 @@ def test_nemo_rl_synchronizer(ckpt, tmp_path):
     s.shutdown()
 
 
+def test_refit_errors_cross_process_boundaries():
+    """Ray (and multiprocessing) pickle exceptions: a refit error must arrive with its own status and text (it
+    used to arrive re-wrapped as REFIT_ERR_UNSUPPORTED: REFIT_ERR_TIMEOUT: ...)."""
+    import pickle
+    from refit.adapters import AdapterError
+    from refit.vllm_backend import RefitVllmError
+    e = pickle.loads(pickle.dumps(RefitVllmError("update to version 3 failed", "update_weights", -42)))
+    assert type(e) is RefitVllmError and e.status == -42 and str(e).startswith("REFIT_ERR_TIMEOUT: update to")
+    a = pickle.loads(pickle.dumps(AdapterError("x", ["m"], ["u"], [])))
+    assert a.missing == ["m"] and a.unexpected == ["u"] and "missing (1): m" in str(a)
+
+
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
     nemo_trainer_main(a) if a.get("nemo") else actor_main(a)
