@@ -10,6 +10,7 @@
 #define REFIT_REFIT_H
 
 #include "refit/status.h"
+#include "refit/version.h"
 #include "refit/types.h"
 #include "refit/model.h"
 #include "refit/manifest.h"
@@ -22,10 +23,5 @@
 #include "refit/select.h"
 #include "refit/fp8.h"
 #include "refit/metrics.h"
-
-
-#define REFIT_VERSION_MAJOR 0
-#define REFIT_VERSION_MINOR 1
-#define REFIT_VERSION_PATCH 0
 
 #endif

@@ -1,10 +1,10 @@
 """refit: move LLM weights from trainer ranks (publishers) to inference ranks (receivers).
 
-A ctypes binding over librefit.so (no compiler at install time).  The library is found through
-$REFIT_LIBRARY, a librefit.so next to this package, or the build/ directory of the repository.
-See python/README.md.
+A ctypes binding over librefit.so.  `pip install ./python` builds a wheel that carries the library; it is
+found through $REFIT_LIBRARY, the librefit.so next to this package, the build/ directory of the repository
+(an editable install), or the system's loader path.  See docs/python.md.
 """
-from ._lib import library_path
+from ._lib import lib as _clib, library_path
 from .core import (DTYPES, HfSource, Layout, Local, Manifest, Model, Placement, Plan, PlanStats, Publisher,
                    PullReport, Receiver, RefitError, SafetensorsFile, Tensor, default_registry, torch_dtype,
                    wrap_memory)
@@ -12,5 +12,16 @@ from . import adapters, metrics
 
 __all__ = ["DTYPES", "HfSource", "Layout", "Local", "Manifest", "Model", "Placement", "Plan", "PlanStats",
            "Publisher", "PullReport", "Receiver", "RefitError", "SafetensorsFile", "Tensor", "adapters",
-           "default_registry", "library_path", "metrics", "torch_dtype", "wrap_memory"]
+           "default_registry", "features", "library_path", "metrics", "torch_dtype", "version", "wrap_memory"]
 __version__ = "0.1.0"
+
+
+def version() -> str:
+    """The version of the librefit.so this package loaded (refit_version())."""
+    return _clib.refit_version(None, None, None).decode()
+
+
+def features() -> list:
+    """The optional parts built into that library: a subset of ["shm", "ucx", "cuda", "redis"]."""
+    bits = _clib.refit_features()
+    return [_clib.refit_feature_name(1 << i).decode() for i in range(32) if bits >> i & 1]

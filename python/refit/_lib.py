@@ -1,9 +1,11 @@
 """Loading librefit.so and declaring its C API for ctypes.
 
-The library is looked for, in order: $REFIT_LIBRARY (a path to the .so), a
-librefit.so* next to this package (a wheel or an install that copied it), the
-build/ directory of the repository this package sits in (python/refit ->
-../../build/librefit.so), and finally the system's loader path.
+The library is looked for, in order: $REFIT_LIBRARY (a path to the .so: an
+override, which the tests use), the librefit.so next to this package (the one
+a wheel carries: `pip install ./python` builds it), the build/ directory of
+the repository this package sits in (python/refit -> ../../build/librefit.so:
+an editable install), and finally the system's loader path (an installed
+librefit.so.0).
 """
 import ctypes as C
 import os
@@ -84,6 +86,10 @@ _API = {
     "refit_status_message": (C.c_char_p, [C.c_int]),
     "refit_last_error": (C.c_char_p, []),
     "refit_clear_error": (None, []),
+    "refit_version": (C.c_char_p, [C.POINTER(C.c_int), C.POINTER(C.c_int), C.POINTER(C.c_int)]),
+    "refit_features": (C.c_uint, []),
+    "refit_feature_name": (C.c_char_p, [C.c_uint]),
+    "refit_now": (C.c_double, []),
     "refit_dtype_size": (C.c_size_t, [C.c_int]),
     "refit_dtype_name": (C.c_char_p, [C.c_int]),
     "refit_dtype_parse": (C.c_int, [C.c_char_p]),
@@ -204,8 +210,9 @@ def _load():
             fn.argtypes = args
         lib._refit_path = path
         return lib
-    raise ImportError("refit: librefit.so not found; set REFIT_LIBRARY or build the repository "
-                      "(scripts/build.sh). Tried: " + "; ".join(tried))
+    raise ImportError("refit: librefit.so not found; install the package with `pip install ./python` (it "
+                      "builds the library), set REFIT_LIBRARY, or build the repository (scripts/build.sh). "
+                      "Tried: " + "; ".join(tried))
 
 
 lib = _load()

@@ -4,6 +4,7 @@
 #define REFIT_UTIL_H
 
 #include "refit/status.h"
+#include "refit/version.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -88,9 +89,8 @@ static inline void refit_hasher_u64(refit_hasher_t *s, uint64_t v)
 void refit_hasher_bytes(refit_hasher_t *s, const void *data, size_t len);
 static inline uint64_t refit_hasher_done(const refit_hasher_t *s) { return refit_mix64(s->h ^ s->n); }
 
-/* Monotonic clock in seconds / nanoseconds. */
-double refit_now(void);
-uint64_t refit_now_ns(void);
+/* Monotonic clock in seconds / nanoseconds: refit_now(), refit_now_ns(),
+ * public in refit/version.h. */
 
 /* Runs fn(arg) on `threads` threads at once (0: one per CPU; at most 64),
  * the calling thread among them (fewer when a thread cannot be started),
