@@ -985,20 +985,50 @@ static char *throttle_all(const char *kind, uint32_t n, double mbps, uint32_t sl
 
 /* ---- fanout ---------------------------------------------------------------- */
 
-/* Runs n receivers (relay slots 0..n-1) pulling version 1 at once; results in res. */
-static bool fanout_phase(nb_opts_t *o, uint32_t n, result_t *res)
+/* This host's CPU time (all CPUs, from /proc/stat, in ticks): busy and total. */
+typedef struct {
+    unsigned long long busy, total;
+} cpu_ticks_t;
+
+static cpu_ticks_t cpu_ticks(void)
+{
+    cpu_ticks_t t = {0, 0};
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                    &v[7]) == 8) {
+        for (int i = 0; i < 8; i++) t.total += v[i];
+        t.busy = t.total - v[3] - v[4]; /* all but idle and iowait */
+    }
+    if (f) fclose(f);
+    return t;
+}
+
+/* Share of the host's CPU time that was busy between a and b (anything on
+ * the host counts: the figure says whether the CPUs, not the links, could
+ * have bounded a phase). */
+static double cpu_busy(cpu_ticks_t a, cpu_ticks_t b)
+{
+    return b.total > a.total ? (double)(b.busy - a.busy) / (double)(b.total - a.total) : 0;
+}
+
+/* Runs n receivers (relay slots 0..n-1) pulling version 1 at once; results in
+ * res; *busy: the host's CPU busy share while they pulled. */
+static bool fanout_phase(nb_opts_t *o, uint32_t n, result_t *res, double *busy)
 {
     fresh_registry(o);
     uint32_t P = world_of(o->src);
     child_t pubs[64], rc[16];
     bool ok = start_publishers(o, pubs, P, NULL, 1);
     for (uint32_t i = 0; i < n; i++) rc[i] = spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i), false, 0});
+    cpu_ticks_t c0 = cpu_ticks();
     for (uint32_t i = 0; i < n && ok; i++) send_cmd(&rc[i], "pull 1");
     for (uint32_t i = 0; i < n && ok; i++)
         if (!get_result(&rc[i], &res[i])) {
             fprintf(stderr, "refit bench: receiver %u: %s\n", i, res[i].list);
             ok = false;
         }
+    *busy = cpu_busy(c0, cpu_ticks());
     for (uint32_t i = 0; i < n; i++) stop(&rc[i], false);
     for (uint32_t k = 0; k < P; k++) stop(&pubs[k], false);
     rm_registry(o);
@@ -1036,7 +1066,8 @@ static int fanout_once(int argc, char **argv)
         }
     }
     result_t one[1], all[16];
-    bool ok1 = fanout_phase(&o, 1, one), okn = ok1 && fanout_phase(&o, o.receivers, all);
+    double busy1 = 0, busyn = 0;
+    bool ok1 = fanout_phase(&o, 1, one, &busy1), okn = ok1 && fanout_phase(&o, o.receivers, all, &busyn);
     netns_down(&o);
     if (!ok1) return tool_fail(REFIT_ERR_PEER, "bench fanout: single receiver");
     if (!okn) return tool_fail(REFIT_ERR_PEER, "bench fanout: fleet");
@@ -1054,6 +1085,8 @@ static int fanout_once(int argc, char **argv)
     metric(&j, "relay_egress_bytes", "%" PRIu64, relay);
     metric(&j, "trainer_egress_replicas", "%.3f", egress);
     metric(&j, "aggregate_gbps", "%.3f", (double)(trainer + relay) * 8 / tn / 1e9);
+    metric(&j, "cpu_busy_one", "%.3f", busy1);
+    metric(&j, "cpu_busy_all", "%.3f", busyn);
     result_json(&j, "receivers", all, o.receivers);
     char exp[64];
     snprintf(exp, sizeof(exp), "<= 1.1 (%u receivers vs one alone)", o.receivers);
@@ -1271,15 +1304,19 @@ static int elastic_once(int argc, char **argv)
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < N && ok; i++) ok &= get_result(&rcv[i], &v0[i]);
     ok = ok && publish_all(pubs, P, 2);
+    cpu_ticks_t c0 = cpu_ticks();
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 2");
     for (uint32_t i = 0; i < N && ok; i++) ok &= get_result(&rcv[i], &v1[i]);
+    double busy_base = cpu_busy(c0, cpu_ticks());
     /* Version 3: a joiner starts while the others pull. */
     ok = ok && publish_all(pubs, P, 3);
+    c0 = cpu_ticks();
     for (uint32_t i = 0; i < N && ok; i++) send_cmd(&rcv[i], "pull 3");
     rcv[N] = spawn(&o, &(role_t){false, 0, (int)N, th, net ? (int)(P + N) : -1, false, 0});
     double join_t0 = refit_now();
     send_cmd(&rcv[N], "pull 0");
     for (uint32_t i = 0; i <= N && ok; i++) ok &= get_result(&rcv[i], &v2[i]);
+    double busy_join = cpu_busy(c0, cpu_ticks());
     double join_s = v2[N].end - join_t0;
     /* Version 4: receiver 0 pulls first and serves; the others then read from
      * it (and the trainer), and it is killed a third of a pull into theirs. */
@@ -1320,6 +1357,8 @@ static int elastic_once(int argc, char **argv)
     metric(&j, "joiner_s", "%.4f", join_s);
     metric(&j, "joiner_holders", "\"%s\"", v2[N].list);
     metric(&j, "worst_slowdown_of_others_by_joiner", "%.4f", worst);
+    metric(&j, "cpu_busy_baseline", "%.3f", busy_base);
+    metric(&j, "cpu_busy_with_joiner", "%.3f", busy_join);
     metric(&j, "relay_killed_readers_failed_over", "%u", failovers);
     metric(&j, "receivers_completing_v3_after_kill", "%u", ok3);
     metric(&j, "last_completion_after_kill_s", "%.4f", worst_after_kill);
