@@ -30,12 +30,13 @@ soname=$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 # Every exported function or variable carries the refit_ prefix (none of the
 # internals); refit_now and refit_version are among them.
 syms=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}')
-echo "$syms" | grep -qx refit_now || fail "refit_now is not exported"
-echo "$syms" | grep -qx refit_version || fail "refit_version is not exported"
+grep -qx refit_now <<<"$syms" || fail "refit_now is not exported"
+grep -qx refit_version <<<"$syms" || fail "refit_version is not exported"
 stray=$(echo "$syms" | grep -v '^refit_' | grep -v '^_init$\|^_fini$' || true)
-[ -z "$stray" ] || fail "exported without the refit_ prefix: $(echo $stray | head -c 400)"
-"$prefix/bin/refit" version | grep -q "^refit $(grep -o '[0-9]*' <<<"$(sed -n 's/^#define REFIT_VERSION_\(MAJOR\|MINOR\|PATCH\) //p' "$prefix/include/refit/version.h")" | paste -sd.)" ||
-  fail "installed refit version"
+[ -z "$stray" ] || fail "exported without the refit_ prefix: ${stray:0:400}"
+version=$(sed -n 's/^#define REFIT_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$prefix/include/refit/version.h" | paste -sd.)
+out=$("$prefix/bin/refit" version) || fail "installed refit version"
+[[ $out == "refit $version "* ]] || fail "installed refit version says '$out', the headers $version"
 [ -f "$libdir/cmake/refit/refitConfig.cmake" ] && [ -f "$libdir/pkgconfig/refit.pc" ] || fail "package files missing"
 echo "installed: $(cd "$prefix" && find . -type f -o -type l | sort | tr '\n' ' ')"
 
@@ -45,10 +46,13 @@ cmake -S "$here" -B "$tmp/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_
 found=$(sed -n 's/^refit_DIR:PATH=//p' "$tmp/cmake/CMakeCache.txt")
 [ "$found" = "$libdir/cmake/refit" ] || fail "find_package found refit at '$found'"
 ninja -C "$tmp/cmake" >"$tmp/ninja.log" 2>&1 || { cat "$tmp/ninja.log"; fail "consumer build (cmake)"; }
-ldd "$tmp/cmake/consumer" | grep -q "librefit.so.0 => $libdir/" || fail "consumer does not load the installed librefit.so.0"
+# (ldd's output is captured first: grep -q stops reading early, and under pipefail a SIGPIPE'd ldd fails.)
+libs=$(ldd "$tmp/cmake/consumer")
+grep -q "librefit.so.0 => $libdir/" <<<"$libs" || fail "consumer does not load the installed librefit.so.0: $libs"
 "$tmp/cmake/consumer" || fail "consumer (cmake, shared)"
 if [ -x "$tmp/cmake/consumer_static" ]; then
-  ! ldd "$tmp/cmake/consumer_static" | grep -q librefit || fail "consumer_static loads librefit.so"
+  libs=$(ldd "$tmp/cmake/consumer_static")
+  ! grep -q librefit <<<"$libs" || fail "consumer_static loads librefit.so"
   "$tmp/cmake/consumer_static" >/dev/null || fail "consumer (cmake, static)"
   echo "cmake: shared and static consumers passed"
 else
@@ -61,6 +65,7 @@ export PKG_CONFIG_PATH=$libdir/pkgconfig PKG_CONFIG_LIBDIR=$libdir/pkgconfig:/us
 # shellcheck disable=SC2046,SC2086
 cc -std=c11 -Wall -Wextra -Werror $extra "$here/consumer.c" -o "$tmp/consumer_pc" $(pkg-config --cflags --libs refit) \
    -Wl,-rpath,"$libdir" || fail "consumer build (pkg-config)"
-ldd "$tmp/consumer_pc" | grep -q "librefit.so.0 => $libdir/" || fail "consumer_pc does not load the installed librefit.so.0"
+libs=$(ldd "$tmp/consumer_pc")
+grep -q "librefit.so.0 => $libdir/" <<<"$libs" || fail "consumer_pc does not load the installed librefit.so.0: $libs"
 "$tmp/consumer_pc" || fail "consumer (pkg-config)"
 echo "test_install: OK"
