@@ -196,6 +196,7 @@ def plot(res, path):
     ax[0].plot(steps, [s["refit_s"] * 1e3 for s in res["steps"]], "o-", label="refit (refit backend)")
     if all("swap_s" in s for s in res["steps"]):
         ax[0].plot(steps, [s["swap_s"] * 1e3 for s in res["steps"]], "s--", label="swap-only (gather + load_weights)")
+    ax[0].set_xticks(steps)
     ax[0].set_xlabel("step")
     ax[0].set_ylabel("ms")
     ax[0].set_title("weight update time per step")
@@ -207,6 +208,7 @@ def plot(res, path):
             ax[1].plot(steps, [max(y, 1e-12) for y in ys], mark, label=lab)
     ax[1].axhline(KL_MAX, color="grey", lw=0.8, ls="--", label=f"gate {KL_MAX:g}")
     ax[1].set_yscale("log")
+    ax[1].set_xticks(steps)
     ax[1].set_xlabel("step")
     ax[1].set_title("KL (k3) of the sampled tokens")
     ax[1].legend(fontsize=8)
@@ -413,7 +415,9 @@ def main(argv=None):
             rows.append(f"{step:>4} {version:>7} {rec['refit_s']:>8.3f} {rec.get('swap_s', float('nan')):>8.3f} "
                         f"{rec['kl']:>10.2e} {rec['kl_native']:>10.2e} {rec.get('kl_swap', float('nan')):>10.2e} "
                         f"{rec['refit_vs_native_max_abs']:>14.2e} {rec.get('reward', float('nan')):>7.3f}")
-            log(hdr if step == 0 else "", "\n" + rows[-1] if step else rows[-1])
+            if step == 0:
+                print(hdr, flush=True)
+            print(rows[-1], flush=True)
 
         # ---- fault 2: a trainer rank dies mid-publish (rank 0 publishes the next version, rank 1 dies first)
         if not args.no_faults:
