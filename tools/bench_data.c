@@ -1,4 +1,4 @@
-/* refit bench scenarios: delta, partial, fp8 (fleet data features, issue 5).
+/* refit bench scenarios: delta, partial, fp8 (fleet data features).
  *
  * Each runs on one host with processes and shared memory: publisher
  * processes hold the source ranks' memory in shared mappings (what the shm

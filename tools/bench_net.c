@@ -1,4 +1,4 @@
-/* refit bench scenarios for the fleet (issue 5): fanout, elastic, straggler,
+/* refit bench scenarios for the fleet: fanout, elastic, straggler,
  * egress.  Each runs on one host: publishers and receivers are child
  * processes of this binary (shm transport, file registry), driven over pipes;
  * every child reports refit_now() (CLOCK_MONOTONIC) times, so spans are

@@ -1,5 +1,5 @@
 /* Fleet transfers: one receiver's plan executed as chunks that any holder of
- * the same bytes may serve (issue 5: relays, failover, stragglers, egress).
+ * the same bytes may serve (relays, failover, stragglers, egress).
  *
  * A plan reads each destination byte from one planned source.  Other holders
  * of the same bytes are found without planning again:

@@ -1,5 +1,5 @@
 /* Relays: a receiver that committed a version serves it to receivers of the
- * same layout and rank (issue 5).
+ * same layout and rank.
  *
  * Registry: relay slot S of receiver rank K of source group G is a source
  * group of its own, "G.relay.rK.sS", with one rank (0) whose manifest is the

@@ -55,7 +55,7 @@ static const refit_model_spec_t g_specs[] = {
      .kv_heads = 8, .intermediate = 96, .experts = 8, .moe_intermediate = 16, .shared_experts = 1,
      .first_dense = 1, .vocab = 997, .router_bias = true, .q_lora_rank = 32, .kv_lora_rank = 16,
      .qk_nope_dim = 8, .qk_rope_dim = 4, .v_head_dim = 8},
-    /* FP8 targets (issue 5): every linear dimension a multiple of 128, so
+    /* FP8 targets: every linear dimension a multiple of 128, so
      * 128x128 blocks align with vLLM tp=2 shards (head_dim 128, 2 kv heads,
      * expert width 256).  tiny-fp8 for tests; qwen3-fp8-mini (~0.4 GB) for the bench. */
     {.name = "tiny-fp8", .arch = REFIT_ARCH_MOE, .dtype = BF16, .hidden = 256, .layers = 2, .heads = 4,

@@ -1,4 +1,4 @@
-/* Layout strings, geometry rules, and the layout facts of DESIGN.md checked
+/* Layout strings, geometry rules, and the layout facts of docs/layouts.md checked
  * placement by placement on small models. */
 #include "testutil.h"
 
