@@ -37,7 +37,7 @@ def init_parallel(rank: int, world: int, tp: int, ep: int, addr: str = "127.0.0.
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
 
 
-def build(hf_config: dict, tp: int, ep: int, seed: int = 1234):
+def build(hf_config: dict, tp: int, ep: int, seed: int = 1234, dispatcher: str = "allgather"):
     """A Megatron-Core GPTModel (local spec, CPU, bf16) of a Qwen3-MoE or Qwen3 Hugging Face config dict."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -58,7 +58,7 @@ def build(hf_config: dict, tp: int, ep: int, seed: int = 1234):
         # alltoall (the default) allocates a CUDA stream in its constructor; allgather builds on the CPU.
         kw.update(num_moe_experts=experts, moe_router_topk=c["num_experts_per_tok"],
                   moe_ffn_hidden_size=c["moe_intermediate_size"], moe_grouped_gemm=False,
-                  moe_token_dispatcher_type="allgather")
+                  moe_token_dispatcher_type=dispatcher)
     cfg = TransformerConfig(**kw)
     spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False, qk_layernorm=True,
                                     normalization="RMSNorm")

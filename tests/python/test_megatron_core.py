@@ -62,6 +62,13 @@ def rank_main(args):
     model = mcore.build(hf_cfg, tp, ep)
     rmodel = refit.Model(args["model"])
     out = {"rank": rank}
+    # Finding (megatron-core 0.16.1): the default MoE token dispatcher (alltoall) allocates a CUDA stream in its
+    # constructor, so the model does not build on the CPU; allgather does.  Re-checked here.
+    try:
+        mcore.build(hf_cfg, tp, ep, dispatcher="alltoall")
+        out["alltoall"] = "built"
+    except Exception as e:
+        out["alltoall"] = f"{type(e).__name__}: {e}"
     if True:  # refusals first (nothing is bound by a refused call)
         from megatron.core.transformer.module import Float16Module  # noqa: F401
         raw = model.module  # the GPTModel inside Float16Module, cast back to fp32 norms
@@ -190,6 +197,7 @@ def test_live_gptmodel_publishes(tmp_path, model_dir, tp, ep, spec):
         # refusals: fp32 norms (no Float16Module) and another geometry, each naming the tensors
         assert "mis-shaped or wrong dtype" in r["fp32"] and "layer_norm_weight: parameter f32" in r["fp32"], r["fp32"]
         assert "mis-shaped" in r["geometry"] and "linear_qkv.weight" in r["geometry"], r["geometry"]
+        assert "CUDA" in r["alltoall"] and "MoELayer" in r["alltoall"], r["alltoall"]
 
 
 if __name__ == "__main__":
