@@ -465,6 +465,8 @@ def main(argv=None):
     for s in steps:
         if not s["kl"] <= KL_MAX:
             fails.append(f"step {s['step']}: kl {s['kl']:.3g} > {KL_MAX}")
+        if not s["kl_native"] <= KL_MAX:
+            fails.append(f"step {s['step']}: kl_native {s['kl_native']:.3g} > {KL_MAX}")
         if not abs(s["kl"] - s["kl_native"]) <= KL_ABS + AGREE_REL * s["kl_native"]:
             fails.append(f"step {s['step']}: kl {s['kl']:.3g} and kl_native {s['kl_native']:.3g} disagree")
     if len(steps) > 2 and steps[-1]["kl"] > max(10 * max(s["kl"] for s in steps[:2]), KL_ABS * 10):
