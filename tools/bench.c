@@ -17,6 +17,9 @@
  *      it, unpack into the destination layout, verified.
  * Prints one JSON object (and writes it to --out).
  *
+ * refit bench --scenario colocated (bench_colocated below): everything on
+ * one GPU against a device-to-device copy of the same bytes.
+ *
  *   refit gpus: the CUDA devices here as JSON (count 0 without any). */
 #include <errno.h>
 #include <getopt.h>
@@ -129,8 +132,9 @@ static double jnum(const refit_json_t *o, const char *k)
 }
 #endif
 
-/* The GPU scenario (this file). */
+/* The GPU scenarios (this file). */
 static int bench_gpu(int argc, char **argv);
+static int bench_colocated(int argc, char **argv);
 
 /* Fleet scenarios live in their own files (tools/bench_net.c, tools/bench_data.c). */
 static const struct {
@@ -139,6 +143,7 @@ static const struct {
 } g_scenarios[] = {
     {"gpu", bench_gpu},           {"fanout", bench_fanout}, {"elastic", bench_elastic}, {"straggler", bench_straggler},
     {"egress", bench_egress},     {"delta", bench_delta},   {"partial", bench_partial}, {"fp8", bench_fp8},
+    {"colocated", bench_colocated},
 };
 
 int cmd_bench(int argc, char **argv)
@@ -150,7 +155,7 @@ int cmd_bench(int argc, char **argv)
     }
     for (size_t k = 0; scenario && k < sizeof(g_scenarios) / sizeof(g_scenarios[0]); k++)
         if (!strcmp(g_scenarios[k].name, scenario)) return g_scenarios[k].run(argc, argv);
-    return tool_usage("bench", "--scenario is one of gpu, fanout, elastic, straggler, egress, delta, partial, fp8");
+    return tool_usage("bench", "--scenario is one of gpu, colocated, fanout, elastic, straggler, egress, delta, partial, fp8");
 }
 
 static int bench_gpu(int argc, char **argv)
@@ -361,5 +366,209 @@ static int bench_gpu(int argc, char **argv)
     refit_json_free(demo);
     free(demo_out);
     return verified && !bst ? 0 : 1;
+#endif
+}
+
+/* refit bench --scenario colocated: publishers and receivers on ONE GPU (the
+ * deployment of NeMo-RL and veRL, training and generation sharing GPUs).
+ * For each --dst layout (default vllm:tp=1 and vllm:tp=2), in one run:
+ *   1. refit, first refit prepared: `refit demo --prepare` over cuda_ipc,
+ *      --src-device = --dst-device; each receiver calls
+ *      refit_receiver_prepare (plan, open IPC handles) when the sources have
+ *      published, then pulls.  refit_s = the steady span (median of
+ *      versions 2..K), first_refit_s = version 1's span, prepare_s = what
+ *      the preparation took (before the first pull);
+ *   2. the same without --prepare: the cold first refit, handles opened in
+ *      the first pull (cold_first_refit_s, handle_open_ms);
+ *   3. the limit: a device-to-device cudaMemcpyAsync of the same number of
+ *      bytes on that GPU (and the batch copy kernel on them as one region),
+ *      digest-checked.
+ * limit_ratio = refit_s / d2d_copy_s (target <= 1.15), first_refit_ratio =
+ * first_refit_s / refit_s (target <= 2).  Every refit byte is verified on
+ * the GPU by the demo's receivers. */
+static int bench_colocated(int argc, char **argv)
+{
+    const char *model = "qwen3-30b-a3b", *src = "megatron:ep=2", *out_path = NULL, *topts = NULL;
+    const char *dsts[8];
+    int ndst = 0;
+    uint64_t dev = 0, cycles = 6, iters = 5, timeout_s = 600;
+    bool no_cold = false;
+    enum { C_SCENARIO = 1, C_MODEL, C_SRC, C_DST, C_DEV, C_CYCLES, C_ITERS, C_OUT, C_TOPTS, C_TIMEOUT, C_NO_COLD };
+    static const struct option opts[] = {
+        {"scenario", required_argument, 0, C_SCENARIO}, {"model", required_argument, 0, C_MODEL},
+        {"src", required_argument, 0, C_SRC},           {"dst", required_argument, 0, C_DST},
+        {"device", required_argument, 0, C_DEV},        {"cycles", required_argument, 0, C_CYCLES},
+        {"iters", required_argument, 0, C_ITERS},       {"out", required_argument, 0, C_OUT},
+        {"transport-options", required_argument, 0, C_TOPTS}, {"timeout-s", required_argument, 0, C_TIMEOUT},
+        {"no-cold", no_argument, 0, C_NO_COLD},         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        uint64_t *num = NULL;
+        switch (c) {
+        case C_SCENARIO: break;
+        case C_MODEL: model = optarg; break;
+        case C_SRC: src = optarg; break;
+        case C_DST:
+            if (ndst == 8) return tool_usage("bench", "at most 8 --dst");
+            dsts[ndst++] = optarg;
+            break;
+        case C_OUT: out_path = optarg; break;
+        case C_TOPTS: topts = optarg; break;
+        case C_NO_COLD: no_cold = true; break;
+        case C_DEV: num = &dev; break;
+        case C_CYCLES: num = &cycles; break;
+        case C_ITERS: num = &iters; break;
+        case C_TIMEOUT: num = &timeout_s; break;
+        default: return tool_usage("bench", "unknown option");
+        }
+        if (num && tool_parse_u64(optarg, num)) return tool_usage("bench", "numeric options take non-negative integers");
+    }
+    if (optind < argc) return tool_usage("bench", "unexpected argument");
+    if (!ndst) dsts[ndst++] = "vllm:tp=1", dsts[ndst++] = "vllm:tp=2";
+    if (cycles < 2 || cycles > 100 || iters < 1 || iters > 32 || dev > 64)
+        return tool_usage("bench", "--cycles 2..100, --iters 1..32");
+#ifndef REFIT_HAVE_CUDA
+    (void)out_path;
+    (void)topts;
+    (void)no_cold;
+    (void)model;
+    (void)src;
+    fprintf(stderr, "refit bench: this refit was built without CUDA\n");
+    return 77;
+#else
+    if (refit_gpu_count() < 1) {
+        fprintf(stderr, "refit bench: no CUDA device here\n");
+        return 1;
+    }
+    char cmdline[2048] = "refit bench";
+    for (int i = 1; i < argc; i++) {
+        size_t l = strlen(cmdline);
+        snprintf(cmdline + l, sizeof(cmdline) - l, " %s", argv[i]);
+    }
+    char *res = NULL;
+    size_t rlen = 0;
+    FILE *f = open_memstream(&res, &rlen);
+    if (!f) return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "bench"), "bench");
+    char host[128] = "", date[64] = "", ncyc[32], sdev[16], tmo[32];
+    gethostname(host, sizeof(host) - 1);
+    time_t now = time(NULL);
+    strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    snprintf(ncyc, sizeof(ncyc), "%" PRIu64, cycles);
+    snprintf(sdev, sizeof(sdev), "%" PRIu64, dev);
+    snprintf(tmo, sizeof(tmo), "%" PRIu64, timeout_s);
+    fprintf(f, "{\"scenario\":\"colocated\",\"command\":");
+    tool_json_string(f, cmdline);
+    fprintf(f, ",\"date\":\"%s\",\"host\":", date);
+    tool_json_string(f, host);
+    fprintf(f, ",\"model\":");
+    tool_json_string(f, model);
+    fprintf(f, ",\"src\":");
+    tool_json_string(f, src);
+    fprintf(f, ",\"device\":%" PRIu64 ",\"runs\":[", dev);
+    bool all_verified = true;
+    double worst_limit = 0, worst_first = 0;
+    int rc = 0;
+    for (int di = 0; di < ndst; di++) {
+        const char *dst = dsts[di];
+        char *outs[2] = {NULL, NULL};
+        refit_json_t *demo[2] = {NULL, NULL};
+        bool ok[2] = {false, false};
+        for (int cold = 0; cold < (no_cold ? 1 : 2); cold++) {
+            char *args[40];
+            int a = 0;
+            args[a++] = "refit", args[a++] = "demo", args[a++] = "--json";
+            args[a++] = "--model", args[a++] = (char *)model, args[a++] = "--src", args[a++] = (char *)src;
+            args[a++] = "--dst", args[a++] = (char *)dst, args[a++] = "--transport", args[a++] = "cuda_ipc";
+            args[a++] = "--src-device", args[a++] = sdev, args[a++] = "--dst-device", args[a++] = sdev;
+            args[a++] = "--cycles", args[a++] = cold ? "3" : ncyc, args[a++] = "--timeout-s", args[a++] = tmo;
+            if (!cold) args[a++] = "--prepare";
+            if (topts) args[a++] = "--transport-options", args[a++] = (char *)topts;
+            args[a] = NULL;
+            fprintf(stderr, "refit bench: colocated %s -> %s on GPU %s%s\n", src, dst, sdev,
+                    cold ? ", cold first refit (no --prepare)" : ", receivers prepared");
+            int status = 0;
+            outs[cold] = run_capture(args, &status);
+            const char *js = outs[cold] ? strchr(outs[cold], '{') : NULL;
+            if (!js || refit_json_parse(js, strlen(js), &demo[cold])) {
+                fprintf(stderr, "refit bench: the refit phase printed no result (status %d)\n", status);
+                demo[cold] = NULL;
+            }
+            if (demo[cold]) refit_json_bool(refit_json_get(demo[cold], "verified"), &ok[cold]);
+        }
+        double refit_s = demo[0] ? jnum(demo[0], "steady_span_ms") / 1e3 : 0;
+        double xfer_s = demo[0] ? jnum(demo[0], "steady_transfer_ms") / 1e3 : 0;
+        double prepare_s = demo[0] ? jnum(demo[0], "prepare_ms") / 1e3 : 0;
+        int64_t bytes = 0;
+        if (demo[0]) refit_json_int(refit_json_get(demo[0], "bytes_per_cycle"), &bytes);
+        const refit_json_t *pc = demo[0] ? refit_json_get(demo[0], "per_cycle") : NULL;
+        double first_s = refit_json_len(pc) ? jnum(refit_json_at(pc, 0), "span_ms") / 1e3 : 0;
+        double first_connect = refit_json_len(pc) ? jnum(refit_json_at(pc, 0), "connect_ms") : 0;
+        const refit_json_t *pcc = demo[1] ? refit_json_get(demo[1], "per_cycle") : NULL;
+        double cold_s = refit_json_len(pcc) ? jnum(refit_json_at(pcc, 0), "span_ms") / 1e3 : 0;
+        double cold_open = refit_json_len(pcc) ? jnum(refit_json_at(pcc, 0), "connect_ms") : 0;
+        double cold_steady = demo[1] ? jnum(demo[1], "steady_span_ms") / 1e3 : 0;
+        refit_gpu_d2d_t d;
+        memset(&d, 0, sizeof(d));
+        char derr[512] = "";
+        refit_status_t dst_st = REFIT_ERR_UNSUPPORTED;
+        if (bytes > 0) {
+            fprintf(stderr, "refit bench: limit: device-to-device copy of %" PRId64 " bytes on GPU %s\n", bytes, sdev);
+            dst_st = refit_gpu_d2d_baseline((int)dev, (uint64_t)bytes, (uint32_t)iters, &d);
+            if (dst_st) snprintf(derr, sizeof(derr), "%s: %s", refit_status_name(dst_st), refit_last_error());
+        } else snprintf(derr, sizeof(derr), "no refit result: no byte count to copy");
+        double limit = d.copy_s > 0 && refit_s > 0 ? refit_s / d.copy_s : 0;
+        double first_ratio = refit_s > 0 ? first_s / refit_s : 0;
+        bool verified = ok[0] && (no_cold || ok[1]) && !dst_st;
+        all_verified &= verified;
+        if (!verified) rc = 1;
+        worst_limit = limit > worst_limit ? limit : worst_limit;
+        worst_first = first_ratio > worst_first ? first_ratio : worst_first;
+        fprintf(f, "%s{\"dst\":", di ? "," : "");
+        tool_json_string(f, dst);
+        fprintf(f,
+                ",\"bytes\":%" PRId64 ",\"refit_s\":%.6f,\"refit_gbps\":%.2f,\"refit_transfer_s\":%.6f,"
+                "\"d2d_copy_s\":%.6f,\"d2d_copy_gbps\":%.2f,\"d2d_bytes\":%" PRIu64 ",\"copy_kernel_s\":%.6f,"
+                "\"copy_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"limit_ratio_ok\":%s,"
+                "\"first_refit_s\":%.6f,\"first_refit_ratio\":%.4f,\"first_refit_ok\":%s,\"first_connect_ms\":%.3f,"
+                "\"prepare_s\":%.6f,\"cold_first_refit_s\":%.6f,\"cold_handle_open_ms\":%.3f,\"cold_steady_refit_s\":%.6f,"
+                "\"cold_first_refit_ratio\":%.4f,\"refit_verified\":%s,\"d2d_verified\":%s,\"verified\":%s,\"d2d_error\":",
+                bytes, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, xfer_s, d.copy_s,
+                d.copy_s > 0 ? d.bytes / d.copy_s / 1e9 : 0, d.bytes, d.kernel_s, d.kernel_s > 0 ? d.bytes / d.kernel_s / 1e9 : 0,
+                limit, limit > 0 && limit <= 1.15 ? "true" : "false", first_s, first_ratio,
+                first_ratio > 0 && first_ratio <= 2 ? "true" : "false", first_connect, prepare_s, cold_s, cold_open,
+                cold_steady, cold_steady > 0 ? cold_s / cold_steady : 0, ok[0] && (no_cold || ok[1]) ? "true" : "false",
+                !dst_st ? "true" : "false", verified ? "true" : "false");
+        tool_json_string(f, derr);
+        fprintf(f, ",\"d2d_copy_runs_s\":[");
+        for (uint32_t i = 0; i < d.iters && d.copy_s > 0; i++) fprintf(f, "%s%.6f", i ? "," : "", d.copy_runs[i]);
+        const char *js0 = outs[0] ? strchr(outs[0], '{') : NULL, *js1 = outs[1] ? strchr(outs[1], '{') : NULL;
+        fprintf(f, "],\"refit\":%s,\"refit_cold\":%s}", js0 && demo[0] ? js0 : "null", js1 && demo[1] ? js1 : "null");
+        fprintf(stderr,
+                "refit bench (colocated): %s -> %s, %.2f GB\n"
+                "  refit      %.4f s (%.1f GB/s)  first refit %.4f s (prepared in %.3f s before it; cold: %.4f s, handles %.1f ms)\n"
+                "  d2d copy   %.4f s (%.1f GB/s; copy kernel alone %.4f s)\n"
+                "  limit_ratio %.3f (target <= 1.15)  first_refit_ratio %.3f (target <= 2)  %s\n",
+                src, dst, bytes / 1e9, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, first_s, prepare_s, cold_s, cold_open,
+                d.copy_s, d.copy_s > 0 ? d.bytes / d.copy_s / 1e9 : 0, d.kernel_s, limit, first_ratio,
+                verified ? "verified" : "NOT VERIFIED");
+        for (int k = 0; k < 2; k++) {
+            refit_json_free(demo[k]);
+            free(outs[k]);
+        }
+    }
+    fprintf(f, "],\"limit_ratio\":%.4f,\"first_refit_ratio\":%.4f,\"limit_ratio_ok\":%s,\"first_refit_ok\":%s,\"verified\":%s}\n",
+            worst_limit, worst_first, worst_limit > 0 && worst_limit <= 1.15 ? "true" : "false",
+            worst_first > 0 && worst_first <= 2 ? "true" : "false", all_verified ? "true" : "false");
+    fclose(f);
+    for (size_t i = 0; i + 1 < rlen; i++)
+        if (res[i] == '\n') res[i] = ' ';
+    fputs(res, stdout);
+    if (out_path) {
+        FILE *o = fopen(out_path, "w");
+        if (!o || fputs(res, o) < 0 || fclose(o) != 0) fprintf(stderr, "refit bench: cannot write %s\n", out_path);
+    }
+    free(res);
+    return rc;
 #endif
 }

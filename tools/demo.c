@@ -115,6 +115,8 @@ static double num(const refit_json_t *o, const char *k)
     return d;
 }
 
+static double g_prepare_ms; /* the slowest receiver's refit_receiver_prepare (--prepare), 0 without */
+
 static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t first, uint64_t ncycles, char *transport,
                         size_t tsize, char *lanes, size_t lsize, bool *failed)
 {
@@ -175,6 +177,8 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             cy->fill_ms = REFIT_MAX(cy->fill_ms, num(o, "fill_ms"));
             cy->pub_digest_ms = REFIT_MAX(cy->pub_digest_ms, num(o, "digest_ms"));
         }
+    } else if (ev && !strcmp(ev, "prepared")) {
+        g_prepare_ms = REFIT_MAX(g_prepare_ms, num(o, "prepare_ms"));
     } else if (ev && !strcmp(ev, "failed")) {
         const char *e = refit_json_string(refit_json_get(o, "error"), &len);
         fprintf(stderr, "refit demo: receiver %u failed: %s\n", c->rank, e ? e : "?");
@@ -257,13 +261,13 @@ int cmd_demo(int argc, char **argv)
 {
     const char *model_name = "qwen3-30b-a3b-mini", *src_spec = "megatron:ep=8", *dst_spec = "vllm:tp=2";
     const char *transport = "shm", *registry = NULL, *mode = "in-place", *topts = NULL;
-    bool no_digest = false;
+    bool no_digest = false, prepare = false;
     int64_t src_device = -1, dst_device = -1;
     uint64_t cycles = 5, timeout_s = 900, threads = 0, replicas = 1;
     bool json = false;
     const char *delta = NULL;
     enum { D_MODEL = 1, D_SRC, D_DST, D_CYCLES, D_TRANSPORT, D_REGISTRY, D_JSON, D_TIMEOUT, D_THREADS, D_MODE,
-           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS, D_DELTA, D_NO_DIGEST };
+           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS, D_DELTA, D_NO_DIGEST, D_PREPARE };
     static const struct option opts[] = {
         {"model", required_argument, 0, D_MODEL},         {"src", required_argument, 0, D_SRC},
         {"dst", required_argument, 0, D_DST},             {"cycles", required_argument, 0, D_CYCLES},
@@ -273,6 +277,7 @@ int cmd_demo(int argc, char **argv)
         {"replicas", required_argument, 0, D_REPLICAS},   {"src-device", required_argument, 0, D_SRC_DEVICE},
         {"dst-device", required_argument, 0, D_DST_DEVICE}, {"transport-options", required_argument, 0, D_TOPTS},
         {"delta", required_argument, 0, D_DELTA},         {"no-digest", no_argument, 0, D_NO_DIGEST},
+        {"prepare", no_argument, 0, D_PREPARE},
         {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -297,6 +302,7 @@ int cmd_demo(int argc, char **argv)
             break;
         case D_TOPTS: topts = optarg; break;
         case D_NO_DIGEST: no_digest = true; break;
+        case D_PREPARE: prepare = true; break;
         case D_DELTA: {
             char *end;
             double f = strtod(optarg, &end);
@@ -426,7 +432,7 @@ int cmd_demo(int argc, char **argv)
         uint32_t rank = rx ? (i - P) % dst_world : i;
         snprintf(rankbuf[i], sizeof(rankbuf[i]), "%u", rank);
         if (rx) snprintf(readers[i], sizeof(readers[i]), "demo-replica%u-rank%u", (i - P) / dst_world, rank);
-        char *args[40];
+        char *args[48];
         int a = 0;
         args[a++] = "refit";
         args[a++] = rx ? "pull" : "publish";
@@ -443,6 +449,7 @@ int cmd_demo(int argc, char **argv)
         if ((rx ? dst_device : src_device) >= 0) args[a++] = "--device", args[a++] = rx ? ddev : sdev;
         if (delta) args[a++] = "--delta", args[a++] = (char *)delta;
         if (no_digest) args[a++] = "--no-digest";
+        if (prepare && rx) args[a++] = "--prepare";
         if (rx) {
             args[a++] = "--verify";
             args[a++] = "--threads", args[a++] = nthreads;
@@ -565,11 +572,11 @@ int cmd_demo(int argc, char **argv)
                "\"steady_span_ms\":%.3f,\"steady_transfer_ms\":%.3f,\"steady_publish_to_commit_ms\":%.3f,"
                "\"steady_digest_ms\":%.3f,\"digest_vs_transfer\":%.3f,\"steady_publisher_digest_ms\":%.3f,"
                "\"digest_bytes_per_cycle\":%" PRIu64 ",\"unverified_bytes_per_cycle\":%" PRIu64 ","
-               "\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64 ",\"transport\":",
+               "\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64 ",\"prepare_ms\":%.3f,\"transport\":",
                verified ? "true" : "false", cycles, bytes_per_cycle, steady_ctrl, steady_gbps, memcpy_gbps,
                memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0, steady_span, steady_xfer, steady_p2c, steady_dig,
                steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
-               cy[cycles - 1].unverified_bytes, src_device, dst_device);
+               cy[cycles - 1].unverified_bytes, src_device, dst_device, g_prepare_ms);
         tool_json_string(stdout, used_transport[0] ? used_transport : transport);
         printf(",\"lanes\":");
         tool_json_string(stdout, lanes);

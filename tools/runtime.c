@@ -26,13 +26,13 @@ typedef struct {
     const char *from_st, *dump; /* publish --from-safetensors DIR, pull --dump DIR */
     uint64_t rank, versions, first, acks, timeout_ms, threads, hold_ms, lease_ms, dead_ms;
     int device; /* -1: host memory */
-    bool snapshot, json, verify, newest, no_delta, no_digest;
+    bool snapshot, json, verify, newest, no_delta, no_digest, prepare;
     double delta; /* publish: delta mode, this share of elements changing per version; pull: the truth's share */
 } rt_opts_t;
 
 enum { O_MODEL = 1, O_LAYOUT, O_RANK, O_REGISTRY, O_JOB, O_GROUP, O_TRANSPORTS, O_TOPTS, O_MODE, O_VERSIONS,
        O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD,
-       O_DEVICE, O_FROM_ST, O_DUMP, O_DELTA, O_NO_DELTA, O_NO_DIGEST };
+       O_DEVICE, O_FROM_ST, O_DUMP, O_DELTA, O_NO_DELTA, O_NO_DIGEST, O_PREPARE };
 
 static const struct option g_rt_opts[] = {
     {"model", required_argument, 0, O_MODEL},       {"layout", required_argument, 0, O_LAYOUT},
@@ -48,7 +48,7 @@ static const struct option g_rt_opts[] = {
     {"dead-ms", required_argument, 0, O_DEAD},      {"device", required_argument, 0, O_DEVICE},
     {"from-safetensors", required_argument, 0, O_FROM_ST}, {"dump", required_argument, 0, O_DUMP},
     {"delta", required_argument, 0, O_DELTA},       {"no-delta", no_argument, 0, O_NO_DELTA},
-    {"no-digest", no_argument, 0, O_NO_DIGEST},
+    {"no-digest", no_argument, 0, O_NO_DIGEST},     {"prepare", no_argument, 0, O_PREPARE},
     {0, 0, 0, 0}};
 
 static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
@@ -86,6 +86,7 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
         }
         case O_NO_DELTA: o->no_delta = true; break;
         case O_NO_DIGEST: o->no_digest = true; break;
+        case O_PREPARE: o->prepare = true; break;
         case O_JSON: o->json = true; break;
         case O_VERIFY: o->verify = true; break;
         case O_NEWEST: o->newest = true; break;
@@ -117,6 +118,7 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
     }
     if (o->dump && strcmp(cmd, "pull")) return tool_usage(cmd, "--dump is a pull option");
     if (o->no_delta && strcmp(cmd, "pull")) return tool_usage(cmd, "--no-delta is a pull option");
+    if (o->prepare && strcmp(cmd, "pull")) return tool_usage(cmd, "--prepare is a pull option");
     if (o->delta > 0 && (o->from_st || o->device >= 0))
         return tool_usage(cmd, "--delta needs host memory filled with the synthetic truth");
     if (!o->model || !o->layout) return tool_usage(cmd, "--model and --layout are required");
@@ -318,6 +320,16 @@ int cmd_pull(int argc, char **argv)
     if ((st = refit_receiver_alloc(r, 0, &base))) {
         rc = tool_fail(st, "memory");
         goto out;
+    }
+    if (o.prepare) { /* plan and connect (open IPC handles) before the first pull */
+        double ms = 0;
+        if ((st = refit_receiver_prepare(r, (int)o.timeout_ms, &ms))) {
+            rc = tool_fail(st, "prepare");
+            goto out;
+        }
+        if (o.json) printf("{\"event\":\"prepared\",\"rank\":%" PRIu64 ",\"prepare_ms\":%.3f}\n", o.rank, ms);
+        else printf("rank %" PRIu64 " prepared in %.1f ms\n", o.rank, ms);
+        fflush(stdout);
     }
     for (uint64_t i = 0; i < o.versions; i++) {
         refit_pull_report_t rep;

@@ -245,6 +245,17 @@ typedef struct {
  * (a manifest in the registry) - each with a detail. */
 REFIT_API refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t version, int timeout_ms,
                                              refit_pull_report_t *report);
+/* Gets ready for the first pull without moving bytes (optional): waits up
+ * to timeout_ms for every source rank to have published, reads their
+ * manifests, plans, and connects to the sources the plan reads (cuda_ipc:
+ * opens their IPC handles, the bulk of a first refit's cost).  A receiver
+ * that joins a running job calls it before it needs weights (e.g. while its
+ * engine starts), so that its first pull costs about what a steady one does;
+ * pulls reuse the plan and connections while the sources' manifests and
+ * incarnations stay the same.  Receivers in host memory (the fleet path,
+ * which picks its holders per pull) plan but connect nothing here.
+ * *prepare_ms (may be NULL): time spent, written on success. */
+REFIT_API refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, double *prepare_ms);
 /* Per holder of the last pull (fleet path): what it served. */
 typedef struct {
     char name[96];      /* "trainer:R" or "relay:S" */

@@ -1272,8 +1272,15 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     if (r->dkey && (st = digest_verify(r, &s, v, cp, deadline, tix, rep))) goto out;
     if (r->params.verify == REFIT_VERIFY_TRUTH) {
 #ifdef REFIT_HAVE_CUDA
-        if (r->params.device >= 0) st = refit_gpu_truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, NULL);
-        else
+        if (r->params.device >= 0) {
+            /* After a 2 ms grace, so that a receiver waiting to copy on this
+             * GPU goes first: kernels of two processes are time-sliced, and
+             * this one (a full read of the receiver's memory) would halve
+             * that copy's speed (docs/gpu.md). */
+            int turn = refit_gpu_turn_take(r->params.device, 0.002, 2.0);
+            st = refit_gpu_truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, NULL);
+            refit_gpu_turn_give(turn);
+        } else
 #endif
             st = refit_truth_verify_delta(r->m, (const void *const *)r->mem, v, r->params.truth_fraction, NULL);
         if (st) goto out;
@@ -1321,6 +1328,87 @@ out:
     free(peers);
     free(tix);
     rep->total_ms = (refit_now() - t0) * 1e3 - rep->wait_ms;
+    return st;
+}
+
+refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, double *prepare_ms)
+{
+    if (!r) return refit_error(REFIT_ERR_INVALID_ARG, "receiver is NULL");
+    double t0 = refit_now(), deadline = t0 + (timeout_ms < 0 ? 0 : timeout_ms) / 1e3;
+    refit_status_t st;
+    while (!r->world) {
+        st = learn_world(r);
+        if (!st) break;
+        if (st != REFIT_ERR_MISSING_SOURCE) return st;
+        double left = deadline - refit_now();
+        if (left <= 0)
+            return refit_error(REFIT_ERR_TIMEOUT, "no source of group %s appeared in %s", r->group,
+                               refit_registry_url(r->reg));
+        if ((st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1)) && st != REFIT_ERR_TIMEOUT)
+            return st;
+    }
+    snapshot_t s = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1), 0};
+    const refit_manifest_t **srcs = calloc(r->world, sizeof(void *));
+    if (!s.recs || !s.present || !s.alive || !srcs) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "prepare");
+        goto out;
+    }
+    /* Every rank has published (its record names its manifest's signature,
+     * its incarnation and its buffer) and is alive. */
+    for (;;) {
+        if ((st = read_state(r, &s))) goto out;
+        uint32_t ready = 0;
+        for (uint32_t k = 0; k < r->world; k++) ready += s.present[k] && s.alive[k];
+        if (ready == r->world) break;
+        double left = deadline - refit_now();
+        if (left <= 0) {
+            st = refit_error(REFIT_ERR_TIMEOUT, "prepare: %u of %u source ranks of group %s have published", ready,
+                             r->world, r->group);
+            goto out;
+        }
+        if ((st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1)) && st != REFIT_ERR_TIMEOUT) goto out;
+    }
+    for (uint32_t k = 0; k < r->world; k++) {
+        source_t *src = &r->src[k];
+        if (!src->m || src->signature != s.recs[k].signature || src->incarnation != s.recs[k].incarnation) {
+            refit_manifest_t *m;
+            if ((st = load_manifest(r, k, &m))) goto out;
+            if (m->signature != s.recs[k].signature) {
+                refit_manifest_destroy(m);
+                st = refit_error(REFIT_ERR_STALE, "prepare: source rank %u's manifest changed while being read", k);
+                goto out;
+            }
+            drop_source(r, src);
+            src->m = m;
+            src->mkey = refit_fleet_mirror_key(m);
+            src->signature = m->signature;
+            src->incarnation = s.recs[k].incarnation;
+        }
+        srcs[k] = src->m;
+    }
+    refit_plan_key_t key;
+    refit_plan_key_of(srcs, r->world, r->m, &key);
+    cached_plan_t *cp = find_plan(r, &key);
+    if (!cp) {
+        refit_plan_t *made;
+        if ((st = refit_plan_create(srcs, r->world, r->m, NULL, &made))) goto out;
+        cp = keep_plan(r, &key, made);
+    }
+    for (uint32_t k = 0; k < r->world && !r->relays; k++) { /* the fleet path picks its holders per pull */
+        int tidx = -1;
+        if (!refit_plan_source_bytes(cp->plan, k)) continue;
+        if (s.recs[k].buffer >= MAX_BUFFERS) {
+            st = refit_error(REFIT_ERR_CORRUPT, "source rank %u names staging buffer %u", k, s.recs[k].buffer);
+            goto out;
+        }
+        if ((st = connect_source(r, k, s.recs[k].buffer, &tidx))) goto out;
+    }
+    if (prepare_ms) *prepare_ms = (refit_now() - t0) * 1e3;
+out:
+    free(s.recs);
+    free(s.present);
+    free(s.alive);
+    free(srcs);
     return st;
 }
 

@@ -704,6 +704,44 @@ static void end_to_end_shm_file(void **state)
     t_rm_tree(g.dir);
 }
 
+/* refit_receiver_prepare: refused (bounded) while the sources have not
+ * published; once they have, it reads the manifests, plans and connects, so
+ * the first pull reads no manifest and plans nothing, and its bytes are
+ * right. */
+static void prepare_before_first_pull(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
+    pub_t p[2];
+    for (uint32_t k = 0; k < 2; k++) p[k] = pub_start(&c, k);
+    void *b;
+    refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=2", 1, &g, "shm", 0, &b);
+    double ms = -1;
+    REFIT_ASSERT_ERR(refit_receiver_prepare(r, 300, &ms), REFIT_ERR_TIMEOUT, "no source of group");
+    assert_true(ms < 0); /* outputs written only on success */
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    REFIT_ASSERT_OK(refit_receiver_prepare(r, 10000, &ms));
+    assert_true(ms > 0);
+    refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=2", 1);
+    memset(b, 0xa5, refit_manifest_region_size(m, 0));
+    refit_manifest_destroy(m);
+    refit_pull_report_t rep;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
+    assert_false(rep.planned);
+    assert_int_equal(rep.manifests_read, 0);
+    assert_int_equal(rep.sources, 2);
+    expect_truth("tiny-moe", "vllm:tp=2", 1, b, 1);
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
+    expect_truth("tiny-moe", "vllm:tp=2", 1, b, 2);
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
 static void process_vm_readv_path(void **state)
 {
     (void)state;
@@ -1683,6 +1721,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(end_to_end_shm_file),
+        cmocka_unit_test(prepare_before_first_pull),
         cmocka_unit_test(partial_refit),
         cmocka_unit_test(delta_refit),
         cmocka_unit_test(delta_fallbacks),

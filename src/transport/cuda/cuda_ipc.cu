@@ -35,6 +35,21 @@
  *    (mapped) once and the kernel writes it over PCIe.  Fills (padding) are
  *    the engine's, on the GPU as well (refit_gpu_plan_fills).
  *
+ *  - Kernels of different processes on one GPU do not run together: the GPU
+ *    time-slices between their contexts, and on an H200 two receivers
+ *    pulling 30.5 GB each on the publishers' GPU took 62.8 ms where one
+ *    receiver pulling all 61 GB took 44.0 ms.  So a receiver takes the GPU's
+ *    turn (an flock on /dev/shm/refit-<uid>-<GPU UUID>.turn, per user)
+ *    around its launch and the wait for it: the copies of receivers on one
+ *    GPU run one after the other, each with the whole GPU.  A turn not
+ *    granted within 2 s is not waited for (the copy runs anyway).  Measured
+ *    on one GPU only: by default ("cuda_ipc.turns=auto") turns are taken
+ *    for local copies (source, destination and copy on one GPU); "turns=1"
+ *    takes them always, "turns=0" never.  A GPU receiver's truth
+ *    verification takes the turn too, after a 2 ms grace (receiver.c).
+ *
+ *  - Local copies (copy=auto): see COPY_MIN_BYTES below.
+ *
  *  - After the kernel, every source process must still be alive (its memory
  *    could have been freed under the copy): REFIT_ERR_PEER otherwise.
  *
@@ -83,6 +98,8 @@ typedef struct {
     int dev;
     uint32_t max_shift;
     refit_gpu_batch_t *batch;
+    refit_gpu_batch_t *small; /* local copy=auto: the regions left to the kernel (NULL: none, or not built) */
+    bool small_built;
     uint64_t last_used;
 } exec_entry_t;
 
@@ -102,6 +119,8 @@ struct refit_transport {
     uint32_t nopened;
     exec_entry_t exec[EXEC_CACHE];
     uint64_t uses;
+    int turns;            /* cuda_ipc.turns=auto (-1: local copies only) | 0 | 1 */
+    int copy_mode;        /* cuda_ipc.copy=auto (0) | kernel (1) | memcpy (2) */
 };
 
 typedef struct {
@@ -209,6 +228,28 @@ static refit_status_t ipc_create(const char *options, refit_transport_t **out)
             return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (exec=dst|src|alt)", options);
         }
     }
+    t->turns = -1;
+    const char *tu = options ? strstr(options, "turns=") : NULL;
+    if (tu && (tu == options || tu[-1] == ',')) {
+        size_t l = strcspn(tu + 6, ",");
+        if (l == 1 && (tu[6] == '0' || tu[6] == '1')) t->turns = tu[6] - '0';
+        else if (l == 4 && !strncmp(tu + 6, "auto", 4)) t->turns = -1;
+        else {
+            free(t);
+            return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (turns=auto|0|1)", options);
+        }
+    }
+    const char *cm = options ? strstr(options, "copy=") : NULL;
+    if (cm && (cm == options || cm[-1] == ',')) {
+        size_t l = strcspn(cm + 5, ",");
+        if (l == 4 && !strncmp(cm + 5, "auto", 4)) t->copy_mode = 0;
+        else if (l == 6 && !strncmp(cm + 5, "kernel", 6)) t->copy_mode = 1;
+        else if (l == 6 && !strncmp(cm + 5, "memcpy", 6)) t->copy_mode = 2;
+        else {
+            free(t);
+            return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: bad option '%s' (copy=auto|kernel|memcpy)", options);
+        }
+    }
     pthread_mutex_init(&t->lock, NULL);
     *out = t;
     return REFIT_OK;
@@ -217,7 +258,10 @@ static refit_status_t ipc_create(const char *options, refit_transport_t **out)
 static void ipc_destroy(refit_transport_t *t)
 {
     if (!t) return;
-    for (int i = 0; i < EXEC_CACHE; i++) refit_gpu_batch_destroy(t->exec[i].batch);
+    for (int i = 0; i < EXEC_CACHE; i++) {
+        refit_gpu_batch_destroy(t->exec[i].batch);
+        refit_gpu_batch_destroy(t->exec[i].small);
+    }
     for (uint32_t i = 0; i < t->nopened; i++)
         if (t->opened[i].base) cudaIpcCloseMemHandle(t->opened[i].base);
     for (size_t i = 0; i < t->registered.len; i++) refit_gpu_host_unregister(t->registered.data[i].base);
@@ -458,8 +502,34 @@ out:
     return st;
 }
 
+/* The regions of b that the kernel keeps when the others go to copy calls
+ * (refit_gpu_batch_region_by_copy), as a table of their own. */
+static refit_status_t kernel_part(const refit_batch_t *b, uint64_t min_bytes, refit_batch_t *out)
+{
+    *out = *b;
+    out->regions = (refit_batch_region_t *)malloc((b->n ? b->n : 1) * sizeof(refit_batch_region_t));
+    out->src_slot_base = (uint32_t *)malloc((b->nsrcs + 1) * sizeof(uint32_t));
+    if (!out->regions || !out->src_slot_base) {
+        free(out->regions);
+        free(out->src_slot_base);
+        return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: batch table");
+    }
+    memcpy(out->src_slot_base, b->src_slot_base, (b->nsrcs + 1) * sizeof(uint32_t));
+    out->n = 0;
+    out->nchunks = out->bytes = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        if (refit_gpu_batch_region_by_copy(&b->regions[i], min_bytes)) continue;
+        refit_batch_region_t r = b->regions[i];
+        r.first_chunk = out->nchunks;
+        out->nchunks += (r.units + r.chunk_units - 1) / r.chunk_units;
+        out->bytes += r.units << r.shift;
+        out->regions[out->n++] = r;
+    }
+    return REFIT_OK;
+}
+
 static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, const uint8_t *only, size_t nsrc, int dev,
-                               uint32_t max_shift, refit_gpu_batch_t **out)
+                               uint32_t max_shift, exec_entry_t **entry)
 {
     refit_plan_key_t key;
     refit_plan_key(plan, &key);
@@ -473,7 +543,7 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
         if (e->batch && e->key.src == key.src && e->key.dst == key.dst && e->nregions == nreg && e->only_hash == oh &&
             e->dev == dev && e->max_shift == max_shift) {
             e->last_used = ++t->uses;
-            *out = e->batch;
+            *entry = e;
             return REFIT_OK;
         }
         if (!e->batch || e->last_used < victim->last_used) victim = e;
@@ -491,6 +561,9 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
     refit_batch_free(&b);
     if (st) return st;
     refit_gpu_batch_destroy(victim->batch);
+    refit_gpu_batch_destroy(victim->small);
+    victim->small = NULL;
+    victim->small_built = false;
     victim->key = key;
     victim->nregions = nreg;
     victim->only_hash = oh;
@@ -498,7 +571,7 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
     victim->max_shift = max_shift;
     victim->batch = g;
     victim->last_used = ++t->uses;
-    *out = g;
+    *entry = victim;
     return REFIT_OK;
 }
 
@@ -536,6 +609,18 @@ static uint32_t align_shift(uint64_t a)
     return s;
 }
 
+/* copy=auto on one GPU (source, destination and the work on one device):
+ * regions whose runs are contiguous and of at least COPY_MIN_BYTES go to
+ * cudaMemcpyAsync, the runtime's
+ * device-to-device copy, which on an H200 moves 2.15 TB/s where the batch
+ * kernel moves 1.75 TB/s on one flat region; the rest (small tensors, short
+ * rows such as the 768-byte rows of column-split experts) stays with the
+ * batch kernel, launched on its own stream so that it runs beside the
+ * copies.  Each copy call costs a few microseconds of its own, hence the
+ * floor: Qwen3-30B-A3B to vllm:tp=1 is 196 calls of 16 MiB and more (59.3 GB)
+ * and 481 smaller ones (1.7 GB, left to the kernel). */
+#define COPY_MIN_BYTES (16ull << 20)
+
 static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                                void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
 {
@@ -543,11 +628,13 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
     size_t nsrc = refit_plan_num_sources(plan), n;
     const refit_plan_region_t *regs = refit_plan_regions(plan, &n);
     uint8_t *only = (uint8_t *)calloc(nsrc ? nsrc : 1, 1);
-    uint64_t *dst_end = NULL, *slots = NULL, bytes = 0, launches = 0, uploads = 0;
+    uint64_t *dst_end = NULL, *slots = NULL, bytes = 0, launches = 0, uploads = 0, copies = 0;
+    bool memcpy_used = false;
     uint32_t ndst = 0;
     int dev = -1, src_dev = -1, dst_dev = -1;
     bool host_dst = false;
     refit_gpu_batch_t *g = NULL;
+    exec_entry_t *ex = NULL;
     if (!only) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
     for (size_t s = 0; s < nsrc; s++)
         if (peers[s]) {
@@ -600,7 +687,8 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
         }
         if (!host_dst && dst_dev >= 0 && (st = enable_peer(t, dev, dst_dev))) goto out;
         if (src_dev >= 0 && (st = enable_peer(t, dev, src_dev))) goto out;
-        if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), &g))) goto out;
+        if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), &ex))) goto out;
+        g = ex->batch;
     }
     {
         const refit_batch_t *b = refit_gpu_batch_table(g);
@@ -615,9 +703,32 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
                 slots[k] = r < peers[s]->n ? (uint64_t)(uintptr_t)peers[s]->regions[r].ptr : 0;
             }
         for (uint32_t k = b->dst_slot_base; k < b->nslots; k++) slots[k] = (uint64_t)(uintptr_t)dst_bases[k - b->dst_slot_base];
-        if ((st = refit_gpu_batch_launch(g, slots, &launches, &uploads))) goto out;
-        if ((st = refit_gpu_batch_wait(g, ctl ? ctl->tick : NULL, ctl ? ctl->user : NULL, ctl ? ctl->deadline : 0)))
-            goto out;
+        /* Local (source, destination and kernel on one GPU): copy=auto takes
+         * the runtime's device-to-device copies (see the notes at the top). */
+        bool local = !host_dst && src_dev == dev && dst_dev == dev;
+        memcpy_used = local && t->copy_mode != 1;
+        uint64_t min_copy = t->copy_mode == 2 ? 0 : COPY_MIN_BYTES;
+        if (memcpy_used && min_copy && !ex->small_built) { /* copy=auto: the small regions as a kernel of their own */
+            refit_batch_t kb;
+            if ((st = kernel_part(b, min_copy, &kb))) goto out;
+            if (kb.n) st = refit_gpu_batch_create(dev, &kb, &ex->small);
+            refit_batch_free(&kb);
+            if (st) goto out;
+            ex->small_built = true;
+        }
+        refit_gpu_batch_t *small = memcpy_used && min_copy ? ex->small : NULL;
+        bool turns = t->turns == 1 || (t->turns == -1 && local);
+        int turn = turns ? refit_gpu_turn_take(dev, 0, 2.0) : -1;
+        if (small) st = refit_gpu_batch_launch(small, slots, &launches, &uploads); /* its own stream: runs beside the copies */
+        if (!st && memcpy_used) st = refit_gpu_batch_copy(g, slots, min_copy, &copies);
+        else if (!st) st = refit_gpu_batch_launch(g, slots, &launches, &uploads);
+        if (!st) st = refit_gpu_batch_wait(g, ctl ? ctl->tick : NULL, ctl ? ctl->user : NULL, ctl ? ctl->deadline : 0);
+        if (small) {
+            refit_status_t s2 = refit_gpu_batch_wait(small, NULL, NULL, 0); /* a kernel is never abandoned mid-flight */
+            if (!st) st = s2;
+        }
+        refit_gpu_turn_give(turn);
+        if (st) goto out;
     }
     for (size_t s = 0; s < nsrc; s++)
         if (only[s] && refit_proc_start_time(peers[s]->pid) != peers[s]->start_time) {
@@ -626,13 +737,18 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
         }
     if (stats) {
         stats->bytes += bytes;
-        stats->requests += launches + uploads;
-        stats->launches += launches;
-        snprintf(stats->lanes, sizeof(stats->lanes),
-                 "cuda_ipc:%s GPU%d->%s%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
-                 host_dst ? "mapped-host" : (src_dev == dst_dev ? "local" : dev == dst_dev ? "p2p-pull" : "p2p-push"), src_dev,
-                 host_dst ? "host" : "GPU", host_dst ? -1 : dst_dev, dev, launches, launches == 1 ? "" : "es", uploads,
-                 uploads == 1 ? "" : "s");
+        stats->requests += launches + uploads + copies;
+        stats->launches += launches + copies;
+        if (memcpy_used)
+            snprintf(stats->lanes, sizeof(stats->lanes),
+                     "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64 " kernel launch%s",
+                     src_dev, dst_dev, dev, copies, launches, launches == 1 ? "" : "es");
+        else
+            snprintf(stats->lanes, sizeof(stats->lanes),
+                     "cuda_ipc:%s GPU%d->%s%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
+                     host_dst ? "mapped-host" : (src_dev == dst_dev ? "local" : dev == dst_dev ? "p2p-pull" : "p2p-push"),
+                     src_dev, host_dst ? "host" : "GPU", host_dst ? -1 : dst_dev, dev, launches, launches == 1 ? "" : "es",
+                     uploads, uploads == 1 ? "" : "s");
     }
 out:
     free(only);

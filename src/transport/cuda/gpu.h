@@ -67,6 +67,25 @@ void refit_gpu_batch_destroy(refit_gpu_batch_t *g);
  * table is uploaded only when it changed.  Counts launches and uploads. */
 refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *g, const uint64_t *slots, uint64_t *launches,
                                       uint64_t *uploads);
+/* Executes the batch with the runtime's device-to-device copies instead of
+ * the kernel (source and destination memory of this batch's device): one
+ * cudaMemcpyAsync per contiguous run, or one cudaMemcpy2DAsync per strided
+ * loop, on the batch's stream; wait with refit_gpu_batch_wait.  min_bytes
+ * 0: every region; else only the regions refit_gpu_batch_region_by_copy
+ * selects (the caller runs the others, e.g. as a kernel on another stream).
+ * Counts the copy calls in *ops. */
+refit_status_t refit_gpu_batch_copy(refit_gpu_batch_t *g, const uint64_t *slots, uint64_t min_bytes, uint64_t *ops);
+/* Whether region r goes to device-to-device copy calls: a copy region whose
+ * runs are contiguous (one call each) of at least min_bytes. */
+bool refit_gpu_batch_region_by_copy(const refit_batch_region_t *r, uint64_t min_bytes);
+/* GPU turns: kernels of different processes on one GPU are time-sliced, not
+ * run together, so work of several processes on one GPU goes faster one
+ * after the other.  Takes GPU dev's turn (an flock on
+ * /dev/shm/refit-<uid>-<UUID>.turn, per user) after sleeping grace_s,
+ * waiting up to max_wait_s; returns what refit_gpu_turn_give releases, or
+ * -1 when no turn was taken (the work then runs anyway). */
+int refit_gpu_turn_take(int dev, double grace_s, double max_wait_s);
+void refit_gpu_turn_give(int turn);
 /* Waits for the launch, calling tick about every 10 ms (a non-zero status
  * is returned once the kernel is done: a kernel is not cancelled).
  * deadline: refit_now() limit (0: none), REFIT_ERR_TIMEOUT past it. */
@@ -114,6 +133,19 @@ typedef struct {
     char note[256];
 } refit_gpu_baseline_t;
 refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg, refit_gpu_baseline_t *out);
+
+/* The colocated limit on one GPU: `bytes` (rounded down to 256) copied
+ * device to device by cudaMemcpyAsync, and by the batch kernel as one
+ * region; source filled with a non-zero pattern, each copy checked by
+ * digest.  Medians of `iters` (0: 5) after one warm-up. */
+typedef struct {
+    uint64_t bytes;
+    uint32_t iters;
+    double copy_s, kernel_s; /* medians */
+    double copy_runs[REFIT_GPU_BASELINE_MAX_ITERS];
+    bool copy_verified, kernel_verified;
+} refit_gpu_d2d_t;
+refit_status_t refit_gpu_d2d_baseline(int dev, uint64_t bytes, uint32_t iters, refit_gpu_d2d_t *out);
 
 #ifdef __cplusplus
 }

@@ -390,3 +390,83 @@ out:
     if (saved >= 0) cudaSetDevice(saved);
     return st;
 }
+
+/* ---- the colocated limit: a device-to-device copy on one GPU ------------- */
+
+__global__ void pattern_kernel(uint64_t *p, uint64_t words, uint64_t seed)
+{
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < words; i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
+        x ^= x >> 31;
+        x *= 0xbf58476d1ce4e5b9ull;
+        p[i] = x ^ (x >> 29);
+    }
+}
+
+extern "C" refit_status_t refit_gpu_d2d_baseline(int dev, uint64_t bytes, uint32_t iters, refit_gpu_d2d_t *out)
+{
+    refit_status_t st = REFIT_OK;
+    memset(out, 0, sizeof(*out));
+    if (!iters) iters = 5;
+    if (iters > REFIT_GPU_BASELINE_MAX_ITERS) iters = REFIT_GPU_BASELINE_MAX_ITERS;
+    out->iters = iters;
+    bytes &= ~(uint64_t)255; /* whole 16-byte accesses for the kernel, 8-byte words for the digest */
+    out->bytes = bytes;
+    int saved = -1;
+    void *a = NULL, *b = NULL;
+    cudaStream_t s = NULL;
+    refit_gpu_batch_t *k = NULL;
+    uint64_t da = 0, db = 0;
+    double runs[REFIT_GPU_BASELINE_MAX_ITERS], kruns[REFIT_GPU_BASELINE_MAX_ITERS];
+    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "no CUDA device %d here", dev);
+    CK(cudaGetDevice(&saved));
+    CK(cudaSetDevice(dev));
+    CK(cudaMalloc(&a, bytes ? bytes : 256));
+    CK(cudaMalloc(&b, bytes ? bytes : 256));
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    pattern_kernel<<<1024, 256, 0, s>>>((uint64_t *)a, bytes / 8, 0x726566697431ull); /* never time zeros */
+    CK(cudaGetLastError());
+    CK(cudaStreamSynchronize(s));
+    if ((st = refit_gpu_digest(dev, a, bytes, &da))) goto out;
+    /* 1. cudaMemcpyAsync device to device (what a plain copy of the bytes costs). */
+    for (uint32_t it = 0; it <= iters; it++) { /* iteration 0 warms up */
+        CK(cudaMemsetAsync(b, 0xa5, bytes, s));
+        CK(cudaStreamSynchronize(s));
+        double t0 = refit_now();
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+        CK(cudaStreamSynchronize(s));
+        if (it) runs[it - 1] = refit_now() - t0;
+    }
+    if ((st = refit_gpu_digest(dev, b, bytes, &db))) goto out;
+    out->copy_verified = da == db;
+    out->copy_s = median(runs, iters);
+    memcpy(out->copy_runs, runs, iters * sizeof(double));
+    /* 2. The batch copy kernel on the same bytes, one region. */
+    {
+        refit_batch_t bt;
+        if ((st = refit_batch_single(bytes, 0, 4, &bt))) goto out;
+        st = refit_gpu_batch_create(dev, &bt, &k);
+        refit_batch_free(&bt);
+        if (st) goto out;
+        uint64_t slots[2] = {(uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)b};
+        for (uint32_t it = 0; it <= iters; it++) {
+            CK(cudaMemsetAsync(b, 0x5a, bytes, s));
+            CK(cudaStreamSynchronize(s));
+            double t0 = refit_now();
+            if ((st = refit_gpu_batch_launch(k, slots, NULL, NULL)) || (st = refit_gpu_batch_wait(k, NULL, NULL, 0))) goto out;
+            if (it) kruns[it - 1] = refit_now() - t0;
+        }
+        if ((st = refit_gpu_digest(dev, b, bytes, &db))) goto out;
+        out->kernel_verified = da == db;
+        out->kernel_s = median(kruns, iters);
+    }
+    if (!out->copy_verified || !out->kernel_verified)
+        st = refit_error(REFIT_ERR_VERIFY, "d2d baseline: the copy's digest differs from the source's");
+out:
+    refit_gpu_batch_destroy(k);
+    if (s) cudaStreamDestroy(s);
+    cudaFree(a);
+    cudaFree(b);
+    if (saved >= 0) cudaSetDevice(saved);
+    return st;
+}
