@@ -2,8 +2,9 @@
 # Installs a build of refit into a temporary prefix and builds consumer.c
 # against the installed tree only: with CMake (find_package(refit), shared and
 # static) and with pkg-config; each program plans, moves and verifies a tiny
-# model (consumer.c).  Also checks what was installed: headers, the SONAME,
-# the symbols the library exports, the tool, the package files.
+# model (consumer.c).  Also checks what was installed: headers (each compiles
+# alone as C and C++), the SONAME, the symbols the library exports, the tool,
+# the package files.
 # Usage: test_install.sh BUILD_DIR ["extra C flags", e.g. -fsanitize=...]
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -39,6 +40,15 @@ out=$("$prefix/bin/refit" version) || fail "installed refit version"
 [[ $out == "refit $version "* ]] || fail "installed refit version says '$out', the headers $version"
 [ -f "$libdir/cmake/refit/refitConfig.cmake" ] && [ -f "$libdir/pkgconfig/refit.pc" ] || fail "package files missing"
 echo "installed: $(cd "$prefix" && find . -type f -o -type l | sort | tr '\n' ' ')"
+# Each installed header compiles on its own, strictly, as C11 and as C++17.
+for h in "$prefix"/include/refit/*.h; do
+  printf '#include <refit/%s>\nint main(void) { return 0; }\n' "$(basename "$h")" |
+    cc -std=c11 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$prefix/include" -x c - || fail "$h alone (C)"
+  if command -v c++ >/dev/null; then
+    printf '#include <refit/%s>\nint main() { return 0; }\n' "$(basename "$h")" |
+      c++ -std=c++17 -Wall -Wextra -Werror -fsyntax-only -I"$prefix/include" -x c++ - || fail "$h alone (C++)"
+  fi
+done
 
 # 1. CMake: find_package(refit) from the prefix only.
 cmake -S "$here" -B "$tmp/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_FLAGS="$extra" \
