@@ -432,6 +432,7 @@ static int bench_colocated(int argc, char **argv)
     (void)out_path;
     (void)topts;
     (void)no_cold;
+    (void)dsts;
     (void)model;
     (void)src;
     fprintf(stderr, "refit bench: this refit was built without CUDA\n");
