@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "sim/sim.h"
 #include "tool.h"
@@ -35,7 +36,7 @@ static int usage(void)
             "         [--cluster PRESET|key=value,...|JSON|@FILE]... [--threads N] [--spread S]\n"
             "         [--json] [--out FILE] [--plot FILE.png]\n"
             "       refit simulate --calibrate [--results DIR] [--ignore tbf|wire|relays] [--tolerance X] [--json]\n"
-            "       refit simulate --plan-scale --model M --src L --dst L [--threads N] [--max-ms X]\n"
+            "       refit simulate --plan-scale --model M --src L --dst L [--threads N] [--max-ms CPU_MS]\n"
             "       refit simulate --presets\n"
             "cluster keys: nodes gpus nics nic nvlink nvdomain pcie spine leaf proto mtu l2 eff ack rtt req_queue\n"
             "  control discover plan connect first apply_ns src_gpus dst_gpus dst_at (rates: 400Gb, 50GB, 100MB)\n");
@@ -118,30 +119,41 @@ static int calibrate(const char *dir, const char *ignore, double tol, bool json)
     return bad ? 1 : 0;
 }
 
+static double process_cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* --max-ms bounds the CPU time (all threads) of the threaded run's manifests
+ * and plans: wall time on a shared machine says more about the neighbours. */
 static int plan_scale(const char *model, const char *src, const char *dst, unsigned threads, double max_ms, bool json)
 {
     sim_plan_scale_t one, many;
     refit_status_t st = sim_plan_scale(model, src, dst, 1, &one);
+    double c0 = process_cpu_ms();
     if (!st) st = sim_plan_scale(model, src, dst, threads, &many);
+    double cpu = process_cpu_ms() - c0;
     if (st) return tool_fail(st, "plan-scale");
     bool same = one.digest == many.digest;
     double speedup = many.plan_wall_ms > 0 ? one.plan_wall_ms / many.plan_wall_ms : 0;
     if (json)
         printf("{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"src_ranks\":%u,\"dst_ranks\":%u,\"manifests_ms\":%.1f,"
                "\"plan_wall_ms_1_thread\":%.1f,\"plan_wall_ms\":%.1f,\"threads\":%u,\"speedup\":%.2f,\"plan_ms_max\":%.1f,"
-               "\"bytes_per_rank_max\":%" PRIu64 ",\"redundant\":%" PRIu64 ",\"same_plans\":%s}\n",
+               "\"bytes_per_rank_max\":%" PRIu64 ",\"redundant\":%" PRIu64 ",\"same_plans\":%s,\"cpu_ms\":%.1f}\n",
                model, src, dst, many.src_world, many.dst_world, many.manifests_ms, one.plan_wall_ms, many.plan_wall_ms,
-               many.threads, speedup, many.plan_ms_max, many.bytes_max, many.redundant, same ? "true" : "false");
+               many.threads, speedup, many.plan_ms_max, many.bytes_max, many.redundant, same ? "true" : "false", cpu);
     else
         printf("%s %s -> %s: %u source manifests + %u destination in %.0f ms; %u plans: %.0f ms on 1 thread, %.0f ms "
-               "on %u (x%.2f); largest plan %.1f ms; %" PRIu64 " bytes per rank, %" PRIu64 " redundant; plans %s\n",
+               "on %u (x%.2f); largest plan %.1f ms; %" PRIu64 " bytes per rank, %" PRIu64 " redundant; plans %s; "
+               "CPU %.0f ms\n",
                model, src, dst, many.src_world, many.dst_world, many.manifests_ms, many.dst_world, one.plan_wall_ms,
                many.plan_wall_ms, many.threads, speedup, many.plan_ms_max, many.bytes_max, many.redundant,
-               same ? "identical" : "DIFFER");
+               same ? "identical" : "DIFFER", cpu);
     if (!same) return 1;
-    if (max_ms > 0 && many.manifests_ms + many.plan_wall_ms > max_ms) {
-        fprintf(stderr, "refit simulate: planning took %.0f ms, over the bound of %.0f ms\n",
-                many.manifests_ms + many.plan_wall_ms, max_ms);
+    if (max_ms > 0 && cpu > max_ms) {
+        fprintf(stderr, "refit simulate: planning took %.0f ms of CPU, over the bound of %.0f ms\n", cpu, max_ms);
         return 1;
     }
     return 0;

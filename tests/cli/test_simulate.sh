@@ -2,8 +2,8 @@
 # refit simulate end to end: the calibration can fail (links ignored, relays
 # ignored), the JSON and the PNG of a run, errors, and the planner at scale
 # (every destination rank of the field's fleets planned with threads, plans
-# identical to one thread's, within a bound; REFIT_PLAN_BOUND_SCALE widens the
-# bound for sanitizer builds).
+# identical to one thread's, within a bound of CPU time; REFIT_PLAN_BOUND_SCALE
+# widens the bound for sanitizer builds).
 # Usage: test_simulate.sh PATH_TO_REFIT RESULTS_DIR
 set -u
 refit=$1
@@ -84,7 +84,7 @@ expect "json cluster file" 0 "predicted refit" -- "$refit" simulate --model tiny
 plan_bound() { # plan_bound NAME MS MODEL SRC DST
   local name=$1 ms=$2; shift 2
   local bound=$((ms * scale))
-  expect "plan at scale: $name (< $bound ms)" 0 "plans identical" -- "$refit" simulate --plan-scale --model "$1" --src "$2" \
+  expect "plan at scale: $name (< $bound ms of CPU)" 0 "plans identical" -- "$refit" simulate --plan-scale --model "$1" --src "$2" \
     --dst "$3" --threads 2 --max-ms "$bound"
 }
 plan_bound "kimi-k2 256 -> tp8,ep8" 4000 kimi-k2 megatron:pp=4,ep=64,first=16 vllm:tp=8,ep=8
