@@ -338,7 +338,7 @@ static int delta_recv(void *vc, uint32_t r, uint64_t cmd)
      * two alternate, so that every delta starts after a full refit has gone
      * through the caches, as it would after serving: back to back, a delta
      * would find the lines it wrote last time still cached. */
-    refit_plan_stats_t ps;
+    refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(c->plan, &ps);
     double t0, full_best = 1e300, best = 1e300;
     uint64_t wire = 0;
@@ -606,7 +606,7 @@ static int partial_recv(void *vc, uint32_t r, uint64_t cmd)
         return 0;
     }
     /* v2: the full refit timed into scratch, then the partial one into mem. */
-    refit_plan_stats_t fs, ps;
+    refit_plan_stats_t fs = REFIT_PLAN_STATS_INIT, ps = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(c->plan, &fs);
     refit_plan_stats(c->part, &ps);
     unsigned char *scratch = malloc(ds);
@@ -809,7 +809,7 @@ static int fp8_recv(void *vc, uint32_t r, uint64_t cmd)
     ctl->bytes[1][r] = ab;
     /* Reference: the bf16 full refit of the same layout. */
     if ((st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, m, NULL, &c->plan))) goto fail;
-    refit_plan_stats_t ps;
+    refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(c->plan, &ps);
     best = 1e300;
     for (int rep = 0; rep < REPS; rep++) {

@@ -462,15 +462,16 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
         unsigned long long v;
         if (line[0] == 'q') break;
         if (sscanf(line, "pull %llu", &v) != 1) continue;
-        refit_pull_report_t rep;
+        refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
         refit_status_t st = refit_receiver_pull(rc, v ? v : REFIT_VERSION_NEWEST, 120000, &rep);
         if (!st && target && o->verify) { /* every byte against a quantization of the truth done here */
             double t0 = refit_now();
             st = fp8_check(bf16, target, base, rep.version);
             rep.verify_ms = (refit_now() - t0) * 1e3;
         }
-        refit_holder_stat_t hs[32];
-        size_t nh = refit_receiver_holders(rc, hs, 32);
+        refit_holder_stat_t hs[32] = {REFIT_HOLDER_STAT_INIT};
+        size_t nh = 0;
+        if (refit_receiver_holders(rc, hs, 32, &nh)) nh = 0;
         uint64_t tb = 0, rb = 0, early = 0;
         char list[1024] = "";
         size_t pos = 0;

@@ -287,7 +287,7 @@ static void check_shm(pf_t *p, const char *tmpdir)
         put(p, "shm loopback", SKIP, "shm is not among the transports");
         return;
     }
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     double t0 = refit_now();
     refit_status_t st = loopback("shm", p->topts, tmpdir, &rep);
     if (st) {
@@ -328,7 +328,7 @@ static void check_ucx(pf_t *p, const char *tmpdir)
         remedy(p, "for receivers on other hosts set --transport-options ucx.listen=IFNAME or ucx.listen=IP");
     }
     free(listen);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     double t0 = refit_now();
     st = loopback("ucx", p->topts, tmpdir, &rep);
     if (st) {

@@ -210,7 +210,7 @@ int cmd_publish(int argc, char **argv)
         const void *const *sb[1] = {rb};
         void *db[1] = {base};
         st = refit_plan_execute_memcpy(plan, sb, db, 0);
-        refit_plan_stats_t ps;
+        refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(plan, &ps);
         free(rb);
         refit_plan_destroy(plan);
@@ -332,7 +332,7 @@ int cmd_pull(int argc, char **argv)
         fflush(stdout);
     }
     for (uint64_t i = 0; i < o.versions; i++) {
-        refit_pull_report_t rep;
+        refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
         uint64_t want = o.newest ? REFIT_VERSION_NEWEST : o.first + i;
         st = refit_receiver_pull(r, want, (int)o.timeout_ms, &rep);
         if (st) {

@@ -48,10 +48,35 @@ typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_
  * (never a world-writable directory; docs/security.md). */
 REFIT_API const char *refit_default_registry(void);
 
-/* sizeof the public structure named `name` ("refit_pull_report_t",
- * "refit_publisher_params_t", "refit_receiver_params_t"), 0 for others: for
- * bindings that mirror the structures, to refuse a library they do not match. */
+/* Sized outputs: the structures the library fills for the caller
+ * (refit_pull_report_t, refit_holder_stat_t, refit_plan_stats_t,
+ * refit_truth_report_t) begin with `size`, which the caller sets to the
+ * sizeof of the structure as it compiled it (their _INIT macros do).  The
+ * library writes only the fields that fit in that size and never past it,
+ * so a program built against older headers keeps working with a newer
+ * library (fields it does not know are not written); fields the library
+ * does not know (a newer program) keep the caller's values.  A size smaller
+ * than the structure's first sized version is refused with
+ * REFIT_ERR_INVALID_ARG naming the structure. */
+
+/* sizeof the public structure named `name` (every structure of
+ * refit_abi_layout: "refit_pull_report_t", "refit_publisher_params_t", ...),
+ * 0 for others: for bindings that mirror the structures, to refuse a library
+ * they do not match. */
 REFIT_API size_t refit_struct_size(const char *name);
+
+/* The layout of the public structures as this library was compiled: one
+ * entry per field (structure, field, offset, size) and one per structure
+ * (field NULL, offset 0, size = sizeof), structures in order.  For bindings
+ * that mirror the structures (python/refit/_lib.py is checked against it
+ * field by field).  *count (not NULL) receives the number of entries; the
+ * table is static. */
+typedef struct {
+    const char *structure; /* "refit_pull_report_t" */
+    const char *field;     /* "bytes"; NULL: the structure itself */
+    size_t offset, size;
+} refit_abi_field_t;
+REFIT_API const refit_abi_field_t *refit_abi_layout(size_t *count);
 
 /* Authentication (docs/security.md): every registry entry is signed and
  * checked with keys derived from the job's secret, and every transport
@@ -207,6 +232,7 @@ REFIT_API refit_status_t refit_receiver_attach(refit_receiver_t *r, uint32_t reg
 #define REFIT_VERSION_NEWEST UINT64_MAX
 
 typedef struct {
+    size_t size;             /* sizeof(refit_pull_report_t) as the caller compiled it: REFIT_PULL_REPORT_INIT */
     uint64_t version;        /* the version pulled */
     uint64_t bytes;          /* bytes moved */
     uint32_t sources;        /* source ranks read from */
@@ -235,6 +261,11 @@ typedef struct {
     uint64_t digest_bytes, unverified_bytes;
     double digest_ms;
 } refit_pull_report_t;
+#ifdef __cplusplus
+#define REFIT_PULL_REPORT_INIT {sizeof(refit_pull_report_t)}
+#else
+#define REFIT_PULL_REPORT_INIT {.size = sizeof(refit_pull_report_t)}
+#endif
 
 /* Pulls `version` (or the newest complete version newer than the committed
  * one, with REFIT_VERSION_NEWEST), waiting up to timeout_ms for it.
@@ -242,7 +273,10 @@ typedef struct {
  * REFIT_ERR_PEER (a source died or changed during the transfer),
  * REFIT_ERR_MISSING_SOURCE / UNCOVERED / MISMATCH / IDENTITY (planning),
  * REFIT_ERR_VERIFY, REFIT_ERR_TRANSPORT, REFIT_ERR_REGISTRY, REFIT_ERR_CORRUPT
- * (a manifest in the registry) - each with a detail. */
+ * (a manifest in the registry) - each with a detail.  report may be NULL;
+ * otherwise report->size must be set (REFIT_PULL_REPORT_INIT;
+ * REFIT_ERR_INVALID_ARG before anything else if it is too small), and the
+ * report is written whether the pull succeeds or not. */
 REFIT_API refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t version, int timeout_ms,
                                              refit_pull_report_t *report);
 /* Gets ready for the first pull without moving bytes (optional): waits up
@@ -258,6 +292,7 @@ REFIT_API refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t versi
 REFIT_API refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, double *prepare_ms);
 /* Per holder of the last pull (fleet path): what it served. */
 typedef struct {
+    size_t size;        /* sizeof(refit_holder_stat_t) as the caller compiled it: REFIT_HOLDER_STAT_INIT */
     char name[96];      /* "trainer:R" or "relay:S" */
     uint64_t bytes;     /* bytes read from it (re-read chunks included) */
     uint32_t chunks;    /* chunks it served */
@@ -265,9 +300,19 @@ typedef struct {
     bool failed;        /* dropped during the pull (died, broke) */
     uint32_t early;     /* a relay: chunks read while it was still receiving the version */
 } refit_holder_stat_t;
-/* Copies up to max entries; returns the number of holders of the last pull
- * (0 when it did not use the fleet path). */
-REFIT_API size_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *out, size_t max);
+#ifdef __cplusplus
+#define REFIT_HOLDER_STAT_INIT {sizeof(refit_holder_stat_t)}
+#else
+#define REFIT_HOLDER_STAT_INIT {.size = sizeof(refit_holder_stat_t)}
+#endif
+/* Copies up to max entries into out[0 .. max) and returns the number of
+ * holders of the last pull (0 when it did not use the fleet path); *count
+ * (may be NULL) receives it.  out[0].size is the size of every element (the
+ * array's stride: set it, REFIT_HOLDER_STAT_INIT, in at least the first);
+ * REFIT_ERR_INVALID_ARG (nothing written) if it is too small.  out may be
+ * NULL with max 0 to ask for the count. */
+REFIT_API refit_status_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *out, size_t max,
+                                                size_t *count);
 
 /* The last version pulled completely (0: none). */
 REFIT_API uint64_t refit_receiver_committed(const refit_receiver_t *r);

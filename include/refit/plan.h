@@ -67,6 +67,8 @@ typedef struct {
 #define REFIT_PLAN_PARAMS_INIT {REFIT_PLAN_PARAMS_VERSION, 0, 0, false, false}
 
 typedef struct {
+    size_t size;              /* sizeof(refit_plan_stats_t) as the caller compiled it: REFIT_PLAN_STATS_INIT
+                                 (a sized output: refit/engine.h) */
     uint64_t bytes_written;   /* destination bytes the placements cover */
     uint64_t bytes_read;      /* bytes the regions read from sources */
     uint64_t bytes_redundant; /* bytes_read - bytes_written (0 for a correct plan) */
@@ -77,6 +79,11 @@ typedef struct {
     size_t sources_used;      /* sources read from */
     double plan_ms;           /* wall time of refit_plan_create */
 } refit_plan_stats_t;
+#ifdef __cplusplus
+#define REFIT_PLAN_STATS_INIT {sizeof(refit_plan_stats_t)}
+#else
+#define REFIT_PLAN_STATS_INIT {.size = sizeof(refit_plan_stats_t)}
+#endif
 
 typedef struct {
     uint64_t src; /* combination of every source's signature, in order */
@@ -94,7 +101,10 @@ REFIT_API refit_status_t refit_plan_create(const refit_manifest_t *const *srcs, 
                                            refit_plan_t **out);
 REFIT_API void refit_plan_destroy(refit_plan_t *plan);
 
-REFIT_API void refit_plan_stats(const refit_plan_t *plan, refit_plan_stats_t *out);
+/* The plan's statistics into *out, whose size the caller sets
+ * (REFIT_PLAN_STATS_INIT); REFIT_ERR_INVALID_ARG (nothing written) for a size
+ * too small or a NULL argument. */
+REFIT_API refit_status_t refit_plan_stats(const refit_plan_t *plan, refit_plan_stats_t *out);
 /* Copy regions (sorted by source, then destination offset) and fill regions. */
 REFIT_API const refit_plan_region_t *refit_plan_regions(const refit_plan_t *plan, size_t *n);
 REFIT_API const refit_plan_region_t *refit_plan_fills(const refit_plan_t *plan, size_t *n);

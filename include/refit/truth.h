@@ -42,15 +42,25 @@ REFIT_API refit_status_t refit_truth_fill_delta(const refit_manifest_t *m, void 
                                                 double fraction);
 
 typedef struct {
+    size_t size; /* sizeof(refit_truth_report_t) as the caller compiled it: REFIT_TRUTH_REPORT_INIT
+                    (a sized output: refit/engine.h) */
     uint64_t elements_checked;
     uint64_t bytes_checked;
     uint64_t mismatches; /* elements (and padding bytes) that differ */
 } refit_truth_report_t;
+#ifdef __cplusplus
+#define REFIT_TRUTH_REPORT_INIT {sizeof(refit_truth_report_t)}
+#else
+#define REFIT_TRUTH_REPORT_INIT {.size = sizeof(refit_truth_report_t)}
+#endif
 
 /* Verifies every byte of every local tensor of m: placed elements against the
  * truth of `version`, padding against zero.  REFIT_ERR_VERIFY if anything
  * differs, with a detail naming the first wrong element (local tensor, index,
- * canonical tensor and index, expected and found bits).  report may be NULL. */
+ * canonical tensor and index, expected and found bits).  report may be NULL;
+ * otherwise report->size must be set (REFIT_TRUTH_REPORT_INIT; a size too
+ * small: REFIT_ERR_INVALID_ARG, nothing checked), and it is written whether
+ * the bytes match or not. */
 REFIT_API refit_status_t refit_truth_verify(const refit_manifest_t *m, const void *const *region_bases,
                                             uint64_t version, refit_truth_report_t *report);
 

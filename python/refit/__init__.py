@@ -5,13 +5,13 @@ found through $REFIT_LIBRARY, the librefit.so next to this package, the build/ d
 (an editable install), or the system's loader path.  See docs/python.md.
 """
 from ._lib import lib as _clib, library_path
-from .core import (DTYPES, HfSource, Layout, Local, Manifest, Model, Placement, Plan, PlanStats, Publisher,
-                   PullReport, Receiver, RefitError, SafetensorsFile, Tensor, default_registry, torch_dtype,
-                   wrap_memory)
+from .core import (DTYPES, HfSource, HolderStat, Layout, Local, Manifest, Model, Placement, Plan, PlanStats,
+                   Publisher, PullReport, Receiver, RefitError, SafetensorsFile, Tensor, default_registry,
+                   torch_dtype, wrap_memory)
 from . import adapters, metrics
 
-__all__ = ["DTYPES", "HfSource", "Layout", "Local", "Manifest", "Model", "Placement", "Plan", "PlanStats",
-           "Publisher", "PullReport", "Receiver", "RefitError", "SafetensorsFile", "Tensor", "adapters",
+__all__ = ["DTYPES", "HfSource", "HolderStat", "Layout", "Local", "Manifest", "Model", "Placement", "Plan",
+           "PlanStats", "Publisher", "PullReport", "Receiver", "RefitError", "SafetensorsFile", "Tensor", "adapters",
            "default_registry", "features", "library_path", "metrics", "torch_dtype", "version", "wrap_memory"]
 __version__ = "0.1.0"
 

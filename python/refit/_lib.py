@@ -46,7 +46,8 @@ class ReceiverParams(C.Structure):
 
 
 class PullReportC(C.Structure):
-    _fields_ = [("version", C.c_uint64), ("bytes", C.c_uint64), ("sources", C.c_uint32), ("planned", C.c_bool),
+    _fields_ = [("size", C.c_size_t), ("version", C.c_uint64), ("bytes", C.c_uint64), ("sources", C.c_uint32),
+                ("planned", C.c_bool),
                 ("manifests_read", C.c_uint32), ("wait_ms", C.c_double), ("discover_ms", C.c_double),
                 ("plan_ms", C.c_double), ("transfer_ms", C.c_double), ("verify_ms", C.c_double),
                 ("total_ms", C.c_double), ("transport", C.c_char * 32), ("lanes", C.c_char * 256),
@@ -56,20 +57,40 @@ class PullReportC(C.Structure):
                 ("unverified_bytes", C.c_uint64), ("digest_ms", C.c_double)]
 
 
+class HolderStatC(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("name", C.c_char * 96), ("bytes", C.c_uint64), ("chunks", C.c_uint32),
+                ("steals", C.c_uint32), ("failed", C.c_bool), ("early", C.c_uint32)]
+
+
 class PlanParams(C.Structure):
     _fields_ = [("version", C.c_uint), ("split_bytes", C.c_uint64), ("balance_seed", C.c_uint32),
                 ("use_seed", C.c_bool), ("no_coalesce", C.c_bool)]
 
 
 class PlanStatsC(C.Structure):
-    _fields_ = [("bytes_written", C.c_uint64), ("bytes_read", C.c_uint64), ("bytes_redundant", C.c_uint64),
-                ("bytes_fill", C.c_uint64), ("regions", C.c_size_t), ("fills", C.c_size_t), ("pieces", C.c_size_t),
+    _fields_ = [("size", C.c_size_t), ("bytes_written", C.c_uint64), ("bytes_read", C.c_uint64),
+                ("bytes_redundant", C.c_uint64), ("bytes_fill", C.c_uint64), ("regions", C.c_size_t), ("fills", C.c_size_t), ("pieces", C.c_size_t),
                 ("sources_used", C.c_size_t), ("plan_ms", C.c_double)]
 
 
 class TruthReport(C.Structure):
-    _fields_ = [("elements_checked", C.c_uint64), ("bytes_checked", C.c_uint64), ("mismatches", C.c_uint64)]
+    _fields_ = [("size", C.c_size_t), ("elements_checked", C.c_uint64), ("bytes_checked", C.c_uint64),
+                ("mismatches", C.c_uint64)]
 
+
+class AbiField(C.Structure):
+    _fields_ = [("structure", C.c_char_p), ("field", C.c_char_p), ("offset", C.c_size_t), ("size", C.c_size_t)]
+
+
+# Every structure above, by its C name: checked against the library's own
+# layout (refit_abi_layout) field by field when the library loads, and by
+# tests/python/test_abi.py.
+STRUCTS = {"refit_tensor_info_t": TensorInfo, "refit_manifest_identity_t": Identity,
+           "refit_placement_t": PlacementC, "refit_publisher_params_t": PublisherParams,
+           "refit_receiver_params_t": ReceiverParams, "refit_pull_report_t": PullReportC,
+           "refit_holder_stat_t": HolderStatC, "refit_plan_params_t": PlanParams,
+           "refit_plan_stats_t": PlanStatsC, "refit_truth_report_t": TruthReport,
+           "refit_abi_field_t": AbiField}
 
 PUBLISHER_PARAMS_VERSION = 4
 RECEIVER_PARAMS_VERSION = 5
@@ -133,7 +154,7 @@ _API = {
     # plans
     "refit_plan_create": (ST, [PP, C.c_size_t, P, C.POINTER(PlanParams), PP]),
     "refit_plan_destroy": (None, [P]),
-    "refit_plan_stats": (None, [P, C.POINTER(PlanStatsC)]),
+    "refit_plan_stats": (ST, [P, C.POINTER(PlanStatsC)]),
     "refit_plan_source_bytes": (C.c_uint64, [P, C.c_uint32]),
     "refit_plan_execute_memcpy": (ST, [P, C.POINTER(PP), PP, C.c_uint]),
     # truth
@@ -159,6 +180,7 @@ _API = {
     # engine
     "refit_default_registry": (C.c_char_p, []),
     "refit_struct_size": (C.c_size_t, [C.c_char_p]),
+    "refit_abi_layout": (C.POINTER(AbiField), [C.POINTER(C.c_size_t)]),
     "refit_publisher_create": (ST, [C.POINTER(PublisherParams), P, PP]),
     "refit_publisher_alloc": (ST, [P, C.c_uint32, PP]),
     "refit_publisher_attach": (ST, [P, C.c_uint32, C.c_void_p]),
@@ -170,6 +192,8 @@ _API = {
     "refit_receiver_alloc": (ST, [P, C.c_uint32, PP]),
     "refit_receiver_attach": (ST, [P, C.c_uint32, C.c_void_p]),
     "refit_receiver_pull": (ST, [P, C.c_uint64, C.c_int, C.POINTER(PullReportC)]),
+    "refit_receiver_prepare": (ST, [P, C.c_int, C.POINTER(C.c_double)]),
+    "refit_receiver_holders": (ST, [P, C.POINTER(HolderStatC), C.c_size_t, C.POINTER(C.c_size_t)]),
     "refit_receiver_committed": (C.c_uint64, [P]),
     "refit_receiver_usable": (C.c_bool, [P]),
     "refit_receiver_destroy": (None, [P]),
@@ -218,14 +242,52 @@ def _load():
 lib = _load()
 library_path = lib._refit_path
 
+
+def abi_layout():
+    """The library's layout of its public structures: {C name: (sizeof, [(field, offset, size), ...])}."""
+    n = C.c_size_t()
+    rows = lib.refit_abi_layout(C.byref(n))
+    out = {}
+    for i in range(n.value):
+        row = rows[i]
+        name = row.structure.decode()
+        if row.field is None:
+            out[name] = (row.size, [])
+        else:
+            out[name][1].append((row.field.decode(), row.offset, row.size))
+    return out
+
+
+def abi_mismatches(layout=None):
+    """How the structures mirrored here differ from the library's (an empty list: they match), field by field:
+    names in order, offsets and sizes, and sizeof."""
+    layout = abi_layout() if layout is None else layout
+    problems = []
+    for name, cls in STRUCTS.items():
+        if name not in layout:
+            problems.append(f"{name}: not in the library's layout")
+            continue
+        size, fields = layout[name]
+        mine = [(f, getattr(cls, f).offset, getattr(cls, f).size) for f, *_ in cls._fields_]
+        if mine != fields:
+            theirs = {f: (o, z) for f, o, z in fields}
+            here = {f: (o, z) for f, o, z in mine}
+            for f in dict.fromkeys([f for f, _, _ in fields] + [f for f, _, _ in mine]):
+                if theirs.get(f) != here.get(f):
+                    problems.append(f"{name}.{f}: (offset, size) {theirs.get(f)} in C, {here.get(f)} in Python")
+        if size != C.sizeof(cls):
+            problems.append(f"{name}: sizeof {size} in C, {C.sizeof(cls)} in Python")
+    return problems
+
+
 # The structures mirrored above must be the library's: a library built from
-# another revision would write past (or short of) them.
-for _name, _cls in (("refit_pull_report_t", PullReportC), ("refit_publisher_params_t", PublisherParams),
-                    ("refit_receiver_params_t", ReceiverParams)):
-    _size = lib.refit_struct_size(_name.encode()) if hasattr(lib, "refit_struct_size") else 0
-    if _size != C.sizeof(_cls):
-        raise ImportError(f"refit: {library_path} does not match this package: sizeof({_name}) is {_size} there, "
-                          f"{C.sizeof(_cls)} here; rebuild the library or reinstall the package from the same revision")
+# another revision (or a field added in C and not here) would write past them,
+# or Python would read the wrong bytes.
+_problems = (abi_mismatches() if hasattr(lib, "refit_abi_layout")
+             else ["it does not export refit_abi_layout (a library older than this package)"])
+if _problems:
+    raise ImportError(f"refit: {library_path} does not match this package ({'; '.join(_problems)}); rebuild the "
+                      "library or reinstall the package from the same revision")
 libc = C.CDLL(None)
 libc.free.argtypes = [C.c_void_p]
 libc.free.restype = None

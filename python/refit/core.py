@@ -336,7 +336,7 @@ class Manifest:
         _check(lib.refit_truth_fill_delta(self._h, _bases(regions), version, fraction), "refit_truth_fill")
 
     def truth_verify(self, regions: Sequence, version: int, fraction: float = 1.0) -> dict:
-        rep = _lib.TruthReport()
+        rep = _lib.TruthReport(C.sizeof(_lib.TruthReport))
         _check(lib.refit_truth_verify_delta(self._h, _bases(regions), version, fraction, C.byref(rep)),
                "refit_truth_verify")
         return {"elements_checked": rep.elements_checked, "bytes_checked": rep.bytes_checked}
@@ -435,8 +435,8 @@ class Plan:
             self._h = None
 
     def stats(self) -> PlanStats:
-        s = _lib.PlanStatsC()
-        lib.refit_plan_stats(self._h, C.byref(s))
+        s = _lib.PlanStatsC(C.sizeof(_lib.PlanStatsC))
+        _check(lib.refit_plan_stats(self._h, C.byref(s)), "refit_plan_stats")
         return PlanStats(s.bytes_written, s.bytes_read, s.bytes_redundant, s.bytes_fill, s.regions, s.fills,
                          s.pieces, s.sources_used, s.plan_ms,
                          [lib.refit_plan_source_bytes(self._h, i) for i in range(len(self._srcs))])
@@ -646,6 +646,16 @@ class PullReport:
     digest_ms: float = 0.0  # hashing, fetching and comparing digests (part of verify_ms)
 
 
+@dataclass
+class HolderStat:
+    name: str  # "trainer:R" or "relay:S"
+    bytes: int  # bytes read from it (re-read chunks included)
+    chunks: int  # chunks it served
+    steals: int  # chunks it re-read from a slower holder
+    failed: bool  # dropped during the pull
+    early: int  # a relay: chunks read while it was still receiving the version
+
+
 class Receiver(_Endpoint):
     """One rollout rank (refit_receiver_*).  attach(region, tensor) makes the tensor's storage the region that
     pulls write (e.g. an arena the model's parameters are views of), or alloc(region) returns library memory."""
@@ -676,13 +686,31 @@ class Receiver(_Endpoint):
 
     def pull(self, version: Optional[int] = None, timeout_ms: int = 60000) -> PullReport:
         """Pulls `version` (None: the newest complete one newer than the committed one)."""
-        rep = _lib.PullReportC()
+        rep = _lib.PullReportC(C.sizeof(_lib.PullReportC))
         v = _lib.VERSION_NEWEST if version is None else version
         _check(lib.refit_receiver_pull(self._h, v, timeout_ms, C.byref(rep)), f"pull({version})")
         return PullReport(rep.version, rep.bytes, rep.sources, rep.planned, rep.manifests_read, rep.wait_ms,
                           rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
                           rep.transport.decode(), rep.lanes.decode(), rep.connect_ms, rep.delta_base,
                           rep.digest_bytes, rep.unverified_bytes, rep.digest_ms)
+
+    def prepare(self, timeout_ms: int = 60000) -> float:
+        """Gets ready for the first pull without moving bytes (refit_receiver_prepare): waits up to timeout_ms
+        for every source rank to have published, reads their manifests, plans and (GPU memory) connects to the
+        sources.  Optional; returns the milliseconds it took."""
+        ms = C.c_double()
+        _check(lib.refit_receiver_prepare(self._h, timeout_ms, C.byref(ms)), "prepare")
+        return ms.value
+
+    def holders(self) -> List[HolderStat]:
+        """What each holder served in the last pull (the fleet path; [] otherwise)."""
+        n = C.c_size_t()
+        _check(lib.refit_receiver_holders(self._h, None, 0, C.byref(n)), "holders")
+        out = (_lib.HolderStatC * max(n.value, 1))()
+        out[0].size = C.sizeof(_lib.HolderStatC)
+        _check(lib.refit_receiver_holders(self._h, out, len(out), C.byref(n)), "holders")
+        return [HolderStat(h.name.decode(), h.bytes, h.chunks, h.steals, bool(h.failed), h.early)
+                for h in out[:min(n.value, len(out))]]
 
     @property
     def committed(self) -> int:

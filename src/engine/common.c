@@ -33,15 +33,6 @@ const char *refit_default_registry(void)
     return g_default_registry;
 }
 
-size_t refit_struct_size(const char *name)
-{
-    if (!name) return 0;
-    if (!strcmp(name, "refit_pull_report_t")) return sizeof(refit_pull_report_t);
-    if (!strcmp(name, "refit_publisher_params_t")) return sizeof(refit_publisher_params_t);
-    if (!strcmp(name, "refit_receiver_params_t")) return sizeof(refit_receiver_params_t);
-    return 0;
-}
-
 static char *options_for(const char *options, const char *name)
 {
     /* "ucx.listen=a,shm.x=y,ucx.require=rdma" -> "listen=a,require=rdma" for ucx */

@@ -14,6 +14,12 @@
 
 #define REFIT_MAX_TRANSPORTS 4
 
+/* The smallest size a caller may give a sized output (refit/engine.h): the
+ * end of the last field of its first sized version.  Never change these;
+ * fields added later lie past them. */
+#define REFIT_PULL_REPORT_SIZE_V1 REFIT_END_OF(refit_pull_report_t, digest_ms)
+#define REFIT_HOLDER_STAT_SIZE_V1 REFIT_END_OF(refit_holder_stat_t, early)
+
 typedef struct {
     uint32_t n;
     const refit_transport_ops_t *ops[REFIT_MAX_TRANSPORTS];

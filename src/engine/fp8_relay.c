@@ -67,8 +67,7 @@ refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int 
     if (!x) return refit_error(REFIT_ERR_INVALID_ARG, "FP8 relay is NULL");
     refit_fp8_relay_report_t r;
     memset(&r, 0, sizeof(r));
-    refit_pull_report_t pr;
-    memset(&pr, 0, sizeof(pr));
+    refit_pull_report_t pr = REFIT_PULL_REPORT_INIT;
     double t0 = refit_now();
     refit_status_t st = REFIT_OK;
     uint64_t have = refit_receiver_committed(x->rx);

@@ -621,11 +621,24 @@ static refit_status_t fleet_transfer(refit_receiver_t *r, void *const *dst, cons
     return st;
 }
 
-size_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *out, size_t max)
+refit_status_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *out, size_t max,
+                                      size_t *count)
 {
-    if (!r) return 0;
-    for (size_t i = 0; out && i < r->nholders && i < max; i++) out[i] = r->holders[i];
-    return r->nholders;
+    if (!r) return refit_error(REFIT_ERR_INVALID_ARG, "receiver is NULL");
+    if (max && !out) return refit_error(REFIT_ERR_INVALID_ARG, "holders: out is NULL and max is %zu", max);
+    if (max) {
+        /* out[0].size is the caller's sizeof, so also the array's stride. */
+        size_t stride = out[0].size;
+        refit_status_t st = refit_out_check(stride, REFIT_HOLDER_STAT_SIZE_V1, "refit_holder_stat_t");
+        if (st) return st;
+        for (size_t i = 0; i < r->nholders && i < max; i++) {
+            refit_holder_stat_t *o = (refit_holder_stat_t *)(void *)((char *)out + i * stride);
+            o->size = stride;
+            refit_out_write(o, stride, &r->holders[i], sizeof(r->holders[i]));
+        }
+    }
+    if (count) *count = r->nholders;
+    return REFIT_OK;
 }
 
 /* ---- delta path (host memory) ---------------------------------------------- */
@@ -1417,10 +1430,15 @@ refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t version, int ti
     if (!r) return refit_error(REFIT_ERR_INVALID_ARG, "receiver is NULL");
     for (uint32_t i = 0; i < r->nregions; i++)
         if (!r->mem[i]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u has no memory (alloc or attach it)", i);
+    if (report) {
+        refit_status_t st = refit_out_check(report->size, REFIT_PULL_REPORT_SIZE_V1, "refit_pull_report_t");
+        if (st) return st;
+    }
     refit_pull_report_t rep;
     memset(&rep, 0, sizeof(rep));
+    rep.size = sizeof(rep);
     refit_status_t st = do_pull(r, version, refit_now() + (timeout_ms < 0 ? 0 : timeout_ms) / 1e3, &rep);
     refit_metrics_pull(r->params.job, r->group, r->m, st, &rep); /* metrics.c: counters, optional export */
-    if (report) *report = rep;
+    if (report) refit_out_write(report, report->size, &rep, sizeof(rep));
     return st;
 }

@@ -56,10 +56,10 @@ refit_status_t refit_local_run(const refit_local_set_t *src, const refit_manifes
     refit_status_t st;
     refit_plan_t *plan = NULL;
     void *arena = NULL;
-    refit_local_result_t res = {0};
+    refit_local_result_t res = {.stats = REFIT_PLAN_STATS_INIT, .verify = REFIT_TRUTH_REPORT_INIT};
     if ((st = refit_plan_create((const refit_manifest_t *const *)src->manifests, src->n, dst, params, &plan)))
         return st;
-    refit_plan_stats(plan, &res.stats);
+    if ((st = refit_plan_stats(plan, &res.stats))) goto out;
     if (execute) {
         uint64_t size = refit_manifest_region_size(dst, 0);
         arena = malloc(size);

@@ -567,7 +567,14 @@ void refit_plan_destroy(refit_plan_t *plan)
     free(plan);
 }
 
-void refit_plan_stats(const refit_plan_t *plan, refit_plan_stats_t *out) { *out = plan->stats; }
+refit_status_t refit_plan_stats(const refit_plan_t *plan, refit_plan_stats_t *out)
+{
+    if (!plan || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_plan_stats: NULL argument");
+    refit_status_t st = refit_out_check(out->size, REFIT_END_OF(refit_plan_stats_t, plan_ms), "refit_plan_stats_t");
+    if (st) return st;
+    refit_out_write(out, out->size, &plan->stats, sizeof(plan->stats));
+    return REFIT_OK;
+}
 
 const refit_plan_region_t *refit_plan_regions(const refit_plan_t *plan, size_t *n)
 {

@@ -620,7 +620,7 @@ static double fluid_catchup(const sim_t *s)
 static void fluid_start(sim_t *s, rx_t *r)
 {
     const refit_plan_t *plan = plan_of(s, r);
-    refit_plan_stats_t ps;
+    refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(plan, &ps);
     /* The engine's shares, over chunks of at least 1/2048 of the plan (the
      * same rule; coarser, so that shares of a large fleet stay cheap). */
@@ -879,7 +879,7 @@ static refit_status_t delta_setup(sim_t *s)
         s->d_payload[i] = calloc(P, sizeof(double));
         if (!s->d_table[i] || !s->d_payload[i]) return refit_error(REFIT_ERR_NO_MEMORY, "delta");
         const refit_plan_t *plan = s->P.plans[i];
-        refit_plan_stats_t ps;
+        refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(plan, &ps);
         s->d_units[i] = (double)ps.bytes_written / 2 * f;
         size_t nr;
@@ -989,7 +989,7 @@ static refit_status_t setup(sim_t *s)
     if (f->delta > 0 && (st = delta_setup(s))) return st;
     uint64_t chunks = 0;
     for (uint32_t i = 0; i < s->P.ndst; i++) {
-        refit_plan_stats_t ps;
+        refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(s->P.plans[i], &ps);
         chunks += (ps.bytes_read / s->chunk + 1) * f->replicas;
     }
@@ -1090,7 +1090,7 @@ refit_status_t sim_fleet_run(const sim_fleet_t *f, const sim_cluster_t *c, sim_r
     out->plan_threads = s.P.threads;
     out->mode = s.fluid ? SIM_MODE_FLUID : SIM_MODE_CHUNKS;
     for (uint32_t i = 0; i < s.P.ndst; i++) {
-        refit_plan_stats_t ps;
+        refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(s.P.plans[i], &ps);
         if (ps.bytes_written > out->rank_bytes_max) out->rank_bytes_max = ps.bytes_written;
         if (s.P.plan_ms[i] > out->plan_ms_max) out->plan_ms_max = s.P.plan_ms[i];

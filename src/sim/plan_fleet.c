@@ -181,7 +181,7 @@ refit_status_t sim_plan_scale(const char *model, const char *src, const char *ds
     out->threads = P.threads;
     uint64_t h = 0x706c616e7363616cULL;
     for (uint32_t i = 0; i < P.ndst; i++) {
-        refit_plan_stats_t s;
+        refit_plan_stats_t s = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(P.plans[i], &s);
         if (P.plan_ms[i] > out->plan_ms_max) out->plan_ms_max = P.plan_ms[i];
         out->plan_ms_sum += P.plan_ms[i];

@@ -189,10 +189,14 @@ refit_status_t refit_truth_verify_delta(const refit_manifest_t *m, const void *c
                                         double fraction, refit_truth_report_t *report)
 {
     if (!m || !region_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_truth_verify: NULL argument");
+    refit_status_t st;
+    if (report && (st = refit_out_check(report->size, REFIT_END_OF(refit_truth_report_t, mismatches),
+                                        "refit_truth_report_t")))
+        return st;
     walk_t w = {.m = m, .version = version, .fraction = fraction, .verify = true,
                 .bases = (unsigned char *const *)region_bases};
-    refit_status_t st = walk(&w);
-    if (report) *report = w.rep;
+    st = walk(&w);
+    if (report) refit_out_write(report, report->size, &w.rep, sizeof(w.rep));
     if (st == REFIT_ERR_VERIFY && w.rep.mismatches > 1)
         refit_error_prefix("%" PRIu64 " wrong elements or bytes; the first", w.rep.mismatches);
     return st;

@@ -8,6 +8,21 @@
 #include <time.h>
 #include <unistd.h>
 
+refit_status_t refit_out_check(size_t size, size_t min, const char *name)
+{
+    if (size >= min) return REFIT_OK;
+    return refit_error(REFIT_ERR_INVALID_ARG,
+                       "%s: size is %zu, at least %zu expected (set it to sizeof(%s), e.g. with its _INIT macro)",
+                       name, size, min, name);
+}
+
+void refit_out_write(void *out, size_t out_size, const void *full, size_t full_size)
+{
+    size_t n = REFIT_MIN(out_size, full_size);
+    size_t skip = sizeof(size_t); /* the caller's size stays */
+    if (n > skip) memcpy((char *)out + skip, (const char *)full + skip, n - skip);
+}
+
 int refit_vec_grow_(void **data, size_t *cap, size_t elem, size_t need)
 {
     if (need <= *cap) return 0;

@@ -28,6 +28,16 @@ refit_status_t refit_error(refit_status_t status, const char *fmt, ...) REFIT_PR
 refit_status_t refit_error_prefix(const char *fmt, ...) REFIT_PRINTF(1, 2);
 void refit_log(refit_log_level_t level, const char *fmt, ...) REFIT_PRINTF(2, 3);
 
+/* Sized outputs (refit/engine.h): `size` is the caller's sizeof of a structure
+ * that begins with `size_t size`.  refit_out_check refuses a size below `min`
+ * (the end of the structure's first sized version) naming the structure;
+ * refit_out_write copies the fields of `full` (the library's whole structure,
+ * full_size bytes) that fit in the caller's `out`, leaving out->size alone. */
+refit_status_t refit_out_check(size_t size, size_t min, const char *name);
+/* The end of a field: a sized output's minimum is the end of the last field of its first sized version. */
+#define REFIT_END_OF(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
+void refit_out_write(void *out, size_t out_size, const void *full, size_t full_size);
+
 /* Checked arithmetic: false on overflow. */
 static inline bool refit_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 {

@@ -133,7 +133,7 @@ static void truth_case(const char *model, const char *spec)
             refit_manifest_local(m, li, &info, &reg, &off);
             assert_memory_equal(h + off, (char *)cpu + off, refit_tensor_nbytes(&info));
         }
-        refit_truth_report_t rep;
+        refit_truth_report_t rep = REFIT_TRUTH_REPORT_INIT;
         REFIT_ASSERT_OK(refit_gpu_truth_verify(m, 0, (const void *const *)&d, 5, &rep));
         assert_int_equal(rep.mismatches, 0);
         REFIT_ASSERT_ERR(refit_gpu_truth_verify(m, 0, (const void *const *)&d, 6, &rep), REFIT_ERR_VERIFY, "wrong");
@@ -296,7 +296,7 @@ static void engine_case(const char *model, const char *src_spec, int src_dev, co
             REFIT_ASSERT_OK(refit_publisher_publish(pub[s], v));
         }
         for (uint32_t r = 0; r < nd; r++) {
-            refit_pull_report_t rep;
+            refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
             REFIT_ASSERT_OK(refit_receiver_pull(rx[r], v, 20000, &rep));
             assert_int_equal(rep.version, v);
             assert_true(rep.bytes > 0);
@@ -390,7 +390,7 @@ static void engine_delta_case(const char *model, const char *src_spec, const cha
             REFIT_ASSERT_OK(refit_truth_fill_delta(h.m[s], &h.base[s], v, f));
             REFIT_ASSERT_OK(refit_publisher_publish(h.pub[s], v));
         }
-        refit_pull_report_t rep;
+        refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
         REFIT_ASSERT_OK(refit_receiver_pull(rx, v, 20000, &rep));
         if (v == 1) full = rep.bytes;
         if (rep.delta_base != v - 1 || (v > 1 && rep.bytes * 5 >= full)) /* 2%: 4 bytes a change, whole chunks */
@@ -441,11 +441,12 @@ static void gpu_relay_case(const char *model, const char *src_spec, const char *
             REFIT_ASSERT_OK(refit_truth_fill(h.m[s], &h.base[s], v));
             REFIT_ASSERT_OK(refit_publisher_publish(h.pub[s], v));
         }
-        refit_pull_report_t rep;
+        refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
         REFIT_ASSERT_OK(refit_receiver_pull(rx[0], v, 20000, &rep));
         REFIT_ASSERT_OK(refit_receiver_pull(rx[1], v, 20000, &rep));
-        refit_holder_stat_t hs[8];
-        size_t nh = refit_receiver_holders(rx[1], hs, 8);
+        refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
+        size_t nh = 0;
+        REFIT_ASSERT_OK(refit_receiver_holders(rx[1], hs, 8, &nh));
         uint64_t from_relay = 0, from_trainer = 0;
         for (size_t i = 0; i < nh && i < 8; i++) {
             if (!strncmp(hs[i].name, "relay:0", 7)) from_relay += hs[i].bytes;

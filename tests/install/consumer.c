@@ -54,7 +54,7 @@ int main(void)
 
     refit_plan_t *plan;
     CHECK(refit_plan_create((const refit_manifest_t *const *)srcs, 2, dst, NULL, &plan));
-    refit_plan_stats_t stats;
+    refit_plan_stats_t stats = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(plan, &stats);
     uint64_t total = refit_model_total_bytes(model);
     printf("plan: %llu bytes written, %llu read, %zu regions; model %llu bytes\n",
@@ -71,7 +71,7 @@ int main(void)
         CHECK(refit_truth_fill(srcs[r], src_bases[r], 3));
     }
     CHECK(refit_plan_execute_memcpy(plan, (const void *const *const *)src_bases, dst_bases, 1));
-    refit_truth_report_t rep;
+    refit_truth_report_t rep = REFIT_TRUTH_REPORT_INIT;
     CHECK(refit_truth_verify(dst, (const void *const *)dst_bases, 3, &rep));
     if (rep.bytes_checked != total || rep.mismatches != 0) {
         fprintf(stderr, "consumer: verified %llu bytes of %llu\n", (unsigned long long)rep.bytes_checked,

@@ -211,9 +211,15 @@ def test_publish_pull_across_processes(tmp_path, kind):
         with refit.Receiver(man, registry=reg, job="bind", verify=True, truth_fraction=frac) as r:
             mem = torch.zeros(man.regions()[0], dtype=torch.uint8)
             r.attach(0, mem)
+            if kind == "alloc":  # prepared: the first pull plans nothing and reads no manifest
+                assert r.prepare(timeout_ms=60000) > 0
             rep = r.pull(1, timeout_ms=60000)
-            assert rep.version == 1 and rep.sources == 2 and rep.planned and rep.transport == "shm"
+            assert rep.version == 1 and rep.sources == 2 and rep.transport == "shm"
+            assert rep.planned == (kind != "alloc") and rep.manifests_read == (0 if kind == "alloc" else 2)
             assert rep.delta_base == 0
+            hs = r.holders()  # host memory: the fleet path, trainer ranks as holders
+            assert hs and all(h.name.startswith("trainer:") and not h.failed for h in hs), hs
+            assert sum(h.bytes for h in hs) >= rep.bytes
             views = r.tensors()
             assert views["model.embed_tokens.weight"].dtype == torch.bfloat16
             full = rep.bytes
@@ -234,6 +240,15 @@ def test_publish_pull_across_processes(tmp_path, kind):
         for p in pubs:
             out, err = p.communicate(timeout=60)
             assert p.returncode == 0, err
+
+
+def test_prepare_times_out_without_sources(tmp_path):
+    man = refit.Layout("vllm:tp=2").manifest(refit.Model("tiny-moe"), 0)
+    with refit.Receiver(man, registry=f"file:{tmp_path}/reg", job="prep", transports="shm") as r:
+        with pytest.raises(refit.RefitError) as e:
+            r.prepare(timeout_ms=200)
+        assert e.value.name == "REFIT_ERR_TIMEOUT" and "no source" in e.value.detail
+        assert r.holders() == []
 
 
 def test_attach_checks_size(tmp_path):

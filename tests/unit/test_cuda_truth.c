@@ -81,7 +81,7 @@ static void check_table(const char *model, const char *spec, uint64_t chunk, uin
             refit_manifest_local(m, li, &info, &reg, &off);
             assert_memory_equal((char *)a + off, (char *)b + off, refit_tensor_nbytes(&info));
         }
-        refit_truth_report_t rep;
+        refit_truth_report_t rep = REFIT_TRUTH_REPORT_INIT;
         REFIT_ASSERT_OK(refit_truth_verify(m, (const void *const *)&b, 7, &rep));
         assert_int_equal(t.bytes, rep.bytes_checked);
         assert_int_equal(refit_truth_table_run_host(&t, &a, 7, true, threads, &first), 0);
@@ -132,7 +132,7 @@ static uint64_t check_batch(const char *model, const char *src_spec, const char 
         refit_manifest_t *dm = t_manifest(md, dst_spec, r);
         refit_plan_t *plan = NULL;
         REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)set.manifests, set.n, dm, NULL, &plan));
-        refit_plan_stats_t ps;
+        refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(plan, &ps);
         fills += ps.bytes_fill;
         refit_batch_opts_t o = {.chunk_bytes = chunk, .max_shift = max_shift, .copies = true, .fills = true};
@@ -145,7 +145,7 @@ static uint64_t check_batch(const char *model, const char *src_spec, const char 
             for (uint32_t k = b.src_slot_base[s]; k < b.src_slot_base[s + 1]; k++) slots[k] = set.arenas[s];
         for (uint32_t k = b.dst_slot_base; k < b.nslots; k++) slots[k] = d;
         refit_batch_execute_host(&b, slots, threads);
-        refit_truth_report_t rep;
+        refit_truth_report_t rep = REFIT_TRUTH_REPORT_INIT;
         REFIT_ASSERT_OK(refit_truth_verify(dm, (const void *const *)&d, 3, &rep));
         free(slots);
         free(d);

@@ -521,7 +521,7 @@ static void run_pair(const pair_t *pr)
         memset(arena, 0xa5, size);
         REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, set.bases, &arena, 1));
         REFIT_ASSERT_OK(refit_truth_verify(dm, (const void *const *)&arena, 11, NULL));
-        refit_plan_stats_t ps;
+        refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(plan, &ps);
         refit_digest_plan_stats_t st;
         refit_digest_report_t rep;

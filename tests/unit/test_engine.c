@@ -18,6 +18,7 @@
 
 #include "refit/fp8.h"
 #include "registry/registry.h"
+#include "util/util.h"
 
 /* ---- publisher processes, driven line by line over pipes ----------------- */
 
@@ -341,12 +342,13 @@ static void relay_serves_joiner(void **state)
     relay_t a = relay_start(&g, "tiny-dense", "vllm:tp=2", 1, 0, 1, 1);
     void *b;
     refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=2", 1, &g, 1, &b);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(r, REFIT_VERSION_NEWEST, 10000, &rep));
     assert_int_equal(rep.version, 1);
     expect_truth("tiny-dense", "vllm:tp=2", 1, b, 1);
-    refit_holder_stat_t hs[8];
-    size_t nh = refit_receiver_holders(r, hs, 8);
+    refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
     const refit_holder_stat_t *h = holder(hs, nh, "relay:0");
     assert_non_null(h);
     assert_true(h->bytes >= rep.bytes); /* contiguous spans: padding between rows included */
@@ -358,11 +360,88 @@ static void relay_serves_joiner(void **state)
     refit_receiver_t *r0 = fleet_receiver("tiny-dense", "vllm:tp=2", 0, &g, 1, &b0);
     REFIT_ASSERT_OK(refit_receiver_pull(r0, 1, 10000, &rep));
     expect_truth("tiny-dense", "vllm:tp=2", 0, b0, 1);
-    nh = refit_receiver_holders(r0, hs, 8);
+    REFIT_ASSERT_OK(refit_receiver_holders(r0, hs, 8, &nh));
     assert_null(holder(hs, nh, "relay:0"));
     refit_receiver_destroy(r0);
     refit_receiver_destroy(r);
     relay_stop(&a, false);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
+/* Sized outputs (refit/engine.h): a size too small is refused, naming the
+ * structure, before anything happens; a caller whose structure is larger
+ * (newer headers) keeps its extra bytes; one whose structure is smaller
+ * (older headers) gets only the fields that fit; holders are written at the
+ * caller's stride. */
+static void sized_outputs(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
+    void *b;
+    refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=2", 1, &g, 0, &b);
+    refit_pull_report_t zero;
+    memset(&zero, 0, sizeof(zero));
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, 1, 10000, &zero), REFIT_ERR_INVALID_ARG, "refit_pull_report_t: size is 0");
+    assert_int_equal(refit_receiver_committed(r), 0); /* refused before pulling */
+    zero.size = offsetof(refit_pull_report_t, digest_ms);
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, 1, 10000, &zero), REFIT_ERR_INVALID_ARG, "refit_pull_report_t");
+    struct {
+        refit_pull_report_t rep;
+        uint64_t future; /* a field of a newer header */
+    } newer = {REFIT_PULL_REPORT_INIT, 0x5eed};
+    newer.rep.size = sizeof(newer);
+    REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &newer.rep));
+    assert_int_equal(newer.rep.size, sizeof(newer));
+    assert_int_equal(newer.rep.version, 1);
+    assert_true(newer.rep.bytes > 0);
+    assert_int_equal(newer.future, 0x5eed);
+    expect_truth("tiny-dense", "vllm:tp=2", 1, b, 1);
+
+    /* An older caller: only its prefix is written (the library's helper, as
+     * the engine uses it, on a size that ends before digest_bytes). */
+    refit_pull_report_t older = REFIT_PULL_REPORT_INIT;
+    older.digest_bytes = older.unverified_bytes = 77;
+    older.digest_ms = 7;
+    size_t older_size = offsetof(refit_pull_report_t, digest_bytes);
+    older.size = older_size;
+    refit_out_write(&older, older.size, &newer.rep, sizeof(newer.rep));
+    assert_int_equal(older.size, older_size);
+    assert_int_equal(older.version, 1);
+    assert_int_equal(older.bytes, newer.rep.bytes);
+    assert_int_equal(older.digest_bytes, 77);
+    assert_int_equal(older.unverified_bytes, 77);
+    assert_true(older.digest_ms == 7);
+
+    size_t nh = 99;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, NULL, 0, &nh));
+    assert_true(nh >= 1 && nh <= 2);
+    size_t n = nh;
+    refit_holder_stat_t small = {.size = 8};
+    REFIT_ASSERT_ERR(refit_receiver_holders(r, &small, 1, &nh), REFIT_ERR_INVALID_ARG, "refit_holder_stat_t");
+    struct wide {
+        refit_holder_stat_t h;
+        uint64_t future;
+    } hs[3] = {{REFIT_HOLDER_STAT_INIT, 1}, {REFIT_HOLDER_STAT_INIT, 2}, {REFIT_HOLDER_STAT_INIT, 3}};
+    hs[0].h.size = sizeof(hs[0]);
+    nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, &hs[0].h, 3, &nh));
+    assert_int_equal(nh, n);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(hs[i].h.size, sizeof(hs[0]));
+        assert_int_equal(strncmp(hs[i].h.name, "trainer:", 8), 0);
+        assert_int_equal(hs[i].future, i + 1);
+        sum += hs[i].h.bytes;
+    }
+    assert_true(sum >= newer.rep.bytes);
+    assert_int_equal(hs[2].h.name[0], '\0'); /* beyond the holders: untouched */
+    assert_int_equal(hs[2].future, 3);
+    refit_receiver_destroy(r);
     for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
     t_rm_tree(g.dir);
 }
@@ -392,15 +471,16 @@ static void relay_killed_reader_fails_over(void **state)
         _exit(0);
     }
     double t0 = refit_now();
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, 1, 10000, &rep);
     double ms = t_ms_since(t0);
     unsetenv("REFIT_TEST_THROTTLE");
     waitpid(killer, NULL, 0);
     REFIT_ASSERT_OK(st);
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
-    refit_holder_stat_t hs[8];
-    size_t nh = refit_receiver_holders(r, hs, 8);
+    refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
     const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0"), *h1 = holder(hs, nh, "relay:1");
     assert_non_null(h0);
     assert_non_null(h1);
@@ -437,14 +517,15 @@ static void relay_killed_trainer_resumes(void **state)
         kill(a.pid, SIGKILL);
         _exit(0);
     }
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, 1, 10000, &rep);
     unsetenv("REFIT_TEST_THROTTLE");
     waitpid(killer, NULL, 0);
     REFIT_ASSERT_OK(st);
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
-    refit_holder_stat_t hs[8];
-    size_t nh = refit_receiver_holders(r, hs, 8);
+    refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
     const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0"), *t0 = holder(hs, nh, "trainer:0");
     assert_non_null(h0);
     assert_non_null(t0);
@@ -478,11 +559,12 @@ static void relay_of_restarted_trainer_skipped(void **state)
     PUB_OK(&p, "publish 1");
     void *b;
     refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 1, &b);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
-    refit_holder_stat_t hs[8];
-    size_t nh = refit_receiver_holders(r, hs, 8);
+    refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
     const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0"), *t0 = holder(hs, nh, "trainer:0");
     assert_non_null(t0);
     assert_true(t0->bytes > 0);
@@ -534,15 +616,16 @@ static void chain_survives_relay_death(void **state)
     }
     void *b;
     refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 1, &b);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, 1, 15000, &rep);
     unsetenv("REFIT_TEST_THROTTLE");
     waitpid(killer, NULL, 0);
     REFIT_ASSERT_OK(st);
     relay_pulled(&bb); /* B completed (and verified) after failing over */
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
-    refit_holder_stat_t hs[8];
-    size_t nh = refit_receiver_holders(r, hs, 8);
+    refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
     const refit_holder_stat_t *h1 = holder(hs, nh, "relay:1");
     assert_non_null(h1);
     assert_false(h1->failed);
@@ -586,7 +669,7 @@ static void relay_chain_pipelines(void **state)
     void *b;
     refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 1, &b);
     setenv("REFIT_TEST_THROTTLE", "relay:0=2", 1);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
     /* When B's bytes were in place (its verification - digests, truth - comes after). */
     double b_end = (rep.end_s - t0) * 1e3;
@@ -594,8 +677,9 @@ static void relay_chain_pipelines(void **state)
     unsetenv("REFIT_TEST_THROTTLE");
     relay_pulled(&a); /* A verified its copy too */
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
-    refit_holder_stat_t hs[8];
-    size_t nh = refit_receiver_holders(r, hs, 8);
+    refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
     const refit_holder_stat_t *h = holder(hs, nh, "relay:0");
     assert_non_null(h);
     assert_null(holder(hs, nh, "trainer:0")); /* the trainer's one reader was A */
@@ -627,14 +711,15 @@ static void slow_replica_chunks_stolen(void **state)
     void *b;
     refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 0, &b);
     setenv("REFIT_TEST_THROTTLE", "trainer:1=0.5", 1);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     double t0 = refit_now();
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
     double ms = t_ms_since(t0);
     unsetenv("REFIT_TEST_THROTTLE");
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
-    refit_holder_stat_t hs[4];
-    size_t nh = refit_receiver_holders(r, hs, 4);
+    refit_holder_stat_t hs[4] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 4, &nh));
     const refit_holder_stat_t *fast = holder(hs, nh, "trainer:0"), *slow = holder(hs, nh, "trainer:1");
     assert_non_null(fast);
     assert_non_null(slow);
@@ -664,7 +749,7 @@ static void end_to_end_shm_file(void **state)
     refit_manifest_destroy(m0);
     for (uint64_t v = 1; v <= 3; v++) {
         for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish %llu", (unsigned long long)v);
-        refit_pull_report_t rep;
+        refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
         /* Poison first: the pull must leave the memory byte-identical to the truth. */
         memset(b0, 0xa5, size0);
         REFIT_ASSERT_OK(refit_receiver_pull(r0, REFIT_VERSION_NEWEST, 10000, &rep));
@@ -680,7 +765,7 @@ static void end_to_end_shm_file(void **state)
                                      t_manifest_named("tiny-moe", "megatron:tp=2,ep=2,etp=1", 1)};
         refit_manifest_t *dm = t_manifest_named("tiny-moe", "vllm:tp=2", 0);
         REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)srcs, 2, dm, NULL, &pl));
-        refit_plan_stats_t ps;
+        refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(pl, &ps);
         assert_int_equal(rep.digest_bytes, ps.bytes_written);
         assert_int_equal(rep.unverified_bytes, 0);
@@ -729,7 +814,7 @@ static void prepare_before_first_pull(void **state)
     refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=2", 1);
     memset(b, 0xa5, refit_manifest_region_size(m, 0));
     refit_manifest_destroy(m);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
     assert_false(rep.planned);
     assert_int_equal(rep.manifests_read, 0);
@@ -754,7 +839,7 @@ static void process_vm_readv_path(void **state)
     void *b;
     refit_receiver_t *r = receiver("tiny-mla", "vllm:tp=4", 3, &g, "shm", 0, &b);
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
     assert_string_equal(rep.lanes, "shm:process_vm_readv");
     expect_truth("tiny-mla", "vllm:tp=4", 3, b, 1);
@@ -807,7 +892,7 @@ static void end_to_end_redis(void **state)
     void *b;
     refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 1, 10000, &rep));
     expect_truth("tiny-moe", "vllm:tp=1", 0, b, 1);
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
@@ -913,14 +998,15 @@ static void replica_killed_mid_transfer_fails_over(void **state)
     void *b;
     refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
     to_version_2(p, r);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     double ms;
     REFIT_ASSERT_OK(pull_while_killing(r, 2, &p[1], &rep, &ms));
     assert_true(ms < 5000);
     assert_true(refit_receiver_usable(r));
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 2);
-    refit_holder_stat_t hs[4];
-    size_t nh = refit_receiver_holders(r, hs, 4);
+    refit_holder_stat_t hs[4] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 4, &nh));
     assert_int_equal(nh, 2);
     bool saw_failed = false;
     for (size_t i = 0; i < nh; i++)
@@ -957,7 +1043,7 @@ static void stale_entry_and_missing_rank(void **state)
      * reads its manifest again and completes. */
     p[1] = pub_start(&c, 1);
     PUB_OK(&p[1], "publish 2");
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(r, 2, 10000, &rep));
     assert_int_equal(rep.manifests_read, 1);
     expect_truth("tiny-moe", "vllm:tp=1", 0, b, 2);
@@ -1300,7 +1386,7 @@ static void partial_refit(void **state)
     refit_receiver_t *part;
     REFIT_ASSERT_OK(refit_receiver_create(&rp, sel, &part));
     REFIT_ASSERT_OK(refit_receiver_attach(part, 0, b));
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(part, 2, 10000, &rep));
     assert_int_equal(rep.version, 2);
     assert_true(rep.bytes < sr.bytes + 1);
@@ -1372,7 +1458,7 @@ static void delta_refit(void **state)
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     void *b0, *b1;
     refit_receiver_t *r0 = delta_receiver(DM, 0, &g, f, "d0", &b0), *r1 = delta_receiver(DM, 1, &g, f, "d1", &b1);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     /* Version 1: nothing to take a delta from. */
     assert_int_equal(publish_delta(p, 1), 0);
     REFIT_ASSERT_OK(refit_receiver_pull(r0, 1, 10000, &rep));
@@ -1444,7 +1530,7 @@ static void delta_fallbacks(void **state)
     (void)state;
     reg_t g;
     reg_file(&g);
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     void *b;
     /* 30% of elements change: sparse would cost more than the chunks, so the
      * delta is about the size of the region and not offered. */
@@ -1602,12 +1688,13 @@ static void relay_rewritten_under_reader_fenced(void **state)
         if (write(a.cmd, "n", 1) != 1) _exit(1);
         _exit(0);
     }
-    refit_pull_report_t rep;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, 1, 20000, &rep);
     unsetenv("REFIT_TEST_THROTTLE");
     waitpid(helper, NULL, 0);
-    refit_holder_stat_t hs[8];
-    size_t nh = refit_receiver_holders(r, hs, 8);
+    refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
+    size_t nh = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
     const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0");
     assert_non_null(h0);
     assert_true(h0->bytes > 0); /* it did read the relay */
@@ -1684,7 +1771,7 @@ static void fp8_relays(void **state)
             assert_true(xr.fp8_bytes < xr.bf16_bytes * 7 / 10);
             if (k == 1) bf16_bytes = xr.bf16_bytes;
         }
-        refit_pull_report_t rep;
+        refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
         REFIT_ASSERT_OK(refit_receiver_pull(r2, v, 10000, &rep));
         assert_true(rep.bytes < bf16_bytes * 7 / 10);
         REFIT_ASSERT_OK(refit_receiver_pull(r1, v, 10000, &rep));
@@ -1724,6 +1811,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(end_to_end_shm_file),
         cmocka_unit_test(prepare_before_first_pull),
+        cmocka_unit_test(sized_outputs),
         cmocka_unit_test(partial_refit),
         cmocka_unit_test(delta_refit),
         cmocka_unit_test(delta_fallbacks),

@@ -190,7 +190,7 @@ static void fp8_manifest_plans(void **state)
     refit_manifest_t *again = NULL;
     unsigned char *a1 = t_fp8_arena("tiny-fp8", "vllm:tp=2", 1, 5, &again);
     REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)src, 2, again, NULL, &plan));
-    refit_plan_stats_t ps;
+    refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(plan, &ps);
     assert_true(ps.bytes_read > 0 && ps.bytes_read + ps.bytes_fill <= refit_manifest_region_size(again, 0));
     uint64_t n1 = refit_manifest_region_size(again, 0);

@@ -265,7 +265,7 @@ static void pull_and_publish_match_reports(void **state)
     void *rbase;
     REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, &rbase));
 
-    refit_pull_report_t rep[3];
+    refit_pull_report_t rep[3] = {REFIT_PULL_REPORT_INIT, REFIT_PULL_REPORT_INIT, REFIT_PULL_REPORT_INIT};
     for (uint64_t v = 1; v <= 3; v++) {
         REFIT_ASSERT_OK(refit_truth_fill(pm, &pbase, v));
         REFIT_ASSERT_OK(refit_publisher_publish(p, v));
@@ -273,7 +273,7 @@ static void pull_and_publish_match_reports(void **state)
         REFIT_ASSERT_OK(refit_publisher_wait_readers(p, v, 10000));
     }
     /* Failures, each counted by its status name, and the pull's own detail kept. */
-    refit_pull_report_t bad;
+    refit_pull_report_t bad = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_ERR(refit_receiver_pull(r, 9, 50, &bad), REFIT_ERR_TIMEOUT, "");
     char detail[1024];
     snprintf(detail, sizeof(detail), "%s", refit_last_error());
@@ -398,7 +398,7 @@ static void delta_ratios(void **state)
     REFIT_ASSERT_OK(refit_receiver_create(&rp, rm, &r));
     void *rbase;
     REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, &rbase));
-    refit_pull_report_t rep[2];
+    refit_pull_report_t rep[2] = {REFIT_PULL_REPORT_INIT, REFIT_PULL_REPORT_INIT};
     refit_publish_delta_t d;
     for (uint64_t v = 1; v <= 2; v++) {
         REFIT_ASSERT_OK(refit_truth_fill_delta(pm, &pbase, v, 0.01));

@@ -104,8 +104,11 @@ static void experts_coalesce(void **state)
     /* 8 experts' fc1 (gate, up) stacked contiguously -> one region per layer for w13, one for w2. */
     assert_int_equal(regions_into(plan, dst, "model.layers.2.mlp.experts.w13_weight"), 1);
     assert_int_equal(regions_into(plan, dst, "model.layers.2.mlp.experts.w2_weight"), 1);
-    refit_plan_stats_t s;
-    refit_plan_stats(plan, &s);
+    refit_plan_stats_t s = {.size = offsetof(refit_plan_stats_t, plan_ms), .regions = 77}; /* too small */
+    REFIT_ASSERT_ERR(refit_plan_stats(plan, &s), REFIT_ERR_INVALID_ARG, "refit_plan_stats_t");
+    assert_int_equal(s.regions, 77);
+    s.size = sizeof(s);
+    REFIT_ASSERT_OK(refit_plan_stats(plan, &s));
     assert_true(s.regions * 4 < s.pieces);
     refit_plan_destroy(plan);
     /* Into vllm tp=2 the gate and up halves of each expert interleave: stacking
@@ -147,7 +150,7 @@ static void qwen3_30b_dp_balance(void **state)
         refit_manifest_t *dst = t_manifest(m, "vllm:tp=2", r);
         refit_plan_t *plan;
         REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)set.manifests, set.n, dst, NULL, &plan));
-        refit_plan_stats_t s;
+        refit_plan_stats_t s = REFIT_PLAN_STATS_INIT;
         refit_plan_stats(plan, &s);
         /* Half of every sharded tensor + replicated norms and routers. */
         assert_int_equal(s.bytes_written, 30544916480ULL);
@@ -281,7 +284,7 @@ static void custom_partial_sources(void **state)
     REFIT_ASSERT_OK(refit_manifest_finalize(dst));
     refit_plan_t *plan;
     REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)srcs, 3, dst, NULL, &plan));
-    refit_plan_stats_t s;
+    refit_plan_stats_t s = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(plan, &s);
     assert_int_equal(s.bytes_written, R * 16 * 2);
     assert_int_equal(s.bytes_redundant, 0);
@@ -346,7 +349,7 @@ static void kimi_k2_plan(void **state)
     refit_manifest_t *dst = t_manifest(m, "vllm:tp=8,ep=8", 5);
     refit_plan_t *plan;
     REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)set.manifests, set.n, dst, NULL, &plan));
-    refit_plan_stats_t s;
+    refit_plan_stats_t s = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(plan, &s);
     printf("kimi-k2 rank 5: %llu bytes, %zu regions, %zu pieces, %.1f ms\n", (unsigned long long)s.bytes_written,
            s.regions, s.pieces, s.plan_ms);

@@ -68,7 +68,7 @@ static void partial_pull(void **state)
     void *mem = malloc(ds);
     memset(mem, 0x5a, ds);
     refit_plan_t *full, *part;
-    refit_plan_stats_t fs, ps;
+    refit_plan_stats_t fs = REFIT_PLAN_STATS_INIT, ps = REFIT_PLAN_STATS_INIT;
     REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)src, 2, dst, NULL, &full));
     REFIT_ASSERT_OK(refit_plan_execute_memcpy(full, (const void *const *const *)sbp, &mem, 1));
     REFIT_ASSERT_OK(refit_truth_verify(dst, (const void *const *)&mem, 1, NULL));

@@ -84,8 +84,12 @@ static void roundtrip_and_corruptions(void **state)
     (void)state;
     fixture_t f = make("tiny-moe", "vllm:tp=8", 7, 5);
     const void *const *bases = (const void *const *)&f.arena;
-    refit_truth_report_t rep;
+    refit_truth_report_t rep = {.size = 0, .mismatches = 99}; /* unsized: refused, untouched */
+    REFIT_ASSERT_ERR(refit_truth_verify(f.m, bases, 5, &rep), REFIT_ERR_INVALID_ARG, "refit_truth_report_t: size is 0");
+    assert_int_equal(rep.mismatches, 99);
+    rep.size = sizeof(rep);
     REFIT_ASSERT_OK(refit_truth_verify(f.m, bases, 5, &rep));
+    assert_int_equal(rep.size, sizeof(rep));
     assert_int_equal(rep.mismatches, 0);
     assert_true(rep.bytes_checked > 0);
     /* Stale version. */
@@ -132,7 +136,7 @@ static void transposed_copy_is_caught(void **state)
             w[i * n + j] = w[j * n + i];
             w[j * n + i] = x;
         }
-    refit_truth_report_t rep;
+    refit_truth_report_t rep = REFIT_TRUTH_REPORT_INIT;
     REFIT_ASSERT_ERR(refit_truth_verify(f.m, (const void *const *)&f.arena, 1, &rep), REFIT_ERR_VERIFY, "q_proj");
     assert_true(rep.mismatches > n * (n - 1) / 2);
     destroy(&f);

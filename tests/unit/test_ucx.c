@@ -237,7 +237,7 @@ static void planner_plan(void **state)
     assert_true(nd >= 1 && nd <= 4);
     uint64_t ds[4];
     for (uint32_t r = 0; r < nd; r++) ds[r] = refit_manifest_region_size(dst, r);
-    refit_plan_stats_t ps;
+    refit_plan_stats_t ps = REFIT_PLAN_STATS_INIT;
     refit_plan_stats(plan, &ps);
     refit_pull_stats_t stats = {0};
     pub_t *pp[] = {&pubs[0], &pubs[1]};
