@@ -595,7 +595,8 @@ static int partial_recv(void *vc, uint32_t r, uint64_t cmd)
     refit_status_t st;
     if (cmd == 1) {
         if ((st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, m, NULL, &c->plan)) ||
-            (st = refit_manifest_select(m, c->o->select, false, &c->sel, &ctl->sel[r])) ||
+            (ctl->sel[r].size = sizeof(ctl->sel[r]), st = refit_manifest_select(m, c->o->select, false, &c->sel,
+                                                                                 &ctl->sel[r])) ||
             (st = refit_manifest_select(m, c->o->select, true, &c->rest, NULL)) ||
             (st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, c->sel, NULL, &c->part)))
             goto fail;

@@ -349,7 +349,7 @@ static void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int o
             break;
         }
         char buf[600];
-        refit_publish_delta_t d = {0};
+        refit_publish_delta_t d = REFIT_PUBLISH_DELTA_INIT;
         int n = snprintf(buf, sizeof(buf), "%d %s\n", (int)st, st ? refit_last_error() : "");
         if (!st && o->delta > 0 && !refit_publisher_last_delta(p, &d))
             n = snprintf(buf, sizeof(buf), "0 %" PRIu64 " %" PRIu64 " %.3f %.3f\n", d.base_version, d.bytes,
@@ -412,7 +412,7 @@ static void child_fp8_relay(const nb_opts_t *o, const role_t *r, FILE *in, int o
         unsigned long long v;
         if (line[0] == 'q') break;
         if (sscanf(line, "step %llu", &v) != 1) continue;
-        refit_fp8_relay_report_t rep = {0};
+        refit_fp8_relay_report_t rep = REFIT_FP8_RELAY_REPORT_INIT;
         refit_status_t st = refit_fp8_relay_step(x, v, 120000, &rep);
         char buf[700];
         int n = st ? snprintf(buf, sizeof(buf), "%d %s\n", (int)st, refit_last_error())

@@ -255,7 +255,7 @@ int cmd_publish(int argc, char **argv)
             goto out;
         }
         double t2 = refit_now();
-        refit_publish_delta_t d = {0};
+        refit_publish_delta_t d = REFIT_PUBLISH_DELTA_INIT;
         if (o.delta > 0) refit_publisher_last_delta(p, &d);
         if (o.json)
             printf("{\"event\":\"published\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64

@@ -49,8 +49,9 @@ typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_
 REFIT_API const char *refit_default_registry(void);
 
 /* Sized outputs: the structures the library fills for the caller
- * (refit_pull_report_t, refit_holder_stat_t, refit_plan_stats_t,
- * refit_truth_report_t) begin with `size`, which the caller sets to the
+ * (refit_pull_report_t, refit_holder_stat_t, refit_publish_delta_t,
+ * refit_fp8_relay_report_t, refit_plan_stats_t, refit_truth_report_t,
+ * refit_select_report_t) begin with `size`, which the caller sets to the
  * sizeof of the structure as it compiled it (their _INIT macros do).  The
  * library writes only the fields that fit in that size and never past it,
  * so a program built against older headers keeps working with a newer
@@ -150,12 +151,21 @@ REFIT_API refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t 
 REFIT_API refit_status_t refit_publisher_wait_readers(refit_publisher_t *p, uint64_t version, int timeout_ms);
 /* What the last publish offered as a delta (delta mode). */
 typedef struct {
+    size_t size;                    /* sizeof(refit_publish_delta_t) as the caller compiled it (sized output,
+                                       below): REFIT_PUBLISH_DELTA_INIT */
     uint64_t version, base_version; /* base_version 0: no delta offered (first version, too large, failed) */
     uint64_t bytes;                 /* encoded bytes over every region */
     uint64_t region_bytes;          /* the regions' bytes */
     uint64_t changed_units;         /* 2-byte units that differ from the base */
     double encode_ms;               /* wall time spent encoding inside publish */
 } refit_publish_delta_t;
+#ifdef __cplusplus
+#define REFIT_PUBLISH_DELTA_INIT {sizeof(refit_publish_delta_t)}
+#else
+#define REFIT_PUBLISH_DELTA_INIT {.size = sizeof(refit_publish_delta_t)}
+#endif
+/* out->size must be set (REFIT_PUBLISH_DELTA_INIT); REFIT_ERR_INVALID_ARG for
+ * a size too small or a publisher made without delta. */
 REFIT_API refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publish_delta_t *out);
 /* Milliseconds the last publish spent computing its content digests (0 when
  * digests are off). */
@@ -332,10 +342,16 @@ REFIT_API void refit_receiver_destroy(refit_receiver_t *r);
  * scales.  One relay per bf16 rank of the FP8 layout's world. */
 typedef struct refit_fp8_relay refit_fp8_relay_t;
 typedef struct {
+    size_t size; /* sizeof(refit_fp8_relay_report_t) as the caller compiled it: REFIT_FP8_RELAY_REPORT_INIT */
     uint64_t version;
     uint64_t bf16_bytes, fp8_bytes; /* pulled, published */
     double pull_ms, wait_ms, stage_ms, publish_ms; /* wait: for the FP8 readers of the previous version (in place) */
 } refit_fp8_relay_report_t;
+#ifdef __cplusplus
+#define REFIT_FP8_RELAY_REPORT_INIT {sizeof(refit_fp8_relay_report_t)}
+#else
+#define REFIT_FP8_RELAY_REPORT_INIT {.size = sizeof(refit_fp8_relay_report_t)}
+#endif
 /* rp: the bf16 side (host memory; its group is the trainer's); pp: the FP8
  * side, pp->group naming another group.  Takes ownership of bf16 (even on
  * failure).  REFIT_ERR_GEOMETRY when the layout cuts FP8 blocks. */

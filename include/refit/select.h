@@ -25,16 +25,25 @@ extern "C" {
 #endif
 
 typedef struct {
+    size_t size;               /* sizeof(refit_select_report_t) as the caller compiled it: REFIT_SELECT_REPORT_INIT
+                                  (a sized output: refit/engine.h) */
     uint32_t locals;           /* local tensors kept */
     uint32_t canon_named;      /* canonical tensors the patterns match (that this rank holds) */
     uint32_t canon_pulled;     /* canonical tensors the kept locals hold (>= named: fused expansion) */
     uint64_t bytes;            /* bytes of the kept local tensors */
 } refit_select_report_t;
+#ifdef __cplusplus
+#define REFIT_SELECT_REPORT_INIT {sizeof(refit_select_report_t)}
+#else
+#define REFIT_SELECT_REPORT_INIT {.size = sizeof(refit_select_report_t)}
+#endif
 
 /* The manifest of the local tensors of m that hold a canonical tensor
  * matching `patterns` (with invert: the others), same identity except the
  * layout string ("<layout>|select=<patterns>"), same regions and offsets.
- * REFIT_ERR_NOT_FOUND if nothing matches; REFIT_ERR_PARSE for a bad pattern. */
+ * REFIT_ERR_NOT_FOUND if nothing matches; REFIT_ERR_PARSE for a bad pattern.
+ * report may be NULL; otherwise report->size must be set
+ * (REFIT_SELECT_REPORT_INIT; too small: REFIT_ERR_INVALID_ARG). */
 REFIT_API refit_status_t refit_manifest_select(const refit_manifest_t *m, const char *patterns, bool invert,
                                                refit_manifest_t **out, refit_select_report_t *report);
 

@@ -70,6 +70,11 @@ refit_status_t refit_manifest_select(const refit_manifest_t *m, const char *patt
 {
     if (!m || !patterns || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_manifest_select: NULL argument");
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "refit_manifest_select: manifest is not finalized");
+    if (report) {
+        refit_status_t st = refit_out_check(report->size, REFIT_END_OF(refit_select_report_t, bytes),
+                                            "refit_select_report_t");
+        if (st) return st;
+    }
     pats_t pats;
     refit_status_t st = pats_parse(patterns, &pats);
     if (st) return st;
@@ -155,6 +160,6 @@ done:
     free(lmap);
     pats_free(&pats);
     *out = o;
-    if (report && !st) *report = rep;
+    if (report && !st) refit_out_write(report, report->size, &rep, sizeof(rep));
     return st;
 }

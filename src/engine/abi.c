@@ -142,6 +142,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_holder_stat_t, early),
 
     ABI_STRUCT(refit_publish_delta_t),
+    ABI_FIELD(refit_publish_delta_t, size),
     ABI_FIELD(refit_publish_delta_t, version),
     ABI_FIELD(refit_publish_delta_t, base_version),
     ABI_FIELD(refit_publish_delta_t, bytes),
@@ -150,6 +151,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_publish_delta_t, encode_ms),
 
     ABI_STRUCT(refit_fp8_relay_report_t),
+    ABI_FIELD(refit_fp8_relay_report_t, size),
     ABI_FIELD(refit_fp8_relay_report_t, version),
     ABI_FIELD(refit_fp8_relay_report_t, bf16_bytes),
     ABI_FIELD(refit_fp8_relay_report_t, fp8_bytes),
@@ -159,6 +161,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_fp8_relay_report_t, publish_ms),
 
     ABI_STRUCT(refit_select_report_t),
+    ABI_FIELD(refit_select_report_t, size),
     ABI_FIELD(refit_select_report_t, locals),
     ABI_FIELD(refit_select_report_t, canon_named),
     ABI_FIELD(refit_select_report_t, canon_pulled),

@@ -65,6 +65,11 @@ err:
 refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int timeout_ms, refit_fp8_relay_report_t *rep)
 {
     if (!x) return refit_error(REFIT_ERR_INVALID_ARG, "FP8 relay is NULL");
+    if (rep) {
+        refit_status_t st = refit_out_check(rep->size, REFIT_END_OF(refit_fp8_relay_report_t, publish_ms),
+                                            "refit_fp8_relay_report_t");
+        if (st) return st;
+    }
     refit_fp8_relay_report_t r;
     memset(&r, 0, sizeof(r));
     refit_pull_report_t pr = REFIT_PULL_REPORT_INIT;
@@ -100,7 +105,7 @@ refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int 
     r.publish_ms = (refit_now() - t1) * 1e3;
     x->published = pr.version;
     r.fp8_bytes = x->arena_bytes;
-    if (rep) *rep = r;
+    if (rep) refit_out_write(rep, rep->size, &r, sizeof(r));
     return REFIT_OK;
 }
 

@@ -492,8 +492,11 @@ double refit_publisher_digest_ms(const refit_publisher_t *p) { return p ? p->dig
 refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publish_delta_t *out)
 {
     if (!p || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_last_delta: NULL argument");
+    refit_status_t st = refit_out_check(out->size, REFIT_END_OF(refit_publish_delta_t, encode_ms),
+                                        "refit_publish_delta_t");
+    if (st) return st;
     if (!p->denc) return refit_error(REFIT_ERR_INVALID_ARG, "this publisher was not created with delta");
-    *out = p->last_delta;
+    refit_out_write(out, out->size, &p->last_delta, sizeof(p->last_delta));
     return REFIT_OK;
 }
 

@@ -65,7 +65,7 @@ static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
         if (sscanf(line, "publish %llu", &v) == 1) {
             st = c->delta > 0 ? refit_truth_fill_delta(m, &base, v, c->delta) : refit_truth_fill(m, &base, v);
             if (!st) st = refit_publisher_publish(p, v);
-            refit_publish_delta_t d;
+            refit_publish_delta_t d = REFIT_PUBLISH_DELTA_INIT;
             if (!st && c->delta > 0 && !(st = refit_publisher_last_delta(p, &d)) && d.version != v)
                 st = refit_error(REFIT_ERR_INTERNAL, "last delta is of version %llu", (unsigned long long)d.version);
             if (!st && c->delta > 0) { /* what it offered, for the test to check */
@@ -1374,7 +1374,7 @@ static void partial_refit(void **state)
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 1 5000");
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 2");
     refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=2", 0), *sel, *rest;
-    refit_select_report_t sr;
+    refit_select_report_t sr = REFIT_SELECT_REPORT_INIT;
     REFIT_ASSERT_OK(refit_manifest_select(m, "layer:1,lm_head.weight", false, &sel, &sr));
     REFIT_ASSERT_OK(refit_manifest_select(m, "layer:1,lm_head.weight", true, &rest, NULL));
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
@@ -1765,7 +1765,7 @@ static void fp8_relays(void **state)
         for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish %llu", (unsigned long long)v);
         uint64_t bf16_bytes = 0;
         for (uint32_t k = 0; k < 2; k++) {
-            refit_fp8_relay_report_t xr;
+            refit_fp8_relay_report_t xr = REFIT_FP8_RELAY_REPORT_INIT;
             REFIT_ASSERT_OK(refit_fp8_relay_step(x[k], v, 10000, &xr));
             assert_int_equal(xr.version, v);
             assert_true(xr.fp8_bytes < xr.bf16_bytes * 7 / 10);

@@ -399,7 +399,7 @@ static void delta_ratios(void **state)
     void *rbase;
     REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, &rbase));
     refit_pull_report_t rep[2] = {REFIT_PULL_REPORT_INIT, REFIT_PULL_REPORT_INIT};
-    refit_publish_delta_t d;
+    refit_publish_delta_t d = REFIT_PUBLISH_DELTA_INIT;
     for (uint64_t v = 1; v <= 2; v++) {
         REFIT_ASSERT_OK(refit_truth_fill_delta(pm, &pbase, v, 0.01));
         REFIT_ASSERT_OK(refit_publisher_publish(p, v));

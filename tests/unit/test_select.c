@@ -9,7 +9,13 @@ static void fused_expansion(void **state)
 {
     (void)state;
     refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=2", 0), *s;
-    refit_select_report_t rep;
+    refit_select_report_t rep = {.size = 4, .locals = 9}; /* too small: refused, nothing made or written */
+    s = NULL;
+    REFIT_ASSERT_ERR(refit_manifest_select(m, "model.layers.1.self_attn.q_proj.weight", false, &s, &rep),
+                     REFIT_ERR_INVALID_ARG, "refit_select_report_t: size is 4");
+    assert_null(s);
+    assert_int_equal(rep.locals, 9);
+    rep.size = sizeof(rep);
     REFIT_ASSERT_OK(refit_manifest_select(m, "model.layers.1.self_attn.q_proj.weight", false, &s, &rep));
     assert_int_equal(rep.locals, 1);
     assert_int_equal(rep.canon_named, 1);
@@ -73,7 +79,7 @@ static void partial_pull(void **state)
     REFIT_ASSERT_OK(refit_plan_execute_memcpy(full, (const void *const *const *)sbp, &mem, 1));
     REFIT_ASSERT_OK(refit_truth_verify(dst, (const void *const *)&mem, 1, NULL));
     for (int i = 0; i < 2; i++) REFIT_ASSERT_OK(refit_truth_fill(src[i], &sb[i], 2));
-    refit_select_report_t rep;
+    refit_select_report_t rep = REFIT_SELECT_REPORT_INIT;
     REFIT_ASSERT_OK(refit_manifest_select(dst, "layer:2,lm_head.weight", false, &sel, &rep));
     REFIT_ASSERT_OK(refit_manifest_select(dst, "layer:2,lm_head.weight", true, &rest, NULL));
     REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)src, 2, sel, NULL, &part));
