@@ -275,7 +275,7 @@ static int delta_pub(void *vc, uint32_t r, uint64_t cmd)
         t0 = refit_now();
         if (refit_delta_encode(c->prev, base, sz, v - 1, v, &sp, &d, &len)) goto fail;
         ctl->encode_ms[v][r] = (refit_now() - t0) * 1e3;
-        refit_delta_info_t info;
+        refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
         refit_delta_info(d, len, &info);
         ctl->changed_units[v][r] = info.changed_units;
         ctl->sparse_bytes[v][r] = len;
@@ -359,7 +359,7 @@ static int delta_recv(void *vc, uint32_t r, uint64_t cmd)
             uint64_t hb = refit_delta_header_bytes(c->wire[k], 64), nch;
             memcpy(c->wire[k], c->dbuf[k], hb);
             wire += hb;
-            refit_delta_info_t info;
+            refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
             if ((st = refit_delta_info(c->wire[k], hb, &info))) goto fail;
             if (info.base_version != c->have) { /* no base: full refit */
                 mode = 3;

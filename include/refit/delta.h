@@ -46,6 +46,8 @@ typedef struct {
 } refit_delta_params_t;
 
 typedef struct {
+    size_t size;             /* sizeof(refit_delta_info_t) as the caller compiled it: REFIT_DELTA_INFO_INIT
+                                (a sized output: refit/engine.h) */
     uint64_t base_version, version;
     uint64_t region_bytes;
     uint64_t nchunks;
@@ -54,6 +56,11 @@ typedef struct {
     uint64_t changed_units;  /* 2-byte units that differ */
     uint64_t sparse_chunks, dense_chunks, block_chunks;
 } refit_delta_info_t;
+#ifdef __cplusplus
+#define REFIT_DELTA_INFO_INIT {sizeof(refit_delta_info_t)}
+#else
+#define REFIT_DELTA_INFO_INIT {.size = sizeof(refit_delta_info_t)}
+#endif
 
 /* Encodes the difference between base and cur (nbytes each, even).  *out is
  * malloc'ed (free it). */
@@ -61,7 +68,9 @@ REFIT_API refit_status_t refit_delta_encode(const void *base, const void *cur, u
                                             uint64_t version, const refit_delta_params_t *params, void **out,
                                             size_t *len);
 /* Reads and checks a delta's header and chunk table (len may cover only the
- * header and table: refit_delta_header_bytes tells how much that is). */
+ * header and table: refit_delta_header_bytes tells how much that is).  out
+ * may be NULL (check only); otherwise out->size must be set
+ * (REFIT_DELTA_INFO_INIT; too small: REFIT_ERR_INVALID_ARG). */
 REFIT_API refit_status_t refit_delta_info(const void *delta, size_t len, refit_delta_info_t *out);
 /* Bytes of header + chunk table of any delta of a region of region_bytes. */
 REFIT_API uint64_t refit_delta_table_bytes(uint64_t region_bytes);
@@ -81,15 +90,25 @@ REFIT_API const uint8_t *refit_delta_index_need(const refit_delta_index_t *ix, u
 REFIT_API void refit_delta_index_destroy(refit_delta_index_t *ix);
 
 typedef struct {
+    size_t size;            /* sizeof(refit_delta_apply_stats_t) as the caller compiled it:
+                               REFIT_DELTA_APPLY_STATS_INIT (a sized output: refit/engine.h) */
     uint64_t units_written; /* destination 2-byte units written by sparse chunks */
     uint64_t bytes_written; /* destination bytes written by dense and block chunks */
 } refit_delta_apply_stats_t;
+#ifdef __cplusplus
+#define REFIT_DELTA_APPLY_STATS_INIT {sizeof(refit_delta_apply_stats_t)}
+#else
+#define REFIT_DELTA_APPLY_STATS_INIT {.size = sizeof(refit_delta_apply_stats_t)}
+#endif
 
 /* Applies a delta of the index's source region to destination memory that
  * holds `have_version`.  Reads the header, the table and only the payloads
  * of needed chunks, so the caller may have fetched only those.
  * REFIT_ERR_STALE if have_version is not the delta's base (do a full refit);
- * REFIT_ERR_CORRUPT for a malformed delta or one of another region size. */
+ * REFIT_ERR_CORRUPT for a malformed delta or one of another region size.
+ * stats may be NULL; otherwise stats->size must be set
+ * (REFIT_DELTA_APPLY_STATS_INIT; too small: REFIT_ERR_INVALID_ARG, nothing
+ * applied). */
 REFIT_API refit_status_t refit_delta_apply(const refit_delta_index_t *ix, const void *delta, size_t len,
                                            uint64_t have_version, void *const *dst_bases,
                                            refit_delta_apply_stats_t *stats);

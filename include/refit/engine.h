@@ -51,7 +51,8 @@ REFIT_API const char *refit_default_registry(void);
 /* Sized outputs: the structures the library fills for the caller
  * (refit_pull_report_t, refit_holder_stat_t, refit_publish_delta_t,
  * refit_fp8_relay_report_t, refit_plan_stats_t, refit_truth_report_t,
- * refit_select_report_t) begin with `size`, which the caller sets to the
+ * refit_select_report_t, refit_delta_info_t, refit_delta_apply_stats_t)
+ * begin with `size`, which the caller sets to the
  * sizeof of the structure as it compiled it (their _INIT macros do).  The
  * library writes only the fields that fit in that size and never past it,
  * so a program built against older headers keeps working with a newer

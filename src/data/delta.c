@@ -253,6 +253,11 @@ void refit_delta_chunk_payload(const void *delta, uint64_t c, uint64_t *off, uin
 refit_status_t refit_delta_info(const void *delta, size_t len, refit_delta_info_t *out)
 {
     const unsigned char *p = delta;
+    if (out) {
+        refit_status_t st = refit_out_check(out->size, REFIT_END_OF(refit_delta_info_t, block_chunks),
+                                            "refit_delta_info_t");
+        if (st) return st;
+    }
     uint64_t hb = refit_delta_header_bytes(delta, len);
     if (!hb || hb > len) return refit_error(REFIT_ERR_CORRUPT, "not a delta, or its chunk table is truncated");
     refit_delta_info_t d = {.base_version = rd64(p + 16), .version = rd64(p + 24), .region_bytes = rd64(p + 32),
@@ -274,7 +279,7 @@ refit_status_t refit_delta_info(const void *delta, size_t len, refit_delta_info_
         d.dense_chunks += kind == K_DENSE;
         d.block_chunks += kind == K_BLOCKS;
     }
-    if (out) *out = d;
+    if (out) refit_out_write(out, out->size, &d, sizeof(d));
     return REFIT_OK;
 }
 
@@ -663,8 +668,12 @@ refit_status_t refit_delta_apply_threads(const refit_delta_index_t *ix, const vo
                                          refit_delta_apply_stats_t *stats)
 {
     if (!ix || !delta || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_apply: NULL argument");
-    refit_delta_info_t info;
-    refit_status_t st = refit_delta_info(delta, len, &info);
+    refit_status_t st;
+    if (stats && (st = refit_out_check(stats->size, REFIT_END_OF(refit_delta_apply_stats_t, bytes_written),
+                                       "refit_delta_apply_stats_t")))
+        return st;
+    refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
+    st = refit_delta_info(delta, len, &info);
     if (st) return st;
     if (info.total_bytes > len)
         return refit_error(REFIT_ERR_CORRUPT, "delta is %llu bytes, %zu given", (unsigned long long)info.total_bytes, len);
@@ -684,7 +693,7 @@ refit_status_t refit_delta_apply_threads(const refit_delta_index_t *ix, const vo
     refit_run_threads(apply_worker, &a, threads);
     pthread_mutex_destroy(&a.lock);
     if (atomic_load(&a.failed)) return refit_error(a.st, "%s", a.detail);
-    if (stats) *stats = a.s;
+    if (stats) refit_out_write(stats, stats->size, &a.s, sizeof(a.s));
     return REFIT_OK;
 }
 

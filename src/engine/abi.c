@@ -189,6 +189,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_delta_params_t, threads),
 
     ABI_STRUCT(refit_delta_info_t),
+    ABI_FIELD(refit_delta_info_t, size),
     ABI_FIELD(refit_delta_info_t, base_version),
     ABI_FIELD(refit_delta_info_t, version),
     ABI_FIELD(refit_delta_info_t, region_bytes),
@@ -201,6 +202,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_delta_info_t, block_chunks),
 
     ABI_STRUCT(refit_delta_apply_stats_t),
+    ABI_FIELD(refit_delta_apply_stats_t, size),
     ABI_FIELD(refit_delta_apply_stats_t, units_written),
     ABI_FIELD(refit_delta_apply_stats_t, bytes_written),
 

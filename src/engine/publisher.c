@@ -463,7 +463,7 @@ static uint64_t offer_delta(refit_publisher_t *p, uint32_t b, uint64_t version)
         fits = fits && deltas[r] && lens[r] <= p->dcap[r];
         ld->bytes += lens[r];
         ld->region_bytes += p->m->regions.data[r];
-        refit_delta_info_t info;
+        refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
         if (deltas[r] && !refit_delta_info(deltas[r], lens[r], &info)) ld->changed_units += info.changed_units;
     }
     /* Payloads first, headers last: a header names the version only once its bytes are in place. */

@@ -933,7 +933,7 @@ static refit_status_t delta_pull(refit_receiver_t *r, const snapshot_t *s, uint6
     for (uint32_t j = 0; j < nd && !st; j++) {
         delta_src_t *d = &cp->dsrc[j];
         uint64_t rb = r->src[d->src].m->regions.data[d->region], tb = refit_delta_table_bytes(rb);
-        refit_delta_info_t info;
+        refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
         if ((st = refit_delta_info(d->wire, tb, &info))) {
             refit_error_prefix("delta of source rank %u region %u", d->src, d->region);
             break;
@@ -999,7 +999,7 @@ static refit_status_t delta_pull(refit_receiver_t *r, const snapshot_t *s, uint6
     bool gpu = r->params.device >= 0;
     void *const *dst = gpu ? r->stage : r->mem;
     for (uint32_t j = 0; j < nd && !st; j++) {
-        refit_delta_apply_stats_t as = {0};
+        refit_delta_apply_stats_t as = REFIT_DELTA_APPLY_STATS_INIT;
         st = refit_delta_apply_threads(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, dst,
                                        r->params.threads, &as);
         if (st) refit_error_prefix("applying the delta of source rank %u region %u", cp->dsrc[j].src, cp->dsrc[j].region);

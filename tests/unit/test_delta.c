@@ -111,7 +111,7 @@ static void run_versions(refit_delta_format_t fmt, double frac)
             REFIT_ASSERT_OK(refit_plan_execute_memcpy(p.plan, (const void *const *const *)p.sb, &p.dbase, 1));
         } else {
             for (int i = 0; i < 2; i++) {
-                refit_delta_info_t info;
+                refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
                 REFIT_ASSERT_OK(refit_delta_info(d[i], len[i], &info));
                 assert_int_equal(info.base_version, v - 1);
                 assert_int_equal(info.version, v);
@@ -165,7 +165,16 @@ static void wrong_base(void **state)
     ((unsigned char *)d[0])[12] = 9;
     REFIT_ASSERT_ERR(apply_st(&p, 0, d[0], len[0], 2), REFIT_ERR_CORRUPT, "");
     /* Sparse indices out of order (in every sparse chunk) are refused. */
-    refit_delta_info_t info;
+    refit_delta_info_t info = {.size = 8, .nchunks = 5}; /* unsized: refused, untouched */
+    REFIT_ASSERT_ERR(refit_delta_info(d[1], len[1], &info), REFIT_ERR_INVALID_ARG, "refit_delta_info_t: size is 8");
+    assert_int_equal(info.nchunks, 5);
+    refit_delta_index_t *dix;
+    REFIT_ASSERT_OK(refit_delta_index_create(p.plan, 1, 0, refit_manifest_region_size(p.src[1], 0), &dix));
+    refit_delta_apply_stats_t as = {.size = 0};
+    REFIT_ASSERT_ERR(refit_delta_apply(dix, d[1], len[1], 1, &p.dbase, &as), REFIT_ERR_INVALID_ARG,
+                     "refit_delta_apply_stats_t");
+    refit_delta_index_destroy(dix);
+    info.size = sizeof(info);
     REFIT_ASSERT_OK(refit_delta_info(d[1], len[1], &info));
     uint32_t swapped = 0;
     for (uint64_t c = 0; c < info.nchunks; c++) {
@@ -202,7 +211,7 @@ static void fetch_needed_only(void **state)
         memcpy(old, p.sbase[i], sz);
         REFIT_ASSERT_OK(refit_truth_fill_delta(p.src[i], &p.sbase[i], 2, 0.3));
         REFIT_ASSERT_OK(refit_delta_encode(old, p.sbase[i], sz, 1, 2, NULL, &d, &len));
-        refit_delta_info_t info;
+        refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
         REFIT_ASSERT_OK(refit_delta_info(d, len, &info));
         refit_delta_index_t *ix;
         REFIT_ASSERT_OK(refit_delta_index_create(p.plan, (uint32_t)i, 0, sz, &ix));
