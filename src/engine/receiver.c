@@ -318,6 +318,30 @@ static refit_status_t load_manifest(refit_receiver_t *r, uint32_t k, refit_manif
     return REFIT_OK;
 }
 
+/* Source rank k's manifest, read again when its record names another one
+ * (or it was never read); *read says whether it was. */
+static refit_status_t refresh_manifest(refit_receiver_t *r, uint32_t k, const refit_version_record_t *rec, bool *read)
+{
+    source_t *src = &r->src[k];
+    *read = false;
+    if (src->m && src->signature == rec->signature && src->incarnation == rec->incarnation) return REFIT_OK;
+    refit_manifest_t *m;
+    refit_status_t st = load_manifest(r, k, &m);
+    if (st) return st;
+    if (m->signature != rec->signature) {
+        refit_manifest_destroy(m);
+        return refit_error(REFIT_ERR_STALE, "source rank %u's manifest changed while being read", k);
+    }
+    drop_source(r, src);
+    src->m = m;
+    src->mkey = refit_fleet_mirror_key(m);
+    src->signature = m->signature;
+    src->incarnation = rec->incarnation;
+    *read = true;
+    return REFIT_OK;
+}
+
+
 static refit_status_t learn_world(refit_receiver_t *r)
 {
     refit_status_t st;
@@ -1208,21 +1232,9 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     for (uint32_t k = 0; k < r->world; k++) {
         source_t *src = &r->src[k];
         if (!s.present[k] || !s.alive[k] || s.recs[k].version != v) continue;
-        if (!src->m || src->signature != s.recs[k].signature || src->incarnation != s.recs[k].incarnation) {
-            refit_manifest_t *m;
-            if ((st = load_manifest(r, k, &m))) goto out;
-            if (m->signature != s.recs[k].signature) {
-                refit_manifest_destroy(m);
-                st = refit_error(REFIT_ERR_STALE, "source rank %u's manifest changed while being read", k);
-                goto out;
-            }
-            drop_source(r, src);
-            src->m = m;
-            src->mkey = refit_fleet_mirror_key(m);
-            src->signature = m->signature;
-            src->incarnation = s.recs[k].incarnation;
-            rep->manifests_read++;
-        }
+        bool read = false;
+        if ((st = refresh_manifest(r, k, &s.recs[k], &read))) goto out;
+        rep->manifests_read += read;
         srcs[k] = src->m;
     }
     double t1 = refit_now();
@@ -1383,20 +1395,8 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     }
     for (uint32_t k = 0; k < r->world; k++) {
         source_t *src = &r->src[k];
-        if (!src->m || src->signature != s.recs[k].signature || src->incarnation != s.recs[k].incarnation) {
-            refit_manifest_t *m;
-            if ((st = load_manifest(r, k, &m))) goto out;
-            if (m->signature != s.recs[k].signature) {
-                refit_manifest_destroy(m);
-                st = refit_error(REFIT_ERR_STALE, "prepare: source rank %u's manifest changed while being read", k);
-                goto out;
-            }
-            drop_source(r, src);
-            src->m = m;
-            src->mkey = refit_fleet_mirror_key(m);
-            src->signature = m->signature;
-            src->incarnation = s.recs[k].incarnation;
-        }
+        bool read = false;
+        if ((st = refresh_manifest(r, k, &s.recs[k], &read))) goto out;
         srcs[k] = src->m;
     }
     refit_plan_key_t key;
