@@ -1162,14 +1162,12 @@ done:
     return st;
 }
 
-static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadline, refit_pull_report_t *rep)
+/* Until rank 0's manifest is there (the group may not have started yet) or
+ * the deadline passes. */
+static refit_status_t wait_world(refit_receiver_t *r, double deadline)
 {
-    refit_status_t st;
-    double t0 = refit_now();
-    r->pull_staged = false;
-    /* The group may not have started yet: wait for rank 0's manifest. */
     while (!r->world) {
-        st = learn_world(r);
+        refit_status_t st = learn_world(r);
         if (!st) break;
         if (st != REFIT_ERR_MISSING_SOURCE) return st;
         double left = deadline - refit_now();
@@ -1179,6 +1177,16 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1);
         if (st && st != REFIT_ERR_TIMEOUT) return st;
     }
+    return REFIT_OK;
+}
+
+static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadline, refit_pull_report_t *rep)
+{
+    refit_status_t st;
+    double t0 = refit_now();
+    r->pull_staged = false;
+    /* The group may not have started yet: wait for rank 0's manifest. */
+    if ((st = wait_world(r, deadline))) return st;
     snapshot_t s = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1), 0};
     const refit_manifest_t **srcs = calloc(r->world, sizeof(void *));
     refit_peer_t **peers = calloc(r->world, sizeof(void *));
@@ -1361,17 +1369,7 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     if (!r) return refit_error(REFIT_ERR_INVALID_ARG, "receiver is NULL");
     double t0 = refit_now(), deadline = t0 + (timeout_ms < 0 ? 0 : timeout_ms) / 1e3;
     refit_status_t st;
-    while (!r->world) {
-        st = learn_world(r);
-        if (!st) break;
-        if (st != REFIT_ERR_MISSING_SOURCE) return st;
-        double left = deadline - refit_now();
-        if (left <= 0)
-            return refit_error(REFIT_ERR_TIMEOUT, "no source of group %s appeared in %s", r->group,
-                               refit_registry_url(r->reg));
-        if ((st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1)) && st != REFIT_ERR_TIMEOUT)
-            return st;
-    }
+    if ((st = wait_world(r, deadline))) return st;
     snapshot_t s = {calloc(r->world, sizeof(refit_version_record_t)), calloc(r->world, 1), calloc(r->world, 1), 0};
     const refit_manifest_t **srcs = calloc(r->world, sizeof(void *));
     if (!s.recs || !s.present || !s.alive || !srcs) {
