@@ -9,45 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/fp8_hd.h"
 #include "layout/manifest.h"
 
 #define B REFIT_FP8_BLOCK
 
-/* Inline bodies for the hot loops: the exported functions are interposable
- * in the shared library, so calls to them from this file are not inlined. */
-static inline float bf16f(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Branch-free, in signed 32-bit arithmetic (the quantizer's inner loop
- * vectorizes with plain SSE2): every case is computed and one is selected. */
-static inline uint8_t e4m3(float x)
-{
-    int32_t u;
-    memcpy(&u, &x, 4);
-    int32_t sign = (u >> 24) & 0x80;
-    u &= 0x7fffffff;
-    float a;
-    memcpy(&a, &u, 4);
-    /* < 2^-6: subnormal, steps of 2^-9, round to nearest even (exact: a * 512 < 8;
-     * other values are cleared first, so that the conversion is always defined) */
-    float as = u < 0x3c800000 ? a : 0.0f;
-    int32_t sub = (int32_t)((as * 512.0f + 0x1p23f) - 0x1p23f);
-    /* normal: keep 3 mantissa bits, rounding to nearest even on the 20 dropped */
-    int32_t r = (int32_t)((uint32_t)u + 0x7ffffu + (((uint32_t)u >> 20) & 1)); /* no signed overflow (NaN) */
-    int32_t e = (r >> 23) - 120;
-    e = e < 0 ? 0 : e; /* below the normal range: the subnormal result is taken instead */
-    int32_t code = (e << 3) | ((r >> 20) & 7);
-    code = code > 0x7e ? 0x7e : code;
-    int32_t v = u < 0x3c800000 ? sub : code;
-    v = u >= 0x43e00000 ? 0x7e : v; /* >= 448: saturate */
-    v = u > 0x7f800000 ? 0x7f : v;  /* NaN */
-    return (uint8_t)(sign | v);
-}
+/* Inline bodies for the hot loops (fp8_hd.h, shared with the GPU kernel):
+ * the exported functions are interposable in the shared library, so calls
+ * to them from this file would not be inlined. */
+#define bf16f refit_fp8_hd_bf16
+#define e4m3 refit_fp8_hd_e4m3
 
 float refit_bf16_to_f32(uint16_t b) { return bf16f(b); }
 
@@ -65,20 +36,16 @@ float refit_fp8_e4m3_to_f32(uint8_t b)
 
 float refit_fp8_quantize_block(const uint16_t *x, uint64_t ld, uint32_t rows, uint32_t cols, uint8_t *q, uint64_t ldq)
 {
-    /* amax on the bit patterns: |bf16| orders like its low 15 bits (a NaN
-     * sorts above every number, as fabsf's comparison would not: NaN never
-     * wins there, so it is excluded here too). */
-    int16_t m = 0;
+    /* amax on the bit patterns (refit_fp8_hd_absbits) */
+    int16_t m = 0; /* 16-bit lanes: the loop vectorizes */
     for (uint32_t r = 0; r < rows; r++) {
         const uint16_t *restrict xr = x + r * ld;
         for (uint32_t c = 0; c < cols; c++) {
-            int16_t a = (int16_t)(xr[c] & 0x7fffu);
-            a = a <= 0x7f80 ? a : 0;
+            int16_t a = (int16_t)refit_fp8_hd_absbits(xr[c]);
             m = a > m ? a : m;
         }
     }
-    float amax = bf16f((uint16_t)m);
-    float scale = amax > 0 ? amax / REFIT_FP8_MAX : 1.0f;
+    float scale = refit_fp8_hd_scale(m);
     for (uint32_t r = 0; r < rows; r++) {
         const uint16_t *restrict xr = x + r * ld;
         uint8_t *restrict qr = q + r * ldq;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "layout/manifest.h"
+#include "plan/fp8_table.h"
 
 /* ---- the reference quantizer ---- */
 
@@ -81,6 +82,41 @@ static void conversion(void **state)
 static refit_manifest_t *g_src[2];
 static void *g_sbase[2];
 
+/* The quantize-on-copy table (plan/fp8_table.h) run on the CPU writes the
+ * same arena, byte for byte, as the plan into a bf16 image and the stage. */
+static void table_equals_stage(const refit_plan_t *plan, const refit_manifest_t *dst, const refit_fp8_target_t *t,
+                               void *const *sbase, size_t nsrc, const unsigned char *want, bool expect_full)
+{
+    refit_fp8_table_t x;
+    refit_batch_opts_t o = {.max_shift = 4, .copies = true, .fills = true};
+    REFIT_ASSERT_OK(refit_fp8_table_build(plan, dst, t, &o, &x));
+    uint64_t n = refit_fp8_target_bytes(t);
+    unsigned char *got = malloc(n);
+    memset(got, 0xa5, n); /* every byte must be written */
+    void **slots = calloc(x.nslots, sizeof(void *));
+    for (size_t s = 0; s < nsrc; s++)
+        for (uint32_t k = x.src_slot_base[s]; k < x.src_slot_base[s + 1]; k++) slots[k] = sbase[s];
+    slots[x.dst_slot] = got;
+    refit_fp8_table_execute_host(&x, slots);
+    unsigned char *in = calloc(1, n); /* the gaps between tensors (256-byte alignment) are nobody's */
+    for (uint32_t i = 0; i < refit_fp8_target_num_tensors(t); i++) {
+        const refit_fp8_tensor_t *e = refit_fp8_target_tensor(t, i);
+        memset(in + e->offset, 1, e->bytes);
+    }
+    for (uint64_t i = 0; i < n; i++)
+        if (!in[i]) got[i] = want[i];
+    free(in);
+    for (uint64_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("fp8 table: arena byte %llu is 0x%02x, the stage wrote 0x%02x", (unsigned long long)i, got[i], want[i]);
+    assert_true(x.nblocks > 0 && x.npieces >= x.nblocks);
+    if (expect_full) assert_true(x.full_blocks > 0);
+    else assert_true(x.npieces > x.nblocks); /* blocks gathered from several pieces */
+    free(slots);
+    free(got);
+    refit_fp8_table_free(&x);
+}
+
 static void check_rank(const char *layout, uint32_t rank, uint64_t v)
 {
     refit_manifest_t *dst = t_manifest_named("tiny-fp8", layout, rank);
@@ -95,6 +131,7 @@ static void check_rank(const char *layout, uint32_t rank, uint64_t v)
     assert_true(refit_fp8_target_num_quantized(t) >= 2 * 4); /* qkv, o, w13, w2 per layer */
     unsigned char *arena = calloc(1, refit_fp8_target_bytes(t));
     REFIT_ASSERT_OK(refit_fp8_stage(t, img, arena, 2));
+    table_equals_stage(plan, dst, t, g_sbase, 2, arena, true);
     uint64_t checked = 0, blocks = 0;
     for (uint32_t i = 0; i < refit_fp8_target_num_tensors(t); i++) {
         const refit_fp8_tensor_t *e = refit_fp8_target_tensor(t, i);
@@ -239,9 +276,49 @@ static void misaligned_refused(void **state)
     refit_manifest_destroy(m);
 }
 
+/* Sources that cut blocks (megatron:tp=4 splits rows into quarters) and an
+ * uncoalesced plan: blocks gathered from several pieces, still the stage's bytes. */
+static void table_gathers_pieces(void **state)
+{
+    (void)state;
+    refit_manifest_t *src[4];
+    void *sb[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        src[i] = t_manifest_named("tiny-fp8", "megatron:tp=4", i);
+        sb[i] = malloc(refit_manifest_region_size(src[i], 0));
+        REFIT_ASSERT_OK(refit_truth_fill(src[i], &sb[i], 7));
+    }
+    refit_manifest_t *dst = t_manifest_named("tiny-fp8", "vllm:tp=2", 1);
+    refit_plan_params_t pp = REFIT_PLAN_PARAMS_INIT;
+    for (int coalesce = 0; coalesce < 2; coalesce++) {
+        pp.no_coalesce = !coalesce;
+        refit_plan_t *plan;
+        REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)src, 4, dst, &pp, &plan));
+        void *img = calloc(1, refit_manifest_region_size(dst, 0));
+        const void *const *sbp[4];
+        for (int i = 0; i < 4; i++) sbp[i] = (const void *const *)&sb[i];
+        REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, (const void *const *const *)sbp, &img, 1));
+        refit_fp8_target_t *t;
+        REFIT_ASSERT_OK(refit_fp8_target_create(dst, &t));
+        unsigned char *want = calloc(1, refit_fp8_target_bytes(t));
+        REFIT_ASSERT_OK(refit_fp8_stage(t, img, want, 2));
+        table_equals_stage(plan, dst, t, sb, 4, want, false);
+        free(want);
+        free(img);
+        refit_fp8_target_destroy(t);
+        refit_plan_destroy(plan);
+    }
+    refit_manifest_destroy(dst);
+    for (int i = 0; i < 4; i++) {
+        refit_manifest_destroy(src[i]);
+        free(sb[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(conversion), cmocka_unit_test(stage_equals_reference),
-                                       cmocka_unit_test(fp8_manifest_plans), cmocka_unit_test(misaligned_refused)};
+                                       cmocka_unit_test(fp8_manifest_plans), cmocka_unit_test(misaligned_refused),
+                                       cmocka_unit_test(table_gathers_pieces)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
