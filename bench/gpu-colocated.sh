@@ -35,16 +35,16 @@ for s in $steps; do
     timeout 200 tests/gpu/test_gpu_demo.sh build-gpu/refit > "$out/run/test_gpu_demo.txt" 2>&1; echo "test_gpu_demo exit: $?"
     tail -4 "$out/run/test_gpu_demo.txt" ;;
   bench)
-    timeout 400 $R bench --scenario colocated --model "$model" --device 0 --cycles 6 --iters 5 \
+    timeout 400 $R-bench --scenario colocated --model "$model" --device 0 --cycles 6 --iters 5 \
       --out "$out/gpu-h200-colocated.json" > /dev/null; echo "bench exit: $?" ;;
   turns0)
-    timeout 200 $R bench --scenario colocated --model "$model" --dst vllm:tp=2 --no-cold --cycles 4 --iters 3 \
+    timeout 200 $R-bench --scenario colocated --model "$model" --dst vllm:tp=2 --no-cold --cycles 4 --iters 3 \
       --transport-options cuda_ipc.turns=0 --out "$out/run/colocated-tp2-turns0.json" > /dev/null; echo "turns0 exit: $?" ;;
   ipc)
     nvcc -O2 -arch=sm_90 -o build-gpu/ipc_probe bench/ipc_probe.cu -lcuda && \
       for gb in 8 24; do timeout 120 build-gpu/ipc_probe $gb | tee -a "$out/run/ipc-probe.txt"; done ;;
   kernel|memcpy)
-    timeout 200 $R bench --scenario colocated --model "$model" --no-cold --cycles 4 --iters 3 --dst ${DSTS:-vllm:tp=1} \
+    timeout 200 $R-bench --scenario colocated --model "$model" --no-cold --cycles 4 --iters 3 --dst ${DSTS:-vllm:tp=1} \
       --transport-options cuda_ipc.copy=$s --out "$out/run/colocated-$s.json" > /dev/null; echo "$s exit: $?" ;;
   probe)
     for tp in 1 2; do

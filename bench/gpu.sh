@@ -50,7 +50,7 @@ timeout 150 build-gpu/refit demo --json --model "$model" --src megatron:ep=2 --d
   --src-device 0 --dst-device 1 --cycles 3 > "$out/diag-tp1.json"
 python3 -c "import json; d=json.load(open('$out/diag-tp1.json')); print('tp=1: steady span %.3f ms for %d bytes, verified %s' % (d['steady_span_ms'], d['bytes_per_cycle'], d['verified']))" || true
 echo "== benchmark (exec=$best)"
-timeout 400 build-gpu/refit bench --scenario gpu --model "$model" --src megatron:ep=2 --dst vllm:tp=2 \
+timeout 400 build-gpu/refit-bench --scenario gpu --model "$model" --src megatron:ep=2 --dst vllm:tp=2 \
   --src-device 0 --dst-device 1 --cycles 6 --iters 5 --transport-options cuda_ipc.exec=$best \
   --out "$out/gpu-h200.json" > /dev/null
 echo "bench exit: $?"

@@ -26,18 +26,7 @@
 int cmd_preflight(int argc, char **argv); /* tools/preflight.c */
 int cmd_simulate(int argc, char **argv);  /* tools/simulate.c, src/sim */
 
-int tool_fail(refit_status_t st, const char *what)
-{
-    fprintf(stderr, "refit: %s: %s (%s)\n", what, refit_last_error()[0] ? refit_last_error() : refit_status_message(st),
-            refit_status_name(st));
-    return 1;
-}
 
-int tool_usage(const char *cmd, const char *msg)
-{
-    fprintf(stderr, "refit %s: %s\nrun 'refit help' for usage\n", cmd, msg);
-    return 2;
-}
 
 static void print_help(FILE *f)
 {
@@ -73,22 +62,8 @@ static void print_help(FILE *f)
             "            --replicas N --delta F --src-device N --dst-device N --no-digest --prepare --json\n"
             "  models    list built-in models with their tensor counts and sizes\n"
             "  manifest  print one rank's local tensors and placements: --model M --layout LAYOUT [--rank R]\n"
-            "  bench     --scenario gpu: refit over cuda_ipc between two GPUs against the raw peer copy and\n"
-            "            an NCCL broadcast baseline, all in one run, one JSON record (docs/gpu.md)\n"
-            "            --model M --src LAYOUT --dst LAYOUT --src-device N --dst-device N --cycles K\n"
-            "            --iters N --out FILE --skip-nccl --skip-baseline --transport-options OPTS\n"
-            "            --scenario colocated: publishers and receivers on one GPU (--device N) against a\n"
-            "            device-to-device copy of the same bytes, prepared and cold first refits; --dst\n"
-            "            repeatable (default vllm:tp=1 and vllm:tp=2), --no-cold (docs/gpu.md: Colocated)\n"
-            "            --scenario delta|partial|fp8: fleet data features on this host (processes, shared\n"
-            "            memory): --model M --src LAYOUT --dst LAYOUT [--fraction F --versions K]\n"
-            "            [--select PATTERNS] [--threads N] --out FILE; delta --net shm|netns: through\n"
-            "            publishers and receivers (a full and a delta receiver in turn, --link-mbps X)\n"
-            "            --scenario fanout|elastic|straggler|egress: the fleet on this host (processes, shm),\n"
-            "            one JSON record with assertions; --model M --receivers N --src L --dst L\n"
-            "            --max-readers N --chunk-kb N --link-mbps X --verify --out FILE (README: Fleet);\n"
-            "            fanout --net netns (its default as root): each process a network namespace with\n"
-            "            tbf-limited links, bytes over UCX; --net shm: all on this host's shared memory\n"
+            "  bench     the benchmarks are their own program, refit-bench (beside refit; 'refit-bench --help');\n"
+            "            refit bench ARGS runs refit-bench ARGS\n"
             "  gpus      list the CUDA devices here (JSON; count 0 without CUDA or a GPU)\n"
             "  preflight check this host for a job before it starts: transports and UCX lanes, RDMA, GPUs, memlock,\n"
             "            memory, /dev/shm, the registry (reach, a probe key, latency), the secret, the clock, the plan;\n"
@@ -109,15 +84,6 @@ static void print_help(FILE *f)
             "             REFIT_METRICS_ADDR=127.0.0.1:PORT (Prometheus; docs/operations.md)\n");
 }
 
-int tool_parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-') return -1;
-    *out = v;
-    return 0;
-}
 
 static uint64_t physical_memory(void)
 {
@@ -125,16 +91,6 @@ static uint64_t physical_memory(void)
     return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
 }
 
-void tool_json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
-        else fputc(*s, f);
-    }
-    fputc('"', f);
-}
 
 static int cmd_plan(int argc, char **argv)
 {
@@ -390,6 +346,31 @@ out:
     return rc;
 }
 
+/* The library's version and the optional parts built into it
+ * (refit_features()): "refit 0.1.0 (registries: file redis; transports: shm cuda_ipc ucx)". */
+static int cmd_version(void)
+{
+    unsigned f = refit_features();
+    printf("refit %s (registries: file%s; transports: shm%s%s)\n", refit_version(NULL, NULL, NULL),
+           f & REFIT_FEATURE_REDIS ? " redis" : "", f & REFIT_FEATURE_CUDA ? " cuda_ipc" : "",
+           f & REFIT_FEATURE_UCX ? " ucx" : "");
+    return 0;
+}
+
+/* The benchmarks are their own program, refit-bench, beside this one:
+ * `refit bench ARGS` runs `refit-bench ARGS` (and says where it is). */
+static int cmd_bench_forward(int argc, char **argv)
+{
+    char path[4096];
+    if (tool_sibling("refit-bench", path, sizeof(path)) || access(path, X_OK))
+        snprintf(path, sizeof(path), "refit-bench"); /* not beside refit: look in $PATH */
+    fprintf(stderr, "refit bench: the benchmarks are the program refit-bench; running %s\n", path);
+    argv[0] = path;
+    execvp(path, argv);
+    fprintf(stderr, "refit bench: cannot run %s: %s\n", path, strerror(errno));
+    return 127;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -403,21 +384,11 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "publish")) return cmd_publish(argc - 1, argv + 1);
     if (!strcmp(cmd, "pull")) return cmd_pull(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench_forward(argc - 1, argv + 1);
     if (!strcmp(cmd, "gpus")) return cmd_gpus(argc - 1, argv + 1);
     if (!strcmp(cmd, "simulate")) return cmd_simulate(argc - 1, argv + 1);
     if (!strcmp(cmd, "preflight")) return cmd_preflight(argc - 1, argv + 1);
-    if (!strcmp(cmd, "version")) {
-        printf("refit %d.%d.%d (registries: file%s; transports: shm%s%s)\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
-               REFIT_VERSION_PATCH,
-#ifdef REFIT_HAVE_REDIS
-               " redis",
-#else
-               "",
-#endif
-               refit_transport_find("cuda_ipc") ? " cuda_ipc" : "", refit_transport_find("ucx") ? " ucx" : "");
-        return 0;
-    }
+    if (!strcmp(cmd, "version")) return cmd_version();
     fprintf(stderr, "refit: unknown command '%s'\n", cmd);
     print_help(stderr);
     return 2;

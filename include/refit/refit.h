@@ -22,6 +22,7 @@
 #include "refit/delta.h"
 #include "refit/select.h"
 #include "refit/fp8.h"
+#include "refit/gpu.h"
 #include "refit/metrics.h"
 
 #endif

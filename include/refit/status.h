@@ -70,6 +70,14 @@ REFIT_API const char *refit_status_message(refit_status_t status);
 REFIT_API const char *refit_last_error(void);
 /* Clears the detail; refit calls that succeed do not clear it. */
 REFIT_API void refit_clear_error(void);
+/* Sets this thread's last-error detail (printf format) and returns status,
+ * so that code built on refit (tools, callbacks) reports a failure the way
+ * refit does: `return refit_error(REFIT_ERR_PARSE, "line %d", n);`. */
+REFIT_API refit_status_t refit_error(refit_status_t status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 typedef enum {
     REFIT_LOG_OFF = 0,

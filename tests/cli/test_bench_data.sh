@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# refit bench --scenario delta|partial|fp8 on the tiny models: each prints its
+# refit-bench --scenario delta|partial|fp8 on the tiny models: each prints its
 # JSON and the correctness assertions hold (timing targets are judged on the
 # benchmark model, not here).
 set -u
-refit="$1"
+bench="$1" # refit-bench; refit is the program beside it
+refit="$(dirname "$bench")/refit"
 pass=0
 fail=0
 check() { # name json-file assertion...
@@ -20,12 +21,12 @@ check() { # name json-file assertion...
 }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$refit" bench --scenario delta --net none --model tiny-moe --versions 3 >"$tmp/delta.json"
+"$bench" --scenario delta --net none --model tiny-moe --versions 3 >"$tmp/delta.json"
 check delta "$tmp/delta.json" bit_exact wire_bytes_ratio full_refit_without_base
-"$refit" bench --scenario delta --net=none --model tiny-dense --src megatron:tp=2 --dst vllm:tp=1 --fraction 0.2 --versions 2 >"$tmp/delta2.json"
+"$bench" --scenario delta --net=none --model tiny-dense --src megatron:tp=2 --dst vllm:tp=1 --fraction 0.2 --versions 2 >"$tmp/delta2.json"
 check delta-20% "$tmp/delta2.json" bit_exact full_refit_without_base
 # Through the engine: publishers offer deltas, a full and a delta receiver pull every version.
-"$refit" bench --scenario delta --net shm --runs 2 --model tiny-moe --versions 3 >"$tmp/delta3.json"
+"$bench" --scenario delta --net shm --runs 2 --model tiny-moe --versions 3 >"$tmp/delta3.json"
 check delta-engine "$tmp/delta3.json" bit_exact deltas_applied wire_bytes_ratio
 # --runs 2: both runs kept, timing goals judged on the median of the runs, correctness in every run.
 if python3 - "$tmp/delta3.json" <<'PY'; then pass=$((pass + 1)); else echo "FAIL: delta-engine --runs 2: $(cat "$tmp/delta3.json")"; fail=$((fail + 1)); fi
@@ -43,21 +44,26 @@ for a in o['assertions']:
         assert a['on'] == 'every run'
         assert a['passed'] == all(r['assertions'][i]['passed'] for r in o['runs_detail'] for i in range(len(r['assertions'])) if r['assertions'][i]['name'] == a['name']), a
 PY
-"$refit" bench --scenario partial --model tiny-moe --select "layer:1,lm_head.weight" >"$tmp/partial.json"
+"$bench" --scenario partial --model tiny-moe --select "layer:1,lm_head.weight" >"$tmp/partial.json"
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL: partial exited $rc"; fail=$((fail + 1)); }
 check partial "$tmp/partial.json" selected_tensors_verified others_untouched fused_whole bytes_only_selected
-"$refit" bench --scenario fp8 --model tiny-fp8 >"$tmp/fp8.json"
+"$bench" --scenario fp8 --model tiny-fp8 >"$tmp/fp8.json"
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL: fp8 exited $rc"; fail=$((fail + 1)); }
 check fp8 "$tmp/fp8.json" fp8_bits_exact wire_carries_fp8 misaligned_refused
 # Through the engine: FP8 relays next to the trainer, an FP8 and a bf16 receiver.
-"$refit" bench --scenario fp8 --net shm --runs 1 --model tiny-fp8 >"$tmp/fp8e.json"
+"$bench" --scenario fp8 --net shm --runs 1 --model tiny-fp8 >"$tmp/fp8e.json"
 check fp8-engine "$tmp/fp8e.json" fp8_bits_exact wire_carries_fp8
 # A model whose shards cut FP8 blocks is refused with a clear error.
-if "$refit" bench --scenario fp8 --model tiny-moe >/dev/null 2>"$tmp/err"; then
+if "$bench" --scenario fp8 --model tiny-moe >/dev/null 2>"$tmp/err"; then
     echo "FAIL: fp8 on tiny-moe was accepted"; fail=$((fail + 1))
 elif grep -q "block grid" "$tmp/err"; then pass=$((pass + 1)); else
     echo "FAIL: fp8 on tiny-moe: $(cat "$tmp/err")"; fail=$((fail + 1)); fi
+# `refit bench ARGS` runs refit-bench ARGS and says so.
+if "$refit" bench --scenario no-such >/dev/null 2>"$tmp/err"; then
+    echo "FAIL: refit bench --scenario no-such was accepted"; fail=$((fail + 1))
+elif grep -q "running .*refit-bench" "$tmp/err" && grep -q "scenario is one of" "$tmp/err"; then pass=$((pass + 1)); else
+    echo "FAIL: refit bench did not forward to refit-bench: $(cat "$tmp/err")"; fail=$((fail + 1)); fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -71,7 +71,7 @@ else bad "require=rdma: exit $rc: $out"; fi
 # chain through relays that serve chunks as they land; every byte verified.
 if ! { ip link add "rfchk$tag" type bridge && ip link del "rfchk$tag"; } 2>/dev/null; then
   echo "skipped: fanout over netns (this kernel cannot make a bridge)"
-elif "$refit" bench --scenario fanout --net netns --runs 1 --model tiny-moe --dst vllm:tp=1 --receivers 3 --link-mbps 2 \
+elif "$(dirname "$refit")/refit-bench" --scenario fanout --net netns --runs 1 --model tiny-moe --dst vllm:tp=1 --receivers 3 --link-mbps 2 \
     --chunk-kb 64 --verify --out "$tmp/fanout.json" >"$tmp/fanout.log" 2>&1 &&
   python3 - "$tmp/fanout.json" <<'PY'; then ok "fanout over netns+tbf: a verified relay chain, relays read while receiving"
 import json, sys

@@ -20,7 +20,7 @@ for c in d["per_cycle"][1:]:
     assert not c["planned"] and 1 <= c["launches"] <= 4, c
 print("demo over cuda_ipc: verified, steady launches", [c["launches"] for c in d["per_cycle"]])'
 if [ "$n" -gt 1 ]; then
-  "$refit" bench --scenario gpu --model qwen3-30b-a3b-mini --cycles 3 --iters 2 --out /tmp/refit-gpu-bench-test.json >/dev/null
+  "$(dirname "$refit")/refit-bench" --scenario gpu --model qwen3-30b-a3b-mini --cycles 3 --iters 2 --out /tmp/refit-gpu-bench-test.json >/dev/null
   python3 -c '
 import json
 d = json.load(open("/tmp/refit-gpu-bench-test.json"))
@@ -40,7 +40,7 @@ assert d["prepare_ms"] > 0, d["prepare_ms"]
 c = d["per_cycle"][0]
 assert not c["planned"] and c["connect_ms"] < 1.0, c
 print("colocated demo, prepared in %.1f ms: first pull connect %.3f ms, not planned" % (d["prepare_ms"], c["connect_ms"]))'
-"$refit" bench --scenario colocated --model qwen3-30b-a3b-mini --dst vllm:tp=2 --cycles 3 --iters 2 \
+"$(dirname "$refit")/refit-bench" --scenario colocated --model qwen3-30b-a3b-mini --dst vllm:tp=2 --cycles 3 --iters 2 \
   --out /tmp/refit-colocated-bench-test.json >/dev/null
 python3 -c '
 import json

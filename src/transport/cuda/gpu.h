@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "plan/batch.h"
+#include "refit/gpu.h" /* refit_gpu_count, _info, _can_access_peer, the baselines */
 #include "refit/manifest.h"
 #include "refit/plan.h"
 #include "refit/truth.h"
@@ -19,22 +20,8 @@
 extern "C" {
 #endif
 
-/* Devices usable here: 0 without a driver or a device (never fails). */
-int refit_gpu_count(void);
-
-typedef struct {
-    char name[256];
-    char uuid[48];   /* "GPU-xxxxxxxx-..." */
-    char pci[20];    /* bus id */
-    uint64_t memory, free_memory;
-    int sms, cc_major, cc_minor;
-    int driver, runtime; /* versions, e.g. 13000 */
-} refit_gpu_info_t;
-refit_status_t refit_gpu_info(int dev, refit_gpu_info_t *out);
 /* The device's UUID ("GPU-..."), without creating a context on it. */
 refit_status_t refit_gpu_uuid(int dev, char out[48]);
-/* Whether device `dev` can read device `peer`'s memory directly (P2P). */
-bool refit_gpu_can_access_peer(int dev, int peer);
 
 /* Lets kernels on dev read and write peer's memory (cudaDeviceEnablePeerAccess; idempotent). */
 refit_status_t refit_gpu_enable_peer(int dev, int peer);
@@ -100,52 +87,6 @@ refit_status_t refit_gpu_plan_fills(const refit_plan_t *plan, int dev, void *con
 /* Host memory made readable and writable by kernels (mapped, portable). */
 refit_status_t refit_gpu_host_register(void *p, uint64_t n);
 void refit_gpu_host_unregister(void *p);
-
-/* Baselines on two GPUs of this process (nccl_baseline.cu): the raw peer
- * copy of `bytes` src_dev -> dst_dev (copy engines: cudaMemcpyPeerAsync, and
- * the batch kernel pulling over P2P), and NCCL: pack the source layout into
- * one buffer (the hf layout) on src_dev, broadcast it to dst_dev, unpack it
- * into every destination rank, verify every byte. */
-#define REFIT_GPU_BASELINE_MAX_ITERS 32
-typedef struct {
-    const char *model, *src_layout, *dst_layout;
-    int src_dev, dst_dev;
-    uint32_t iters;          /* timed repetitions (0: 5) */
-    uint64_t nccl_chunk;     /* bytes per ncclBroadcast (0: 1 GiB) */
-    uint64_t peer_bytes;     /* bytes of the raw peer copy (0: the packed model) */
-    bool skip_nccl;
-} refit_gpu_baseline_cfg_t;
-
-typedef struct {
-    uint64_t bytes;              /* the model's bytes */
-    uint64_t packed_bytes;       /* the packed buffer (the hf layout: tensors 256-byte aligned) */
-    uint64_t peer_bytes;         /* bytes of the raw peer copy */
-    uint32_t iters;
-    double peer_copy_s;          /* median, cudaMemcpyPeerAsync of `bytes` */
-    double peer_copy_kernel_s;   /* median, the batch kernel on dst_dev reading src_dev */
-    double pack_s, bcast_s, unpack_s, nccl_s; /* medians; nccl_s = the median of pack + bcast + unpack */
-    double peer_copy_runs[REFIT_GPU_BASELINE_MAX_ITERS], nccl_runs[REFIT_GPU_BASELINE_MAX_ITERS];
-    uint64_t pack_launches, unpack_launches, bcast_calls; /* per iteration */
-    bool nccl_ran, verified;     /* every destination byte checked in every iteration */
-    uint64_t digest_src, digest_dst; /* of the packed buffer before and after the broadcast */
-    int nccl_version;
-    char nccl_library[256];
-    char note[256];
-} refit_gpu_baseline_t;
-refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg, refit_gpu_baseline_t *out);
-
-/* The colocated limit on one GPU: `bytes` (rounded down to 256) copied
- * device to device by cudaMemcpyAsync, and by the batch kernel as one
- * region; source filled with a non-zero pattern, each copy checked by
- * digest.  Medians of `iters` (0: 5) after one warm-up. */
-typedef struct {
-    uint64_t bytes;
-    uint32_t iters;
-    double copy_s, kernel_s; /* medians */
-    double copy_runs[REFIT_GPU_BASELINE_MAX_ITERS];
-    bool copy_verified, kernel_verified;
-} refit_gpu_d2d_t;
-refit_status_t refit_gpu_d2d_baseline(int dev, uint64_t bytes, uint32_t iters, refit_gpu_d2d_t *out);
 
 #ifdef __cplusplus
 }

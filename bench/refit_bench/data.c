@@ -17,9 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "plan/plan.h"
-#include "tool.h"
-#include "util/util.h"
+#include "bench.h"
 
 #define MAXR 16
 #define MAXV 32

@@ -1,4 +1,4 @@
-/* refit bench --scenario gpu: the GPU benchmark, all in one run.
+/* refit-bench --scenario gpu: the GPU benchmark, all in one run.
  *
  *   1. refit: `refit demo` over cuda_ipc (publisher processes on --src-device,
  *      receiver processes on --dst-device, file registry), K versions, every
@@ -17,10 +17,10 @@
  *      it, unpack into the destination layout, verified.
  * Prints one JSON object (and writes it to --out).
  *
- * refit bench --scenario colocated (bench_colocated below): everything on
- * one GPU against a device-to-device copy of the same bytes.
- *
- *   refit gpus: the CUDA devices here as JSON (count 0 without any). */
+ * refit-bench --scenario colocated (bench_colocated below): everything on
+ * one GPU against a device-to-device copy of the same bytes.  Both run
+ * `refit demo` (the program beside refit-bench) for the refit phases and
+ * the baselines of include/refit/gpu.h in this process. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -31,61 +31,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tool.h"
-#include "util/json.h"
-#include "util/util.h"
-#ifdef REFIT_HAVE_CUDA
-#include "transport/cuda/gpu.h"
-#endif
+#include "bench.h"
 
-#ifndef REFIT_UCX_CUDA_STATUS
-#define REFIT_UCX_CUDA_STATUS "unknown"
-#endif
-
-#ifdef REFIT_HAVE_CUDA
-static void print_gpu(FILE *f, int dev)
-{
-    refit_gpu_info_t g;
-    if (refit_gpu_info(dev, &g)) {
-        fprintf(f, "{\"device\":%d,\"error\":", dev);
-        tool_json_string(f, refit_last_error());
-        fprintf(f, "}");
-        return;
-    }
-    fprintf(f, "{\"device\":%d,\"name\":", dev);
-    tool_json_string(f, g.name);
-    fprintf(f, ",\"uuid\":\"%s\",\"pci\":\"%s\",\"memory\":%" PRIu64 ",\"free_memory\":%" PRIu64
-               ",\"sms\":%d,\"cc\":\"%d.%d\",\"driver_api\":%d,\"runtime\":%d}",
-            g.uuid, g.pci, g.memory, g.free_memory, g.sms, g.cc_major, g.cc_minor, g.driver, g.runtime);
-}
-#endif
-
-int cmd_gpus(int argc, char **argv)
-{
-    (void)argc;
-    (void)argv;
-#ifdef REFIT_HAVE_CUDA
-    int n = refit_gpu_count();
-    printf("{\"cuda\":true,\"count\":%d,\"devices\":[", n);
-    for (int d = 0; d < n; d++) {
-        if (d) printf(",");
-        print_gpu(stdout, d);
-    }
-    printf("],\"peer_access\":[");
-    for (int a = 0; a < n; a++)
-        for (int b = 0; b < n; b++)
-            if (a != b) printf("%s[%d,%d,%s]", a + b > 1 || a ? "," : "", a, b, refit_gpu_can_access_peer(a, b) ? "true" : "false");
-    printf("],\"ucx\":");
-#else
-    printf("{\"cuda\":false,\"count\":0,\"devices\":[],\"ucx\":");
-#endif
-    tool_json_string(stdout, REFIT_UCX_CUDA_STATUS);
-    printf("}\n");
-    return 0;
-}
-
-#ifdef REFIT_HAVE_CUDA
-/* Runs argv (this binary) and returns its stdout; stderr passes through. */
+/* Runs argv (argv[0]: a path to exec) and returns its stdout; stderr passes through. */
 static char *run_capture(char *const argv[], int *status)
 {
     int fds[2];
@@ -96,7 +44,7 @@ static char *run_capture(char *const argv[], int *status)
         dup2(fds[1], STDOUT_FILENO);
         close(fds[0]);
         close(fds[1]);
-        execv("/proc/self/exe", argv);
+        execv(argv[0], argv);
         _exit(127);
     }
     close(fds[1]);
@@ -130,35 +78,8 @@ static double jnum(const refit_json_t *o, const char *k)
     refit_json_double(refit_json_get(o, k), &d);
     return d;
 }
-#endif
 
-/* The GPU scenarios (this file). */
-static int bench_gpu(int argc, char **argv);
-static int bench_colocated(int argc, char **argv);
-
-/* Fleet scenarios live in their own files (tools/bench_net.c, tools/bench_data.c). */
-static const struct {
-    const char *name;
-    int (*run)(int argc, char **argv);
-} g_scenarios[] = {
-    {"gpu", bench_gpu},           {"fanout", bench_fanout}, {"elastic", bench_elastic}, {"straggler", bench_straggler},
-    {"egress", bench_egress},     {"delta", bench_delta},   {"partial", bench_partial}, {"fp8", bench_fp8},
-    {"colocated", bench_colocated},
-};
-
-int cmd_bench(int argc, char **argv)
-{
-    const char *scenario = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--scenario") && i + 1 < argc) scenario = argv[i + 1];
-        else if (!strncmp(argv[i], "--scenario=", 11)) scenario = argv[i] + 11;
-    }
-    for (size_t k = 0; scenario && k < sizeof(g_scenarios) / sizeof(g_scenarios[0]); k++)
-        if (!strcmp(g_scenarios[k].name, scenario)) return g_scenarios[k].run(argc, argv);
-    return tool_usage("bench", "--scenario is one of gpu, colocated, fanout, elastic, straggler, egress, delta, partial, fp8");
-}
-
-static int bench_gpu(int argc, char **argv)
+int bench_gpu(int argc, char **argv)
 {
     const char *scenario = NULL, *model = "qwen3-30b-a3b", *src = "megatron:ep=2", *dst = "vllm:tp=2", *out_path = NULL,
                *topts = NULL;
@@ -201,17 +122,13 @@ static int bench_gpu(int argc, char **argv)
     if (!topts) topts = "cuda_ipc.exec=alt";
     if (cycles < 2 || cycles > 100 || iters < 1 || iters > 32 || src_dev > 64 || dst_dev > 64)
         return tool_usage("bench", "--cycles 2..100, --iters 1..32");
-#ifndef REFIT_HAVE_CUDA
-    (void)out_path;
-    (void)topts;
-    (void)skip_nccl;
-    (void)skip_baseline;
-    (void)model;
-    (void)src;
-    (void)dst;
-    fprintf(stderr, "refit bench: this refit was built without CUDA\n");
-    return 77;
-#else
+    if (!(refit_features() & REFIT_FEATURE_CUDA)) {
+        fprintf(stderr, "refit bench: this refit was built without CUDA\n");
+        return 77;
+    }
+    char refit_path[4096]; /* the demo runs in `refit`, the program beside this one */
+    if (tool_sibling("refit", refit_path, sizeof(refit_path)))
+        return tool_fail(refit_error(REFIT_ERR_IO, "cannot locate refit beside refit-bench"), "bench");
     if (refit_gpu_count() < 1) {
         fprintf(stderr, "refit bench: no CUDA device here\n");
         return 1;
@@ -230,7 +147,7 @@ static int bench_gpu(int argc, char **argv)
     snprintf(tmo, sizeof(tmo), "%" PRIu64, timeout_s);
     char *args[40];
     int a = 0;
-    args[a++] = "refit", args[a++] = "demo", args[a++] = "--json";
+    args[a++] = refit_path, args[a++] = "demo", args[a++] = "--json";
     args[a++] = "--model", args[a++] = (char *)model, args[a++] = "--src", args[a++] = (char *)src;
     args[a++] = "--dst", args[a++] = (char *)dst, args[a++] = "--transport", args[a++] = "cuda_ipc";
     args[a++] = "--src-device", args[a++] = sdev, args[a++] = "--dst-device", args[a++] = ddev;
@@ -262,8 +179,8 @@ static int bench_gpu(int argc, char **argv)
     double reg_ms = npc ? jnum(refit_json_at(pc, 0), "publish_ms") : 0;
     double launches = 0, steady_connect = 0;
     for (size_t k = 1; k < npc; k++) {
-        launches = REFIT_MAX(launches, jnum(refit_json_at(pc, k), "launches"));
-        steady_connect = REFIT_MAX(steady_connect, jnum(refit_json_at(pc, k), "connect_ms"));
+        launches = TOOL_MAX(launches, jnum(refit_json_at(pc, k), "launches"));
+        steady_connect = TOOL_MAX(steady_connect, jnum(refit_json_at(pc, k), "connect_ms"));
     }
     /* 2 and 3. the baselines, in this process. */
     refit_gpu_baseline_t b;
@@ -300,11 +217,11 @@ static int bench_gpu(int argc, char **argv)
     fprintf(f, ",\"nccl_nvls_enable\":");
     tool_json_string(f, getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "(unset)");
     fprintf(f, ",\"gpus\":[");
-    print_gpu(f, (int)src_dev);
+    tool_print_gpu(f, (int)src_dev);
     fprintf(f, ",");
-    print_gpu(f, (int)dst_dev);
+    tool_print_gpu(f, (int)dst_dev);
     fprintf(f, "],\"p2p\":%s,\"ucx\":", refit_gpu_can_access_peer((int)dst_dev, (int)src_dev) ? "true" : "false");
-    tool_json_string(f, REFIT_UCX_CUDA_STATUS);
+    tool_json_string(f, tool_ucx_cuda_status());
     fprintf(f, ",\"model\":");
     tool_json_string(f, model);
     fprintf(f, ",\"src\":");
@@ -366,7 +283,6 @@ static int bench_gpu(int argc, char **argv)
     refit_json_free(demo);
     free(demo_out);
     return verified && !bst ? 0 : 1;
-#endif
 }
 
 /* refit bench --scenario colocated: publishers and receivers on ONE GPU (the
@@ -386,7 +302,7 @@ static int bench_gpu(int argc, char **argv)
  * limit_ratio = refit_s / d2d_copy_s (target <= 1.15), first_refit_ratio =
  * first_refit_s / refit_s (target <= 2).  Every refit byte is verified on
  * the GPU by the demo's receivers. */
-static int bench_colocated(int argc, char **argv)
+int bench_colocated(int argc, char **argv)
 {
     const char *model = "qwen3-30b-a3b", *src = "megatron:ep=2", *out_path = NULL, *topts = NULL;
     const char *dsts[8];
@@ -428,16 +344,13 @@ static int bench_colocated(int argc, char **argv)
     if (!ndst) dsts[ndst++] = "vllm:tp=1", dsts[ndst++] = "vllm:tp=2";
     if (cycles < 2 || cycles > 100 || iters < 1 || iters > 32 || dev > 64)
         return tool_usage("bench", "--cycles 2..100, --iters 1..32");
-#ifndef REFIT_HAVE_CUDA
-    (void)out_path;
-    (void)topts;
-    (void)no_cold;
-    (void)dsts;
-    (void)model;
-    (void)src;
-    fprintf(stderr, "refit bench: this refit was built without CUDA\n");
-    return 77;
-#else
+    if (!(refit_features() & REFIT_FEATURE_CUDA)) {
+        fprintf(stderr, "refit bench: this refit was built without CUDA\n");
+        return 77;
+    }
+    char refit_path[4096]; /* the demo runs in `refit`, the program beside this one */
+    if (tool_sibling("refit", refit_path, sizeof(refit_path)))
+        return tool_fail(refit_error(REFIT_ERR_IO, "cannot locate refit beside refit-bench"), "bench");
     if (refit_gpu_count() < 1) {
         fprintf(stderr, "refit bench: no CUDA device here\n");
         return 1;
@@ -478,7 +391,7 @@ static int bench_colocated(int argc, char **argv)
         for (int cold = 0; cold < (no_cold ? 1 : 2); cold++) {
             char *args[40];
             int a = 0;
-            args[a++] = "refit", args[a++] = "demo", args[a++] = "--json";
+            args[a++] = refit_path, args[a++] = "demo", args[a++] = "--json";
             args[a++] = "--model", args[a++] = (char *)model, args[a++] = "--src", args[a++] = (char *)src;
             args[a++] = "--dst", args[a++] = (char *)dst, args[a++] = "--transport", args[a++] = "cuda_ipc";
             args[a++] = "--src-device", args[a++] = sdev, args[a++] = "--dst-device", args[a++] = sdev;
@@ -571,5 +484,4 @@ static int bench_colocated(int argc, char **argv)
     }
     free(res);
     return rc;
-#endif
 }

@@ -40,10 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "refit/fp8.h"
-#include "tool.h"
-#include "util/json.h"
-#include "util/util.h"
+#include "bench.h"
 
 /* ---- options ------------------------------------------------------------- */
 

@@ -1,0 +1,78 @@
+/* The helpers every refit program (refit, refit-bench) shares: error and
+ * usage messages, number parsing, JSON strings. */
+#include <errno.h>
+#include <stdio.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tool_common.h"
+
+int tool_fail(refit_status_t st, const char *what)
+{
+    fprintf(stderr, "refit: %s: %s (%s)\n", what, refit_last_error()[0] ? refit_last_error() : refit_status_message(st),
+            refit_status_name(st));
+    return 1;
+}
+
+int tool_usage(const char *cmd, const char *msg)
+{
+    fprintf(stderr, "refit %s: %s\nrun 'refit help' for usage\n", cmd, msg);
+    return 2;
+}
+
+int tool_parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') return -1;
+    *out = v;
+    return 0;
+}
+
+void tool_json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
+        else fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+void tool_print_gpu(FILE *f, int dev)
+{
+    refit_gpu_info_t g;
+    if (refit_gpu_info(dev, &g)) {
+        fprintf(f, "{\"device\":%d,\"error\":", dev);
+        tool_json_string(f, refit_last_error());
+        fprintf(f, "}");
+        return;
+    }
+    fprintf(f, "{\"device\":%d,\"name\":", dev);
+    tool_json_string(f, g.name);
+    fprintf(f, ",\"uuid\":\"%s\",\"pci\":\"%s\",\"memory\":%" PRIu64 ",\"free_memory\":%" PRIu64
+               ",\"sms\":%d,\"cc\":\"%d.%d\",\"driver_api\":%d,\"runtime\":%d}",
+            g.uuid, g.pci, g.memory, g.free_memory, g.sms, g.cc_major, g.cc_minor, g.driver, g.runtime);
+}
+
+#ifndef REFIT_UCX_CUDA_STATUS
+#define REFIT_UCX_CUDA_STATUS "unknown"
+#endif
+const char *tool_ucx_cuda_status(void) { return REFIT_UCX_CUDA_STATUS; }
+
+int tool_sibling(const char *name, char *out, size_t size)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return -1;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (!slash) return -1;
+    slash[1] = '\0';
+    int w = snprintf(out, size, "%s%s", self, name);
+    return w < 0 || (size_t)w >= size ? -1 : 0;
+}

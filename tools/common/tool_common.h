@@ -1,0 +1,36 @@
+/* What the refit programs (tools/: refit; bench/refit_bench/: refit-bench)
+ * share beside the library: the static helper library refit_tool_common
+ * (tools/common/), which is not part of librefit and exports nothing.
+ *
+ * It also carries the library's strict JSON reader (src/util/json.c, built a
+ * second time into this helper library: pure code, no state), for the
+ * programs that read each other's JSON records. */
+#ifndef REFIT_TOOL_COMMON_H
+#define REFIT_TOOL_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "refit/refit.h"
+#include "../../src/util/json.h" /* refit_json_*: the reader, built into this helper library */
+
+#define TOOL_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Prints "refit: WHAT: detail (NAME)" to stderr; returns 1. */
+int tool_fail(refit_status_t st, const char *what);
+/* Prints a usage error for a subcommand; returns 2. */
+int tool_usage(const char *cmd, const char *msg);
+/* A decimal number without sign; 0, or -1 when s is not one. */
+int tool_parse_u64(const char *s, uint64_t *out);
+/* s as a JSON string literal (quotes, escapes). */
+void tool_json_string(FILE *f, const char *s);
+/* GPU dev as one JSON object (name, uuid, pci, memory, ...; or its error). */
+void tool_print_gpu(FILE *f, int dev);
+/* Whether the UCX this tree was built with moves GPU memory (a sentence). */
+const char *tool_ucx_cuda_status(void);
+/* The program `name` beside this one (same directory as /proc/self/exe),
+ * e.g. refit-bench finds refit; 0, or -1 when the path does not fit. */
+int tool_sibling(const char *name, char *out, size_t size);
+
+#endif
