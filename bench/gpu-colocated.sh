@@ -3,7 +3,7 @@
 # then the steps named in $STEPS (default: all), everything into $OUT.
 #   tests:  the GPU tests (test_gpu, test_gpu_demo.sh)
 #   probe:  refit demo colocated, vllm:tp=1 and tp=2 (per-cycle JSON)
-#   bench:  refit bench --scenario colocated (tp=1 and tp=2, d2d copy baseline) -> gpu-h200-colocated.json
+#   bench:  refit-bench --scenario colocated (tp=1 and tp=2, d2d copy baseline) -> gpu-h200-colocated.json
 #   turns0: the same for tp=2 with cuda_ipc.turns=0 (receivers' kernels time-sliced)
 #   kernel, memcpy: both layouts with cuda_ipc.copy=kernel / copy=memcpy forced
 #   ipc:    bench/ipc_probe.cu: d2d copy from own memory, from a cudaIpc-opened and from a VMM-imported buffer

@@ -4,7 +4,7 @@
 # builds refit with CUDA, runs the GPU tests, compares where the copy kernel
 # runs (exec=dst: the receiver's GPU pulls over P2P; exec=src: the source's
 # GPU pushes; exec=alt: receiver rank 0 pulls, rank 1 pushes), then runs
-# `refit bench --scenario gpu` on the full qwen3-30b-a3b with the fastest.
+# `refit-bench --scenario gpu` on the full qwen3-30b-a3b with the fastest.
 # A diagnostic run with one receiver (vllm:tp=1) shows what two receiver
 # processes sharing one GPU cost (their kernels take turns).  Everything lands in $OUT (or
 # bench/results/gpu-run): environment, log, JSON.
