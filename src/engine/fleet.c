@@ -47,8 +47,8 @@
  * Duplicate reads write identical bytes (one version, immutable while
  * leased); every worker is joined before the transfer returns.  Transports
  * without their own concurrency (anything but shm) are called one at a time.
- * REFIT_TEST_THROTTLE="trainer:1=50,relay:0=10" (MB/s) paces holders to
- * emulate slow links in tests and benchmarks on one host.
+ * A holder's `rate` paces its chunks to emulate a slow link in tests and
+ * benchmarks on one host (test_hooks.h: REFIT_TEST_THROTTLE, test builds only).
  *
  * The rules above (chunks, shares, claims, direct pulls, the pick of holders)
  * are pure functions of the scheduling state (fleet.h, first half of this
@@ -79,20 +79,6 @@ uint64_t refit_fleet_mirror_key(const refit_manifest_t *m)
     refit_manifest_t tmp = *m;
     tmp.rank = 0;
     return refit_manifest_compute_signature(&tmp);
-}
-
-double refit_fleet_throttle(const char *kind, uint32_t index)
-{
-    const char *env = getenv("REFIT_TEST_THROTTLE");
-    if (!env || !env[0]) return 0;
-    char want[48];
-    int n = snprintf(want, sizeof(want), "%s:%u=", kind, index);
-    for (const char *p = env; p && *p;) {
-        if (!strncmp(p, want, (size_t)n)) return atof(p + n) * 1e6;
-        p = strchr(p, ',');
-        if (p) p++;
-    }
-    return 0;
 }
 
 /* ---- the rules (fleet.h): no threads, clocks or I/O ---------------------- */

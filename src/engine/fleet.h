@@ -30,7 +30,7 @@ typedef struct {
     refit_peer_t *peer;     /* connected; NULL: unusable */
     bool mirror_dst;        /* a relay of the receiver's own layout and rank */
     uint64_t mirror_key;    /* trainer rank: refit_fleet_mirror_key of its manifest */
-    double rate;            /* emulated link, bytes/s (REFIT_TEST_THROTTLE); 0: none */
+    double rate;            /* emulated link, bytes/s (test_hooks.h); 0: none */
     int progress_region;    /* relay: its progress region; -1: none (it serves complete versions) */
     /* filled by the transfer */
     bool failed;
@@ -162,8 +162,6 @@ uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
 /* A hash of the incarnations of the trainer ranks whose records are present
  * (recs[k], present[k], k < world): which publishers a version's bytes are. */
 uint64_t refit_fleet_origin(const refit_version_record_t *recs, const uint8_t *present, uint32_t world);
-/* REFIT_TEST_THROTTLE rate for holder kind:index, bytes/s (0: none). */
-double refit_fleet_throttle(const char *kind, uint32_t index);
 refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
                                     refit_pull_stats_t *stats);
 

@@ -30,6 +30,7 @@
 #include "data/digest.h"
 #include "engine/engine.h"
 #include "engine/metrics.h"
+#include "engine/test_hooks.h"
 #include "refit/delta.h"
 
 #define NBUF_SNAPSHOT 2
@@ -469,7 +470,7 @@ static uint64_t offer_delta(refit_publisher_t *p, uint32_t b, uint64_t version)
     /* Payloads first, headers last: a header names the version only once its bytes are in place. */
     for (uint32_t r = 0; r < p->nregions && fits; r++)
         memcpy((char *)p->darena[b][r] + 64, (char *)deltas[r] + 64, lens[r] - 64);
-    if (fits && getenv("REFIT_TEST_CORRUPT_DELTA")) corrupt_for_test(p, b);
+    if (fits && refit_test_corrupt_delta()) corrupt_for_test(p, b);
     for (uint32_t r = 0; r < p->nregions && fits; r++) memcpy(p->darena[b][r], deltas[r], 64);
     for (uint32_t r = 0; r < p->nregions; r++) free(deltas[r]);
     ld->encode_ms = (refit_now() - t0) * 1e3;

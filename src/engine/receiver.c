@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/metrics.h"
 #include "engine/relay.h"
+#include "engine/test_hooks.h"
 #include "refit/delta.h"
 
 #define PLAN_CACHE 4
@@ -544,7 +545,7 @@ static refit_status_t trainer_holders(refit_receiver_t *r, const snapshot_t *s, 
         x->transport = (uint32_t)t;
         x->peer = src->peer[t][b];
         x->mirror_key = src->mkey;
-        x->rate = refit_fleet_throttle("trainer", k);
+        x->rate = refit_test_throttle("trainer", k);
     }
     return REFIT_OK;
 }
@@ -1106,8 +1107,8 @@ static refit_status_t full_transfer(refit_receiver_t *r, const snapshot_t *snap,
     r->stage_version = 0; /* the staging is being written too (GPU) */
     /* Fault-injection hook for the test suite: a pause after the receiver
      * committed to the transfer, during which a test kills a process. */
-    const char *pause = getenv("REFIT_TEST_PAUSE_MS");
-    if (pause && atoi(pause) > 0) usleep((useconds_t)atoi(pause) * 1000u);
+    unsigned pause_ms = refit_test_pause_ms();
+    if (pause_ms) usleep((useconds_t)pause_ms * 1000u);
     refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .tick = tick, .user = r};
     refit_pull_stats_t stats = {0};
     rep->transport[0] = rep->lanes[0] = '\0';

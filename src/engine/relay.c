@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "engine/relay.h"
+#include "engine/test_hooks.h"
 
 #define LOAD_TTL_MS 1500
 
@@ -385,7 +386,7 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         h->peer = s->peer[t];
         h->mirror_dst = true;
         h->progress_region = s->progress_region;
-        h->rate = refit_fleet_throttle("relay", j);
+        h->rate = refit_test_throttle("relay", j);
         h->id = j;
     }
     return nh;

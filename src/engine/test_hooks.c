@@ -1,0 +1,31 @@
+/* The test hooks (test_hooks.h), read from the environment.  This file is
+ * compiled only with REFIT_TEST_HOOKS (CMakeLists.txt leaves it out of the
+ * library otherwise). */
+#include "engine/test_hooks.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+double refit_test_throttle(const char *kind, uint32_t index)
+{
+    const char *env = getenv("REFIT_TEST_THROTTLE");
+    if (!env || !env[0]) return 0;
+    char want[48];
+    int n = snprintf(want, sizeof(want), "%s:%u=", kind, index);
+    for (const char *p = env; p && *p;) {
+        if (!strncmp(p, want, (size_t)n)) return atof(p + n) * 1e6;
+        p = strchr(p, ',');
+        if (p) p++;
+    }
+    return 0;
+}
+
+unsigned refit_test_pause_ms(void)
+{
+    const char *pause = getenv("REFIT_TEST_PAUSE_MS");
+    int ms = pause ? atoi(pause) : 0;
+    return ms > 0 ? (unsigned)ms : 0;
+}
+
+bool refit_test_corrupt_delta(void) { return getenv("REFIT_TEST_CORRUPT_DELTA") != NULL; }
