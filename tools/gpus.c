@@ -18,7 +18,8 @@ int cmd_gpus(int argc, char **argv)
         for (int a = 0; a < n; a++)
             for (int b = 0; b < n; b++)
                 if (a != b)
-                    printf("%s[%d,%d,%s]", a + b > 1 || a ? "," : "", a, b, refit_gpu_can_access_peer(a, b) ? "true" : "false");
+                    printf("%s[%d,%d,%s]", a + b > 1 || a ? "," : "", a, b,
+                           refit_gpu_can_access_peer(a, b) ? "true" : "false");
         printf("],\"ucx\":");
     } else {
         printf("{\"cuda\":false,\"count\":0,\"devices\":[],\"ucx\":");

@@ -16,35 +16,40 @@
 
 static void print_help(FILE *f)
 {
-    fprintf(f,
-            "usage: refit-bench --scenario NAME [options]   (also: refit bench --scenario NAME ...)\n"
-            "\n"
-            "  --scenario gpu: refit over cuda_ipc between two GPUs against the raw peer copy and\n"
-            "    an NCCL broadcast baseline, all in one run, one JSON record (docs/gpu.md)\n"
-            "    --model M --src LAYOUT --dst LAYOUT --src-device N --dst-device N --cycles K\n"
-            "    --iters N --out FILE --skip-nccl --skip-baseline --transport-options OPTS\n"
-            "  --scenario colocated: publishers and receivers on one GPU (--device N) against a\n"
-            "    device-to-device copy of the same bytes, prepared and cold first refits; --dst\n"
-            "    repeatable (default vllm:tp=1 and vllm:tp=2), --no-cold (docs/gpu.md: Colocated)\n"
-            "  --scenario delta|partial|fp8: fleet data features on this host (processes, shared\n"
-            "    memory): --model M --src LAYOUT --dst LAYOUT [--fraction F --versions K]\n"
-            "    [--select PATTERNS] [--threads N] --out FILE; delta --net shm|netns: through\n"
-            "    publishers and receivers (a full and a delta receiver in turn, --link-mbps X)\n"
-            "  --scenario fanout|elastic|straggler|egress: the fleet on this host (processes, shm),\n"
-            "    one JSON record with assertions; --model M --receivers N --src L --dst L\n"
-            "    --max-readers N --chunk-kb N --link-mbps X --verify --out FILE (README: Fleet);\n"
-            "    fanout --net netns (its default as root): each process a network namespace with\n"
-            "    tbf-limited links, bytes over UCX; --net shm: all on this host's shared memory\n"
-            "\n"
-            "layouts: hf | megatron:tp=,pp=,ep=,etp=,dp=,pad= | vllm:tp=,ep=,dp=,pad=   (docs/layouts.md)\n");
+    fprintf(f, "usage: refit-bench --scenario NAME [options]   (also: refit bench --scenario NAME ...)\n"
+               "\n"
+               "  --scenario gpu: refit over cuda_ipc between two GPUs against the raw peer copy and\n"
+               "    an NCCL broadcast baseline, all in one run, one JSON record (docs/gpu.md)\n"
+               "    --model M --src LAYOUT --dst LAYOUT --src-device N --dst-device N --cycles K\n"
+               "    --iters N --out FILE --skip-nccl --skip-baseline --transport-options OPTS\n"
+               "  --scenario colocated: publishers and receivers on one GPU (--device N) against a\n"
+               "    device-to-device copy of the same bytes, prepared and cold first refits; --dst\n"
+               "    repeatable (default vllm:tp=1 and vllm:tp=2), --no-cold (docs/gpu.md: Colocated)\n"
+               "  --scenario delta|partial|fp8: fleet data features on this host (processes, shared\n"
+               "    memory): --model M --src LAYOUT --dst LAYOUT [--fraction F --versions K]\n"
+               "    [--select PATTERNS] [--threads N] --out FILE; delta --net shm|netns: through\n"
+               "    publishers and receivers (a full and a delta receiver in turn, --link-mbps X)\n"
+               "  --scenario fanout|elastic|straggler|egress: the fleet on this host (processes, shm),\n"
+               "    one JSON record with assertions; --model M --receivers N --src L --dst L\n"
+               "    --max-readers N --chunk-kb N --link-mbps X --verify --out FILE (README: Fleet);\n"
+               "    fanout --net netns (its default as root): each process a network namespace with\n"
+               "    tbf-limited links, bytes over UCX; --net shm: all on this host's shared memory\n"
+               "\n"
+               "layouts: hf | megatron:tp=,pp=,ep=,etp=,dp=,pad= | vllm:tp=,ep=,dp=,pad=   (docs/layouts.md)\n");
 }
 
 static const struct {
     const char *name;
     int (*run)(int argc, char **argv);
 } g_scenarios[] = {
-    {"gpu", bench_gpu},           {"fanout", bench_fanout}, {"elastic", bench_elastic}, {"straggler", bench_straggler},
-    {"egress", bench_egress},     {"delta", bench_delta},   {"partial", bench_partial}, {"fp8", bench_fp8},
+    {"gpu", bench_gpu},
+    {"fanout", bench_fanout},
+    {"elastic", bench_elastic},
+    {"straggler", bench_straggler},
+    {"egress", bench_egress},
+    {"delta", bench_delta},
+    {"partial", bench_partial},
+    {"fp8", bench_fp8},
     {"colocated", bench_colocated},
 };
 
@@ -61,5 +66,6 @@ int main(int argc, char **argv)
     }
     for (size_t k = 0; scenario && k < sizeof(g_scenarios) / sizeof(g_scenarios[0]); k++)
         if (!strcmp(g_scenarios[k].name, scenario)) return g_scenarios[k].run(argc, argv);
-    return tool_usage("bench", "--scenario is one of gpu, colocated, fanout, elastic, straggler, egress, delta, partial, fp8");
+    return tool_usage("bench",
+                      "--scenario is one of gpu, colocated, fanout, elastic, straggler, egress, delta, partial, fp8");
 }

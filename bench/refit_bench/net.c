@@ -183,21 +183,9 @@ static bool sh(const char *fmt, ...)
 /* Whether namespaces can be made here; why not in `why`. */
 static bool netns_possible(char *why, size_t n)
 {
-    char v[256] = "";
     if (geteuid() != 0) return snprintf(why, n, "not root"), false;
     if (!sh("{ command -v ip && command -v tc; }")) return snprintf(why, n, "ip or tc (iproute2) is not installed"), false;
-    char exe[400], cmd[480];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (len <= 0) return snprintf(why, n, "cannot find this program (/proc/self/exe)"), false;
-    exe[len] = '\0';
-    snprintf(cmd, sizeof(cmd), "'%s' version 2>/dev/null", exe);
-    FILE *f = popen(cmd, "r");
-    if (f) {
-        if (!fgets(v, sizeof(v), f)) v[0] = '\0';
-        pclose(f);
-    }
-    const char *t = strstr(v, "transports:");
-    if (!t || !strstr(t, "ucx")) return snprintf(why, n, "refit was built without UCX"), false;
+    if (!(refit_features() & REFIT_FEATURE_UCX)) return snprintf(why, n, "refit was built without UCX"), false;
     return true;
 }
 

@@ -25,8 +25,8 @@ REFIT_API int refit_gpu_count(void);
 
 typedef struct {
     char name[256];
-    char uuid[48];   /* "GPU-xxxxxxxx-..." */
-    char pci[20];    /* bus id */
+    char uuid[48]; /* "GPU-xxxxxxxx-..." */
+    char pci[20];  /* bus id */
     uint64_t memory, free_memory;
     int sms, cc_major, cc_minor;
     int driver, runtime; /* versions, e.g. 13000 */
@@ -46,24 +46,24 @@ REFIT_API bool refit_gpu_can_access_peer(int dev, int peer);
 typedef struct {
     const char *model, *src_layout, *dst_layout;
     int src_dev, dst_dev;
-    uint32_t iters;          /* timed repetitions (0: 5) */
-    uint64_t nccl_chunk;     /* bytes per ncclBroadcast (0: 1 GiB) */
-    uint64_t peer_bytes;     /* bytes of the raw peer copy (0: the packed model) */
+    uint32_t iters;      /* timed repetitions (0: 5) */
+    uint64_t nccl_chunk; /* bytes per ncclBroadcast (0: 1 GiB) */
+    uint64_t peer_bytes; /* bytes of the raw peer copy (0: the packed model) */
     bool skip_nccl;
 } refit_gpu_baseline_cfg_t;
 
 typedef struct {
-    uint64_t bytes;              /* the model's bytes */
-    uint64_t packed_bytes;       /* the packed buffer (the hf layout: tensors 256-byte aligned) */
-    uint64_t peer_bytes;         /* bytes of the raw peer copy */
+    uint64_t bytes;        /* the model's bytes */
+    uint64_t packed_bytes; /* the packed buffer (the hf layout: tensors 256-byte aligned) */
+    uint64_t peer_bytes;   /* bytes of the raw peer copy */
     uint32_t iters;
-    double peer_copy_s;          /* median, cudaMemcpyPeerAsync of `bytes` */
-    double peer_copy_kernel_s;   /* median, the batch kernel on dst_dev reading src_dev */
+    double peer_copy_s;                       /* median, cudaMemcpyPeerAsync of `bytes` */
+    double peer_copy_kernel_s;                /* median, the batch kernel on dst_dev reading src_dev */
     double pack_s, bcast_s, unpack_s, nccl_s; /* medians; nccl_s = the median of pack + bcast + unpack */
     double peer_copy_runs[REFIT_GPU_BASELINE_MAX_ITERS], nccl_runs[REFIT_GPU_BASELINE_MAX_ITERS];
     uint64_t pack_launches, unpack_launches, bcast_calls; /* per iteration */
-    bool nccl_ran, verified;     /* every destination byte checked in every iteration */
-    uint64_t digest_src, digest_dst; /* of the packed buffer before and after the broadcast */
+    bool nccl_ran, verified;                              /* every destination byte checked in every iteration */
+    uint64_t digest_src, digest_dst;                      /* of the packed buffer before and after the broadcast */
     int nccl_version;
     char nccl_library[256];
     char note[256];

@@ -1,8 +1,8 @@
 /* The helpers every refit program (refit, refit-bench) shares: error and
  * usage messages, number parsing, JSON strings. */
 #include <errno.h>
-#include <stdio.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,8 +54,9 @@ void tool_print_gpu(FILE *f, int dev)
     }
     fprintf(f, "{\"device\":%d,\"name\":", dev);
     tool_json_string(f, g.name);
-    fprintf(f, ",\"uuid\":\"%s\",\"pci\":\"%s\",\"memory\":%" PRIu64 ",\"free_memory\":%" PRIu64
-               ",\"sms\":%d,\"cc\":\"%d.%d\",\"driver_api\":%d,\"runtime\":%d}",
+    fprintf(f,
+            ",\"uuid\":\"%s\",\"pci\":\"%s\",\"memory\":%" PRIu64 ",\"free_memory\":%" PRIu64
+            ",\"sms\":%d,\"cc\":\"%d.%d\",\"driver_api\":%d,\"runtime\":%d}",
             g.uuid, g.pci, g.memory, g.free_memory, g.sms, g.cc_major, g.cc_minor, g.driver, g.runtime);
 }
 

@@ -12,8 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "refit/refit.h"
 #include "../../src/util/json.h" /* refit_json_*: the reader, built into this helper library */
+#include "refit/refit.h"
 
 #define TOOL_MAX(a, b) ((a) > (b) ? (a) : (b))
 
