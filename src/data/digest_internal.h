@@ -1,0 +1,64 @@
+/* Shared by the digest's files: the key, the keyed row kernels (digest_kernel.c), a placement's box in
+ * canonical units, and the table layout that the publisher writes (digest.c) and the plan reads
+ * (digest_plan.c). */
+#ifndef REFIT_DATA_DIGEST_INTERNAL_H
+#define REFIT_DATA_DIGEST_INTERNAL_H
+
+#include "data/digest.h"
+#include "layout/manifest.h"
+#include "util/util.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the digest reads units and writes tables as little-endian host words"
+#endif
+
+#define KCOLS 65536u
+
+struct refit_digest_key {
+    int16_t kc[2][KCOLS]; /* column keys per lane (odd); lane 1 follows lane 0 (the kernel relies on it) */
+    uint64_t tid_seed, row_seed;
+    refit_digest_impl_t impl;
+};
+
+static inline uint64_t row_hash(const refit_digest_key_t *k, uint64_t tid, uint64_t row)
+{
+    return refit_mix64((tid ^ k->row_seed) + row * 0x9e3779b97f4a7c15ULL);
+}
+
+/* Adds the keyed dot products of nrows rows (stride bytes apart) of n units starting at column j into acc,
+ * with the kernel the key chose. */
+void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                     const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2]);
+
+/* One publisher row: its dot (lanes, into s) and r * v_t added into the column sums g0, g1. */
+void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
+                        uint32_t r1, uint32_t *g0, uint32_t *g1, uint32_t s[2]);
+
+/* A placement's box in canonical units: rows [a, a+nrows), units [c, c+n)
+ * of a tensor of R rows by U units. */
+typedef struct {
+    uint64_t R, U, a, nrows, c, n;
+} cbox_t;
+
+static inline refit_digest_reason_t cbox_of(const refit_tdesc_t *t, const refit_placement_t *p, cbox_t *b)
+{
+    if (t->ndim > 2) return REFIT_DIGEST_UNV_NDIM;
+    uint64_t es = refit_dtype_size(t->dtype);
+    uint32_t last = t->ndim - 1;
+    uint64_t rowb = t->shape[last] * es, cb = p->canon_offset[last] * es, wb = p->extent[last] * es;
+    if (es == 0 || ((rowb | cb | wb) & 1)) return REFIT_DIGEST_UNV_ODD_BYTES;
+    b->R = t->ndim == 2 ? t->shape[0] : 1;
+    b->U = rowb / 2;
+    b->a = t->ndim == 2 ? p->canon_offset[0] : 0;
+    b->nrows = t->ndim == 2 ? p->extent[0] : 1;
+    b->c = cb / 2;
+    b->n = wb / 2;
+    return REFIT_DIGEST_VERIFIABLE;
+}
+
+static inline bool cbox_full_rows(const cbox_t *b) { return b->c == 0 && b->n == b->U; }
+static inline bool cbox_all_rows(const cbox_t *b) { return b->a == 0 && b->nrows == b->R; }
+
+static inline uint64_t table_entries(const cbox_t *b) { return b->nrows + 1 + b->n + 1; }
+
+#endif
