@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "tool.h"
+#include "tool_proc.h"
 #include "util/crypto.h"
 #include "util/json.h"
 #include "util/util.h"
@@ -85,26 +86,13 @@ static double measure_memcpy_gbps(void)
     return best;
 }
 
+/* Runs this program (refit) with argv, its stdout into c->fd. */
 static int spawn(child_t *c, char *const argv[])
 {
-    int fds[2];
-    if (pipe(fds) != 0) return -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(fds[0]);
-        close(fds[1]);
-        return -1;
-    }
-    if (pid == 0) {
-        dup2(fds[1], STDOUT_FILENO);
-        close(fds[0]);
-        close(fds[1]);
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    c->pid = pid;
-    c->fd = fds[0];
+    tool_proc_t p;
+    if (tool_proc_exec(&p, "/proc/self/exe", argv)) return -1;
+    c->pid = p.pid;
+    c->fd = p.from_child;
     return 0;
 }
 
@@ -189,17 +177,6 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
 
 static const char *role(const child_t *c) { return c->receiver ? "receiver" : "publisher"; }
 
-/* How a child ended, for messages: "exited with status 1", "was killed by
- * signal 9 (Killed)". */
-static void describe_end(int status, char *buf, size_t size)
-{
-    if (WIFEXITED(status)) snprintf(buf, size, "exited with status %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, size, "was killed by signal %d (%s)%s", WTERMSIG(status), strsignal(WTERMSIG(status)),
-                 WCOREDUMP(status) ? ", core dumped" : "");
-    else snprintf(buf, size, "ended with wait status 0x%x", (unsigned)status);
-}
-
 /* Reaps every child that has ended, without waiting.  A child that ended
  * other than with status 0 (killed, crashed, failed) fails the demo at once:
  * the others would otherwise wait for it until their timeout (publishers for
@@ -218,7 +195,7 @@ static bool reap_ended(child_t *kids, uint32_t n)
         if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
         if (!c->stopped) {
             char how[96];
-            describe_end(status, how, sizeof(how));
+            tool_proc_describe(status, how, sizeof(how));
             fprintf(stderr, "refit demo: %s %u (pid %d) %s; stopping the other children\n", role(c), c->rank,
                     (int)c->pid, how);
         }
@@ -534,7 +511,7 @@ int cmd_demo(int argc, char **argv)
             if (WIFEXITED(ch->status) && WEXITSTATUS(ch->status) == 0) continue;
             if (!ch->stopped) {
                 char how[96];
-                describe_end(ch->status, how, sizeof(how));
+                tool_proc_describe(ch->status, how, sizeof(how));
                 fprintf(stderr, "refit demo: %s %u (pid %d) %s\n", role(ch), ch->rank, (int)ch->pid, how);
             }
         }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "tool_proc.h"
 
 #define MAXR 16
 #define MAXV 32
@@ -96,14 +97,9 @@ static void jassert(jout_t *j, const char *name, const char *expected, const cha
 static int jfinish(jout_t *j, const char *out)
 {
     jp(j, "]}\n");
-    fputs(j->buf, stdout);
-    if (out) {
-        FILE *f = fopen(out, "w");
-        if (!f) return tool_fail(refit_error(REFIT_ERR_IO, "cannot write %s: %s", out, strerror(errno)), "bench");
-        fputs(j->buf, f);
-        fclose(f);
-    }
+    refit_status_t st = tool_report_write(j->buf, out);
     free(j->buf);
+    if (st) return tool_fail(st, "bench");
     return j->failed ? 3 : 0;
 }
 
@@ -130,37 +126,36 @@ static double median(double *v, size_t n)
 
 /* ---- children: a command pipe in, a status pipe out ---- */
 
-typedef struct {
-    pid_t pid;
-    int cmd, res;
-} child_t;
+/* A child (tools/common/tool_proc.h): to_child carries uint64_t commands
+ * (0: exit), from_child one status byte per command. */
+typedef tool_proc_t child_t;
 
 typedef int (*child_fn)(void *ctx, uint32_t rank, uint64_t cmd);
 
+typedef struct {
+    child_fn fn;
+    void *ctx;
+    uint32_t rank;
+} child_body_t;
+
+static int child_loop(void *vb, int in, int out)
+{
+    const child_body_t *b = vb;
+    for (;;) {
+        uint64_t cmd;
+        if (read(in, &cmd, sizeof cmd) != (ssize_t)sizeof cmd || cmd == 0) return 0;
+        char rc = (char)b->fn(b->ctx, b->rank, cmd);
+        if (write(out, &rc, 1) != 1) return 1;
+    }
+}
+
 static int spawn(child_t *c, child_fn fn, void *ctx, uint32_t rank)
 {
-    int a[2], b[2];
     /* Failing to start a process ends the bench (children already started
      * see their command pipe close and exit). */
-    if (pipe(a) || pipe(b)) exit(tool_fail(refit_error(REFIT_ERR_IO, "pipe: %s", strerror(errno)), "bench"));
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) exit(tool_fail(refit_error(REFIT_ERR_IO, "fork: %s", strerror(errno)), "bench"));
-    if (pid == 0) {
-        close(a[1]);
-        close(b[0]);
-        for (;;) {
-            uint64_t cmd;
-            if (read(a[0], &cmd, sizeof cmd) != (ssize_t)sizeof cmd || cmd == 0) _exit(0);
-            char rc = (char)fn(ctx, rank, cmd);
-            if (write(b[1], &rc, 1) != 1) _exit(1);
-        }
-    }
-    close(a[0]);
-    close(b[1]);
-    c->pid = pid;
-    c->cmd = a[1];
-    c->res = b[0];
+    child_body_t body = {fn, ctx, rank};
+    if (tool_proc_fork(c, child_loop, &body, false))
+        exit(tool_fail(refit_error(REFIT_ERR_IO, "fork: %s", strerror(errno)), "bench"));
     return 0;
 }
 
@@ -169,10 +164,10 @@ static int round_all(child_t *c, uint32_t n, const uint64_t *cmds)
 {
     int bad = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (cmds[i] && write(c[i].cmd, &cmds[i], sizeof(uint64_t)) != (ssize_t)sizeof(uint64_t)) bad = 1;
+        if (cmds[i] && write(c[i].to_child, &cmds[i], sizeof(uint64_t)) != (ssize_t)sizeof(uint64_t)) bad = 1;
     for (uint32_t i = 0; i < n; i++) {
         char rc = 1;
-        if (cmds[i] && (read(c[i].res, &rc, 1) != 1 || rc)) bad = 1;
+        if (cmds[i] && (read(c[i].from_child, &rc, 1) != 1 || rc)) bad = 1;
     }
     return bad;
 }
@@ -180,12 +175,7 @@ static int round_all(child_t *c, uint32_t n, const uint64_t *cmds)
 static void stop_all(child_t *c, uint32_t n)
 {
     uint64_t z = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (write(c[i].cmd, &z, sizeof z) < 0) kill(c[i].pid, SIGTERM);
-        close(c[i].cmd);
-        close(c[i].res);
-        waitpid(c[i].pid, NULL, 0);
-    }
+    for (uint32_t i = 0; i < n; i++) tool_proc_stop(&c[i], &z, sizeof z, false, 30);
 }
 
 /* ---- common setup: model, manifests of both layouts ---- */

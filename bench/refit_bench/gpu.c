@@ -32,45 +32,10 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "tool_proc.h"
 
-/* Runs argv (argv[0]: a path to exec) and returns its stdout; stderr passes through. */
-static char *run_capture(char *const argv[], int *status)
-{
-    int fds[2];
-    if (pipe(fds) != 0) return NULL;
-    pid_t pid = fork();
-    if (pid < 0) return NULL;
-    if (pid == 0) {
-        dup2(fds[1], STDOUT_FILENO);
-        close(fds[0]);
-        close(fds[1]);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) break;
-        if (len + 4096 > cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-        }
-        ssize_t n = read(fds[0], buf + len, cap - len - 1);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        len += (size_t)n;
-    }
-    close(fds[0]);
-    if (buf) buf[len] = '\0';
-    waitpid(pid, status, 0);
-    return buf;
-}
+/* Runs argv (argv[0]: the path of refit) and returns its stdout; stderr passes through. */
+static char *run_capture(char *const argv[], int *status) { return tool_proc_capture(argv[0], argv, status); }
 
 static double jnum(const refit_json_t *o, const char *k)
 {
@@ -265,11 +230,7 @@ int bench_gpu(int argc, char **argv)
     /* demo's JSON ends in a newline: keep the record on one line */
     for (size_t i = 0; i + 1 < rlen; i++)
         if (res[i] == '\n') res[i] = ' ';
-    fputs(res, stdout);
-    if (out_path) {
-        FILE *o = fopen(out_path, "w");
-        if (!o || fputs(res, o) < 0 || fclose(o) != 0) fprintf(stderr, "refit bench: cannot write %s\n", out_path);
-    }
+    if (tool_report_write(res, out_path)) fprintf(stderr, "refit bench: %s\n", refit_last_error());
     fprintf(stderr,
             "\nrefit bench (gpu): %s %s -> %s, %.2f GB per refit\n"
             "  refit      %.4f s  (%.1f GB/s; transfer %.4f s; %.0f kernel launches; handle open %.1f ms)  %s\n"
@@ -477,11 +438,7 @@ int bench_colocated(int argc, char **argv)
     fclose(f);
     for (size_t i = 0; i + 1 < rlen; i++)
         if (res[i] == '\n') res[i] = ' ';
-    fputs(res, stdout);
-    if (out_path) {
-        FILE *o = fopen(out_path, "w");
-        if (!o || fputs(res, o) < 0 || fclose(o) != 0) fprintf(stderr, "refit bench: cannot write %s\n", out_path);
-    }
+    if (tool_report_write(res, out_path)) fprintf(stderr, "refit bench: %s\n", refit_last_error());
     free(res);
     return rc;
 }

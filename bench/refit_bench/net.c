@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "tool_proc.h"
 
 /* ---- options ------------------------------------------------------------- */
 
@@ -151,10 +152,9 @@ static uint32_t world_of(const char *spec)
 
 /* ---- child processes, driven over pipes --------------------------------- */
 
-typedef struct {
-    pid_t pid;
-    int cmd, resp;
-} child_t;
+/* A child (tools/common/tool_proc.h): commands are lines on to_child, its
+ * replies lines on from_child. */
+typedef tool_proc_t child_t;
 
 typedef struct {
     bool publisher;
@@ -485,33 +485,29 @@ static void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int ou
     _exit(0);
 }
 
-static const char *reply(child_t *c, int timeout_ms, char *buf, size_t n);
+typedef struct {
+    const nb_opts_t *o;
+    const role_t *r;
+} child_body_t;
+
+static int child_main(void *vb, int in_fd, int out)
+{
+    const child_body_t *b = vb;
+    enter_node(b->o, b->r->node);
+    FILE *in = fdopen(in_fd, "r");
+    if (b->r->publisher) child_publisher(b->o, b->r, in, out);
+    else if (b->r->fp8 == 1) child_fp8_relay(b->o, b->r, in, out);
+    else child_receiver(b->o, b->r, in, out);
+    return 0;
+}
 
 static child_t spawn(const nb_opts_t *o, const role_t *r)
 {
-    int a[2], b[2];
-    if (pipe(a) || pipe(b)) return (child_t){-1, -1, -1};
-    pid_t parent = getpid();
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(1);
-        close(a[1]);
-        close(b[0]);
-        enter_node(o, r->node);
-        FILE *in = fdopen(a[0], "r");
-        if (r->publisher) child_publisher(o, r, in, b[1]);
-        else if (r->fp8 == 1) child_fp8_relay(o, r, in, b[1]);
-        else child_receiver(o, r, in, b[1]);
-        _exit(0);
-    }
-    close(a[0]);
-    close(b[1]);
-    child_t c = {pid, a[1], b[0]};
+    child_t c;
+    if (tool_proc_fork(&c, child_main, &(child_body_t){o, r}, true)) return (child_t){-1, -1, -1};
     if (!r->publisher) { /* set up (manifest, memory) before anything is timed */
         char buf[16];
-        reply(&c, 60000, buf, sizeof(buf));
+        tool_proc_line(&c, 60000, buf, sizeof(buf));
     }
     return c;
 }
@@ -524,45 +520,15 @@ static void send_cmd(child_t *c, const char *fmt, ...)
     int n = vsnprintf(buf, sizeof(buf) - 1, fmt, ap);
     va_end(ap);
     buf[n++] = '\n';
-    if (c->pid > 0 && write(c->cmd, buf, (size_t)n) != n) {
+    if (c->pid > 0 && write(c->to_child, buf, (size_t)n) != n) {
     }
 }
 
 /* One reply line (bounded: timeout_ms); "" on timeout or a dead child. */
-static const char *reply(child_t *c, int timeout_ms, char *buf, size_t n)
-{
-    size_t len = 0;
-    double t0 = refit_now();
-    buf[0] = '\0';
-    while (len < n - 1 && (refit_now() - t0) * 1e3 < timeout_ms) {
-        struct pollfd pfd = {c->resp, POLLIN, 0};
-        if (poll(&pfd, 1, 100) <= 0) continue;
-        ssize_t got = read(c->resp, buf + len, 1);
-        if (got <= 0) break;
-        if (buf[len++] == '\n') break;
-    }
-    buf[len] = '\0';
-    return buf;
-}
+static const char *reply(child_t *c, int timeout_ms, char *buf, size_t n) { return tool_proc_line(c, timeout_ms, buf, n); }
 
-static void stop(child_t *c, bool kill_it)
-{
-    if (c->pid <= 0) return;
-    if (kill_it || write(c->cmd, "q\n", 2) != 2) kill(c->pid, SIGKILL);
-    double t0 = refit_now();
-    int status;
-    while (waitpid(c->pid, &status, WNOHANG) == 0) {
-        if ((refit_now() - t0) > 10) {
-            kill(c->pid, SIGKILL);
-            waitpid(c->pid, &status, 0);
-            break;
-        }
-        usleep(5000);
-    }
-    close(c->cmd);
-    close(c->resp);
-    c->pid = 0;
-}
+/* Asks it to quit ("q"), or kills it; reaped within 10 s either way. */
+static void stop(child_t *c, bool kill_it) { tool_proc_stop(c, "q\n", 2, kill_it, 10); }
 
 typedef struct {
     int st;
@@ -921,12 +887,8 @@ static int repeat(const char *scenario, int (*once)(int, char **), int argc, cha
         FILE *f = open_memstream(&buf, &len);
         runs_json(f, scenario);
         fclose(f);
-        fputs(buf, stdout);
-        if (out) {
-            FILE *o = fopen(out, "w");
-            if (!o || fputs(buf, o) < 0) rc = tool_fail(REFIT_ERR_IO, "bench: writing --out");
-            if (o) fclose(o);
-        }
+        refit_status_t wst = tool_report_write(buf, out);
+        if (wst) rc = tool_fail(wst, "bench: writing --out");
         free(buf);
     }
     runs_free();

@@ -77,3 +77,15 @@ int tool_sibling(const char *name, char *out, size_t size)
     int w = snprintf(out, size, "%s%s", self, name);
     return w < 0 || (size_t)w >= size ? -1 : 0;
 }
+
+refit_status_t tool_report_write(const char *record, const char *out_path)
+{
+    fputs(record, stdout);
+    fflush(stdout);
+    if (!out_path) return REFIT_OK;
+    FILE *f = fopen(out_path, "w");
+    if (!f) return refit_error(REFIT_ERR_IO, "cannot write %s: %s", out_path, strerror(errno));
+    bool ok = fputs(record, f) >= 0;
+    ok &= fclose(f) == 0;
+    return ok ? REFIT_OK : refit_error(REFIT_ERR_IO, "cannot write %s: %s", out_path, strerror(errno));
+}

@@ -25,6 +25,10 @@ int tool_usage(const char *cmd, const char *msg);
 int tool_parse_u64(const char *s, uint64_t *out);
 /* s as a JSON string literal (quotes, escapes). */
 void tool_json_string(FILE *f, const char *s);
+/* The report writer of every benchmark record: record (one JSON object, one
+ * line) to stdout and, with out_path, into that file.  REFIT_OK, or
+ * REFIT_ERR_IO (detail: the path and errno) when the file cannot be written. */
+refit_status_t tool_report_write(const char *record, const char *out_path);
 /* GPU dev as one JSON object (name, uuid, pci, memory, ...; or its error). */
 void tool_print_gpu(FILE *f, int dev);
 /* Whether the UCX this tree was built with moves GPU memory (a sentence). */
