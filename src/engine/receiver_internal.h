@@ -1,0 +1,164 @@
+/* The receiver's state and its stages (receiver*.c), internal to the engine.
+ *
+ * A pull runs in stages, each in a file of its own:
+ *   receiver_discover.c  wait for the group, read records and heartbeats, find
+ *                        a complete version and lease it, (re)load manifests;
+ *   receiver_plan.c      the plan cache (keyed by the manifests' signatures)
+ *                        and the connections to sources;
+ *   receiver_transfer.c  the full transfer: direct, or the fleet path (every
+ *                        holder, in chunks), then the padding;
+ *   receiver_delta.c     the delta path: chunk tables, payloads, apply;
+ *   receiver_verify.c    content digests and the synthetic truth;
+ *   receiver.c           the public functions, the order of the stages, the
+ *                        re-check, the commit and prepare().
+ * One pull's state travels between them in a pull_t. */
+#ifndef REFIT_ENGINE_RECEIVER_INTERNAL_H
+#define REFIT_ENGINE_RECEIVER_INTERNAL_H
+
+#include "data/digest.h"
+#include "engine/engine.h"
+#include "engine/fleet.h"
+#include "engine/relay.h"
+#include "refit/delta.h"
+
+#define PLAN_CACHE 4
+#define MAX_BUFFERS 2
+
+typedef struct {
+    refit_manifest_t *m; /* decoded, NULL until fetched */
+    uint64_t signature, incarnation;
+    int transport;                                         /* index into ts, -1 none yet */
+    uint64_t mkey;                                         /* refit_fleet_mirror_key(m) */
+    refit_peer_t *peer[REFIT_MAX_TRANSPORTS][MAX_BUFFERS]; /* connected peers */
+} source_t;
+
+/* Delta refit: one source region the plan reads, its delta index (built
+ * once per plan) and the buffer its deltas are fetched into. */
+typedef struct {
+    uint32_t src, region;
+    refit_delta_index_t *ix;
+    unsigned char *wire;
+    uint64_t cap;
+} delta_src_t;
+
+typedef struct {
+    refit_plan_key_t key;
+    refit_plan_t *plan;
+    uint64_t last_used;
+    delta_src_t *dsrc; /* NULL until the first delta pull with this plan */
+    uint32_t ndsrc;
+    refit_digest_plan_t *dplan; /* NULL until the first verified pull with this plan */
+    uint8_t *dusable;           /* the sources it was built for */
+} cached_plan_t;
+
+struct refit_receiver {
+    refit_registry_t *reg;
+    char group[104], reader[128];
+    refit_manifest_t *m;
+    refit_receiver_params_t params;
+    refit_tset_t ts;
+    uint32_t nregions;
+    void **mem;
+    bool *owned;
+    void **stage;         /* pinned host staging for GPU memory pulled by host-only transports */
+    uint64_t stage_version; /* the version the staging holds whole (0: none): a delta applies there */
+    bool pull_staged;     /* this pull went through the staging */
+    uint32_t world;
+    source_t *src;
+    cached_plan_t plans[PLAN_CACHE];
+    uint64_t uses;
+    uint64_t committed;
+    uint64_t *committed_inc; /* per source rank: its incarnation when `committed` was pulled */
+    bool usable;
+    /* during a pull */
+    uint64_t lease_version, lease_token;
+    double lease_renewed;
+    /* fleet (relay.c, fleet.c): relays, and the holders of the last pull */
+    refit_relays_t *relays;
+    refit_holder_stat_t *holders;
+    size_t nholders;
+    refit_digest_key_t *dkey; /* content digests; NULL with no_digest */
+    refit_dsum_t *dlocal;     /* per destination placement */
+};
+
+/* What the registry said about every source rank in one round. */
+typedef struct {
+    refit_version_record_t *recs;
+    uint8_t *present, *alive;
+    uint64_t origin; /* refit_fleet_origin of the records: which trainer publishers they are */
+} snapshot_t;
+
+/* One pull (or prepare): what the stages share.  refit_rx_pull_begin() allocates the
+ * per-source arrays for r->world ranks, refit_rx_pull_end() frees them. */
+typedef struct {
+    refit_receiver_t *r;
+    double deadline;
+    uint64_t v;                    /* the version pulled, once leased */
+    snapshot_t s;                  /* the records the version was found in */
+    const refit_manifest_t **srcs; /* per source rank: its manifest when it holds v, else NULL */
+    refit_peer_t **peers;          /* scratch: per source rank, for one transport's pull */
+    int *tix;                      /* per source rank: the transport its bytes came through, -1 none */
+    cached_plan_t *cp;             /* the plan (cached) */
+    refit_pull_report_t *rep;
+} pull_t;
+
+refit_status_t refit_rx_pull_begin(pull_t *p, refit_receiver_t *r, double deadline, refit_pull_report_t *rep);
+void refit_rx_pull_end(pull_t *p);
+
+/* receiver_discover.c */
+refit_status_t refit_rx_wait_world(refit_receiver_t *r, double deadline);
+refit_status_t refit_rx_read_state(refit_receiver_t *r, snapshot_t *s);
+refit_status_t refit_rx_snapshot_alloc(snapshot_t *s, uint32_t world);
+void refit_rx_snapshot_free(snapshot_t *s);
+/* Waits for a complete version (the newest above the committed one, or
+ * exactly `want`) and leases it: p->v.  *round: when the round that found
+ * it began. */
+refit_status_t refit_rx_discover(pull_t *p, uint64_t want, double *round);
+/* Source rank k's manifest, read again when its record names another one
+ * (or it was never read); *read says whether it was. */
+refit_status_t refit_rx_refresh_manifest(refit_receiver_t *r, uint32_t k, const refit_version_record_t *rec, bool *read);
+/* The number of delta arenas a source manifest exposes (0: none). */
+uint32_t refit_rx_delta_regions(const refit_manifest_t *m);
+/* The index of a source's digest table region, or -1 when it offers none. */
+int64_t refit_rx_digest_region(const refit_manifest_t *m);
+
+/* receiver_plan.c */
+/* p->cp: the cached plan for p->srcs, made when there is none; *made says whether it was. */
+refit_status_t refit_rx_plan_for(pull_t *p, bool *made);
+void refit_rx_drop_plans(refit_receiver_t *r);
+void refit_rx_drop_peers(refit_receiver_t *r, source_t *s);
+void refit_rx_drop_source(refit_receiver_t *r, source_t *s);
+/* Connects source k for buffer b through the first transport that works. */
+refit_status_t refit_rx_connect(refit_receiver_t *r, uint32_t k, uint32_t b, int *tidx);
+/* Connects source k for the buffer its record names. */
+refit_status_t refit_rx_connect_recorded(refit_receiver_t *r, const snapshot_t *s, uint32_t k, int *tidx);
+
+/* receiver_transfer.c */
+/* The lease (and relay tokens) renewed at their pace: a transport's tick. */
+refit_status_t refit_rx_tick(void *user);
+/* Appends sep (if buf is not empty) and s to buf, truncating. */
+void refit_rx_append(char *buf, size_t size, const char *sep, const char *s);
+/* Steps 4 and 5 of a full pull: peers for the sources the plan reads (the
+ * fleet path: every holder), then the transfer and the padding. */
+refit_status_t refit_rx_full_transfer(pull_t *p);
+/* Reads n byte ranges of sources' memory: regs[i] reads from source regs[i].src
+ * (its region regs[i].src_region) into bufs[regs[i].dst_region], one
+ * transport pull per transport (the sources p->tix names). */
+refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n, void *const *bufs, refit_pull_report_t *rep);
+
+/* receiver_delta.c */
+/* Whether every source the plan reads offers a delta from exactly what this
+ * memory holds. */
+bool refit_rx_delta_eligible(const pull_t *p);
+/* The delta path; returns before writing anything unless the deltas are all
+ * in hand and sound. */
+refit_status_t refit_rx_delta_pull(pull_t *p);
+
+/* receiver_verify.c */
+/* The sources' content digests against this memory (REFIT_ERR_VERIFY names
+ * the first tensor that differs). */
+refit_status_t refit_rx_digest_verify(pull_t *p);
+/* The synthetic truth of version v (REFIT_VERIFY_TRUTH, tests). */
+refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v);
+
+#endif

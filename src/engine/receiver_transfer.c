@@ -1,0 +1,323 @@
+/* Receivers, the full transfer: peers for the sources the plan reads, the
+ * transfer (every transport, every source at once; or the fleet path: every
+ * holder of the bytes, relays included, in chunks), then the padding.
+ *
+ * GPU memory that a transport cannot write is pulled into pinned host
+ * staging and copied up region by region; the fleet path runs in host
+ * memory, so a GPU receiver on it always goes through its staging. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/receiver_internal.h"
+#include "engine/test_hooks.h"
+
+refit_status_t refit_rx_tick(void *user)
+{
+    refit_receiver_t *r = user;
+    double now = refit_now();
+    refit_status_t rs = refit_relays_renew(r->relays, r->reader, r->params.lease_ms); /* its own pace (1.5 s tokens) */
+    if (rs) return rs;
+    if (now - r->lease_renewed < r->params.lease_ms / 3e3) return REFIT_OK;
+    r->lease_renewed = now;
+    return refit_registry_lease_renew(r->reg, r->group, r->lease_version, r->reader, r->params.lease_ms,
+                                      r->lease_token);
+}
+
+void refit_rx_append(char *buf, size_t size, const char *sep, const char *s)
+{
+    size_t len = strlen(buf);
+    if (len && len + 1 < size) {
+        size_t n = strlen(sep) < size - len - 1 ? strlen(sep) : size - len - 1;
+        memcpy(buf + len, sep, n);
+        len += n;
+    }
+    size_t n = strlen(s) < size - len - 1 ? strlen(s) : size - len - 1;
+    memcpy(buf + len, s, n);
+    buf[len + n] = '\0';
+}
+
+/* ---- fleet path (host memory): every holder of the bytes, in chunks ------- */
+
+/* The holders of one fleet pull. */
+typedef struct {
+    refit_fleet_holder_t *h;
+    uint32_t n, max;
+    bool with_trainer; /* trainer ranks are among them */
+} holders_t;
+
+/* Trainer ranks at version v that hold bytes the plan needs (planned sources
+ * and their DP replicas), connected, appended to the holders. */
+static refit_status_t trainer_holders(pull_t *p, holders_t *hs)
+{
+    refit_receiver_t *r = p->r;
+    const snapshot_t *s = &p->s;
+    const refit_plan_t *plan = p->cp->plan;
+    for (uint32_t k = 0; k < r->world && hs->n < hs->max; k++) {
+        source_t *src = &r->src[k];
+        if (!s->present[k] || !s->alive[k] || s->recs[k].version != p->v || !src->m) continue;
+        bool needed = refit_plan_source_bytes(plan, k) > 0;
+        for (uint32_t j = 0; j < r->world && !needed; j++)
+            needed = r->src[j].m && r->src[j].mkey == src->mkey && refit_plan_source_bytes(plan, j) > 0;
+        if (!needed) continue;
+        uint32_t b = s->recs[k].buffer;
+        if (b >= MAX_BUFFERS) return refit_error(REFIT_ERR_CORRUPT, "source rank %u names staging buffer %u", k, b);
+        int t;
+        refit_status_t st = refit_rx_connect(r, k, b, &t);
+        if (st) {
+            if (refit_plan_source_bytes(plan, k)) return st;
+            continue; /* a replica we cannot reach: the planned rank serves */
+        }
+        refit_fleet_holder_t *x = &hs->h[hs->n++];
+        memset(x, 0, sizeof(*x));
+        snprintf(x->name, sizeof(x->name), "trainer:%u", k);
+        x->id = k;
+        x->transport = (uint32_t)t;
+        x->peer = src->peer[t][b];
+        x->mirror_key = src->mkey;
+        x->rate = refit_test_throttle("trainer", k);
+    }
+    return REFIT_OK;
+}
+
+/* Chooses holders: relays with room first; the trainer when there is no
+ * limit (with the relays), or while no relay holds v and the trainer has
+ * room (alone).  Waits (up to the deadline) while every holder is full. */
+static refit_status_t fleet_select(pull_t *p, holders_t *hs)
+{
+    refit_receiver_t *r = p->r;
+    uint32_t cap = r->params.max_readers;
+    for (;;) {
+        uint32_t holding = 0;
+        hs->n = refit_relays_find(r->relays, &r->ts, p->v, p->s.origin, r->reader, r->params.lease_ms, hs->h,
+                                  REFIT_MIN(hs->max, REFIT_MAX_RELAYS), &holding);
+        refit_log(REFIT_LOG_DEBUG, "%s: version %" PRIu64 ": %u relay(s) hold it, %u with room", r->reader, p->v,
+                  holding, hs->n);
+        if (hs->n && cap) {
+            hs->with_trainer = false;
+            return REFIT_OK;
+        }
+        /* With a limit, the trainer feeds only while no relay holds the version. */
+        if (!cap || (!holding && refit_relays_trainer_token(r->relays, p->v, r->reader, cap))) {
+            hs->with_trainer = true;
+            return trainer_holders(p, hs);
+        }
+        double left = p->deadline - refit_now();
+        if (left <= 0)
+            return refit_error(REFIT_ERR_TIMEOUT, "every holder of version %" PRIu64 " stayed at %u readers", p->v,
+                               cap);
+        refit_status_t st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.02) * 1e3) + 1);
+        if (st && st != REFIT_ERR_TIMEOUT) return st;
+    }
+}
+
+/* Our chunked transfer has begun and our progress is valid: serve it. */
+static void fleet_announce(void *user)
+{
+    refit_receiver_t *r = user;
+    refit_relays_announce(r->relays, r->lease_version);
+}
+
+/* The chunked transfer over the holders into dst; on return the holders'
+ * statistics are the receiver's (refit_receiver_holders), p->tix names the
+ * trainer ranks read and *used the holders that served chunks. */
+static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs, refit_pull_stats_t *stats,
+                                     uint32_t *used)
+{
+    refit_receiver_t *r = p->r;
+    uint64_t *keys = calloc(r->world ? r->world : 1, sizeof(uint64_t));
+    if (!keys) return refit_error(REFIT_ERR_NO_MEMORY, "fleet");
+    for (uint32_t k = 0; k < r->world; k++) keys[k] = r->src[k].m ? r->src[k].mkey : 0;
+    refit_fleet_xfer_t x = {.ts = &r->ts, .plan = p->cp->plan, .plan_keys = keys, .dst = dst, .deadline = p->deadline,
+                            .chunk_bytes = (uint64_t)r->params.chunk_kb << 10, .tick = refit_rx_tick, .user = r,
+                            .seed = (uint32_t)refit_random_u64(),
+                            /* The receiver's copy-thread budget caps the workers each holder gets. */
+                            .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
+                            .threads = r->params.threads, .version = p->v,
+                            .progress = refit_relays_progress(r->relays, dst), .announce = fleet_announce,
+                            .origin = p->s.origin};
+    refit_fleet_resume_t resume = {0};
+    x.resume = &resume;
+    refit_status_t st = refit_fleet_transfer(&x, hs->h, hs->n, stats);
+    if (st && !hs->with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
+        /* Every relay we had failed: the trainer serves what is left (the
+         * chunks already written stay). */
+        refit_log(REFIT_LOG_INFO, "relays failed (%s); reading version %" PRIu64 " from the trainer", refit_last_error(),
+                  p->v);
+        uint32_t before = hs->n;
+        if (!(st = trainer_holders(p, hs))) {
+            for (uint32_t i = 0; i < before; i++) hs->h[i].failed = true;
+            memset(stats, 0, sizeof(*stats));
+            st = refit_fleet_transfer(&x, hs->h, hs->n, stats);
+        }
+    }
+    free(keys);
+    free(resume.done);
+    free(r->holders);
+    r->holders = calloc(hs->n ? hs->n : 1, sizeof(refit_holder_stat_t));
+    r->nholders = r->holders ? hs->n : 0;
+    *used = 0;
+    for (uint32_t k = 0; k < r->world; k++) p->tix[k] = -1;
+    for (uint32_t i = 0; i < hs->n; i++) {
+        const refit_fleet_holder_t *h = &hs->h[i];
+        if (r->holders) {
+            refit_holder_stat_t *o = &r->holders[i];
+            snprintf(o->name, sizeof(o->name), "%s", h->name);
+            o->bytes = h->bytes;
+            o->chunks = h->chunks;
+            o->steals = h->steals;
+            o->failed = h->failed;
+            o->early = h->early;
+        }
+        if (h->chunks) (*used)++;
+        if (h->chunks && !h->mirror_dst) p->tix[h->id] = (int)h->transport; /* re-checked after */
+    }
+    return st;
+}
+
+refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n, void *const *bufs,
+                                 refit_pull_report_t *rep)
+{
+    refit_receiver_t *r = p->r;
+    refit_status_t st = REFIT_OK;
+    uint64_t *sb = calloc(r->world, sizeof(uint64_t));
+    refit_peer_t **peers = calloc(r->world, sizeof(void *));
+    refit_plan_region_t *sub = calloc(n ? n : 1, sizeof(*sub));
+    if (!sb || !peers || !sub) st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
+    for (uint32_t t = 0; t < r->ts.n && !st; t++) {
+        size_t m = 0;
+        memset(sb, 0, r->world * sizeof(uint64_t));
+        for (uint32_t k = 0; k < r->world; k++)
+            peers[k] = p->tix[k] == (int)t ? r->src[k].peer[t][p->s.recs[k].buffer] : NULL;
+        for (size_t i = 0; i < n; i++)
+            if (peers[regs[i].src]) {
+                sub[m++] = regs[i];
+                sb[regs[i].src] += regs[i].run;
+            }
+        if (!m) continue;
+        struct refit_plan one = refit_plan_view(sub, m, sb, r->world);
+        refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
+        refit_pull_stats_t ps = {0};
+        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, &one, bufs, &ctl, &ps))) break;
+        rep->bytes += ps.bytes;
+        rep->requests += ps.requests;
+        if (!strstr(rep->transport, r->ts.ops[t]->name))
+            refit_rx_append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
+        if (!strstr(rep->lanes, ps.lanes)) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", ps.lanes);
+    }
+    free(sb);
+    free(peers);
+    free(sub);
+    return st;
+}
+
+refit_status_t refit_rx_full_transfer(pull_t *p)
+{
+    refit_receiver_t *r = p->r;
+    refit_pull_report_t *rep = p->rep;
+    const refit_plan_t *plan = p->cp->plan;
+    refit_status_t st = REFIT_OK;
+    /* Peers for the sources this plan reads (the fleet path: every holder). */
+    double tc = refit_now();
+    bool fleet = r->relays != NULL;
+    holders_t hs = {.max = REFIT_MAX_RELAYS + r->world, .with_trainer = true};
+    if (fleet) {
+        for (uint32_t k = 0; k < r->world; k++) p->tix[k] = -1;
+        if (!(hs.h = calloc(hs.max, sizeof(*hs.h)))) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "holders");
+            goto done;
+        }
+        if ((st = fleet_select(p, &hs))) goto done;
+    }
+    for (uint32_t k = 0; k < r->world && !fleet; k++) {
+        p->tix[k] = -1;
+        if (!refit_plan_source_bytes(plan, k)) continue;
+        if ((st = refit_rx_connect_recorded(r, &p->s, k, &p->tix[k]))) goto done;
+        rep->sources++;
+    }
+    rep->connect_ms = (refit_now() - tc) * 1e3;
+    /* GPU memory and a transport that cannot write it: everything goes
+     * through pinned host staging, then one copy per region (the fleet path
+     * on a GPU receiver always does). */
+    bool gpu = r->params.device >= 0, bounce = gpu && fleet;
+    for (uint32_t k = 0; k < r->world; k++)
+        if (p->tix[k] >= 0) {
+            unsigned caps = refit_transport_caps(r->ts.ops[p->tix[k]]);
+            if (gpu && !(caps & REFIT_TCAP_DEVICE_DST)) bounce = true;
+            if (!gpu && !(caps & REFIT_TCAP_HOST_DST)) {
+                st = refit_error(REFIT_ERR_TRANSPORT, "transport %s cannot write host memory",
+                                 r->ts.ops[p->tix[k]]->name);
+                goto done;
+            }
+        }
+    void *const *dst = r->mem;
+#ifdef REFIT_HAVE_CUDA
+    if (bounce) {
+        for (uint32_t i = 0; i < r->nregions; i++)
+            if (!r->stage[i] && (st = refit_gpu_host_alloc(r->m->regions.data[i], &r->stage[i]))) goto done;
+        dst = r->stage;
+    }
+#endif
+    /* 5. Transfer: from here the memory holds a partial version until committed
+     * (a relay stops serving first, and waits for its readers). */
+    refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
+    r->usable = false;
+    r->stage_version = 0; /* the staging is being written too (GPU) */
+    /* A pause for the test suite (test_hooks.h): after the receiver committed
+     * to the transfer, during which a test kills a process. */
+    unsigned pause_ms = refit_test_pause_ms();
+    if (pause_ms) usleep((useconds_t)pause_ms * 1000u);
+    refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
+    refit_pull_stats_t stats = {0};
+    rep->transport[0] = rep->lanes[0] = '\0';
+    if (fleet) {
+        uint32_t used = 0;
+        if ((st = fleet_transfer(p, dst, &hs, &stats, &used))) goto done;
+        rep->sources = used;
+        snprintf(rep->transport, sizeof(rep->transport), "%s", r->ts.ops[0]->name);
+        refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", stats.lanes);
+    }
+    for (uint32_t t = 0; t < r->ts.n && !fleet; t++) {
+        bool any = false;
+        for (uint32_t k = 0; k < r->world; k++) {
+            p->peers[k] = p->tix[k] == (int)t ? r->src[k].peer[t][p->s.recs[k].buffer] : NULL;
+            any |= p->peers[k] != NULL;
+        }
+        if (!any) continue;
+        refit_pull_stats_t ts = {0};
+        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], p->peers, plan, dst, &ctl, &ts))) goto done;
+        stats.bytes += ts.bytes;
+        stats.requests += ts.requests;
+        stats.launches += ts.launches;
+        refit_rx_append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
+        refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", ts.lanes);
+    }
+    /* Padding (zeros) is ours to write. */
+    uint8_t *only = calloc(r->world ? r->world : 1, 1);
+    if (!only) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "fills");
+        goto done;
+    }
+    refit_exec_opts_t fo = {.threads = 1, .only = only};
+#ifdef REFIT_HAVE_CUDA
+    if (gpu && !bounce) st = refit_gpu_plan_fills(plan, r->params.device, r->mem, &stats.launches);
+    else
+#endif
+        st = refit_plan_execute(plan, NULL, dst, &fo);
+    free(only);
+    if (st) goto done;
+#ifdef REFIT_HAVE_CUDA
+    for (uint32_t i = 0; bounce && i < r->nregions; i++)
+        if ((st = refit_gpu_copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto done;
+    if (bounce) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
+#endif
+    r->pull_staged = bounce;
+    rep->bytes = stats.bytes;
+    rep->requests = stats.requests;
+    rep->launches = stats.launches;
+done:
+    free(hs.h);
+    return st;
+}

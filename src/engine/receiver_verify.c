@@ -1,0 +1,163 @@
+/* Receivers, verification before a commit.
+ *
+ * Content digests: after the transfer (and the re-check of the sources),
+ * the receiver hashes its own memory in canonical coordinates, fetches the
+ * few entries of the sources' digest tables its boxes need (one transport
+ * pull of 8-byte runs) and compares (data/digest.h), so that bytes that do
+ * not match what the publishers published are never committed, whatever
+ * carried them (relays, deltas, a torn read).  Tests add the synthetic
+ * truth (REFIT_VERIFY_TRUTH): every byte checked against its formula. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/receiver_internal.h"
+
+/* Checks this memory against the sources' content digests: hash it, fetch
+ * the table entries the digest plan names (connecting sources the transfer
+ * did not read: relays served it), compare.  REFIT_ERR_VERIFY names the
+ * first tensor that differs.  Bytes no digest covers are counted as
+ * unverified (and said once per plan at INFO). */
+refit_status_t refit_rx_digest_verify(pull_t *p)
+{
+    refit_receiver_t *r = p->r;
+    const snapshot_t *s = &p->s;
+    uint64_t v = p->v;
+    cached_plan_t *cp = p->cp;
+    int *tix = p->tix;
+    refit_pull_report_t *rep = p->rep;
+    double t0 = refit_now();
+    refit_status_t st = REFIT_OK;
+    uint8_t *usable = calloc(r->world ? r->world : 1, 1);
+    if (!usable) return refit_error(REFIT_ERR_NO_MEMORY, "digests");
+    const refit_manifest_t **srcs = calloc(r->world ? r->world : 1, sizeof(void *));
+    if (!srcs) {
+        free(usable);
+        return refit_error(REFIT_ERR_NO_MEMORY, "digests");
+    }
+    for (uint32_t k = 0; k < r->world; k++) {
+        srcs[k] = r->src[k].m;
+        usable[k] = s->present[k] && s->alive[k] && s->recs[k].version == v && r->src[k].m &&
+                    s->recs[k].incarnation == r->src[k].incarnation && refit_rx_digest_region(r->src[k].m) >= 0;
+    }
+    /* The entries come from the sources the digest plan picks; one we cannot
+     * reach (a replica the transfer did not need) is left out and the plan
+     * made again without it. */
+    size_t nf = 0;
+    const refit_digest_fetch_t *f = NULL;
+    uint64_t covered_unverifiable = UINT64_MAX; /* with every source that offers digests */
+    uint32_t unreachable = UINT32_MAX;         /* a source dropped because it could not be reached */
+    for (uint32_t attempt = 0; attempt <= r->world && !st; attempt++) {
+        if (!cp->dplan || memcmp(cp->dusable, usable, r->world) != 0) {
+            refit_digest_plan_destroy(cp->dplan);
+            free(cp->dusable);
+            cp->dplan = NULL;
+            cp->dusable = NULL;
+            uint8_t *keep = malloc(r->world ? r->world : 1);
+            if (!keep) {
+                st = refit_error(REFIT_ERR_NO_MEMORY, "digests");
+                break;
+            }
+            memcpy(keep, usable, r->world);
+            if ((st = refit_digest_plan_create(srcs, r->world, usable, r->m, &cp->dplan))) {
+                free(keep);
+                break;
+            }
+            cp->dusable = keep;
+            refit_digest_plan_stats_t ps;
+            refit_digest_plan_stats(cp->dplan, &ps);
+            if (ps.unverifiable_bytes)
+                refit_log(REFIT_LOG_INFO, "%s: %" PRIu64 " of %" PRIu64 " bytes cannot be checked against the "
+                          "sources' digests (sources without digests, or boxes no digest covers)", r->reader,
+                          ps.unverifiable_bytes, ps.bytes + ps.unverifiable_bytes);
+        }
+        f = refit_digest_plan_fetches(cp->dplan, &nf);
+        if (covered_unverifiable == UINT64_MAX) {
+            refit_digest_plan_stats_t ps0;
+            refit_digest_plan_stats(cp->dplan, &ps0);
+            covered_unverifiable = ps0.unverifiable_bytes;
+        }
+        bool dropped = false;
+        for (size_t i = 0; i < nf; i++) {
+            uint32_t k = f[i].src;
+            if (tix[k] >= 0 || !usable[k]) continue;
+            if (refit_rx_connect(r, k, s->recs[k].buffer, &tix[k])) {
+                refit_log(REFIT_LOG_INFO, "%s: digests of source rank %u unreachable (%s); using others", r->reader, k,
+                          refit_last_error());
+                tix[k] = -1;
+                usable[k] = 0;
+                dropped = true;
+                unreachable = k;
+            }
+        }
+        if (!dropped) break;
+    }
+    if (st) goto out;
+    if (unreachable != UINT32_MAX) {
+        /* Leaving out an unreachable source must not leave bytes unchecked
+         * that its digests would have covered (a dead trainer rank whose
+         * bytes came through a relay): fail rather than commit them. */
+        refit_digest_plan_stats_t ps1;
+        refit_digest_plan_stats(cp->dplan, &ps1);
+        if (ps1.unverifiable_bytes > covered_unverifiable) {
+            st = refit_error(REFIT_ERR_PEER, "%" PRIu64 " bytes of version %" PRIu64 " cannot be checked: the digests "
+                             "of source rank %u are unreachable", ps1.unverifiable_bytes - covered_unverifiable, v,
+                             unreachable);
+            goto out;
+        }
+    }
+    /* The entries: one 8-byte run each, from the source's digest region. */
+    refit_plan_region_t *regs = calloc(nf ? nf : 1, sizeof(*regs));
+    unsigned char *fetched = calloc(nf ? nf : 1, 8);
+    if (!regs || !fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
+    for (size_t i = 0; i < nf && !st; i++) {
+        uint32_t k = f[i].src;
+        if (tix[k] < 0) {
+            st = refit_error(REFIT_ERR_PEER, "source rank %u holds digests this receiver needs and is unreachable", k);
+            break;
+        }
+        regs[i] = (refit_plan_region_t){.src = k, .src_region = (uint32_t)refit_rx_digest_region(r->src[k].m),
+                                        .src_offset = f[i].offset, .dst_offset = i * 8, .run = 8};
+    }
+    refit_pull_report_t scratch = {0};
+    void *bufs[1] = {fetched};
+    if (!st && nf) st = refit_rx_raw_pull(p, regs, nf, bufs, &scratch);
+    /* This memory: the staging when the pull went through it (GPU), else the
+     * receiver's own (host); GPU memory itself is not hashed here. */
+    bool host = r->params.device < 0 || r->pull_staged;
+    void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
+    if (!st && host)
+        st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
+    refit_digest_report_t dr = {0};
+    if (!st && host) st = refit_digest_check(cp->dplan, fetched, r->dlocal, &dr);
+    if (st == REFIT_ERR_VERIFY)
+        refit_error_prefix("version %" PRIu64 " does not match what its publishers published: ", v);
+    refit_digest_plan_stats_t ps;
+    refit_digest_plan_stats(cp->dplan, &ps);
+    rep->digest_bytes = host ? dr.bytes : 0;
+    rep->unverified_bytes = host ? ps.unverifiable_bytes : ps.bytes + ps.unverifiable_bytes;
+    free(regs);
+    free(fetched);
+out:
+    free(usable);
+    free(srcs);
+    rep->digest_ms = (refit_now() - t0) * 1e3;
+    return st;
+}
+
+refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v)
+{
+#ifdef REFIT_HAVE_CUDA
+    if (r->params.device >= 0) {
+        /* After a 2 ms grace, so that a receiver waiting to copy on this
+         * GPU goes first: kernels of two processes are time-sliced, and
+         * this one (a full read of the receiver's memory) would halve
+         * that copy's speed (docs/gpu.md). */
+        int turn = refit_gpu_turn_take(r->params.device, 0.002, 2.0);
+        refit_status_t st = refit_gpu_truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, NULL);
+        refit_gpu_turn_give(turn);
+        return st;
+    }
+#endif
+    return refit_truth_verify_delta(r->m, (const void *const *)r->mem, v, r->params.truth_fraction, NULL);
+}
