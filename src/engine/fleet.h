@@ -81,9 +81,10 @@ typedef struct {
  * How a plan becomes chunks, how chunks are shared among holders, which chunk
  * a holder's worker takes next (stealing and re-reads), what a chunk read
  * from a relay costs, when a pull runs direct, and which holders a receiver
- * picks.  fleet.c's workers call these under their lock with refit_now();
- * the simulator (src/sim) calls the same functions with simulated time, so
- * that what it predicts is what this engine decides. */
+ * picks (fleet_rules.c).  fleet.c's workers call these under their lock with
+ * refit_now(); the simulator (src/sim) calls the same functions with simulated
+ * time, so that what it predicts is what this engine decides; test_fleet.c
+ * calls them with a clock of its own. */
 enum { REFIT_CHUNK_FREE = 0, REFIT_CHUNK_BUSY = 1, REFIT_CHUNK_DONE = 2 };
 
 typedef struct {
