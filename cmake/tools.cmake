@@ -3,7 +3,8 @@
 
 # refit_tool_common: tool_fail, tool_usage, JSON strings, GPU records, the
 # sibling program's path.  Exports nothing; not part of librefit.
-add_library(refit_tool_common STATIC ${CMAKE_SOURCE_DIR}/tools/common/tool_common.c ${CMAKE_SOURCE_DIR}/tools/common/tool_proc.c)
+add_library(refit_tool_common STATIC ${CMAKE_SOURCE_DIR}/tools/common/tool_common.c ${CMAKE_SOURCE_DIR}/tools/common/tool_proc.c
+            ${CMAKE_SOURCE_DIR}/tools/common/tool_netns.c)
 target_include_directories(refit_tool_common PUBLIC ${CMAKE_SOURCE_DIR}/tools/common ${CMAKE_SOURCE_DIR}/include)
 target_compile_options(refit_tool_common PRIVATE ${REFIT_WARNINGS})
 target_compile_definitions(refit_tool_common PRIVATE _GNU_SOURCE "REFIT_UCX_CUDA_STATUS=\"${REFIT_UCX_CUDA_STATUS}\"")

@@ -1,0 +1,407 @@
+/* The fleet scenarios: fanout, straggler, egress, elastic (one run each;
+ * net.c: nb_repeat runs them --runs times and judges the assertions). */
+#include "net_internal.h"
+
+/* ---- fanout ---------------------------------------------------------------- */
+
+/* This host's CPU time (all CPUs, from /proc/stat, in ticks): busy and total. */
+typedef struct {
+    unsigned long long busy, total;
+} cpu_ticks_t;
+
+static cpu_ticks_t cpu_ticks(void)
+{
+    cpu_ticks_t t = {0, 0};
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                    &v[7]) == 8) {
+        for (int i = 0; i < 8; i++) t.total += v[i];
+        t.busy = t.total - v[3] - v[4]; /* all but idle and iowait */
+    }
+    if (f) fclose(f);
+    return t;
+}
+
+/* Share of the host's CPU time that was busy between a and b (anything on
+ * the host counts: the figure says whether the CPUs, not the links, could
+ * have bounded a phase). */
+static double cpu_busy(cpu_ticks_t a, cpu_ticks_t b)
+{
+    return b.total > a.total ? (double)(b.busy - a.busy) / (double)(b.total - a.total) : 0;
+}
+
+/* Runs n receivers (relay slots 0..n-1) pulling version 1 at once; results in
+ * res; *busy: the host's CPU busy share while they pulled. */
+static bool fanout_phase(nb_opts_t *o, uint32_t n, result_t *res, double *busy)
+{
+    nb_fresh_registry(o);
+    uint32_t P = nb_world_of(o->src);
+    child_t pubs[64], rc[16];
+    bool ok = nb_start_publishers(o, pubs, P, NULL, 1);
+    for (uint32_t i = 0; i < n; i++) rc[i] = nb_spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i), false, 0});
+    cpu_ticks_t c0 = cpu_ticks();
+    for (uint32_t i = 0; i < n && ok; i++) nb_send_cmd(&rc[i], "pull 1");
+    for (uint32_t i = 0; i < n && ok; i++)
+        if (!nb_get_result(&rc[i], &res[i])) {
+            fprintf(stderr, "refit bench: receiver %u: %s\n", i, res[i].list);
+            ok = false;
+        }
+    *busy = cpu_busy(c0, cpu_ticks());
+    for (uint32_t i = 0; i < n; i++) nb_stop(&rc[i], false);
+    for (uint32_t k = 0; k < P; k++) nb_stop(&pubs[k], false);
+    nb_rm_registry(o);
+    return ok;
+}
+
+static int fanout_once(int argc, char **argv)
+{
+    nb_opts_t o;
+    int rc = nb_parse(argc, argv, &o, "megatron:tp=1", "vllm:tp=2", 8, 0);
+    if (rc) return rc;
+    char why[160] = "";
+    bool net = !o.net || !strcmp(o.net, "netns");
+    if (net && !nb_netns_possible(why, sizeof(why))) {
+        if (o.net) {
+            fprintf(stderr, "refit bench fanout --net netns: %s\n", why);
+            return 1;
+        }
+        fprintf(stderr, "refit bench fanout: network namespaces unavailable (%s): running over shm\n", why);
+        net = false;
+    }
+    if (net) {
+        /* Nodes with one link each way: a relay's egress feeds one reader at
+         * the link's rate, so readers form chains (--max-readers 1) that
+         * pipeline chunk by chunk.  A quarter of the model per receiver
+         * (vllm tp=4, 280 MB) at 50 MB/s keeps the 2 CPUs' TCP work well under
+         * what they can do with 8 readers at once. */
+        if (!o.max_readers_set) o.max_readers = 1;
+        if (!o.dst_set) o.dst = "vllm:tp=4";
+        if (!o.link_set) o.link_mbps = 50;
+        o.transport = "ucx";
+        if (!nb_netns_up(&o, nb_world_of(o.src) + o.receivers, o.link_mbps, why, sizeof(why))) {
+            fprintf(stderr, "refit bench fanout: %s\n", why);
+            return 1;
+        }
+    }
+    result_t one[1], all[16];
+    double busy1 = 0, busyn = 0;
+    bool ok1 = fanout_phase(&o, 1, one, &busy1), okn = ok1 && fanout_phase(&o, o.receivers, all, &busyn);
+    nb_netns_down(&o);
+    if (!ok1) return tool_fail(REFIT_ERR_PEER, "bench fanout: single receiver");
+    if (!okn) return tool_fail(REFIT_ERR_PEER, "bench fanout: fleet");
+    uint64_t trainer = 0, relay = 0;
+    for (uint32_t i = 0; i < o.receivers; i++) trainer += all[i].trainer_bytes, relay += all[i].relay_bytes;
+    double t1 = nb_span(one, 1), tn = nb_span(all, o.receivers);
+    double ratio = tn / t1, egress = (double)trainer / (double)one[0].bytes;
+    out_t j = {0};
+    nb_out_begin(&j, "fanout", &o, NULL);
+    nb_metric(&j, "replica_bytes", "%" PRIu64, one[0].bytes);
+    nb_metric(&j, "one_receiver_s", "%.4f", t1);
+    nb_metric(&j, "all_receivers_s", "%.4f", tn);
+    nb_metric(&j, "ratio", "%.3f", ratio);
+    nb_metric(&j, "trainer_egress_bytes", "%" PRIu64, trainer);
+    nb_metric(&j, "relay_egress_bytes", "%" PRIu64, relay);
+    nb_metric(&j, "trainer_egress_replicas", "%.3f", egress);
+    nb_metric(&j, "aggregate_gbps", "%.3f", (double)(trainer + relay) * 8 / tn / 1e9);
+    nb_metric(&j, "cpu_busy_one", "%.3f", busy1);
+    nb_metric(&j, "cpu_busy_all", "%.3f", busyn);
+    nb_result_json(&j, "receivers", all, o.receivers);
+    char exp[64];
+    snprintf(exp, sizeof(exp), "<= 1.1 (%u receivers vs one alone)", o.receivers);
+    nb_check(&j, "all_done_within_1.1x_of_one", exp, ratio, "<=", 1.1);
+    nb_require(&j, "trainer_egress_at_most_2_replicas", "<= 2.0", egress, egress <= 2.0 + 1e-9);
+    if (net)
+        return nb_out_end(&j, "every process a node of its own (network namespace, veth on one bridge, tbf on its egress "
+                           "and its ingress at link_mbps), bytes over UCX/TCP; relays serve chunks as they land, "
+                           "so with one reader per holder the receivers form a chain that pipelines.");
+    return nb_out_end(&j, "shm on one host: every receiver's bytes are copied by the CPUs all receivers share, so "
+                       "N receivers cost N times the copy work whatever the tree; the trainer's egress is the "
+                       "figure the relays change.");
+}
+
+/* ---- straggler ------------------------------------------------------------- */
+
+static int straggler_once(int argc, char **argv)
+{
+    nb_opts_t o;
+    /* Two DP replicas of the trainer; links emulated at --link-mbps (default 1000 MB/s over shm, 100 over netns). */
+    int rc = nb_parse(argc, argv, &o, "megatron:tp=1,dp=2", "vllm:tp=4", 4, 1000);
+    if (rc) return rc;
+    o.max_readers = 0;
+    uint32_t P = nb_world_of(o.src);
+    bool net = !o.net || !strcmp(o.net, "netns"); /* the goal is stated for links */
+    if (P + o.receivers > 62) return tool_usage("bench", "too many nodes");
+    if (net && !nb_net_up(&o, "straggler", P + o.receivers)) return 1;
+    double L = o.link_mbps;
+    /* Nodes (netns): replicas 0..P-1, receivers P..P+N-1.  Over shm every
+     * link is a pacing of one holder's chunks per reader. */
+    int rnode0 = net ? (int)P : -1;
+    /* A. one receiver, both replicas at full rate; B. replica 1 at a tenth. */
+    result_t a, b;
+    nb_opts_t oa = o;
+    nb_fresh_registry(&oa);
+    child_t pubs[64];
+    bool ok = true;
+    for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&oa, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    ok = nb_publish_all(pubs, P, 1);
+    child_t r1 = nb_spawn(&oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, UINT32_MAX, 0), rnode0,
+                                      false, 0});
+    child_t r2 = nb_spawn(&oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, 1, L / 10), rnode0,
+                                      false, 0});
+    nb_send_cmd(&r1, "pull 1");
+    ok &= nb_get_result(&r1, &a);
+    if (net) ok &= nb_node_rate(&o, 1, L / 10);
+    nb_send_cmd(&r2, "pull 1");
+    ok &= nb_get_result(&r2, &b);
+    nb_stop(&r1, false);
+    nb_stop(&r2, false);
+    /* C. N receivers, none slowed; D. N receivers, receiver 0's links at a
+     * tenth.  Receivers' links at L/4 here (over shm L/10, so that the links,
+     * not the two CPUs all receivers share, bound them), the replicas' at L,
+     * so that each healthy receiver is bound by its own link. */
+    result_t c[16], d[16];
+    child_t rcv[16];
+    double LR = net ? L / 4 : L / 10;
+    if (net) {
+        ok &= nb_node_rate(&o, 1, L);
+        for (uint32_t i = 0; i < o.receivers; i++) ok &= nb_node_rate(&o, P + i, LR);
+    }
+    for (int phase = 0; phase < 2 && ok; phase++) {
+        result_t *res = phase ? d : c;
+        if (net && phase) ok &= nb_node_rate(&o, P, LR / 10);
+        for (uint32_t i = 0; i < o.receivers; i++)
+            rcv[i] = nb_spawn(&oa, &(role_t){false, 0, -1,
+                                          net ? NULL : nb_throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0),
+                                          net ? (int)(P + i) : -1, false, 0});
+        for (uint32_t i = 0; i < o.receivers; i++) nb_send_cmd(&rcv[i], "pull 1");
+        for (uint32_t i = 0; i < o.receivers; i++) ok &= nb_get_result(&rcv[i], &res[i]);
+        for (uint32_t i = 0; i < o.receivers; i++) nb_stop(&rcv[i], false);
+    }
+    for (uint32_t k = 0; k < P; k++) nb_stop(&pubs[k], false);
+    nb_rm_registry(&oa);
+    nb_netns_down(&o);
+    if (!ok) return tool_fail(REFIT_ERR_PEER, "bench straggler: a pull failed");
+    /* Times from the discovery round to the data in place (transfer_ms
+     * alone would leave out waiting for a holder). */
+    double ta = (a.end - a.begin) * 1e3, tb = (b.end - b.begin) * 1e3;
+    double ratio = tb / ta;
+    double healthy_c = 0, healthy_d = 0, worst = 0, tc[16], td[16];
+    for (uint32_t i = 0; i < o.receivers; i++) {
+        tc[i] = (c[i].end - c[i].begin) * 1e3;
+        td[i] = (d[i].end - d[i].begin) * 1e3;
+    }
+    for (uint32_t i = 1; i < o.receivers; i++) {
+        healthy_c += tc[i] / (o.receivers - 1);
+        healthy_d += td[i] / (o.receivers - 1);
+    }
+    for (uint32_t i = 1; i < o.receivers; i++) {
+        double dev = td[i] / healthy_c - 1;
+        if (dev > worst) worst = dev;
+    }
+    out_t j = {0};
+    nb_out_begin(&j, "straggler", &o, NULL);
+    nb_metric(&j, "slow_source_unthrottled_ms", "%.2f", ta);
+    nb_metric(&j, "slow_source_throttled_ms", "%.2f", tb);
+    nb_metric(&j, "slow_source_ratio", "%.3f", ratio);
+    nb_metric(&j, "static_split_ratio_expected", "%.3f", 5.0); /* half the bytes at a tenth of the rate */
+    nb_metric(&j, "slow_source_holders", "\"%s\"", b.list);
+    nb_metric(&j, "healthy_mean_ms_no_straggler", "%.2f", healthy_c);
+    nb_metric(&j, "healthy_mean_ms_with_straggler", "%.2f", healthy_d);
+    nb_metric(&j, "straggler_ms", "%.2f", td[0]);
+    nb_metric(&j, "healthy_worst_individual_slowdown", "%.4f", worst);
+    double mean_dev = healthy_d / healthy_c - 1;
+    nb_metric(&j, "healthy_mean_slowdown", "%.4f", mean_dev);
+    nb_result_json(&j, "with_straggler", d, o.receivers);
+    nb_check(&j, "slow_replica_refit_within_1.3x", "<= 1.3", ratio, "<=", 1.3);
+    nb_check(&j, "healthy_receivers_mean_within_10pct", "<= 0.10", mean_dev, "<=", 0.10);
+    nb_check(&j, "healthy_receivers_each_within_10pct", "<= 0.10", worst, "<=", 0.10);
+    if (net)
+        return nb_out_end(&j, "each process a node (network namespace, tbf on both directions), UCX/TCP; slow source: the "
+                           "replicas and the receiver at link_mbps, then replica 1 at a tenth; slow receiver: replicas at "
+                           "link_mbps, receivers at a quarter, receiver 0 then at a fortieth; times from the discovery "
+                           "round to the data in place");
+    return nb_out_end(&j, "links emulated by REFIT_TEST_THROTTLE pacing (per reader, per holder): --link-mbps for the "
+                       "slow-source runs (replica 1 at a tenth), a tenth of that for the slow-receiver runs (the "
+                       "straggler receiver's links at a tenth again)");
+}
+
+/* ---- egress ---------------------------------------------------------------- */
+
+static int egress_once(int argc, char **argv)
+{
+    nb_opts_t o;
+    int rc = nb_parse(argc, argv, &o, "megatron:tp=1,dp=4", "vllm:tp=2", 4, 0);
+    if (rc) return rc;
+    o.max_readers = 0;
+    uint32_t P = nb_world_of(o.src);
+    bool net = !o.net || !strcmp(o.net, "netns"); /* the goal is stated for links */
+    if (P + o.receivers > 62) return tool_usage("bench", "too many nodes");
+    /* every replica and receiver a node, every link at --link-mbps (default 100) */
+    if (net && !nb_net_up(&o, "egress", P + o.receivers)) return 1;
+    nb_fresh_registry(&o);
+    child_t pubs[64], rcv[16];
+    result_t res[16];
+    for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    bool ok = nb_publish_all(pubs, P, 1);
+    for (uint32_t i = 0; i < o.receivers; i++)
+        rcv[i] = nb_spawn(&o, &(role_t){false, i % nb_world_of(o.dst), -1, NULL, net ? (int)(P + i) : -1, false, 0});
+    for (uint32_t i = 0; i < o.receivers && ok; i++) nb_send_cmd(&rcv[i], "pull 1");
+    for (uint32_t i = 0; i < o.receivers && ok; i++) ok &= nb_get_result(&rcv[i], &res[i]);
+    for (uint32_t i = 0; i < o.receivers; i++) nb_stop(&rcv[i], false);
+    for (uint32_t k = 0; k < P; k++) nb_stop(&pubs[k], false);
+    nb_rm_registry(&o);
+    nb_netns_down(&o);
+    if (!ok) return tool_fail(REFIT_ERR_PEER, "bench egress: a pull failed");
+    uint64_t per[64] = {0}, total = 0;
+    for (uint32_t i = 0; i < o.receivers; i++) {
+        char list[1024];
+        snprintf(list, sizeof(list), "%s", res[i].list);
+        char *save = NULL;
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            unsigned k;
+            unsigned long long b;
+            if (sscanf(t, "trainer:%u=%llu", &k, &b) == 2 && k < 64) per[k] += b, total += b;
+        }
+    }
+    double mean = (double)total / P, dev = 0;
+    out_t j = {0};
+    nb_out_begin(&j, "egress", &o, NULL);
+    fprintf(j.f, "\"bytes_per_source\":[");
+    for (uint32_t k = 0; k < P; k++) {
+        fprintf(j.f, "%s%" PRIu64, k ? "," : "", per[k]);
+        double d = per[k] / mean - 1;
+        if (d < 0) d = -d;
+        if (d > dev) dev = d;
+    }
+    fprintf(j.f, "]");
+    j.nmetrics++;
+    nb_metric(&j, "mean_bytes", "%.0f", mean);
+    nb_metric(&j, "max_deviation", "%.4f", dev);
+    nb_metric(&j, "refit_s", "%.4f", nb_span(res, o.receivers));
+    nb_result_json(&j, "receivers", res, o.receivers);
+    nb_check(&j, "bytes_per_source_within_5pct", "<= 0.05", dev, "<=", 0.05);
+    if (net)
+        return nb_out_end(&j, "every trainer rank is a DP replica holding the same bytes, each a node (network namespace, "
+                           "tbf at link_mbps both ways) like each receiver, UCX/TCP; chunks go to whichever holder is "
+                           "free first");
+    return nb_out_end(&j, "every trainer rank is a DP replica holding the same bytes; receivers are ranks of vllm "
+                       "layouts; chunks go to whichever holder is free first");
+}
+
+/* ---- elastic --------------------------------------------------------------- */
+
+static int elastic_once(int argc, char **argv)
+{
+    nb_opts_t o;
+    /* Links emulated (default 200 MB/s) so that the links, not the two CPUs
+     * here, bound a pull, and a pull lasts long enough for a relay to leave
+     * in the middle of it. */
+    int rc = nb_parse(argc, argv, &o, "megatron:tp=1", "vllm:tp=4", 4, 200);
+    if (rc) return rc;
+    uint32_t P = nb_world_of(o.src), N = o.receivers;
+    bool net = !o.net || !strcmp(o.net, "netns"); /* the goal is stated for links */
+    if (P + N + 1 > 62 || N > 15) return tool_usage("bench", "too many nodes");
+    /* Over netns every process is a node with one link each way: one reader
+     * per holder (--max-readers 1, a chain that pipelines), 100 MB/s links. */
+    if (!net) o.max_readers = 0;
+    else if (!o.max_readers_set) o.max_readers = 1;
+    if (net && !nb_net_up(&o, "elastic", P + N + 1)) return 1;
+    nb_fresh_registry(&o);
+    double L = o.link_mbps;
+    char thr[1024];
+    snprintf(thr, sizeof(thr), "%s", nb_throttle_all("trainer", P, L, UINT32_MAX, 0));
+    size_t l = strlen(thr);
+    for (uint32_t s = 0; s < 16 && l < sizeof(thr) - 30; s++) l += (size_t)snprintf(thr + l, sizeof(thr) - l, ",relay:%u=%g", s, L);
+    const char *th = net ? NULL : thr; /* over netns the links are real */
+    child_t pubs[64], rcv[17];
+    result_t v0[17], v1[17], v2[17], v3[17];
+    for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    bool ok = nb_publish_all(pubs, P, 1);
+    for (uint32_t i = 0; i < N; i++) rcv[i] = nb_spawn(&o, &(role_t){false, 0, (int)i, th, net ? (int)(P + i) : -1, false, 0});
+    /* Version 1 warms up (plans, connections); version 2 is the baseline: the fleet alone. */
+    for (uint32_t i = 0; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 1");
+    for (uint32_t i = 0; i < N && ok; i++) ok &= nb_get_result(&rcv[i], &v0[i]);
+    ok = ok && nb_publish_all(pubs, P, 2);
+    cpu_ticks_t c0 = cpu_ticks();
+    for (uint32_t i = 0; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 2");
+    for (uint32_t i = 0; i < N && ok; i++) ok &= nb_get_result(&rcv[i], &v1[i]);
+    double busy_base = cpu_busy(c0, cpu_ticks());
+    /* Version 3: a joiner starts while the others pull. */
+    ok = ok && nb_publish_all(pubs, P, 3);
+    c0 = cpu_ticks();
+    for (uint32_t i = 0; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 3");
+    rcv[N] = nb_spawn(&o, &(role_t){false, 0, (int)N, th, net ? (int)(P + N) : -1, false, 0});
+    double join_t0 = refit_now();
+    nb_send_cmd(&rcv[N], "pull 0");
+    for (uint32_t i = 0; i <= N && ok; i++) ok &= nb_get_result(&rcv[i], &v2[i]);
+    double busy_join = cpu_busy(c0, cpu_ticks());
+    double join_s = v2[N].end - join_t0;
+    /* Version 4: receiver 0 pulls first and serves; the others then read from
+     * it (and the trainer), and it is killed a third of a pull into theirs. */
+    ok = ok && nb_publish_all(pubs, P, 4);
+    double t_kill = 0;
+    if (ok) {
+        nb_send_cmd(&rcv[0], "pull 4");
+        ok &= nb_get_result(&rcv[0], &v3[0]);
+    }
+    for (uint32_t i = 1; i <= N && ok; i++) nb_send_cmd(&rcv[i], "pull 4");
+    if (ok) {
+        usleep((useconds_t)(v1[0].transfer_ms * 1e3 / 3));
+        kill(rcv[0].pid, SIGKILL);
+        t_kill = refit_now();
+    }
+    for (uint32_t i = 1; i <= N && ok; i++) nb_get_result(&rcv[i], &v3[i]);
+    uint32_t failovers = 0, ok3 = 0;
+    double worst_after_kill = 0;
+    for (uint32_t i = 1; i <= N && ok; i++) {
+        if (strstr(v3[i].list, "relay:0=") && strstr(v3[i].list, "!")) failovers++;
+        ok3 += v3[i].st == 0;
+        if (v3[i].end - t_kill > worst_after_kill) worst_after_kill = v3[i].end - t_kill;
+    }
+    nb_stop(&rcv[0], true);
+    for (uint32_t i = 1; i <= N; i++) nb_stop(&rcv[i], false);
+    for (uint32_t k = 0; k < P; k++) nb_stop(&pubs[k], false);
+    nb_rm_registry(&o);
+    nb_netns_down(&o);
+    if (!ok) return tool_fail(REFIT_ERR_PEER, "bench elastic: a pull failed");
+    double worst = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        double d = v2[i].transfer_ms / v1[i].transfer_ms - 1;
+        if (d > worst) worst = d;
+    }
+    out_t j = {0};
+    nb_out_begin(&j, "elastic", &o, NULL);
+    nb_metric(&j, "joiner_first_version", "%" PRIu64, v2[N].version);
+    nb_metric(&j, "joiner_s", "%.4f", join_s);
+    nb_metric(&j, "joiner_holders", "\"%s\"", v2[N].list);
+    nb_metric(&j, "worst_slowdown_of_others_by_joiner", "%.4f", worst);
+    nb_metric(&j, "cpu_busy_baseline", "%.3f", busy_base);
+    nb_metric(&j, "cpu_busy_with_joiner", "%.3f", busy_join);
+    nb_metric(&j, "relay_killed_readers_failed_over", "%u", failovers);
+    nb_metric(&j, "receivers_completing_v3_after_kill", "%u", ok3);
+    nb_metric(&j, "last_completion_after_kill_s", "%.4f", worst_after_kill);
+    nb_result_json(&j, "v1_warmup", v0, N);
+    nb_result_json(&j, "v2_baseline", v1, N);
+    nb_result_json(&j, "v3_joiner", v2, N + 1);
+    nb_result_json(&j, "v4_relay_killed", v3, N + 1);
+    nb_require(&j, "joiner_gets_newest", "== 3", (double)v2[N].version, v2[N].version == 3);
+    nb_check(&j, "joiner_slows_others_at_most_5pct", "<= 0.05", worst, "<=", 0.05);
+    nb_require(&j, "all_remaining_complete_after_relay_killed", "== receivers", (double)ok3, ok3 == N);
+    if (net)
+        return nb_out_end(&j, "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one reader "
+                           "per holder; receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; "
+                           "v4: receiver 0 commits first, then is killed while the others read from it and each other");
+    return nb_out_end(&j, "receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; v4: "
+                       "receiver 0 commits first, then is killed while the others read from it and the trainer");
+}
+
+/* ---- entry points (bench.h) ---- */
+
+int bench_fanout(int argc, char **argv) { return nb_repeat("fanout", fanout_once, argc, argv, 5); }
+
+int bench_straggler(int argc, char **argv) { return nb_repeat("straggler", straggler_once, argc, argv, 5); }
+
+int bench_egress(int argc, char **argv) { return nb_repeat("egress", egress_once, argc, argv, 5); }
+
+int bench_elastic(int argc, char **argv) { return nb_repeat("elastic", elastic_once, argc, argv, 5); }

@@ -1,0 +1,121 @@
+/* tools/common/tool_netns.h: namespaces, veth ports on a bridge, tbf. */
+#include "tool_netns.h"
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+static bool sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static bool sh(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    char quiet[600];
+    snprintf(quiet, sizeof(quiet), "%s >/dev/null 2>&1", cmd);
+    return system(quiet) == 0;
+}
+
+bool tool_netns_possible(char *why, size_t n)
+{
+    if (geteuid() != 0) return snprintf(why, n, "not root"), false;
+    if (!sh("{ command -v ip && command -v tc; }"))
+        return snprintf(why, n, "ip or tc (iproute2) is not installed"), false;
+    return true;
+}
+
+static tool_netns_t *g_up; /* whose namespaces are up */
+
+void tool_netns_down(tool_netns_t *t)
+{
+    for (uint32_t i = 0; i < t->nodes; i++) {
+        sh("ip netns del rf%sn%u", t->tag, i);
+        sh("ip link del rf%sp%u", t->tag, i);
+    }
+    if (t->nodes) sh("ip link del rf%sbr", t->tag);
+    t->nodes = 0;
+    g_up = NULL;
+}
+
+/* Namespaces outlive a killed benchmark: SIGINT and SIGTERM take them down. */
+static void on_signal(int sig)
+{
+    if (g_up) tool_netns_down(g_up);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* burst: a 64 KiB GSO segment must fit, and a few ms of the rate. */
+static uint64_t burst_of(uint64_t bps) { return bps / 200 > (256u << 10) ? bps / 200 : (256u << 10); }
+
+bool tool_netns_up(tool_netns_t *t, uint32_t nodes, double mbps, char *why, size_t n)
+{
+    snprintf(t->tag, sizeof(t->tag), "%x", (unsigned)getpid() & 0xfffff);
+    if (!sh("ip link add rf%sbr type bridge", t->tag) || !sh("ip link set rf%sbr up", t->tag))
+        return snprintf(why, n, "could not make a bridge"), false;
+    t->nodes = nodes;
+    g_up = t;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    uint64_t bps = (uint64_t)(mbps * 1e6), burst = burst_of(bps);
+    for (uint32_t i = 0; i < nodes; i++) {
+        const char *g = t->tag;
+        bool ok = sh("ip netns add rf%sn%u", g, i) &&
+                  sh("ip link add rf%sv%u type veth peer name rf%sp%u", g, i, g, i) &&
+                  sh("ip link set rf%sv%u netns rf%sn%u", g, i, g, i) &&
+                  sh("ip -n rf%sn%u addr add 10.77.%u.%u/16 dev rf%sv%u", g, i, i / 250, i % 250 + 1, g, i) &&
+                  sh("ip -n rf%sn%u link set rf%sv%u up", g, i, g, i) && sh("ip -n rf%sn%u link set lo up", g, i) &&
+                  sh("ip link set rf%sp%u master rf%sbr", g, i, g) && sh("ip link set rf%sp%u up", g, i);
+        if (ok && mbps > 0)
+            ok = sh("ip netns exec rf%sn%u tc qdisc add dev rf%sv%u root tbf rate %" PRIu64 "bit burst %" PRIu64
+                    " latency 50ms",
+                    g, i, g, i, bps * 8, burst) &&
+                 sh("tc qdisc add dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency 50ms", g, i,
+                    bps * 8, burst);
+        if (!ok) {
+            snprintf(why, n, "setting up namespace %u failed", i);
+            tool_netns_down(t);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool tool_netns_rate(const tool_netns_t *t, uint32_t node, double mbps)
+{
+    uint64_t bps = (uint64_t)(mbps * 1e6), burst = burst_of(bps);
+    const char *g = t->tag;
+    return sh("ip netns exec rf%sn%u tc qdisc replace dev rf%sv%u root tbf rate %" PRIu64 "bit burst %" PRIu64
+              " latency 50ms",
+              g, node, g, node, bps * 8, burst) &&
+           sh("tc qdisc replace dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency 50ms", g, node,
+              bps * 8, burst);
+}
+
+void tool_netns_ifname(const tool_netns_t *t, uint32_t node, char *buf, size_t n)
+{
+    snprintf(buf, n, "rf%sv%u", t->tag, node);
+}
+
+int tool_netns_enter(const tool_netns_t *t, uint32_t node)
+{
+    char path[96];
+    snprintf(path, sizeof(path), "/run/netns/rf%sn%u", t->tag, node);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = setns(fd, CLONE_NEWNET);
+    close(fd);
+    if (rc != 0) return -1;
+    if (unshare(CLONE_NEWNS) != 0 || mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0 ||
+        umount2("/sys", MNT_DETACH) != 0 || mount("sysfs", "/sys", "sysfs", 0, NULL) != 0)
+        return -1;
+    return 0;
+}

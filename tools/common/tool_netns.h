@@ -1,0 +1,35 @@
+/* Network namespaces for the benchmarks (refit-bench --net netns): nodes on
+ * one bridge, each a namespace with a veth port whose egress and ingress a tc
+ * tbf qdisc limits, as a node's NIC would.  Needs root and iproute2; runs
+ * `ip` and `tc` through system().  One set of namespaces per process at a
+ * time (SIGINT and SIGTERM take it down). */
+#ifndef REFIT_TOOL_NETNS_H
+#define REFIT_TOOL_NETNS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char tag[16];   /* names: rf<tag>br (bridge), rf<tag>n<i> (namespace), rf<tag>v<i> / rf<tag>p<i> (veth) */
+    uint32_t nodes; /* namespaces up (0: none) */
+} tool_netns_t;
+
+/* Whether namespaces can be made here (root, ip and tc); why not in `why`. */
+bool tool_netns_possible(char *why, size_t n);
+/* `nodes` namespaces rf<tag>n<i> (10.77.<i/250>.<i%250+1>/16), each on a
+ * veth port of bridge rf<tag>br, egress and ingress limited to mbps MB/s by
+ * tbf (mbps 0: unlimited).  On failure, nothing stays up and `why` says what failed. */
+bool tool_netns_up(tool_netns_t *t, uint32_t nodes, double mbps, char *why, size_t n);
+/* Takes every namespace, port and the bridge down (no-op when none is up). */
+void tool_netns_down(tool_netns_t *t);
+/* Sets node's link (both directions) to mbps MB/s. */
+bool tool_netns_rate(const tool_netns_t *t, uint32_t node, double mbps);
+/* The name of node's interface inside its namespace (rf<tag>v<node>). */
+void tool_netns_ifname(const tool_netns_t *t, uint32_t node, char *buf, size_t n);
+/* Moves the calling (child) process into node's namespace, with a /sys of
+ * that namespace (as `ip netns exec` does: UCX lists the devices there).
+ * 0, or -1 when it could not. */
+int tool_netns_enter(const tool_netns_t *t, uint32_t node);
+
+#endif
