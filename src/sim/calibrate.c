@@ -116,6 +116,41 @@ static void row(cal_t *C, const char *name, const char *source, double measured,
     }
 }
 
+/* A netns run's JSON (config, metrics, link rate), a cluster of that rate and a fleet of its model and
+ * layouts; netns_open frees what it made when it fails, netns_close the rest. */
+typedef struct {
+    refit_json_t *j;
+    const refit_json_t *cfg, *m;
+    double L; /* link_mbps */
+    sim_cluster_t *c;
+    sim_fleet_t f;
+} netns_run_t;
+
+static void netns_close(netns_run_t *R)
+{
+    free(R->c);
+    refit_json_free(R->j);
+}
+
+static refit_status_t netns_open(const cal_t *C, const char *file, bool first, netns_run_t *R)
+{
+    sim_fleet_t f = SIM_FLEET_INIT;
+    memset(R, 0, sizeof(*R));
+    R->f = f;
+    refit_status_t st = load(C->dir, file, &R->j);
+    if (st) return st;
+    R->cfg = refit_json_get(R->j, "config");
+    R->m = refit_json_get(R->j, "metrics");
+    R->L = num(R->cfg, "link_mbps");
+    R->f.model = str(R->cfg, "model");
+    R->f.src = str(R->cfg, "src");
+    R->f.dst = str(R->cfg, "dst");
+    R->c = malloc(sizeof(*R->c));
+    st = R->c ? netns_cluster(C, R->L, first, R->c) : REFIT_ERR_NO_MEMORY;
+    if (st) netns_close(R);
+    return st;
+}
+
 /* Runs a fleet; *refit: first begin to last end; per-receiver spans in spans[]. */
 static refit_status_t run(const sim_fleet_t *f, const sim_cluster_t *c, double *refit, double *spans, uint32_t n,
                           double *xfers)
@@ -137,159 +172,123 @@ static refit_status_t run(const sim_fleet_t *f, const sim_cluster_t *c, double *
 
 static refit_status_t fanout(cal_t *C)
 {
-    refit_json_t *j = NULL;
-    refit_status_t st = load(C->dir, "fleet-fanout.json", &j);
+    netns_run_t R;
+    refit_status_t st = netns_open(C, "fleet-fanout.json", true, &R);
     if (st) return st;
-    const refit_json_t *cfg = refit_json_get(j, "config"), *m = refit_json_get(j, "metrics");
-    double L = num(cfg, "link_mbps");
-    uint32_t n = (uint32_t)num(cfg, "receivers");
-    sim_cluster_t *c = malloc(sizeof(*c));
-    if (!c) st = REFIT_ERR_NO_MEMORY;
-    if (!st) st = netns_cluster(C, L, true, c);
-    sim_fleet_t f = SIM_FLEET_INIT;
-    f.model = str(cfg, "model");
-    f.src = str(cfg, "src");
-    f.dst = str(cfg, "dst");
+    uint32_t n = (uint32_t)num(R.cfg, "receivers");
+    sim_fleet_t f = R.f;
     f.only_rank = 0;
     f.relays = !ignoring(C, "relays");
-    f.max_readers = ignoring(C, "relays") ? 0 : (uint32_t)num(cfg, "max_readers");
-    f.chunk_kb = (uint32_t)num(cfg, "chunk_kb");
+    f.max_readers = ignoring(C, "relays") ? 0 : (uint32_t)num(R.cfg, "max_readers");
+    f.chunk_kb = (uint32_t)num(R.cfg, "chunk_kb");
     f.workers = 1; /* the bench's receivers copy with one thread: one worker per holder */
     double t1 = 0, tn = 0;
     f.replicas = 1;
-    if (!st) st = run(&f, c, &t1, NULL, 0, NULL);
+    if (!st) st = run(&f, R.c, &t1, NULL, 0, NULL);
     f.replicas = n;
-    if (!st) st = run(&f, c, &tn, NULL, 0, NULL);
+    if (!st) st = run(&f, R.c, &tn, NULL, 0, NULL);
     if (!st) {
         char note[160];
         snprintf(note, sizeof(note), "1 receiver, %s rank 0 (%.0f MB) from 1 trainer node at %.0f MB/s", f.dst,
-                 num(m, "replica_bytes") / 1e6, L);
-        row(C, "fanout: one receiver", "fleet-fanout.json one_receiver_s", num(m, "one_receiver_s"), t1, note);
+                 num(R.m, "replica_bytes") / 1e6, R.L);
+        row(C, "fanout: one receiver", "fleet-fanout.json one_receiver_s", num(R.m, "one_receiver_s"), t1, note);
         snprintf(note, sizeof(note), "%u receivers of rank 0, relays, max_readers %u: a chain", n, f.max_readers);
-        row(C, "fanout: 8 receivers (relay chain)", "fleet-fanout.json all_receivers_s", num(m, "all_receivers_s"), tn,
-            note);
+        row(C, "fanout: 8 receivers (relay chain)", "fleet-fanout.json all_receivers_s", num(R.m, "all_receivers_s"),
+            tn, note);
     }
-    free(c);
-    refit_json_free(j);
+    netns_close(&R);
     return st;
 }
 
 static refit_status_t straggler(cal_t *C)
 {
-    refit_json_t *j = NULL;
-    refit_status_t st = load(C->dir, "fleet-straggler-netns.json", &j);
+    netns_run_t R;
+    refit_status_t st = netns_open(C, "fleet-straggler-netns.json", true, &R);
     if (st) return st;
-    const refit_json_t *cfg = refit_json_get(j, "config"), *m = refit_json_get(j, "metrics");
-    double L = num(cfg, "link_mbps");
-    uint32_t n = (uint32_t)num(cfg, "receivers");
-    sim_cluster_t *c = malloc(sizeof(*c));
-    if (!c) st = REFIT_ERR_NO_MEMORY;
-    if (!st) st = netns_cluster(C, L, true, c);
-    sim_fleet_t f = SIM_FLEET_INIT;
-    f.model = str(cfg, "model");
-    f.src = str(cfg, "src");
-    f.dst = str(cfg, "dst");
+    uint32_t n = (uint32_t)num(R.cfg, "receivers");
+    sim_fleet_t f = R.f;
     f.only_rank = 0;
-    f.chunk_kb = (uint32_t)num(cfg, "chunk_kb");
+    f.chunk_kb = (uint32_t)num(R.cfg, "chunk_kb");
     f.workers = 1;
-    double src_rate[2] = {0, L * 1e6 / 10}, rx_rate[16] = {0};
+    double src_rate[2] = {0, R.L * 1e6 / 10}, rx_rate[16] = {0};
     double ta = 0, tb = 0, tc = 0, td = 0, sc[16] = {0}, sd[16] = {0};
     f.replicas = 1;
-    if (!st) st = run(&f, c, &ta, NULL, 0, NULL);
+    if (!st) st = run(&f, R.c, &ta, NULL, 0, NULL);
     f.src_rate = ignoring(C, "tbf") ? NULL : src_rate;
-    if (!st) st = run(&f, c, &tb, NULL, 0, NULL);
+    if (!st) st = run(&f, R.c, &tb, NULL, 0, NULL);
     f.src_rate = NULL;
     /* C and D: the receivers' links at a quarter, receiver 0 then at a tenth of that. */
     f.replicas = n;
-    for (uint32_t i = 0; i < n && i < 16; i++) rx_rate[i] = ignoring(C, "tbf") ? 0 : L * 1e6 / 4;
+    for (uint32_t i = 0; i < n && i < 16; i++) rx_rate[i] = ignoring(C, "tbf") ? 0 : R.L * 1e6 / 4;
     f.rx_rate = rx_rate;
-    if (!st) st = run(&f, c, &tc, sc, n, NULL);
-    rx_rate[0] = ignoring(C, "tbf") ? 0 : L * 1e6 / 40;
-    if (!st) st = run(&f, c, &td, sd, n, NULL);
+    if (!st) st = run(&f, R.c, &tc, sc, n, NULL);
+    rx_rate[0] = ignoring(C, "tbf") ? 0 : R.L * 1e6 / 40;
+    if (!st) st = run(&f, R.c, &td, sd, n, NULL);
     if (!st) {
         double hc = 0, hd = 0;
         for (uint32_t i = 1; i < n; i++) hc += sc[i] / (n - 1), hd += sd[i] / (n - 1);
         row(C, "straggler: one receiver", "fleet-straggler-netns.json slow_source_unthrottled_ms",
-            num(m, "slow_source_unthrottled_ms") / 1e3, ta, "rank 0 of vllm:tp=4 from 2 DP replicas, all links at L");
+            num(R.m, "slow_source_unthrottled_ms") / 1e3, ta, "rank 0 of vllm:tp=4 from 2 DP replicas, all links at L");
         row(C, "straggler: slow replica", "fleet-straggler-netns.json slow_source_throttled_ms",
-            num(m, "slow_source_throttled_ms") / 1e3, tb, "replica 1 at L/10: its chunks go to the fast one");
+            num(R.m, "slow_source_throttled_ms") / 1e3, tb, "replica 1 at L/10: its chunks go to the fast one");
         row(C, "straggler: 4 receivers", "fleet-straggler-netns.json healthy_mean_ms_no_straggler",
-            num(m, "healthy_mean_ms_no_straggler") / 1e3, hc, "mean of receivers 1..3, receivers at L/4");
+            num(R.m, "healthy_mean_ms_no_straggler") / 1e3, hc, "mean of receivers 1..3, receivers at L/4");
         row(C, "straggler: healthy, one slowed", "fleet-straggler-netns.json healthy_mean_ms_with_straggler",
-            num(m, "healthy_mean_ms_with_straggler") / 1e3, hd, "receiver 0 at L/40: the others unaffected");
-        row(C, "straggler: the slowed receiver", "fleet-straggler-netns.json straggler_ms", num(m, "straggler_ms") / 1e3,
-            sd[0], "receiver 0 at L/40");
+            num(R.m, "healthy_mean_ms_with_straggler") / 1e3, hd, "receiver 0 at L/40: the others unaffected");
+        row(C, "straggler: the slowed receiver", "fleet-straggler-netns.json straggler_ms",
+            num(R.m, "straggler_ms") / 1e3, sd[0], "receiver 0 at L/40");
     }
-    free(c);
-    refit_json_free(j);
+    netns_close(&R);
     return st;
 }
 
 static refit_status_t egress(cal_t *C)
 {
-    refit_json_t *j = NULL;
-    refit_status_t st = load(C->dir, "fleet-egress-netns.json", &j);
+    netns_run_t R;
+    refit_status_t st = netns_open(C, "fleet-egress-netns.json", true, &R);
     if (st) return st;
-    const refit_json_t *cfg = refit_json_get(j, "config"), *m = refit_json_get(j, "metrics");
-    double L = num(cfg, "link_mbps");
-    uint32_t n = (uint32_t)num(cfg, "receivers");
-    sim_cluster_t *c = malloc(sizeof(*c));
-    if (!c) st = REFIT_ERR_NO_MEMORY;
-    if (!st) st = netns_cluster(C, L, true, c);
-    sim_fleet_t f = SIM_FLEET_INIT;
-    f.model = str(cfg, "model");
-    f.src = str(cfg, "src");
-    f.dst = str(cfg, "dst");
-    f.chunk_kb = (uint32_t)num(cfg, "chunk_kb");
+    uint32_t n = (uint32_t)num(R.cfg, "receivers");
+    sim_fleet_t f = R.f;
+    f.chunk_kb = (uint32_t)num(R.cfg, "chunk_kb");
     f.workers = 1;
     double t = 0;
     /* Receiver i is rank i % world(dst): with tp=2 and 4 receivers, 2 replicas of both ranks. */
     f.replicas = n / 2;
-    if (!st) st = run(&f, c, &t, NULL, 0, NULL);
+    if (!st) st = run(&f, R.c, &t, NULL, 0, NULL);
     if (!st)
-        row(C, "egress: 4 receivers, 4 replicas", "fleet-egress-netns.json refit_s", num(m, "refit_s"), t,
+        row(C, "egress: 4 receivers, 4 replicas", "fleet-egress-netns.json refit_s", num(R.m, "refit_s"), t,
             "vllm:tp=2 x2 from megatron dp=4, chunks shared by every replica");
-    free(c);
-    refit_json_free(j);
+    netns_close(&R);
     return st;
 }
 
 static refit_status_t delta(cal_t *C, const char *file, const char *label)
 {
-    refit_json_t *j = NULL;
-    refit_status_t st = load(C->dir, file, &j);
+    netns_run_t R;
+    refit_status_t st = netns_open(C, file, false, &R); /* versions 2..4: plans cached, peers connected */
     if (st) return st;
-    const refit_json_t *cfg = refit_json_get(j, "config"), *m = refit_json_get(j, "metrics");
-    double L = num(cfg, "link_mbps");
-    sim_cluster_t *c = malloc(sizeof(*c));
-    if (!c) st = REFIT_ERR_NO_MEMORY;
-    if (!st) st = netns_cluster(C, L, false, c); /* versions 2..4: plans cached, peers connected */
-    if (!st) c->apply_ns = C->apply_ns;
-    sim_fleet_t f = SIM_FLEET_INIT;
-    f.model = str(cfg, "model");
-    f.src = str(cfg, "src");
-    f.dst = str(cfg, "dst");
+    R.c->apply_ns = C->apply_ns;
+    sim_fleet_t f = R.f;
     f.only_rank = 0;
     f.replicas = 1;
     f.workers = 1;
     double tf = 0, td = 0;
-    if (!st) st = run(&f, c, &tf, NULL, 0, NULL);
-    f.delta = num(cfg, "fraction");
-    if (!st) st = run(&f, c, &td, NULL, 0, NULL);
+    if (!st) st = run(&f, R.c, &tf, NULL, 0, NULL);
+    f.delta = num(R.cfg, "fraction");
+    if (!st) st = run(&f, R.c, &td, NULL, 0, NULL);
     if (!st) {
         char name[64], src[96], note[160];
         snprintf(name, sizeof(name), "delta %s: full refit", label);
         snprintf(src, sizeof(src), "%s full_refit_ms", file);
-        snprintf(note, sizeof(note), "vllm:tp=2 rank 0 from megatron:ep=2 at %.0f MB/s, steady", L);
-        row(C, name, src, num(m, "full_refit_ms") / 1e3, tf, note);
+        snprintf(note, sizeof(note), "vllm:tp=2 rank 0 from megatron:ep=2 at %.0f MB/s, steady", R.L);
+        row(C, name, src, num(R.m, "full_refit_ms") / 1e3, tf, note);
         snprintf(name, sizeof(name), "delta %s: delta refit", label);
         snprintf(src, sizeof(src), "%s delta_refit_ms", file);
         snprintf(note, sizeof(note), "%.0f%% changed: tables, payloads of the chunks the plan reads, apply",
                  f.delta * 100);
-        row(C, name, src, num(m, "delta_refit_ms") / 1e3, td, note);
+        row(C, name, src, num(R.m, "delta_refit_ms") / 1e3, td, note);
     }
-    free(c);
-    refit_json_free(j);
+    netns_close(&R);
     return st;
 }
 
@@ -331,36 +330,28 @@ static refit_status_t gpu(cal_t *C)
  * receivers of one rank behind one relay each at 100 MB/s. */
 static refit_status_t elastic(cal_t *C)
 {
-    refit_json_t *j = NULL;
-    refit_status_t st = load(C->dir, "fleet-elastic-netns.json", &j);
+    netns_run_t R;
+    refit_status_t st = netns_open(C, "fleet-elastic-netns.json", false, &R);
     if (st) return st;
-    const refit_json_t *cfg = refit_json_get(j, "config"), *m = refit_json_get(j, "metrics");
-    const refit_json_t *v2 = refit_json_get(m, "v2_baseline");
-    double L = num(cfg, "link_mbps"), mean = 0;
+    const refit_json_t *v2 = refit_json_get(R.m, "v2_baseline");
+    double mean = 0;
     uint32_t n = (uint32_t)refit_json_len(v2);
     for (uint32_t i = 0; i < n; i++) mean += num(refit_json_at(v2, i), "transfer_ms") / 1e3 / n;
-    sim_cluster_t *c = malloc(sizeof(*c));
-    if (!c) st = REFIT_ERR_NO_MEMORY;
-    if (!st) st = netns_cluster(C, L, false, c);
-    sim_fleet_t f = SIM_FLEET_INIT;
-    f.model = str(cfg, "model");
-    f.src = str(cfg, "src");
-    f.dst = str(cfg, "dst");
+    sim_fleet_t f = R.f;
     f.only_rank = 0;
     f.replicas = n;
     f.relays = !ignoring(C, "relays");
-    f.max_readers = ignoring(C, "relays") ? 0 : (uint32_t)num(cfg, "max_readers");
+    f.max_readers = ignoring(C, "relays") ? 0 : (uint32_t)num(R.cfg, "max_readers");
     f.workers = 1;
     double t = 0, x[16] = {0};
-    if (!st && n <= 16) st = run(&f, c, &t, NULL, n, x);
+    if (!st && n <= 16) st = run(&f, R.c, &t, NULL, n, x);
     if (!st && n <= 16) {
         double p = 0;
         for (uint32_t i = 0; i < n; i++) p += x[i] / n;
         row(C, "elastic: 4-receiver chain", "fleet-elastic-netns.json v2_baseline transfer_ms (mean)", mean, p,
             "4 receivers of rank 0, relays, max_readers 1, steady (v2): transfer only");
     }
-    free(c);
-    refit_json_free(j);
+    netns_close(&R);
     return st;
 }
 
