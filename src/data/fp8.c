@@ -49,7 +49,7 @@ float refit_fp8_quantize_block(const uint16_t *x, uint64_t ld, uint32_t rows, ui
     for (uint32_t r = 0; r < rows; r++) {
         const uint16_t *restrict xr = x + r * ld;
         uint8_t *restrict qr = q + r * ldq;
-        for (uint32_t c = 0; c < cols; c++) qr[c] = e4m3(bf16f(xr[c]) / scale);
+        for (uint32_t c = 0; c < cols; c++) qr[c] = refit_fp8_hd_quantize(xr[c], scale);
     }
     return scale;
 }

@@ -78,10 +78,12 @@ REFIT_HD static inline uint8_t refit_fp8_hd_e4m3(float x)
     return (uint8_t)(sign | v);
 }
 
-/* One element: e4m3(x / scale). */
+/* One element: e4m3(x / scale), the sign taken from x (scale > 0, so it is
+ * the quotient's sign for every number; for a NaN the sign of x is kept, as
+ * x86 keeps it and a GPU's division would not). */
 REFIT_HD static inline uint8_t refit_fp8_hd_quantize(uint16_t x, float scale)
 {
-    return refit_fp8_hd_e4m3(REFIT_FP8_DIV(refit_fp8_hd_bf16(x), scale));
+    return (uint8_t)(refit_fp8_hd_e4m3(REFIT_FP8_DIV(refit_fp8_hd_bf16((uint16_t)(x & 0x7fffu)), scale)) | ((x >> 8) & 0x80));
 }
 
 #endif

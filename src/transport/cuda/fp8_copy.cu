@@ -1,0 +1,400 @@
+/* Quantize-on-copy: the FP8 kernel (see fp8_gpu.h and plan/fp8_table.h).
+ *
+ * A persistent grid takes 128x128 blocks of the quantized matrices.  A block
+ * of one whole piece whose rows are 16-byte aligned (nearly all of them) is
+ * read straight into registers: thread t takes half a row (64 bf16, eight
+ * 16-byte loads in flight), the block's amax is a warp and then a block
+ * reduction, and each thread writes its 64 e4m3 bytes as four 16-byte
+ * stores.  Other blocks (edges, blocks gathered from several pieces, padding)
+ * go through a 32 KiB tile in shared memory.  The arithmetic is fp8_hd.h,
+ * the CPU stage's own; the whole-block path computes the same bits faster
+ * (quant2 below), which refit_gpu_fp8_check_all proves for every input. */
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+extern "C" {
+#include "data/fp8_hd.h"
+#include "transport/cuda/fp8_gpu.h"
+#include "transport/cuda/gpu.h"
+#include "util/util.h"
+}
+
+#define FP8_THREADS 256
+#define BLK REFIT_FP8_BLOCK
+
+#define CK(call)                                                                                              \
+    do {                                                                                                      \
+        cudaError_t e_ = (call);                                                                              \
+        if (e_ != cudaSuccess) {                                                                              \
+            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT,     \
+                             "fp8: %s: %s", #call, cudaGetErrorString(e_));                                   \
+            goto out;                                                                                         \
+        }                                                                                                     \
+    } while (0)
+
+/* The block's largest absbits, to every thread (red: 32 ints of shared memory). */
+__device__ __forceinline__ int32_t block_max(int32_t m, int32_t *red)
+{
+    m = __reduce_max_sync(0xffffffffu, m);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+#pragma unroll
+    for (int w = 1; w < FP8_THREADS / 32; w++) m = max(m, red[w]);
+    return m;
+}
+
+/* x / scale correctly rounded, without a division: r = RN(1/scale), q =
+ * RN(x r) is within an ulp, and one FMA correction makes it the correctly
+ * rounded quotient (Markstein) while 1/scale is a normal number; blocks with
+ * smaller scales (exact) divide. */
+__device__ __forceinline__ float qdiv(float a, float scale, float r, bool exact)
+{
+    if (exact) return __fdiv_rn(a, scale);
+    float q = __fmul_rn(a, r);
+    return __fmaf_rn(__fmaf_rn(-q, scale, a), r, q);
+}
+
+/* Two bf16 (a 32-bit word) to two e4m3 bytes: the quotient of |x| converted
+ * by the hardware (round to nearest even, saturating to 448, NaN -> 0x7f:
+ * refit_fp8_hd_e4m3's rule), the sign of x put back (refit_fp8_hd_quantize). */
+__device__ __forceinline__ uint32_t quant2(uint32_t w, float scale, float r, bool exact)
+{
+    float2 q;
+    q.x = qdiv(__uint_as_float((w & 0x7fffu) << 16), scale, r, exact);
+    q.y = qdiv(__uint_as_float(w & 0x7fff0000u), scale, r, exact);
+    uint32_t v = (uint32_t)__nv_cvt_float2_to_fp8x2(q, __NV_SATFINITE, __NV_E4M3);
+    return (v & 0xffffu) | ((w >> 8) & 0x80u) | ((w >> 16) & 0x8000u);
+}
+
+__device__ __forceinline__ uint32_t quant4(uint32_t lo, uint32_t hi, float scale, float r, bool exact)
+{
+    return quant2(lo, scale, r, exact) | quant2(hi, scale, r, exact) << 16;
+}
+
+/* The fast division holds while its residual is exact: scale in [2^-90, 2^126] (the exhaustive check
+ * found 206 of 1.07e9 pairs off with 2^-126, all with subnormal products); not 0, not inf (amax is
+ * inf when a block holds one). */
+#define FP8_FAST(scale) ((scale) >= 0x1p-90f && (scale) <= 0x1p126f)
+
+__device__ __forceinline__ int32_t absmax2(uint32_t w, int32_t m)
+{
+    return max(m, max(refit_fp8_hd_absbits((uint16_t)w), refit_fp8_hd_absbits((uint16_t)(w >> 16))));
+}
+
+/* A whole aligned block: thread t holds row t/2, columns (t%2)*64 .. +64. */
+__device__ __forceinline__ float fast_block(const unsigned char *src, uint64_t stride, unsigned char *q, uint64_t ldq,
+                                            bool q16, int32_t *red)
+{
+    uint32_t row = threadIdx.x >> 1, half = threadIdx.x & 1;
+    const uint4 *s = (const uint4 *)(src + row * stride + half * 128);
+    uint4 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = __ldcs(s + j);
+    int32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = absmax2(v[j].w, absmax2(v[j].z, absmax2(v[j].y, absmax2(v[j].x, m))));
+    float scale = refit_fp8_hd_scale(block_max(m, red)), rs = __frcp_rn(scale);
+    bool exact = !FP8_FAST(scale);
+    unsigned char *d = q + row * ldq + half * 64;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint4 o;
+        o.x = quant4(v[2 * j].x, v[2 * j].y, scale, rs, exact);
+        o.y = quant4(v[2 * j].z, v[2 * j].w, scale, rs, exact);
+        o.z = quant4(v[2 * j + 1].x, v[2 * j + 1].y, scale, rs, exact);
+        o.w = quant4(v[2 * j + 1].z, v[2 * j + 1].w, scale, rs, exact);
+        if (q16) __stcs((uint4 *)(d + 16 * j), o);
+        else memcpy(d + 16 * j, &o, 16);
+    }
+    return scale;
+}
+
+/* Any block: gathered into the tile (zeros where no piece is: padding). */
+__device__ float tile_block(const refit_fp8_piece_t *pc, uint32_t np, const uint64_t *slots, uint32_t rows, uint32_t cols,
+                            unsigned char *q, uint64_t ldq, uint16_t *tile, int32_t *red)
+{
+    uint32_t *t32 = (uint32_t *)tile;
+    for (uint32_t i = threadIdx.x; i < BLK * BLK / 2; i += FP8_THREADS) t32[i] = 0;
+    __syncthreads();
+    for (uint32_t p = 0; p < np; p++) {
+        refit_fp8_piece_t x = pc[p];
+        const unsigned char *src = (const unsigned char *)(uintptr_t)slots[x.src_slot] + x.src_offset;
+        uint32_t w = x.c1 - x.c0, n = (uint32_t)(x.r1 - x.r0) * w;
+        for (uint32_t i = threadIdx.x; i < n; i += FP8_THREADS) {
+            uint32_t r = i / w, c = i - r * w;
+            tile[(x.r0 + r) * BLK + x.c0 + c] = *(const uint16_t *)(src + r * x.src_stride + c * 2);
+        }
+    }
+    __syncthreads();
+    int32_t m = 0;
+    for (uint32_t i = threadIdx.x; i < rows * cols; i += FP8_THREADS) {
+        uint32_t r = i / cols, c = i - r * cols;
+        m = max(m, refit_fp8_hd_absbits(tile[r * BLK + c]));
+    }
+    float scale = refit_fp8_hd_scale(block_max(m, red));
+    for (uint32_t i = threadIdx.x; i < rows * cols; i += FP8_THREADS) {
+        uint32_t r = i / cols, c = i - r * cols;
+        q[r * ldq + c] = refit_fp8_hd_quantize(tile[r * BLK + c], scale);
+    }
+    return scale;
+}
+
+#ifndef FP8_MINBLOCKS
+#define FP8_MINBLOCKS 1
+#endif
+__global__ void __launch_bounds__(FP8_THREADS, FP8_MINBLOCKS) fp8_kernel(const refit_fp8_matrix_t *__restrict__ mats, uint32_t nmats,
+                                                          uint64_t nblocks, const uint32_t *__restrict__ block_piece,
+                                                          const refit_fp8_piece_t *__restrict__ pieces,
+                                                          const uint64_t *__restrict__ slots, uint32_t dst_slot)
+{
+    __shared__ uint16_t tile[BLK * BLK];
+    __shared__ int32_t red[32];
+    unsigned char *arena = (unsigned char *)(uintptr_t)slots[dst_slot];
+    for (uint64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
+        const refit_fp8_matrix_t *mt = &mats[refit_fp8_table_matrix(mats, nmats, b)];
+        uint64_t k = b - mt->first_block, bi = k / mt->bcols, bj = k - bi * mt->bcols;
+        uint32_t rows = mt->rows - bi * BLK < BLK ? (uint32_t)(mt->rows - bi * BLK) : BLK;
+        uint32_t cols = mt->cols - bj * BLK < BLK ? (uint32_t)(mt->cols - bj * BLK) : BLK;
+        uint32_t p0 = block_piece[b], np = block_piece[b + 1] - p0;
+        unsigned char *q = arena + mt->dst_offset + bi * BLK * mt->cols + bj * BLK;
+        float scale;
+        bool fast = false;
+        const unsigned char *src = NULL;
+        if (np == 1 && rows == BLK && cols == BLK) {
+            const refit_fp8_piece_t *x = &pieces[p0];
+            src = (const unsigned char *)(uintptr_t)slots[x->src_slot] + x->src_offset;
+            fast = x->r0 == 0 && x->c0 == 0 && x->r1 == BLK && x->c1 == BLK &&
+                   !(((uintptr_t)src | x->src_stride) & 15);
+        }
+        if (fast)
+            scale = fast_block(src, pieces[p0].src_stride, q, mt->cols, !(((uintptr_t)q | mt->cols) & 15), red);
+        else
+            scale = tile_block(&pieces[p0], np, slots, rows, cols, q, mt->cols, tile, red);
+        if (threadIdx.x == 0) *(float *)(arena + mt->scale_offset + (bi * mt->bcols + bj) * 4) = scale;
+        __syncthreads(); /* red and tile are reused by the next block */
+    }
+}
+
+struct refit_gpu_fp8 {
+    int dev;
+    refit_fp8_table_t table; /* host copy of the sizes and slot numbering (no pieces) */
+    refit_fp8_matrix_t *dmats;
+    uint32_t *dblock_piece;
+    refit_fp8_piece_t *dpieces;
+    uint64_t *dslots, *hslots;
+    bool slots_valid;
+    int grid;
+    refit_gpu_batch_t *copy; /* the kept tensors (its own stream) */
+    cudaStream_t stream;
+    cudaEvent_t done;
+};
+
+static int enter(int dev)
+{
+    int saved = -1;
+    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+    if (saved != dev) cudaSetDevice(dev);
+    return saved;
+}
+
+static void leave(int saved)
+{
+    if (saved >= 0) cudaSetDevice(saved);
+}
+
+extern "C" refit_status_t refit_gpu_fp8_create(int dev, const refit_fp8_table_t *x, refit_gpu_fp8_t **out)
+{
+    refit_status_t st = REFIT_OK;
+    *out = NULL;
+    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
+    refit_gpu_fp8_t *g = (refit_gpu_fp8_t *)calloc(1, sizeof(*g));
+    if (!g) return refit_error(REFIT_ERR_NO_MEMORY, "fp8 GPU table");
+    int saved = enter(dev), sms = 0, occ = 0;
+    g->dev = dev;
+    g->table.nmats = x->nmats;
+    g->table.nblocks = x->nblocks;
+    g->table.npieces = x->npieces;
+    g->table.full_blocks = x->full_blocks;
+    g->table.quantized_bf16 = x->quantized_bf16;
+    g->table.quantized_out = x->quantized_out;
+    g->table.nsrcs = x->nsrcs;
+    g->table.dst_slot = x->dst_slot;
+    g->table.nslots = x->nslots;
+    g->table.src_slot_base = (uint32_t *)malloc((x->nsrcs + 1) * sizeof(uint32_t));
+    g->hslots = (uint64_t *)calloc(x->nslots ? x->nslots : 1, sizeof(uint64_t));
+    if (!g->table.src_slot_base || !g->hslots) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "fp8 GPU table");
+        goto out;
+    }
+    memcpy(g->table.src_slot_base, x->src_slot_base, (x->nsrcs + 1) * sizeof(uint32_t));
+    CK(cudaMalloc(&g->dmats, (x->nmats ? x->nmats : 1) * sizeof(refit_fp8_matrix_t)));
+    CK(cudaMalloc(&g->dblock_piece, (x->nblocks + 1) * sizeof(uint32_t)));
+    CK(cudaMalloc(&g->dpieces, (x->npieces ? x->npieces : 1) * sizeof(refit_fp8_piece_t)));
+    CK(cudaMalloc(&g->dslots, (x->nslots ? x->nslots : 1) * sizeof(uint64_t)));
+    if (x->nmats) CK(cudaMemcpy(g->dmats, x->mats, x->nmats * sizeof(refit_fp8_matrix_t), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g->dblock_piece, x->block_piece, (x->nblocks + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice));
+    if (x->npieces) CK(cudaMemcpy(g->dpieces, x->pieces, x->npieces * sizeof(refit_fp8_piece_t), cudaMemcpyHostToDevice));
+    CK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming));
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fp8_kernel, FP8_THREADS, 0);
+    g->grid = (sms > 0 ? sms : 1) * (occ > 0 ? occ : 4);
+    if ((uint64_t)g->grid > x->nblocks) g->grid = x->nblocks ? (int)x->nblocks : 1;
+    if (x->copy.n) st = refit_gpu_batch_create(dev, &x->copy, &g->copy);
+out:
+    leave(saved);
+    if (st) refit_gpu_fp8_destroy(g);
+    else *out = g;
+    return st;
+}
+
+extern "C" void refit_gpu_fp8_destroy(refit_gpu_fp8_t *g)
+{
+    if (!g) return;
+    int saved = enter(g->dev);
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    cudaFree(g->dmats);
+    cudaFree(g->dblock_piece);
+    cudaFree(g->dpieces);
+    cudaFree(g->dslots);
+    if (g->done) cudaEventDestroy(g->done);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    leave(saved);
+    refit_gpu_batch_destroy(g->copy);
+    free(g->table.src_slot_base);
+    free(g->hslots);
+    free(g);
+}
+
+extern "C" const refit_fp8_table_t *refit_gpu_fp8_table(const refit_gpu_fp8_t *g) { return &g->table; }
+
+extern "C" refit_status_t refit_gpu_fp8_launch(refit_gpu_fp8_t *g, const uint64_t *slots, uint64_t *launches,
+                                               uint64_t *uploads)
+{
+    refit_status_t st = REFIT_OK;
+    int saved = enter(g->dev);
+    size_t n = g->table.nslots * sizeof(uint64_t);
+    if (!g->slots_valid || memcmp(g->hslots, slots, n) != 0) {
+        memcpy(g->hslots, slots, n);
+        CK(cudaMemcpyAsync(g->dslots, g->hslots, n, cudaMemcpyHostToDevice, g->stream));
+        g->slots_valid = true;
+        if (uploads) (*uploads)++;
+    }
+    if (g->table.nblocks) {
+        fp8_kernel<<<g->grid, FP8_THREADS, 0, g->stream>>>(g->dmats, g->table.nmats, g->table.nblocks, g->dblock_piece,
+                                                          g->dpieces, g->dslots, g->table.dst_slot);
+        CK(cudaGetLastError());
+        if (launches) (*launches)++;
+    }
+    CK(cudaEventRecord(g->done, g->stream));
+    if (g->copy) st = refit_gpu_batch_launch(g->copy, slots, launches, uploads); /* beside it, on its own stream */
+out:
+    if (st) g->slots_valid = false;
+    leave(saved);
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_fp8_wait(refit_gpu_fp8_t *g, refit_status_t (*tick)(void *), void *user,
+                                             double deadline)
+{
+    /* the kept tensors' copy ticks and keeps the deadline while it runs; then the FP8 kernel */
+    refit_status_t st = g->copy ? refit_gpu_batch_wait(g->copy, tick, user, deadline) : REFIT_OK, later = REFIT_OK;
+    char detail[512] = "";
+    double last = refit_now();
+    for (;;) {
+        cudaError_t e = cudaEventQuery(g->done);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) {
+            g->slots_valid = false;
+            return refit_error(REFIT_ERR_TRANSPORT, "GPU %d FP8 kernel: %s", g->dev, cudaGetErrorString(e));
+        }
+        double now = refit_now();
+        if (!st && !later && tick && now - last > 0.01) {
+            last = now;
+            if ((later = tick(user))) snprintf(detail, sizeof(detail), "%s", refit_last_error());
+        }
+        if (!st && !later && deadline > 0 && now > deadline) {
+            later = refit_error(REFIT_ERR_TIMEOUT, "the GPU FP8 copy ran past its deadline");
+            snprintf(detail, sizeof(detail), "%s", refit_last_error());
+        }
+        usleep(20);
+    }
+    if (!st && later) return refit_error(later, "%s", detail);
+    return st;
+}
+
+/* Every pair of a bf16 x and a block maximum amax (absbits, 0 .. inf) that
+ * can hold it (absbits(x) <= amax; NaNs count as 0): quant2 against
+ * refit_fp8_hd_quantize. */
+__global__ void check_all_kernel(unsigned long long *bad, unsigned long long *first, unsigned long long *checked)
+{
+    const uint64_t n = 65536ull * 0x7f81;
+    unsigned long long mine = 0;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)(i & 0xffff), amax = (uint32_t)(i >> 16);
+        if (refit_fp8_hd_absbits((uint16_t)x) > (int32_t)amax) continue;
+        mine++;
+        float scale = refit_fp8_hd_scale((int32_t)amax), r = __frcp_rn(scale);
+        uint32_t fast = quant2(x | x << 16, scale, r, !FP8_FAST(scale));
+        uint32_t want = refit_fp8_hd_quantize((uint16_t)x, scale);
+        if ((fast & 0xff) != want || (fast >> 8) != want) {
+            atomicAdd(bad, 1ull);
+            atomicCAS(first, ~0ull, (unsigned long long)i);
+        }
+    }
+    atomicAdd(checked, mine);
+}
+
+extern "C" refit_status_t refit_gpu_fp8_check_all(int dev, uint64_t *mismatches, uint64_t *checked, uint16_t *first_x,
+                                                  uint16_t *first_amax)
+{
+    refit_status_t st = REFIT_OK;
+    unsigned long long *d = NULL, h[3] = {0, ~0ull, 0};
+    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
+    int saved = enter(dev);
+    CK(cudaMalloc(&d, sizeof(h)));
+    CK(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice));
+    check_all_kernel<<<4096, 256>>>(d, d + 1, d + 2);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+    *mismatches = h[0];
+    *checked = h[2];
+    *first_x = h[0] ? (uint16_t)(h[1] & 0xffff) : 0;
+    *first_amax = h[0] ? (uint16_t)(h[1] >> 16) : 0;
+out:
+    cudaFree(d);
+    leave(saved);
+    return st;
+}
+
+__global__ void quantize_all_kernel(const float *scales, uint32_t nscales, uint8_t *q)
+{
+    uint64_t n = 65536ull * nscales;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+        q[i] = refit_fp8_hd_quantize((uint16_t)(i / nscales), scales[i % nscales]);
+}
+
+extern "C" refit_status_t refit_gpu_fp8_quantize_all(int dev, const float *scales, uint32_t nscales, uint8_t *q)
+{
+    refit_status_t st = REFIT_OK;
+    float *ds = NULL;
+    uint8_t *dq = NULL;
+    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
+    int saved = enter(dev);
+    size_t n = 65536ull * nscales;
+    CK(cudaMalloc(&ds, nscales * sizeof(float)));
+    CK(cudaMalloc(&dq, n));
+    CK(cudaMemcpy(ds, scales, nscales * sizeof(float), cudaMemcpyHostToDevice));
+    quantize_all_kernel<<<1024, 256>>>(ds, nscales, dq);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(q, dq, n, cudaMemcpyDeviceToHost));
+out:
+    cudaFree(ds);
+    cudaFree(dq);
+    leave(saved);
+    return st;
+}
