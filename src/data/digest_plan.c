@@ -46,20 +46,11 @@ typedef struct {
 } cand_t;
 typedef REFIT_VEC(cand_t) cands_t;
 
-static int cmp_box(const refit_box_t *a, const refit_box_t *b)
-{
-    for (uint32_t d = 0; d < a->ndim; d++) {
-        if (a->off[d] != b->off[d]) return a->off[d] < b->off[d] ? -1 : 1;
-        if (a->ext[d] != b->ext[d]) return a->ext[d] < b->ext[d] ? -1 : 1;
-    }
-    return 0;
-}
-
 static int cmp_cand(const void *x, const void *y)
 {
     const cand_t *a = x, *b = y;
     if (a->canon != b->canon) return a->canon < b->canon ? -1 : 1;
-    int c = cmp_box(&a->box, &b->box);
+    int c = refit_box_cmp(&a->box, &b->box);
     if (c) return c;
     if (a->src != b->src) return a->src < b->src ? -1 : 1;
     return a->pl < b->pl ? -1 : (a->pl > b->pl);
@@ -85,16 +76,6 @@ static bool same_desc(const refit_tdesc_t *a, const refit_tdesc_t *b)
     for (uint32_t d = 0; d < a->ndim; d++)
         if (a->shape[d] != b->shape[d]) return false;
     return true;
-}
-
-static refit_box_t placement_box(const refit_placement_t *p)
-{
-    refit_box_t b = {.ndim = p->ndim};
-    for (uint32_t d = 0; d < p->ndim; d++) {
-        b.off[d] = p->canon_offset[d];
-        b.ext[d] = p->extent[d];
-    }
-    return b;
 }
 
 void refit_digest_plan_destroy(refit_digest_plan_t *p)
@@ -142,7 +123,8 @@ static refit_status_t gather(const refit_manifest_t *const *srcs, size_t nsrcs, 
         for (uint32_t i = 0; i < m->placements.len && !st; i++) {
             const refit_placement_t *p = &m->placements.data[i];
             if (map[p->canon] == UINT32_MAX) continue;
-            cand_t c = {.canon = map[p->canon], .src = (uint32_t)s, .pl = i, .box = placement_box(p), .poff = offs[i]};
+            cand_t c = {.canon = map[p->canon], .src = (uint32_t)s, .pl = i, .box = refit_placement_box(p),
+                        .poff = offs[i]};
             cbox_of(&m->canon.data[p->canon], p, &c.cb);
             if (REFIT_VEC_PUSH(out, c)) st = refit_error(REFIT_ERR_NO_MEMORY, "digest plan: source boxes");
         }
@@ -166,7 +148,7 @@ static refit_status_t dedupe_and_partition(const refit_manifest_t *dst, cand_t *
 {
     size_t w = 0, n = *nc;
     for (size_t r = 0; r < n; r++)
-        if (w == 0 || c[w - 1].canon != c[r].canon || cmp_box(&c[w - 1].box, &c[r].box)) c[w++] = c[r];
+        if (w == 0 || c[w - 1].canon != c[r].canon || refit_box_cmp(&c[w - 1].box, &c[r].box)) c[w++] = c[r];
     *nc = w;
     uint32_t ncanon = (uint32_t)dst->canon.len;
     memset(start, 0, (ncanon + 1) * sizeof(*start));
@@ -222,7 +204,7 @@ static refit_digest_reason_t plan_placement(const refit_manifest_t *dst, uint32_
     if (!by_rows && !cbox_all_rows(&b)) return REFIT_DIGEST_UNV_CUT_BOTH;
     if (part[p->canon] != PART_OK) return REFIT_DIGEST_UNV_NO_PARTITION;
     size_t mark = terms->len;
-    refit_box_t db = placement_box(p), x;
+    refit_box_t db = refit_placement_box(p), x;
     for (uint32_t k = start[p->canon]; k < start[p->canon + 1]; k++) {
         const cand_t *s = &cands[k];
         if (!refit_box_intersect(&db, &s->box, &x)) continue;
@@ -297,7 +279,7 @@ refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, siz
         const refit_placement_t *p = &dst->placements.data[i];
         const refit_tdesc_t *t = &dst->canon.data[p->canon];
         P->canon[i] = p->canon;
-        P->boxes[i] = placement_box(p);
+        P->boxes[i] = refit_placement_box(p);
         P->bytes[i] = refit_box_volume(&P->boxes[i]) * refit_dtype_size(t->dtype);
         int oom = 0;
         refit_digest_reason_t r = plan_placement(dst, i, cands.data, start, part, &raw, &oom);

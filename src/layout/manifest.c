@@ -207,6 +207,16 @@ static void placement_local_box(const refit_manifest_t *m, const refit_placement
     }
 }
 
+refit_box_t refit_placement_box(const refit_placement_t *p)
+{
+    refit_box_t b = {.ndim = p->ndim};
+    for (uint32_t d = 0; d < p->ndim; d++) {
+        b.off[d] = p->canon_offset[d];
+        b.ext[d] = p->extent[d];
+    }
+    return b;
+}
+
 uint64_t refit_placement_local_index(const refit_manifest_t *m, const refit_placement_t *p,
                                      const uint64_t cpoint[REFIT_MAX_DIMS])
 {

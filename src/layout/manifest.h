@@ -49,6 +49,8 @@ uint64_t refit_manifest_compute_signature(const refit_manifest_t *m);
 
 /* Row-major element strides of a tensor (strides[ndim-1] == 1). */
 void refit_tdesc_strides(const refit_tdesc_t *d, uint64_t strides[REFIT_MAX_DIMS]);
+/* The box of canonical coordinates placement p covers (dimensions past its ndim are zero). */
+refit_box_t refit_placement_box(const refit_placement_t *p);
 /* Element index in local tensor `l` of canonical box point `cpoint` (canonical
  * coordinates) under placement p. */
 uint64_t refit_placement_local_index(const refit_manifest_t *m, const refit_placement_t *p,

@@ -33,6 +33,15 @@ bool refit_box_contains(const refit_box_t *outer, const refit_box_t *inner)
     return true;
 }
 
+int refit_box_cmp(const refit_box_t *a, const refit_box_t *b)
+{
+    for (uint32_t d = 0; d < a->ndim; d++) {
+        if (a->off[d] != b->off[d]) return a->off[d] < b->off[d] ? -1 : 1;
+        if (a->ext[d] != b->ext[d]) return a->ext[d] < b->ext[d] ? -1 : 1;
+    }
+    return 0;
+}
+
 size_t refit_box_subtract(const refit_box_t *a, const refit_box_t *b, refit_box_t out[2 * REFIT_MAX_DIMS])
 {
     refit_box_t isect;

@@ -22,6 +22,8 @@ uint64_t refit_box_volume(const refit_box_t *b);
 bool refit_box_intersect(const refit_box_t *a, const refit_box_t *b, refit_box_t *out);
 /* True if inner lies entirely inside outer. */
 bool refit_box_contains(const refit_box_t *outer, const refit_box_t *inner);
+/* Orders boxes of the same ndim by offset, then extent, dimension by dimension (for sorting). */
+int refit_box_cmp(const refit_box_t *a, const refit_box_t *b);
 /* a minus b as at most 2*ndim disjoint boxes written to out; returns the count.
  * If a and b do not intersect, out[0] = a and 1 is returned. */
 size_t refit_box_subtract(const refit_box_t *a, const refit_box_t *b, refit_box_t out[2 * REFIT_MAX_DIMS]);

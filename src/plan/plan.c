@@ -73,29 +73,10 @@ uint64_t refit_region_dst_end(const refit_plan_region_t *r)
     return e;
 }
 
-static void placement_box(const refit_placement_t *p, refit_box_t *b)
-{
-    b->ndim = p->ndim;
-    for (uint32_t d = 0; d < p->ndim; d++) {
-        b->off[d] = p->canon_offset[d];
-        b->ext[d] = p->extent[d];
-    }
-    for (uint32_t d = p->ndim; d < REFIT_MAX_DIMS; d++) b->off[d] = 0, b->ext[d] = 0;
-}
-
-static int cmp_box(const refit_box_t *a, const refit_box_t *b)
-{
-    for (uint32_t d = 0; d < a->ndim; d++) {
-        if (a->off[d] != b->off[d]) return a->off[d] < b->off[d] ? -1 : 1;
-        if (a->ext[d] != b->ext[d]) return a->ext[d] < b->ext[d] ? -1 : 1;
-    }
-    return 0;
-}
-
 static int cmp_cand(const void *pa, const void *pb)
 {
     const cand_t *a = pa, *b = pb;
-    int c = cmp_box(&a->box, &b->box);
+    int c = refit_box_cmp(&a->box, &b->box);
     if (c) return c;
     if (a->src != b->src) return a->src < b->src ? -1 : 1;
     return a->placement < b->placement ? -1 : (a->placement > b->placement);
@@ -183,7 +164,7 @@ static refit_status_t build_index(planner_t *P)
             cand_t *c = &P->cands[fill[d]++];
             c->src = (uint32_t)s;
             c->placement = (uint32_t)i;
-            placement_box(&m->placements.data[i], &c->box);
+            c->box = refit_placement_box(&m->placements.data[i]);
         }
     }
     free(fill);
@@ -271,14 +252,13 @@ static refit_status_t cover(planner_t *P, uint32_t dst_pl)
 {
     refit_status_t st = REFIT_OK;
     const refit_placement_t *p = &P->dst->placements.data[dst_pl];
-    refit_box_t want;
-    placement_box(p, &want);
+    refit_box_t want = refit_placement_box(p);
     boxvec_t todo = {0}, next = {0};
     if (REFIT_VEC_PUSH(&todo, want)) return refit_error(REFIT_ERR_NO_MEMORY, "planner");
     const cand_t *c = P->cands + P->bucket_start[p->canon], *end = P->cands + P->bucket_start[p->canon + 1];
     while (c < end && todo.len) {
         const cand_t *g = c; /* replica group: identical boxes */
-        while (g < end && cmp_box(&g->box, &c->box) == 0) g++;
+        while (g < end && refit_box_cmp(&g->box, &c->box) == 0) g++;
         if (refit_box_intersect(&c->box, &want, NULL)) {
             next.len = 0;
             for (size_t u = 0; u < todo.len; u++) {
@@ -361,9 +341,8 @@ static refit_status_t prove(const planner_t *P)
     }
     for (size_t i = 0; i < np; i++) {
         const piece_t *pc = &P->pieces.data[i];
-        refit_box_t db, sb;
-        placement_box(&dst->placements.data[pc->dst_pl], &db);
-        placement_box(&P->srcs[pc->src]->placements.data[pc->src_pl], &sb);
+        refit_box_t db = refit_placement_box(&dst->placements.data[pc->dst_pl]);
+        refit_box_t sb = refit_placement_box(&P->srcs[pc->src]->placements.data[pc->src_pl]);
         if (!refit_box_contains(&db, &pc->box) || !refit_box_contains(&sb, &pc->box)) {
             st = refit_error(REFIT_ERR_INTERNAL, "piece %zu of %s lies outside its source or destination box", i,
                              dst->canon.data[dst->placements.data[pc->dst_pl].canon].name);
@@ -387,8 +366,7 @@ static refit_status_t prove(const planner_t *P)
         goto out;
     }
     for (size_t i = 0; i < dst->placements.len; i++) {
-        refit_box_t db;
-        placement_box(&dst->placements.data[i], &db);
+        refit_box_t db = refit_placement_box(&dst->placements.data[i]);
         if (vol[i] != refit_box_volume(&db)) {
             st = refit_error(REFIT_ERR_INTERNAL, "pieces of %s cover %" PRIu64 " of %" PRIu64 " elements",
                              dst->canon.data[dst->placements.data[i].canon].name, vol[i], refit_box_volume(&db));

@@ -316,6 +316,19 @@ static bool slot_busy(const slot_t *s)
            (s->state == SLOT_WAIT && s->pp->peer->ep);
 }
 
+/* Closes the endpoints of the pull's failed peers (that completes their requests). */
+static void close_failed(refit_transport_t *t, pull_t *pl)
+{
+    for (size_t k = 0; k < pl->npps; k++) {
+        refit_peer_t *p = pl->pps[k].peer;
+        if (p->failed != UCS_OK && p->ep) {
+            ucx_ep_force_close(t, p->ep);
+            p->ep = NULL;
+            p->broken = true;
+        }
+    }
+}
+
 refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                         void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
 {
@@ -505,14 +518,7 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
          * slots or the destination before returning.  Failed peers are
          * closed at once (that completes their requests); the replies of
          * live ones get a second, then their endpoints are closed too. */
-        for (size_t k = 0; k < pl.npps; k++) {
-            refit_peer_t *p = pl.pps[k].peer;
-            if (p->failed != UCS_OK && p->ep) {
-                ucx_ep_force_close(t, p->ep);
-                p->ep = NULL;
-                p->broken = true;
-            }
-        }
+        close_failed(t, &pl);
         double until = refit_now() + 1;
         bool any;
         do {
@@ -553,14 +559,7 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
             pl.slots = NULL;
             pl.done = NULL;
         }
-        for (size_t k = 0; k < pl.npps; k++) {
-            refit_peer_t *p = pl.pps[k].peer;
-            if (p->failed != UCS_OK && p->ep) {
-                ucx_ep_force_close(t, p->ep);
-                p->ep = NULL;
-                p->broken = true;
-            }
-        }
+        close_failed(t, &pl);
     } else if (stats) {
         stats->bytes += total;
         stats->requests += pl.requests;
