@@ -1,6 +1,6 @@
 /* Registry backends: a small key-value store with expiring keys and change
- * notification.  registry.c builds versions, heartbeats and leases on top,
- * identically for every backend. Keys are printable ASCII without spaces,
+ * notification.  registry.c (with registry_records.c and registry_lease.c)
+ * builds versions, heartbeats and leases on top, identically for every backend. Keys are printable ASCII without spaces,
  * of the form "<group>/<...>" (the backend adds the job namespace). */
 #ifndef REFIT_REGISTRY_BACKEND_H
 #define REFIT_REGISTRY_BACKEND_H

@@ -3,7 +3,7 @@
  *
  * Each comparison reads the run's JSON (config and the measured figure) and
  * builds the fleet and the cluster from it: the netns runs put every process
- * on a node of its own behind a tbf of link_mbps each way (bench_net.c), UCX
+ * on a node of its own behind a tbf of link_mbps each way (refit-bench, bench/refit_bench/), UCX
  * over TCP with a 1500-byte MTU; the H200 run puts both EP ranks on GPU 0
  * and both TP ranks on GPU 1, joined by NVLink at the peer-copy rate measured
  * in the same run.  Inputs taken from other measurements, never from the

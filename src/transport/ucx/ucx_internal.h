@@ -1,6 +1,6 @@
 /* The ucx transport's internal header: the wire formats, the options, the
  * transport's state and the functions its files share.  The design of the
- * transport is at the top of ucx.c; the files are
+ * transport is in docs/ucx.md; the files are
  *   ucx.c         contexts, workers, create/destroy, the ops table
  *   ucx_opts.c    the options string
  *   ucx_server.c  the publisher side: listener, connections, serving requests

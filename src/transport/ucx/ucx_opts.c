@@ -1,5 +1,5 @@
-/* The ucx transport's options: "key=value,..." (the list is at the top of
- * ucx.c), and the listen address they name, resolved to one interface. */
+/* The ucx transport's options: "key=value,..." (the list is in
+ * docs/ucx.md), and the listen address they name, resolved to one interface. */
 
 #include "transport/ucx/ucx_internal.h"
 
