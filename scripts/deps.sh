@@ -6,7 +6,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev libcmocka-dev python3
       libhiredis-dev redis-server libucx-dev ucx-utils iproute2 procps openssl stunnel4
-      faketime python3-venv)
+      faketime python3-venv clang-format-14)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
