@@ -8,9 +8,6 @@
 #include "refit/truth.h"
 #include "registry/registry.h"
 #include "transport/transport.h"
-#ifdef REFIT_HAVE_CUDA
-#include "transport/cuda/gpu.h"
-#endif
 
 #define REFIT_MAX_TRANSPORTS 4
 

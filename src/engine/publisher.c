@@ -29,6 +29,7 @@
 
 #include "data/digest.h"
 #include "engine/engine.h"
+#include "engine/memdom.h"
 #include "engine/metrics.h"
 #include "engine/test_hooks.h"
 #include "refit/delta.h"
@@ -40,6 +41,7 @@ struct refit_publisher {
     char group[104];
     refit_manifest_t *m;
     refit_publisher_params_t params;
+    const refit_memdom_t *dom; /* where its memory is: host, or params.device's GPU */
     refit_tset_t ts;
     refit_source_info_t info;
     uint32_t nregions;
@@ -100,13 +102,10 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
                : params->version == 3 ? offsetof(refit_publisher_params_t, secret_file)
                                       : sizeof(refit_publisher_params_t));
     p->params.version = REFIT_PUBLISHER_PARAMS_VERSION;
-#ifndef REFIT_HAVE_CUDA
-    if (p->params.device >= 0) {
-        int dev = p->params.device;
+    if ((st = refit_memdom_for(p->params.device, &p->dom))) {
         free(p);
-        return refit_error(REFIT_ERR_UNSUPPORTED, "GPU memory (device %d) needs a refit built with CUDA", dev);
+        return st;
     }
-#endif
     if (p->params.delta && p->params.device >= 0) {
         int dev = p->params.device;
         free(p);
@@ -519,13 +518,7 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
             (st = wait_leases(p, p->stage_version[b], (int)(p->params.dead_ms * 4 + p->params.lease_ms))))
             return st;
         for (uint32_t r = 0; r < p->nregions; r++) {
-#ifdef REFIT_HAVE_CUDA
-            if (p->params.device >= 0) {
-                if ((st = refit_gpu_copy(p->stage[b][r], p->mem[r], p->m->regions.data[r]))) return st;
-                continue;
-            }
-#endif
-            memcpy(p->stage[b][r], p->mem[r], p->m->regions.data[r]);
+            if ((st = p->dom->copy(p->stage[b][r], p->mem[r], p->m->regions.data[r]))) return st;
         }
         p->stage_version[b] = version;
         p->next_buffer = (b + 1) % NBUF_SNAPSHOT;

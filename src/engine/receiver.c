@@ -43,13 +43,10 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
                : params->version == 4 ? offsetof(refit_receiver_params_t, secret_file)
                                       : sizeof(refit_receiver_params_t));
     r->params.version = REFIT_RECEIVER_PARAMS_VERSION;
-#ifndef REFIT_HAVE_CUDA
-    if (r->params.device >= 0) {
-        int dev = r->params.device;
+    if ((st = refit_memdom_for(r->params.device, &r->dom))) {
         free(r);
-        return refit_error(REFIT_ERR_UNSUPPORTED, "GPU memory (device %d) needs a refit built with CUDA", dev);
+        return st;
     }
-#endif
     if (!(r->params.truth_fraction > 0 && r->params.truth_fraction < 1)) r->params.truth_fraction = 1;
     if (r->params.truth_fraction < 1 && r->params.device >= 0) {
         free(r);
@@ -123,19 +120,10 @@ refit_status_t refit_receiver_alloc(refit_receiver_t *r, uint32_t region, void *
     if (r->mem[region]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u already has memory", region);
     void *p = NULL;
     uint64_t size = r->m->regions.data[region];
-#ifdef REFIT_HAVE_CUDA
-    if (r->params.device >= 0) {
-        refit_status_t st = refit_gpu_alloc(r->params.device, size, &p); /* zeroed */
-        if (st) return st;
-        r->mem[region] = p;
-        r->owned[region] = true;
-        *base = p;
-        return REFIT_OK;
-    }
-#endif
-    if (posix_memalign(&p, 4096, size ? size : 1))
-        return refit_error(REFIT_ERR_NO_MEMORY, "receiver region %u: %" PRIu64 " bytes", region, size);
-    memset(p, 0, size); /* fault the pages in now, not during the first refit */
+    refit_status_t st = r->dom->alloc(r->params.device, size, &p); /* zeroed, its pages in */
+    if (st) /* the GPU's error says which device */
+        return r->params.device >= 0 ? st
+                                     : refit_error(st, "receiver region %u: %" PRIu64 " bytes", region, size);
     r->mem[region] = p;
     r->owned[region] = true;
     *base = p;
@@ -165,19 +153,9 @@ void refit_receiver_destroy(refit_receiver_t *r)
     refit_rx_drop_plans(r);
     refit_tset_close(&r->ts);
     refit_registry_close(r->reg);
-    for (uint32_t i = 0; r->mem && i < r->nregions; i++) {
-        if (!r->owned[i]) continue;
-#ifdef REFIT_HAVE_CUDA
-        if (r->params.device >= 0) {
-            refit_gpu_free(r->mem[i]);
-            continue;
-        }
-#endif
-        free(r->mem[i]);
-    }
-#ifdef REFIT_HAVE_CUDA
-    for (uint32_t i = 0; r->stage && i < r->nregions; i++) refit_gpu_host_free(r->stage[i]);
-#endif
+    for (uint32_t i = 0; r->mem && i < r->nregions; i++)
+        if (r->owned[i]) r->dom->free(r->mem[i]);
+    for (uint32_t i = 0; r->stage && i < r->nregions; i++) r->dom->staging_free(r->stage[i]);
     free(r->stage);
     free(r->mem);
     free(r->owned);

@@ -207,10 +207,9 @@ refit_status_t refit_rx_delta_pull(pull_t *p)
         if (st) refit_error_prefix("applying the delta of source rank %u region %u", cp->dsrc[j].src, cp->dsrc[j].region);
         rep->delta_units += as.units_written + as.bytes_written / 2;
     }
-#ifdef REFIT_HAVE_CUDA
-    for (uint32_t i = 0; gpu && !st && i < r->nregions; i++) st = refit_gpu_copy(r->mem[i], r->stage[i], r->m->regions.data[i]);
+    for (uint32_t i = 0; gpu && !st && i < r->nregions; i++)
+        st = r->dom->copy(r->mem[i], r->stage[i], r->m->regions.data[i]);
     if (gpu && !st) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
-#endif
     if (gpu) r->pull_staged = true;
     if (!st) {
         rep->delta_base = r->committed;

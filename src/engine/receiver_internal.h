@@ -18,6 +18,7 @@
 #include "data/digest.h"
 #include "engine/engine.h"
 #include "engine/fleet.h"
+#include "engine/memdom.h"
 #include "engine/relay.h"
 #include "refit/delta.h"
 
@@ -56,11 +57,12 @@ struct refit_receiver {
     char group[104], reader[128];
     refit_manifest_t *m;
     refit_receiver_params_t params;
+    const refit_memdom_t *dom; /* where its memory is: host, or params.device's GPU */
     refit_tset_t ts;
     uint32_t nregions;
     void **mem;
     bool *owned;
-    void **stage;         /* pinned host staging for GPU memory pulled by host-only transports */
+    void **stage;         /* host staging (dom's) for GPU memory pulled by host-only transports */
     uint64_t stage_version; /* the version the staging holds whole (0: none): a delta applies there */
     bool pull_staged;     /* this pull went through the staging */
     uint32_t world;

@@ -82,9 +82,10 @@ static refit_status_t trainer_holders(pull_t *p, holders_t *hs)
     return REFIT_OK;
 }
 
-/* Chooses holders: relays with room first; the trainer when there is no
- * limit (with the relays), or while no relay holds v and the trainer has
- * room (alone).  Waits (up to the deadline) while every holder is full. */
+/* Chooses holders by refit_fleet_pick (fleet.h): relays with room first; the
+ * trainer when there is no limit (with the relays), or while no relay holds
+ * v and the trainer has room (alone).  Waits (up to the deadline) while every
+ * holder is full. */
 static refit_status_t fleet_select(pull_t *p, holders_t *hs)
 {
     refit_receiver_t *r = p->r;
@@ -95,12 +96,13 @@ static refit_status_t fleet_select(pull_t *p, holders_t *hs)
                                   REFIT_MIN(hs->max, REFIT_MAX_RELAYS), &holding);
         refit_log(REFIT_LOG_DEBUG, "%s: version %" PRIu64 ": %u relay(s) hold it, %u with room", r->reader, p->v,
                   holding, hs->n);
-        if (hs->n && cap) {
+        refit_fleet_pick_t pick = refit_fleet_pick(cap, hs->n, holding);
+        if (pick == REFIT_FLEET_PICK_RELAYS) {
             hs->with_trainer = false;
             return REFIT_OK;
         }
-        /* With a limit, the trainer feeds only while no relay holds the version. */
-        if (!cap || (!holding && refit_relays_trainer_token(r->relays, p->v, r->reader, cap))) {
+        if (pick == REFIT_FLEET_PICK_ALL ||
+            (pick == REFIT_FLEET_PICK_TRAINER_IF_ROOM && refit_relays_trainer_token(r->relays, p->v, r->reader, cap))) {
             hs->with_trainer = true;
             return trainer_holders(p, hs);
         }
@@ -253,13 +255,11 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
             }
         }
     void *const *dst = r->mem;
-#ifdef REFIT_HAVE_CUDA
     if (bounce) {
         for (uint32_t i = 0; i < r->nregions; i++)
-            if (!r->stage[i] && (st = refit_gpu_host_alloc(r->m->regions.data[i], &r->stage[i]))) goto done;
+            if (!r->stage[i] && (st = r->dom->staging_alloc(r->m->regions.data[i], &r->stage[i]))) goto done;
         dst = r->stage;
     }
-#endif
     /* 5. Transfer: from here the memory holds a partial version until committed
      * (a relay stops serving first, and waits for its readers). */
     refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
@@ -294,25 +294,12 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
         refit_rx_append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
         refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", ts.lanes);
     }
-    /* Padding (zeros) is ours to write. */
-    uint8_t *only = calloc(r->world ? r->world : 1, 1);
-    if (!only) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "fills");
-        goto done;
-    }
-    refit_exec_opts_t fo = {.threads = 1, .only = only};
-#ifdef REFIT_HAVE_CUDA
-    if (gpu && !bounce) st = refit_gpu_plan_fills(plan, r->params.device, r->mem, &stats.launches);
-    else
-#endif
-        st = refit_plan_execute(plan, NULL, dst, &fo);
-    free(only);
-    if (st) goto done;
-#ifdef REFIT_HAVE_CUDA
+    /* Padding (zeros) is ours to write: where the bytes went (the staging is host memory). */
+    const refit_memdom_t *fd = bounce ? &refit_memdom_host : r->dom;
+    if ((st = fd->fills(plan, r->params.device, dst, &stats.launches))) goto done;
     for (uint32_t i = 0; bounce && i < r->nregions; i++)
-        if ((st = refit_gpu_copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto done;
+        if ((st = r->dom->copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto done;
     if (bounce) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
-#endif
     r->pull_staged = bounce;
     rep->bytes = stats.bytes;
     rep->requests = stats.requests;

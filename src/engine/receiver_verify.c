@@ -147,17 +147,5 @@ out:
 
 refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v)
 {
-#ifdef REFIT_HAVE_CUDA
-    if (r->params.device >= 0) {
-        /* After a 2 ms grace, so that a receiver waiting to copy on this
-         * GPU goes first: kernels of two processes are time-sliced, and
-         * this one (a full read of the receiver's memory) would halve
-         * that copy's speed (docs/gpu.md). */
-        int turn = refit_gpu_turn_take(r->params.device, 0.002, 2.0);
-        refit_status_t st = refit_gpu_truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, NULL);
-        refit_gpu_turn_give(turn);
-        return st;
-    }
-#endif
-    return refit_truth_verify_delta(r->m, (const void *const *)r->mem, v, r->params.truth_fraction, NULL);
+    return r->dom->truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, r->params.truth_fraction);
 }

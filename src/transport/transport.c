@@ -1,6 +1,8 @@
-/* The table of built-in transports. */
+/* The table of built-in transports, and the device memory domain built in
+ * (transport/memdom.h). */
 #include <string.h>
 
+#include "transport/memdom.h"
 #include "transport/transport.h"
 
 const refit_transport_ops_t *refit_transport_find(const char *name)
@@ -17,4 +19,13 @@ const refit_transport_ops_t *refit_transport_find(const char *name)
     for (size_t i = 0; name && i < sizeof(all) / sizeof(all[0]); i++)
         if (strcmp(all[i]->name, name) == 0) return all[i];
     return NULL;
+}
+
+const refit_memdom_t *refit_memdom_device(void)
+{
+#ifdef REFIT_HAVE_CUDA
+    return &refit_memdom_cuda;
+#else
+    return NULL;
+#endif
 }
