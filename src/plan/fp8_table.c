@@ -300,16 +300,20 @@ static refit_status_t place_pieces(build_t *b)
         memcpy(next, x->block_piece, x->nblocks * sizeof(uint32_t));
     }
     free(next);
-    for (uint64_t k = 0; k < x->nblocks; k++) {
+    x->fast = malloc((x->nblocks ? x->nblocks : 1) * sizeof(uint32_t));
+    if (!x->fast) return refit_error(REFIT_ERR_NO_MEMORY, "fp8 table");
+    uint64_t nslow = 0;
+    for (uint64_t k = 0; k < x->nblocks; k++) { /* fast ones from the front, the others from the back */
         uint32_t p0 = x->block_piece[k], p1 = x->block_piece[k + 1];
-        if (p1 - p0 != 1) continue;
         const refit_fp8_matrix_t *mt = &x->mats[refit_fp8_table_matrix(x->mats, x->nmats, k)];
         const refit_fp8_piece_t *p = &x->pieces[p0];
         uint64_t bi = (k - mt->first_block) / mt->bcols, bj = (k - mt->first_block) % mt->bcols;
-        bool whole = (bi + 1) * B <= mt->rows && (bj + 1) * B <= mt->cols && p->r0 == 0 && p->c0 == 0 && p->r1 == B &&
-                     p->c1 == B;
-        if (whole && !((p->src_offset | p->src_stride) & 15)) x->full_blocks++;
+        bool whole = p1 - p0 == 1 && (bi + 1) * B <= mt->rows && (bj + 1) * B <= mt->cols && p->r0 == 0 && p->c0 == 0 &&
+                     p->r1 == B && p->c1 == B && !((p->src_offset | p->src_stride) & 15);
+        if (whole) x->fast[x->full_blocks++] = (uint32_t)k;
+        else x->fast[x->nblocks - ++nslow] = (uint32_t)k;
     }
+    x->slow = x->fast + x->full_blocks;
     return REFIT_OK;
 }
 
@@ -376,6 +380,7 @@ void refit_fp8_table_free(refit_fp8_table_t *x)
     free(x->mats);
     free(x->block_piece);
     free(x->pieces);
+    free(x->fast);
     free(x->src_slot_base);
     refit_batch_free(&x->copy);
     memset(x, 0, sizeof(*x));

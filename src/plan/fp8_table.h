@@ -47,6 +47,7 @@ typedef struct {
     refit_fp8_piece_t *pieces;
     uint64_t npieces;
     uint64_t full_blocks;      /* whole 128x128 blocks of one 16-byte aligned piece (the kernel's fast path) */
+    uint32_t *fast, *slow;     /* the blocks that are (full_blocks of them) and are not (nblocks - full_blocks) */
     uint64_t quantized_bf16;   /* bf16 bytes the pieces read */
     uint64_t quantized_out;    /* e4m3 and scale bytes written */
     refit_batch_t copy;        /* kept tensors and their padding, in the arena; slots as below */
