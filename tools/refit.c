@@ -19,7 +19,6 @@
 
 #include "plan/local.h"
 #include "tool.h"
-#include "transport/transport.h"
 #include "util/util.h"
 #include "refit/refit.h"
 

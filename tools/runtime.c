@@ -17,9 +17,6 @@
 #include "tool.h"
 #include "util/json.h"
 #include "util/util.h"
-#ifdef REFIT_HAVE_CUDA
-#include "transport/cuda/gpu.h"
-#endif
 
 typedef struct {
     const char *model, *layout, *registry, *job, *group, *transports, *topts, *reader;
@@ -238,10 +235,8 @@ int cmd_publish(int argc, char **argv)
         double t0 = refit_now();
         if (hf) st = REFIT_OK; /* the checkpoint's bytes, mapped or cut above */
         else
-#ifdef REFIT_HAVE_CUDA
-        if (o.device >= 0) st = refit_gpu_truth_fill(m, o.device, &base, v);
+        if (o.device >= 0 && (refit_features() & REFIT_FEATURE_CUDA)) st = refit_gpu_truth_fill(m, o.device, &base, v);
         else
-#endif
         if (o.delta > 0) st = refit_truth_fill_delta(m, &base, v, o.delta);
         else
             st = refit_truth_fill(m, &base, v); /* m is owned by p and lives as long */

@@ -48,6 +48,12 @@ typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_
  * (never a world-writable directory; docs/security.md). */
 REFIT_API const char *refit_default_registry(void);
 
+/* A key equal for two ranks' manifests exactly when they hold the same
+ * bytes at the same offsets (data-parallel replicas of one rank): the
+ * manifest's signature with the rank left out.  The fleet's relays pair
+ * receivers by it. */
+REFIT_API uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
+
 /* Sized outputs: the structures the library fills for the caller
  * (refit_pull_report_t, refit_holder_stat_t, refit_publish_delta_t,
  * refit_fp8_relay_report_t, refit_plan_stats_t, refit_truth_report_t,

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "refit/manifest.h"
 #include "refit/status.h"
 
 #ifdef __cplusplus
@@ -35,6 +36,11 @@ typedef struct {
 REFIT_API refit_status_t refit_gpu_info(int dev, refit_gpu_info_t *out);
 /* Whether device `dev` can read device `peer`'s memory directly (P2P). */
 REFIT_API bool refit_gpu_can_access_peer(int dev, int peer);
+
+/* The synthetic truth of `version` (refit/truth.h) written into device
+ * memory: bases[i] is region i of m, memory of device dev. */
+REFIT_API refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *const *bases,
+                                              uint64_t version);
 
 /* Baselines of the GPU benchmark (refit-bench --scenario gpu|colocated), in
  * one process holding the GPUs: the raw peer copy of `bytes` src_dev ->

@@ -110,6 +110,10 @@ REFIT_API const refit_plan_region_t *refit_plan_regions(const refit_plan_t *plan
 REFIT_API const refit_plan_region_t *refit_plan_fills(const refit_plan_t *plan, size_t *n);
 /* Bytes read from source i. */
 REFIT_API uint64_t refit_plan_source_bytes(const refit_plan_t *plan, uint32_t src);
+/* The byte after the last one a region touches on its source / destination
+ * side (its offset plus the span of its loops). */
+REFIT_API uint64_t refit_region_src_end(const refit_plan_region_t *r);
+REFIT_API uint64_t refit_region_dst_end(const refit_plan_region_t *r);
 REFIT_API size_t refit_plan_num_sources(const refit_plan_t *plan);
 REFIT_API void refit_plan_key(const refit_plan_t *plan, refit_plan_key_t *out);
 /* The key a plan for these manifests would have, without planning. */

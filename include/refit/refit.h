@@ -23,6 +23,7 @@
 #include "refit/select.h"
 #include "refit/fp8.h"
 #include "refit/gpu.h"
+#include "refit/probe.h"
 #include "refit/metrics.h"
 
 #endif

@@ -19,6 +19,14 @@ bool refit_gpu_can_access_peer(int dev, int peer)
     return false;
 }
 
+refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *const *bases, uint64_t version)
+{
+    (void)m;
+    (void)bases;
+    (void)version;
+    return refit_error(REFIT_ERR_UNSUPPORTED, "GPU %d: this refit was built without CUDA", dev);
+}
+
 refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg, refit_gpu_baseline_t *out)
 {
     (void)cfg;

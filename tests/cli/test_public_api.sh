@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The programs built on the public API only (refit-bench) use librefit.so and
+# The programs built on the public API only (refit, refit-bench) use librefit.so and
 # nothing but what it exports: each one needs librefit.so.0, defines none of
 # the library's own functions (no librefit.a inside), and every refit_*
 # symbol it leaves undefined is in the library's dynamic symbol table.

@@ -40,7 +40,6 @@ refit_status_t refit_gpu_copy(void *dst, const void *src, uint64_t n);
  * memory of one device.  Verify checks every byte of every local tensor
  * (placed elements and zero padding), counts mismatches on the device and
  * copies one counter (and the first mismatch) back. */
-refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *const *bases, uint64_t version);
 refit_status_t refit_gpu_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases, uint64_t version,
                                       refit_truth_report_t *report);
 /* The positional digest (truth_hd.h) of n bytes of device memory (8-byte aligned). */
