@@ -35,6 +35,13 @@ typedef struct {
      * and to notice dead sources). */
     refit_status_t (*tick)(void *user);
     void *user;
+    /* Quantize-on-copy (cuda_ipc, GPU destinations only): the plan's
+     * destination is fp8_bf16 (the receiver's bf16 manifest), but dst_bases[0]
+     * is the arena of its FP8 target fp8 (refit/fp8.h): the pull writes e4m3
+     * weights, their scales, the kept tensors and the padding
+     * (plan/fp8_table.h).  Other transports refuse it (REFIT_ERR_UNSUPPORTED). */
+    const struct refit_fp8_target *fp8;
+    const refit_manifest_t *fp8_bf16;
 } refit_pull_ctl_t;
 
 /* What memory a transport handles.  0 means host memory only (shm, ucx). */

@@ -63,6 +63,7 @@
 #include <unistd.h>
 
 extern "C" {
+#include "transport/cuda/fp8_gpu.h"
 #include "transport/cuda/gpu.h"
 #include "transport/transport.h"
 }
@@ -99,6 +100,8 @@ typedef struct {
     uint32_t max_shift;
     refit_gpu_batch_t *batch;
     refit_gpu_batch_t *small; /* local copy=auto: the regions left to the kernel (NULL: none, or not built) */
+    refit_gpu_fp8_t *fp8;     /* instead of batch: a quantize-on-copy table for fp8_target */
+    const void *fp8_target;
     bool small_built;
     uint64_t last_used;
 } exec_entry_t;
@@ -261,6 +264,7 @@ static void ipc_destroy(refit_transport_t *t)
     for (int i = 0; i < EXEC_CACHE; i++) {
         refit_gpu_batch_destroy(t->exec[i].batch);
         refit_gpu_batch_destroy(t->exec[i].small);
+        refit_gpu_fp8_destroy(t->exec[i].fp8);
     }
     for (uint32_t i = 0; i < t->nopened; i++)
         if (t->opened[i].base) cudaIpcCloseMemHandle(t->opened[i].base);
@@ -528,8 +532,10 @@ static refit_status_t kernel_part(const refit_batch_t *b, uint64_t min_bytes, re
     return REFIT_OK;
 }
 
+/* The cached table for (plan, sources, device, access width) - a batch, or
+ * with ctl->fp8 a quantize-on-copy table - built on first use. */
 static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, const uint8_t *only, size_t nsrc, int dev,
-                               uint32_t max_shift, exec_entry_t **entry)
+                               uint32_t max_shift, const refit_pull_ctl_t *ctl, exec_entry_t **entry)
 {
     refit_plan_key_t key;
     refit_plan_key(plan, &key);
@@ -537,31 +543,42 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
     refit_plan_regions(plan, &nreg);
     uint64_t oh = 0x6f6e6c79;
     for (size_t s = 0; s < nsrc; s++) oh = refit_mix64(oh ^ (only[s] + 2 * s));
+    const void *target = ctl ? ctl->fp8 : NULL;
     exec_entry_t *victim = &t->exec[0];
     for (int i = 0; i < EXEC_CACHE; i++) {
         exec_entry_t *e = &t->exec[i];
-        if (e->batch && e->key.src == key.src && e->key.dst == key.dst && e->nregions == nreg && e->only_hash == oh &&
-            e->dev == dev && e->max_shift == max_shift) {
+        bool used = e->batch || e->fp8;
+        if (used && e->key.src == key.src && e->key.dst == key.dst && e->nregions == nreg && e->only_hash == oh &&
+            e->dev == dev && e->max_shift == max_shift && e->fp8_target == target) {
             e->last_used = ++t->uses;
             *entry = e;
             return REFIT_OK;
         }
-        if (!e->batch || e->last_used < victim->last_used) victim = e;
+        if (!used || e->last_used < victim->last_used) victim = e;
     }
     refit_batch_opts_t o;
     memset(&o, 0, sizeof(o));
     o.max_shift = max_shift;
     o.copies = true;
     o.only = only;
-    refit_batch_t b;
-    refit_status_t st = refit_batch_build(plan, &o, &b);
-    if (st) return st;
     refit_gpu_batch_t *g = NULL;
-    st = refit_gpu_batch_create(dev, &b, &g);
-    refit_batch_free(&b);
+    refit_gpu_fp8_t *f = NULL;
+    refit_status_t st;
+    if (target) {
+        refit_fp8_table_t x;
+        if ((st = refit_fp8_table_build(plan, ctl->fp8_bf16, ctl->fp8, &o, &x))) return st;
+        st = refit_gpu_fp8_create(dev, &x, &f);
+        refit_fp8_table_free(&x);
+    } else {
+        refit_batch_t b;
+        if ((st = refit_batch_build(plan, &o, &b))) return st;
+        st = refit_gpu_batch_create(dev, &b, &g);
+        refit_batch_free(&b);
+    }
     if (st) return st;
     refit_gpu_batch_destroy(victim->batch);
     refit_gpu_batch_destroy(victim->small);
+    refit_gpu_fp8_destroy(victim->fp8);
     victim->small = NULL;
     victim->small_built = false;
     victim->key = key;
@@ -570,6 +587,8 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
     victim->dev = dev;
     victim->max_shift = max_shift;
     victim->batch = g;
+    victim->fp8 = f;
+    victim->fp8_target = target;
     victim->last_used = ++t->uses;
     *entry = victim;
     return REFIT_OK;
@@ -621,6 +640,30 @@ static uint32_t align_shift(uint64_t a)
  * and 481 smaller ones (1.7 GB, left to the kernel). */
 #define COPY_MIN_BYTES (16ull << 20)
 
+/* A quantize-on-copy table: every source region's slot, the arena, one
+ * launch (under the GPU's turn when the copy is local), then the wait. */
+static refit_status_t fp8_run(refit_transport_t *t, refit_gpu_fp8_t *f, refit_peer_t *const *peers, const uint8_t *only,
+                              size_t nsrc, void *arena, int dev, bool local, const refit_pull_ctl_t *ctl, uint64_t *launches,
+                              uint64_t *uploads)
+{
+    const refit_fp8_table_t *x = refit_gpu_fp8_table(f);
+    uint64_t *slots = (uint64_t *)calloc(x->nslots ? x->nslots : 1, sizeof(uint64_t));
+    if (!slots) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
+    for (size_t s = 0; s < nsrc && s < x->nsrcs; s++)
+        for (uint32_t k = x->src_slot_base[s]; only[s] && k < x->src_slot_base[s + 1]; k++) {
+            uint32_t r = k - x->src_slot_base[s];
+            slots[k] = r < peers[s]->n ? (uint64_t)(uintptr_t)peers[s]->regions[r].ptr : 0;
+        }
+    slots[x->dst_slot] = (uint64_t)(uintptr_t)arena;
+    bool turns = t->turns == 1 || (t->turns == -1 && local);
+    int turn = turns ? refit_gpu_turn_take(dev, 0, 2.0) : -1;
+    refit_status_t st = refit_gpu_fp8_launch(f, slots, launches, uploads);
+    if (!st) st = refit_gpu_fp8_wait(f, ctl->tick, ctl->user, ctl->deadline);
+    refit_gpu_turn_give(turn);
+    free(slots);
+    return st;
+}
+
 static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                                void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
 {
@@ -665,6 +708,10 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
      * device the handles were opened on (the memory is registered, mapped). */
     {
         uint64_t align = 0;
+        if (ctl && ctl->fp8 && (ndst != 1 || pointer_device(dst_bases[0]) < 0)) {
+            st = refit_error(REFIT_ERR_UNSUPPORTED, "cuda_ipc: FP8 quantize-on-copy writes one region of GPU memory");
+            goto out;
+        }
         for (uint32_t r = 0; r < ndst; r++) {
             if (!dst_end[r]) continue;
             int d = pointer_device(dst_bases[r]);
@@ -687,10 +734,13 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
         }
         if (!host_dst && dst_dev >= 0 && (st = enable_peer(t, dev, dst_dev))) goto out;
         if (src_dev >= 0 && (st = enable_peer(t, dev, src_dev))) goto out;
-        if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), &ex))) goto out;
+        if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), ctl, &ex))) goto out;
         g = ex->batch;
     }
-    {
+    if (ex->fp8) {
+        bool local = src_dev == dev && dst_dev == dev;
+        if ((st = fp8_run(t, ex->fp8, peers, only, nsrc, dst_bases[0], dev, local, ctl, &launches, &uploads))) goto out;
+    } else {
         const refit_batch_t *b = refit_gpu_batch_table(g);
         slots = (uint64_t *)calloc(b->nslots ? b->nslots : 1, sizeof(uint64_t));
         if (!slots) {
@@ -739,7 +789,11 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
         stats->bytes += bytes;
         stats->requests += launches + uploads + copies;
         stats->launches += launches + copies;
-        if (memcpy_used)
+        if (ex->fp8)
+            snprintf(stats->lanes, sizeof(stats->lanes),
+                     "cuda_ipc:fp8 quantize-on-copy GPU%d->GPU%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
+                     src_dev, dst_dev, dev, launches, launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
+        else if (memcpy_used)
             snprintf(stats->lanes, sizeof(stats->lanes),
                      "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64 " kernel launch%s",
                      src_dev, dst_dev, dev, copies, launches, launches == 1 ? "" : "es");

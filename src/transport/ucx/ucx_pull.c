@@ -333,6 +333,7 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
                         void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
 {
     if (!t || !peers || !plan || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "ucx: pull: NULL argument");
+    if (ctl && ctl->fp8) return refit_error(REFIT_ERR_UNSUPPORTED, "ucx: FP8 quantize-on-copy is cuda_ipc's");
     refit_status_t st = REFIT_OK;
     size_t nsrc = refit_plan_num_sources(plan), nregs;
     const refit_plan_region_t *regs = refit_plan_regions(plan, &nregs);
