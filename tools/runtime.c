@@ -125,14 +125,7 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
 
 static refit_status_t rank_manifest(const rt_opts_t *o, refit_manifest_t **out)
 {
-    refit_status_t st;
-    refit_model_t *model = NULL;
-    refit_layout_t *layout = NULL;
-    if ((st = refit_model_open(o->model, &model))) return st;
-    if (!(st = refit_layout_parse(o->layout, &layout))) st = refit_layout_manifest(layout, model, (uint32_t)o->rank, out);
-    refit_layout_destroy(layout);
-    refit_model_destroy(model);
-    return st;
+    return refit_manifest_for_rank(o->model, o->layout, (uint32_t)o->rank, out);
 }
 
 int cmd_publish(int argc, char **argv)

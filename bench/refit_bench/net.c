@@ -93,18 +93,6 @@ void nb_rm_registry(const nb_opts_t *o)
     }
 }
 
-refit_status_t nb_rank_manifest(const char *model_name, const char *spec, uint32_t rank, refit_manifest_t **out)
-{
-    refit_status_t st;
-    refit_model_t *model = NULL;
-    refit_layout_t *layout = NULL;
-    if ((st = refit_model_open(model_name, &model))) return st;
-    if (!(st = refit_layout_parse(spec, &layout))) st = refit_layout_manifest(layout, model, rank, out);
-    refit_layout_destroy(layout);
-    refit_model_destroy(model);
-    return st;
-}
-
 uint32_t nb_world_of(const char *spec)
 {
     refit_layout_t *l = NULL;

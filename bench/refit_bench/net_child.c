@@ -5,7 +5,7 @@
 void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 {
     refit_manifest_t *m;
-    if (nb_rank_manifest(o->model, o->src, r->rank, &m)) _exit(3);
+    if (refit_manifest_for_rank(o->model, o->src, r->rank, &m)) _exit(3);
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
     pp.registry = o->url;
     pp.job = o->job;
@@ -72,7 +72,7 @@ static refit_status_t fp8_check(const refit_manifest_t *bf16, const refit_fp8_ta
 void child_fp8_relay(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 {
     refit_manifest_t *m;
-    if (nb_rank_manifest(o->model, o->dst, r->rank, &m)) _exit(3);
+    if (refit_manifest_for_rank(o->model, o->dst, r->rank, &m)) _exit(3);
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
     rp.registry = o->url;
     rp.job = o->job;
@@ -121,7 +121,7 @@ void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
     if (r->throttle) setenv("REFIT_TEST_THROTTLE", r->throttle, 1);
     refit_manifest_t *m, *bf16 = NULL;
     refit_fp8_target_t *target = NULL;
-    if (nb_rank_manifest(o->model, o->dst, r->rank, &m)) _exit(3);
+    if (refit_manifest_for_rank(o->model, o->dst, r->rank, &m)) _exit(3);
     if (r->fp8 == 2) { /* the FP8 arena of that bf16 rank */
         bf16 = m;
         if (refit_fp8_target_create(bf16, &target) || refit_fp8_target_manifest(target, bf16, &m)) _exit(3);

@@ -159,7 +159,7 @@ static int fp8_net_once(int argc, char **argv)
     {   /* A layout that cuts FP8 blocks: say so before starting anything. */
         refit_manifest_t *m;
         refit_fp8_target_t *t;
-        refit_status_t st = nb_rank_manifest(o.model, o.dst, 0, &m);
+        refit_status_t st = refit_manifest_for_rank(o.model, o.dst, 0, &m);
         if (!st) {
             st = refit_fp8_target_create(m, &t);
             refit_fp8_target_destroy(t);

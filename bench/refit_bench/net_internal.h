@@ -107,7 +107,6 @@ double nb_span(const result_t *r, size_t n);
 int nb_out_end(out_t *j, const char *notes);
 int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers, double link);
 int nb_repeat(const char *scenario, int (*once)(int, char **), int argc, char **argv, int dflt);
-refit_status_t nb_rank_manifest(const char *model_name, const char *spec, uint32_t rank, refit_manifest_t **out);
 uint32_t nb_world_of(const char *spec);
 void nb_check(out_t *j, const char *name, const char *expected, double observed, const char *op, double limit);
 void nb_fresh_registry(nb_opts_t *o);

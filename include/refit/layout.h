@@ -65,6 +65,11 @@ REFIT_API refit_status_t refit_layout_check(const refit_layout_t *layout, const 
  * every local tensor in declaration order, each aligned to 256 bytes. */
 REFIT_API refit_status_t refit_layout_manifest(const refit_layout_t *layout, const refit_model_t *model, uint32_t rank,
                                                refit_manifest_t **out);
+/* The same from names: the model `model` (a built-in name or a config.json
+ * path, as refit_model_open takes), the layout string `layout`, rank `rank`.
+ * Errors as refit_model_open, refit_layout_parse and refit_layout_manifest. */
+REFIT_API refit_status_t refit_manifest_for_rank(const char *model, const char *layout, uint32_t rank,
+                                                 refit_manifest_t **out);
 
 #ifdef __cplusplus
 }
