@@ -189,8 +189,9 @@ typedef enum { REFIT_VERIFY_NONE = 0, REFIT_VERIFY_TRUTH = 1 } refit_verify_mode
  * added the fleet fields (relay_slot .. relay_heartbeat_ms); older callers
  * get no relay, no reader limit, default chunks.  Version 4 added
  * `no_delta` and `truth_fraction`; older callers take deltas where offered.
- * Version 5 added authentication and digests (secret_file .. no_digest). */
-#define REFIT_RECEIVER_PARAMS_VERSION 5
+ * Version 5 added authentication and digests (secret_file .. no_digest).
+ * Version 6 added `fp8`; older callers get bf16 memory. */
+#define REFIT_RECEIVER_PARAMS_VERSION 6
 typedef struct {
     unsigned version;              /* REFIT_RECEIVER_PARAMS_VERSION */
     const char *registry, *job, *group; /* as for publishers */
@@ -236,15 +237,25 @@ typedef struct {
     bool no_digest;                /* true: do not check the pulled bytes against the sources' content digests
                                       (for those who accept the risk); false: every verifiable byte is checked
                                       before the version is committed (REFIT_ERR_VERIFY naming the tensor) */
+    bool fp8;                      /* true: the memory is the FP8 variant of the manifest's layout (refit/fp8.h:
+                                      e4m3 linear weights in 128x128 blocks with fp32 scales, the rest as is;
+                                      one region of refit_fp8_target_bytes, tensors as refit_receiver_fp8_target
+                                      lists them), quantized from the bf16 sources on the GPU while pulling:
+                                      needs `device` and the cuda_ipc transport; no relay; no delta; content
+                                      digests do not apply to quantized bytes (REFIT_VERIFY_TRUTH checks them
+                                      against the CPU quantizer) */
 } refit_receiver_params_t;
 #define REFIT_RECEIVER_PARAMS_INIT \
     {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0, false, 0, \
-     NULL, false, false}
+     NULL, false, false, false}
 
 REFIT_API refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *manifest,
                                                refit_receiver_t **out);
 REFIT_API refit_status_t refit_receiver_alloc(refit_receiver_t *r, uint32_t region, void **base);
 REFIT_API refit_status_t refit_receiver_attach(refit_receiver_t *r, uint32_t region, void *base);
+/* An FP8 receiver's target (params.fp8): its tensors, offsets and sizes in
+ * region 0; NULL for a bf16 receiver.  Owned by the receiver. */
+REFIT_API const struct refit_fp8_target *refit_receiver_fp8_target(const refit_receiver_t *r);
 
 #define REFIT_VERSION_NEWEST UINT64_MAX
 

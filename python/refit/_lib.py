@@ -42,7 +42,7 @@ class ReceiverParams(C.Structure):
                 ("lease_ms", C.c_uint32), ("threads", C.c_uint), ("verify", C.c_int), ("device", C.c_int),
                 ("relay_slot", C.c_int), ("max_readers", C.c_uint32), ("chunk_kb", C.c_uint32),
                 ("relay_heartbeat_ms", C.c_uint32), ("no_delta", C.c_bool), ("truth_fraction", C.c_double),
-                ("secret_file", C.c_char_p), ("insecure", C.c_bool), ("no_digest", C.c_bool)]
+                ("secret_file", C.c_char_p), ("insecure", C.c_bool), ("no_digest", C.c_bool), ("fp8", C.c_bool)]
 
 
 class PullReportC(C.Structure):
@@ -93,7 +93,7 @@ STRUCTS = {"refit_tensor_info_t": TensorInfo, "refit_manifest_identity_t": Ident
            "refit_abi_field_t": AbiField}
 
 PUBLISHER_PARAMS_VERSION = 4
-RECEIVER_PARAMS_VERSION = 5
+RECEIVER_PARAMS_VERSION = 6
 PLAN_PARAMS_VERSION = 1
 VERSION_NEWEST = (1 << 64) - 1
 

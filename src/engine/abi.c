@@ -104,6 +104,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_receiver_params_t, secret_file),
     ABI_FIELD(refit_receiver_params_t, insecure),
     ABI_FIELD(refit_receiver_params_t, no_digest),
+    ABI_FIELD(refit_receiver_params_t, fp8),
 
     ABI_STRUCT(refit_pull_report_t),
     ABI_FIELD(refit_pull_report_t, size),

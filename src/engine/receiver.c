@@ -41,6 +41,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
                : params->version == 2 ? offsetof(refit_receiver_params_t, relay_slot)
                : params->version == 3 ? offsetof(refit_receiver_params_t, no_delta)
                : params->version == 4 ? offsetof(refit_receiver_params_t, secret_file)
+               : params->version == 5 ? offsetof(refit_receiver_params_t, fp8)
                                       : sizeof(refit_receiver_params_t));
     r->params.version = REFIT_RECEIVER_PARAMS_VERSION;
     if ((st = refit_memdom_for(r->params.device, &r->dom))) {
@@ -51,6 +52,17 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     if (r->params.truth_fraction < 1 && r->params.device >= 0) {
         free(r);
         return refit_error(REFIT_ERR_UNSUPPORTED, "truth_fraction below 1 is verified on host memory only");
+    }
+    if (r->params.fp8) {
+        const char *why = r->params.device < 0      ? "quantizes on the GPU: set device"
+                          : r->params.relay_slot >= 0 ? "does not relay (its memory is not its layout's bf16)"
+                                                      : NULL;
+        if (why || (st = refit_fp8_target_create(m, &r->fp8))) {
+            free(r);
+            return why ? refit_error(REFIT_ERR_UNSUPPORTED, "an FP8 receiver %s", why) : st;
+        }
+        r->params.no_delta = true;  /* deltas are of bf16 bytes */
+        r->params.no_digest = true; /* so are the sources' content digests */
     }
     if (!r->params.lease_ms) r->params.lease_ms = 10000;
     snprintf(r->group, sizeof(r->group), "%s", or_default(r->params.group, "trainer"));
@@ -97,6 +109,11 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
         for (uint32_t t = 0; t < r->ts.n; t++)
             if (refit_transport_caps(r->ts.ops[t]) & REFIT_TCAP_DEVICE_DST) host_path = false;
     }
+    if (host_path && r->fp8) {
+        st = refit_error(REFIT_ERR_UNSUPPORTED, "an FP8 receiver quantizes on the GPU through cuda_ipc, which is not among "
+                         "its transports (\"%s\")", or_default(r->params.transports, "shm,ucx"));
+        goto err;
+    }
     if (host_path && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
     if (!r->params.no_digest &&
         ((st = refit_digest_key_create(refit_registry_key(r->reg, REFIT_KEY_DIGEST), &r->dkey)) ||
@@ -119,7 +136,7 @@ refit_status_t refit_receiver_alloc(refit_receiver_t *r, uint32_t region, void *
         return refit_error(REFIT_ERR_INVALID_ARG, "refit_receiver_alloc: bad region %u", region);
     if (r->mem[region]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u already has memory", region);
     void *p = NULL;
-    uint64_t size = r->m->regions.data[region];
+    uint64_t size = r->fp8 ? refit_fp8_target_bytes(r->fp8) : r->m->regions.data[region];
     refit_status_t st = r->dom->alloc(r->params.device, size, &p); /* zeroed, its pages in */
     if (st) /* the GPU's error says which device */
         return r->params.device >= 0 ? st
@@ -140,6 +157,7 @@ refit_status_t refit_receiver_attach(refit_receiver_t *r, uint32_t region, void 
 }
 
 uint64_t refit_receiver_committed(const refit_receiver_t *r) { return r ? r->committed : 0; }
+const refit_fp8_target_t *refit_receiver_fp8_target(const refit_receiver_t *r) { return r ? r->fp8 : NULL; }
 bool refit_receiver_usable(const refit_receiver_t *r) { return r && r->usable; }
 
 void refit_receiver_destroy(refit_receiver_t *r)
@@ -153,6 +171,7 @@ void refit_receiver_destroy(refit_receiver_t *r)
     refit_rx_drop_plans(r);
     refit_tset_close(&r->ts);
     refit_registry_close(r->reg);
+    refit_fp8_target_destroy(r->fp8);
     for (uint32_t i = 0; r->mem && i < r->nregions; i++)
         if (r->owned[i]) r->dom->free(r->mem[i]);
     for (uint32_t i = 0; r->stage && i < r->nregions; i++) r->dom->staging_free(r->stage[i]);

@@ -21,6 +21,7 @@
 #include "engine/memdom.h"
 #include "engine/relay.h"
 #include "refit/delta.h"
+#include "refit/fp8.h"
 
 #define PLAN_CACHE 4
 #define MAX_BUFFERS 2
@@ -81,6 +82,7 @@ struct refit_receiver {
     size_t nholders;
     refit_digest_key_t *dkey; /* content digests; NULL with no_digest */
     refit_dsum_t *dlocal;     /* per destination placement */
+    refit_fp8_target_t *fp8;  /* params.fp8: the memory is this target's arena */
 };
 
 /* What the registry said about every source rank in one round. */

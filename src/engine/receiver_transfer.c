@@ -269,7 +269,8 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
      * to the transfer, during which a test kills a process. */
     unsigned pause_ms = refit_test_pause_ms();
     if (pause_ms) usleep((useconds_t)pause_ms * 1000u);
-    refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
+    refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r,
+                            .fp8 = r->fp8, .fp8_bf16 = r->m};
     refit_pull_stats_t stats = {0};
     rep->transport[0] = rep->lanes[0] = '\0';
     if (fleet) {
@@ -296,7 +297,7 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
     }
     /* Padding (zeros) is ours to write: where the bytes went (the staging is host memory). */
     const refit_memdom_t *fd = bounce ? &refit_memdom_host : r->dom;
-    if ((st = fd->fills(plan, r->params.device, dst, &stats.launches))) goto done;
+    if (!r->fp8 && (st = fd->fills(plan, r->params.device, dst, &stats.launches))) goto done; /* FP8: the table wrote them */
     for (uint32_t i = 0; bounce && i < r->nregions; i++)
         if ((st = r->dom->copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto done;
     if (bounce) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "refit/refit.h"
 
@@ -89,6 +90,27 @@ static inline void *host_copy(const void *dptr, uint64_t n)
     void *h = malloc(n ? n : 1);
     REFIT_ASSERT_OK(refit_gpu_copy(h, dptr, n));
     return h;
+}
+
+static inline void t_rm_tree(const char *dir)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* A file registry in a fresh directory and a job of its own. */
+typedef struct {
+    char dir[64], url[96], job[32];
+} reg_t;
+
+static inline void reg_file(reg_t *g)
+{
+    static int seq;
+    snprintf(g->dir, sizeof(g->dir), "/tmp/refit-gpu-XXXXXX");
+    assert_non_null(mkdtemp(g->dir));
+    snprintf(g->url, sizeof(g->url), "file:%s", g->dir);
+    snprintf(g->job, sizeof(g->job), "gpu%d-%d", (int)getpid(), ++seq);
 }
 
 #endif

@@ -28,12 +28,6 @@
 
 #include "gputest.h"
 
-static void t_rm_tree(const char *dir)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-}
 
 static int g_dst_dev; /* 1 with two GPUs, else 0 */
 
@@ -161,18 +155,6 @@ static void test_batch(void **state)
     batch_case("qwen3-30b-a3b-mini", "megatron:ep=8", "vllm:tp=2", 4);
 }
 
-typedef struct {
-    char dir[64], url[96], job[32];
-} reg_t;
-
-static void reg_file(reg_t *g)
-{
-    static int seq;
-    snprintf(g->dir, sizeof(g->dir), "/tmp/refit-gpu-XXXXXX");
-    assert_non_null(mkdtemp(g->dir));
-    snprintf(g->url, sizeof(g->url), "file:%s", g->dir);
-    snprintf(g->job, sizeof(g->job), "gpu%d-%d", (int)getpid(), ++seq);
-}
 
 /* Publishers of src_spec (device src_dev, -1 host over shm) and one receiver
  * per destination rank (device dst_dev, -1 host), all in this process. */

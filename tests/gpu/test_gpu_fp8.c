@@ -167,6 +167,98 @@ static void table_case(const char *model, const char *src_spec, const char *dst_
     srcs_free(&s);
 }
 
+/* The engine: bf16 publishers on GPU 0 (cuda_ipc), one FP8 receiver per
+ * destination rank on dev (params.fp8, verified by the engine against the
+ * CPU quantizer), three versions; the arena checked again here. */
+static void engine_case(const char *model, const char *src_spec, const char *dst_spec, int dev)
+{
+    reg_t g;
+    reg_file(&g);
+    refit_layout_t *sl = t_layout(src_spec), *dl = t_layout(dst_spec);
+    uint32_t ns = refit_layout_world(sl), nd = refit_layout_world(dl);
+    refit_publisher_t *pub[8];
+    refit_manifest_t *pm[8];
+    void *pb[8];
+    assert_true(ns <= 8 && nd <= 8);
+    for (uint32_t k = 0; k < ns; k++) {
+        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+        pp.registry = g.url;
+        pp.job = g.job;
+        pp.device = 0;
+        pp.transports = "cuda_ipc";
+        pm[k] = t_manifest_named(model, src_spec, k);
+        REFIT_ASSERT_OK(refit_publisher_create(&pp, pm[k], &pub[k]));
+        REFIT_ASSERT_OK(refit_publisher_alloc(pub[k], 0, &pb[k]));
+    }
+    refit_receiver_t *rx[8];
+    void *rb[8];
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g.url;
+    rp.job = g.job;
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.fp8 = true;
+    rp.transports = "cuda_ipc";
+    /* refused: host memory, a transport that cannot quantize, a relay */
+    REFIT_ASSERT_ERR(refit_receiver_create(&rp, t_manifest_named(model, dst_spec, 0), &rx[0]), REFIT_ERR_UNSUPPORTED,
+                     "set device");
+    rp.device = dev;
+    rp.transports = "shm";
+    REFIT_ASSERT_ERR(refit_receiver_create(&rp, t_manifest_named(model, dst_spec, 0), &rx[0]), REFIT_ERR_UNSUPPORTED,
+                     "cuda_ipc");
+    rp.transports = "cuda_ipc";
+    rp.relay_slot = 0;
+    REFIT_ASSERT_ERR(refit_receiver_create(&rp, t_manifest_named(model, dst_spec, 0), &rx[0]), REFIT_ERR_UNSUPPORTED,
+                     "relay");
+    rp.relay_slot = -1;
+    for (uint32_t k = 0; k < nd; k++) {
+        REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, dst_spec, k), &rx[k]));
+        REFIT_ASSERT_OK(refit_receiver_alloc(rx[k], 0, &rb[k]));
+        assert_non_null(refit_receiver_fp8_target(rx[k]));
+    }
+    for (uint64_t v = 1; v <= 3; v++) {
+        for (uint32_t k = 0; k < ns; k++) {
+            REFIT_ASSERT_OK(refit_gpu_truth_fill(pm[k], 0, &pb[k], v));
+            REFIT_ASSERT_OK(refit_publisher_publish(pub[k], v));
+        }
+        for (uint32_t k = 0; k < nd; k++) {
+            refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+            REFIT_ASSERT_OK(refit_receiver_pull(rx[k], v, 20000, &rep));
+            assert_int_equal(rep.version, v);
+            assert_true(strstr(rep.lanes, "fp8") != NULL);
+            const refit_fp8_target_t *t = refit_receiver_fp8_target(rx[k]);
+            refit_manifest_t *bf = t_manifest_named(model, dst_spec, k);
+            uint64_t nf = refit_fp8_target_bytes(t);
+            void *img = calloc(1, refit_manifest_region_size(bf, 0));
+            unsigned char *want = calloc(1, nf), *got = host_copy(rb[k], nf);
+            REFIT_ASSERT_OK(refit_truth_fill(bf, &img, v));
+            REFIT_ASSERT_OK(refit_fp8_stage(t, img, want, 0));
+            assert_int_equal(compare_arena(t, got, want), 0);
+            printf("  engine %s -> %s+fp8 v%llu rank %u on GPU %d: %llu bf16 bytes read, %llu launches, transfer %.2f ms, "
+                   "%s\n", src_spec, dst_spec, (unsigned long long)v, k, dev, (unsigned long long)rep.bytes,
+                   (unsigned long long)rep.launches, rep.transfer_ms, rep.lanes);
+            free(img);
+            free(want);
+            free(got);
+            refit_manifest_destroy(bf);
+        }
+        for (uint32_t k = 0; k < ns; k++) REFIT_ASSERT_OK(refit_publisher_wait_readers(pub[k], v, 10000));
+    }
+    /* bytes that are not version 4's (the publishers hold version 5's truth)
+     * are caught by the engine's verification, and the memory is marked unusable */
+    for (uint32_t k = 0; k < ns; k++) {
+        REFIT_ASSERT_OK(refit_gpu_truth_fill(pm[k], 0, &pb[k], 5));
+        REFIT_ASSERT_OK(refit_publisher_publish(pub[k], 4));
+    }
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    REFIT_ASSERT_ERR(refit_receiver_pull(rx[0], 4, 20000, &rep), REFIT_ERR_VERIFY, "FP8 tensor");
+    assert_false(refit_receiver_usable(rx[0]));
+    for (uint32_t k = 0; k < nd; k++) refit_receiver_destroy(rx[k]);
+    for (uint32_t k = 0; k < ns; k++) refit_publisher_destroy(pub[k]);
+    refit_layout_destroy(sl);
+    refit_layout_destroy(dl);
+    t_rm_tree(g.dir);
+}
+
 /* ---- --bench ---------------------------------------------------------------- */
 
 static int cmp_d(const void *a, const void *b)
@@ -339,6 +431,8 @@ int main(int argc, char **argv)
     }
     printf("ok FP8 quantize-on-copy kernel = CPU stage, byte for byte (%s)\n",
            g_dst_dev ? "GPU 0 -> GPU 1 and colocated on GPU 0" : "colocated on GPU 0 only: one GPU here");
+    for (int d = 0; d < (g_dst_dev ? 2 : 1); d++) engine_case("tiny-fp8", "megatron:ep=2", "vllm:tp=2", d ? 0 : g_dst_dev);
+    printf("ok FP8 receivers in the engine (params.fp8): quantized while pulled, verified, refused where they cannot work\n");
     return 0;
 #endif
 }
