@@ -111,13 +111,9 @@ REFIT_HD static inline void refit_batch_offsets(const refit_batch_region_t *r, c
 /* Chunk c's region: the last one whose first_chunk <= c. */
 REFIT_HD static inline uint32_t refit_batch_find(const refit_batch_region_t *r, uint32_t n, uint64_t c)
 {
-    uint32_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (r[mid].first_chunk <= c) lo = mid;
-        else hi = mid;
-    }
-    return lo;
+    uint32_t i;
+    REFIT_HD_LAST_LE(i, r, n, first_chunk, c);
+    return i;
 }
 
 /* One thread's share of accesses u0, u0 + step, ... < u1 of region r: four

@@ -68,13 +68,9 @@ void refit_fp8_table_free(refit_fp8_table_t *x);
 /* Matrix of block b (the last whose first_block <= b). */
 REFIT_HD static inline uint32_t refit_fp8_table_matrix(const refit_fp8_matrix_t *m, uint32_t n, uint64_t b)
 {
-    uint32_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (m[mid].first_block <= b) lo = mid;
-        else hi = mid;
-    }
-    return lo;
+    uint32_t i;
+    REFIT_HD_LAST_LE(i, m, n, first_block, b);
+    return i;
 }
 
 /* Runs the table on the CPU, block by block (the reference for the kernel:

@@ -125,13 +125,9 @@ REFIT_HD static inline uint64_t refit_truth_box_thread(const refit_truth_box_t *
 
 REFIT_HD static inline uint32_t refit_truth_find(const refit_truth_box_t *bx, uint32_t n, uint64_t c)
 {
-    uint32_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (bx[mid].first_chunk <= c) lo = mid;
-        else hi = mid;
-    }
-    return lo;
+    uint32_t i;
+    REFIT_HD_LAST_LE(i, bx, n, first_chunk, c);
+    return i;
 }
 
 /* Expected bits of element e of box b (for error messages). */

@@ -113,4 +113,16 @@ static inline void reg_file(reg_t *g)
     snprintf(g->job, sizeof(g->job), "gpu%d-%d", (int)getpid(), ++seq);
 }
 
+/* The destination device of the GPU tests (1 with two GPUs, else 0); exits
+ * 77 (skipped) where there is no device. */
+static inline int gputest_dst_device(void)
+{
+    int n = refit_gpu_count();
+    if (n == 0) {
+        printf("SKIP: no CUDA device here (the GPU tests need one)\n");
+        exit(77);
+    }
+    return n > 1 ? 1 : 0;
+}
+
 #endif

@@ -405,12 +405,7 @@ int main(int argc, char **argv)
     printf("SKIP: refit was built without CUDA (REFIT_WITH_CUDA=OFF or no CUDA toolkit)\n");
     return 77;
 #else
-    int n = refit_gpu_count();
-    if (n == 0) {
-        printf("SKIP: no CUDA device here (the GPU tests need one)\n");
-        return 77;
-    }
-    g_dst_dev = n > 1 ? 1 : 0;
+    g_dst_dev = gputest_dst_device();
     if (argc == 7 && !strcmp(argv[1], "--bench")) return bench(argv[2], argv[3], argv[4], atoi(argv[5]), argv[6]);
     quantize_all();
     printf("ok FP8 arithmetic: every bf16 value over 13 block scales, GPU = CPU\n");

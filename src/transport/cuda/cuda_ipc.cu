@@ -64,6 +64,7 @@
 
 extern "C" {
 #include "transport/cuda/fp8_gpu.h"
+#include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu.h"
 #include "transport/transport.h"
 }
@@ -141,15 +142,7 @@ struct refit_peer {
     ipc_region_t *regions;
 };
 
-#define CK(call)                                                                                            \
-    do {                                                                                                    \
-        cudaError_t e_ = (call);                                                                            \
-        if (e_ != cudaSuccess) {                                                                            \
-            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT,   \
-                             "cuda_ipc: %s: %s", #call, cudaGetErrorString(e_));                            \
-            goto out;                                                                                       \
-        }                                                                                                   \
-    } while (0)
+#define CK(call) REFIT_CUDA_CK("cuda_ipc: ", call)
 
 static int current_device(void)
 {

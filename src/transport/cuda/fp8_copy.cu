@@ -13,11 +13,11 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 extern "C" {
 #include "data/fp8_hd.h"
 #include "transport/cuda/fp8_gpu.h"
+#include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu.h"
 #include "util/util.h"
 }
@@ -25,15 +25,7 @@ extern "C" {
 #define FP8_THREADS 256
 #define BLK REFIT_FP8_BLOCK
 
-#define CK(call)                                                                                              \
-    do {                                                                                                      \
-        cudaError_t e_ = (call);                                                                              \
-        if (e_ != cudaSuccess) {                                                                              \
-            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT,     \
-                             "fp8: %s: %s", #call, cudaGetErrorString(e_));                                   \
-            goto out;                                                                                         \
-        }                                                                                                     \
-    } while (0)
+#define CK(call) REFIT_CUDA_CK("fp8: ", call)
 
 /* The block's largest absbits, to every thread (red: 32 ints of shared memory). */
 __device__ __forceinline__ int32_t block_max(int32_t m, int32_t *red)
@@ -348,29 +340,10 @@ extern "C" refit_status_t refit_gpu_fp8_wait(refit_gpu_fp8_t *g, refit_status_t 
                                              double deadline)
 {
     /* the kept tensors' copy ticks and keeps the deadline while it runs; then the FP8 kernel */
-    refit_status_t st = g->copy ? refit_gpu_batch_wait(g->copy, tick, user, deadline) : REFIT_OK, later = REFIT_OK;
-    char detail[512] = "";
-    double last = refit_now();
-    for (;;) {
-        cudaError_t e = cudaEventQuery(g->done);
-        if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) {
-            g->slots_valid = false;
-            return refit_error(REFIT_ERR_TRANSPORT, "GPU %d FP8 kernel: %s", g->dev, cudaGetErrorString(e));
-        }
-        double now = refit_now();
-        if (!st && !later && tick && now - last > 0.01) {
-            last = now;
-            if ((later = tick(user))) snprintf(detail, sizeof(detail), "%s", refit_last_error());
-        }
-        if (!st && !later && deadline > 0 && now > deadline) {
-            later = refit_error(REFIT_ERR_TIMEOUT, "the GPU FP8 copy ran past its deadline");
-            snprintf(detail, sizeof(detail), "%s", refit_last_error());
-        }
-        usleep(20);
-    }
-    if (!st && later) return refit_error(later, "%s", detail);
-    return st;
+    refit_status_t st = g->copy ? refit_gpu_batch_wait(g->copy, tick, user, deadline) : REFIT_OK;
+    refit_status_t s2 = refit_gpu_event_wait(g->done, g->dev, "FP8 kernel", st ? NULL : tick, user, st ? 0 : deadline);
+    if (s2 == REFIT_ERR_TRANSPORT) g->slots_valid = false;
+    return st ? st : s2;
 }
 
 /* Every pair of a bf16 x and a block maximum amax (absbits, 0 .. inf) that

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 extern "C" {
+#include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu.h"
 #include "truth/truth_table.h"
 #include "util/util.h"
@@ -24,15 +25,7 @@ extern "C" {
 
 #define THREADS 256
 
-#define CK(call)                                                                                              \
-    do {                                                                                                      \
-        cudaError_t e_ = (call);                                                                              \
-        if (e_ != cudaSuccess) {                                                                              \
-            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT,     \
-                             "%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__);            \
-            goto out;                                                                                         \
-        }                                                                                                     \
-    } while (0)
+#define CK(call) REFIT_CUDA_CK("", call)
 
 /* ---- kernels ------------------------------------------------------------ */
 
@@ -671,31 +664,36 @@ extern "C" void refit_gpu_turn_give(int fd)
     if (fd >= 0) flock(fd, LOCK_UN);
 }
 
-extern "C" refit_status_t refit_gpu_batch_wait(refit_gpu_batch_t *x, refit_status_t (*tick)(void *), void *user,
-                                               double deadline)
+extern "C" refit_status_t refit_gpu_event_wait(void *event, int dev, const char *what, refit_status_t (*tick)(void *),
+                                               void *user, double deadline)
 {
-    refit_status_t st = REFIT_OK, later = REFIT_OK;
+    refit_status_t later = REFIT_OK;
     char detail[512] = "";
     double last = refit_now();
     for (;;) {
-        cudaError_t e = cudaEventQuery(x->done);
+        cudaError_t e = cudaEventQuery((cudaEvent_t)event);
         if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) {
-            x->slots_valid = false;
-            return refit_error(REFIT_ERR_TRANSPORT, "GPU %d copy kernel: %s", x->dev, cudaGetErrorString(e));
-        }
+        if (e != cudaErrorNotReady) return refit_error(REFIT_ERR_TRANSPORT, "GPU %d %s: %s", dev, what, cudaGetErrorString(e));
         double now = refit_now();
         if (!later && tick && now - last > 0.01) {
             last = now;
             if ((later = tick(user))) snprintf(detail, sizeof(detail), "%s", refit_last_error());
         }
         if (!later && deadline > 0 && now > deadline) {
-            later = refit_error(REFIT_ERR_TIMEOUT, "the GPU copy ran past its deadline");
+            later = refit_error(REFIT_ERR_TIMEOUT, "the GPU %s ran past its deadline", what);
             snprintf(detail, sizeof(detail), "%s", refit_last_error());
         }
         usleep(20);
     }
     if (later) return refit_error(later, "%s", detail);
+    return REFIT_OK;
+}
+
+extern "C" refit_status_t refit_gpu_batch_wait(refit_gpu_batch_t *x, refit_status_t (*tick)(void *), void *user,
+                                               double deadline)
+{
+    refit_status_t st = refit_gpu_event_wait(x->done, x->dev, "copy kernel", tick, user, deadline);
+    if (st == REFIT_ERR_TRANSPORT) x->slots_valid = false; /* uploaded again next time */
     return st;
 }
 

@@ -78,6 +78,10 @@ void refit_gpu_turn_give(int turn);
  * deadline: refit_now() limit (0: none), REFIT_ERR_TIMEOUT past it. */
 refit_status_t refit_gpu_batch_wait(refit_gpu_batch_t *g, refit_status_t (*tick)(void *), void *user, double deadline);
 const refit_batch_t *refit_gpu_batch_table(const refit_gpu_batch_t *g);
+/* Waits for a cudaEvent_t recorded on dev's stream as refit_gpu_batch_wait
+ * does; `what` names the work in errors ("copy kernel"). */
+refit_status_t refit_gpu_event_wait(void *event, int dev, const char *what, refit_status_t (*tick)(void *), void *user,
+                                    double deadline);
 int refit_gpu_batch_device(const refit_gpu_batch_t *g);
 
 /* The fills (zero padding) of a plan into device memory dst_bases on dev:
