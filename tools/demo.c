@@ -238,13 +238,13 @@ int cmd_demo(int argc, char **argv)
 {
     const char *model_name = "qwen3-30b-a3b-mini", *src_spec = "megatron:ep=8", *dst_spec = "vllm:tp=2";
     const char *transport = "shm", *registry = NULL, *mode = "in-place", *topts = NULL;
-    bool no_digest = false, prepare = false;
+    bool no_digest = false, prepare = false, fp8 = false;
     int64_t src_device = -1, dst_device = -1;
     uint64_t cycles = 5, timeout_s = 900, threads = 0, replicas = 1;
     bool json = false;
     const char *delta = NULL;
     enum { D_MODEL = 1, D_SRC, D_DST, D_CYCLES, D_TRANSPORT, D_REGISTRY, D_JSON, D_TIMEOUT, D_THREADS, D_MODE,
-           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS, D_DELTA, D_NO_DIGEST, D_PREPARE };
+           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS, D_DELTA, D_NO_DIGEST, D_PREPARE, D_FP8 };
     static const struct option opts[] = {
         {"model", required_argument, 0, D_MODEL},         {"src", required_argument, 0, D_SRC},
         {"dst", required_argument, 0, D_DST},             {"cycles", required_argument, 0, D_CYCLES},
@@ -255,6 +255,7 @@ int cmd_demo(int argc, char **argv)
         {"dst-device", required_argument, 0, D_DST_DEVICE}, {"transport-options", required_argument, 0, D_TOPTS},
         {"delta", required_argument, 0, D_DELTA},         {"no-digest", no_argument, 0, D_NO_DIGEST},
         {"prepare", no_argument, 0, D_PREPARE},
+        {"fp8", no_argument, 0, D_FP8},
         {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -280,6 +281,7 @@ int cmd_demo(int argc, char **argv)
         case D_TOPTS: topts = optarg; break;
         case D_NO_DIGEST: no_digest = true; break;
         case D_PREPARE: prepare = true; break;
+        case D_FP8: fp8 = true; break;
         case D_DELTA: {
             char *end;
             double f = strtod(optarg, &end);
@@ -427,6 +429,7 @@ int cmd_demo(int argc, char **argv)
         if (delta) args[a++] = "--delta", args[a++] = (char *)delta;
         if (no_digest) args[a++] = "--no-digest";
         if (prepare && rx) args[a++] = "--prepare";
+        if (fp8 && rx) args[a++] = "--fp8";
         if (rx) {
             args[a++] = "--verify";
             args[a++] = "--threads", args[a++] = nthreads;
@@ -549,11 +552,11 @@ int cmd_demo(int argc, char **argv)
                "\"steady_span_ms\":%.3f,\"steady_transfer_ms\":%.3f,\"steady_publish_to_commit_ms\":%.3f,"
                "\"steady_digest_ms\":%.3f,\"digest_vs_transfer\":%.3f,\"steady_publisher_digest_ms\":%.3f,"
                "\"digest_bytes_per_cycle\":%" PRIu64 ",\"unverified_bytes_per_cycle\":%" PRIu64 ","
-               "\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64 ",\"prepare_ms\":%.3f,\"transport\":",
+               "\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64 ",\"prepare_ms\":%.3f,\"fp8\":%s,\"transport\":",
                verified ? "true" : "false", cycles, bytes_per_cycle, steady_ctrl, steady_gbps, memcpy_gbps,
                memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0, steady_span, steady_xfer, steady_p2c, steady_dig,
                steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
-               cy[cycles - 1].unverified_bytes, src_device, dst_device, g_prepare_ms);
+               cy[cycles - 1].unverified_bytes, src_device, dst_device, g_prepare_ms, fp8 ? "true" : "false");
         tool_json_string(stdout, used_transport[0] ? used_transport : transport);
         printf(",\"lanes\":");
         tool_json_string(stdout, lanes);

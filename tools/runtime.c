@@ -23,13 +23,13 @@ typedef struct {
     const char *from_st, *dump; /* publish --from-safetensors DIR, pull --dump DIR */
     uint64_t rank, versions, first, acks, timeout_ms, threads, hold_ms, lease_ms, dead_ms;
     int device; /* -1: host memory */
-    bool snapshot, json, verify, newest, no_delta, no_digest, prepare;
+    bool snapshot, json, verify, newest, no_delta, no_digest, prepare, fp8;
     double delta; /* publish: delta mode, this share of elements changing per version; pull: the truth's share */
 } rt_opts_t;
 
 enum { O_MODEL = 1, O_LAYOUT, O_RANK, O_REGISTRY, O_JOB, O_GROUP, O_TRANSPORTS, O_TOPTS, O_MODE, O_VERSIONS,
        O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD,
-       O_DEVICE, O_FROM_ST, O_DUMP, O_DELTA, O_NO_DELTA, O_NO_DIGEST, O_PREPARE };
+       O_DEVICE, O_FROM_ST, O_DUMP, O_DELTA, O_NO_DELTA, O_NO_DIGEST, O_PREPARE, O_FP8 };
 
 static const struct option g_rt_opts[] = {
     {"model", required_argument, 0, O_MODEL},       {"layout", required_argument, 0, O_LAYOUT},
@@ -46,7 +46,7 @@ static const struct option g_rt_opts[] = {
     {"from-safetensors", required_argument, 0, O_FROM_ST}, {"dump", required_argument, 0, O_DUMP},
     {"delta", required_argument, 0, O_DELTA},       {"no-delta", no_argument, 0, O_NO_DELTA},
     {"no-digest", no_argument, 0, O_NO_DIGEST},     {"prepare", no_argument, 0, O_PREPARE},
-    {0, 0, 0, 0}};
+    {"fp8", no_argument, 0, O_FP8},                 {0, 0, 0, 0}};
 
 static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
 {
@@ -84,6 +84,7 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
         case O_NO_DELTA: o->no_delta = true; break;
         case O_NO_DIGEST: o->no_digest = true; break;
         case O_PREPARE: o->prepare = true; break;
+        case O_FP8: o->fp8 = true; break;
         case O_JSON: o->json = true; break;
         case O_VERIFY: o->verify = true; break;
         case O_NEWEST: o->newest = true; break;
@@ -116,6 +117,8 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
     if (o->dump && strcmp(cmd, "pull")) return tool_usage(cmd, "--dump is a pull option");
     if (o->no_delta && strcmp(cmd, "pull")) return tool_usage(cmd, "--no-delta is a pull option");
     if (o->prepare && strcmp(cmd, "pull")) return tool_usage(cmd, "--prepare is a pull option");
+    if (o->fp8 && strcmp(cmd, "pull")) return tool_usage(cmd, "--fp8 is a pull option");
+    if (o->fp8 && o->dump) return tool_usage(cmd, "--dump writes bf16 tensors; an --fp8 receiver holds FP8");
     if (o->delta > 0 && (o->from_st || o->device >= 0))
         return tool_usage(cmd, "--delta needs host memory filled with the synthetic truth");
     if (!o->model || !o->layout) return tool_usage(cmd, "--model and --layout are required");
@@ -301,6 +304,7 @@ int cmd_pull(int argc, char **argv)
     rp.no_delta = o.no_delta;
     rp.no_digest = o.no_digest;
     rp.truth_fraction = o.delta;
+    rp.fp8 = o.fp8;
     if ((st = refit_receiver_create(&rp, m, &r))) {
         refit_manifest_destroy(m);
         return tool_fail(st, "receiver");

@@ -145,33 +145,10 @@ out:
     return st;
 }
 
-/* An FP8 receiver's arena against the CPU quantizer (refit_fp8_stage) of the
- * bf16 truth of version v, every byte of every tensor. */
-static refit_status_t fp8_truth_verify(refit_receiver_t *r, uint64_t v)
-{
-    uint64_t nb = refit_manifest_region_size(r->m, 0), nf = refit_fp8_target_bytes(r->fp8);
-    void *img = malloc(nb ? nb : 1);
-    unsigned char *want = calloc(1, nf ? nf : 1), *got = malloc(nf ? nf : 1);
-    refit_status_t st = img && want && got ? REFIT_OK : refit_error(REFIT_ERR_NO_MEMORY, "FP8 verification");
-    if (!st) st = refit_truth_fill(r->m, &img, v);
-    if (!st) st = refit_fp8_stage(r->fp8, img, want, r->params.threads);
-    if (!st) st = r->dom->copy(got, r->mem[0], nf);
-    for (uint32_t i = 0; !st && i < refit_fp8_target_num_tensors(r->fp8); i++) {
-        const refit_fp8_tensor_t *e = refit_fp8_target_tensor(r->fp8, i);
-        if (!memcmp(got + e->offset, want + e->offset, e->bytes)) continue;
-        uint64_t k = 0;
-        while (got[e->offset + k] == want[e->offset + k]) k++;
-        st = refit_error(REFIT_ERR_VERIFY, "FP8 tensor %s: byte %" PRIu64 " is 0x%02x, the CPU quantizer of version %" PRIu64
-                         "'s truth gives 0x%02x", e->name, k, got[e->offset + k], v, want[e->offset + k]);
-    }
-    free(img);
-    free(want);
-    free(got);
-    return st;
-}
-
 refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v)
 {
-    if (r->fp8) return fp8_truth_verify(r, v);
+    if (r->fp8)
+        return r->dom->fp8_truth_verify ? r->dom->fp8_truth_verify(r->m, r->fp8, r->params.device, r->mem[0], v)
+                                        : refit_error(REFIT_ERR_UNSUPPORTED, "FP8 verification needs a GPU");
     return r->dom->truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, r->params.truth_fraction);
 }

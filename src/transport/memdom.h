@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include "refit/fp8.h"
 #include "refit/manifest.h"
 #include "refit/plan.h"
 #include "refit/status.h"
@@ -41,6 +42,11 @@ typedef struct refit_memdom {
      * `fraction` of the bytes where the domain can sample; else all). */
     refit_status_t (*truth_verify)(const refit_manifest_t *m, int dev, const void *const *bases, uint64_t version,
                                    double fraction);
+    /* The same for an FP8 receiver's arena (refit/fp8.h): the target of the
+     * bf16 manifest m, quantized from the truth; NULL where FP8 receivers
+     * cannot be (they quantize on a GPU). */
+    refit_status_t (*fp8_truth_verify)(const refit_manifest_t *m, const refit_fp8_target_t *t, int dev,
+                                       const void *arena, uint64_t version);
 } refit_memdom_t;
 
 #ifdef REFIT_HAVE_CUDA

@@ -11,6 +11,7 @@
  * (quant2 below), which refit_gpu_fp8_check_all proves for every input. */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -344,6 +345,65 @@ extern "C" refit_status_t refit_gpu_fp8_wait(refit_gpu_fp8_t *g, refit_status_t 
     refit_status_t s2 = refit_gpu_event_wait(g->done, g->dev, "FP8 kernel", st ? NULL : tick, user, st ? 0 : deadline);
     if (s2 == REFIT_ERR_TRANSPORT) g->slots_valid = false;
     return st ? st : s2;
+}
+
+/* The arena against version's quantized truth, on dev: the bf16 truth
+ * filled into scratch memory, quantized by the same kernel through the
+ * identity plan (bf16 layout -> itself), the two arenas compared by digest.
+ * Under the GPU's turn (waiting up to a minute: two receivers' scratch at
+ * once may not fit beside the sources on one GPU). */
+extern "C" refit_status_t refit_gpu_fp8_truth_verify(const refit_manifest_t *bf16, const refit_fp8_target_t *t, int dev,
+                                                     const void *arena, uint64_t version)
+{
+    refit_status_t st;
+    void *img = NULL, *ref = NULL;
+    refit_plan_t *plan = NULL;
+    refit_fp8_table_t x;
+    refit_gpu_fp8_t *g = NULL;
+    memset(&x, 0, sizeof(x));
+    uint64_t nb = refit_manifest_region_size(bf16, 0), nf = refit_fp8_target_bytes(t), dg[2] = {0, 1};
+    refit_batch_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.max_shift = 4;
+    int turn = refit_gpu_turn_take(dev, 0.002, 60.0);
+    if ((st = refit_gpu_alloc(dev, nb, &img)) || (st = refit_gpu_alloc(dev, nf, &ref))) goto done;
+    if ((st = refit_gpu_truth_fill(bf16, dev, &img, version))) goto done;
+    if ((st = refit_plan_create(&bf16, 1, bf16, NULL, &plan))) goto done;
+    if ((st = refit_fp8_table_build(plan, bf16, t, &o, &x)) || (st = refit_gpu_fp8_create(dev, &x, &g))) goto done;
+    {
+        uint64_t *slots = (uint64_t *)calloc(x.nslots, sizeof(uint64_t));
+        if (!slots) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "FP8 verification");
+            goto done;
+        }
+        for (uint32_t k = x.src_slot_base[0]; k < x.src_slot_base[1]; k++) slots[k] = (uint64_t)(uintptr_t)img;
+        slots[x.dst_slot] = (uint64_t)(uintptr_t)ref;
+        st = refit_gpu_fp8_launch(g, slots, NULL, NULL);
+        if (!st) st = refit_gpu_fp8_wait(g, NULL, NULL, 0);
+        free(slots);
+    }
+    if (!st) st = refit_gpu_digest(dev, arena, nf, &dg[0]);
+    if (!st) st = refit_gpu_digest(dev, ref, nf, &dg[1]);
+    for (uint32_t i = 0; !st && dg[0] != dg[1] && i < refit_fp8_target_num_tensors(t); i++) {
+        const refit_fp8_tensor_t *e = refit_fp8_target_tensor(t, i);
+        uint64_t a = 0, b = 0, n = e->bytes & ~7ull; /* offsets are 256-aligned; a tail of < 8 bytes is not named */
+        if ((st = refit_gpu_digest(dev, (const char *)arena + e->offset, n, &a)) ||
+            (st = refit_gpu_digest(dev, (const char *)ref + e->offset, n, &b)))
+            break;
+        if (a != b)
+            st = refit_error(REFIT_ERR_VERIFY, "FP8 tensor %s differs from version %" PRIu64 "'s truth quantized", e->name,
+                             version);
+    }
+    if (!st && dg[0] != dg[1])
+        st = refit_error(REFIT_ERR_VERIFY, "the FP8 arena differs from version %" PRIu64 "'s truth quantized", version);
+done:
+    refit_gpu_fp8_destroy(g);
+    refit_fp8_table_free(&x);
+    refit_plan_destroy(plan);
+    refit_gpu_free(img);
+    refit_gpu_free(ref);
+    refit_gpu_turn_give(turn);
+    return st;
 }
 
 /* Every pair of a bf16 x and a block maximum amax (absbits, 0 .. inf) that

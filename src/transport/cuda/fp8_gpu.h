@@ -26,6 +26,12 @@ refit_status_t refit_gpu_fp8_wait(refit_gpu_fp8_t *g, refit_status_t (*tick)(voi
 /* The table's slot numbering (nsrcs, src_slot_base, dst_slot, nslots) and sizes, as built. */
 const refit_fp8_table_t *refit_gpu_fp8_table(const refit_gpu_fp8_t *g);
 
+/* An FP8 receiver's arena (device memory on dev) against the bf16 truth of
+ * `version` (refit/truth.h) quantized on dev by the same kernel;
+ * REFIT_ERR_VERIFY naming the first tensor that differs. */
+refit_status_t refit_gpu_fp8_truth_verify(const refit_manifest_t *bf16, const refit_fp8_target_t *t, int dev,
+                                          const void *arena, uint64_t version);
+
 /* Test support: q[i * nscales + k] = e4m3(bf16 i / scales[k]) for every
  * bf16 pattern i (65536) on device dev, by the kernel's own arithmetic. */
 refit_status_t refit_gpu_fp8_quantize_all(int dev, const float *scales, uint32_t nscales, uint8_t *q);

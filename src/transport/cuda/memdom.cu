@@ -1,5 +1,6 @@
 /* The CUDA memory domain (transport/memdom.h): the engine's operations on
  * GPU memory, over the plain-C interface of gpu.h. */
+#include "transport/cuda/fp8_gpu.h"
 #include "transport/cuda/gpu.h"
 #include "transport/memdom.h"
 
@@ -26,4 +27,5 @@ extern "C" const refit_memdom_t refit_memdom_cuda = {
     refit_gpu_host_free,
     refit_gpu_plan_fills,
     cuda_truth_verify,
+    refit_gpu_fp8_truth_verify,
 };
