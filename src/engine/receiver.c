@@ -392,10 +392,21 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     }
     bool made;
     if ((st = refit_rx_plan_for(&p, &made))) goto out;
-    for (uint32_t k = 0; k < r->world && !r->relays; k++) { /* the fleet path picks its holders per pull */
-        int tidx = -1;
-        if (!refit_plan_source_bytes(p.cp->plan, k)) continue;
-        if ((st = refit_rx_connect_recorded(r, &p.s, k, &tidx))) goto out;
+    for (uint32_t k = 0; k < r->world; k++) {
+        p.tix[k] = -1;
+        if (r->relays || !refit_plan_source_bytes(p.cp->plan, k)) continue; /* the fleet path picks holders per pull */
+        if ((st = refit_rx_connect_recorded(r, &p.s, k, &p.tix[k]))) goto out;
+    }
+    /* What the transports build on a first pull (cuda_ipc: its copy or FP8
+     * table on the GPU), built now, when the memory is there. */
+    for (uint32_t t = 0; t < r->ts.n && r->ts.ops[t]->warm && r->mem[0]; t++) {
+        bool any = false;
+        for (uint32_t k = 0; k < r->world; k++) {
+            p.peers[k] = p.tix[k] == (int)t ? r->src[k].peer[t][p.s.recs[k].buffer] : NULL;
+            any |= p.peers[k] != NULL;
+        }
+        refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .fp8 = r->fp8, .fp8_bf16 = r->m};
+        if (any && (st = r->ts.ops[t]->warm(r->ts.ctx[t], p.peers, p.cp->plan, r->mem, &ctl))) goto out;
     }
     if (prepare_ms) *prepare_ms = (refit_now() - t0) * 1e3;
 out:

@@ -80,6 +80,11 @@ typedef struct {
      * ways before any byte is served; a transport never given one uses the
      * public all-zero key (as an insecure job does). */
     void (*set_key)(refit_transport_t *t, const uint8_t key[32]);
+    /* Optional: builds (and caches) what the first pull of plan into
+     * dst_bases would build before moving a byte (cuda_ipc: its copy or FP8
+     * table on the GPU), moving nothing; for refit_receiver_prepare. */
+    refit_status_t (*warm)(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                           void *const *dst_bases, const refit_pull_ctl_t *ctl);
 } refit_transport_ops_t;
 
 static inline unsigned refit_transport_caps(const refit_transport_ops_t *ops)

@@ -657,8 +657,11 @@ static refit_status_t fp8_run(refit_transport_t *t, refit_gpu_fp8_t *f, refit_pe
     return st;
 }
 
-static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
-                               void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
+/* A pull, or with warm its preparation only (the checks, the device, peer
+ * access and the cached table), moving nothing. */
+static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                                   void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats,
+                                   bool warm)
 {
     refit_status_t st = REFIT_OK;
     size_t nsrc = refit_plan_num_sources(plan), n;
@@ -729,6 +732,7 @@ static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers,
         if (src_dev >= 0 && (st = enable_peer(t, dev, src_dev))) goto out;
         if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), ctl, &ex))) goto out;
         g = ex->batch;
+        if (warm) goto out;
     }
     if (ex->fp8) {
         bool local = src_dev == dev && dst_dev == dev;
@@ -804,6 +808,18 @@ out:
     return st;
 }
 
+static refit_status_t ipc_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                               void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
+{
+    return pull_or_warm(t, peers, plan, dst_bases, ctl, stats, false);
+}
+
+static refit_status_t ipc_warm(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                               void *const *dst_bases, const refit_pull_ctl_t *ctl)
+{
+    return pull_or_warm(t, peers, plan, dst_bases, ctl, NULL, true);
+}
+
 extern "C" const refit_transport_ops_t refit_transport_cuda_ipc = {
     "cuda_ipc",
     REFIT_TCAP_DEVICE_SRC | REFIT_TCAP_DEVICE_DST | REFIT_TCAP_HOST_DST,
@@ -817,4 +833,5 @@ extern "C" const refit_transport_ops_t refit_transport_cuda_ipc = {
     ipc_disconnect,
     ipc_pull,
     NULL, /* set_key: IPC handles are opened by CUDA, not over a connection (docs/security.md) */
+    ipc_warm,
 };
