@@ -108,9 +108,9 @@ typedef struct {
     const char *transports;        /* transports to expose memory through, e.g. "shm,ucx"; NULL: every built-in one */
     const char *transport_options; /* e.g. "ucx.listen=10.77.0.1"; NULL: defaults */
     refit_publish_mode_t mode;
-    uint32_t heartbeat_ms;         /* 0: 200 */
-    uint32_t dead_ms;              /* a rank silent this long is dead; 0: 2000 */
-    int device;                    /* CUDA device of the memory (refit_publisher_alloc allocates there
+    uint32_t heartbeat_ms; /* 0: 200 */
+    uint32_t dead_ms;      /* a rank silent this long is dead; 0: 2000 */
+    int device;            /* CUDA device of the memory (refit_publisher_alloc allocates there
                                       through a GPU transport: cuda_ipc), -1: host memory */
     /* Delta refit (host memory).  The publisher keeps a copy of what it last
      * published (one more copy of its regions) and, with each version, the
@@ -120,21 +120,23 @@ typedef struct {
      * version (same publisher incarnation) fetches the parts of the delta its
      * plan reads and applies them in place; any other receiver pulls in full. */
     bool delta;
-    uint32_t delta_max_pct;        /* a version whose delta exceeds this share of a region's bytes is offered
+    uint32_t delta_max_pct;  /* a version whose delta exceeds this share of a region's bytes is offered
                                       in full only; 0: 10 (sparse costs 4 bytes per changed 2-byte unit, so
                                       10% holds up to about 5% of elements changed) */
-    unsigned delta_threads;        /* encoding threads at publish; 0: 4, at most one per CPU */
-    const char *secret_file;       /* the job's secret (above); NULL: from the environment or the registry */
-    bool insecure;                 /* no secret: public key (above) */
-    uint32_t lease_ms;             /* the longest lease its receivers take (their lease_ms); a publisher that
+    unsigned delta_threads;  /* encoding threads at publish; 0: 4, at most one per CPU */
+    const char *secret_file; /* the job's secret (above); NULL: from the environment or the registry */
+    bool insecure;           /* no secret: public key (above) */
+    uint32_t lease_ms;       /* the longest lease its receivers take (their lease_ms); a publisher that
                                       lost its view of the registry (its entries vanished: a store restarted
                                       without its data) waits this long before it trusts "no leases"; 0: 10000 */
-    bool no_digest;                /* true: publish no content digests (receivers cannot verify this rank's
+    bool no_digest;          /* true: publish no content digests (receivers cannot verify this rank's
                                       bytes and say so); false: digest tables computed at each publish */
 } refit_publisher_params_t;
-#define REFIT_PUBLISHER_PARAMS_INIT \
-    {REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0, -1, false, 0, 0, \
-     NULL, false, 0, false}
+#define REFIT_PUBLISHER_PARAMS_INIT                                                                               \
+    {                                                                                                             \
+        REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0, -1, false, 0, 0, \
+            NULL, false, 0, false                                                                                 \
+    }
 
 /* Creates a publisher for the rank `manifest` describes (finalized).  On
  * success the publisher owns the manifest.  Opens the registry (errors as
@@ -167,9 +169,15 @@ typedef struct {
     double encode_ms;               /* wall time spent encoding inside publish */
 } refit_publish_delta_t;
 #ifdef __cplusplus
-#define REFIT_PUBLISH_DELTA_INIT {sizeof(refit_publish_delta_t)}
+#define REFIT_PUBLISH_DELTA_INIT      \
+    {                                 \
+        sizeof(refit_publish_delta_t) \
+    }
 #else
-#define REFIT_PUBLISH_DELTA_INIT {.size = sizeof(refit_publish_delta_t)}
+#define REFIT_PUBLISH_DELTA_INIT              \
+    {                                         \
+        .size = sizeof(refit_publish_delta_t) \
+    }
 #endif
 /* out->size must be set (REFIT_PUBLISH_DELTA_INIT); REFIT_ERR_INVALID_ARG for
  * a size too small or a publisher made without delta. */
@@ -193,15 +201,15 @@ typedef enum { REFIT_VERIFY_NONE = 0, REFIT_VERIFY_TRUTH = 1 } refit_verify_mode
  * Version 6 added `fp8`; older callers get bf16 memory. */
 #define REFIT_RECEIVER_PARAMS_VERSION 6
 typedef struct {
-    unsigned version;              /* REFIT_RECEIVER_PARAMS_VERSION */
+    unsigned version;                   /* REFIT_RECEIVER_PARAMS_VERSION */
     const char *registry, *job, *group; /* as for publishers */
-    const char *transports;        /* preference order, e.g. "shm,ucx"; NULL: "shm,ucx" */
-    const char *transport_options; /* e.g. "ucx.require=rdma" */
-    const char *reader;            /* lease holder name; NULL: "<host>:<pid>:r<rank>" */
-    uint32_t lease_ms;             /* lease ttl, renewed during pulls; 0: 10000 */
-    unsigned threads;              /* copy threads for shm; 0: one per CPU */
+    const char *transports;             /* preference order, e.g. "shm,ucx"; NULL: "shm,ucx" */
+    const char *transport_options;      /* e.g. "ucx.require=rdma" */
+    const char *reader;                 /* lease holder name; NULL: "<host>:<pid>:r<rank>" */
+    uint32_t lease_ms;                  /* lease ttl, renewed during pulls; 0: 10000 */
+    unsigned threads;                   /* copy threads for shm; 0: one per CPU */
     refit_verify_mode_t verify;
-    int device;                    /* CUDA device of the receiver's memory, -1: host.  With a device,
+    int device; /* CUDA device of the receiver's memory, -1: host.  With a device,
                                       refit_receiver_alloc allocates GPU memory, attached memory must
                                       be on that device, padding is written and the truth verified by
                                       kernels; transports that cannot write GPU memory (shm, ucx) go
@@ -212,13 +220,13 @@ typedef struct {
      * needs - trainer ranks, their DP replicas, relays of this receiver's
      * layout and rank - in chunks that fast holders steal from slow ones; a
      * holder that dies is dropped and its chunks go to others. */
-    int relay_slot;                /* >= 0: after each commit, serve the version to other receivers of the
+    int relay_slot;              /* >= 0: after each commit, serve the version to other receivers of the
                                       same layout and rank as relay slot N (0..15; unique per rank);
                                       -1: not a relay */
-    uint32_t max_readers;          /* a holder feeds at most this many readers at once, and the trainer
+    uint32_t max_readers;        /* a holder feeds at most this many readers at once, and the trainer
                                       only while no relay holds the version (a tree); 0: no limit */
-    uint32_t chunk_kb;             /* chunk size for fleet transfers; 0: 2048 */
-    uint32_t relay_heartbeat_ms;   /* the relay's heartbeat (dead after 4x); 0: 200 */
+    uint32_t chunk_kb;           /* chunk size for fleet transfers; 0: 2048 */
+    uint32_t relay_heartbeat_ms; /* the relay's heartbeat (dead after 4x); 0: 200 */
     /* Delta refit: when every source this receiver reads offers a delta
      * whose base is the version this memory holds (same publisher
      * incarnation), the pull fetches only the delta chunks its plan reads and
@@ -229,15 +237,15 @@ typedef struct {
      * after the pull's deadline (then the error is returned, the memory marked
      * unusable if the apply had begun).  true: always pull in full. */
     bool no_delta;
-    double truth_fraction;         /* REFIT_VERIFY_TRUTH against refit_truth_fill_delta(fraction): the share of
+    double truth_fraction;   /* REFIT_VERIFY_TRUTH against refit_truth_fill_delta(fraction): the share of
                                       elements that change per version (host memory); 0: 1 (every element,
                                       refit_truth_fill) */
-    const char *secret_file;       /* the job's secret (above); NULL: from the environment or the registry */
-    bool insecure;                 /* no secret: public key (above) */
-    bool no_digest;                /* true: do not check the pulled bytes against the sources' content digests
+    const char *secret_file; /* the job's secret (above); NULL: from the environment or the registry */
+    bool insecure;           /* no secret: public key (above) */
+    bool no_digest;          /* true: do not check the pulled bytes against the sources' content digests
                                       (for those who accept the risk); false: every verifiable byte is checked
                                       before the version is committed (REFIT_ERR_VERIFY naming the tensor) */
-    bool fp8;                      /* true: the memory is the FP8 variant of the manifest's layout (refit/fp8.h:
+    bool fp8;                /* true: the memory is the FP8 variant of the manifest's layout (refit/fp8.h:
                                       e4m3 linear weights in 128x128 blocks with fp32 scales, the rest as is;
                                       one region of refit_fp8_target_bytes, tensors as refit_receiver_fp8_target
                                       lists them), quantized from the bf16 sources on the GPU while pulling:
@@ -245,9 +253,11 @@ typedef struct {
                                       digests do not apply to quantized bytes (REFIT_VERIFY_TRUTH checks them
                                       against the CPU quantizer) */
 } refit_receiver_params_t;
-#define REFIT_RECEIVER_PARAMS_INIT \
-    {REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0, false, 0, \
-     NULL, false, false, false}
+#define REFIT_RECEIVER_PARAMS_INIT                                                                                   \
+    {                                                                                                                \
+        REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0, \
+            false, 0, NULL, false, false, false                                                                      \
+    }
 
 REFIT_API refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *manifest,
                                                refit_receiver_t **out);
@@ -290,9 +300,15 @@ typedef struct {
     double digest_ms;
 } refit_pull_report_t;
 #ifdef __cplusplus
-#define REFIT_PULL_REPORT_INIT {sizeof(refit_pull_report_t)}
+#define REFIT_PULL_REPORT_INIT      \
+    {                               \
+        sizeof(refit_pull_report_t) \
+    }
 #else
-#define REFIT_PULL_REPORT_INIT {.size = sizeof(refit_pull_report_t)}
+#define REFIT_PULL_REPORT_INIT              \
+    {                                       \
+        .size = sizeof(refit_pull_report_t) \
+    }
 #endif
 
 /* Pulls `version` (or the newest complete version newer than the committed
@@ -310,7 +326,10 @@ REFIT_API refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t versi
 /* Gets ready for the first pull without moving bytes (optional): waits up
  * to timeout_ms for every source rank to have published, reads their
  * manifests, plans, and connects to the sources the plan reads (cuda_ipc:
- * opens their IPC handles, the bulk of a first refit's cost).  A receiver
+ * opens their IPC handles, the bulk of a first refit's cost) and, when its
+ * memory is allocated or attached, builds the transport's copy table for
+ * the plan (cuda_ipc: the batch, or an FP8 receiver's quantize-on-copy
+ * table, about 0.1 s for Qwen3-30B-A3B).  A receiver
  * that joins a running job calls it before it needs weights (e.g. while its
  * engine starts), so that its first pull costs about what a steady one does;
  * pulls reuse the plan and connections while the sources' manifests and
@@ -320,18 +339,24 @@ REFIT_API refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t versi
 REFIT_API refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, double *prepare_ms);
 /* Per holder of the last pull (fleet path): what it served. */
 typedef struct {
-    size_t size;        /* sizeof(refit_holder_stat_t) as the caller compiled it: REFIT_HOLDER_STAT_INIT */
-    char name[96];      /* "trainer:R" or "relay:S" */
-    uint64_t bytes;     /* bytes read from it (re-read chunks included) */
-    uint32_t chunks;    /* chunks it served */
-    uint32_t steals;    /* chunks it re-read from a slower holder */
-    bool failed;        /* dropped during the pull (died, broke) */
-    uint32_t early;     /* a relay: chunks read while it was still receiving the version */
+    size_t size;     /* sizeof(refit_holder_stat_t) as the caller compiled it: REFIT_HOLDER_STAT_INIT */
+    char name[96];   /* "trainer:R" or "relay:S" */
+    uint64_t bytes;  /* bytes read from it (re-read chunks included) */
+    uint32_t chunks; /* chunks it served */
+    uint32_t steals; /* chunks it re-read from a slower holder */
+    bool failed;     /* dropped during the pull (died, broke) */
+    uint32_t early;  /* a relay: chunks read while it was still receiving the version */
 } refit_holder_stat_t;
 #ifdef __cplusplus
-#define REFIT_HOLDER_STAT_INIT {sizeof(refit_holder_stat_t)}
+#define REFIT_HOLDER_STAT_INIT      \
+    {                               \
+        sizeof(refit_holder_stat_t) \
+    }
 #else
-#define REFIT_HOLDER_STAT_INIT {.size = sizeof(refit_holder_stat_t)}
+#define REFIT_HOLDER_STAT_INIT              \
+    {                                       \
+        .size = sizeof(refit_holder_stat_t) \
+    }
 #endif
 /* Copies up to max entries into out[0 .. max) and returns the number of
  * holders of the last pull (0 when it did not use the fleet path); *count
@@ -362,13 +387,19 @@ typedef struct refit_fp8_relay refit_fp8_relay_t;
 typedef struct {
     size_t size; /* sizeof(refit_fp8_relay_report_t) as the caller compiled it: REFIT_FP8_RELAY_REPORT_INIT */
     uint64_t version;
-    uint64_t bf16_bytes, fp8_bytes; /* pulled, published */
+    uint64_t bf16_bytes, fp8_bytes;                /* pulled, published */
     double pull_ms, wait_ms, stage_ms, publish_ms; /* wait: for the FP8 readers of the previous version (in place) */
 } refit_fp8_relay_report_t;
 #ifdef __cplusplus
-#define REFIT_FP8_RELAY_REPORT_INIT {sizeof(refit_fp8_relay_report_t)}
+#define REFIT_FP8_RELAY_REPORT_INIT      \
+    {                                    \
+        sizeof(refit_fp8_relay_report_t) \
+    }
 #else
-#define REFIT_FP8_RELAY_REPORT_INIT {.size = sizeof(refit_fp8_relay_report_t)}
+#define REFIT_FP8_RELAY_REPORT_INIT              \
+    {                                            \
+        .size = sizeof(refit_fp8_relay_report_t) \
+    }
 #endif
 /* rp: the bf16 side (host memory; its group is the trainer's); pp: the FP8
  * side, pp->group naming another group.  Takes ownership of bf16 (even on

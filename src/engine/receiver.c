@@ -22,8 +22,7 @@
 
 static const char *or_default(const char *s, const char *d) { return s && s[0] ? s : d; }
 
-refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *m,
-                                     refit_receiver_t **out)
+refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *m, refit_receiver_t **out)
 {
     refit_status_t st;
     refit_receiver_params_t defaults = REFIT_RECEIVER_PARAMS_INIT;
@@ -54,7 +53,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
         return refit_error(REFIT_ERR_UNSUPPORTED, "truth_fraction below 1 is verified on host memory only");
     }
     if (r->params.fp8) {
-        const char *why = r->params.device < 0      ? "quantizes on the GPU: set device"
+        const char *why = r->params.device < 0        ? "quantizes on the GPU: set device"
                           : r->params.relay_slot >= 0 ? "does not relay (its memory is not its layout's bf16)"
                                                       : NULL;
         if (why || (st = refit_fp8_target_create(m, &r->fp8))) {
@@ -110,8 +109,10 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
             if (refit_transport_caps(r->ts.ops[t]) & REFIT_TCAP_DEVICE_DST) host_path = false;
     }
     if (host_path && r->fp8) {
-        st = refit_error(REFIT_ERR_UNSUPPORTED, "an FP8 receiver quantizes on the GPU through cuda_ipc, which is not among "
-                         "its transports (\"%s\")", or_default(r->params.transports, "shm,ucx"));
+        st = refit_error(REFIT_ERR_UNSUPPORTED,
+                         "an FP8 receiver quantizes on the GPU through cuda_ipc, which is not among "
+                         "its transports (\"%s\")",
+                         or_default(r->params.transports, "shm,ucx"));
         goto err;
     }
     if (host_path && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
@@ -138,9 +139,8 @@ refit_status_t refit_receiver_alloc(refit_receiver_t *r, uint32_t region, void *
     void *p = NULL;
     uint64_t size = r->fp8 ? refit_fp8_target_bytes(r->fp8) : r->m->regions.data[region];
     refit_status_t st = r->dom->alloc(r->params.device, size, &p); /* zeroed, its pages in */
-    if (st) /* the GPU's error says which device */
-        return r->params.device >= 0 ? st
-                                     : refit_error(st, "receiver region %u: %" PRIu64 " bytes", region, size);
+    if (st)                                                        /* the GPU's error says which device */
+        return r->params.device >= 0 ? st : refit_error(st, "receiver region %u: %" PRIu64 " bytes", region, size);
     r->mem[region] = p;
     r->owned[region] = true;
     *base = p;
@@ -184,8 +184,7 @@ void refit_receiver_destroy(refit_receiver_t *r)
     free(r);
 }
 
-refit_status_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *out, size_t max,
-                                      size_t *count)
+refit_status_t refit_receiver_holders(const refit_receiver_t *r, refit_holder_stat_t *out, size_t max, size_t *count)
 {
     if (!r) return refit_error(REFIT_ERR_INVALID_ARG, "receiver is NULL");
     if (max && !out) return refit_error(REFIT_ERR_INVALID_ARG, "holders: out is NULL and max is %zu", max);
@@ -236,8 +235,9 @@ static refit_status_t recheck_sources(pull_t *p)
         if (!s2.present[k] || !s2.alive[k])
             st = refit_error(REFIT_ERR_PEER, "source rank %u died during the transfer of version %" PRIu64, k, p->v);
         else if (s2.recs[k].version != p->v || s2.recs[k].incarnation != p->s.recs[k].incarnation)
-            st = refit_error(REFIT_ERR_PEER, "source rank %u moved to version %" PRIu64 " during the transfer of %" PRIu64,
-                             k, s2.recs[k].version, p->v);
+            st = refit_error(REFIT_ERR_PEER,
+                             "source rank %u moved to version %" PRIu64 " during the transfer of %" PRIu64, k,
+                             s2.recs[k].version, p->v);
     }
     refit_rx_snapshot_free(&s2);
     return st;
@@ -312,8 +312,8 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         } else if (st == REFIT_ERR_TIMEOUT || refit_now() > deadline) {
             goto out;
         } else {
-            refit_log(REFIT_LOG_INFO, "%s: delta of version %" PRIu64 " not applied (%s); pulling in full", r->reader, v,
-                      refit_last_error());
+            refit_log(REFIT_LOG_INFO, "%s: delta of version %" PRIu64 " not applied (%s); pulling in full", r->reader,
+                      v, refit_last_error());
             rep->delta_base = rep->delta_units = rep->bytes = rep->requests = 0;
             rep->sources = 0;
         }
@@ -383,7 +383,8 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
                              r->world, r->group);
             goto out;
         }
-        if ((st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1)) && st != REFIT_ERR_TIMEOUT) goto out;
+        if ((st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.25) * 1e3) + 1)) && st != REFIT_ERR_TIMEOUT)
+            goto out;
     }
     for (uint32_t k = 0; k < r->world; k++) {
         bool read = false;
@@ -399,7 +400,10 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     }
     /* What the transports build on a first pull (cuda_ipc: its copy or FP8
      * table on the GPU), built now, when the memory is there. */
-    for (uint32_t t = 0; t < r->ts.n && r->ts.ops[t]->warm && r->mem[0]; t++) {
+    bool have_mem = true;
+    for (uint32_t i = 0; i < r->nregions; i++) have_mem = have_mem && r->mem[i];
+    for (uint32_t t = 0; t < r->ts.n && have_mem; t++) {
+        if (!r->ts.ops[t]->warm) continue;
         bool any = false;
         for (uint32_t k = 0; k < r->world; k++) {
             p.peers[k] = p.tix[k] == (int)t ? r->src[k].peer[t][p.s.recs[k].buffer] : NULL;
