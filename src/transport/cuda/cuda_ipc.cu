@@ -1,60 +1,20 @@
-/* The cuda_ipc transport: same host, GPU memory, pulled over NVLink/PCIe.
+/* The cuda_ipc transport: same host, GPU memory, pulled over NVLink/PCIe
+ * (docs/gpu.md, "How cuda_ipc works", is the design).
  *
- * Design (decided here; docs/gpu.md has the user's view):
- *
- *  - Publisher side.  alloc() is cudaMalloc on the transport's device
- *    (option "device=N", which the engine sets from the publisher's
- *    params.device).  expose() finds the allocation that holds the region
- *    (cuMemGetAddressRange, fetched through the runtime's driver entry
- *    points so that nothing links libcuda), takes cudaIpcGetMemHandle of it
- *    and writes a descriptor: handle, offset of the region in the
- *    allocation, size, the device's UUID, the publisher's pid, process start
- *    time and the host's boot id.  It travels in the manifest as the
- *    attribute "cuda_ipc.region.<r>.<buffer>", like shm's.  Only device
- *    memory is exposed: host regions are shm's business.
- *
- *  - Receiver side.  connect() checks that the publisher is on this host and
- *    alive, then opens each handle once (cudaIpcOpenMemHandle with lazy peer
- *    access) on the receiver's device, falling back to the publisher's own
- *    device for host receivers.  Opened handles are cached in the transport
- *    with reference counts (one open per allocation and process, as CUDA
- *    wants); the engine caches peers per source incarnation, so a steady
- *    refit opens nothing.  A descriptor from this very process is used
- *    directly (cudaIpcOpenMemHandle refuses handles of its own process).
- *
- *  - pull() runs the plan as ONE kernel launch on the destination's device:
- *    the plan's regions (a few hundred to a few thousand after coalescing)
- *    become a batch table (plan/batch.h) uploaded once per plan and cached
- *    here; a persistent grid walks it in 256 KiB chunks with 16-byte loads
- *    and stores where the region allows (narrower where not), reading the
- *    peer's memory directly over P2P.  Base addresses live in a separate slot
- *    table uploaded only when they change, so a steady refit is one launch
- *    and no upload, however many tensors the plan covers (18,432 expert
- *    tensors are a few hundred strided regions, not 18,432 copies).
- *    Host destinations work too: the receiver's memory is registered
- *    (mapped) once and the kernel writes it over PCIe.  Fills (padding) are
- *    the engine's, on the GPU as well (refit_gpu_plan_fills).
- *
- *  - Kernels of different processes on one GPU do not run together: the GPU
- *    time-slices between their contexts, and on an H200 two receivers
- *    pulling 30.5 GB each on the publishers' GPU took 62.8 ms where one
- *    receiver pulling all 61 GB took 44.0 ms.  So a receiver takes the GPU's
- *    turn (an flock on /dev/shm/refit-<uid>-<GPU UUID>.turn, per user)
- *    around its launch and the wait for it: the copies of receivers on one
- *    GPU run one after the other, each with the whole GPU.  A turn not
- *    granted within 2 s is not waited for (the copy runs anyway).  Measured
- *    on one GPU only: by default ("cuda_ipc.turns=auto") turns are taken
- *    for local copies (source, destination and copy on one GPU); "turns=1"
- *    takes them always, "turns=0" never.  A GPU receiver's truth
- *    verification takes the turn too, after a 2 ms grace (receiver.c).
- *
- *  - Local copies (copy=auto): see COPY_MIN_BYTES below.
- *
- *  - After the kernel, every source process must still be alive (its memory
- *    could have been freed under the copy): REFIT_ERR_PEER otherwise.
- *
- * Not here: GPU memory across hosts (UCX with CUDA support, docs/gpu.md);
- * multicast/NVLS (never, on shared machines). */
+ *  - Publisher: alloc() is cudaMalloc on the transport's device; expose()
+ *    finds the allocation holding the region (cuMemGetAddressRange through
+ *    the runtime's driver entry points: nothing links libcuda) and describes
+ *    it by its IPC handle, offset, size, device UUID and the publisher's pid,
+ *    start time and boot id.
+ *  - Receiver: connect() checks the publisher is on this host and alive and
+ *    opens each handle once (cached, reference counted; a descriptor of this
+ *    very process is used directly).  pull() runs a cached table - the plan as
+ *    a batch (plan/batch.h), or a quantize-on-copy table for FP8 receivers
+ *    (plan/fp8_table.h) - as one launch with a slot table uploaded only when
+ *    bases change; local copies (copy=auto) also use runtime copies for long
+ *    runs (COPY_MIN_BYTES).  Receivers on one GPU take its turn around their
+ *    copy (turns=auto: local copies).  After the copy every source must still
+ *    be alive (REFIT_ERR_PEER).  warm() builds the table for prepare(). */
 #include <cuda_runtime.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -76,13 +36,13 @@ extern "C" {
 
 typedef struct {
     uint32_t magic, version, pid;
-    int32_t device;       /* the publisher's device ordinal (informational: ordinals differ between processes) */
+    int32_t device; /* the publisher's device ordinal (informational: ordinals differ between processes) */
     uint64_t start_time;
-    uint64_t offset;      /* of the region in its allocation */
+    uint64_t offset; /* of the region in its allocation */
     uint64_t size;
-    uint64_t addr;        /* the publisher's address (used by the publisher's own process) */
+    uint64_t addr; /* the publisher's address (used by the publisher's own process) */
     char boot_id[40];
-    char uuid[48];        /* the device's UUID: what identifies it across processes */
+    char uuid[48]; /* the device's UUID: what identifies it across processes */
     unsigned char handle[CUDA_IPC_HANDLE_SIZE];
 } ipc_desc_t;
 
@@ -114,8 +74,8 @@ typedef struct {
 
 struct refit_transport {
     pthread_mutex_t lock;
-    int device;    /* -1: none given */
-    bool exec_src; /* run the copy on the source's GPU, writing to the destination (push) */
+    int device;                /* -1: none given */
+    bool exec_src;             /* run the copy on the source's GPU, writing to the destination (push) */
     uint64_t peer_enabled[64]; /* bit d of [e]: peer access e -> d enabled in this process */
     REFIT_VEC(reg_t) allocs;
     REFIT_VEC(reg_t) registered;
@@ -123,13 +83,13 @@ struct refit_transport {
     uint32_t nopened;
     exec_entry_t exec[EXEC_CACHE];
     uint64_t uses;
-    int turns;            /* cuda_ipc.turns=auto (-1: local copies only) | 0 | 1 */
-    int copy_mode;        /* cuda_ipc.copy=auto (0) | kernel (1) | memcpy (2) */
+    int turns;     /* cuda_ipc.turns=auto (-1: local copies only) | 0 | 1 */
+    int copy_mode; /* cuda_ipc.copy=auto (0) | kernel (1) | memcpy (2) */
 };
 
 typedef struct {
-    void *ptr;   /* the region */
-    void *base;  /* the opened allocation (NULL: not opened by us) */
+    void *ptr;  /* the region */
+    void *base; /* the opened allocation (NULL: not opened by us) */
     uint64_t size;
 } ipc_region_t;
 
@@ -433,7 +393,8 @@ static refit_status_t ipc_connect(refit_transport_t *t, const void *const *descs
         memcpy(&d, descs[i], sizeof(d));
         d.boot_id[39] = d.uuid[47] = '\0';
         if (d.magic != IPC_MAGIC || d.version != IPC_DESC_VERSION) {
-            st = refit_error(REFIT_ERR_CORRUPT, "cuda_ipc: region %u descriptor is not a version-%d cuda_ipc descriptor", i,
+            st = refit_error(REFIT_ERR_CORRUPT,
+                             "cuda_ipc: region %u descriptor is not a version-%d cuda_ipc descriptor", i,
                              IPC_DESC_VERSION);
             goto err;
         }
@@ -452,13 +413,13 @@ static refit_status_t ipc_connect(refit_transport_t *t, const void *const *descs
         if (p->src_dev < 0) p->src_dev = device_by_uuid(d.uuid);
         if (p->dev < 0) p->dev = (t->exec_src && p->src_dev >= 0) || t->device < 0 ? p->src_dev : t->device;
         if (p->dev < 0) {
-            st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: the source's GPU %s is not visible here, and no device= is set",
-                             d.uuid);
+            st = refit_error(REFIT_ERR_TRANSPORT,
+                             "cuda_ipc: the source's GPU %s is not visible here, and no device= is set", d.uuid);
             goto err;
         }
         if (p->src_dev >= 0 && !refit_gpu_can_access_peer(p->dev, p->src_dev)) {
-            st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: GPU %d cannot read GPU %d directly (no peer access)", p->dev,
-                             p->src_dev);
+            st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: GPU %d cannot read GPU %d directly (no peer access)",
+                             p->dev, p->src_dev);
             goto err;
         }
         if (d.pid == (uint32_t)getpid()) {
@@ -527,8 +488,8 @@ static refit_status_t kernel_part(const refit_batch_t *b, uint64_t min_bytes, re
 
 /* The cached table for (plan, sources, device, access width) - a batch, or
  * with ctl->fp8 a quantize-on-copy table - built on first use. */
-static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, const uint8_t *only, size_t nsrc, int dev,
-                               uint32_t max_shift, const refit_pull_ctl_t *ctl, exec_entry_t **entry)
+static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, const uint8_t *only, size_t nsrc,
+                               int dev, uint32_t max_shift, const refit_pull_ctl_t *ctl, exec_entry_t **entry)
 {
     refit_plan_key_t key;
     refit_plan_key(plan, &key);
@@ -636,8 +597,8 @@ static uint32_t align_shift(uint64_t a)
 /* A quantize-on-copy table: every source region's slot, the arena, one
  * launch (under the GPU's turn when the copy is local), then the wait. */
 static refit_status_t fp8_run(refit_transport_t *t, refit_gpu_fp8_t *f, refit_peer_t *const *peers, const uint8_t *only,
-                              size_t nsrc, void *arena, int dev, bool local, const refit_pull_ctl_t *ctl, uint64_t *launches,
-                              uint64_t *uploads)
+                              size_t nsrc, void *arena, int dev, bool local, const refit_pull_ctl_t *ctl,
+                              uint64_t *launches, uint64_t *uploads)
 {
     const refit_fp8_table_t *x = refit_gpu_fp8_table(f);
     uint64_t *slots = (uint64_t *)calloc(x->nslots ? x->nslots : 1, sizeof(uint64_t));
@@ -692,8 +653,8 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
         if (!only[regs[i].src]) continue;
         const refit_peer_t *p = peers[regs[i].src];
         if (regs[i].src_region >= p->n || refit_region_src_end(&regs[i]) > p->regions[regs[i].src_region].size) {
-            st = refit_error(REFIT_ERR_CORRUPT, "cuda_ipc: the plan reads past region %u of source %u", regs[i].src_region,
-                             regs[i].src);
+            st = refit_error(REFIT_ERR_CORRUPT, "cuda_ipc: the plan reads past region %u of source %u",
+                             regs[i].src_region, regs[i].src);
             goto out;
         }
         uint64_t e = refit_region_dst_end(&regs[i]);
@@ -720,7 +681,8 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
             align |= (uint64_t)(uintptr_t)dst_bases[r];
         }
         for (size_t s = 0; s < nsrc; s++)
-            for (uint32_t r = 0; only[s] && r < peers[s]->n; r++) align |= (uint64_t)(uintptr_t)peers[s]->regions[r].ptr;
+            for (uint32_t r = 0; only[s] && r < peers[s]->n; r++)
+                align |= (uint64_t)(uintptr_t)peers[s]->regions[r].ptr;
         /* dev is where the handles were opened: the source's GPU with
          * exec=src (or for host destinations), else the destination's. */
         if (!host_dst && !t->exec_src && dst_dev >= 0) dev = dst_dev;
@@ -749,7 +711,8 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
                 uint32_t r = k - b->src_slot_base[s];
                 slots[k] = r < peers[s]->n ? (uint64_t)(uintptr_t)peers[s]->regions[r].ptr : 0;
             }
-        for (uint32_t k = b->dst_slot_base; k < b->nslots; k++) slots[k] = (uint64_t)(uintptr_t)dst_bases[k - b->dst_slot_base];
+        for (uint32_t k = b->dst_slot_base; k < b->nslots; k++)
+            slots[k] = (uint64_t)(uintptr_t)dst_bases[k - b->dst_slot_base];
         /* Local (source, destination and kernel on one GPU): copy=auto takes
          * the runtime's device-to-device copies (see the notes at the top). */
         bool local = !host_dst && src_dev == dev && dst_dev == dev;
@@ -766,7 +729,8 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
         refit_gpu_batch_t *small = memcpy_used && min_copy ? ex->small : NULL;
         bool turns = t->turns == 1 || (t->turns == -1 && local);
         int turn = turns ? refit_gpu_turn_take(dev, 0, 2.0) : -1;
-        if (small) st = refit_gpu_batch_launch(small, slots, &launches, &uploads); /* its own stream: runs beside the copies */
+        if (small)
+            st = refit_gpu_batch_launch(small, slots, &launches, &uploads); /* its own stream: runs beside the copies */
         if (!st && memcpy_used) st = refit_gpu_batch_copy(g, slots, min_copy, &copies);
         else if (!st) st = refit_gpu_batch_launch(g, slots, &launches, &uploads);
         if (!st) st = refit_gpu_batch_wait(g, ctl ? ctl->tick : NULL, ctl ? ctl->user : NULL, ctl ? ctl->deadline : 0);
@@ -788,18 +752,23 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
         stats->launches += launches + copies;
         if (ex->fp8)
             snprintf(stats->lanes, sizeof(stats->lanes),
-                     "cuda_ipc:fp8 quantize-on-copy GPU%d->GPU%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
+                     "cuda_ipc:fp8 quantize-on-copy GPU%d->GPU%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64
+                     " upload%s)",
                      src_dev, dst_dev, dev, launches, launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
         else if (memcpy_used)
             snprintf(stats->lanes, sizeof(stats->lanes),
-                     "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64 " kernel launch%s",
+                     "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64
+                     " kernel launch%s",
                      src_dev, dst_dev, dev, copies, launches, launches == 1 ? "" : "es");
         else
             snprintf(stats->lanes, sizeof(stats->lanes),
                      "cuda_ipc:%s GPU%d->%s%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
-                     host_dst ? "mapped-host" : (src_dev == dst_dev ? "local" : dev == dst_dev ? "p2p-pull" : "p2p-push"),
-                     src_dev, host_dst ? "host" : "GPU", host_dst ? -1 : dst_dev, dev, launches, launches == 1 ? "" : "es",
-                     uploads, uploads == 1 ? "" : "s");
+                     host_dst ? "mapped-host"
+                              : (src_dev == dst_dev ? "local"
+                                 : dev == dst_dev   ? "p2p-pull"
+                                                    : "p2p-push"),
+                     src_dev, host_dst ? "host" : "GPU", host_dst ? -1 : dst_dev, dev, launches,
+                     launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
     }
 out:
     free(only);
@@ -821,17 +790,11 @@ static refit_status_t ipc_warm(refit_transport_t *t, refit_peer_t *const *peers,
 }
 
 extern "C" const refit_transport_ops_t refit_transport_cuda_ipc = {
-    "cuda_ipc",
-    REFIT_TCAP_DEVICE_SRC | REFIT_TCAP_DEVICE_DST | REFIT_TCAP_HOST_DST,
-    ipc_create,
-    ipc_destroy,
-    ipc_alloc,
-    ipc_free,
-    ipc_expose,
-    ipc_unexpose,
-    ipc_connect,
-    ipc_disconnect,
-    ipc_pull,
-    NULL, /* set_key: IPC handles are opened by CUDA, not over a connection (docs/security.md) */
+    "cuda_ipc",  REFIT_TCAP_DEVICE_SRC | REFIT_TCAP_DEVICE_DST | REFIT_TCAP_HOST_DST,
+    ipc_create,  ipc_destroy,
+    ipc_alloc,   ipc_free,
+    ipc_expose,  ipc_unexpose,
+    ipc_connect, ipc_disconnect,
+    ipc_pull,    NULL, /* set_key: IPC handles are opened by CUDA, not over a connection (docs/security.md) */
     ipc_warm,
 };
