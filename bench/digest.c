@@ -21,13 +21,13 @@
 #include "refit/refit.h"
 #include "util/util.h"
 
-#define CHECK(expr)                                                                                         \
-    do {                                                                                                    \
-        refit_status_t st_ = (expr);                                                                        \
-        if (st_) {                                                                                          \
-            fprintf(stderr, "%s: %s: %s\n", #expr, refit_status_name(st_), refit_last_error());             \
-            exit(1);                                                                                        \
-        }                                                                                                   \
+#define CHECK(expr)                                                                             \
+    do {                                                                                        \
+        refit_status_t st_ = (expr);                                                            \
+        if (st_) {                                                                              \
+            fprintf(stderr, "%s: %s: %s\n", #expr, refit_status_name(st_), refit_last_error()); \
+            exit(1);                                                                            \
+        }                                                                                       \
     } while (0)
 
 /* The host: CPU model, online CPUs and the load average when the run began
@@ -180,7 +180,8 @@ int main(int argc, char **argv)
     }
     /* Rows of the receiver's placements: the kernel's per-row work. */
     uint64_t rows = 0;
-    for (size_t i = 0; i < dm->placements.len; i++) rows += dm->placements.data[i].ndim == 2 ? dm->placements.data[i].extent[0] : 1;
+    for (size_t i = 0; i < dm->placements.len; i++)
+        rows += dm->placements.data[i].ndim == 2 ? dm->placements.data[i].extent[0] : 1;
 
     /* Publisher: a Megatron ep=8 rank (and the receiver's own manifest as a
      * publisher, as a relay would be). */
@@ -204,9 +205,10 @@ int main(int argc, char **argv)
            (placed / t1) / (region / tcopy), (placed / t2) / (region / tcopy), t1 * 1e9 / (double)rows);
     printf("    \"table_bytes_as_publisher\": %" PRIu64 ", \"table_fraction_as_publisher\": %.5f},\n", tdst,
            (double)tdst / (double)placed);
-    printf("  \"publisher\": {\"layout\": \"megatron:ep=8\", \"rank\": 0, \"placements\": %zu, \"placed_bytes\": %" PRIu64
-           ", \"table_bytes\": %" PRIu64 ", \"table_fraction\": %.5f,\n",
-           sm->placements.len, sbytes, tbytes, (double)tbytes / (double)sbytes);
+    printf(
+        "  \"publisher\": {\"layout\": \"megatron:ep=8\", \"rank\": 0, \"placements\": %zu, \"placed_bytes\": %" PRIu64
+        ", \"table_bytes\": %" PRIu64 ", \"table_fraction\": %.5f,\n",
+        sm->placements.len, sbytes, tbytes, (double)tbytes / (double)sbytes);
     printf("    \"table_fill_1t_gbps\": %.2f, \"table_fill_2t_gbps\": %.2f},\n", sbytes / f1 / 1e9, sbytes / f2 / 1e9);
     printf("  \"plans\": {\n");
     plan_figures("qwen3-30b-a3b-mini", false);

@@ -152,8 +152,8 @@ static int pull(const char *hex, uint64_t size, const char *opts, int reps, uint
     refit_plan_region_t r = {.run = size};
     uint64_t moved = size;
     if (rows) {
-        r = (refit_plan_region_t){.run = rows, .nloops = 1, .count = {size / (2 * rows)}, .src_stride = {2 * rows},
-                                  .dst_stride = {rows}};
+        r = (refit_plan_region_t){
+            .run = rows, .nloops = 1, .count = {size / (2 * rows)}, .src_stride = {2 * rows}, .dst_stride = {rows}};
         moved = r.count[0] * rows;
     }
     if (!plan->src_bytes || REFIT_VEC_PUSH(&plan->regions, r)) return 2;
@@ -174,7 +174,8 @@ static int pull(const char *hex, uint64_t size, const char *opts, int reps, uint
     }
     bool ok = true;
     if (!rows) ok = nn_check(buf, size, SEED, 0) == UINT64_MAX;
-    for (uint64_t i = 0; rows && ok && i < r.count[0]; i++) ok = nn_check(buf + i * rows, rows, SEED, 2 * rows * i) == UINT64_MAX;
+    for (uint64_t i = 0; rows && ok && i < r.count[0]; i++)
+        ok = nn_check(buf + i * rows, rows, SEED, 2 * rows * i) == UINT64_MAX;
     printf("VERIFY %s\n", ok ? "ok" : "bad");
     refit_plan_destroy(plan);
     ops->disconnect(peer);
@@ -199,7 +200,8 @@ static void on_signal(int sig)
 
 int main(int argc, char **argv)
 {
-    if (argc >= 5 && !strcmp(argv[1], "--tcp-send")) return tcp_send(atoi(argv[2]), strtoull(argv[3], NULL, 0), atoi(argv[4]));
+    if (argc >= 5 && !strcmp(argv[1], "--tcp-send"))
+        return tcp_send(atoi(argv[2]), strtoull(argv[3], NULL, 0), atoi(argv[4]));
     if (argc >= 6 && !strcmp(argv[1], "--tcp-recv"))
         return tcp_recv(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 0), atoi(argv[5]));
     if (argc >= 4 && !strcmp(argv[1], "--publish")) return publish(strtoull(argv[2], NULL, 0), argv[3]);
@@ -285,8 +287,7 @@ int main(int argc, char **argv)
     nn_finish(&snd, 10);
     nn_finish(&pub, 10);
     if (ntcp != reps || nucx != reps || sub_rc != 0) {
-        fprintf(stderr, "bench_ucx_tcp: incomplete (tcp runs %d, ucx runs %d, receiver exit %d)\n", ntcp, nucx,
-                sub_rc);
+        fprintf(stderr, "bench_ucx_tcp: incomplete (tcp runs %d, ucx runs %d, receiver exit %d)\n", ntcp, nucx, sub_rc);
         goto out;
     }
     double ts[50], us[50];

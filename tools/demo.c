@@ -42,14 +42,14 @@ typedef struct {
     uint64_t bytes;
     double discover, plan, transfer, verify, total; /* max over receivers */
     bool planned;
-    double begin, end;          /* earliest begin_s, latest end_s over receivers (CLOCK_MONOTONIC) */
-    double xbegin;              /* earliest transfer_begin_s over receivers */
-    double connect;             /* max over receivers */
-    uint64_t launches, requests; /* sums over receivers */
-    double published, publish_ms, fill_ms; /* latest publish time, max publish_ms / fill_ms over publishers */
-    uint32_t deltas;            /* receivers that applied a delta */
-    double digest_ms;           /* max over receivers: checking against the publishers' digests */
-    double pub_digest_ms;       /* max over publishers: computing them (part of publish_ms) */
+    double begin, end;                       /* earliest begin_s, latest end_s over receivers (CLOCK_MONOTONIC) */
+    double xbegin;                           /* earliest transfer_begin_s over receivers */
+    double connect;                          /* max over receivers */
+    uint64_t launches, requests;             /* sums over receivers */
+    double published, publish_ms, fill_ms;   /* latest publish time, max publish_ms / fill_ms over publishers */
+    uint32_t deltas;                         /* receivers that applied a delta */
+    double digest_ms;                        /* max over receivers: checking against the publishers' digests */
+    double pub_digest_ms;                    /* max over publishers: computing them (part of publish_ms) */
     uint64_t digest_bytes, unverified_bytes; /* sums over receivers */
 } cycle_t;
 
@@ -105,8 +105,8 @@ static double num(const refit_json_t *o, const char *k)
 
 static double g_prepare_ms; /* the slowest receiver's refit_receiver_prepare (--prepare), 0 without */
 
-static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t first, uint64_t ncycles, char *transport,
-                        size_t tsize, char *lanes, size_t lsize, bool *failed)
+static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t first, uint64_t ncycles,
+                        char *transport, size_t tsize, char *lanes, size_t lsize, bool *failed)
 {
     refit_json_t *o = NULL;
     if (refit_json_parse(line, strlen(line), &o)) {
@@ -243,20 +243,45 @@ int cmd_demo(int argc, char **argv)
     uint64_t cycles = 5, timeout_s = 900, threads = 0, replicas = 1;
     bool json = false;
     const char *delta = NULL;
-    enum { D_MODEL = 1, D_SRC, D_DST, D_CYCLES, D_TRANSPORT, D_REGISTRY, D_JSON, D_TIMEOUT, D_THREADS, D_MODE,
-           D_REPLICAS, D_SRC_DEVICE, D_DST_DEVICE, D_TOPTS, D_DELTA, D_NO_DIGEST, D_PREPARE, D_FP8 };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, D_MODEL},         {"src", required_argument, 0, D_SRC},
-        {"dst", required_argument, 0, D_DST},             {"cycles", required_argument, 0, D_CYCLES},
-        {"transport", required_argument, 0, D_TRANSPORT}, {"registry", required_argument, 0, D_REGISTRY},
-        {"json", no_argument, 0, D_JSON},                 {"timeout-s", required_argument, 0, D_TIMEOUT},
-        {"threads", required_argument, 0, D_THREADS},     {"mode", required_argument, 0, D_MODE},
-        {"replicas", required_argument, 0, D_REPLICAS},   {"src-device", required_argument, 0, D_SRC_DEVICE},
-        {"dst-device", required_argument, 0, D_DST_DEVICE}, {"transport-options", required_argument, 0, D_TOPTS},
-        {"delta", required_argument, 0, D_DELTA},         {"no-digest", no_argument, 0, D_NO_DIGEST},
-        {"prepare", no_argument, 0, D_PREPARE},
-        {"fp8", no_argument, 0, D_FP8},
-        {0, 0, 0, 0}};
+    enum {
+        D_MODEL = 1,
+        D_SRC,
+        D_DST,
+        D_CYCLES,
+        D_TRANSPORT,
+        D_REGISTRY,
+        D_JSON,
+        D_TIMEOUT,
+        D_THREADS,
+        D_MODE,
+        D_REPLICAS,
+        D_SRC_DEVICE,
+        D_DST_DEVICE,
+        D_TOPTS,
+        D_DELTA,
+        D_NO_DIGEST,
+        D_PREPARE,
+        D_FP8
+    };
+    static const struct option opts[] = {{"model", required_argument, 0, D_MODEL},
+                                         {"src", required_argument, 0, D_SRC},
+                                         {"dst", required_argument, 0, D_DST},
+                                         {"cycles", required_argument, 0, D_CYCLES},
+                                         {"transport", required_argument, 0, D_TRANSPORT},
+                                         {"registry", required_argument, 0, D_REGISTRY},
+                                         {"json", no_argument, 0, D_JSON},
+                                         {"timeout-s", required_argument, 0, D_TIMEOUT},
+                                         {"threads", required_argument, 0, D_THREADS},
+                                         {"mode", required_argument, 0, D_MODE},
+                                         {"replicas", required_argument, 0, D_REPLICAS},
+                                         {"src-device", required_argument, 0, D_SRC_DEVICE},
+                                         {"dst-device", required_argument, 0, D_DST_DEVICE},
+                                         {"transport-options", required_argument, 0, D_TOPTS},
+                                         {"delta", required_argument, 0, D_DELTA},
+                                         {"no-digest", no_argument, 0, D_NO_DIGEST},
+                                         {"prepare", no_argument, 0, D_PREPARE},
+                                         {"fp8", no_argument, 0, D_FP8},
+                                         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -273,7 +298,8 @@ int cmd_demo(int argc, char **argv)
                 return tool_usage("demo", "--cycles takes 1..1000");
             break;
         case D_TIMEOUT:
-            if (tool_parse_u64(optarg, &timeout_s) || !timeout_s) return tool_usage("demo", "--timeout-s takes seconds");
+            if (tool_parse_u64(optarg, &timeout_s) || !timeout_s)
+                return tool_usage("demo", "--timeout-s takes seconds");
             break;
         case D_THREADS:
             if (tool_parse_u64(optarg, &threads)) return tool_usage("demo", "--threads takes a number");
@@ -293,7 +319,8 @@ int cmd_demo(int argc, char **argv)
         case D_SRC_DEVICE:
         case D_DST_DEVICE: {
             uint64_t d;
-            if (tool_parse_u64(optarg, &d) || d > 1024) return tool_usage("demo", "--src-device/--dst-device take a CUDA device number");
+            if (tool_parse_u64(optarg, &d) || d > 1024)
+                return tool_usage("demo", "--src-device/--dst-device take a CUDA device number");
             *(c == D_SRC_DEVICE ? &src_device : &dst_device) = (int64_t)d;
             break;
         }
@@ -305,7 +332,8 @@ int cmd_demo(int argc, char **argv)
         }
     }
     if (optind < argc) return tool_usage("demo", "unexpected argument");
-    if (strcmp(mode, "in-place") && strcmp(mode, "snapshot")) return tool_usage("demo", "--mode is in-place or snapshot");
+    if (strcmp(mode, "in-place") && strcmp(mode, "snapshot"))
+        return tool_usage("demo", "--mode is in-place or snapshot");
     if (delta && (src_device >= 0 || dst_device >= 0)) return tool_usage("demo", "--delta needs host memory");
 
     /* Check everything the children will check, so errors surface here once. */
@@ -380,7 +408,8 @@ int cmd_demo(int argc, char **argv)
     if (!json)
         printf("refit demo: %s (%.2f GB) from %s (%u publishers) to %s (%u receivers), %" PRIu64
                " cycles over %s, registry %s\nmemcpy on this machine (1 thread, same run): %.1f GB/s\n\n",
-               model_label, model_bytes / 1e9, src_label, P, dst_label, R, cycles, transport, reg_shown ? reg_shown : "?", memcpy_gbps);
+               model_label, model_bytes / 1e9, src_label, P, dst_label, R, cycles, transport,
+               reg_shown ? reg_shown : "?", memcpy_gbps);
     free(reg_shown);
     fflush(stdout);
 
@@ -501,7 +530,8 @@ int cmd_demo(int argc, char **argv)
         }
         while (shown < cycles && cy[shown].reports == R) {
             const cycle_t *x = &cy[shown];
-            fprintf(stderr, "refit demo: cycle %" PRIu64 "/%" PRIu64 " verified on %u receivers: transfer %.1f ms, %.2f GB/s\n",
+            fprintf(stderr,
+                    "refit demo: cycle %" PRIu64 "/%" PRIu64 " verified on %u receivers: transfer %.1f ms, %.2f GB/s\n",
                     shown + 1, cycles, R, x->transfer, cycle_gbps(x));
             shown++;
         }
@@ -580,18 +610,20 @@ int cmd_demo(int argc, char **argv)
                    cy[k].pub_digest_ms, cy[k].digest_bytes, cy[k].unverified_bytes);
         printf("]}\n");
     } else {
-        printf("%5s %14s %12s %10s %12s %11s %10s %8s %9s\n", "cycle", "bytes", "discover_ms", "plan_ms",
-               "transfer_ms", "verify_ms", "total_ms", "GB/s", "x memcpy");
+        printf("%5s %14s %12s %10s %12s %11s %10s %8s %9s\n", "cycle", "bytes", "discover_ms", "plan_ms", "transfer_ms",
+               "verify_ms", "total_ms", "GB/s", "x memcpy");
         for (uint64_t k = 0; k < cycles; k++) {
             double g = cycle_gbps(&cy[k]);
-            printf("%5" PRIu64 " %14" PRIu64 " %12.2f %10.2f %12.1f %11.1f %10.1f %8.2f %9.2f%s%s\n", k + 1, cy[k].bytes,
-                   cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify, cy[k].total, g,
+            printf("%5" PRIu64 " %14" PRIu64 " %12.2f %10.2f %12.1f %11.1f %10.1f %8.2f %9.2f%s%s\n", k + 1,
+                   cy[k].bytes, cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify, cy[k].total, g,
                    memcpy_gbps > 0 ? g / memcpy_gbps : 0, cy[k].deltas ? "  (delta)" : "",
                    cy[k].reports == R ? "" : "  (incomplete)");
         }
-        printf("\n(transfer_ms: the slowest receiver's; GB/s: every receiver's bytes from the first transfer's start to\n"
-               " the last one's end; control plane: discover + plan, the slowest receiver's)\n");
-        printf("steady state (median of cycles 2..%" PRIu64 "): control plane %.2f ms, transfer %.2f GB/s = %.2f x memcpy\n",
+        printf(
+            "\n(transfer_ms: the slowest receiver's; GB/s: every receiver's bytes from the first transfer's start to\n"
+            " the last one's end; control plane: discover + plan, the slowest receiver's)\n");
+        printf("steady state (median of cycles 2..%" PRIu64
+               "): control plane %.2f ms, transfer %.2f GB/s = %.2f x memcpy\n",
                cycles, steady_ctrl, steady_gbps, memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0);
         printf("content digests: %.1f ms per receiver to check (%.2f x transfer), %.1f ms per publisher to compute; "
                "%" PRIu64 " bytes checked, %" PRIu64 " not checkable\n",

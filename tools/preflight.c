@@ -102,17 +102,19 @@ static void check_transports(pf_t *p)
         char name[32];
         snprintf(name, sizeof(name), "%.*s", (int)(e - s), s);
         if (!refit_transport_built(name))
-            snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing), "%s%s", missing[0] ? ", " : "", name);
+            snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing), "%s%s", missing[0] ? ", " : "",
+                     name);
         s = *e ? e + 1 : e;
     }
     p->want_shm = list_has(asked, "shm");
     p->want_ucx = list_has(asked, "ucx");
     if (missing[0]) {
-        pf_put(p, "transports", FAIL, "asked for %s; not built into this refit: %s (built in: %s)", asked, missing, built);
-        pf_remedy(p, "install libucx-dev (UCX) or CUDA and rebuild refit (scripts/build.sh), or drop them from --transports");
+        pf_put(p, "transports", FAIL, "asked for %s; not built into this refit: %s (built in: %s)", asked, missing,
+               built);
+        pf_remedy(
+            p, "install libucx-dev (UCX) or CUDA and rebuild refit (scripts/build.sh), or drop them from --transports");
         p->want_ucx = p->want_ucx && refit_transport_built("ucx");
-    } else
-        pf_put(p, "transports", PASS, "asked for %s; built in: %s", asked, built);
+    } else pf_put(p, "transports", PASS, "asked for %s; built in: %s", asked, built);
 }
 
 /* One version of a tiny model through a publisher and a receiver of this
@@ -223,7 +225,9 @@ static void print_human(const pf_t *p, int counts[4])
         if (c->remedy[0]) printf("%-16s %-5s -> %s\n", "", "", c->remedy);
     }
     printf("\n%d pass, %d warn, %d fail, %d skip: %s\n", counts[PASS], counts[WARN], counts[FAIL], counts[SKIP],
-           counts[FAIL] ? "NOT ready (fix each fail above)" : counts[WARN] ? "ready, with warnings" : "ready");
+           counts[FAIL]   ? "NOT ready (fix each fail above)"
+           : counts[WARN] ? "ready, with warnings"
+                          : "ready");
 }
 
 static void print_json(const pf_t *p, int counts[4])
@@ -247,7 +251,8 @@ static void print_json(const pf_t *p, int counts[4])
         tool_json_string(stdout, c->remedy);
         printf("}");
     }
-    printf("],\"pass\":%d,\"warn\":%d,\"fail\":%d,\"skip\":%d}\n", counts[PASS], counts[WARN], counts[FAIL], counts[SKIP]);
+    printf("],\"pass\":%d,\"warn\":%d,\"fail\":%d,\"skip\":%d}\n", counts[PASS], counts[WARN], counts[FAIL],
+           counts[SKIP]);
 }
 
 int cmd_preflight(int argc, char **argv); /* called by tools/refit.c */
@@ -258,17 +263,37 @@ int cmd_preflight(int argc, char **argv)
     memset(p, 0, sizeof(*p));
     p->device = -1;
     p->job = "default";
-    enum { O_REGISTRY = 1, O_JOB, O_TRANSPORTS, O_TOPTS, O_DEVICE, O_MODEL, O_SRC, O_DST, O_RANKS, O_ROLE, O_MODE,
-           O_SHM_NEED, O_JSON, O_HELP };
-    static const struct option opts[] = {
-        {"registry", required_argument, 0, O_REGISTRY}, {"job", required_argument, 0, O_JOB},
-        {"transports", required_argument, 0, O_TRANSPORTS}, {"transport-options", required_argument, 0, O_TOPTS},
-        {"device", required_argument, 0, O_DEVICE},     {"model", required_argument, 0, O_MODEL},
-        {"src", required_argument, 0, O_SRC},           {"dst", required_argument, 0, O_DST},
-        {"ranks", required_argument, 0, O_RANKS},       {"role", required_argument, 0, O_ROLE},
-        {"mode", required_argument, 0, O_MODE},         {"shm-need", required_argument, 0, O_SHM_NEED},
-        {"json", no_argument, 0, O_JSON},               {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0}};
+    enum {
+        O_REGISTRY = 1,
+        O_JOB,
+        O_TRANSPORTS,
+        O_TOPTS,
+        O_DEVICE,
+        O_MODEL,
+        O_SRC,
+        O_DST,
+        O_RANKS,
+        O_ROLE,
+        O_MODE,
+        O_SHM_NEED,
+        O_JSON,
+        O_HELP
+    };
+    static const struct option opts[] = {{"registry", required_argument, 0, O_REGISTRY},
+                                         {"job", required_argument, 0, O_JOB},
+                                         {"transports", required_argument, 0, O_TRANSPORTS},
+                                         {"transport-options", required_argument, 0, O_TOPTS},
+                                         {"device", required_argument, 0, O_DEVICE},
+                                         {"model", required_argument, 0, O_MODEL},
+                                         {"src", required_argument, 0, O_SRC},
+                                         {"dst", required_argument, 0, O_DST},
+                                         {"ranks", required_argument, 0, O_RANKS},
+                                         {"role", required_argument, 0, O_ROLE},
+                                         {"mode", required_argument, 0, O_MODE},
+                                         {"shm-need", required_argument, 0, O_SHM_NEED},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"help", no_argument, 0, O_HELP},
+                                         {0, 0, 0, 0}};
     int c;
     uint64_t u;
     optind = 1;
@@ -279,7 +304,8 @@ int cmd_preflight(int argc, char **argv)
         case O_TRANSPORTS: p->transports = optarg; break;
         case O_TOPTS: p->topts = optarg; break;
         case O_DEVICE:
-            if (tool_parse_u64(optarg, &u) || u > 1024) return tool_usage("preflight", "--device takes a CUDA device number");
+            if (tool_parse_u64(optarg, &u) || u > 1024)
+                return tool_usage("preflight", "--device takes a CUDA device number");
             p->device = (int)u;
             break;
         case O_MODEL: p->model = optarg; break;
@@ -301,10 +327,11 @@ int cmd_preflight(int argc, char **argv)
             break;
         case O_JSON: p->json = true; break;
         case O_HELP:
-            printf("usage: refit preflight [--registry URL] [--job J] [--transports LIST] [--transport-options OPTS]\n"
-                   "                       [--device N] [--model M --src LAYOUT --dst LAYOUT [--role trainer|rollout]\n"
-                   "                       [--ranks R,S-T|all] [--mode in-place|snapshot]] [--shm-need BYTES] [--json]\n"
-                   "checks this host for a job with those options; exit 1 if a check fails (docs/operations.md)\n");
+            printf(
+                "usage: refit preflight [--registry URL] [--job J] [--transports LIST] [--transport-options OPTS]\n"
+                "                       [--device N] [--model M --src LAYOUT --dst LAYOUT [--role trainer|rollout]\n"
+                "                       [--ranks R,S-T|all] [--mode in-place|snapshot]] [--shm-need BYTES] [--json]\n"
+                "checks this host for a job with those options; exit 1 if a check fails (docs/operations.md)\n");
             return 0;
         default: return tool_usage("preflight", "unknown option (refit preflight --help)");
         }

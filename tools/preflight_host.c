@@ -22,14 +22,12 @@ void check_shm(pf_t *p, const char *tmpdir)
     if (lstat(dir, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077)) {
             pf_put(p, "shm runtime dir", FAIL, "%s is %s of uid %u, mode %04o: shm publishers refuse it", dir,
-                S_ISDIR(sb.st_mode) ? "a directory" : "not a directory", (unsigned)sb.st_uid,
-                (unsigned)(sb.st_mode & 07777));
-            pf_remedy(p, "chmod 700 %s (owned by uid %u), or point REFIT_RUNTIME_DIR / shm.dir= at a private directory", dir,
-                   (unsigned)geteuid());
-        } else
-            pf_put(p, "shm runtime dir", PASS, "%s: ours, mode %04o", dir, (unsigned)(sb.st_mode & 07777));
-    } else
-        pf_put(p, "shm runtime dir", PASS, "%s does not exist yet; the first shm publisher creates it (0700)", dir);
+                   S_ISDIR(sb.st_mode) ? "a directory" : "not a directory", (unsigned)sb.st_uid,
+                   (unsigned)(sb.st_mode & 07777));
+            pf_remedy(p, "chmod 700 %s (owned by uid %u), or point REFIT_RUNTIME_DIR / shm.dir= at a private directory",
+                      dir, (unsigned)geteuid());
+        } else pf_put(p, "shm runtime dir", PASS, "%s: ours, mode %04o", dir, (unsigned)(sb.st_mode & 07777));
+    } else pf_put(p, "shm runtime dir", PASS, "%s does not exist yet; the first shm publisher creates it (0700)", dir);
     if (!p->want_shm) {
         pf_put(p, "shm loopback", SKIP, "shm is not among the transports");
         return;
@@ -38,12 +36,12 @@ void check_shm(pf_t *p, const char *tmpdir)
     double t0 = refit_now();
     refit_status_t st = pf_loopback("shm", p->topts, tmpdir, &rep);
     if (st) {
-        pf_put(p, "shm loopback", FAIL, "a publisher and a receiver of this process over shm: %s (%s)", refit_last_error(),
-            refit_status_name(st));
+        pf_put(p, "shm loopback", FAIL, "a publisher and a receiver of this process over shm: %s (%s)",
+               refit_last_error(), refit_status_name(st));
         pf_remedy(p, "fix the shm runtime dir above; in a container, run every rank of the host as the same user");
     } else
         pf_put(p, "shm loopback", PASS, "one version of tiny-tied over shm (%s), verified, in %.0f ms", rep.lanes,
-            (refit_now() - t0) * 1e3);
+               (refit_now() - t0) * 1e3);
 }
 
 /* ---- GPUs ------------------------------------------------------------------------ */
@@ -72,8 +70,7 @@ void check_gpus(pf_t *p)
         if (p->device >= 0) {
             pf_put(p, "gpus", FAIL, "--device %d asked, but this refit was built without CUDA", p->device);
             pf_remedy(p, "rebuild with the CUDA toolkit on PATH (REFIT_WITH_CUDA=ON)");
-        } else
-            pf_put(p, "gpus", SKIP, "built without CUDA (host-memory jobs only)");
+        } else pf_put(p, "gpus", SKIP, "built without CUDA (host-memory jobs only)");
         pf_put(p, "gpu peer access", SKIP, "built without CUDA");
         return;
     }
@@ -82,8 +79,7 @@ void check_gpus(pf_t *p)
         if (p->device >= 0) {
             pf_put(p, "gpus", FAIL, "--device %d asked, but no CUDA device is usable here", p->device);
             pf_remedy(p, "request GPUs for the pod (nvidia.com/gpu) and check the driver (nvidia-smi)");
-        } else
-            pf_put(p, "gpus", SKIP, "no CUDA device here (host-memory job)");
+        } else pf_put(p, "gpus", SKIP, "no CUDA device here (host-memory job)");
         return;
     }
     if (p->device >= n) {
@@ -115,14 +111,17 @@ void check_gpus(pf_t *p)
             snprintf(desc + strlen(desc), sizeof(desc) - strlen(desc), "%s%d-%d %s%s%s", desc[0] ? ", " : "", a, b,
                      ok ? "p2p" : "NO p2p", links[a][b][0] ? " " : "", links[a][b]);
         }
-    pf_put(p, "gpu peer access", denied ? FAIL : nvlink == pairs ? PASS : WARN, "%s%s", desc,
-        links[0][1][0] ? "" : " (no nvidia-smi: NVLink topology unknown)");
+    pf_put(p, "gpu peer access",
+           denied            ? FAIL
+           : nvlink == pairs ? PASS
+                             : WARN,
+           "%s%s", desc, links[0][1][0] ? "" : " (no nvidia-smi: NVLink topology unknown)");
     if (denied)
         pf_remedy(p, "cuda_ipc needs peer access between the GPUs of a host: check IOMMU/ACS settings and that the "
-                  "container sees every GPU of the job");
+                     "container sees every GPU of the job");
     else if (nvlink < pairs)
         pf_remedy(p, "pairs without NVLink copy over PCIe (several times slower); place publishers and receivers on "
-                  "NVLink-connected GPUs");
+                     "NVLink-connected GPUs");
 }
 
 /* ---- memory limits ------------------------------------------------------------------ */
@@ -162,19 +161,21 @@ void check_memlock(pf_t *p)
     }
     if (!p->host_bytes) {
         bool small = rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (1ull << 30);
-        pf_put(p, "memlock", small ? WARN : PASS, "RLIMIT_MEMLOCK %s, no CAP_IPC_LOCK; RDMA registers the job's memory "
-            "(give --model/--src/--dst/--ranks to compare with its bytes)", lim);
-        if (small) pf_remedy(p, "add the IPC_LOCK capability to the container or raise `ulimit -l` (memlock) to unlimited");
+        pf_put(p, "memlock", small ? WARN : PASS,
+               "RLIMIT_MEMLOCK %s, no CAP_IPC_LOCK; RDMA registers the job's memory "
+               "(give --model/--src/--dst/--ranks to compare with its bytes)",
+               lim);
+        if (small)
+            pf_remedy(p, "add the IPC_LOCK capability to the container or raise `ulimit -l` (memlock) to unlimited");
         return;
     }
     pf_fmt_bytes(want, need, sizeof(need));
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
-        pf_put(p, "memlock", FAIL, "RLIMIT_MEMLOCK %s < %s this host's ranks register for RDMA, and no CAP_IPC_LOCK", lim,
-            need);
+        pf_put(p, "memlock", FAIL, "RLIMIT_MEMLOCK %s < %s this host's ranks register for RDMA, and no CAP_IPC_LOCK",
+               lim, need);
         pf_remedy(p, "add capabilities: [IPC_LOCK] to the container, or raise the memlock limit (ulimit -l unlimited, "
-                  "LimitMEMLOCK=infinity, docker --ulimit memlock=-1)");
-    } else
-        pf_put(p, "memlock", PASS, "RLIMIT_MEMLOCK %s >= %s to register", lim, need);
+                     "LimitMEMLOCK=infinity, docker --ulimit memlock=-1)");
+    } else pf_put(p, "memlock", PASS, "RLIMIT_MEMLOCK %s >= %s to register", lim, need);
 }
 
 /* Bytes of memory this process may still take: MemAvailable, and the
@@ -215,7 +216,7 @@ void check_memory(pf_t *p)
     pf_fmt_bytes(avail, a, sizeof(a));
     if (!p->host_bytes) {
         pf_put(p, "memory", PASS, "%s free by %s (give --model/--src/--dst/--ranks to compare with the job's bytes)", a,
-            where);
+               where);
         return;
     }
     /* A trainer rank's memory, and in snapshot mode its two staging arenas;
@@ -225,11 +226,11 @@ void check_memory(pf_t *p)
     pf_fmt_bytes(want, need, sizeof(need));
     if (want > avail) {
         pf_put(p, "memory", FAIL, "this host's ranks need %s of host memory (shm memfds%s), %s free by %s", need,
-            p->trainer && p->snapshot ? " with two snapshot arenas" : "", a, where);
+               p->trainer && p->snapshot ? " with two snapshot arenas" : "", a, where);
         pf_remedy(p, "raise the container's memory limit (shm memfds count against it) or place fewer ranks per host");
     } else
-        pf_put(p, "memory", want > avail / 10 * 8 ? WARN : PASS, "this host's ranks need %s of host memory, %s free by %s",
-            need, a, where);
+        pf_put(p, "memory", want > avail / 10 * 8 ? WARN : PASS,
+               "this host's ranks need %s of host memory, %s free by %s", need, a, where);
     if (p->checks[p->n - 1].v == WARN) pf_remedy(p, "less than 20%% would be left: raise the memory limit");
 }
 
@@ -252,13 +253,16 @@ void check_dev_shm(pf_t *p)
      * write /dev/shm and die with SIGBUS when it is full. */
     if (free_b < want) {
         pf_put(p, "/dev/shm", FAIL, "%s free of %s, below %s%s", fr, size, need,
-            p->shm_need ? " (--shm-need)" : " (Docker's default size: NCCL and vLLM fail with SIGBUS)");
-        pf_remedy(p, "mount a larger /dev/shm: Kubernetes emptyDir {medium: Memory, sizeLimit: 2Gi}, docker --shm-size=2g");
+               p->shm_need ? " (--shm-need)" : " (Docker's default size: NCCL and vLLM fail with SIGBUS)");
+        pf_remedy(
+            p, "mount a larger /dev/shm: Kubernetes emptyDir {medium: Memory, sizeLimit: 2Gi}, docker --shm-size=2g");
     } else if (!p->shm_need && free_b < (1ull << 30)) {
-        pf_put(p, "/dev/shm", WARN, "%s free of %s (refit's shm transport needs none: memfds; NCCL and vLLM do)", fr, size);
+        pf_put(p, "/dev/shm", WARN, "%s free of %s (refit's shm transport needs none: memfds; NCCL and vLLM do)", fr,
+               size);
         pf_remedy(p, "give NCCL and vLLM at least 1 GiB of /dev/shm");
     } else
-        pf_put(p, "/dev/shm", PASS, "%s free of %s (refit's shm transport needs none: memfds; NCCL and vLLM do)", fr, size);
+        pf_put(p, "/dev/shm", PASS, "%s free of %s (refit's shm transport needs none: memfds; NCCL and vLLM do)", fr,
+               size);
 }
 
 /* ---- the plan ------------------------------------------------------------------------ */
@@ -269,13 +273,15 @@ static refit_status_t parse_ranks(pf_t *p, uint32_t world)
     const char *s = p->ranks ? p->ranks : "0";
     if (!strcmp(s, "all")) {
         for (uint32_t r = 0; r < world && p->nranks < 256; r++) p->rank_list[p->nranks++] = r;
-        return world <= 256 ? REFIT_OK : refit_error(REFIT_ERR_INVALID_ARG, "--ranks all: %u ranks, at most 256 per host", world);
+        return world <= 256 ? REFIT_OK
+                            : refit_error(REFIT_ERR_INVALID_ARG, "--ranks all: %u ranks, at most 256 per host", world);
     }
     while (*s) {
         char *end;
         errno = 0;
         unsigned long a = strtoul(s, &end, 10), b = a;
-        if (end == s || errno) return refit_error(REFIT_ERR_INVALID_ARG, "--ranks %s: expected R, R-S or all", p->ranks);
+        if (end == s || errno)
+            return refit_error(REFIT_ERR_INVALID_ARG, "--ranks %s: expected R, R-S or all", p->ranks);
         if (*end == '-') {
             const char *t = end + 1;
             b = strtoul(t, &end, 10);
@@ -357,22 +363,23 @@ void check_plan(pf_t *p)
     pf_fmt_bytes(p->host_bytes, hb, sizeof(hb));
     if (p->trainer)
         pf_put(p, redundant ? "plan" : "plan", redundant ? WARN : PASS,
-            "%s -> %s of %s: this host's %u trainer rank%s hold %s; all %u rollout ranks plan from them (%s read, "
-            "redundant %" PRIu64 " bytes, up to %zu sources, %.1f ms)",
-            refit_layout_string(src), refit_layout_string(dst), refit_model_name(model), p->nranks,
-            p->nranks == 1 ? "" : "s", hb, n, wb, redundant, sources, plan_ms);
+               "%s -> %s of %s: this host's %u trainer rank%s hold %s; all %u rollout ranks plan from them (%s read, "
+               "redundant %" PRIu64 " bytes, up to %zu sources, %.1f ms)",
+               refit_layout_string(src), refit_layout_string(dst), refit_model_name(model), p->nranks,
+               p->nranks == 1 ? "" : "s", hb, n, wb, redundant, sources, plan_ms);
     else
         pf_put(p, "plan", redundant ? WARN : PASS,
-            "%s -> %s of %s: this host's %u rollout rank%s pull %s (%s read, redundant %" PRIu64 " bytes) in %zu "
-            "regions, %.1f ms to plan: %s",
-            refit_layout_string(src), refit_layout_string(dst), refit_model_name(model), p->nranks,
-            p->nranks == 1 ? "" : "s", wb, pf_fmt_bytes(read, hb, sizeof(hb)), redundant, regions, plan_ms, per);
+               "%s -> %s of %s: this host's %u rollout rank%s pull %s (%s read, redundant %" PRIu64 " bytes) in %zu "
+               "regions, %.1f ms to plan: %s",
+               refit_layout_string(src), refit_layout_string(dst), refit_model_name(model), p->nranks,
+               p->nranks == 1 ? "" : "s", wb, pf_fmt_bytes(read, hb, sizeof(hb)), redundant, regions, plan_ms, per);
     if (redundant) pf_remedy(p, "bytes read twice: report the layouts (refit plan --json shows the ranks)");
     goto out;
 fail:
     pf_put(p, "plan", FAIL, "%s: %s (%s)", what, refit_last_error()[0] ? refit_last_error() : refit_status_message(st),
-        refit_status_name(st));
-    pf_remedy(p, "check --model/--src/--dst/--ranks against the job (`refit plan --model M --src L --dst L --all-ranks`)");
+           refit_status_name(st));
+    pf_remedy(p,
+              "check --model/--src/--dst/--ranks against the job (`refit plan --model M --src L --dst L --all-ranks`)");
     p->host_bytes = 0;
 out:
     refit_local_set_destroy(&set);
@@ -380,4 +387,3 @@ out:
     refit_layout_destroy(dst);
     refit_model_destroy(model);
 }
-

@@ -10,7 +10,8 @@
 void check_ucx(pf_t *p, const char *tmpdir)
 {
     if (!p->want_ucx) {
-        pf_put(p, "ucx listen", SKIP, "ucx is not among the transports%s", refit_transport_built("ucx") ? "" : " (not built in)");
+        pf_put(p, "ucx listen", SKIP, "ucx is not among the transports%s",
+               refit_transport_built("ucx") ? "" : " (not built in)");
         pf_put(p, "ucx lanes", SKIP, "ucx is not among the transports");
         return;
     }
@@ -20,13 +21,13 @@ void check_ucx(pf_t *p, const char *tmpdir)
     if (st) {
         pf_put(p, "ucx listen", FAIL, "%s (%s)", refit_last_error(), refit_status_name(st));
         pf_remedy(p, "ucx.listen= takes an address or interface of this host that receivers reach (ip -br addr), never "
-                  "0.0.0.0");
+                     "0.0.0.0");
         free(listen);
         pf_put(p, "ucx lanes", SKIP, "the ucx options are not valid");
         return;
     }
     pf_put(p, "ucx listen", PASS, "listen=%s is an address of this host%s", listen ? listen : "127.0.0.1",
-        listen ? "" : " (the default: loopback only; multi-host jobs must name the interface receivers reach)");
+           listen ? "" : " (the default: loopback only; multi-host jobs must name the interface receivers reach)");
     if (!listen) {
         p->checks[p->n - 1].v = WARN;
         pf_remedy(p, "for receivers on other hosts set --transport-options ucx.listen=IFNAME or ucx.listen=IP");
@@ -37,21 +38,25 @@ void check_ucx(pf_t *p, const char *tmpdir)
     st = pf_loopback("ucx", p->topts, tmpdir, &rep);
     if (st) {
         pf_put(p, "ucx lanes", FAIL, "a UCX publisher and receiver of this process: %s (%s)", refit_last_error(),
-            refit_status_name(st));
+               refit_status_name(st));
         if (p->require_rdma)
-            pf_remedy(p, "UCX found no RDMA lane: check the RDMA devices line, UCX_TLS / ucx.tls= and ucx.devices=; or drop "
-                      "ucx.require=rdma to accept TCP (about 7x slower)");
+            pf_remedy(
+                p, "UCX found no RDMA lane: check the RDMA devices line, UCX_TLS / ucx.tls= and ucx.devices=; or drop "
+                   "ucx.require=rdma to accept TCP (about 7x slower)");
         else
-            pf_remedy(p, "run `ucx_info -d` to see UCX's devices; check ucx.listen= and the firewall for the listen port");
+            pf_remedy(p,
+                      "run `ucx_info -d` to see UCX's devices; check ucx.listen= and the firewall for the listen port");
         return;
     }
     bool rdma = strstr(rep.lanes, "rc") || strstr(rep.lanes, "dc") || strstr(rep.lanes, "ud");
-    pf_put(p, "ucx lanes", PASS, "one version over UCX to this host itself took lanes %s (%.0f ms); between hosts UCX "
-        "may pick others of the same kinds", rep.lanes, (refit_now() - t0) * 1e3);
+    pf_put(p, "ucx lanes", PASS,
+           "one version over UCX to this host itself took lanes %s (%.0f ms); between hosts UCX "
+           "may pick others of the same kinds",
+           rep.lanes, (refit_now() - t0) * 1e3);
     if (!rdma) {
         p->checks[p->n - 1].v = WARN;
         pf_remedy(p, "TCP lanes: fine for tests, about 7x slower than RDMA; with RDMA NICs see the RDMA line, and set "
-                  "ucx.require=rdma so that a fallback fails loudly");
+                     "ucx.require=rdma so that a fallback fails loudly");
     }
 }
 
@@ -82,14 +87,15 @@ void check_rdma(pf_t *p)
     if (active) pf_put(p, "rdma devices", PASS, "%d of %d active: %s", active, n, list);
     else if (needed) {
         pf_put(p, "rdma devices", FAIL, "%s, and the options ask for RDMA (ucx.require=rdma)",
-            n ? list : "none in /sys/class/infiniband");
+               n ? list : "none in /sys/class/infiniband");
         pf_remedy(p, "load the NIC's driver (ibv_devices lists it), expose the device to the container (RDMA device "
-                  "plugin), or drop the RDMA options");
-    } else if (!p->want_ucx)
-        pf_put(p, "rdma devices", SKIP, "%s; not used without ucx", n ? list : "none");
+                     "plugin), or drop the RDMA options");
+    } else if (!p->want_ucx) pf_put(p, "rdma devices", SKIP, "%s; not used without ucx", n ? list : "none");
     else {
-        pf_put(p, "rdma devices", WARN, "%s: UCX can only use TCP between hosts", n ? list : "none in /sys/class/infiniband");
-        pf_remedy(p, "on an RDMA cluster, expose the NICs (RDMA device plugin, /dev/infiniband); otherwise expect TCP speed");
+        pf_put(p, "rdma devices", WARN, "%s: UCX can only use TCP between hosts",
+               n ? list : "none in /sys/class/infiniband");
+        pf_remedy(
+            p, "on an RDMA cluster, expose the NICs (RDMA device plugin, /dev/infiniband); otherwise expect TCP speed");
     }
 }
 
@@ -117,7 +123,8 @@ bool check_registry(pf_t *p, const char *tmpdir)
     if (st) {
         pf_put(p, "registry", FAIL, "%s: %s (%s)", shown ? shown : "?", refit_last_error(), refit_status_name(st));
         if (st == REFIT_ERR_REGISTRY)
-            pf_remedy(p, "is the store up and reachable from here? (redis-cli -h HOST -p PORT ping; the Service/port; the "
+            pf_remedy(p,
+                      "is the store up and reachable from here? (redis-cli -h HOST -p PORT ping; the Service/port; the "
                       "ACL user's password in REFIT_REDIS_PASSWORD_FILE)");
         else if (st == REFIT_ERR_UNSUPPORTED) pf_remedy(p, "rebuild refit with libhiredis-dev installed for redis://");
         else pf_remedy(p, "--registry takes file:DIR or redis://[USER@]HOST:PORT; --job [A-Za-z0-9._-], 1..64 chars");
@@ -129,16 +136,18 @@ bool check_registry(pf_t *p, const char *tmpdir)
     host[sizeof(host) - 1] = '\0';
     snprintf(reader, sizeof(reader), "preflight.%.60s.%d", host, (int)getpid());
     for (char *c = reader; *c; c++)
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' || *c == '-'))
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
+              *c == '-'))
             *c = '-';
     double w[3], r[3], d[3];
     for (int i = 0; i < 3 && !st; i++) st = refit_registry_probe(reg, reader, &w[i], &r[i], &d[i]);
     refit_registry_close(reg);
     if (st) {
         pf_put(p, "registry", FAIL, "%s: opened, but the probe under job %s failed: %s (%s)", shown, p->job,
-            refit_last_error(), refit_status_name(st));
-        pf_remedy(p, "the ACL user must be allowed every command on ~refit:%s:* (docs/security.md), the directory writable",
-               p->job);
+               refit_last_error(), refit_status_name(st));
+        pf_remedy(
+            p, "the ACL user must be allowed every command on ~refit:%s:* (docs/security.md), the directory writable",
+            p->job);
         free(shown);
         return false;
     }
@@ -147,10 +156,12 @@ bool check_registry(pf_t *p, const char *tmpdir)
     qsort(d, 3, sizeof(double), cmp_double);
     double worst = fmax(w[1], fmax(r[1], d[1]));
     pf_put(p, "registry", worst > 5 ? WARN : PASS,
-        "%s: opened in %.1f ms; a probe key under job %s written, read back and deleted: %.2f / %.2f / %.2f ms "
-        "(medians of 3)", shown, open_ms, p->job, w[1], r[1], d[1]);
+           "%s: opened in %.1f ms; a probe key under job %s written, read back and deleted: %.2f / %.2f / %.2f ms "
+           "(medians of 3)",
+           shown, open_ms, p->job, w[1], r[1], d[1]);
     if (worst > 5)
-        pf_remedy(p, "a registry round trip over 5 ms makes every refit's control plane slow: move the registry closer");
+        pf_remedy(p,
+                  "a registry round trip over 5 ms makes every refit's control plane slow: move the registry closer");
     free(shown);
     return true;
 }
@@ -166,31 +177,39 @@ void check_auth(pf_t *p, bool reachable)
         struct stat sb;
         if (stat(file, &sb) != 0) {
             pf_put(p, "auth", FAIL, "REFIT_SECRET_FILE=%s: %s", file, strerror(errno));
-            pf_remedy(p, "mount the job's secret there (Kubernetes: a Secret volume, defaultMode 0400), or fix the variable");
+            pf_remedy(
+                p, "mount the job's secret there (Kubernetes: a Secret volume, defaultMode 0400), or fix the variable");
             return;
         }
         if (!S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077)) {
-            pf_put(p, "auth", FAIL, "REFIT_SECRET_FILE=%s is %s of uid %u, mode %04o: group and others must not read it, "
-                "and it must be ours (uid %u)", file, S_ISREG(sb.st_mode) ? "a file" : "not a regular file",
-                (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777), (unsigned)geteuid());
+            pf_put(p, "auth", FAIL,
+                   "REFIT_SECRET_FILE=%s is %s of uid %u, mode %04o: group and others must not read it, "
+                   "and it must be ours (uid %u)",
+                   file, S_ISREG(sb.st_mode) ? "a file" : "not a regular file", (unsigned)sb.st_uid,
+                   (unsigned)(sb.st_mode & 07777), (unsigned)geteuid());
             pf_remedy(p, "chmod 600 %s (Kubernetes: defaultMode: 0400 and the pod's runAsUser / fsGroup)", file);
             return;
         }
         snprintf(detail, sizeof(detail), "secret from file %s (mode %04o, %lld bytes)", file,
                  (unsigned)(sb.st_mode & 07777), (long long)sb.st_size);
     } else if (env && env[0])
-        snprintf(detail, sizeof(detail), "secret from $REFIT_SECRET (%zu characters; a file is preferable: the "
-                 "environment shows in /proc/PID/environ to this user and root)", strlen(env));
+        snprintf(detail, sizeof(detail),
+                 "secret from $REFIT_SECRET (%zu characters; a file is preferable: the "
+                 "environment shows in /proc/PID/environ to this user and root)",
+                 strlen(env));
     else if (ins && !strcmp(ins, "1")) {
         v = WARN;
-        snprintf(detail, sizeof(detail), "REFIT_INSECURE=1: registry entries and connections use a public key; anyone "
+        snprintf(detail, sizeof(detail),
+                 "REFIT_INSECURE=1: registry entries and connections use a public key; anyone "
                  "who can write the registry or reach a listener is trusted");
     } else if (!redis)
         snprintf(detail, sizeof(detail), "file registry: the job directory's .secret (made 0600 on first use)");
     else {
-        pf_put(p, "auth", FAIL, "a redis registry and no secret: no REFIT_SECRET_FILE, REFIT_SECRET or REFIT_INSECURE=1");
-        pf_remedy(p, "head -c 32 /dev/urandom > job.secret; chmod 600 job.secret; export REFIT_SECRET_FILE=$PWD/job.secret "
-                  "(the same file for every rank)");
+        pf_put(p, "auth", FAIL,
+               "a redis registry and no secret: no REFIT_SECRET_FILE, REFIT_SECRET or REFIT_INSECURE=1");
+        pf_remedy(
+            p, "head -c 32 /dev/urandom > job.secret; chmod 600 job.secret; export REFIT_SECRET_FILE=$PWD/job.secret "
+               "(the same file for every rank)");
         return;
     }
     const char *pwf = getenv("REFIT_REDIS_PASSWORD_FILE");
@@ -198,7 +217,7 @@ void check_auth(pf_t *p, bool reachable)
         struct stat sb;
         if (stat(pwf, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077)) {
             pf_put(p, "auth", FAIL, "REFIT_REDIS_PASSWORD_FILE=%s: %s", pwf,
-                errno && stat(pwf, &sb) != 0 ? strerror(errno) : "must be a regular file of ours, mode 0600");
+                   errno && stat(pwf, &sb) != 0 ? strerror(errno) : "must be a regular file of ours, mode 0600");
             pf_remedy(p, "chmod 600 %s, owned by the user the ranks run as", pwf);
             return;
         }
@@ -210,8 +229,8 @@ void check_auth(pf_t *p, bool reachable)
         if (st) {
             pf_put(p, "auth", FAIL, "%s (%s)", refit_last_error(), refit_status_name(st));
             pf_remedy(p, st == REFIT_ERR_AUTH ? "give every rank the same secret (REFIT_SECRET_FILE, mode 0600; "
-                                             "docs/security.md)"
-                                           : "see the registry line");
+                                                "docs/security.md)"
+                                              : "see the registry line");
             return;
         }
         snprintf(detail + strlen(detail), sizeof(detail) - strlen(detail), "; the registry opened with it (source: %s)",
@@ -327,7 +346,8 @@ void check_clock(pf_t *p, bool reachable)
         verdict_t v = fabs(skew) > 1 ? FAIL : fabs(skew) > 0.1 ? WARN : PASS;
         pf_put(p, "clock", v, "the registry directory's file times are %+.3f s from this host's clock", skew);
         if (v != PASS)
-            pf_remedy(p, "run chrony/ntpd on every host sharing the registry directory: entries expire by their writer's "
+            pf_remedy(p,
+                      "run chrony/ntpd on every host sharing the registry directory: entries expire by their writer's "
                       "clock");
         return;
     }
@@ -340,11 +360,11 @@ void check_clock(pf_t *p, bool reachable)
         return;
     }
     pf_put(p, "clock", fabs(skew) > 1 ? WARN : PASS,
-        "Redis's clock is %+.3f s from this host's (Redis expires keys by its own clock: refit does not depend on "
-        "this; logs do)", skew);
+           "Redis's clock is %+.3f s from this host's (Redis expires keys by its own clock: refit does not depend on "
+           "this; logs do)",
+           skew);
     if (fabs(skew) > 1) pf_remedy(p, "run chrony/ntpd on this host and the Redis server's");
 #else
     pf_put(p, "clock", SKIP, "no redis support built in");
 #endif
 }
-

@@ -26,63 +26,63 @@ int cmd_preflight(int argc, char **argv); /* tools/preflight.c */
 int cmd_simulate(int argc, char **argv);  /* tools/simulate.c, src/sim */
 
 
-
 static void print_help(FILE *f)
 {
-    fprintf(f,
-            "usage: refit COMMAND [options]\n"
-            "\n"
-            "commands:\n"
-            "  plan      compute (and optionally execute and verify) the byte plan between two layouts\n"
-            "            --model M         built-in model name or path to a Hugging Face config.json\n"
-            "            --src LAYOUT      e.g. megatron:tp=1,pp=1,ep=8   (source / trainer layout)\n"
-            "            --dst LAYOUT      e.g. vllm:tp=2                 (destination / rollout layout)\n"
-            "            --rank R          plan destination rank R (default 0)\n"
-            "            --all-ranks       plan every destination rank\n"
-            "            --json            print one JSON object\n"
-            "            --execute         fill synthetic sources in memory, run each plan, verify every byte\n"
-            "            --version V       weights version for --execute (default 1)\n"
-            "            --dump DIR        with --execute, write DIR/rank-R/model.safetensors per destination rank\n"
-            "            --split-bytes N   split replicated pieces above N bytes across replicas (default 4 MiB)\n"
-            "  publish   one trainer rank: --model M --layout L [--rank R] [--versions K] ... (docs/runtime.md);\n"
-            "            --from-safetensors DIR publishes a Hugging Face checkpoint (model.safetensors.index.json\n"
-            "            + shards, or model.safetensors): --layout hf (default) maps the shard files, no copy;\n"
-            "            any other --layout L --rank R copies that rank's cut (e.g. megatron:tp=2,ep=2)\n"
-            "            --delta F: offer each version also as a delta from the last (F: the share of\n"
-            "            elements the synthetic truth changes per version)\n"
-            "  pull      one rollout rank: --model M --layout L [--rank R] [--versions K] [--verify] ...;\n"
-            "            --dump DIR writes the pulled local tensors to DIR/rank-R/model.safetensors;\n"
-            "            --delta F: verify against the truth that changes F per version; --no-delta: pull in full\n"
-            "            --prepare: plan and connect (open IPC handles) before the first pull\n"
-            "            --fp8: the receiver holds block-FP8 weights, quantized on the GPU while pulled\n"
-            "            (--device, cuda_ipc; verified against the CPU quantizer)\n"
-            "  publish, pull, demo: --no-digest skips content digests (publishers compute none; receivers\n"
-            "            commit bytes unchecked against them: docs/security.md)\n"
-            "  demo      publishers and receivers as processes, K verified cycles (README first lines):\n"
-            "            --model M --src L --dst L --cycles K --transport shm|ucx --mode in-place|snapshot\n"
-            "            --replicas N --delta F --src-device N --dst-device N --no-digest --prepare --fp8 --json\n"
-            "  models    list built-in models with their tensor counts and sizes\n"
-            "  manifest  print one rank's local tensors and placements: --model M --layout LAYOUT [--rank R]\n"
-            "  bench     the benchmarks are their own program, refit-bench (beside refit; 'refit-bench --help');\n"
-            "            refit bench ARGS runs refit-bench ARGS\n"
-            "  gpus      list the CUDA devices here (JSON; count 0 without CUDA or a GPU)\n"
-            "  preflight check this host for a job before it starts: transports and UCX lanes, RDMA, GPUs, memlock,\n"
-            "            memory, /dev/shm, the registry (reach, a probe key, latency), the secret, the clock, the plan;\n"
-            "            pass/warn/fail with a remedy per line, exit 1 on a fail (docs/operations.md)\n"
-            "            --registry URL --job J --transports LIST --transport-options OPTS --device N\n"
-            "            --model M --src L --dst L --role trainer|rollout --ranks R,S-T|all --mode in-place|snapshot\n"
-            "            --shm-need BYTES --json\n"
-            "  simulate  predict a refit on a described cluster: the real planner for every destination rank,\n"
-            "            the engine's fleet rules (relays, chunks, stealing), max-min fair flows over NICs,\n"
-            "            NVLink, PCIe and spine (docs/scale.md): --model M --src L --dst L --replicas N\n"
-            "            [--relays --max-readers K] --cluster PRESET|key=value,...|@FILE.json [--json]\n"
-            "            [--plot FILE.png]; --calibrate: against the measured runs in bench/results;\n"
-            "            --plan-scale: every destination rank planned with --threads N; --presets\n"
-            "  version   print the library version\n"
-            "\n"
-            "layouts: hf | megatron:tp=,pp=,ep=,etp=,dp=,pad= | vllm:tp=,ep=,dp=,pad=   (docs/layouts.md)\n"
-            "environment: REFIT_LOG_LEVEL=error|warn|info|debug|trace; metrics: REFIT_METRICS_FILE=PATH.prom,\n"
-            "             REFIT_METRICS_ADDR=127.0.0.1:PORT (Prometheus; docs/operations.md)\n");
+    fprintf(
+        f,
+        "usage: refit COMMAND [options]\n"
+        "\n"
+        "commands:\n"
+        "  plan      compute (and optionally execute and verify) the byte plan between two layouts\n"
+        "            --model M         built-in model name or path to a Hugging Face config.json\n"
+        "            --src LAYOUT      e.g. megatron:tp=1,pp=1,ep=8   (source / trainer layout)\n"
+        "            --dst LAYOUT      e.g. vllm:tp=2                 (destination / rollout layout)\n"
+        "            --rank R          plan destination rank R (default 0)\n"
+        "            --all-ranks       plan every destination rank\n"
+        "            --json            print one JSON object\n"
+        "            --execute         fill synthetic sources in memory, run each plan, verify every byte\n"
+        "            --version V       weights version for --execute (default 1)\n"
+        "            --dump DIR        with --execute, write DIR/rank-R/model.safetensors per destination rank\n"
+        "            --split-bytes N   split replicated pieces above N bytes across replicas (default 4 MiB)\n"
+        "  publish   one trainer rank: --model M --layout L [--rank R] [--versions K] ... (docs/runtime.md);\n"
+        "            --from-safetensors DIR publishes a Hugging Face checkpoint (model.safetensors.index.json\n"
+        "            + shards, or model.safetensors): --layout hf (default) maps the shard files, no copy;\n"
+        "            any other --layout L --rank R copies that rank's cut (e.g. megatron:tp=2,ep=2)\n"
+        "            --delta F: offer each version also as a delta from the last (F: the share of\n"
+        "            elements the synthetic truth changes per version)\n"
+        "  pull      one rollout rank: --model M --layout L [--rank R] [--versions K] [--verify] ...;\n"
+        "            --dump DIR writes the pulled local tensors to DIR/rank-R/model.safetensors;\n"
+        "            --delta F: verify against the truth that changes F per version; --no-delta: pull in full\n"
+        "            --prepare: plan and connect (open IPC handles) before the first pull\n"
+        "            --fp8: the receiver holds block-FP8 weights, quantized on the GPU while pulled\n"
+        "            (--device, cuda_ipc; verified against the CPU quantizer)\n"
+        "  publish, pull, demo: --no-digest skips content digests (publishers compute none; receivers\n"
+        "            commit bytes unchecked against them: docs/security.md)\n"
+        "  demo      publishers and receivers as processes, K verified cycles (README first lines):\n"
+        "            --model M --src L --dst L --cycles K --transport shm|ucx --mode in-place|snapshot\n"
+        "            --replicas N --delta F --src-device N --dst-device N --no-digest --prepare --fp8 --json\n"
+        "  models    list built-in models with their tensor counts and sizes\n"
+        "  manifest  print one rank's local tensors and placements: --model M --layout LAYOUT [--rank R]\n"
+        "  bench     the benchmarks are their own program, refit-bench (beside refit; 'refit-bench --help');\n"
+        "            refit bench ARGS runs refit-bench ARGS\n"
+        "  gpus      list the CUDA devices here (JSON; count 0 without CUDA or a GPU)\n"
+        "  preflight check this host for a job before it starts: transports and UCX lanes, RDMA, GPUs, memlock,\n"
+        "            memory, /dev/shm, the registry (reach, a probe key, latency), the secret, the clock, the plan;\n"
+        "            pass/warn/fail with a remedy per line, exit 1 on a fail (docs/operations.md)\n"
+        "            --registry URL --job J --transports LIST --transport-options OPTS --device N\n"
+        "            --model M --src L --dst L --role trainer|rollout --ranks R,S-T|all --mode in-place|snapshot\n"
+        "            --shm-need BYTES --json\n"
+        "  simulate  predict a refit on a described cluster: the real planner for every destination rank,\n"
+        "            the engine's fleet rules (relays, chunks, stealing), max-min fair flows over NICs,\n"
+        "            NVLink, PCIe and spine (docs/scale.md): --model M --src L --dst L --replicas N\n"
+        "            [--relays --max-readers K] --cluster PRESET|key=value,...|@FILE.json [--json]\n"
+        "            [--plot FILE.png]; --calibrate: against the measured runs in bench/results;\n"
+        "            --plan-scale: every destination rank planned with --threads N; --presets\n"
+        "  version   print the library version\n"
+        "\n"
+        "layouts: hf | megatron:tp=,pp=,ep=,etp=,dp=,pad= | vllm:tp=,ep=,dp=,pad=   (docs/layouts.md)\n"
+        "environment: REFIT_LOG_LEVEL=error|warn|info|debug|trace; metrics: REFIT_METRICS_FILE=PATH.prom,\n"
+        "             REFIT_METRICS_ADDR=127.0.0.1:PORT (Prometheus; docs/operations.md)\n");
 }
 
 
@@ -100,12 +100,12 @@ static int cmd_plan(int argc, char **argv)
     bool all = false, json = false, execute = false, rank_given = false;
     enum { O_MODEL = 1, O_SRC, O_DST, O_RANK, O_ALL, O_JSON, O_EXEC, O_VERSION, O_DUMP, O_SPLIT, O_HELP };
     static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},     {"src", required_argument, 0, O_SRC},
-        {"dst", required_argument, 0, O_DST},         {"rank", required_argument, 0, O_RANK},
-        {"all-ranks", no_argument, 0, O_ALL},         {"json", no_argument, 0, O_JSON},
-        {"execute", no_argument, 0, O_EXEC},          {"version", required_argument, 0, O_VERSION},
-        {"dump", required_argument, 0, O_DUMP},       {"split-bytes", required_argument, 0, O_SPLIT},
-        {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0}};
+        {"model", required_argument, 0, O_MODEL}, {"src", required_argument, 0, O_SRC},
+        {"dst", required_argument, 0, O_DST},     {"rank", required_argument, 0, O_RANK},
+        {"all-ranks", no_argument, 0, O_ALL},     {"json", no_argument, 0, O_JSON},
+        {"execute", no_argument, 0, O_EXEC},      {"version", required_argument, 0, O_VERSION},
+        {"dump", required_argument, 0, O_DUMP},   {"split-bytes", required_argument, 0, O_SPLIT},
+        {"help", no_argument, 0, O_HELP},         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -114,7 +114,8 @@ static int cmd_plan(int argc, char **argv)
         case O_SRC: src_spec = optarg; break;
         case O_DST: dst_spec = optarg; break;
         case O_RANK:
-            if (tool_parse_u64(optarg, &rank) || rank > UINT32_MAX) return tool_usage("plan", "--rank takes a rank number");
+            if (tool_parse_u64(optarg, &rank) || rank > UINT32_MAX)
+                return tool_usage("plan", "--rank takes a rank number");
             rank_given = true;
             break;
         case O_ALL: all = true; break;
@@ -125,7 +126,8 @@ static int cmd_plan(int argc, char **argv)
             break;
         case O_DUMP: dump = optarg; break;
         case O_SPLIT:
-            if (tool_parse_u64(optarg, &split) || split == 0) return tool_usage("plan", "--split-bytes takes a positive integer");
+            if (tool_parse_u64(optarg, &split) || split == 0)
+                return tool_usage("plan", "--split-bytes takes a positive integer");
             break;
         case O_HELP: print_help(stdout); return 0;
         default: return tool_usage("plan", "unknown option");
@@ -190,7 +192,8 @@ static int cmd_plan(int argc, char **argv)
         tool_json_string(stdout, refit_layout_string(src));
         printf(",\"dst\":");
         tool_json_string(stdout, refit_layout_string(dst));
-        printf(",\"model_bytes\":%" PRIu64 ",\"src_ranks\":%u,\"dst_ranks\":%u,\"src_manifest_ms\":%.3f,\"executed\":%s,"
+        printf(",\"model_bytes\":%" PRIu64
+               ",\"src_ranks\":%u,\"dst_ranks\":%u,\"src_manifest_ms\":%.3f,\"executed\":%s,"
                "\"ranks\":[",
                refit_model_total_bytes(model), set.n, world, src_ms, execute ? "true" : "false");
     } else {
@@ -238,8 +241,9 @@ static int cmd_plan(int argc, char **argv)
         }
         const refit_plan_stats_t *s = &res.stats;
         if (json) {
-            printf("%s{\"rank\":%u,\"bytes_written\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"bytes_redundant\":%" PRIu64
-                   ",\"bytes_padding\":%" PRIu64 ",\"regions\":%zu,\"fills\":%zu,\"pieces\":%zu,\"sources\":%zu,"
+            printf("%s{\"rank\":%u,\"bytes_written\":%" PRIu64 ",\"bytes_read\":%" PRIu64
+                   ",\"bytes_redundant\":%" PRIu64 ",\"bytes_padding\":%" PRIu64
+                   ",\"regions\":%zu,\"fills\":%zu,\"pieces\":%zu,\"sources\":%zu,"
                    "\"plan_ms\":%.3f",
                    r == first ? "" : ",", r, s->bytes_written, s->bytes_read, s->bytes_redundant, s->bytes_fill,
                    s->regions, s->fills, s->pieces, s->sources_used, s->plan_ms);
@@ -255,7 +259,8 @@ static int cmd_plan(int argc, char **argv)
         fflush(stdout);
     }
     if (json) printf("],\"ok\":%s}\n", ok ? "true" : "false");
-    else if (ok && execute) printf("\nevery destination byte verified against the synthetic truth of version %" PRIu64 "\n", version);
+    else if (ok && execute)
+        printf("\nevery destination byte verified against the synthetic truth of version %" PRIu64 "\n", version);
     rc = ok ? 0 : 1;
 out:
     refit_local_set_destroy(&set);
@@ -293,7 +298,8 @@ static int cmd_manifest(int argc, char **argv)
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model_name = argv[++i];
         else if (!strcmp(argv[i], "--layout") && i + 1 < argc) spec = argv[++i];
         else if (!strcmp(argv[i], "--rank") && i + 1 < argc) {
-            if (tool_parse_u64(argv[++i], &rank) || rank > UINT32_MAX) return tool_usage("manifest", "--rank takes a number");
+            if (tool_parse_u64(argv[++i], &rank) || rank > UINT32_MAX)
+                return tool_usage("manifest", "--rank takes a number");
         } else return tool_usage("manifest", "usage: refit manifest --model M --layout LAYOUT [--rank R]");
     }
     if (!model_name || !spec) return tool_usage("manifest", "--model and --layout are required");
@@ -316,8 +322,10 @@ static int cmd_manifest(int argc, char **argv)
         goto out;
     }
     free(enc);
-    printf("model %s  layout %s  rank %u of %u  signature %016" PRIx64 "  region 0: %" PRIu64 " bytes  encoded: %zu bytes\n",
-           id.model, id.layout, id.rank, id.world, refit_manifest_signature(m), refit_manifest_region_size(m, 0), enc_len);
+    printf("model %s  layout %s  rank %u of %u  signature %016" PRIx64 "  region 0: %" PRIu64
+           " bytes  encoded: %zu bytes\n",
+           id.model, id.layout, id.rank, id.world, refit_manifest_signature(m), refit_manifest_region_size(m, 0),
+           enc_len);
     for (uint32_t i = 0; i < refit_manifest_num_locals(m); i++) {
         refit_tensor_info_t t;
         uint64_t off;

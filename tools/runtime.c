@@ -27,26 +27,68 @@ typedef struct {
     double delta; /* publish: delta mode, this share of elements changing per version; pull: the truth's share */
 } rt_opts_t;
 
-enum { O_MODEL = 1, O_LAYOUT, O_RANK, O_REGISTRY, O_JOB, O_GROUP, O_TRANSPORTS, O_TOPTS, O_MODE, O_VERSIONS,
-       O_FIRST, O_ACKS, O_TIMEOUT, O_JSON, O_VERIFY, O_THREADS, O_HOLD, O_NEWEST, O_READER, O_LEASE, O_DEAD,
-       O_DEVICE, O_FROM_ST, O_DUMP, O_DELTA, O_NO_DELTA, O_NO_DIGEST, O_PREPARE, O_FP8 };
+enum {
+    O_MODEL = 1,
+    O_LAYOUT,
+    O_RANK,
+    O_REGISTRY,
+    O_JOB,
+    O_GROUP,
+    O_TRANSPORTS,
+    O_TOPTS,
+    O_MODE,
+    O_VERSIONS,
+    O_FIRST,
+    O_ACKS,
+    O_TIMEOUT,
+    O_JSON,
+    O_VERIFY,
+    O_THREADS,
+    O_HOLD,
+    O_NEWEST,
+    O_READER,
+    O_LEASE,
+    O_DEAD,
+    O_DEVICE,
+    O_FROM_ST,
+    O_DUMP,
+    O_DELTA,
+    O_NO_DELTA,
+    O_NO_DIGEST,
+    O_PREPARE,
+    O_FP8
+};
 
-static const struct option g_rt_opts[] = {
-    {"model", required_argument, 0, O_MODEL},       {"layout", required_argument, 0, O_LAYOUT},
-    {"rank", required_argument, 0, O_RANK},         {"registry", required_argument, 0, O_REGISTRY},
-    {"job", required_argument, 0, O_JOB},           {"group", required_argument, 0, O_GROUP},
-    {"transports", required_argument, 0, O_TRANSPORTS}, {"transport-options", required_argument, 0, O_TOPTS},
-    {"mode", required_argument, 0, O_MODE},         {"versions", required_argument, 0, O_VERSIONS},
-    {"first", required_argument, 0, O_FIRST},       {"acks", required_argument, 0, O_ACKS},
-    {"timeout-ms", required_argument, 0, O_TIMEOUT}, {"json", no_argument, 0, O_JSON},
-    {"verify", no_argument, 0, O_VERIFY},           {"threads", required_argument, 0, O_THREADS},
-    {"hold-ms", required_argument, 0, O_HOLD},      {"newest", no_argument, 0, O_NEWEST},
-    {"reader", required_argument, 0, O_READER},     {"lease-ms", required_argument, 0, O_LEASE},
-    {"dead-ms", required_argument, 0, O_DEAD},      {"device", required_argument, 0, O_DEVICE},
-    {"from-safetensors", required_argument, 0, O_FROM_ST}, {"dump", required_argument, 0, O_DUMP},
-    {"delta", required_argument, 0, O_DELTA},       {"no-delta", no_argument, 0, O_NO_DELTA},
-    {"no-digest", no_argument, 0, O_NO_DIGEST},     {"prepare", no_argument, 0, O_PREPARE},
-    {"fp8", no_argument, 0, O_FP8},                 {0, 0, 0, 0}};
+static const struct option g_rt_opts[] = {{"model", required_argument, 0, O_MODEL},
+                                          {"layout", required_argument, 0, O_LAYOUT},
+                                          {"rank", required_argument, 0, O_RANK},
+                                          {"registry", required_argument, 0, O_REGISTRY},
+                                          {"job", required_argument, 0, O_JOB},
+                                          {"group", required_argument, 0, O_GROUP},
+                                          {"transports", required_argument, 0, O_TRANSPORTS},
+                                          {"transport-options", required_argument, 0, O_TOPTS},
+                                          {"mode", required_argument, 0, O_MODE},
+                                          {"versions", required_argument, 0, O_VERSIONS},
+                                          {"first", required_argument, 0, O_FIRST},
+                                          {"acks", required_argument, 0, O_ACKS},
+                                          {"timeout-ms", required_argument, 0, O_TIMEOUT},
+                                          {"json", no_argument, 0, O_JSON},
+                                          {"verify", no_argument, 0, O_VERIFY},
+                                          {"threads", required_argument, 0, O_THREADS},
+                                          {"hold-ms", required_argument, 0, O_HOLD},
+                                          {"newest", no_argument, 0, O_NEWEST},
+                                          {"reader", required_argument, 0, O_READER},
+                                          {"lease-ms", required_argument, 0, O_LEASE},
+                                          {"dead-ms", required_argument, 0, O_DEAD},
+                                          {"device", required_argument, 0, O_DEVICE},
+                                          {"from-safetensors", required_argument, 0, O_FROM_ST},
+                                          {"dump", required_argument, 0, O_DUMP},
+                                          {"delta", required_argument, 0, O_DELTA},
+                                          {"no-delta", no_argument, 0, O_NO_DELTA},
+                                          {"no-digest", no_argument, 0, O_NO_DIGEST},
+                                          {"prepare", no_argument, 0, O_PREPARE},
+                                          {"fp8", no_argument, 0, O_FP8},
+                                          {0, 0, 0, 0}};
 
 static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
 {
@@ -230,12 +272,10 @@ int cmd_publish(int argc, char **argv)
     for (uint64_t v = o.first; v < o.first + o.versions; v++) {
         double t0 = refit_now();
         if (hf) st = REFIT_OK; /* the checkpoint's bytes, mapped or cut above */
-        else
-        if (o.device >= 0 && (refit_features() & REFIT_FEATURE_CUDA)) st = refit_gpu_truth_fill(m, o.device, &base, v);
-        else
-        if (o.delta > 0) st = refit_truth_fill_delta(m, &base, v, o.delta);
-        else
-            st = refit_truth_fill(m, &base, v); /* m is owned by p and lives as long */
+        else if (o.device >= 0 && (refit_features() & REFIT_FEATURE_CUDA))
+            st = refit_gpu_truth_fill(m, o.device, &base, v);
+        else if (o.delta > 0) st = refit_truth_fill_delta(m, &base, v, o.delta);
+        else st = refit_truth_fill(m, &base, v); /* m is owned by p and lives as long */
         if (st) {
             rc = tool_fail(st, "fill");
             goto out;
@@ -349,14 +389,16 @@ int cmd_pull(int argc, char **argv)
                    ",\"transport\":\"%s\",\"lanes\":",
                    o.rank, rep.version, rep.bytes, rep.sources, rep.planned ? "true" : "false", rep.manifests_read,
                    rep.wait_ms, rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
-                   o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s, rep.transfer_begin_s,
-                   o.device, rep.delta_base, rep.digest_ms, rep.digest_bytes, rep.unverified_bytes, rep.transport);
+                   o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s,
+                   rep.transfer_begin_s, o.device, rep.delta_base, rep.digest_ms, rep.digest_bytes,
+                   rep.unverified_bytes, rep.transport);
             tool_json_string(stdout, rep.lanes);
             printf("}\n");
         } else {
             char how[64] = "";
             if (rep.delta_base) snprintf(how, sizeof(how), " (a delta from %" PRIu64 ")", rep.delta_base);
-            printf("rank %" PRIu64 " pulled version %" PRIu64 "%s: %" PRIu64 " bytes from %u sources over %s in %.1f ms "
+            printf("rank %" PRIu64 " pulled version %" PRIu64 "%s: %" PRIu64
+                   " bytes from %u sources over %s in %.1f ms "
                    "(discover %.2f, plan %.2f, transfer %.1f, verify %.1f)%s\n",
                    o.rank, rep.version, how, rep.bytes, rep.sources, rep.transport, rep.total_ms, rep.discover_ms,
                    rep.plan_ms, rep.transfer_ms, rep.verify_ms, o.verify ? ", verified" : "");

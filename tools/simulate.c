@@ -94,8 +94,7 @@ static int calibrate(const char *dir, const char *ignore, double tol, bool json)
     if (st) return tool_fail(st, "calibrate");
     int bad = 0;
     if (json) printf("{\"tolerance\":%g,\"ignore\":\"%s\",\"rows\":[", tol, ignore ? ignore : "");
-    else
-        printf("%-34s %12s %12s %8s  %s\n", "scenario (measured in)", "measured", "predicted", "error", "what");
+    else printf("%-34s %12s %12s %8s  %s\n", "scenario (measured in)", "measured", "predicted", "error", "what");
     for (size_t i = 0; i < n; i++) {
         sim_calib_row_t *r = &rows[i];
         bool ok = fabs(r->error) <= tol;
@@ -112,8 +111,9 @@ static int calibrate(const char *dir, const char *ignore, double tol, bool json)
         }
     }
     if (json) printf("],\"outside\":%d}\n", bad);
-    else printf("%zu comparisons, %d outside +-%.0f%%%s%s\n", n, bad, tol * 100, ignore ? " (model term left out: " : "",
-                ignore ? ignore : "");
+    else
+        printf("%zu comparisons, %d outside +-%.0f%%%s%s\n", n, bad, tol * 100, ignore ? " (model term left out: " : "",
+               ignore ? ignore : "");
     if (!json && ignore) printf(")\n");
     free(rows);
     return bad ? 1 : 0;
@@ -139,11 +139,12 @@ static int plan_scale(const char *model, const char *src, const char *dst, unsig
     bool same = one.digest == many.digest;
     double speedup = many.plan_wall_ms > 0 ? one.plan_wall_ms / many.plan_wall_ms : 0;
     if (json)
-        printf("{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"src_ranks\":%u,\"dst_ranks\":%u,\"manifests_ms\":%.1f,"
-               "\"plan_wall_ms_1_thread\":%.1f,\"plan_wall_ms\":%.1f,\"threads\":%u,\"speedup\":%.2f,\"plan_ms_max\":%.1f,"
-               "\"bytes_per_rank_max\":%" PRIu64 ",\"redundant\":%" PRIu64 ",\"same_plans\":%s,\"cpu_ms\":%.1f}\n",
-               model, src, dst, many.src_world, many.dst_world, many.manifests_ms, one.plan_wall_ms, many.plan_wall_ms,
-               many.threads, speedup, many.plan_ms_max, many.bytes_max, many.redundant, same ? "true" : "false", cpu);
+        printf(
+            "{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"src_ranks\":%u,\"dst_ranks\":%u,\"manifests_ms\":%.1f,"
+            "\"plan_wall_ms_1_thread\":%.1f,\"plan_wall_ms\":%.1f,\"threads\":%u,\"speedup\":%.2f,\"plan_ms_max\":%.1f,"
+            "\"bytes_per_rank_max\":%" PRIu64 ",\"redundant\":%" PRIu64 ",\"same_plans\":%s,\"cpu_ms\":%.1f}\n",
+            model, src, dst, many.src_world, many.dst_world, many.manifests_ms, one.plan_wall_ms, many.plan_wall_ms,
+            many.threads, speedup, many.plan_ms_max, many.bytes_max, many.redundant, same ? "true" : "false", cpu);
     else
         printf("%s %s -> %s: %u source manifests + %u destination in %.0f ms; %u plans: %.0f ms on 1 thread, %.0f ms "
                "on %u (x%.2f); largest plan %.1f ms; %" PRIu64 " bytes per rank, %" PRIu64 " redundant; plans %s; "
@@ -160,28 +161,65 @@ static int plan_scale(const char *model, const char *src, const char *dst, unsig
 }
 
 enum {
-    O_MODEL = 1, O_SRC, O_DST, O_REPLICAS, O_RANK, O_RELAYS, O_NORELAYS, O_MAXR, O_CHUNK, O_WORKERS, O_TRANSPORT,
-    O_DELTA, O_MODE, O_CLUSTER, O_THREADS, O_SPREAD, O_JSON, O_OUT, O_PLOT, O_CALIB, O_RESULTS, O_IGNORE, O_TOL,
-    O_PSCALE, O_MAXMS, O_PRESETS, O_HELP
+    O_MODEL = 1,
+    O_SRC,
+    O_DST,
+    O_REPLICAS,
+    O_RANK,
+    O_RELAYS,
+    O_NORELAYS,
+    O_MAXR,
+    O_CHUNK,
+    O_WORKERS,
+    O_TRANSPORT,
+    O_DELTA,
+    O_MODE,
+    O_CLUSTER,
+    O_THREADS,
+    O_SPREAD,
+    O_JSON,
+    O_OUT,
+    O_PLOT,
+    O_CALIB,
+    O_RESULTS,
+    O_IGNORE,
+    O_TOL,
+    O_PSCALE,
+    O_MAXMS,
+    O_PRESETS,
+    O_HELP
 };
 
 int cmd_simulate(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},       {"src", required_argument, 0, O_SRC},
-        {"dst", required_argument, 0, O_DST},           {"replicas", required_argument, 0, O_REPLICAS},
-        {"rank", required_argument, 0, O_RANK},         {"relays", no_argument, 0, O_RELAYS},
-        {"no-relays", no_argument, 0, O_NORELAYS},      {"max-readers", required_argument, 0, O_MAXR},
-        {"chunk-kb", required_argument, 0, O_CHUNK},    {"workers", required_argument, 0, O_WORKERS},
-        {"transport", required_argument, 0, O_TRANSPORT}, {"delta", required_argument, 0, O_DELTA},
-        {"mode", required_argument, 0, O_MODE},         {"cluster", required_argument, 0, O_CLUSTER},
-        {"threads", required_argument, 0, O_THREADS},   {"spread", required_argument, 0, O_SPREAD},
-        {"json", no_argument, 0, O_JSON},               {"out", required_argument, 0, O_OUT},
-        {"plot", required_argument, 0, O_PLOT},         {"calibrate", no_argument, 0, O_CALIB},
-        {"results", required_argument, 0, O_RESULTS},   {"ignore", required_argument, 0, O_IGNORE},
-        {"tolerance", required_argument, 0, O_TOL},     {"plan-scale", no_argument, 0, O_PSCALE},
-        {"max-ms", required_argument, 0, O_MAXMS},      {"presets", no_argument, 0, O_PRESETS},
-        {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
+                                         {"src", required_argument, 0, O_SRC},
+                                         {"dst", required_argument, 0, O_DST},
+                                         {"replicas", required_argument, 0, O_REPLICAS},
+                                         {"rank", required_argument, 0, O_RANK},
+                                         {"relays", no_argument, 0, O_RELAYS},
+                                         {"no-relays", no_argument, 0, O_NORELAYS},
+                                         {"max-readers", required_argument, 0, O_MAXR},
+                                         {"chunk-kb", required_argument, 0, O_CHUNK},
+                                         {"workers", required_argument, 0, O_WORKERS},
+                                         {"transport", required_argument, 0, O_TRANSPORT},
+                                         {"delta", required_argument, 0, O_DELTA},
+                                         {"mode", required_argument, 0, O_MODE},
+                                         {"cluster", required_argument, 0, O_CLUSTER},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"spread", required_argument, 0, O_SPREAD},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"out", required_argument, 0, O_OUT},
+                                         {"plot", required_argument, 0, O_PLOT},
+                                         {"calibrate", no_argument, 0, O_CALIB},
+                                         {"results", required_argument, 0, O_RESULTS},
+                                         {"ignore", required_argument, 0, O_IGNORE},
+                                         {"tolerance", required_argument, 0, O_TOL},
+                                         {"plan-scale", no_argument, 0, O_PSCALE},
+                                         {"max-ms", required_argument, 0, O_MAXMS},
+                                         {"presets", no_argument, 0, O_PRESETS},
+                                         {"help", no_argument, 0, O_HELP},
+                                         {0, 0, 0, 0}};
     sim_fleet_t f = SIM_FLEET_INIT;
     sim_cluster_t *c = malloc(sizeof(*c));
     if (!c) return tool_fail(REFIT_ERR_NO_MEMORY, "simulate");
@@ -228,7 +266,10 @@ int cmd_simulate(int argc, char **argv)
                 printf("%-12s %s\n             %s\n", g_presets[i].name, g_presets[i].what, g_presets[i].spec);
             free(c);
             return 0;
-        case O_HELP: free(c); usage(); return 0;
+        case O_HELP:
+            free(c);
+            usage();
+            return 0;
         default: rc = usage(); break;
         }
         if (rc) {

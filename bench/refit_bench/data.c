@@ -32,7 +32,9 @@ int bd_parse_opts(int argc, char **argv, bopts_t *o)
             if (tool_parse_u64(v, &o->versions) || o->versions < 2 || o->versions > MAXV - 2)
                 return tool_usage("bench", "--versions is 2..30");
         } else if (!strcmp(a, "--threads")) o->threads = (unsigned)strtoul(v, NULL, 10);
-        else return tool_usage("bench", "options: --model --src --dst --fraction --versions --format --select --threads --out");
+        else
+            return tool_usage("bench",
+                              "options: --model --src --dst --fraction --versions --format --select --threads --out");
         i++;
     }
     return 0;
@@ -63,7 +65,7 @@ void bd_jp(jout_t *j, const char *fmt, ...)
 void bd_jassert(jout_t *j, const char *name, const char *expected, const char *observed, bool passed)
 {
     bd_jp(j, "%s{\"name\":\"%s\",\"expected\":\"%s\",\"observed\":\"%s\",\"passed\":%s}", j->nassert++ ? "," : "", name,
-       expected, observed, passed ? "true" : "false");
+          expected, observed, passed ? "true" : "false");
     if (!passed) j->failed = 1;
 }
 
@@ -201,7 +203,7 @@ typedef struct {
     unsigned char *dbuf[MAXR];  /* shared: the delta each source published */
     uint64_t dcap[MAXR];
     /* per child process */
-    unsigned char *prev;        /* publisher: what it last published */
+    unsigned char *prev; /* publisher: what it last published */
     unsigned char *mem, *scratch, *wire[MAXR];
     refit_plan_t *plan;
     refit_delta_index_t *ix[MAXR];
@@ -345,7 +347,8 @@ static int delta_recv(void *vc, uint32_t r, uint64_t cmd)
     ctl->mode[v][r] = mode;
     c->have = v;
     t0 = refit_now();
-    ctl->verified[v][r] = refit_truth_verify_delta(m, (const void *const *)&c->mem, v, c->o->fraction, NULL) == REFIT_OK;
+    ctl->verified[v][r] = refit_truth_verify_delta(m, (const void *const *)&c->mem, v, c->o->fraction, NULL) ==
+                          REFIT_OK;
     if (!ctl->verified[v][r]) snprintf(ctl->err[r], sizeof ctl->err[r], "receiver %u: %s", r, refit_last_error());
     ctl->verify_ms[v][r] = (refit_now() - t0) * 1e3;
     ctl->exact[v][r] = !memcmp(c->mem, c->scratch, dsize);
@@ -361,14 +364,19 @@ int bench_delta(int argc, char **argv)
      * --net none: the delta data path in this process (encode, apply). */
     int none = 0;
     for (int i = 1; i < argc; i++)
-        if ((!strcmp(argv[i], "--net") && i + 1 < argc && !strcmp(argv[i + 1], "none")) || !strcmp(argv[i], "--net=none"))
+        if ((!strcmp(argv[i], "--net") && i + 1 < argc && !strcmp(argv[i + 1], "none")) ||
+            !strcmp(argv[i], "--net=none"))
             none = i;
     if (!none) return bench_delta_net(argc, argv);
     int skip = strcmp(argv[none], "--net=none") ? 2 : 1;
     for (int i = none; i + skip <= argc; i++) argv[i] = argv[i + skip]; /* argv[argc] is NULL */
     argc -= skip;
-    bopts_t o = {.model = "qwen3-30b-a3b-mini", .src = "megatron:ep=2", .dst = "vllm:tp=2", .fraction = 0.01,
-                 .versions = 4, .threads = 1};
+    bopts_t o = {.model = "qwen3-30b-a3b-mini",
+                 .src = "megatron:ep=2",
+                 .dst = "vllm:tp=2",
+                 .fraction = 0.01,
+                 .versions = 4,
+                 .threads = 1};
     int rc = bd_parse_opts(argc, argv, &o);
     if (rc) return rc;
     setup_t s;
@@ -385,14 +393,16 @@ int bench_delta(int argc, char **argv)
         c.dcap[k] = 64 + ((sz + 131071) / 131072) * 16 + sz;
         c.sbase[k] = bd_shmap(sz);
         c.dbuf[k] = bd_shmap(c.dcap[k]);
-        if (!c.sbase[k] || !c.dbuf[k]) return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "shared memory"), "bench delta");
+        if (!c.sbase[k] || !c.dbuf[k])
+            return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "shared memory"), "bench delta");
     }
     child_t pubs[MAXR], recvs[MAXR];
     for (uint32_t k = 0; k < s.ns; k++) {
         dctx_t *pc = malloc(sizeof(dctx_t));
         *pc = c;
         pc->prev = malloc(ctl->region_bytes[k]); /* the child's own copy after fork */
-        if (!pc->prev || bd_spawn(&pubs[k], delta_pub, pc, k)) return tool_fail(refit_error(REFIT_ERR_IO, "fork"), "bench delta");
+        if (!pc->prev || bd_spawn(&pubs[k], delta_pub, pc, k))
+            return tool_fail(refit_error(REFIT_ERR_IO, "fork"), "bench delta");
         free(pc->prev); /* the child has its own */
         free(pc);
     }
@@ -449,32 +459,40 @@ int bench_delta(int argc, char **argv)
     double full_ms = median(full_v, n), delta_ms = median(delta_v, n), enc_ms = median(enc_v, n);
     double wire_ratio = full_b ? (double)wire_b / (double)full_b : 1, time_ratio = full_ms > 0 ? delta_ms / full_ms : 1;
     jout_t j = {0};
-    bd_jp(&j, "{\"scenario\":\"delta\",\"metrics\":{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"fraction\":%g,"
-           "\"versions\":%" PRIu64 ",\"threads_per_receiver\":%u,\"source_bytes\":%" PRIu64 ",",
-       o.model, refit_layout_string(s.sl), refit_layout_string(s.dl), o.fraction, K, o.threads, total_src);
+    bd_jp(&j,
+          "{\"scenario\":\"delta\",\"metrics\":{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"fraction\":%g,"
+          "\"versions\":%" PRIu64 ",\"threads_per_receiver\":%u,\"source_bytes\":%" PRIu64 ",",
+          o.model, refit_layout_string(s.sl), refit_layout_string(s.dl), o.fraction, K, o.threads, total_src);
     bd_jp(&j, "\"changed_unit_fraction\":%.5f,", (double)changed * 2 / (double)src_bytes_k);
     bd_jp(&j, "\"full_refit_ms\":%.3f,\"delta_refit_ms\":%.3f,\"time_ratio\":%.4f,", full_ms, delta_ms, time_ratio);
     bd_jp(&j, "\"full_refit_bytes\":%" PRIu64 ",\"delta_wire_bytes\":%" PRIu64 ",\"wire_ratio\":%.4f,", full_b / n,
-       wire_b / n, wire_ratio);
-    bd_jp(&j, "\"publisher_encode_ms\":%.3f,\"encoding_bytes_over_source_bytes\":{\"sparse\":%.4f,\"blocks64\":%.4f,"
-           "\"blocks512\":%.4f},",
-       enc_ms, (double)sp / (double)src_bytes_k, (double)b64 / (double)src_bytes_k, (double)b512 / (double)src_bytes_k);
+          wire_b / n, wire_ratio);
+    bd_jp(&j,
+          "\"publisher_encode_ms\":%.3f,\"encoding_bytes_over_source_bytes\":{\"sparse\":%.4f,\"blocks64\":%.4f,"
+          "\"blocks512\":%.4f},",
+          enc_ms, (double)sp / (double)src_bytes_k, (double)b64 / (double)src_bytes_k,
+          (double)b512 / (double)src_bytes_k);
     bd_jp(&j, "\"plan_ms\":%.3f,\"delta_index_ms\":%.3f,\"per_version\":[", ctl->plan_ms[0], ctl->index_ms[0]);
     for (uint64_t v = 1; v <= last; v++) {
         bd_jp(&j, "%s{\"version\":%" PRIu64 ",\"receivers\":[", v > 1 ? "," : "", v);
         for (uint32_t r = 0; r < s.nd; r++)
-            bd_jp(&j, "%s{\"mode\":\"%s\",\"ms\":%.3f,\"wire_bytes\":%" PRIu64 ",\"full_ms\":%.3f,\"verified\":%s,"
-                   "\"equals_full_refit\":%s}",
-               r ? "," : "",
-               ctl->mode[v][r] == 2 ? "delta" : ctl->mode[v][r] == 1 ? "full" : ctl->mode[v][r] == 3 ? "full (no base)" : "skipped",
-               ctl->delta_ms[v][r], ctl->wire_bytes[v][r], ctl->full_ms[v][r], ctl->verified[v][r] ? "true" : "false",
-               ctl->exact[v][r] ? "true" : "false");
+            bd_jp(&j,
+                  "%s{\"mode\":\"%s\",\"ms\":%.3f,\"wire_bytes\":%" PRIu64 ",\"full_ms\":%.3f,\"verified\":%s,"
+                  "\"equals_full_refit\":%s}",
+                  r ? "," : "",
+                  ctl->mode[v][r] == 2   ? "delta"
+                  : ctl->mode[v][r] == 1 ? "full"
+                  : ctl->mode[v][r] == 3 ? "full (no base)"
+                                         : "skipped",
+                  ctl->delta_ms[v][r], ctl->wire_bytes[v][r], ctl->full_ms[v][r],
+                  ctl->verified[v][r] ? "true" : "false", ctl->exact[v][r] ? "true" : "false");
         bd_jp(&j, "]}");
     }
     bd_jp(&j, "]},\"assertions\":[");
     char obs[128];
     snprintf(obs, sizeof obs, "%s", exact && verified ? "true" : "false");
-    bd_jassert(&j, "bit_exact", "every version equals the truth and a full refit, byte for byte", obs, exact && verified);
+    bd_jassert(&j, "bit_exact", "every version equals the truth and a full refit, byte for byte", obs,
+               exact && verified);
     snprintf(obs, sizeof obs, "%.4f", wire_ratio);
     bd_jassert(&j, "wire_bytes_ratio", "<= 0.05", obs, wire_ratio <= 0.05);
     snprintf(obs, sizeof obs, "%.4f", time_ratio);
@@ -482,12 +500,12 @@ int bench_delta(int argc, char **argv)
     int fb = ctl->mode[K + 2][0], others = ctl->mode[K + 2][s.nd > 1 ? 1 : 0];
     snprintf(obs, sizeof obs, "receiver 0: %s, verified %s; receiver %u: %s", fb == 3 ? "full" : "not full",
              ctl->verified[K + 2][0] ? "yes" : "no", s.nd > 1 ? 1 : 0, others == 2 ? "delta" : "other");
-    bd_jassert(&j, "full_refit_without_base", "receiver 0 (missed the base version) refits in full, verified; the others take the delta",
-            obs, fb == 3 && ctl->verified[K + 2][0] && (s.nd == 1 || others == 2));
+    bd_jassert(&j, "full_refit_without_base",
+               "receiver 0 (missed the base version) refits in full, verified; the others take the delta", obs,
+               fb == 3 && ctl->verified[K + 2][0] && (s.nd == 1 || others == 2));
     munmap(ctl, sizeof(dctl_t));
     bd_teardown(&s);
     return bd_jfinish(&j, o.out);
 }
 
 /* ==== partial and fp8: publishers fill shared memory, receivers pull ==== */
-

@@ -2,7 +2,7 @@
 #include "data_internal.h"
 
 typedef struct {
-    double ms[4][MAXR];          /* per phase */
+    double ms[4][MAXR]; /* per phase */
     uint64_t bytes[4][MAXR];
     int ok[4][MAXR];
     refit_select_report_t sel[MAXR];
@@ -56,13 +56,14 @@ static int partial_recv(void *vc, uint32_t r, uint64_t cmd)
     refit_status_t st;
     if (cmd == 1) {
         if ((st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, m, NULL, &c->plan)) ||
-            (ctl->sel[r].size = sizeof(ctl->sel[r]), st = refit_manifest_select(m, c->o->select, false, &c->sel,
-                                                                                 &ctl->sel[r])) ||
+            (ctl->sel[r].size = sizeof(ctl->sel[r]),
+             st = refit_manifest_select(m, c->o->select, false, &c->sel, &ctl->sel[r])) ||
             (st = refit_manifest_select(m, c->o->select, true, &c->rest, NULL)) ||
             (st = refit_plan_create((const refit_manifest_t *const *)s->src, s->ns, c->sel, NULL, &c->part)))
             goto fail;
         if (!(c->mem = malloc(ds))) goto fail;
-        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&c->mem, c->o->threads)))
+        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&c->mem,
+                                            c->o->threads)))
             goto fail;
         ctl->ok[0][r] = refit_truth_verify(m, (const void *const *)&c->mem, 1, NULL) == REFIT_OK;
         return 0;
@@ -77,7 +78,8 @@ static int partial_recv(void *vc, uint32_t r, uint64_t cmd)
     double best = 1e300, t0;
     for (int rep = 0; rep < REPS; rep++) {
         t0 = refit_now();
-        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&scratch, c->o->threads)))
+        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&scratch,
+                                            c->o->threads)))
             goto fail;
         if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
     }
@@ -87,7 +89,8 @@ static int partial_recv(void *vc, uint32_t r, uint64_t cmd)
     best = 1e300;
     for (int rep = 0; rep < REPS; rep++) {
         t0 = refit_now();
-        if ((st = refit_plan_execute_memcpy(c->part, (const void *const *const *)sb, (void *const *)&c->mem, c->o->threads)))
+        if ((st = refit_plan_execute_memcpy(c->part, (const void *const *const *)sb, (void *const *)&c->mem,
+                                            c->o->threads)))
             goto fail;
         if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
     }
@@ -130,8 +133,12 @@ fail:
 
 int bench_partial(int argc, char **argv)
 {
-    bopts_t o = {.model = "qwen3-30b-a3b-mini", .src = "megatron:ep=2", .dst = "vllm:tp=2",
-                 .select = "layer:7,model.layers.20.self_attn.q_proj.weight,lm_head.weight", .threads = 1, .versions = 2};
+    bopts_t o = {.model = "qwen3-30b-a3b-mini",
+                 .src = "megatron:ep=2",
+                 .dst = "vllm:tp=2",
+                 .select = "layer:7,model.layers.20.self_attn.q_proj.weight,lm_head.weight",
+                 .threads = 1,
+                 .versions = 2};
     int rc = bd_parse_opts(argc, argv, &o);
     if (rc) return rc;
     setup_t s;
@@ -173,8 +180,9 @@ int bench_partial(int argc, char **argv)
         whole &= ctl->ok[3][r] != 0;
     }
     jout_t j = {0};
-    bd_jp(&j, "{\"scenario\":\"partial\",\"metrics\":{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"select\":", o.model,
-       refit_layout_string(s.sl), refit_layout_string(s.dl));
+    bd_jp(&j,
+          "{\"scenario\":\"partial\",\"metrics\":{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"select\":", o.model,
+          refit_layout_string(s.sl), refit_layout_string(s.dl));
     char *sel_json = NULL;
     size_t sl = 0;
     FILE *mf = open_memstream(&sel_json, &sl);
@@ -184,14 +192,17 @@ int bench_partial(int argc, char **argv)
     }
     bd_jp(&j, "%s,", sel_json ? sel_json : "\"\"");
     free(sel_json);
-    bd_jp(&j, "\"local_tensors_pulled\":%" PRIu64 ",\"canonical_named\":%" PRIu64 ",\"canonical_pulled\":%" PRIu64 ",", locals,
-       named, pulled);
-    bd_jp(&j, "\"full_refit_ms\":%.3f,\"partial_refit_ms\":%.3f,\"full_bytes\":%" PRIu64 ",\"partial_bytes\":%" PRIu64
-           ",\"bytes_ratio\":%.4f,\"time_ratio\":%.4f},\"assertions\":[",
-       fm, pm, fb, pb, fb ? (double)pb / (double)fb : 0, fm > 0 ? pm / fm : 0);
+    bd_jp(&j, "\"local_tensors_pulled\":%" PRIu64 ",\"canonical_named\":%" PRIu64 ",\"canonical_pulled\":%" PRIu64 ",",
+          locals, named, pulled);
+    bd_jp(&j,
+          "\"full_refit_ms\":%.3f,\"partial_refit_ms\":%.3f,\"full_bytes\":%" PRIu64 ",\"partial_bytes\":%" PRIu64
+          ",\"bytes_ratio\":%.4f,\"time_ratio\":%.4f},\"assertions\":[",
+          fm, pm, fb, pb, fb ? (double)pb / (double)fb : 0, fm > 0 ? pm / fm : 0);
     char obs[128];
-    bd_jassert(&j, "selected_tensors_verified", "the kept local tensors equal version 2 of the truth", sel_ok ? "true" : "false", sel_ok);
-    bd_jassert(&j, "others_untouched", "every other local tensor still equals version 1", rest_ok ? "true" : "false", rest_ok);
+    bd_jassert(&j, "selected_tensors_verified", "the kept local tensors equal version 2 of the truth",
+               sel_ok ? "true" : "false", sel_ok);
+    bd_jassert(&j, "others_untouched", "every other local tensor still equals version 1", rest_ok ? "true" : "false",
+               rest_ok);
     snprintf(obs, sizeof obs, "%s; %" PRIu64 " canonical tensors pulled for %" PRIu64 " named", whole ? "whole" : "cut",
              pulled, named);
     bd_jassert(&j, "fused_whole", "each kept fused tensor carries all its placements", obs, whole && pulled >= named);
@@ -227,7 +238,8 @@ static int fp8_stage_proc(void *vc, uint32_t r, uint64_t cmd)
     double best = 1e300, t0;
     for (int rep = 0; rep < REPS; rep++) {
         t0 = refit_now();
-        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&img, c->o->threads)) ||
+        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&img,
+                                            c->o->threads)) ||
             (st = refit_fp8_stage(t, img, c->arena[r], c->o->threads)))
             goto fail;
         if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
@@ -276,7 +288,8 @@ static int fp8_recv(void *vc, uint32_t r, uint64_t cmd)
     best = 1e300;
     for (int rep = 0; rep < REPS; rep++) {
         t0 = refit_now();
-        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&bf, c->o->threads)))
+        if ((st = refit_plan_execute_memcpy(c->plan, (const void *const *const *)sb, (void *const *)&bf,
+                                            c->o->threads)))
             goto fail;
         if ((refit_now() - t0) * 1e3 < best) best = (refit_now() - t0) * 1e3;
     }
@@ -328,7 +341,8 @@ int bench_fp8(int argc, char **argv)
         refit_fp8_target_destroy(t);
         arena_total += c.arena_bytes[r];
         bf16_total += refit_manifest_region_size(s.dst[r], 0);
-        if (!(c.arena[r] = bd_shmap(c.arena_bytes[r]))) return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "shm"), "bench fp8");
+        if (!(c.arena[r] = bd_shmap(c.arena_bytes[r])))
+            return tool_fail(refit_error(REFIT_ERR_NO_MEMORY, "shm"), "bench fp8");
     }
     for (uint32_t k = 0; k < s.ns; k++)
         if (!(c.sbase[k] = bd_shmap(refit_manifest_region_size(s.src[k], 0))))
@@ -390,21 +404,28 @@ int bench_fp8(int argc, char **argv)
         exact &= ctl->ok[1][r] != 0;
     }
     jout_t j = {0};
-    bd_jp(&j, "{\"scenario\":\"fp8\",\"metrics\":{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"block\":%d,"
-           "\"quantized_tensors\":%u,\"fp8_wire_bytes\":%" PRIu64 ",\"bf16_refit_bytes\":%" PRIu64 ",\"wire_ratio\":%.4f,"
-           "\"source_stage_ms\":%.3f,\"fp8_pull_ms\":%.3f,\"bf16_refit_ms\":%.3f,\"destination_bf16_bytes\":%" PRIu64 ",",
-       o.model, refit_layout_string(s.sl), refit_layout_string(s.dl), REFIT_FP8_BLOCK, nq, wire, bfb,
-       bfb ? (double)wire / (double)bfb : 0, stage_ms, pull_ms, bf16_ms, bf16_total);
+    bd_jp(
+        &j,
+        "{\"scenario\":\"fp8\",\"metrics\":{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"block\":%d,"
+        "\"quantized_tensors\":%u,\"fp8_wire_bytes\":%" PRIu64 ",\"bf16_refit_bytes\":%" PRIu64 ",\"wire_ratio\":%.4f,"
+        "\"source_stage_ms\":%.3f,\"fp8_pull_ms\":%.3f,\"bf16_refit_ms\":%.3f,\"destination_bf16_bytes\":%" PRIu64 ",",
+        o.model, refit_layout_string(s.sl), refit_layout_string(s.dl), REFIT_FP8_BLOCK, nq, wire, bfb,
+        bfb ? (double)wire / (double)bfb : 0, stage_ms, pull_ms, bf16_ms, bf16_total);
     bd_jp(&j, "\"linear_fp8_and_scale_bytes\":%" PRIu64 ",\"linear_bf16_bytes\":%" PRIu64 ",\"linear_ratio\":%.4f},",
-       qb, qbf, qbf ? (double)qb / (double)qbf : 0);
+          qb, qbf, qbf ? (double)qb / (double)qbf : 0);
     bd_jp(&j, "\"assertions\":[");
     char obs[128];
-    bd_jassert(&j, "fp8_bits_exact", "the pulled FP8 arena (e4m3 weights, fp32 scale_inv) equals the receiver's own quantization of the truth, byte for byte",
-            exact ? "true" : "false", exact);
-    snprintf(obs, sizeof obs, "%.4f (whole arena %.4f)", qbf ? (double)qb / (double)qbf : 1, bfb ? (double)wire / (double)bfb : 1);
-    bd_jassert(&j, "wire_carries_fp8", "quantized weights move as fp8 + scales: <= 0.51 of their bf16 bytes; the arena < the bf16 refit",
-            obs, qbf && (double)qb / (double)qbf <= 0.51 && wire < bfb);
-    bd_jassert(&j, "misaligned_refused", "a vllm tp whose shards cut 128x128 blocks is refused", refused, strstr(refused, "refused") != NULL);
+    bd_jassert(
+        &j, "fp8_bits_exact",
+        "the pulled FP8 arena (e4m3 weights, fp32 scale_inv) equals the receiver's own quantization of the truth, byte for byte",
+        exact ? "true" : "false", exact);
+    snprintf(obs, sizeof obs, "%.4f (whole arena %.4f)", qbf ? (double)qb / (double)qbf : 1,
+             bfb ? (double)wire / (double)bfb : 1);
+    bd_jassert(&j, "wire_carries_fp8",
+               "quantized weights move as fp8 + scales: <= 0.51 of their bf16 bytes; the arena < the bf16 refit", obs,
+               qbf && (double)qb / (double)qbf <= 0.51 && wire < bfb);
+    bd_jassert(&j, "misaligned_refused", "a vllm tp whose shards cut 128x128 blocks is refused", refused,
+               strstr(refused, "refused") != NULL);
     (void)arena_total;
     munmap(ctl, sizeof(pctl_t));
     bd_teardown(&s);

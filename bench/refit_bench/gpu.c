@@ -50,16 +50,35 @@ int bench_gpu(int argc, char **argv)
                *topts = NULL;
     uint64_t src_dev = 0, dst_dev = 1, cycles = 6, iters = 5, timeout_s = 900;
     bool skip_nccl = false, skip_baseline = false;
-    enum { B_SCENARIO = 1, B_MODEL, B_SRC, B_DST, B_SDEV, B_DDEV, B_CYCLES, B_ITERS, B_OUT, B_SKIP_NCCL, B_TOPTS, B_TIMEOUT,
-           B_SKIP_BASE };
-    static const struct option opts[] = {
-        {"scenario", required_argument, 0, B_SCENARIO}, {"model", required_argument, 0, B_MODEL},
-        {"src", required_argument, 0, B_SRC},           {"dst", required_argument, 0, B_DST},
-        {"src-device", required_argument, 0, B_SDEV},   {"dst-device", required_argument, 0, B_DDEV},
-        {"cycles", required_argument, 0, B_CYCLES},     {"iters", required_argument, 0, B_ITERS},
-        {"out", required_argument, 0, B_OUT},           {"skip-nccl", no_argument, 0, B_SKIP_NCCL},
-        {"transport-options", required_argument, 0, B_TOPTS}, {"timeout-s", required_argument, 0, B_TIMEOUT},
-        {"skip-baseline", no_argument, 0, B_SKIP_BASE}, {0, 0, 0, 0}};
+    enum {
+        B_SCENARIO = 1,
+        B_MODEL,
+        B_SRC,
+        B_DST,
+        B_SDEV,
+        B_DDEV,
+        B_CYCLES,
+        B_ITERS,
+        B_OUT,
+        B_SKIP_NCCL,
+        B_TOPTS,
+        B_TIMEOUT,
+        B_SKIP_BASE
+    };
+    static const struct option opts[] = {{"scenario", required_argument, 0, B_SCENARIO},
+                                         {"model", required_argument, 0, B_MODEL},
+                                         {"src", required_argument, 0, B_SRC},
+                                         {"dst", required_argument, 0, B_DST},
+                                         {"src-device", required_argument, 0, B_SDEV},
+                                         {"dst-device", required_argument, 0, B_DDEV},
+                                         {"cycles", required_argument, 0, B_CYCLES},
+                                         {"iters", required_argument, 0, B_ITERS},
+                                         {"out", required_argument, 0, B_OUT},
+                                         {"skip-nccl", no_argument, 0, B_SKIP_NCCL},
+                                         {"transport-options", required_argument, 0, B_TOPTS},
+                                         {"timeout-s", required_argument, 0, B_TIMEOUT},
+                                         {"skip-baseline", no_argument, 0, B_SKIP_BASE},
+                                         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -80,7 +99,8 @@ int bench_gpu(int argc, char **argv)
         case B_TIMEOUT: num = &timeout_s; break;
         default: return tool_usage("bench", "unknown option");
         }
-        if (num && tool_parse_u64(optarg, num)) return tool_usage("bench", "numeric options take non-negative integers");
+        if (num && tool_parse_u64(optarg, num))
+            return tool_usage("bench", "numeric options take non-negative integers");
     }
     if (optind < argc) return tool_usage("bench", "unexpected argument");
     if (!scenario || strcmp(scenario, "gpu")) return tool_usage("bench", "--scenario gpu is the one scenario here");
@@ -154,7 +174,7 @@ int bench_gpu(int argc, char **argv)
     char berr[512] = "";
     if (!skip_baseline) {
         fprintf(stderr, "refit bench: baselines: raw peer copy and NCCL broadcast (pack, broadcast, unpack)\n");
-        refit_gpu_baseline_cfg_t cfg = {model, src, dst, (int)src_dev, (int)dst_dev, (uint32_t)iters, 0,
+        refit_gpu_baseline_cfg_t cfg = {model,           src,      dst, (int)src_dev, (int)dst_dev, (uint32_t)iters, 0,
                                         (uint64_t)bytes, skip_nccl};
         bst = refit_gpu_baseline(&cfg, &b);
         if (bst) {
@@ -195,32 +215,35 @@ int bench_gpu(int argc, char **argv)
     tool_json_string(f, dst);
     double peer = b.peer_copy_s, nccl = b.nccl_s;
     bool verified = refit_verified && (skip_baseline || skip_nccl || (b.nccl_ran && b.verified));
-    fprintf(f,
-            ",\"bytes\":%" PRId64 ",\"refit_s\":%.6f,\"refit_gbps\":%.2f,\"refit_transfer_s\":%.6f,"
-            "\"publish_to_commit_s\":%.6f,\"peer_copy_s\":%.6f,\"peer_copy_gbps\":%.2f,\"peer_copy_kernel_s\":%.6f,"
-            "\"peer_copy_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"nccl_s\":%.6f,\"nccl_gbps\":%.2f,\"nccl_ratio\":%.4f,"
-            "\"nccl_pack_s\":%.6f,\"nccl_bcast_s\":%.6f,\"nccl_bcast_gbps\":%.2f,\"nccl_unpack_s\":%.6f,"
-            "\"kernel_launches_per_refit\":%.0f,\"handle_open_ms\":%.3f,\"steady_connect_ms\":%.3f,"
-            "\"registration_ms\":%.3f,\"refit_verified\":%s,\"nccl_verified\":%s,\"verified\":%s,"
-            "\"limit_ratio_ok\":%s,\"beats_nccl\":%s,\"refit_phase_s\":%.1f",
-            bytes, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, refit_xfer_s, p2c_s, peer,
-            peer > 0 ? b.peer_bytes / peer / 1e9 : 0, b.peer_copy_kernel_s,
-            b.peer_copy_kernel_s > 0 ? b.peer_bytes / b.peer_copy_kernel_s / 1e9 : 0, peer > 0 ? refit_s / peer : 0, nccl,
-            nccl > 0 ? b.packed_bytes / nccl / 1e9 : 0, refit_s > 0 ? nccl / refit_s : 0, b.pack_s, b.bcast_s,
-            b.bcast_s > 0 ? b.packed_bytes / b.bcast_s / 1e9 : 0, b.unpack_s, launches, open_ms, steady_connect, reg_ms,
-            refit_verified ? "true" : "false", b.nccl_ran && b.verified ? "true" : "false", verified ? "true" : "false",
-            peer > 0 && refit_s > 0 && refit_s <= 1.2 * peer ? "true" : "false",
-            nccl > 0 && refit_s > 0 && refit_s < nccl ? "true" : "false", refit_phase_s);
+    fprintf(
+        f,
+        ",\"bytes\":%" PRId64 ",\"refit_s\":%.6f,\"refit_gbps\":%.2f,\"refit_transfer_s\":%.6f,"
+        "\"publish_to_commit_s\":%.6f,\"peer_copy_s\":%.6f,\"peer_copy_gbps\":%.2f,\"peer_copy_kernel_s\":%.6f,"
+        "\"peer_copy_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"nccl_s\":%.6f,\"nccl_gbps\":%.2f,\"nccl_ratio\":%.4f,"
+        "\"nccl_pack_s\":%.6f,\"nccl_bcast_s\":%.6f,\"nccl_bcast_gbps\":%.2f,\"nccl_unpack_s\":%.6f,"
+        "\"kernel_launches_per_refit\":%.0f,\"handle_open_ms\":%.3f,\"steady_connect_ms\":%.3f,"
+        "\"registration_ms\":%.3f,\"refit_verified\":%s,\"nccl_verified\":%s,\"verified\":%s,"
+        "\"limit_ratio_ok\":%s,\"beats_nccl\":%s,\"refit_phase_s\":%.1f",
+        bytes, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, refit_xfer_s, p2c_s, peer,
+        peer > 0 ? b.peer_bytes / peer / 1e9 : 0, b.peer_copy_kernel_s,
+        b.peer_copy_kernel_s > 0 ? b.peer_bytes / b.peer_copy_kernel_s / 1e9 : 0, peer > 0 ? refit_s / peer : 0, nccl,
+        nccl > 0 ? b.packed_bytes / nccl / 1e9 : 0, refit_s > 0 ? nccl / refit_s : 0, b.pack_s, b.bcast_s,
+        b.bcast_s > 0 ? b.packed_bytes / b.bcast_s / 1e9 : 0, b.unpack_s, launches, open_ms, steady_connect, reg_ms,
+        refit_verified ? "true" : "false", b.nccl_ran && b.verified ? "true" : "false", verified ? "true" : "false",
+        peer > 0 && refit_s > 0 && refit_s <= 1.2 * peer ? "true" : "false",
+        nccl > 0 && refit_s > 0 && refit_s < nccl ? "true" : "false", refit_phase_s);
     fprintf(f, ",\"baseline\":{\"error\":");
     tool_json_string(f, berr);
     fprintf(f, ",\"note\":");
     tool_json_string(f, b.note);
-    fprintf(f, ",\"model_bytes\":%" PRIu64 ",\"packed_bytes\":%" PRIu64 ",\"peer_bytes\":%" PRIu64 ",\"iters\":%u,"
-               "\"nccl_version\":%d,\"nccl_library\":",
+    fprintf(f,
+            ",\"model_bytes\":%" PRIu64 ",\"packed_bytes\":%" PRIu64 ",\"peer_bytes\":%" PRIu64 ",\"iters\":%u,"
+            "\"nccl_version\":%d,\"nccl_library\":",
             b.bytes, b.packed_bytes, b.peer_bytes, b.iters, b.nccl_version);
     tool_json_string(f, b.nccl_library);
-    fprintf(f, ",\"pack_launches\":%" PRIu64 ",\"unpack_launches\":%" PRIu64 ",\"bcast_calls\":%" PRIu64
-               ",\"digest_src\":\"%016" PRIx64 "\",\"digest_dst\":\"%016" PRIx64 "\",\"peer_copy_runs_s\":[",
+    fprintf(f,
+            ",\"pack_launches\":%" PRIu64 ",\"unpack_launches\":%" PRIu64 ",\"bcast_calls\":%" PRIu64
+            ",\"digest_src\":\"%016" PRIx64 "\",\"digest_dst\":\"%016" PRIx64 "\",\"peer_copy_runs_s\":[",
             b.pack_launches, b.unpack_launches, b.bcast_calls, b.digest_src, b.digest_dst);
     for (uint32_t i = 0; i < b.iters && peer > 0; i++) fprintf(f, "%s%.6f", i ? "," : "", b.peer_copy_runs[i]);
     fprintf(f, "],\"nccl_runs_s\":[");
@@ -237,9 +260,10 @@ int bench_gpu(int argc, char **argv)
             "  peer copy  %.4f s  (%.1f GB/s; copy kernel alone %.4f s)\n"
             "  NCCL       %.4f s  (pack %.4f + broadcast %.4f + unpack %.4f)\n"
             "  limit_ratio %.3f (target <= 1.2)   nccl_ratio %.3f (> 1 means refit is faster)\n",
-            model, src, dst, bytes / 1e9, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, refit_xfer_s, launches, open_ms,
-            verified ? "verified" : "NOT VERIFIED", peer, peer > 0 ? b.peer_bytes / peer / 1e9 : 0, b.peer_copy_kernel_s,
-            nccl, b.pack_s, b.bcast_s, b.unpack_s, peer > 0 ? refit_s / peer : 0, refit_s > 0 ? nccl / refit_s : 0);
+            model, src, dst, bytes / 1e9, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, refit_xfer_s, launches,
+            open_ms, verified ? "verified" : "NOT VERIFIED", peer, peer > 0 ? b.peer_bytes / peer / 1e9 : 0,
+            b.peer_copy_kernel_s, nccl, b.pack_s, b.bcast_s, b.unpack_s, peer > 0 ? refit_s / peer : 0,
+            refit_s > 0 ? nccl / refit_s : 0);
     free(res);
     refit_json_free(demo);
     free(demo_out);
@@ -271,13 +295,18 @@ int bench_colocated(int argc, char **argv)
     uint64_t dev = 0, cycles = 6, iters = 5, timeout_s = 600;
     bool no_cold = false;
     enum { C_SCENARIO = 1, C_MODEL, C_SRC, C_DST, C_DEV, C_CYCLES, C_ITERS, C_OUT, C_TOPTS, C_TIMEOUT, C_NO_COLD };
-    static const struct option opts[] = {
-        {"scenario", required_argument, 0, C_SCENARIO}, {"model", required_argument, 0, C_MODEL},
-        {"src", required_argument, 0, C_SRC},           {"dst", required_argument, 0, C_DST},
-        {"device", required_argument, 0, C_DEV},        {"cycles", required_argument, 0, C_CYCLES},
-        {"iters", required_argument, 0, C_ITERS},       {"out", required_argument, 0, C_OUT},
-        {"transport-options", required_argument, 0, C_TOPTS}, {"timeout-s", required_argument, 0, C_TIMEOUT},
-        {"no-cold", no_argument, 0, C_NO_COLD},         {0, 0, 0, 0}};
+    static const struct option opts[] = {{"scenario", required_argument, 0, C_SCENARIO},
+                                         {"model", required_argument, 0, C_MODEL},
+                                         {"src", required_argument, 0, C_SRC},
+                                         {"dst", required_argument, 0, C_DST},
+                                         {"device", required_argument, 0, C_DEV},
+                                         {"cycles", required_argument, 0, C_CYCLES},
+                                         {"iters", required_argument, 0, C_ITERS},
+                                         {"out", required_argument, 0, C_OUT},
+                                         {"transport-options", required_argument, 0, C_TOPTS},
+                                         {"timeout-s", required_argument, 0, C_TIMEOUT},
+                                         {"no-cold", no_argument, 0, C_NO_COLD},
+                                         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -299,7 +328,8 @@ int bench_colocated(int argc, char **argv)
         case C_TIMEOUT: num = &timeout_s; break;
         default: return tool_usage("bench", "unknown option");
         }
-        if (num && tool_parse_u64(optarg, num)) return tool_usage("bench", "numeric options take non-negative integers");
+        if (num && tool_parse_u64(optarg, num))
+            return tool_usage("bench", "numeric options take non-negative integers");
     }
     if (optind < argc) return tool_usage("bench", "unexpected argument");
     if (!ndst) dsts[ndst++] = "vllm:tp=1", dsts[ndst++] = "vllm:tp=2";
@@ -401,40 +431,44 @@ int bench_colocated(int argc, char **argv)
         worst_first = first_ratio > worst_first ? first_ratio : worst_first;
         fprintf(f, "%s{\"dst\":", di ? "," : "");
         tool_json_string(f, dst);
-        fprintf(f,
-                ",\"bytes\":%" PRId64 ",\"refit_s\":%.6f,\"refit_gbps\":%.2f,\"refit_transfer_s\":%.6f,"
-                "\"d2d_copy_s\":%.6f,\"d2d_copy_gbps\":%.2f,\"d2d_bytes\":%" PRIu64 ",\"copy_kernel_s\":%.6f,"
-                "\"copy_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"limit_ratio_ok\":%s,"
-                "\"first_refit_s\":%.6f,\"first_refit_ratio\":%.4f,\"first_refit_ok\":%s,\"first_connect_ms\":%.3f,"
-                "\"prepare_s\":%.6f,\"cold_first_refit_s\":%.6f,\"cold_handle_open_ms\":%.3f,\"cold_steady_refit_s\":%.6f,"
-                "\"cold_first_refit_ratio\":%.4f,\"refit_verified\":%s,\"d2d_verified\":%s,\"verified\":%s,\"d2d_error\":",
-                bytes, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, xfer_s, d.copy_s,
-                d.copy_s > 0 ? d.bytes / d.copy_s / 1e9 : 0, d.bytes, d.kernel_s, d.kernel_s > 0 ? d.bytes / d.kernel_s / 1e9 : 0,
-                limit, limit > 0 && limit <= 1.15 ? "true" : "false", first_s, first_ratio,
-                first_ratio > 0 && first_ratio <= 2 ? "true" : "false", first_connect, prepare_s, cold_s, cold_open,
-                cold_steady, cold_steady > 0 ? cold_s / cold_steady : 0, ok[0] && (no_cold || ok[1]) ? "true" : "false",
-                !dst_st ? "true" : "false", verified ? "true" : "false");
+        fprintf(
+            f,
+            ",\"bytes\":%" PRId64 ",\"refit_s\":%.6f,\"refit_gbps\":%.2f,\"refit_transfer_s\":%.6f,"
+            "\"d2d_copy_s\":%.6f,\"d2d_copy_gbps\":%.2f,\"d2d_bytes\":%" PRIu64 ",\"copy_kernel_s\":%.6f,"
+            "\"copy_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"limit_ratio_ok\":%s,"
+            "\"first_refit_s\":%.6f,\"first_refit_ratio\":%.4f,\"first_refit_ok\":%s,\"first_connect_ms\":%.3f,"
+            "\"prepare_s\":%.6f,\"cold_first_refit_s\":%.6f,\"cold_handle_open_ms\":%.3f,\"cold_steady_refit_s\":%.6f,"
+            "\"cold_first_refit_ratio\":%.4f,\"refit_verified\":%s,\"d2d_verified\":%s,\"verified\":%s,\"d2d_error\":",
+            bytes, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, xfer_s, d.copy_s,
+            d.copy_s > 0 ? d.bytes / d.copy_s / 1e9 : 0, d.bytes, d.kernel_s,
+            d.kernel_s > 0 ? d.bytes / d.kernel_s / 1e9 : 0, limit, limit > 0 && limit <= 1.15 ? "true" : "false",
+            first_s, first_ratio, first_ratio > 0 && first_ratio <= 2 ? "true" : "false", first_connect, prepare_s,
+            cold_s, cold_open, cold_steady, cold_steady > 0 ? cold_s / cold_steady : 0,
+            ok[0] && (no_cold || ok[1]) ? "true" : "false", !dst_st ? "true" : "false", verified ? "true" : "false");
         tool_json_string(f, derr);
         fprintf(f, ",\"d2d_copy_runs_s\":[");
         for (uint32_t i = 0; i < d.iters && d.copy_s > 0; i++) fprintf(f, "%s%.6f", i ? "," : "", d.copy_runs[i]);
         const char *js0 = outs[0] ? strchr(outs[0], '{') : NULL, *js1 = outs[1] ? strchr(outs[1], '{') : NULL;
         fprintf(f, "],\"refit\":%s,\"refit_cold\":%s}", js0 && demo[0] ? js0 : "null", js1 && demo[1] ? js1 : "null");
-        fprintf(stderr,
-                "refit bench (colocated): %s -> %s, %.2f GB\n"
-                "  refit      %.4f s (%.1f GB/s)  first refit %.4f s (prepared in %.3f s before it; cold: %.4f s, handles %.1f ms)\n"
-                "  d2d copy   %.4f s (%.1f GB/s; copy kernel alone %.4f s)\n"
-                "  limit_ratio %.3f (target <= 1.15)  first_refit_ratio %.3f (target <= 2)  %s\n",
-                src, dst, bytes / 1e9, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, first_s, prepare_s, cold_s, cold_open,
-                d.copy_s, d.copy_s > 0 ? d.bytes / d.copy_s / 1e9 : 0, d.kernel_s, limit, first_ratio,
-                verified ? "verified" : "NOT VERIFIED");
+        fprintf(
+            stderr,
+            "refit bench (colocated): %s -> %s, %.2f GB\n"
+            "  refit      %.4f s (%.1f GB/s)  first refit %.4f s (prepared in %.3f s before it; cold: %.4f s, handles %.1f ms)\n"
+            "  d2d copy   %.4f s (%.1f GB/s; copy kernel alone %.4f s)\n"
+            "  limit_ratio %.3f (target <= 1.15)  first_refit_ratio %.3f (target <= 2)  %s\n",
+            src, dst, bytes / 1e9, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, first_s, prepare_s, cold_s,
+            cold_open, d.copy_s, d.copy_s > 0 ? d.bytes / d.copy_s / 1e9 : 0, d.kernel_s, limit, first_ratio,
+            verified ? "verified" : "NOT VERIFIED");
         for (int k = 0; k < 2; k++) {
             refit_json_free(demo[k]);
             free(outs[k]);
         }
     }
-    fprintf(f, "],\"limit_ratio\":%.4f,\"first_refit_ratio\":%.4f,\"limit_ratio_ok\":%s,\"first_refit_ok\":%s,\"verified\":%s}\n",
-            worst_limit, worst_first, worst_limit > 0 && worst_limit <= 1.15 ? "true" : "false",
-            worst_first > 0 && worst_first <= 2 ? "true" : "false", all_verified ? "true" : "false");
+    fprintf(
+        f,
+        "],\"limit_ratio\":%.4f,\"first_refit_ratio\":%.4f,\"limit_ratio_ok\":%s,\"first_refit_ok\":%s,\"verified\":%s}\n",
+        worst_limit, worst_first, worst_limit > 0 && worst_limit <= 1.15 ? "true" : "false",
+        worst_first > 0 && worst_first <= 2 ? "true" : "false", all_verified ? "true" : "false");
     fclose(f);
     for (size_t i = 0; i + 1 < rlen; i++)
         if (res[i] == '\n') res[i] = ' ';

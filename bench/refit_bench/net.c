@@ -27,8 +27,7 @@
 /* ---- options ------------------------------------------------------------- */
 
 
-int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers,
-                 double link)
+int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers, double link)
 {
     memset(o, 0, sizeof(*o));
     o->model = "qwen3-30b-a3b-mini";
@@ -37,13 +36,20 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
     o->receivers = receivers;
     o->max_readers = 2;
     o->link_mbps = link;
-    static const struct option opts[] = {{"scenario", required_argument, 0, 's'}, {"model", required_argument, 0, 'm'},
-                                         {"out", required_argument, 0, 'o'},      {"receivers", required_argument, 0, 'n'},
-                                         {"src", required_argument, 0, 'S'},      {"dst", required_argument, 0, 'D'},
-                                         {"max-readers", required_argument, 0, 'r'}, {"chunk-kb", required_argument, 0, 'c'},
-                                         {"link-mbps", required_argument, 0, 'l'}, {"verify", no_argument, 0, 'v'},
-                                         {"net", required_argument, 0, 'N'},      {"fraction", required_argument, 0, 'f'},
-                                         {"versions", required_argument, 0, 'V'}, {"threads", required_argument, 0, 'T'},
+    static const struct option opts[] = {{"scenario", required_argument, 0, 's'},
+                                         {"model", required_argument, 0, 'm'},
+                                         {"out", required_argument, 0, 'o'},
+                                         {"receivers", required_argument, 0, 'n'},
+                                         {"src", required_argument, 0, 'S'},
+                                         {"dst", required_argument, 0, 'D'},
+                                         {"max-readers", required_argument, 0, 'r'},
+                                         {"chunk-kb", required_argument, 0, 'c'},
+                                         {"link-mbps", required_argument, 0, 'l'},
+                                         {"verify", no_argument, 0, 'v'},
+                                         {"net", required_argument, 0, 'N'},
+                                         {"fraction", required_argument, 0, 'f'},
+                                         {"versions", required_argument, 0, 'V'},
+                                         {"threads", required_argument, 0, 'T'},
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -63,9 +69,11 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
         case 'f': o->delta = atof(optarg); break;
         case 'V': o->versions = (uint32_t)atoi(optarg); break;
         case 'T': o->threads = (unsigned)atoi(optarg); break;
-        default: return tool_usage("bench", "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
-                                            "--chunk-kb N --link-mbps X --net shm|netns --threads N --verify --runs N --out FILE "
-                                            "(delta: --fraction F --versions N)");
+        default:
+            return tool_usage("bench",
+                              "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
+                              "--chunk-kb N --link-mbps X --net shm|netns --threads N --verify --runs N --out FILE "
+                              "(delta: --fraction F --versions N)");
         }
     }
     if (o->net && strcmp(o->net, "shm") && strcmp(o->net, "netns")) return tool_usage("bench", "--net is shm or netns");
@@ -269,10 +277,10 @@ typedef struct {
 } run_rec_t;
 
 static struct {
-    bool capture;           /* out_end keeps the run instead of printing it */
+    bool capture; /* out_end keeps the run instead of printing it */
     run_rec_t run[MAX_RUNS];
     int n;
-    const char *out;        /* --out */
+    const char *out; /* --out */
 } g_runs;
 
 void nb_out_begin(out_t *j, const char *scenario, const nb_opts_t *o, const char *extra_config)
@@ -290,10 +298,12 @@ void nb_out_begin(out_t *j, const char *scenario, const nb_opts_t *o, const char
     fprintf(c, ",\"dst\":");
     tool_json_string(c, o->dst);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    fprintf(c, ",\"receivers\":%u,\"max_readers\":%u,\"chunk_kb\":%u,\"link_mbps\":%g,\"verify\":%s,\"cpus\":%ld,"
-               "\"transport\":\"%s\",\"net\":\"%s\",\"registry\":\"file\"%s%s",
+    fprintf(c,
+            ",\"receivers\":%u,\"max_readers\":%u,\"chunk_kb\":%u,\"link_mbps\":%g,\"verify\":%s,\"cpus\":%ld,"
+            "\"transport\":\"%s\",\"net\":\"%s\",\"registry\":\"file\"%s%s",
             o->receivers, o->max_readers, o->chunk_kb ? o->chunk_kb : 2048, o->link_mbps, o->verify ? "true" : "false",
-            cpus, o->transport, o->netns ? "netns+tbf" : "shm", extra_config ? "," : "", extra_config ? extra_config : "");
+            cpus, o->transport, o->netns ? "netns+tbf" : "shm", extra_config ? "," : "",
+            extra_config ? extra_config : "");
     fclose(c);
 }
 
@@ -408,7 +418,8 @@ static void runs_json(FILE *f, const char *scenario)
         int order[MAX_RUNS];
         for (int i = 0; i < n; i++) order[i] = i;
         for (int i = 1; i < n; i++)
-            for (int k = i; k > 0 && g_runs.run[order[k - 1]].as[first].observed > g_runs.run[order[k]].as[first].observed; k--) {
+            for (int k = i;
+                 k > 0 && g_runs.run[order[k - 1]].as[first].observed > g_runs.run[order[k]].as[first].observed; k--) {
                 int x = order[k];
                 order[k] = order[k - 1];
                 order[k - 1] = x;
@@ -545,8 +556,9 @@ void nb_result_json(out_t *j, const char *name, const result_t *r, size_t n)
 {
     fprintf(j->f, "%s\"%s\":[", j->nmetrics++ ? "," : "", name);
     for (size_t i = 0; i < n; i++) {
-        fprintf(j->f, "%s{\"ok\":%s,\"version\":%" PRIu64 ",\"transfer_ms\":%.2f,\"trainer_bytes\":%" PRIu64
-                      ",\"relay_bytes\":%" PRIu64 ",\"early_chunks\":%" PRIu64 ",\"holders\":",
+        fprintf(j->f,
+                "%s{\"ok\":%s,\"version\":%" PRIu64 ",\"transfer_ms\":%.2f,\"trainer_bytes\":%" PRIu64
+                ",\"relay_bytes\":%" PRIu64 ",\"early_chunks\":%" PRIu64 ",\"holders\":",
                 i ? "," : "", r[i].st == 0 ? "true" : "false", r[i].version, r[i].transfer_ms, r[i].trainer_bytes,
                 r[i].relay_bytes, r[i].early);
         tool_json_string(j->f, r[i].list);
@@ -576,4 +588,3 @@ char *nb_throttle_all(const char *kind, uint32_t n, double mbps, uint32_t slow, 
     }
     return buf[0] ? buf : NULL;
 }
-

@@ -50,7 +50,8 @@ void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 }
 
 /* REFIT_OK if the FP8 arena equals the quantization of version v's truth. */
-static refit_status_t fp8_check(const refit_manifest_t *bf16, const refit_fp8_target_t *t, const void *arena, uint64_t v)
+static refit_status_t fp8_check(const refit_manifest_t *bf16, const refit_fp8_target_t *t, const void *arena,
+                                uint64_t v)
 {
     uint64_t n = refit_fp8_target_bytes(t);
     void *img = calloc(1, refit_manifest_region_size(bf16, 0));
@@ -169,8 +170,8 @@ void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
             else rb += hs[i].bytes;
             early += hs[i].early;
             if (pos < sizeof(list) - 64)
-                pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s=%" PRIu64 "%s", pos ? "," : "", hs[i].name,
-                                        hs[i].bytes, hs[i].failed ? "!" : "");
+                pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s=%" PRIu64 "%s", pos ? "," : "",
+                                        hs[i].name, hs[i].bytes, hs[i].failed ? "!" : "");
         }
         char buf[1400];
         int n = snprintf(buf, sizeof(buf),

@@ -66,10 +66,12 @@ static int delta_net_once(int argc, char **argv)
         if (!ok) break;
         /* A failed pull (a verification failure among them) is counted, not fatal. */
         nb_send_cmd(&full, "pull %u", v);
-        if (!nb_get_result(&full, &rf[v])) fprintf(stderr, "refit bench delta: full receiver, version %u: %s\n", v, rf[v].list);
+        if (!nb_get_result(&full, &rf[v]))
+            fprintf(stderr, "refit bench delta: full receiver, version %u: %s\n", v, rf[v].list);
         else verified++;
         nb_send_cmd(&delta, "pull %u", v);
-        if (!nb_get_result(&delta, &rd[v])) fprintf(stderr, "refit bench delta: delta receiver, version %u: %s\n", v, rd[v].list);
+        if (!nb_get_result(&delta, &rd[v]))
+            fprintf(stderr, "refit bench delta: delta receiver, version %u: %s\n", v, rd[v].list);
         else verified++;
         if (rf[v].st == -999 || rd[v].st == -999) ok = false; /* no answer: a receiver is gone */
     }
@@ -122,16 +124,17 @@ static int delta_net_once(int argc, char **argv)
     snprintf(exp, sizeof(exp), "%u (every pull of both receivers verified against the truth)", 2 * V);
     nb_require(&j, "bit_exact", exp, verified, verified == 2 * V);
     nb_require(&j, "deltas_applied", "the delta receiver applied a delta from v-1 for every v >= 2 (1 = yes)",
-              all_delta ? 1 : 0, all_delta);
+               all_delta ? 1 : 0, all_delta);
     nb_require(&j, "wire_bytes_ratio", "<= 0.05", wire, wire <= 0.05);
     nb_check(&j, "time_ratio", "<= 0.15", ratio, "<=", 0.15);
     if (net)
-        return nb_out_end(&j, "each process a node (network namespace, tbf at link_mbps on both directions), UCX/TCP; "
-                           "times from the discovery round that found the version to the data in place (verification "
-                           "after, not timed); full and delta receivers pull one after the other.");
+        return nb_out_end(&j,
+                          "each process a node (network namespace, tbf at link_mbps on both directions), UCX/TCP; "
+                          "times from the discovery round that found the version to the data in place (verification "
+                          "after, not timed); full and delta receivers pull one after the other.");
     return nb_out_end(&j, "shm on one host: a full refit is a memory copy here, and the delta's scattered writes into "
-                       "the receiver's memory cost a fair share of it, so the time ratio stays far above the wire "
-                       "ratio; over a link it follows the bytes.");
+                          "the receiver's memory cost a fair share of it, so the time ratio stays far above the wire "
+                          "ratio; over a link it follows the bytes.");
 }
 
 /* ---- FP8 through the engine -------------------------------------------------- */
@@ -156,7 +159,7 @@ static int fp8_net_once(int argc, char **argv)
     bool net = !strcmp(o.net, "netns");
     uint32_t P = nb_world_of(o.src), W = nb_world_of(o.dst);
     if (!P || P > 32 || !W || W > 16) return tool_usage("bench", "--src is 1..32 ranks, --dst 1..16");
-    {   /* A layout that cuts FP8 blocks: say so before starting anything. */
+    { /* A layout that cuts FP8 blocks: say so before starting anything. */
         refit_manifest_t *m;
         refit_fp8_target_t *t;
         refit_status_t st = refit_manifest_for_rank(o.model, o.dst, 0, &m);
@@ -252,11 +255,12 @@ static int fp8_net_once(int argc, char **argv)
     nb_require(&j, "fp8_bits_exact", exp, verified, verified == 2 * V);
     nb_require(&j, "wire_carries_fp8", "< 0.6 (fp8 bytes and scales over the link, not bf16)", wire, wire < 0.6);
     if (net)
-        return nb_out_end(&j, "node 0 holds the trainer ranks and the FP8 relays (bf16 read over shm there), the FP8 and "
-                           "bf16 receivers are nodes of their own behind tbf at link_mbps, UCX/TCP; fp8_end_to_end is "
-                           "the relay's step (pull, quantize, publish) plus the FP8 pull.");
+        return nb_out_end(&j,
+                          "node 0 holds the trainer ranks and the FP8 relays (bf16 read over shm there), the FP8 and "
+                          "bf16 receivers are nodes of their own behind tbf at link_mbps, UCX/TCP; fp8_end_to_end is "
+                          "the relay's step (pull, quantize, publish) plus the FP8 pull.");
     return nb_out_end(&j, "shm on one host: relays, receivers and publishers share the CPUs; the wire ratio is the "
-                       "figure that carries over to a network.");
+                          "figure that carries over to a network.");
 }
 
 /* ---- entry points (bench.h) ---- */

@@ -112,12 +112,13 @@ static int fanout_once(int argc, char **argv)
     nb_check(&j, "all_done_within_1.1x_of_one", exp, ratio, "<=", 1.1);
     nb_require(&j, "trainer_egress_at_most_2_replicas", "<= 2.0", egress, egress <= 2.0 + 1e-9);
     if (net)
-        return nb_out_end(&j, "every process a node of its own (network namespace, veth on one bridge, tbf on its egress "
-                           "and its ingress at link_mbps), bytes over UCX/TCP; relays serve chunks as they land, "
-                           "so with one reader per holder the receivers form a chain that pipelines.");
+        return nb_out_end(&j,
+                          "every process a node of its own (network namespace, veth on one bridge, tbf on its egress "
+                          "and its ingress at link_mbps), bytes over UCX/TCP; relays serve chunks as they land, "
+                          "so with one reader per holder the receivers form a chain that pipelines.");
     return nb_out_end(&j, "shm on one host: every receiver's bytes are copied by the CPUs all receivers share, so "
-                       "N receivers cost N times the copy work whatever the tree; the trainer's egress is the "
-                       "figure the relays change.");
+                          "N receivers cost N times the copy work whatever the tree; the trainer's egress is the "
+                          "figure the relays change.");
 }
 
 /* ---- straggler ------------------------------------------------------------- */
@@ -145,10 +146,10 @@ static int straggler_once(int argc, char **argv)
     bool ok = true;
     for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&oa, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
     ok = nb_publish_all(pubs, P, 1);
-    child_t r1 = nb_spawn(&oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, UINT32_MAX, 0), rnode0,
-                                      false, 0});
-    child_t r2 = nb_spawn(&oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, 1, L / 10), rnode0,
-                                      false, 0});
+    child_t r1 = nb_spawn(
+        &oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, UINT32_MAX, 0), rnode0, false, 0});
+    child_t r2 = nb_spawn(
+        &oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, 1, L / 10), rnode0, false, 0});
     nb_send_cmd(&r1, "pull 1");
     ok &= nb_get_result(&r1, &a);
     if (net) ok &= nb_node_rate(&o, 1, L / 10);
@@ -171,9 +172,11 @@ static int straggler_once(int argc, char **argv)
         result_t *res = phase ? d : c;
         if (net && phase) ok &= nb_node_rate(&o, P, LR / 10);
         for (uint32_t i = 0; i < o.receivers; i++)
-            rcv[i] = nb_spawn(&oa, &(role_t){false, 0, -1,
-                                          net ? NULL : nb_throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0),
-                                          net ? (int)(P + i) : -1, false, 0});
+            rcv[i] = nb_spawn(
+                &oa,
+                &(role_t){false, 0, -1,
+                          net ? NULL : nb_throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0),
+                          net ? (int)(P + i) : -1, false, 0});
         for (uint32_t i = 0; i < o.receivers; i++) nb_send_cmd(&rcv[i], "pull 1");
         for (uint32_t i = 0; i < o.receivers; i++) ok &= nb_get_result(&rcv[i], &res[i]);
         for (uint32_t i = 0; i < o.receivers; i++) nb_stop(&rcv[i], false);
@@ -217,13 +220,14 @@ static int straggler_once(int argc, char **argv)
     nb_check(&j, "healthy_receivers_mean_within_10pct", "<= 0.10", mean_dev, "<=", 0.10);
     nb_check(&j, "healthy_receivers_each_within_10pct", "<= 0.10", worst, "<=", 0.10);
     if (net)
-        return nb_out_end(&j, "each process a node (network namespace, tbf on both directions), UCX/TCP; slow source: the "
-                           "replicas and the receiver at link_mbps, then replica 1 at a tenth; slow receiver: replicas at "
-                           "link_mbps, receivers at a quarter, receiver 0 then at a fortieth; times from the discovery "
-                           "round to the data in place");
+        return nb_out_end(
+            &j, "each process a node (network namespace, tbf on both directions), UCX/TCP; slow source: the "
+                "replicas and the receiver at link_mbps, then replica 1 at a tenth; slow receiver: replicas at "
+                "link_mbps, receivers at a quarter, receiver 0 then at a fortieth; times from the discovery "
+                "round to the data in place");
     return nb_out_end(&j, "links emulated by REFIT_TEST_THROTTLE pacing (per reader, per holder): --link-mbps for the "
-                       "slow-source runs (replica 1 at a tenth), a tenth of that for the slow-receiver runs (the "
-                       "straggler receiver's links at a tenth again)");
+                          "slow-source runs (replica 1 at a tenth), a tenth of that for the slow-receiver runs (the "
+                          "straggler receiver's links at a tenth again)");
 }
 
 /* ---- egress ---------------------------------------------------------------- */
@@ -282,11 +286,12 @@ static int egress_once(int argc, char **argv)
     nb_result_json(&j, "receivers", res, o.receivers);
     nb_check(&j, "bytes_per_source_within_5pct", "<= 0.05", dev, "<=", 0.05);
     if (net)
-        return nb_out_end(&j, "every trainer rank is a DP replica holding the same bytes, each a node (network namespace, "
-                           "tbf at link_mbps both ways) like each receiver, UCX/TCP; chunks go to whichever holder is "
-                           "free first");
+        return nb_out_end(&j,
+                          "every trainer rank is a DP replica holding the same bytes, each a node (network namespace, "
+                          "tbf at link_mbps both ways) like each receiver, UCX/TCP; chunks go to whichever holder is "
+                          "free first");
     return nb_out_end(&j, "every trainer rank is a DP replica holding the same bytes; receivers are ranks of vllm "
-                       "layouts; chunks go to whichever holder is free first");
+                          "layouts; chunks go to whichever holder is free first");
 }
 
 /* ---- elastic --------------------------------------------------------------- */
@@ -312,13 +317,15 @@ static int elastic_once(int argc, char **argv)
     char thr[1024];
     snprintf(thr, sizeof(thr), "%s", nb_throttle_all("trainer", P, L, UINT32_MAX, 0));
     size_t l = strlen(thr);
-    for (uint32_t s = 0; s < 16 && l < sizeof(thr) - 30; s++) l += (size_t)snprintf(thr + l, sizeof(thr) - l, ",relay:%u=%g", s, L);
+    for (uint32_t s = 0; s < 16 && l < sizeof(thr) - 30; s++)
+        l += (size_t)snprintf(thr + l, sizeof(thr) - l, ",relay:%u=%g", s, L);
     const char *th = net ? NULL : thr; /* over netns the links are real */
     child_t pubs[64], rcv[17];
     result_t v0[17], v1[17], v2[17], v3[17];
     for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
     bool ok = nb_publish_all(pubs, P, 1);
-    for (uint32_t i = 0; i < N; i++) rcv[i] = nb_spawn(&o, &(role_t){false, 0, (int)i, th, net ? (int)(P + i) : -1, false, 0});
+    for (uint32_t i = 0; i < N; i++)
+        rcv[i] = nb_spawn(&o, &(role_t){false, 0, (int)i, th, net ? (int)(P + i) : -1, false, 0});
     /* Version 1 warms up (plans, connections); version 2 is the baseline: the fleet alone. */
     for (uint32_t i = 0; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < N && ok; i++) ok &= nb_get_result(&rcv[i], &v0[i]);
@@ -389,11 +396,12 @@ static int elastic_once(int argc, char **argv)
     nb_check(&j, "joiner_slows_others_at_most_5pct", "<= 0.05", worst, "<=", 0.05);
     nb_require(&j, "all_remaining_complete_after_relay_killed", "== receivers", (double)ok3, ok3 == N);
     if (net)
-        return nb_out_end(&j, "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one reader "
-                           "per holder; receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; "
-                           "v4: receiver 0 commits first, then is killed while the others read from it and each other");
+        return nb_out_end(&j,
+                          "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one reader "
+                          "per holder; receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; "
+                          "v4: receiver 0 commits first, then is killed while the others read from it and each other");
     return nb_out_end(&j, "receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; v4: "
-                       "receiver 0 commits first, then is killed while the others read from it and the trainer");
+                          "receiver 0 commits first, then is killed while the others read from it and the trainer");
 }
 
 /* ---- entry points (bench.h) ---- */

@@ -46,20 +46,26 @@ typedef struct {
 } refit_delta_params_t;
 
 typedef struct {
-    size_t size;             /* sizeof(refit_delta_info_t) as the caller compiled it: REFIT_DELTA_INFO_INIT
+    size_t size; /* sizeof(refit_delta_info_t) as the caller compiled it: REFIT_DELTA_INFO_INIT
                                 (a sized output: refit/engine.h) */
     uint64_t base_version, version;
     uint64_t region_bytes;
     uint64_t nchunks;
-    uint64_t header_bytes;   /* header + chunk table */
-    uint64_t total_bytes;    /* the whole encoding */
-    uint64_t changed_units;  /* 2-byte units that differ */
+    uint64_t header_bytes;  /* header + chunk table */
+    uint64_t total_bytes;   /* the whole encoding */
+    uint64_t changed_units; /* 2-byte units that differ */
     uint64_t sparse_chunks, dense_chunks, block_chunks;
 } refit_delta_info_t;
 #ifdef __cplusplus
-#define REFIT_DELTA_INFO_INIT {sizeof(refit_delta_info_t)}
+#define REFIT_DELTA_INFO_INIT      \
+    {                              \
+        sizeof(refit_delta_info_t) \
+    }
 #else
-#define REFIT_DELTA_INFO_INIT {.size = sizeof(refit_delta_info_t)}
+#define REFIT_DELTA_INFO_INIT              \
+    {                                      \
+        .size = sizeof(refit_delta_info_t) \
+    }
 #endif
 
 /* Encodes the difference between base and cur (nbytes each, even).  *out is
@@ -96,9 +102,15 @@ typedef struct {
     uint64_t bytes_written; /* destination bytes written by dense and block chunks */
 } refit_delta_apply_stats_t;
 #ifdef __cplusplus
-#define REFIT_DELTA_APPLY_STATS_INIT {sizeof(refit_delta_apply_stats_t)}
+#define REFIT_DELTA_APPLY_STATS_INIT      \
+    {                                     \
+        sizeof(refit_delta_apply_stats_t) \
+    }
 #else
-#define REFIT_DELTA_APPLY_STATS_INIT {.size = sizeof(refit_delta_apply_stats_t)}
+#define REFIT_DELTA_APPLY_STATS_INIT              \
+    {                                             \
+        .size = sizeof(refit_delta_apply_stats_t) \
+    }
 #endif
 
 /* Applies a delta of the index's source region to destination memory that

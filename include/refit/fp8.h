@@ -48,8 +48,8 @@ REFIT_API float refit_fp8_quantize_block(const uint16_t *x, uint64_t ld, uint32_
 typedef struct refit_fp8_target refit_fp8_target_t;
 
 typedef struct {
-    const char *name;       /* "...qkv_proj.weight", "...qkv_proj.weight_scale_inv", "...input_layernorm.weight" */
-    refit_dtype_t dtype;    /* F8_E4M3, F32 (scales), or the bf16 tensor's own dtype (kept as is) */
+    const char *name;    /* "...qkv_proj.weight", "...qkv_proj.weight_scale_inv", "...input_layernorm.weight" */
+    refit_dtype_t dtype; /* F8_E4M3, F32 (scales), or the bf16 tensor's own dtype (kept as is) */
     uint32_t ndim;
     uint64_t shape[REFIT_MAX_DIMS];
     uint64_t offset, bytes; /* in the FP8 arena */

@@ -39,8 +39,7 @@ REFIT_API bool refit_gpu_can_access_peer(int dev, int peer);
 
 /* The synthetic truth of `version` (refit/truth.h) written into device
  * memory: bases[i] is region i of m, memory of device dev. */
-REFIT_API refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *const *bases,
-                                              uint64_t version);
+REFIT_API refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *const *bases, uint64_t version);
 
 /* Baselines of the GPU benchmark (refit-bench --scenario gpu|colocated), in
  * one process holding the GPUs: the raw peer copy of `bytes` src_dev ->

@@ -48,12 +48,12 @@ typedef struct {
 } refit_manifest_identity_t;
 
 typedef struct {
-    uint32_t canon;                       /* canonical tensor id (refit_manifest_add_canonical) */
-    uint32_t local;                       /* local tensor id (refit_manifest_add_local) */
-    uint32_t ndim;                        /* = the canonical tensor's ndim */
-    uint64_t canon_offset[REFIT_MAX_DIMS];/* box start in the canonical tensor */
-    uint64_t extent[REFIT_MAX_DIMS];      /* box size, every entry >= 1 */
-    uint64_t local_offset[REFIT_MAX_DIMS];/* box start in the local tensor (local ndim entries) */
+    uint32_t canon;                        /* canonical tensor id (refit_manifest_add_canonical) */
+    uint32_t local;                        /* local tensor id (refit_manifest_add_local) */
+    uint32_t ndim;                         /* = the canonical tensor's ndim */
+    uint64_t canon_offset[REFIT_MAX_DIMS]; /* box start in the canonical tensor */
+    uint64_t extent[REFIT_MAX_DIMS];       /* box size, every entry >= 1 */
+    uint64_t local_offset[REFIT_MAX_DIMS]; /* box start in the local tensor (local ndim entries) */
 } refit_placement_t;
 
 /* Limits enforced by finalize and decode. */
@@ -80,7 +80,7 @@ REFIT_API refit_status_t refit_manifest_add_canonical(refit_manifest_t *m, const
 /* Declares a local tensor stored contiguously (row-major) at `offset` bytes
  * into `region`.  REFIT_ERR_INVALID_ARG for a duplicate name. */
 REFIT_API refit_status_t refit_manifest_add_local(refit_manifest_t *m, const refit_tensor_info_t *t, uint32_t region,
-                                                   uint64_t offset, uint32_t *id);
+                                                  uint64_t offset, uint32_t *id);
 /* Adds a placement; checked fully by finalize. */
 REFIT_API refit_status_t refit_manifest_add_placement(refit_manifest_t *m, const refit_placement_t *p);
 
@@ -100,7 +100,8 @@ REFIT_API refit_status_t refit_manifest_finalize(refit_manifest_t *m);
  * not part of the signature, and may be set after finalize. */
 REFIT_API refit_status_t refit_manifest_set_attr(refit_manifest_t *m, const char *key, const void *val, size_t len);
 /* Looks an attribute up; REFIT_ERR_NOT_FOUND if absent.  *val points into m. */
-REFIT_API refit_status_t refit_manifest_get_attr(const refit_manifest_t *m, const char *key, const void **val, size_t *len);
+REFIT_API refit_status_t refit_manifest_get_attr(const refit_manifest_t *m, const char *key, const void **val,
+                                                 size_t *len);
 
 /* Encodes a finalized manifest into a fresh buffer (free() it).  The encoding
  * is versioned, little-endian, and ends in a checksum. */
@@ -119,8 +120,8 @@ REFIT_API uint64_t refit_manifest_region_size(const refit_manifest_t *m, uint32_
 REFIT_API uint32_t refit_manifest_num_canonical(const refit_manifest_t *m);
 REFIT_API void refit_manifest_canonical(const refit_manifest_t *m, uint32_t id, refit_tensor_info_t *out);
 REFIT_API uint32_t refit_manifest_num_locals(const refit_manifest_t *m);
-REFIT_API void refit_manifest_local(const refit_manifest_t *m, uint32_t id, refit_tensor_info_t *out,
-                                    uint32_t *region, uint64_t *offset);
+REFIT_API void refit_manifest_local(const refit_manifest_t *m, uint32_t id, refit_tensor_info_t *out, uint32_t *region,
+                                    uint64_t *offset);
 REFIT_API uint32_t refit_manifest_num_placements(const refit_manifest_t *m);
 REFIT_API void refit_manifest_placement(const refit_manifest_t *m, uint32_t i, refit_placement_t *out);
 

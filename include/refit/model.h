@@ -31,16 +31,16 @@ typedef struct refit_model refit_model_t;
  * published model's: Llama-3.1-405B (126 layers, hidden 16,384, intermediate
  * 53,248, 128 heads), Kimi-K2 (384 experts, ~70,000 tensors, ~2.1 TB in
  * bf16), DeepSeek-V3 (q_lora_rank 1,536), Gemma 3 (vocabulary 262,144). */
-#define REFIT_MODEL_MAX_LAYERS 1024u          /* num_hidden_layers */
-#define REFIT_MODEL_MAX_HIDDEN 65536u         /* hidden_size */
-#define REFIT_MODEL_MAX_INTERMEDIATE 262144u  /* intermediate_size, moe_intermediate_size */
-#define REFIT_MODEL_MAX_HEADS 4096u           /* num_attention_heads, num_key_value_heads */
-#define REFIT_MODEL_MAX_HEAD_DIM 4096u        /* head_dim, qk_nope/qk_rope/v_head_dim */
-#define REFIT_MODEL_MAX_LORA_RANK 65536u      /* q_lora_rank, kv_lora_rank */
-#define REFIT_MODEL_MAX_EXPERTS 4096u         /* num_experts / n_routed_experts */
-#define REFIT_MODEL_MAX_SHARED_EXPERTS 64u    /* n_shared_experts */
-#define REFIT_MODEL_MAX_VOCAB 4194304u        /* vocab_size (2^22) */
-#define REFIT_MODEL_MAX_TENSORS 1048576u      /* canonical tensors (2^20) */
+#define REFIT_MODEL_MAX_LAYERS 1024u              /* num_hidden_layers */
+#define REFIT_MODEL_MAX_HIDDEN 65536u             /* hidden_size */
+#define REFIT_MODEL_MAX_INTERMEDIATE 262144u      /* intermediate_size, moe_intermediate_size */
+#define REFIT_MODEL_MAX_HEADS 4096u               /* num_attention_heads, num_key_value_heads */
+#define REFIT_MODEL_MAX_HEAD_DIM 4096u            /* head_dim, qk_nope/qk_rope/v_head_dim */
+#define REFIT_MODEL_MAX_LORA_RANK 65536u          /* q_lora_rank, kv_lora_rank */
+#define REFIT_MODEL_MAX_EXPERTS 4096u             /* num_experts / n_routed_experts */
+#define REFIT_MODEL_MAX_SHARED_EXPERTS 64u        /* n_shared_experts */
+#define REFIT_MODEL_MAX_VOCAB 4194304u            /* vocab_size (2^22) */
+#define REFIT_MODEL_MAX_TENSORS 1048576u          /* canonical tensors (2^20) */
 #define REFIT_MODEL_MAX_BYTES (UINT64_C(1) << 46) /* all canonical tensors: 64 TiB */
 #define REFIT_MODEL_MAX_CONFIG_BYTES (64u << 20)  /* a config.json file (real ones: a few KB) */
 

@@ -39,14 +39,14 @@ typedef struct refit_plan refit_plan_t;
 #define REFIT_PLAN_MAX_LOOPS 3
 
 typedef struct {
-    uint32_t src;        /* index into the source array given to refit_plan_create;
+    uint32_t src;                              /* index into the source array given to refit_plan_create;
                             REFIT_PLAN_FILL for a zero-fill region */
-    uint32_t src_region; /* memory region of that source */
-    uint32_t dst_region; /* memory region of the destination */
-    uint32_t nloops;     /* 0..REFIT_PLAN_MAX_LOOPS */
-    uint64_t src_offset; /* bytes into src_region */
-    uint64_t dst_offset; /* bytes into dst_region */
-    uint64_t run;        /* contiguous bytes per innermost copy */
+    uint32_t src_region;                       /* memory region of that source */
+    uint32_t dst_region;                       /* memory region of the destination */
+    uint32_t nloops;                           /* 0..REFIT_PLAN_MAX_LOOPS */
+    uint64_t src_offset;                       /* bytes into src_region */
+    uint64_t dst_offset;                       /* bytes into dst_region */
+    uint64_t run;                              /* contiguous bytes per innermost copy */
     uint64_t count[REFIT_PLAN_MAX_LOOPS];      /* loop 0 is the innermost */
     uint64_t src_stride[REFIT_PLAN_MAX_LOOPS]; /* bytes */
     uint64_t dst_stride[REFIT_PLAN_MAX_LOOPS]; /* bytes */
@@ -56,15 +56,18 @@ typedef struct {
 
 #define REFIT_PLAN_PARAMS_VERSION 1
 typedef struct {
-    unsigned version;       /* REFIT_PLAN_PARAMS_VERSION */
-    uint64_t split_bytes;   /* replicated pieces above this are split across replicas;
+    unsigned version;      /* REFIT_PLAN_PARAMS_VERSION */
+    uint64_t split_bytes;  /* replicated pieces above this are split across replicas;
                                0 = default (4 MiB); UINT64_MAX = never split */
-    uint32_t balance_seed;  /* rotates ties between replicas, so that different destination
+    uint32_t balance_seed; /* rotates ties between replicas, so that different destination
                                ranks start on different replicas; default: the destination rank */
-    bool use_seed;          /* false: seed = destination rank */
-    bool no_coalesce;       /* true: keep one region per piece (for tests and inspection) */
+    bool use_seed;         /* false: seed = destination rank */
+    bool no_coalesce;      /* true: keep one region per piece (for tests and inspection) */
 } refit_plan_params_t;
-#define REFIT_PLAN_PARAMS_INIT {REFIT_PLAN_PARAMS_VERSION, 0, 0, false, false}
+#define REFIT_PLAN_PARAMS_INIT                        \
+    {                                                 \
+        REFIT_PLAN_PARAMS_VERSION, 0, 0, false, false \
+    }
 
 typedef struct {
     size_t size;              /* sizeof(refit_plan_stats_t) as the caller compiled it: REFIT_PLAN_STATS_INIT
@@ -80,9 +83,15 @@ typedef struct {
     double plan_ms;           /* wall time of refit_plan_create */
 } refit_plan_stats_t;
 #ifdef __cplusplus
-#define REFIT_PLAN_STATS_INIT {sizeof(refit_plan_stats_t)}
+#define REFIT_PLAN_STATS_INIT      \
+    {                              \
+        sizeof(refit_plan_stats_t) \
+    }
 #else
-#define REFIT_PLAN_STATS_INIT {.size = sizeof(refit_plan_stats_t)}
+#define REFIT_PLAN_STATS_INIT              \
+    {                                      \
+        .size = sizeof(refit_plan_stats_t) \
+    }
 #endif
 
 typedef struct {

@@ -25,17 +25,23 @@ extern "C" {
 #endif
 
 typedef struct {
-    size_t size;               /* sizeof(refit_select_report_t) as the caller compiled it: REFIT_SELECT_REPORT_INIT
+    size_t size;           /* sizeof(refit_select_report_t) as the caller compiled it: REFIT_SELECT_REPORT_INIT
                                   (a sized output: refit/engine.h) */
-    uint32_t locals;           /* local tensors kept */
-    uint32_t canon_named;      /* canonical tensors the patterns match (that this rank holds) */
-    uint32_t canon_pulled;     /* canonical tensors the kept locals hold (>= named: fused expansion) */
-    uint64_t bytes;            /* bytes of the kept local tensors */
+    uint32_t locals;       /* local tensors kept */
+    uint32_t canon_named;  /* canonical tensors the patterns match (that this rank holds) */
+    uint32_t canon_pulled; /* canonical tensors the kept locals hold (>= named: fused expansion) */
+    uint64_t bytes;        /* bytes of the kept local tensors */
 } refit_select_report_t;
 #ifdef __cplusplus
-#define REFIT_SELECT_REPORT_INIT {sizeof(refit_select_report_t)}
+#define REFIT_SELECT_REPORT_INIT      \
+    {                                 \
+        sizeof(refit_select_report_t) \
+    }
 #else
-#define REFIT_SELECT_REPORT_INIT {.size = sizeof(refit_select_report_t)}
+#define REFIT_SELECT_REPORT_INIT              \
+    {                                         \
+        .size = sizeof(refit_select_report_t) \
+    }
 #endif
 
 /* The manifest of the local tensors of m that hold a canonical tensor

@@ -29,30 +29,30 @@ extern "C" {
  *   -1..-19   the caller's input (arguments, files, manifests, geometries)
  *   -20..-39  planning and verification (the data does not add up)
  *   -40..-59  the environment (memory, I/O, peers, servers, time) */
-#define REFIT_STATUS_MAP(X)                                                              \
-    X(OK, 0, "success")                                                                  \
-    X(ERR_INVALID_ARG, -1, "invalid argument")                                           \
-    X(ERR_PARSE, -2, "malformed text input")                                             \
-    X(ERR_CORRUPT, -3, "corrupt or truncated binary data")                               \
-    X(ERR_UNSUPPORTED, -4, "unsupported feature or version")                             \
-    X(ERR_GEOMETRY, -5, "geometry breaks a rule of its layout scheme")                   \
-    X(ERR_NOT_FOUND, -6, "no such model, scheme, tensor or entry")                       \
-    X(ERR_OUT_OF_BOUNDS, -7, "box or byte range outside its tensor or region")           \
-    X(ERR_OVERLAP, -8, "two boxes claim the same bytes")                                 \
-    X(ERR_IDENTITY, -9, "manifests describe different models or world sizes")            \
-    X(ERR_MISMATCH, -20, "a tensor's dtype or shape differs between manifests")          \
-    X(ERR_UNCOVERED, -21, "destination bytes are held by no source")                     \
-    X(ERR_MISSING_SOURCE, -22, "a source rank's manifest is missing")                    \
-    X(ERR_VERIFY, -23, "verification found wrong bytes")                                 \
-    X(ERR_INTERNAL, -24, "internal consistency check failed")                            \
-    X(ERR_NO_MEMORY, -40, "out of memory")                                               \
-    X(ERR_IO, -41, "input/output error")                                                 \
-    X(ERR_TIMEOUT, -42, "timed out")                                                     \
-    X(ERR_PEER, -43, "a peer process died or misbehaved")                                \
-    X(ERR_TRANSPORT, -44, "transport failure")                                           \
-    X(ERR_REGISTRY, -45, "registry failure")                                             \
-    X(ERR_STALE, -46, "version or entry is stale")                                       \
-    X(ERR_BUSY, -47, "resource busy")                                                    \
+#define REFIT_STATUS_MAP(X)                                                     \
+    X(OK, 0, "success")                                                         \
+    X(ERR_INVALID_ARG, -1, "invalid argument")                                  \
+    X(ERR_PARSE, -2, "malformed text input")                                    \
+    X(ERR_CORRUPT, -3, "corrupt or truncated binary data")                      \
+    X(ERR_UNSUPPORTED, -4, "unsupported feature or version")                    \
+    X(ERR_GEOMETRY, -5, "geometry breaks a rule of its layout scheme")          \
+    X(ERR_NOT_FOUND, -6, "no such model, scheme, tensor or entry")              \
+    X(ERR_OUT_OF_BOUNDS, -7, "box or byte range outside its tensor or region")  \
+    X(ERR_OVERLAP, -8, "two boxes claim the same bytes")                        \
+    X(ERR_IDENTITY, -9, "manifests describe different models or world sizes")   \
+    X(ERR_MISMATCH, -20, "a tensor's dtype or shape differs between manifests") \
+    X(ERR_UNCOVERED, -21, "destination bytes are held by no source")            \
+    X(ERR_MISSING_SOURCE, -22, "a source rank's manifest is missing")           \
+    X(ERR_VERIFY, -23, "verification found wrong bytes")                        \
+    X(ERR_INTERNAL, -24, "internal consistency check failed")                   \
+    X(ERR_NO_MEMORY, -40, "out of memory")                                      \
+    X(ERR_IO, -41, "input/output error")                                        \
+    X(ERR_TIMEOUT, -42, "timed out")                                            \
+    X(ERR_PEER, -43, "a peer process died or misbehaved")                       \
+    X(ERR_TRANSPORT, -44, "transport failure")                                  \
+    X(ERR_REGISTRY, -45, "registry failure")                                    \
+    X(ERR_STALE, -46, "version or entry is stale")                              \
+    X(ERR_BUSY, -47, "resource busy")                                           \
     X(ERR_AUTH, -48, "authentication failed: an entry or a peer did not prove the job's secret")
 
 typedef enum {

@@ -49,9 +49,15 @@ typedef struct {
     uint64_t mismatches; /* elements (and padding bytes) that differ */
 } refit_truth_report_t;
 #ifdef __cplusplus
-#define REFIT_TRUTH_REPORT_INIT {sizeof(refit_truth_report_t)}
+#define REFIT_TRUTH_REPORT_INIT      \
+    {                                \
+        sizeof(refit_truth_report_t) \
+    }
 #else
-#define REFIT_TRUTH_REPORT_INIT {.size = sizeof(refit_truth_report_t)}
+#define REFIT_TRUTH_REPORT_INIT              \
+    {                                        \
+        .size = sizeof(refit_truth_report_t) \
+    }
 #endif
 
 /* Verifies every byte of every local tensor of m: placed elements against the

@@ -29,10 +29,10 @@ extern "C" {
 REFIT_API const char *refit_version(int *major, int *minor, int *patch);
 
 /* X(name, bit, short name, what it enables): the optional parts of refit. */
-#define REFIT_FEATURE_MAP(X)                                                                   \
-    X(SHM, 0, "shm", "the shm transport (same host; always built)")                            \
-    X(UCX, 1, "ucx", "the ucx transport (UCX: TCP, RDMA)")                                     \
-    X(CUDA, 2, "cuda", "the cuda_ipc transport, GPU buffers and GPU verification (CUDA)")      \
+#define REFIT_FEATURE_MAP(X)                                                              \
+    X(SHM, 0, "shm", "the shm transport (same host; always built)")                       \
+    X(UCX, 1, "ucx", "the ucx transport (UCX: TCP, RDMA)")                                \
+    X(CUDA, 2, "cuda", "the cuda_ipc transport, GPU buffers and GPU verification (CUDA)") \
     X(REDIS, 3, "redis", "redis:// registries (hiredis)")
 
 typedef enum {

@@ -18,8 +18,18 @@
 
 enum { K_NONE = 0, K_SPARSE = 1, K_DENSE = 2, K_BLOCKS = 3 };
 
-static inline uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static inline uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline uint32_t rd32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 static inline void wr64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 static inline void wr32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 
@@ -138,8 +148,7 @@ static void *encode_range(void *arg)
             unsigned char *z = w->upd + off;
             if (kind == K_SPARSE || kind == K_BLOCKS)
                 for (uint32_t k = 0; k < n; k++) memcpy(z + (uint64_t)idx[k] * 2, y + (uint64_t)idx[k] * 2, 2);
-            else
-                memcpy(z, y, cb);
+            else memcpy(z, y, cb);
         }
     }
     free(idx);
@@ -172,8 +181,15 @@ static refit_status_t encode(unsigned char *upd, const void *base, const void *c
     refit_status_t st = REFIT_OK;
     if (!hdr || !w) goto oom;
     for (unsigned t = 0; t < nt; t++)
-        w[t] = (erange_t){.upd = upd, .a = base, .b = cur, .nbytes = nbytes, .c0 = nchunks * t / nt,
-                          .c1 = nchunks * (t + 1) / nt, .fmt = fmt, .bb = bb, .tab = hdr + HDR};
+        w[t] = (erange_t){.upd = upd,
+                          .a = base,
+                          .b = cur,
+                          .nbytes = nbytes,
+                          .c0 = nchunks * t / nt,
+                          .c1 = nchunks * (t + 1) / nt,
+                          .fmt = fmt,
+                          .bb = bb,
+                          .tab = hdr + HDR};
     pthread_t tid[64];
     unsigned started = 0;
     for (unsigned t = 1; t < nt; t++)
@@ -260,8 +276,12 @@ refit_status_t refit_delta_info(const void *delta, size_t len, refit_delta_info_
     }
     uint64_t hb = refit_delta_header_bytes(delta, len);
     if (!hb || hb > len) return refit_error(REFIT_ERR_CORRUPT, "not a delta, or its chunk table is truncated");
-    refit_delta_info_t d = {.base_version = rd64(p + 16), .version = rd64(p + 24), .region_bytes = rd64(p + 32),
-                            .nchunks = rd64(p + 40), .changed_units = rd64(p + 48), .total_bytes = rd64(p + 56),
+    refit_delta_info_t d = {.base_version = rd64(p + 16),
+                            .version = rd64(p + 24),
+                            .region_bytes = rd64(p + 32),
+                            .nchunks = rd64(p + 40),
+                            .changed_units = rd64(p + 48),
+                            .total_bytes = rd64(p + 56),
                             .header_bytes = hb};
     uint32_t bb = rd32(p + 8);
     if (rd32(p + 12) != 2 || (d.region_bytes + CB - 1) / CB != d.nchunks || rd32(p + 4) > REFIT_DELTA_BLOCKS ||
@@ -502,8 +522,8 @@ const uint8_t *refit_delta_index_need(const refit_delta_index_t *ix, uint64_t *n
 /* Copies source bytes [lo, hi) that region g reads from data (data[0] is
  * source byte at), moving the cursor forward; successive calls on one
  * cursor must ascend.  Returns the bytes written. */
-static uint64_t walk_copy(const ireg_t *g, cursor_t *c, uint64_t lo, uint64_t hi, const unsigned char *data, uint64_t at,
-                          unsigned char *dst)
+static uint64_t walk_copy(const ireg_t *g, cursor_t *c, uint64_t lo, uint64_t hi, const unsigned char *data,
+                          uint64_t at, unsigned char *dst)
 {
     uint64_t n = 0;
     while (!c->done && c->so < hi) {
@@ -582,7 +602,8 @@ static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned 
             memcpy(&v, pay + (uint64_t)k * 2, 2);
             if ((k && v <= prev) || (uint64_t)v * 2 + 2 > cb)
                 return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: sparse index %u of %u (%u) is %s",
-                                   (unsigned long long)c, k, count, v, (uint64_t)v * 2 + 2 > cb ? "past the chunk" : "not ascending");
+                                   (unsigned long long)c, k, count, v,
+                                   (uint64_t)v * 2 + 2 > cb ? "past the chunk" : "not ascending");
             prev = v;
         }
     }
@@ -605,7 +626,8 @@ static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned 
         for (uint64_t k = first; k <= last; k++) {
             if (!((pay[k / 8] >> (k % 8)) & 1)) continue;
             if (rank >= count)
-                return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: more blocks than it holds", (unsigned long long)c);
+                return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: more blocks than it holds",
+                                   (unsigned long long)c);
             uint64_t bs = c0 + k * bb, b0 = bs > pc->lo ? bs : pc->lo, b1 = bs + bb < pc->hi ? bs + bb : pc->hi;
             s->bytes_written += walk_copy(g, &cur, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst);
             rank++;
@@ -676,14 +698,15 @@ refit_status_t refit_delta_apply_threads(const refit_delta_index_t *ix, const vo
     st = refit_delta_info(delta, len, &info);
     if (st) return st;
     if (info.total_bytes > len)
-        return refit_error(REFIT_ERR_CORRUPT, "delta is %llu bytes, %zu given", (unsigned long long)info.total_bytes, len);
+        return refit_error(REFIT_ERR_CORRUPT, "delta is %llu bytes, %zu given", (unsigned long long)info.total_bytes,
+                           len);
     if (info.region_bytes != ix->region_bytes)
         return refit_error(REFIT_ERR_CORRUPT, "delta of a %llu-byte region, the plan reads a %llu-byte one",
                            (unsigned long long)info.region_bytes, (unsigned long long)ix->region_bytes);
     if (info.base_version != have_version)
-        return refit_error(REFIT_ERR_STALE, "delta %llu -> %llu does not apply to version %llu (a full refit is needed)",
-                           (unsigned long long)info.base_version, (unsigned long long)info.version,
-                           (unsigned long long)have_version);
+        return refit_error(
+            REFIT_ERR_STALE, "delta %llu -> %llu does not apply to version %llu (a full refit is needed)",
+            (unsigned long long)info.base_version, (unsigned long long)info.version, (unsigned long long)have_version);
     const unsigned char *p = delta;
     uint32_t bb = rd32(p + 8);
     apply_ctx_t a = {.ix = ix, .p = p, .info = &info, .bb = bb, .dst_bases = dst_bases};
@@ -736,7 +759,8 @@ uint64_t refit_delta_encoder_version(const refit_delta_encoder_t *e) { return e 
 refit_status_t refit_delta_encoder_publish(refit_delta_encoder_t *e, const void *const *bases, uint64_t version,
                                            void **deltas, size_t *lens)
 {
-    if (!e || !bases || !deltas || !lens) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_encoder_publish: NULL");
+    if (!e || !bases || !deltas || !lens)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_encoder_publish: NULL");
     if (version <= e->version)
         return refit_error(REFIT_ERR_INVALID_ARG, "version %llu is not newer than %llu", (unsigned long long)version,
                            (unsigned long long)e->version);

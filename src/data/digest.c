@@ -66,8 +66,15 @@ static int push_items(items_t *v, uint32_t pl, const cbox_t *b, uint64_t tid, co
 {
     uint64_t rowb = REFIT_MAX(b->n * 2, 1), per = REFIT_MAX(ITEM_BYTES / rowb, 1);
     for (uint64_t r = 0; r < b->nrows; r += per) {
-        item_t it = {.p = p + r * stride, .stride = stride, .tid = tid, .row = b->a + r,
-                     .nrows = REFIT_MIN(per, b->nrows - r), .j = b->c, .n = b->n, .rel = r, .pl = pl,
+        item_t it = {.p = p + r * stride,
+                     .stride = stride,
+                     .tid = tid,
+                     .row = b->a + r,
+                     .nrows = REFIT_MIN(per, b->nrows - r),
+                     .j = b->c,
+                     .n = b->n,
+                     .rel = r,
+                     .pl = pl,
                      .whole = per >= b->nrows};
         if (REFIT_VEC_PUSH(v, it)) return -1;
     }
@@ -149,15 +156,15 @@ typedef struct {
     const refit_digest_key_t *k;
     const item_t *items;
     size_t nitems, next;
-    uint32_t *table;        /* entries: 2 uint32 each */
-    const uint64_t *offs;   /* per placement: P offset (bytes) */
-    const cbox_t *boxes;    /* per placement */
+    uint32_t *table;      /* entries: 2 uint32 each */
+    const uint64_t *offs; /* per placement: P offset (bytes) */
+    const cbox_t *boxes;  /* per placement */
     uint64_t max_n;
     /* finalize phase */
-    const uint32_t *pls;    /* digestible placements */
+    const uint32_t *pls; /* digestible placements */
     size_t npls, next_pl;
-    int failed;             /* a worker's scratch allocation failed */
-    size_t bad_pl;          /* SIZE_MAX or a placement whose P and Q totals differ */
+    int failed;    /* a worker's scratch allocation failed */
+    size_t bad_pl; /* SIZE_MAX or a placement whose P and Q totals differ */
 } fill_job_t;
 
 static void *fill_worker(void *arg)
@@ -237,7 +244,8 @@ refit_status_t refit_digest_table_fill(const refit_digest_key_t *k, const refit_
     if (!k || !m || !bases || (!table && refit_digest_table_bytes(m)))
         return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_table_fill: NULL argument");
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_table_fill: manifest is not finalized");
-    if ((uintptr_t)table % 8) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_table_fill: table not 8-byte aligned");
+    if ((uintptr_t)table % 8)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_table_fill: table not 8-byte aligned");
     refit_status_t st = REFIT_OK;
     size_t np = m->placements.len;
     items_t items = {0};
@@ -262,8 +270,16 @@ refit_status_t refit_digest_table_fill(const refit_digest_key_t *k, const refit_
         max_n = REFIT_MAX(max_n, boxes[i].n);
         pls[npls++] = i;
     }
-    fill_job_t J = {.k = k, .items = items.data, .nitems = items.len, .table = table, .offs = offs, .boxes = boxes,
-                    .max_n = max_n, .pls = pls, .npls = npls, .bad_pl = SIZE_MAX};
+    fill_job_t J = {.k = k,
+                    .items = items.data,
+                    .nitems = items.len,
+                    .table = table,
+                    .offs = offs,
+                    .boxes = boxes,
+                    .max_n = max_n,
+                    .pls = pls,
+                    .npls = npls,
+                    .bad_pl = SIZE_MAX};
     unsigned t1 = threads, t2 = threads;
     if (items.len <= 1) t1 = 1;
     if (npls <= 1) t2 = 1;

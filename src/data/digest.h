@@ -167,11 +167,11 @@ typedef struct {
 const refit_digest_fetch_t *refit_digest_plan_fetches(const refit_digest_plan_t *p, size_t *n);
 
 typedef struct {
-    uint64_t placements;         /* destination placements */
-    uint64_t verifiable;         /* ... of which verifiable */
-    uint64_t bytes;              /* bytes of all destination placements */
-    uint64_t unverifiable_bytes; /* ... of the unverifiable ones */
-    uint64_t fetches;            /* table entries to fetch */
+    uint64_t placements;                              /* destination placements */
+    uint64_t verifiable;                              /* ... of which verifiable */
+    uint64_t bytes;                                   /* bytes of all destination placements */
+    uint64_t unverifiable_bytes;                      /* ... of the unverifiable ones */
+    uint64_t fetches;                                 /* table entries to fetch */
     uint64_t unverifiable[REFIT_DIGEST_REASON_COUNT]; /* placements by reason ([0]: 0) */
 } refit_digest_plan_stats_t;
 void refit_digest_plan_stats(const refit_digest_plan_t *p, refit_digest_plan_stats_t *out);

@@ -31,8 +31,8 @@ void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, ui
                      const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2]);
 
 /* One publisher row: its dot (lanes, into s) and r * v_t added into the column sums g0, g1. */
-void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
-                        uint32_t r1, uint32_t *g0, uint32_t *g1, uint32_t s[2]);
+void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0, uint32_t r1,
+                        uint32_t *g0, uint32_t *g1, uint32_t s[2]);
 
 /* A placement's box in canonical units: rows [a, a+nrows), units [c, c+n)
  * of a tensor of R rows by U units. */

@@ -140,7 +140,7 @@ static void pub_row_scalar(const refit_digest_key_t *k, const uint8_t *p, uint64
 #define AVX2_INLINE __attribute__((target("avx2"), always_inline)) static inline
 
 /* mask + r (r = 1..15): 16 - r zero lanes, then r all-ones lanes. */
-static const int16_t g_tail_mask[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+static const int16_t g_tail_mask[32] = {0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
                                         -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
 
 AVX2_INLINE uint32_t hsum_avx2(__m256i v)
@@ -271,8 +271,8 @@ void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, ui
     rows_scalar(k, tid, row, nrows, j, p, stride, n, acc);
 }
 
-void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
-                        uint32_t r1, uint32_t *g0, uint32_t *g1, uint32_t s[2])
+void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0, uint32_t r1,
+                        uint32_t *g0, uint32_t *g1, uint32_t s[2])
 {
 #if DIGEST_HAVE_AVX2
     if (k->impl == REFIT_DIGEST_IMPL_AVX2) {

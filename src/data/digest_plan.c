@@ -8,8 +8,8 @@
 
 #define LOG_UNVERIFIABLE_MAX 16
 
-static const char *const g_reason_names[REFIT_DIGEST_REASON_COUNT] = {
-    "verifiable", "ndim>=3", "odd-bytes", "cut-both", "no-partition", "source-box"};
+static const char *const g_reason_names[REFIT_DIGEST_REASON_COUNT] = {"verifiable", "ndim>=3",      "odd-bytes",
+                                                                      "cut-both",   "no-partition", "source-box"};
 
 const char *refit_digest_reason_name(refit_digest_reason_t r)
 {
@@ -22,12 +22,12 @@ typedef struct {
 } term_t;
 
 struct refit_digest_plan {
-    uint32_t n;            /* destination placements */
-    uint8_t *reason;       /* per placement */
-    uint64_t *bytes;       /* per placement */
-    uint32_t *canon;       /* per placement: destination canonical id */
-    refit_box_t *boxes;    /* per placement: canonical box */
-    uint32_t *term_start;  /* n + 1 */
+    uint32_t n;           /* destination placements */
+    uint8_t *reason;      /* per placement */
+    uint64_t *bytes;      /* per placement */
+    uint32_t *canon;      /* per placement: destination canonical id */
+    refit_box_t *boxes;   /* per placement: canonical box */
+    uint32_t *term_start; /* n + 1 */
     term_t *terms;
     refit_digest_fetch_t *fetches;
     size_t nfetches;
@@ -115,16 +115,18 @@ static refit_status_t gather(const refit_manifest_t *const *srcs, size_t nsrcs, 
             map[c] = UINT32_MAX;
             if (!refit_strmap_get(&dst->canon_index, m->canon.data[c].name, &d)) continue;
             if (!same_desc(&m->canon.data[c], &dst->canon.data[d]))
-                st = refit_error(REFIT_ERR_MISMATCH, "digest plan: tensor %s differs in dtype or shape between source %zu "
-                                 "(%s rank %u) and the destination", m->canon.data[c].name, s, m->layout, m->rank);
+                st = refit_error(REFIT_ERR_MISMATCH,
+                                 "digest plan: tensor %s differs in dtype or shape between source %zu "
+                                 "(%s rank %u) and the destination",
+                                 m->canon.data[c].name, s, m->layout, m->rank);
             map[c] = d;
         }
         refit_digest_table_offsets(m, offs);
         for (uint32_t i = 0; i < m->placements.len && !st; i++) {
             const refit_placement_t *p = &m->placements.data[i];
             if (map[p->canon] == UINT32_MAX) continue;
-            cand_t c = {.canon = map[p->canon], .src = (uint32_t)s, .pl = i, .box = refit_placement_box(p),
-                        .poff = offs[i]};
+            cand_t c = {
+                .canon = map[p->canon], .src = (uint32_t)s, .pl = i, .box = refit_placement_box(p), .poff = offs[i]};
             cbox_of(&m->canon.data[p->canon], p, &c.cb);
             if (REFIT_VEC_PUSH(out, c)) st = refit_error(REFIT_ERR_NO_MEMORY, "digest plan: source boxes");
         }
@@ -193,8 +195,7 @@ static uint64_t entry_offset(const cand_t *s, bool by_rows, uint64_t x)
 }
 
 static refit_digest_reason_t plan_placement(const refit_manifest_t *dst, uint32_t i, const cand_t *cands,
-                                            const uint32_t *start, const uint8_t *part, rawterms_t *terms,
-                                            int *oom)
+                                            const uint32_t *start, const uint8_t *part, rawterms_t *terms, int *oom)
 {
     const refit_placement_t *p = &dst->placements.data[i];
     cbox_t b;
@@ -239,7 +240,8 @@ oom:
 refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, size_t nsrcs, const uint8_t *usable,
                                         const refit_manifest_t *dst, refit_digest_plan_t **out)
 {
-    if (!dst || !out || (!srcs && nsrcs)) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_plan_create: NULL argument");
+    if (!dst || !out || (!srcs && nsrcs))
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_plan_create: NULL argument");
     if (nsrcs > UINT32_MAX) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_plan_create: %zu sources", nsrcs);
     if (!dst->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "digest plan: the destination is not finalized");
     for (size_t s = 0; s < nsrcs; s++) {
@@ -247,8 +249,10 @@ refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, siz
         if (!m) continue;
         if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "digest plan: source %zu is not finalized", s);
         if (strcmp(m->model, dst->model) != 0)
-            return refit_error(REFIT_ERR_IDENTITY, "digest plan: source %zu (%s rank %u) describes model %s, the "
-                               "destination %s", s, m->layout, m->rank, m->model, dst->model);
+            return refit_error(REFIT_ERR_IDENTITY,
+                               "digest plan: source %zu (%s rank %u) describes model %s, the "
+                               "destination %s",
+                               s, m->layout, m->rank, m->model, dst->model);
     }
     refit_status_t st = REFIT_OK;
     cands_t cands = {0};

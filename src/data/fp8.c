@@ -94,8 +94,7 @@ static refit_status_t check_grid(const refit_manifest_t *m, const refit_local_t 
 {
     const refit_tdesc_t *c = &m->canon.data[p->canon];
     uint32_t cn = p->ndim, ln = l->d.ndim;
-    if (cn < 2)
-        return refit_error(REFIT_ERR_GEOMETRY, "fp8: %s holds %s, which is not a matrix", l->d.name, c->name);
+    if (cn < 2) return refit_error(REFIT_ERR_GEOMETRY, "fp8: %s holds %s, which is not a matrix", l->d.name, c->name);
     for (int k = 0; k < 2; k++) {
         uint32_t cd = cn - 2 + (uint32_t)k, ld = ln - 2 + (uint32_t)k;
         uint64_t co = p->canon_offset[cd], ex = p->extent[cd], lo = p->local_offset[ld];
@@ -103,8 +102,8 @@ static refit_status_t check_grid(const refit_manifest_t *m, const refit_local_t 
             return refit_error(REFIT_ERR_GEOMETRY,
                                "fp8: %s [%llu, +%llu) of %s land at %llu of %s: not on the %u-element block grid "
                                "(a block would straddle shards)",
-                               k ? "columns" : "rows", (unsigned long long)co,
-                               (unsigned long long)ex, c->name, (unsigned long long)lo, l->d.name, B);
+                               k ? "columns" : "rows", (unsigned long long)co, (unsigned long long)ex, c->name,
+                               (unsigned long long)lo, l->d.name, B);
     }
     return REFIT_OK;
 }
@@ -217,8 +216,8 @@ static void stage_unit(const stage_t *s, uint64_t ei, uint64_t k)
         for (uint64_t j = 0; j < bc; j++) {
             uint32_t rows = (uint32_t)(e->rows - i * B < B ? e->rows - i * B : B);
             uint32_t cols = (uint32_t)(e->cols - j * B < B ? e->cols - j * B : B);
-            scale[i * bc + j] =
-                refit_fp8_quantize_block(x + i * B * e->cols + j * B, e->cols, rows, cols, q + i * B * e->cols + j * B, e->cols);
+            scale[i * bc + j] = refit_fp8_quantize_block(x + i * B * e->cols + j * B, e->cols, rows, cols,
+                                                         q + i * B * e->cols + j * B, e->cols);
         }
 }
 
@@ -286,7 +285,8 @@ refit_status_t refit_fp8_target_manifest(const refit_fp8_target_t *t, const refi
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "fp8 manifest: the bf16 manifest is not finalized");
     char layout[REFIT_MANIFEST_MAX_NAME + 1];
     int n = snprintf(layout, sizeof(layout), "%s+fp8", m->layout);
-    if (n < 0 || (size_t)n >= sizeof(layout)) return refit_error(REFIT_ERR_INVALID_ARG, "fp8 manifest: layout name too long");
+    if (n < 0 || (size_t)n >= sizeof(layout))
+        return refit_error(REFIT_ERR_INVALID_ARG, "fp8 manifest: layout name too long");
     refit_manifest_identity_t id = {.model = m->model, .layout = layout, .rank = m->rank, .world = m->world};
     refit_manifest_t *f = NULL;
     uint32_t region;

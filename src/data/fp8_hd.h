@@ -83,7 +83,8 @@ REFIT_HD static inline uint8_t refit_fp8_hd_e4m3(float x)
  * x86 keeps it and a GPU's division would not). */
 REFIT_HD static inline uint8_t refit_fp8_hd_quantize(uint16_t x, float scale)
 {
-    return (uint8_t)(refit_fp8_hd_e4m3(REFIT_FP8_DIV(refit_fp8_hd_bf16((uint16_t)(x & 0x7fffu)), scale)) | ((x >> 8) & 0x80));
+    return (uint8_t)(refit_fp8_hd_e4m3(REFIT_FP8_DIV(refit_fp8_hd_bf16((uint16_t)(x & 0x7fffu)), scale)) |
+                     ((x >> 8) & 0x80));
 }
 
 #endif

@@ -9,8 +9,14 @@
 
 #include "refit/refit.h"
 
-#define ABI_STRUCT(type) {#type, NULL, 0, sizeof(type)}
-#define ABI_FIELD(type, f) {#type, #f, offsetof(type, f), sizeof(((type *)0)->f)}
+#define ABI_STRUCT(type)             \
+    {                                \
+#type, NULL, 0, sizeof(type) \
+    }
+#define ABI_FIELD(type, f)                                   \
+    {                                                        \
+#type, #f, offsetof(type, f), sizeof(((type *)0)->f) \
+    }
 
 static const refit_abi_field_t g_layout[] = {
     ABI_STRUCT(refit_abi_field_t),

@@ -21,8 +21,7 @@ static void default_registry_init(void)
         snprintf(g_default_registry, sizeof(g_default_registry), "file:%.4000s/refit/registry", run);
     else if (home && home[0] == '/' && strcmp(home, "/") != 0)
         snprintf(g_default_registry, sizeof(g_default_registry), "file:%.4000s/.cache/refit/registry", home);
-    else
-        snprintf(g_default_registry, sizeof(g_default_registry), "file:/tmp/refit-%u/registry", (unsigned)geteuid());
+    else snprintf(g_default_registry, sizeof(g_default_registry), "file:/tmp/refit-%u/registry", (unsigned)geteuid());
 }
 
 const char *refit_default_registry(void)
@@ -69,7 +68,8 @@ refit_status_t refit_tset_open(refit_tset_t *ts, const char *names, const char *
             st = refit_error(strcmp(name, "ucx") == 0 || strcmp(name, "cuda_ipc") == 0 ? REFIT_ERR_UNSUPPORTED
                                                                                        : REFIT_ERR_INVALID_ARG,
                              "transport '%s' is not built into this refit (built in: shm%s%s)", name,
-                             refit_transport_find("ucx") ? ", ucx" : "", refit_transport_find("cuda_ipc") ? ", cuda_ipc" : "");
+                             refit_transport_find("ucx") ? ", ucx" : "",
+                             refit_transport_find("cuda_ipc") ? ", cuda_ipc" : "");
             goto err;
         }
         if (ts->n == REFIT_MAX_TRANSPORTS) {
@@ -116,7 +116,8 @@ refit_status_t refit_check_name(const char *what, const char *s)
         char c = s[i];
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
               c == '-' || c == ':'))
-            return refit_error(REFIT_ERR_INVALID_ARG, "%s '%s' has '%c' (allowed: letters, digits, . _ - :)", what, s, c);
+            return refit_error(REFIT_ERR_INVALID_ARG, "%s '%s' has '%c' (allowed: letters, digits, . _ - :)", what, s,
+                               c);
     }
     return REFIT_OK;
 }

@@ -69,7 +69,8 @@
 uint64_t refit_fleet_origin(const refit_version_record_t *recs, const uint8_t *present, uint32_t world)
 {
     uint64_t h = 0x6f726967696e2121ULL ^ world;
-    for (uint32_t k = 0; k < world; k++) h = refit_mix64(h ^ (present[k] ? recs[k].incarnation : 0) ^ ((uint64_t)k << 56));
+    for (uint32_t k = 0; k < world; k++)
+        h = refit_mix64(h ^ (present[k] ? recs[k].incarnation : 0) ^ ((uint64_t)k << 56));
     return h ? h : 1;
 }
 
@@ -88,7 +89,7 @@ typedef struct {
     refit_fleet_sched_t k; /* the rules' state (fleet.h) */
     const refit_tset_t *ts;
     refit_plan_key_t key; /* the plan's (relays' progress names it) */
-    uint64_t chunk; /* nominal chunk bytes */
+    uint64_t chunk;       /* nominal chunk bytes */
     void *const *dst;
     double deadline;
     uint64_t version;
@@ -387,7 +388,8 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     if (x->resume && x->resume->done && x->resume->n == S.k.nc)
         for (size_t i = 0; i < S.k.nc; i++)
             if (x->resume->done[i]) S.k.c[i].state = REFIT_CHUNK_DONE, S.k.done++, resumed++;
-    if (resumed) refit_log(REFIT_LOG_INFO, "fleet: %zu of %zu chunks already in place from the try before", resumed, S.k.nc);
+    if (resumed)
+        refit_log(REFIT_LOG_INFO, "fleet: %zu of %zu chunks already in place from the try before", resumed, S.k.nc);
     /* Every chunk needs some holder from the start. */
     for (size_t i = 0; i < S.k.nc; i++) {
         if (S.k.c[i].state == REFIT_CHUNK_DONE) continue;
@@ -502,16 +504,15 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         if (refit_now() > S.deadline)
             st = refit_error(REFIT_ERR_TIMEOUT, "%zu of %zu chunks not transferred by the deadline%s%s", left, S.k.nc,
                              why[0] ? "; " : "", why);
-        else
-            st = refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S.k.nc, why);
+        else st = refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S.k.nc, why);
     }
     for (uint32_t h = 0; h < nh; h++)
         refit_log(REFIT_LOG_DEBUG,
                   "fleet: %s: %u chunks (%u from others' shares, %u re-read, %u while it was receiving, %u idle "
                   "progress reads), %" PRIu64 " bytes, %.1f ms busy%s%s",
                   holders[h].name, holders[h].chunks, holders[h].taken, holders[h].steals, holders[h].early,
-                  holders[h].waits, holders[h].bytes,
-                  holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
+                  holders[h].waits, holders[h].bytes, holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "",
+                  holders[h].failed ? holders[h].error : "");
     if (x->resume) { /* what is in place now, for a try after this one */
         uint8_t *d = x->resume->n == S.k.nc ? x->resume->done : realloc(x->resume->done, S.k.nc ? S.k.nc : 1);
         if (d) {

@@ -135,8 +135,7 @@ static bool slower(const refit_fleet_sched_t *S, uint32_t v, uint32_t h, double 
     if (S->h[v].chunks >= 3 && per_byte(S, v) > 3.0 * mine) return true;
     for (size_t i = 0; i < S->nc; i++) {
         const refit_fleet_chunk_t *c = &S->c[i];
-        if (c->state == REFIT_CHUNK_BUSY && c->owner == v &&
-            now - c->start > 10.0 * mine * (double)c->bytes + 0.1)
+        if (c->state == REFIT_CHUNK_BUSY && c->owner == v && now - c->start > 10.0 * mine * (double)c->bytes + 0.1)
             return true;
     }
     return false;

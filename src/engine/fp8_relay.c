@@ -27,8 +27,7 @@ refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const r
 {
     refit_status_t st = REFIT_OK;
     const char *rg = rp && rp->group && rp->group[0] ? rp->group : "trainer";
-    if (!rp || !pp || !bf16 || !out)
-        st = refit_error(REFIT_ERR_INVALID_ARG, "refit_fp8_relay_create: NULL argument");
+    if (!rp || !pp || !bf16 || !out) st = refit_error(REFIT_ERR_INVALID_ARG, "refit_fp8_relay_create: NULL argument");
     else if (!pp->group || !pp->group[0] || !strcmp(pp->group, rg))
         st = refit_error(REFIT_ERR_INVALID_ARG, "an FP8 relay publishes into a group of its own (not \"%s\")", rg);
     else if (rp->device >= 0 || pp->device >= 0)
@@ -62,7 +61,8 @@ err:
     return st;
 }
 
-refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int timeout_ms, refit_fp8_relay_report_t *rep)
+refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int timeout_ms,
+                                    refit_fp8_relay_report_t *rep)
 {
     if (!x) return refit_error(REFIT_ERR_INVALID_ARG, "FP8 relay is NULL");
     if (rep) {

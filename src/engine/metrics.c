@@ -39,7 +39,7 @@
 
 #define NBUCKETS 16
 static const double g_bounds[NBUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                          0.25,   0.5,   1,      2.5,   5,    10,    30,    60};
+                                          0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
 
 typedef struct {
     uint64_t counts[NBUCKETS + 1]; /* per bucket, not cumulative; the last one is (60, +Inf) */
@@ -66,8 +66,8 @@ typedef struct {
     bool publisher;
     char *job, *group;
     uint32_t rank;
-    uint64_t failures[NSTATUS]; /* by -status */
-    hist_t phase[R_NPHASES];    /* publishers use the first P_NPHASES */
+    uint64_t failures[NSTATUS];             /* by -status */
+    hist_t phase[R_NPHASES];                /* publishers use the first P_NPHASES */
     uint64_t versions_full, versions_delta; /* receivers: committed, by kind; publishers: published (full) */
     uint64_t version;                       /* the last committed / published */
     bool have_version;
@@ -427,15 +427,13 @@ static void render(buf_t *b)
     simple(b, false, "refit_receiver_digest_checked_bytes_total", "counter",
            "Bytes checked against the publishers' content digests before commit.", F_CHECKED);
     simple(b, false, "refit_receiver_digest_unverified_bytes_total", "counter",
-           "Bytes committed that no content digest could check (sources without digests, GPU memory).",
-           F_UNVERIFIED);
+           "Bytes committed that no content digest could check (sources without digests, GPU memory).", F_UNVERIFIED);
     simple(b, false, "refit_receiver_delta_ratio", "gauge",
            "Bytes of the last pull over the bytes of the last full pull (1: a full pull).", F_RATIO);
     /* publishers */
     simple(b, true, "refit_publisher_versions_published_total", "counter", "Versions a publisher published.",
            F_PUBLISHED);
-    simple(b, true, "refit_publisher_published_version", "gauge", "The version a publisher published last.",
-           F_VERSION);
+    simple(b, true, "refit_publisher_published_version", "gauge", "The version a publisher published last.", F_VERSION);
     failures(b, true, "refit_publisher_failures_total", "Publishes that failed, by refit status name.");
     histograms(b, true, "refit_publisher_phase_seconds",
                "Seconds per publish (publish: the whole call; digest: the content digests; delta_encode: the delta).",
@@ -500,10 +498,12 @@ refit_status_t refit_metrics_write_file(const char *path)
         for (size_t off = 0; !st && off < len;) {
             ssize_t n = write(fd, text + off, len - off);
             if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, n < 0 ? strerror(errno) : "short write");
+            if (n <= 0)
+                st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, n < 0 ? strerror(errno) : "short write");
             else off += (size_t)n;
         }
-        if (fd >= 0 && close(fd) != 0 && !st) st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, strerror(errno));
+        if (fd >= 0 && close(fd) != 0 && !st)
+            st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, strerror(errno));
         if (!st && rename(tmp, real) != 0) st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", real, strerror(errno));
         if (st && fd >= 0) unlink(tmp);
     }
@@ -564,15 +564,19 @@ static refit_status_t parse_addr(const char *addr, struct sockaddr_storage *ss, 
     struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
     if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
         if (a4->sin_addr.s_addr == htonl(INADDR_ANY))
-            return refit_error(REFIT_ERR_INVALID_ARG, "metrics address '%s' would accept connections on every "
-                               "interface: name one address (the loopback is the default)", addr);
+            return refit_error(REFIT_ERR_INVALID_ARG,
+                               "metrics address '%s' would accept connections on every "
+                               "interface: name one address (the loopback is the default)",
+                               addr);
         a4->sin_family = AF_INET;
         a4->sin_port = htons((uint16_t)p);
         *sl = sizeof(*a4);
     } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
         if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr))
-            return refit_error(REFIT_ERR_INVALID_ARG, "metrics address '%s' would accept connections on every "
-                               "interface: name one address (the loopback is the default)", addr);
+            return refit_error(REFIT_ERR_INVALID_ARG,
+                               "metrics address '%s' would accept connections on every "
+                               "interface: name one address (the loopback is the default)",
+                               addr);
         a6->sin6_family = AF_INET6;
         a6->sin6_port = htons((uint16_t)p);
         *sl = sizeof(*a6);
@@ -747,7 +751,7 @@ void refit_metrics_stop(void)
 /* ---- what the environment asks for -------------------------------------------- */
 
 static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
-static char *g_file;      /* REFIT_METRICS_FILE */
+static char *g_file; /* REFIT_METRICS_FILE */
 static bool g_file_warned;
 
 static void read_env(void)
@@ -758,8 +762,9 @@ static void read_env(void)
     if (a && a[0]) {
         char bound[80];
         refit_status_t st = refit_metrics_serve(a, bound, sizeof(bound));
-        if (st) refit_log(REFIT_LOG_WARN, "REFIT_METRICS_ADDR: %s (%s); metrics are not served", refit_last_error(),
-                          refit_status_name(st));
+        if (st)
+            refit_log(REFIT_LOG_WARN, "REFIT_METRICS_ADDR: %s (%s); metrics are not served", refit_last_error(),
+                      refit_status_name(st));
         else refit_log(REFIT_LOG_INFO, "metrics served on http://%s/metrics", bound);
     }
 }

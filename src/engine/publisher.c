@@ -45,27 +45,27 @@ struct refit_publisher {
     refit_tset_t ts;
     refit_source_info_t info;
     uint32_t nregions;
-    void **mem;         /* the caller's view: region bases (alloc'ed or attached) */
-    int *mem_owner;     /* transport index that allocated mem[r], or -1 */
+    void **mem;                     /* the caller's view: region bases (alloc'ed or attached) */
+    int *mem_owner;                 /* transport index that allocated mem[r], or -1 */
     void *stage[NBUF_SNAPSHOT][64]; /* snapshot staging arenas (region < 64) */
     int stage_owner[NBUF_SNAPSHOT][64];
     uint64_t stage_version[NBUF_SNAPSHOT];
     uint32_t next_buffer;
     bool announced;
     uint64_t last_version;
-    void *enc;              /* the encoded manifest, kept to re-announce */
+    void *enc; /* the encoded manifest, kept to re-announce */
     size_t enc_len;
-    refit_delta_encoder_t *denc;    /* delta mode */
+    refit_delta_encoder_t *denc;     /* delta mode */
     void *darena[NBUF_SNAPSHOT][64]; /* delta arenas, per buffer and region */
     int darena_owner[NBUF_SNAPSHOT][64];
     uint64_t dcap[64];
     refit_publish_delta_t last_delta;
-    uint32_t rec_flags;             /* refit_publisher_stamp */
-    refit_digest_key_t *dkey;       /* content digests: NULL when off */
-    uint64_t dbytes;                /* table size */
+    uint32_t rec_flags;       /* refit_publisher_stamp */
+    refit_digest_key_t *dkey; /* content digests: NULL when off */
+    uint64_t dbytes;          /* table size */
     void *dtable[NBUF_SNAPSHOT];
     int dtable_owner[NBUF_SNAPSHOT];
-    double digest_ms;               /* filling the last version's table */
+    double digest_ms;                /* filling the last version's table */
     refit_version_record_t last_rec; /* under lock */
     bool have_rec;
     /* Fencing: the store's epoch when we last looked, and when we last saw
@@ -160,7 +160,8 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
         }
         for (uint32_t r = 0; r < p->nregions; r++)
             p->dcap[r] = (refit_delta_table_bytes(m->regions.data[r]) +
-                          m->regions.data[r] / 100 * p->params.delta_max_pct + 4095) & ~(uint64_t)4095;
+                          m->regions.data[r] / 100 * p->params.delta_max_pct + 4095) &
+                         ~(uint64_t)4095;
     }
     /* Content digests of host memory (a GPU publisher's bytes would need a
      * kernel: its receivers report those bytes as unverified). */
@@ -292,8 +293,7 @@ static refit_status_t announce(refit_publisher_t *p)
     size_t enc_len = 0;
     for (uint32_t b = 0; b < nbuf && p->params.mode == REFIT_MODE_SNAPSHOT; b++)
         for (uint32_t r = 0; r < p->nregions; r++)
-            if (!p->stage[b][r] &&
-                (st = alloc_with(p, p->m->regions.data[r], &p->stage[b][r], &p->stage_owner[b][r])))
+            if (!p->stage[b][r] && (st = alloc_with(p, p->m->regions.data[r], &p->stage[b][r], &p->stage_owner[b][r])))
                 return st;
     for (uint32_t b = 0; b < nbuf && p->denc; b++)
         for (uint32_t r = 0; r < p->nregions; r++)
@@ -302,8 +302,7 @@ static refit_status_t announce(refit_publisher_t *p)
     for (uint32_t b = 0; b < nbuf && p->dkey; b++)
         if (!p->dtable[b] && (st = alloc_with(p, p->dbytes, &p->dtable[b], &p->dtable_owner[b]))) return st;
     uint32_t exposing = 0;
-    for (uint32_t t = 0; t < p->ts.n; t++)
-        exposing += can_expose(p, t);
+    for (uint32_t t = 0; t < p->ts.n; t++) exposing += can_expose(p, t);
     uint32_t dreg = p->nregions + (p->denc ? p->nregions : 0); /* the digest table's index */
     if (!exposing)
         return refit_error(REFIT_ERR_INVALID_ARG, "none of the transports exposes %s memory",
@@ -367,8 +366,10 @@ static refit_status_t check_epoch(refit_publisher_t *p, uint64_t version)
     bool first = p->epoch == 0;
     p->epoch = e;
     if (first) return REFIT_OK;
-    refit_log(REFIT_LOG_WARN, "rank %u: the registry lost its data (new epoch); leases on version %" PRIu64
-              " are trusted again after %u ms", p->m->rank, version, p->params.lease_ms);
+    refit_log(REFIT_LOG_WARN,
+              "rank %u: the registry lost its data (new epoch); leases on version %" PRIu64
+              " are trusted again after %u ms",
+              p->m->rank, version, p->params.lease_ms);
     pthread_mutex_lock(&p->lock);
     p->lost_at = refit_now();
     pthread_mutex_unlock(&p->lock);
@@ -397,9 +398,10 @@ static refit_status_t wait_leases(refit_publisher_t *p, uint64_t version, int ti
         bool fenced = since_loss < p->params.lease_ms / 1e3;
         if (n == 0 && !fenced) return REFIT_OK;
         if (n == 0 && !said) {
-            refit_log(REFIT_LOG_INFO, "rank %u: no lease on version %" PRIu64 ", but the registry lost its data %.0f ms "
-                      "ago: waiting out a lease lifetime (%u ms)", p->m->rank, version, since_loss * 1e3,
-                      p->params.lease_ms);
+            refit_log(REFIT_LOG_INFO,
+                      "rank %u: no lease on version %" PRIu64 ", but the registry lost its data %.0f ms "
+                      "ago: waiting out a lease lifetime (%u ms)",
+                      p->m->rank, version, since_loss * 1e3, p->params.lease_ms);
             said = true;
         }
         double left = deadline - refit_now();
@@ -473,11 +475,14 @@ static uint64_t offer_delta(refit_publisher_t *p, uint32_t b, uint64_t version)
     for (uint32_t r = 0; r < p->nregions && fits; r++) memcpy(p->darena[b][r], deltas[r], 64);
     for (uint32_t r = 0; r < p->nregions; r++) free(deltas[r]);
     ld->encode_ms = (refit_now() - t0) * 1e3;
-    if (st) refit_log(REFIT_LOG_WARN, "rank %u: version %" PRIu64 " is offered in full only: %s", p->m->rank, version,
-                      refit_last_error());
+    if (st)
+        refit_log(REFIT_LOG_WARN, "rank %u: version %" PRIu64 " is offered in full only: %s", p->m->rank, version,
+                  refit_last_error());
     else if (base && !fits)
-        refit_log(REFIT_LOG_INFO, "rank %u: the delta of version %" PRIu64 " (%" PRIu64 " bytes) exceeds %u%% of the "
-                  "regions; offered in full only", p->m->rank, version, ld->bytes, p->params.delta_max_pct);
+        refit_log(REFIT_LOG_INFO,
+                  "rank %u: the delta of version %" PRIu64 " (%" PRIu64 " bytes) exceeds %u%% of the "
+                  "regions; offered in full only",
+                  p->m->rank, version, ld->bytes, p->params.delta_max_pct);
     ld->base_version = fits ? base : 0;
     return ld->base_version;
 }
@@ -504,13 +509,13 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
 {
     refit_status_t st;
     if (version == 0 || version == REFIT_VERSION_NEWEST || version <= p->last_version)
-        return refit_error(REFIT_ERR_INVALID_ARG, "version %" PRIu64 " is not after the last published %" PRIu64, version,
-                           p->last_version);
+        return refit_error(REFIT_ERR_INVALID_ARG, "version %" PRIu64 " is not after the last published %" PRIu64,
+                           version, p->last_version);
     for (uint32_t r = 0; r < p->nregions; r++)
         if (!p->mem[r]) return refit_error(REFIT_ERR_INVALID_ARG, "region %u has no memory (alloc or attach it)", r);
     if (!p->announced && (st = announce(p))) return st;
-    refit_version_record_t rec = {.version = version, .signature = p->m->signature, .incarnation = p->info.incarnation,
-                                  .flags = p->rec_flags};
+    refit_version_record_t rec = {
+        .version = version, .signature = p->m->signature, .incarnation = p->info.incarnation, .flags = p->rec_flags};
     if (p->params.mode == REFIT_MODE_SNAPSHOT) {
         uint32_t b = p->next_buffer;
         /* Readers get dead_ms * 4; after a registry that lost its data, a lease lifetime more (wait_leases). */

@@ -26,8 +26,8 @@ bool refit_rx_delta_eligible(const pull_t *p)
     bool any = false;
     for (uint32_t k = 0; k < r->world; k++) {
         if (!refit_plan_source_bytes(plan, k)) continue;
-        if (s->recs[k].delta_base != r->committed || s->recs[k].incarnation != r->committed_inc[k] ||
-            !r->src[k].m || !refit_rx_delta_regions(r->src[k].m))
+        if (s->recs[k].delta_base != r->committed || s->recs[k].incarnation != r->committed_inc[k] || !r->src[k].m ||
+            !refit_rx_delta_regions(r->src[k].m))
             return false;
         any = true;
     }
@@ -59,8 +59,8 @@ static refit_status_t delta_sources(refit_receiver_t *r, cached_plan_t *cp)
             st = refit_error(REFIT_ERR_INTERNAL, "the plan reads region %u of source %u, which has no manifest",
                              regs[i].src_region, regs[i].src);
         else
-            st = refit_delta_index_create(cp->plan, regs[i].src, regs[i].src_region, m->regions.data[regs[i].src_region],
-                                          &d[nd].ix);
+            st = refit_delta_index_create(cp->plan, regs[i].src, regs[i].src_region,
+                                          m->regions.data[regs[i].src_region], &d[nd].ix);
         nd++;
     }
     if (st) {
@@ -140,8 +140,10 @@ refit_status_t refit_rx_delta_pull(pull_t *p)
     for (uint32_t j = 0; j < nd; j++) {
         delta_src_t *d = &cp->dsrc[j];
         const refit_manifest_t *m = r->src[d->src].m;
-        regs[j] = (refit_plan_region_t){.src = d->src, .src_region = (uint32_t)m->regions.len + d->region,
-                                        .dst_region = j, .run = refit_delta_table_bytes(m->regions.data[d->region])};
+        regs[j] = (refit_plan_region_t){.src = d->src,
+                                        .src_region = (uint32_t)m->regions.len + d->region,
+                                        .dst_region = j,
+                                        .run = refit_delta_table_bytes(m->regions.data[d->region])};
     }
     if ((st = refit_rx_raw_pull(p, regs, nd, bufs, rep))) goto out;
     /* 2. Each must take `committed` to v, for this region's size. */
@@ -183,8 +185,11 @@ refit_status_t refit_rx_delta_pull(pull_t *p)
             if (hi > lo) {
                 const refit_manifest_t *m = r->src[d->src].m;
                 st = push_region(&regs, &nregs, &capregs,
-                                 (refit_plan_region_t){.src = d->src, .src_region = (uint32_t)m->regions.len + d->region,
-                                                       .src_offset = lo, .dst_region = j, .dst_offset = lo,
+                                 (refit_plan_region_t){.src = d->src,
+                                                       .src_region = (uint32_t)m->regions.len + d->region,
+                                                       .src_offset = lo,
+                                                       .dst_region = j,
+                                                       .dst_offset = lo,
                                                        .run = hi - lo});
             }
             lo = off;
@@ -202,9 +207,10 @@ refit_status_t refit_rx_delta_pull(pull_t *p)
     void *const *dst = gpu ? r->stage : r->mem;
     for (uint32_t j = 0; j < nd && !st; j++) {
         refit_delta_apply_stats_t as = REFIT_DELTA_APPLY_STATS_INIT;
-        st = refit_delta_apply_threads(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, dst,
-                                       r->params.threads, &as);
-        if (st) refit_error_prefix("applying the delta of source rank %u region %u", cp->dsrc[j].src, cp->dsrc[j].region);
+        st = refit_delta_apply_threads(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, dst, r->params.threads,
+                                       &as);
+        if (st)
+            refit_error_prefix("applying the delta of source rank %u region %u", cp->dsrc[j].src, cp->dsrc[j].region);
         rep->delta_units += as.units_written + as.bytes_written / 2;
     }
     for (uint32_t i = 0; gpu && !st && i < r->nregions; i++)

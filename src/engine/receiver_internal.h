@@ -63,9 +63,9 @@ struct refit_receiver {
     uint32_t nregions;
     void **mem;
     bool *owned;
-    void **stage;         /* host staging (dom's) for GPU memory pulled by host-only transports */
+    void **stage;           /* host staging (dom's) for GPU memory pulled by host-only transports */
     uint64_t stage_version; /* the version the staging holds whole (0: none): a delta applies there */
-    bool pull_staged;     /* this pull went through the staging */
+    bool pull_staged;       /* this pull went through the staging */
     uint32_t world;
     source_t *src;
     cached_plan_t plans[PLAN_CACHE];
@@ -120,7 +120,8 @@ void refit_rx_snapshot_free(snapshot_t *s);
 refit_status_t refit_rx_discover(pull_t *p, uint64_t want, double *round);
 /* Source rank k's manifest, read again when its record names another one
  * (or it was never read); *read says whether it was. */
-refit_status_t refit_rx_refresh_manifest(refit_receiver_t *r, uint32_t k, const refit_version_record_t *rec, bool *read);
+refit_status_t refit_rx_refresh_manifest(refit_receiver_t *r, uint32_t k, const refit_version_record_t *rec,
+                                         bool *read);
 /* The number of delta arenas a source manifest exposes (0: none). */
 uint32_t refit_rx_delta_regions(const refit_manifest_t *m);
 /* The index of a source's digest table region, or -1 when it offers none. */
@@ -148,7 +149,8 @@ refit_status_t refit_rx_full_transfer(pull_t *p);
 /* Reads n byte ranges of sources' memory: regs[i] reads from source regs[i].src
  * (its region regs[i].src_region) into bufs[regs[i].dst_region], one
  * transport pull per transport (the sources p->tix names). */
-refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n, void *const *bufs, refit_pull_report_t *rep);
+refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n, void *const *bufs,
+                                 refit_pull_report_t *rep);
 
 /* receiver_delta.c */
 /* Whether every source the plan reads offers a delta from exactly what this

@@ -89,7 +89,7 @@ refit_status_t refit_rx_connect(refit_receiver_t *r, uint32_t k, uint32_t b, int
     refit_status_t st = REFIT_OK, first = REFIT_OK;
     char first_detail[512] = "";
     uint32_t n = (uint32_t)s->m->regions.len;
-    n += refit_rx_delta_regions(s->m);             /* a delta publisher's arenas follow its regions */
+    n += refit_rx_delta_regions(s->m);              /* a delta publisher's arenas follow its regions */
     n += refit_rx_digest_region(s->m) >= 0 ? 1 : 0; /* then its digest table */
     for (uint32_t t = 0; t < r->ts.n; t++) {
         if (s->peer[t][b]) {

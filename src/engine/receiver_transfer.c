@@ -132,13 +132,21 @@ static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs,
     uint64_t *keys = calloc(r->world ? r->world : 1, sizeof(uint64_t));
     if (!keys) return refit_error(REFIT_ERR_NO_MEMORY, "fleet");
     for (uint32_t k = 0; k < r->world; k++) keys[k] = r->src[k].m ? r->src[k].mkey : 0;
-    refit_fleet_xfer_t x = {.ts = &r->ts, .plan = p->cp->plan, .plan_keys = keys, .dst = dst, .deadline = p->deadline,
-                            .chunk_bytes = (uint64_t)r->params.chunk_kb << 10, .tick = refit_rx_tick, .user = r,
+    refit_fleet_xfer_t x = {.ts = &r->ts,
+                            .plan = p->cp->plan,
+                            .plan_keys = keys,
+                            .dst = dst,
+                            .deadline = p->deadline,
+                            .chunk_bytes = (uint64_t)r->params.chunk_kb << 10,
+                            .tick = refit_rx_tick,
+                            .user = r,
                             .seed = (uint32_t)refit_random_u64(),
                             /* The receiver's copy-thread budget caps the workers each holder gets. */
                             .workers = r->params.threads ? REFIT_MIN(r->params.threads, 2u) : 0,
-                            .threads = r->params.threads, .version = p->v,
-                            .progress = refit_relays_progress(r->relays, dst), .announce = fleet_announce,
+                            .threads = r->params.threads,
+                            .version = p->v,
+                            .progress = refit_relays_progress(r->relays, dst),
+                            .announce = fleet_announce,
                             .origin = p->s.origin};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;
@@ -146,8 +154,8 @@ static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs,
     if (st && !hs->with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
         /* Every relay we had failed: the trainer serves what is left (the
          * chunks already written stay). */
-        refit_log(REFIT_LOG_INFO, "relays failed (%s); reading version %" PRIu64 " from the trainer", refit_last_error(),
-                  p->v);
+        refit_log(REFIT_LOG_INFO, "relays failed (%s); reading version %" PRIu64 " from the trainer",
+                  refit_last_error(), p->v);
         uint32_t before = hs->n;
         if (!(st = trainer_holders(p, hs))) {
             for (uint32_t i = 0; i < before; i++) hs->h[i].failed = true;
@@ -200,7 +208,8 @@ refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n,
             }
         if (!m) continue;
         struct refit_plan one = refit_plan_view(sub, m, sb, r->world);
-        refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
+        refit_pull_ctl_t ctl = {
+            .deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
         refit_pull_stats_t ps = {0};
         if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], peers, &one, bufs, &ctl, &ps))) break;
         rep->bytes += ps.bytes;
@@ -269,8 +278,12 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
      * to the transfer, during which a test kills a process. */
     unsigned pause_ms = refit_test_pause_ms();
     if (pause_ms) usleep((useconds_t)pause_ms * 1000u);
-    refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r,
-                            .fp8 = r->fp8, .fp8_bf16 = r->m};
+    refit_pull_ctl_t ctl = {.deadline = p->deadline,
+                            .threads = r->params.threads,
+                            .tick = refit_rx_tick,
+                            .user = r,
+                            .fp8 = r->fp8,
+                            .fp8_bf16 = r->m};
     refit_pull_stats_t stats = {0};
     rep->transport[0] = rep->lanes[0] = '\0';
     if (fleet) {
@@ -297,7 +310,8 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
     }
     /* Padding (zeros) is ours to write: where the bytes went (the staging is host memory). */
     const refit_memdom_t *fd = bounce ? &refit_memdom_host : r->dom;
-    if (!r->fp8 && (st = fd->fills(plan, r->params.device, dst, &stats.launches))) goto done; /* FP8: the table wrote them */
+    if (!r->fp8 && (st = fd->fills(plan, r->params.device, dst, &stats.launches)))
+        goto done; /* FP8: the table wrote them */
     for (uint32_t i = 0; bounce && i < r->nregions; i++)
         if ((st = r->dom->copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto done;
     if (bounce) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");

@@ -46,7 +46,7 @@ refit_status_t refit_rx_digest_verify(pull_t *p)
     size_t nf = 0;
     const refit_digest_fetch_t *f = NULL;
     uint64_t covered_unverifiable = UINT64_MAX; /* with every source that offers digests */
-    uint32_t unreachable = UINT32_MAX;         /* a source dropped because it could not be reached */
+    uint32_t unreachable = UINT32_MAX;          /* a source dropped because it could not be reached */
     for (uint32_t attempt = 0; attempt <= r->world && !st; attempt++) {
         if (!cp->dplan || memcmp(cp->dusable, usable, r->world) != 0) {
             refit_digest_plan_destroy(cp->dplan);
@@ -67,9 +67,10 @@ refit_status_t refit_rx_digest_verify(pull_t *p)
             refit_digest_plan_stats_t ps;
             refit_digest_plan_stats(cp->dplan, &ps);
             if (ps.unverifiable_bytes)
-                refit_log(REFIT_LOG_INFO, "%s: %" PRIu64 " of %" PRIu64 " bytes cannot be checked against the "
-                          "sources' digests (sources without digests, or boxes no digest covers)", r->reader,
-                          ps.unverifiable_bytes, ps.bytes + ps.unverifiable_bytes);
+                refit_log(REFIT_LOG_INFO,
+                          "%s: %" PRIu64 " of %" PRIu64 " bytes cannot be checked against the "
+                          "sources' digests (sources without digests, or boxes no digest covers)",
+                          r->reader, ps.unverifiable_bytes, ps.bytes + ps.unverifiable_bytes);
         }
         f = refit_digest_plan_fetches(cp->dplan, &nf);
         if (covered_unverifiable == UINT64_MAX) {
@@ -100,9 +101,10 @@ refit_status_t refit_rx_digest_verify(pull_t *p)
         refit_digest_plan_stats_t ps1;
         refit_digest_plan_stats(cp->dplan, &ps1);
         if (ps1.unverifiable_bytes > covered_unverifiable) {
-            st = refit_error(REFIT_ERR_PEER, "%" PRIu64 " bytes of version %" PRIu64 " cannot be checked: the digests "
-                             "of source rank %u are unreachable", ps1.unverifiable_bytes - covered_unverifiable, v,
-                             unreachable);
+            st = refit_error(REFIT_ERR_PEER,
+                             "%" PRIu64 " bytes of version %" PRIu64 " cannot be checked: the digests "
+                             "of source rank %u are unreachable",
+                             ps1.unverifiable_bytes - covered_unverifiable, v, unreachable);
             goto out;
         }
     }
@@ -116,8 +118,11 @@ refit_status_t refit_rx_digest_verify(pull_t *p)
             st = refit_error(REFIT_ERR_PEER, "source rank %u holds digests this receiver needs and is unreachable", k);
             break;
         }
-        regs[i] = (refit_plan_region_t){.src = k, .src_region = (uint32_t)refit_rx_digest_region(r->src[k].m),
-                                        .src_offset = f[i].offset, .dst_offset = i * 8, .run = 8};
+        regs[i] = (refit_plan_region_t){.src = k,
+                                        .src_region = (uint32_t)refit_rx_digest_region(r->src[k].m),
+                                        .src_offset = f[i].offset,
+                                        .dst_offset = i * 8,
+                                        .run = 8};
     }
     refit_pull_report_t scratch = {0};
     void *bufs[1] = {fetched};
@@ -126,8 +131,7 @@ refit_status_t refit_rx_digest_verify(pull_t *p)
      * receiver's own (host); GPU memory itself is not hashed here. */
     bool host = r->params.device < 0 || r->pull_staged;
     void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
-    if (!st && host)
-        st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
+    if (!st && host) st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
     refit_digest_report_t dr = {0};
     if (!st && host) st = refit_digest_check(cp->dplan, fetched, r->dlocal, &dr);
     if (st == REFIT_ERR_VERIFY)

@@ -40,7 +40,7 @@ typedef struct {
     refit_peer_t *peer[REFIT_MAX_TRANSPORTS];
     bool leased, loaded;
     uint64_t version, token; /* the version leased, and the lease's token (fencing) */
-    int progress_region; /* of its manifest (relay_key), -1: none */
+    int progress_region;     /* of its manifest (relay_key), -1: none */
 } relay_src_t;
 
 struct refit_relays {
@@ -82,7 +82,8 @@ refit_status_t refit_relays_open(refit_registry_t *reg, const char *group, const
     R->key = refit_fleet_mirror_key(mine);
     if (R->slot >= REFIT_MAX_RELAYS) {
         free(R);
-        return refit_error(REFIT_ERR_INVALID_ARG, "relay slot %d (at most %d)", params->relay_slot, REFIT_MAX_RELAYS - 1);
+        return refit_error(REFIT_ERR_INVALID_ARG, "relay slot %d (at most %d)", params->relay_slot,
+                           REFIT_MAX_RELAYS - 1);
     }
     *out = R;
     return REFIT_OK;
@@ -222,8 +223,8 @@ void refit_relays_announce(refit_relays_t *R, uint64_t v)
     if (R->partial && R->serving == v) return; /* a retry of the same pull (its chunks written so far stay) */
     refit_publisher_stamp(R->pub, (uint32_t)R->progress->origin);
     if (refit_publisher_publish(R->pub, v)) { /* e.g. v again after a failed pull: served once complete */
-        refit_log(REFIT_LOG_DEBUG, "relay %s slot %d: not serving %" PRIu64 " while receiving it: %s", R->group, R->slot,
-                  v, refit_last_error());
+        refit_log(REFIT_LOG_DEBUG, "relay %s slot %d: not serving %" PRIu64 " while receiving it: %s", R->group,
+                  R->slot, v, refit_last_error());
         __atomic_store_n(&R->progress->version, 0, __ATOMIC_RELEASE);
         return;
     }

@@ -77,8 +77,9 @@ refit_status_t refit_read_regular(const char *path, size_t max, char **buf, size
                 ssize_t more = read(fd, &probe, 1);
                 if (more < 0 && errno == EINTR) continue;
                 if (more == 0) break;
-                st = more < 0 ? refit_error(REFIT_ERR_IO, "cannot read %s: %s", path, strerror(errno))
-                              : refit_error(REFIT_ERR_IO, "%s holds more than the %zu bytes this file may hold", path, max);
+                st = more < 0
+                         ? refit_error(REFIT_ERR_IO, "cannot read %s: %s", path, strerror(errno))
+                         : refit_error(REFIT_ERR_IO, "%s holds more than the %zu bytes this file may hold", path, max);
                 goto err;
             }
             size_t ncap = cap < 4096 ? 4096 : cap * 2;

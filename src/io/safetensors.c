@@ -73,7 +73,8 @@ static void sb_json_string(sbuf_t *s, const char *str)
 refit_status_t refit_safetensors_write(const char *path, const refit_manifest_t *m, const void *const *region_bases)
 {
     refit_status_t st = REFIT_OK;
-    if (!path || !m || !region_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_safetensors_write: NULL argument");
+    if (!path || !m || !region_bases)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_safetensors_write: NULL argument");
     sbuf_t h = {0};
     uint64_t off = 0;
     sb_put(&h, "{\"__metadata__\":{\"format\":\"pt\",\"refit_model\":");

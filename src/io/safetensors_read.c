@@ -38,7 +38,7 @@ static const struct {
     refit_dtype_t dtype; /* INVALID: valid safetensors, no refit dtype */
     unsigned size;
 } g_dtypes[] = {
-    {"BF16", REFIT_DTYPE_BF16, 2}, {"F16", REFIT_DTYPE_F16, 2},       {"F32", REFIT_DTYPE_F32, 4},
+    {"BF16", REFIT_DTYPE_BF16, 2},       {"F16", REFIT_DTYPE_F16, 2}, {"F32", REFIT_DTYPE_F32, 4},
     {"F8_E4M3", REFIT_DTYPE_F8_E4M3, 1}, {"I32", REFIT_DTYPE_I32, 4}, {"I64", REFIT_DTYPE_I64, 8},
     {"U8", REFIT_DTYPE_U8, 1},
 };
@@ -74,8 +74,10 @@ static refit_status_t parse_entry(const char *name, const refit_json_t *v, uint6
     for (size_t i = 0; i < REFIT_ARRAY_LEN(g_dtypes); i++)
         if (!strcmp(dt, g_dtypes[i].name)) di = (int)i;
     if (di < 0)
-        return refit_error(REFIT_ERR_UNSUPPORTED, "safetensors tensor \"%s\": dtype \"%.32s\" is not supported "
-                           "(BF16, F16, F32, F8_E4M3, I32, I64, U8)", name, dt);
+        return refit_error(REFIT_ERR_UNSUPPORTED,
+                           "safetensors tensor \"%s\": dtype \"%.32s\" is not supported "
+                           "(BF16, F16, F32, F8_E4M3, I32, I64, U8)",
+                           name, dt);
     const refit_json_t *shape = refit_json_get(v, "shape");
     if (refit_json_type(shape) != REFIT_JSON_ARRAY)
         return refit_error(REFIT_ERR_PARSE, "safetensors tensor \"%s\": \"shape\" missing or not an array", name);
@@ -103,19 +105,23 @@ static refit_status_t parse_entry(const char *name, const refit_json_t *v, uint6
     int64_t b, e;
     if (refit_json_type(offs) != REFIT_JSON_ARRAY || refit_json_len(offs) != 2 ||
         !refit_json_int(refit_json_at(offs, 0), &b) || !refit_json_int(refit_json_at(offs, 1), &e) || b < 0 || e < 0)
-        return refit_error(REFIT_ERR_PARSE, "safetensors tensor \"%s\": \"data_offsets\" is not [begin, end] "
-                           "of non-negative integers", name);
+        return refit_error(REFIT_ERR_PARSE,
+                           "safetensors tensor \"%s\": \"data_offsets\" is not [begin, end] "
+                           "of non-negative integers",
+                           name);
     if (b > e)
         return refit_error(REFIT_ERR_CORRUPT, "safetensors tensor \"%s\": data_offsets [%lld, %lld] end before begin",
                            name, (long long)b, (long long)e);
     if ((uint64_t)e > data_len)
-        return refit_error(REFIT_ERR_CORRUPT, "safetensors tensor \"%s\": data_offsets [%lld, %lld] past the end of "
-                           "the file (data section is %llu bytes)", name, (long long)b, (long long)e,
-                           (unsigned long long)data_len);
+        return refit_error(REFIT_ERR_CORRUPT,
+                           "safetensors tensor \"%s\": data_offsets [%lld, %lld] past the end of "
+                           "the file (data section is %llu bytes)",
+                           name, (long long)b, (long long)e, (unsigned long long)data_len);
     if (overflow || (uint64_t)(e - b) != bytes)
-        return refit_error(REFIT_ERR_MISMATCH, "safetensors tensor \"%s\": data_offsets [%lld, %lld] hold %lld bytes, "
-                           "dtype %s and its shape need %s%llu", name, (long long)b, (long long)e,
-                           (long long)(e - b), dt, overflow ? "more than " : "",
+        return refit_error(REFIT_ERR_MISMATCH,
+                           "safetensors tensor \"%s\": data_offsets [%lld, %lld] hold %lld bytes, "
+                           "dtype %s and its shape need %s%llu",
+                           name, (long long)b, (long long)e, (long long)(e - b), dt, overflow ? "more than " : "",
                            (unsigned long long)(overflow ? UINT64_MAX : bytes));
     out->begin = (uint64_t)b;
     out->end = (uint64_t)e;
@@ -133,10 +139,13 @@ static refit_status_t st_parse(refit_safetensors_t *f)
         return refit_error(REFIT_ERR_CORRUPT, "safetensors: header length %llu exceeds the %u-byte limit",
                            (unsigned long long)hl, REFIT_SAFETENSORS_MAX_HEADER);
     if (hl > f->len - 8)
-        return refit_error(REFIT_ERR_CORRUPT, "safetensors: header length %llu exceeds the file (%zu bytes after the "
-                           "length)", (unsigned long long)hl, f->len - 8);
-    if (hl < 2) return refit_error(REFIT_ERR_CORRUPT, "safetensors: header length %llu is too short for a JSON object",
-                                   (unsigned long long)hl);
+        return refit_error(REFIT_ERR_CORRUPT,
+                           "safetensors: header length %llu exceeds the file (%zu bytes after the "
+                           "length)",
+                           (unsigned long long)hl, f->len - 8);
+    if (hl < 2)
+        return refit_error(REFIT_ERR_CORRUPT, "safetensors: header length %llu is too short for a JSON object",
+                           (unsigned long long)hl);
     refit_status_t st = refit_json_parse((const char *)f->buf + 8, (size_t)hl, &f->root);
     if (st) {
         refit_error_prefix("safetensors header: ");
@@ -176,9 +185,11 @@ static refit_status_t st_parse(refit_safetensors_t *f)
     for (size_t i = 0; i < f->n; i++) {
         if (order[i]->begin == order[i]->end) continue;
         if (prev && order[i]->begin < prev->end) {
-            st = refit_error(REFIT_ERR_OVERLAP, "safetensors tensors \"%s\" [%llu, %llu) and \"%s\" [%llu, %llu) share "
-                             "bytes", prev->name, (unsigned long long)prev->begin, (unsigned long long)prev->end,
-                             order[i]->name, (unsigned long long)order[i]->begin, (unsigned long long)order[i]->end);
+            st = refit_error(REFIT_ERR_OVERLAP,
+                             "safetensors tensors \"%s\" [%llu, %llu) and \"%s\" [%llu, %llu) share "
+                             "bytes",
+                             prev->name, (unsigned long long)prev->begin, (unsigned long long)prev->end, order[i]->name,
+                             (unsigned long long)order[i]->begin, (unsigned long long)order[i]->end);
             break;
         }
         prev = order[i];
@@ -214,8 +225,10 @@ refit_status_t refit_safetensors_open(const char *path, refit_safetensors_t **ou
     if (st) return st;
     if (size < 8) {
         close(fd);
-        return refit_error(REFIT_ERR_CORRUPT, "%s: safetensors file is %llu bytes, shorter than its 8-byte header "
-                           "length", path, (unsigned long long)size);
+        return refit_error(REFIT_ERR_CORRUPT,
+                           "%s: safetensors file is %llu bytes, shorter than its 8-byte header "
+                           "length",
+                           path, (unsigned long long)size);
     }
     void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
     int err = errno;
@@ -271,8 +284,8 @@ struct refit_hf_source {
     uint32_t n;
     refit_safetensors_t *f[HF_MAX_SHARDS];
     char *path[HF_MAX_SHARDS];
-    refit_json_t *index;      /* the parsed index (NULL for a single model.safetensors) */
-    const refit_json_t *wm;   /* its weight_map: the shard of every tensor */
+    refit_json_t *index;    /* the parsed index (NULL for a single model.safetensors) */
+    const refit_json_t *wm; /* its weight_map: the shard of every tensor */
 };
 
 void refit_hf_source_close(refit_hf_source_t *s)
@@ -374,7 +387,8 @@ out:
 refit_status_t refit_hf_source_open(const char *dir, const refit_model_t *model, refit_hf_source_t **src,
                                     refit_manifest_t **manifest)
 {
-    if (!dir || !model || !src || !manifest) return refit_error(REFIT_ERR_INVALID_ARG, "refit_hf_source_open: NULL argument");
+    if (!dir || !model || !src || !manifest)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_hf_source_open: NULL argument");
     refit_hf_source_t *s = calloc(1, sizeof(*s));
     if (!s) return refit_error(REFIT_ERR_NO_MEMORY, "hf source");
     refit_manifest_t *m = NULL;
@@ -417,7 +431,8 @@ refit_status_t refit_hf_source_open(const char *dir, const refit_model_t *model,
             for (uint32_t d = 0; d < ft.ndim; d++)
                 snprintf(b + strlen(b), sizeof(b) - strlen(b), "%s%llu", d ? "," : "", (unsigned long long)ft.shape[d]);
             st = refit_error(REFIT_ERR_MISMATCH, "%s: %s is %s [%s] in the file, the model %s has %s [%s]", s->path[r],
-                             t.name, refit_dtype_name(ft.dtype), b, refit_model_name(model), refit_dtype_name(t.dtype), a);
+                             t.name, refit_dtype_name(ft.dtype), b, refit_model_name(model), refit_dtype_name(t.dtype),
+                             a);
             goto fail;
         }
         uint32_t cid, lid;

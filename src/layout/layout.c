@@ -49,13 +49,15 @@ static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const cha
         if (!eq) return refit_error(REFIT_ERR_PARSE, "layout '%s': '%s' is not knob=value", spec, kv);
         *eq = '\0';
         if (l->scheme == REFIT_SCHEME_VLLM && strcmp(kv, "names") == 0) {
-            uint32_t v = !strcmp(eq + 1, "fused") ? REFIT_VLLM_NAMES_FUSED
-                         : !strcmp(eq + 1, "routed") ? REFIT_VLLM_NAMES_ROUTED : UINT32_MAX;
+            uint32_t v = !strcmp(eq + 1, "fused")    ? REFIT_VLLM_NAMES_FUSED
+                         : !strcmp(eq + 1, "routed") ? REFIT_VLLM_NAMES_ROUTED
+                                                     : UINT32_MAX;
             if (v == UINT32_MAX)
-                return refit_error(REFIT_ERR_PARSE,
-                                   "layout '%s': names=%s is neither routed (vLLM 0.32: "
-                                   "mlp.experts.routed_experts.w13_weight) nor fused (older vLLM: mlp.experts.w13_weight)",
-                                   spec, eq + 1);
+                return refit_error(
+                    REFIT_ERR_PARSE,
+                    "layout '%s': names=%s is neither routed (vLLM 0.32: "
+                    "mlp.experts.routed_experts.w13_weight) nor fused (older vLLM: mlp.experts.w13_weight)",
+                    spec, eq + 1);
             if (l->names != UINT32_MAX) return refit_error(REFIT_ERR_PARSE, "layout '%s': names given twice", spec);
             l->names = v;
             continue;
@@ -68,7 +70,8 @@ static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const cha
         if (!k)
             return refit_error(REFIT_ERR_PARSE, "layout '%s': unknown knob '%s' (%s takes %s)", spec, kv,
                                l->scheme == REFIT_SCHEME_MEGATRON ? "megatron" : "vllm",
-                               l->scheme == REFIT_SCHEME_MEGATRON ? "tp, pp, ep, etp, dp, pad, first, last" : "tp, ep, dp, pad, names");
+                               l->scheme == REFIT_SCHEME_MEGATRON ? "tp, pp, ep, etp, dp, pad, first, last"
+                                                                  : "tp, ep, dp, pad, names");
         char *end;
         errno = 0;
         unsigned long v = strtoul(eq + 1, &end, 10);
@@ -138,8 +141,8 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
         l.first = l.last = 0;
         if (l.ep != 1 && l.ep != l.tp * l.dp)
             return refit_error(REFIT_ERR_GEOMETRY,
-                               "layout '%s': vllm's expert parallel size is 1 (off) or tp x dp = %u (on), not %u",
-                               spec, l.tp * l.dp, l.ep);
+                               "layout '%s': vllm's expert parallel size is 1 (off) or tp x dp = %u (on), not %u", spec,
+                               l.tp * l.dp, l.ep);
         if (l.names == UINT32_MAX) l.names = REFIT_VLLM_NAMES_FUSED;
         snprintf(l.str, sizeof(l.str), "vllm:tp=%u,ep=%u,dp=%u,pad=%u%s", l.tp, l.ep, l.dp, l.pad,
                  l.names == REFIT_VLLM_NAMES_ROUTED ? ",names=routed" : "");
@@ -151,7 +154,8 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
     uint64_t world = (uint64_t)l.tp * l.pp * l.dp;
     if (world > REFIT_LAYOUT_MAX_WORLD)
         return refit_error(REFIT_ERR_GEOMETRY,
-                           "layout '%s': a world of %" PRIu64 " ranks (tp %u x pp %u x dp %u) is above refit's limit of %u",
+                           "layout '%s': a world of %" PRIu64
+                           " ranks (tp %u x pp %u x dp %u) is above refit's limit of %u",
                            spec, world, l.tp, l.pp, l.dp, REFIT_LAYOUT_MAX_WORLD);
     l.world = (uint32_t)world;
     refit_layout_t *p = malloc(sizeof(*p));
@@ -182,7 +186,8 @@ refit_status_t refit_layout_manifest(const refit_layout_t *l, const refit_model_
     if (!l || !model || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_layout_manifest: NULL argument");
     if ((st = refit_layout_check(l, model))) return st;
     if (rank >= l->world)
-        return refit_error(REFIT_ERR_INVALID_ARG, "rank %u is not below the world size %u of %s", rank, l->world, l->str);
+        return refit_error(REFIT_ERR_INVALID_ARG, "rank %u is not below the world size %u of %s", rank, l->world,
+                           l->str);
     refit_manifest_identity_t id = {model->spec.name, l->str, rank, l->world};
     refit_lbuild_t b = {.model = model};
     if ((st = refit_manifest_create(&id, &b.m))) return st;

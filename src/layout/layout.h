@@ -53,8 +53,8 @@ void refit_lb_whole(refit_lbuild_t *b, const char *local_name, const char *canon
 /* One contiguous run of rows of a fused (concatenated or interleaved) tensor. */
 typedef struct {
     char canon[200];
-    uint64_t crow;  /* first row in the canonical tensor */
-    uint64_t frow;  /* first row in the fused global tensor */
+    uint64_t crow; /* first row in the canonical tensor */
+    uint64_t frow; /* first row in the fused global tensor */
     uint64_t nrows;
 } refit_fused_seg_t;
 /* Places the rows [lo, hi) of a fused global tensor, described by segments,

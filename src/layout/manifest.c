@@ -90,8 +90,7 @@ static refit_status_t check_tensor_info(const refit_tensor_info_t *t, const char
         return refit_error(REFIT_ERR_INVALID_ARG, "%s %s has %u dims (must be 1..%d)", what, t->name, t->ndim,
                            REFIT_MAX_DIMS);
     if (refit_tensor_nbytes(t) == 0)
-        return refit_error(REFIT_ERR_INVALID_ARG, "%s %s has a zero dimension or a size that overflows", what,
-                           t->name);
+        return refit_error(REFIT_ERR_INVALID_ARG, "%s %s has a zero dimension or a size that overflows", what, t->name);
     return REFIT_OK;
 }
 
@@ -180,7 +179,8 @@ refit_status_t refit_manifest_add_placement(refit_manifest_t *m, const refit_pla
     refit_status_t st;
     if ((st = check_building(m))) return st;
     if (!p) return refit_error(REFIT_ERR_INVALID_ARG, "placement is NULL");
-    if (m->placements.len >= REFIT_MANIFEST_MAX_ENTRIES) return refit_error(REFIT_ERR_INVALID_ARG, "too many placements");
+    if (m->placements.len >= REFIT_MANIFEST_MAX_ENTRIES)
+        return refit_error(REFIT_ERR_INVALID_ARG, "too many placements");
     if (REFIT_VEC_PUSH(&m->placements, *p)) return refit_error(REFIT_ERR_NO_MEMORY, "adding a placement");
     return REFIT_OK;
 }
@@ -245,11 +245,12 @@ static refit_status_t validate_placement(const refit_manifest_t *m, size_t i)
         return refit_error(REFIT_ERR_INVALID_ARG, "placement %zu of %s has %u dims, the tensor has %u", i, c->name,
                            p->ndim, c->ndim);
     if (l->ndim < c->ndim)
-        return refit_error(REFIT_ERR_MISMATCH, "placement %zu: local tensor %s has fewer dims (%u) than canonical %s (%u)",
-                           i, l->name, l->ndim, c->name, c->ndim);
+        return refit_error(REFIT_ERR_MISMATCH,
+                           "placement %zu: local tensor %s has fewer dims (%u) than canonical %s (%u)", i, l->name,
+                           l->ndim, c->name, c->ndim);
     if (l->dtype != c->dtype)
-        return refit_error(REFIT_ERR_MISMATCH, "placement %zu: local tensor %s is %s but canonical %s is %s", i, l->name,
-                           refit_dtype_name(l->dtype), c->name, refit_dtype_name(c->dtype));
+        return refit_error(REFIT_ERR_MISMATCH, "placement %zu: local tensor %s is %s but canonical %s is %s", i,
+                           l->name, refit_dtype_name(l->dtype), c->name, refit_dtype_name(c->dtype));
     uint32_t lead = l->ndim - c->ndim;
     for (uint32_t d = 0; d < c->ndim; d++) {
         uint64_t end;
@@ -260,16 +261,16 @@ static refit_status_t validate_placement(const refit_manifest_t *m, size_t i)
                                "placement %zu: box of %s ends at %" PRIu64 " in dim %u, beyond its size %" PRIu64, i,
                                c->name, p->canon_offset[d] + p->extent[d], d, c->shape[d]);
         if (!refit_add_u64(p->local_offset[lead + d], p->extent[d], &end) || end > l->shape[lead + d])
-            return refit_error(REFIT_ERR_OUT_OF_BOUNDS,
-                               "placement %zu of %s: local box ends at %" PRIu64 " in dim %u of %s, beyond its size %" PRIu64,
-                               i, c->name, p->local_offset[lead + d] + p->extent[d], lead + d, l->name,
-                               l->shape[lead + d]);
+            return refit_error(
+                REFIT_ERR_OUT_OF_BOUNDS,
+                "placement %zu of %s: local box ends at %" PRIu64 " in dim %u of %s, beyond its size %" PRIu64, i,
+                c->name, p->local_offset[lead + d] + p->extent[d], lead + d, l->name, l->shape[lead + d]);
     }
     for (uint32_t d = 0; d < lead; d++)
         if (p->local_offset[d] >= l->shape[d])
             return refit_error(REFIT_ERR_OUT_OF_BOUNDS,
-                               "placement %zu of %s: local index %" PRIu64 " in dim %u of %s beyond its size %" PRIu64, i,
-                               c->name, p->local_offset[d], d, l->name, l->shape[d]);
+                               "placement %zu of %s: local index %" PRIu64 " in dim %u of %s beyond its size %" PRIu64,
+                               i, c->name, p->local_offset[d], d, l->name, l->shape[d]);
     return REFIT_OK;
 }
 
@@ -301,7 +302,8 @@ refit_status_t refit_manifest_validate(const refit_manifest_t *m)
         }
         if (!refit_add_u64(l->offset, l->nbytes, &end) || end > m->regions.data[l->region]) {
             st = refit_error(REFIT_ERR_OUT_OF_BOUNDS,
-                             "local tensor %s (bytes %" PRIu64 "..%" PRIu64 ") lies outside region %u of %" PRIu64 " bytes",
+                             "local tensor %s (bytes %" PRIu64 "..%" PRIu64 ") lies outside region %u of %" PRIu64
+                             " bytes",
                              l->d.name, l->offset, l->offset + l->nbytes, l->region, m->regions.data[l->region]);
             goto out;
         }

@@ -204,10 +204,8 @@ typedef struct {
 /* "canonical tensor 3 shape" or "model" */
 static const char *where(const reader_t *r, const char *field, char *out, size_t size)
 {
-    if (r->sec)
-        snprintf(out, size, "%s %zu %s", r->sec, r->idx, field);
-    else
-        snprintf(out, size, "%s", field);
+    if (r->sec) snprintf(out, size, "%s %zu %s", r->sec, r->idx, field);
+    else snprintf(out, size, "%s", field);
     return out;
 }
 
@@ -340,10 +338,8 @@ static refit_status_t r_tensor(reader_t *r, refit_tensor_info_t *t, char *namebu
 /* After a builder call failed: keep its code and detail, say where. */
 static refit_status_t at_entry(refit_status_t st, const reader_t *r, size_t start)
 {
-    if (r->sec)
-        refit_error_prefix("manifest encoding, %s %zu at byte %zu", r->sec, r->idx, start);
-    else
-        refit_error_prefix("manifest encoding, identity at byte %zu", start);
+    if (r->sec) refit_error_prefix("manifest encoding, %s %zu at byte %zu", r->sec, r->idx, start);
+    else refit_error_prefix("manifest encoding, identity at byte %zu", start);
     return st;
 }
 
@@ -363,17 +359,20 @@ static refit_status_t read_header(reader_t *r, size_t len)
     if (v != 0) return refit_error(REFIT_ERR_UNSUPPORTED, "unknown flags 0x%" PRIx64 " at byte 6", v);
     if ((st = r_fixed(r, 8, "total length", &v))) return st;
     if (v > len)
-        return refit_error(REFIT_ERR_CORRUPT, "truncated at byte %zu: the length field at byte 8 says %" PRIu64 " bytes",
-                           len, v);
+        return refit_error(REFIT_ERR_CORRUPT,
+                           "truncated at byte %zu: the length field at byte 8 says %" PRIu64 " bytes", len, v);
     if (v < len)
-        return refit_error(REFIT_ERR_CORRUPT, "%zu bytes of trailing garbage at byte %" PRIu64
-                           " (the length field at byte 8 says %" PRIu64 ")", len - (size_t)v, v, v);
+        return refit_error(REFIT_ERR_CORRUPT,
+                           "%zu bytes of trailing garbage at byte %" PRIu64 " (the length field at byte 8 says %" PRIu64
+                           ")",
+                           len - (size_t)v, v, v);
     if (len < REFIT_MANIFEST_HEADER_SIZE + REFIT_MANIFEST_TRAILER_SIZE)
         return refit_error(REFIT_ERR_CORRUPT, "truncated at byte %zu reading checksum", len);
     uint64_t want = refit_get_le(r->buf + len - REFIT_MANIFEST_TRAILER_SIZE, 8);
     uint64_t got = refit_manifest_checksum(r->buf, len);
     if (want != got)
-        return refit_error(REFIT_ERR_CORRUPT, "checksum mismatch at byte %zu: stored %016" PRIx64 ", computed %016" PRIx64,
+        return refit_error(REFIT_ERR_CORRUPT,
+                           "checksum mismatch at byte %zu: stored %016" PRIx64 ", computed %016" PRIx64,
                            len - REFIT_MANIFEST_TRAILER_SIZE, want, got);
     r->end = len - REFIT_MANIFEST_TRAILER_SIZE;
     return REFIT_OK;
@@ -540,7 +539,8 @@ refit_status_t refit_manifest_decode(const void *buf, size_t len, refit_manifest
         (st = read_placements(&r, m)) || (st = read_attrs(&r, m)))
         goto err_destroy;
     if (r.pos != r.end) {
-        st = refit_error(REFIT_ERR_CORRUPT, "%zu unparsed bytes at byte %zu, before the checksum", r.end - r.pos, r.pos);
+        st = refit_error(REFIT_ERR_CORRUPT, "%zu unparsed bytes at byte %zu, before the checksum", r.end - r.pos,
+                         r.pos);
         goto err_destroy;
     }
     if ((st = refit_manifest_finalize(m))) {

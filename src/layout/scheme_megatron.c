@@ -19,8 +19,8 @@
 
 #include "layout/layout.h"
 
-#define RULE(cond, ...)                                                  \
-    do {                                                                 \
+#define RULE(cond, ...)                                                   \
+    do {                                                                  \
         if (!(cond)) return refit_error(REFIT_ERR_GEOMETRY, __VA_ARGS__); \
     } while (0)
 
@@ -92,8 +92,8 @@ static void gate_up_shard(refit_lbuild_t *b, uint32_t local, uint64_t lead, cons
     refit_lb_rows(b, local, lead, w, up, k * w, w);
 }
 
-static void attention_gqa(refit_lbuild_t *b, const refit_model_spec_t *s, const char *lp, const char *cp,
-                          uint32_t tp, uint32_t t)
+static void attention_gqa(refit_lbuild_t *b, const refit_model_spec_t *s, const char *lp, const char *cp, uint32_t tp,
+                          uint32_t t)
 {
     const uint64_t H = s->hidden, hd = s->head_dim, G = s->kv_heads, qpg = s->heads / G;
     const uint64_t rows = (s->heads + 2 * G) * hd, per = rows / tp;
@@ -133,29 +133,31 @@ static void attention_gqa(refit_lbuild_t *b, const refit_model_spec_t *s, const 
     refit_lb_cols(b, o, 0, name, t * cols, cols);
 }
 
-static void attention_mla(refit_lbuild_t *b, const refit_model_spec_t *s, const char *lp, const char *cp,
-                          uint32_t tp, uint32_t t)
+static void attention_mla(refit_lbuild_t *b, const refit_model_spec_t *s, const char *lp, const char *cp, uint32_t tp,
+                          uint32_t t)
 {
     const uint64_t H = s->hidden, qk = s->qk_nope_dim + s->qk_rope_dim;
     char name[256];
-#define WHOLE_AS(local_suffix, canon_suffix)                                 \
-    do {                                                                     \
-        char ln_[256];                                                       \
-        snprintf(ln_, sizeof(ln_), "%s%s", lp, local_suffix);                \
-        snprintf(name, sizeof(name), "%s.%s", cp, canon_suffix);             \
-        refit_lb_whole(b, ln_, name);                                        \
+#define WHOLE_AS(local_suffix, canon_suffix)                     \
+    do {                                                         \
+        char ln_[256];                                           \
+        snprintf(ln_, sizeof(ln_), "%s%s", lp, local_suffix);    \
+        snprintf(name, sizeof(name), "%s.%s", cp, canon_suffix); \
+        refit_lb_whole(b, ln_, name);                            \
     } while (0)
     WHOLE_AS("input_layernorm.weight", "input_layernorm.weight");
     WHOLE_AS("self_attention.linear_q_down_proj.weight", "self_attn.q_a_proj.weight");
     WHOLE_AS("self_attention.linear_q_up_proj.layer_norm_weight", "self_attn.q_a_layernorm.weight");
     uint64_t qrows = s->heads * qk / tp;
-    uint32_t qu = refit_lb_local(b, 0, 2, (uint64_t[]){qrows, s->q_lora_rank}, "%sself_attention.linear_q_up_proj.weight", lp);
+    uint32_t qu = refit_lb_local(b, 0, 2, (uint64_t[]){qrows, s->q_lora_rank},
+                                 "%sself_attention.linear_q_up_proj.weight", lp);
     snprintf(name, sizeof(name), "%s.self_attn.q_b_proj.weight", cp);
     refit_lb_rows(b, qu, 0, 0, name, t * qrows, qrows);
     WHOLE_AS("self_attention.linear_kv_down_proj.weight", "self_attn.kv_a_proj_with_mqa.weight");
     WHOLE_AS("self_attention.linear_kv_up_proj.layer_norm_weight", "self_attn.kv_a_layernorm.weight");
     uint64_t kvrows = s->heads * (s->qk_nope_dim + s->v_head_dim) / tp;
-    uint32_t kvu = refit_lb_local(b, 0, 2, (uint64_t[]){kvrows, s->kv_lora_rank}, "%sself_attention.linear_kv_up_proj.weight", lp);
+    uint32_t kvu = refit_lb_local(b, 0, 2, (uint64_t[]){kvrows, s->kv_lora_rank},
+                                  "%sself_attention.linear_kv_up_proj.weight", lp);
     snprintf(name, sizeof(name), "%s.self_attn.kv_b_proj.weight", cp);
     refit_lb_rows(b, kvu, 0, 0, name, t * kvrows, kvrows);
     uint64_t cols = s->heads * s->v_head_dim / tp;
@@ -220,9 +222,11 @@ static void mlp_moe(refit_lbuild_t *b, const refit_model_spec_t *s, const refit_
         snprintf(gate, sizeof(gate), "%s.mlp.shared_experts.gate_proj.weight", cp);
         snprintf(up, sizeof(up), "%s.mlp.shared_experts.up_proj.weight", cp);
         snprintf(down, sizeof(down), "%s.mlp.shared_experts.down_proj.weight", cp);
-        uint32_t fc1 = refit_lb_local(b, 0, 2, (uint64_t[]){2 * Is / l->tp, H}, "%smlp.shared_experts.linear_fc1.weight", lp);
+        uint32_t fc1 = refit_lb_local(b, 0, 2, (uint64_t[]){2 * Is / l->tp, H},
+                                      "%smlp.shared_experts.linear_fc1.weight", lp);
         gate_up_shard(b, fc1, 0, gate, up, Is, t, l->tp);
-        uint32_t fc2 = refit_lb_local(b, 0, 2, (uint64_t[]){H, Is / l->tp}, "%smlp.shared_experts.linear_fc2.weight", lp);
+        uint32_t fc2 = refit_lb_local(b, 0, 2, (uint64_t[]){H, Is / l->tp}, "%smlp.shared_experts.linear_fc2.weight",
+                                      lp);
         refit_lb_cols(b, fc2, 0, down, t * (Is / l->tp), Is / l->tp);
     }
 }

@@ -22,8 +22,8 @@
 
 #include "layout/layout.h"
 
-#define RULE(cond, ...)                                                  \
-    do {                                                                 \
+#define RULE(cond, ...)                                                   \
+    do {                                                                  \
         if (!(cond)) return refit_error(REFIT_ERR_GEOMETRY, __VA_ARGS__); \
     } while (0)
 
@@ -42,8 +42,7 @@ refit_status_t refit_scheme_vllm_check(const refit_layout_t *l, const refit_mode
         RULE(s->intermediate % l->tp == 0, "%s: intermediate_size %u is not divisible by tp=%u", l->str,
              s->intermediate, l->tp);
     if (s->experts) {
-        if (l->ep > 1)
-            RULE(s->experts >= l->ep, "%s: %u experts cannot fill ep=%u ranks", l->str, s->experts, l->ep);
+        if (l->ep > 1) RULE(s->experts >= l->ep, "%s: %u experts cannot fill ep=%u ranks", l->str, s->experts, l->ep);
         else
             RULE(s->moe_intermediate % (l->tp * l->dp) == 0,
                  "%s: without expert parallel, moe_intermediate_size %u must be divisible by tp x dp = %u", l->str,

@@ -63,9 +63,10 @@ static const char *describe(const refit_json_t *v, char buf[64])
     else if (refit_json_double(v, &d)) {
         snprintf(buf, 60, "%.17g", d);
         if (!strpbrk(buf, ".e")) strcat(buf, ".0"); /* 2048.0 is not an integer: do not show "2048" */
-    }
-    else snprintf(buf, 64, "a%s %s", refit_json_type(v) == REFIT_JSON_ARRAY || refit_json_type(v) == REFIT_JSON_OBJECT ? "n" : "",
-                  refit_json_type_name(refit_json_type(v)));
+    } else
+        snprintf(buf, 64, "a%s %s",
+                 refit_json_type(v) == REFIT_JSON_ARRAY || refit_json_type(v) == REFIT_JSON_OBJECT ? "n" : "",
+                 refit_json_type_name(refit_json_type(v)));
     return buf;
 }
 
@@ -149,8 +150,9 @@ static refit_status_t pick_family(const refit_json_t *cfg, const family_t **out)
             }
     }
     if (!type)
-        return refit_error(REFIT_ERR_INVALID_ARG,
-                           "missing field \"model_type\" (and no supported \"architectures\" entry); supported: " SUPPORTED_TYPES);
+        return refit_error(
+            REFIT_ERR_INVALID_ARG,
+            "missing field \"model_type\" (and no supported \"architectures\" entry); supported: " SUPPORTED_TYPES);
     char buf[64];
     return refit_error(REFIT_ERR_UNSUPPORTED, "model_type \"%s\" is not supported (supported: " SUPPORTED_TYPES ")",
                        shown(type, type_len, buf));
@@ -265,7 +267,8 @@ static refit_status_t read_mla(const refit_json_t *cfg, refit_model_spec_t *s)
         return st;
     if (freq != 1)
         return refit_error(REFIT_ERR_UNSUPPORTED,
-                           "\"moe_layer_freq\": %u is not supported (only 1: every layer after the dense ones MoE)", freq);
+                           "\"moe_layer_freq\": %u is not supported (only 1: every layer after the dense ones MoE)",
+                           freq);
     const char *topk;
     size_t topk_len;
     if ((st = get_string(cfg, "topk_method", &topk, &topk_len))) return st;
@@ -308,7 +311,8 @@ static refit_status_t read_spec(const refit_json_t *cfg, const char *name_hint, 
     const family_t *fam = NULL;
     if (refit_json_type(cfg) != REFIT_JSON_OBJECT)
         return refit_error(REFIT_ERR_INVALID_ARG, "a config.json holds an object, not a%s %s",
-                           refit_json_type(cfg) == REFIT_JSON_ARRAY ? "n" : "", refit_json_type_name(refit_json_type(cfg)));
+                           refit_json_type(cfg) == REFIT_JSON_ARRAY ? "n" : "",
+                           refit_json_type_name(refit_json_type(cfg)));
     if ((st = pick_family(cfg, &fam))) return st;
     s->arch = fam->arch;
     s->qk_norm = fam->qk_norm;
@@ -413,9 +417,10 @@ refit_status_t refit_model_open(const char *name_or_path, refit_model_t **out)
         size_t pos = 0;
         for (size_t i = 0; (known = refit_model_builtin_name(i)) && pos < sizeof(list); i++)
             pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s", i ? ", " : "", known);
-        return refit_error(REFIT_ERR_NOT_FOUND,
-                           "'%s' is neither a built-in model nor a readable file or directory (%s); built-in models: %s",
-                           name_or_path, why, list);
+        return refit_error(
+            REFIT_ERR_NOT_FOUND,
+            "'%s' is neither a built-in model nor a readable file or directory (%s); built-in models: %s", name_or_path,
+            why, list);
     }
     return refit_model_from_config(name_or_path, out);
 }

@@ -28,7 +28,8 @@ static void add(builder_t *b, refit_dtype_t dtype, uint32_t ndim, uint64_t d0, u
     if (b->st) return;
     uint64_t bytes;
     bool overflow = !refit_mul_u64(d0, ndim > 1 ? d1 : 1, &bytes) ||
-                    !refit_mul_u64(bytes, refit_dtype_size(dtype), &bytes) || !refit_add_u64(b->bytes, bytes, &b->bytes);
+                    !refit_mul_u64(bytes, refit_dtype_size(dtype), &bytes) ||
+                    !refit_add_u64(b->bytes, bytes, &b->bytes);
     b->tensors++;
     if (!b->m && !overflow) return; /* counting: names only for messages */
     char name[256];
@@ -52,7 +53,8 @@ static uint64_t mul_dim(builder_t *b, uint64_t x, uint64_t y)
 {
     uint64_t r;
     if (refit_mul_u64(x, y, &r)) return r;
-    if (!b->st) b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: a tensor dimension overflows 64 bits", b->s->name);
+    if (!b->st)
+        b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: a tensor dimension overflows 64 bits", b->s->name);
     return 0;
 }
 
@@ -159,12 +161,13 @@ static refit_status_t check_spec(const refit_model_spec_t *s)
     } else {
         REQUIRE(s->kv_heads > 0 && s->head_dim > 0, "model %s: num_key_value_heads and head_dim must be positive",
                 s->name);
-        REQUIRE(s->heads % s->kv_heads == 0, "model %s: num_attention_heads %u is not a multiple of num_key_value_heads %u",
-                s->name, s->heads, s->kv_heads);
+        REQUIRE(s->heads % s->kv_heads == 0,
+                "model %s: num_attention_heads %u is not a multiple of num_key_value_heads %u", s->name, s->heads,
+                s->kv_heads);
     }
     if (s->arch == REFIT_ARCH_MOE || s->arch == REFIT_ARCH_MLA) {
-        REQUIRE(s->experts > 0 && s->moe_intermediate > 0, "model %s: a MoE model needs num_experts and moe_intermediate_size",
-                s->name);
+        REQUIRE(s->experts > 0 && s->moe_intermediate > 0,
+                "model %s: a MoE model needs num_experts and moe_intermediate_size", s->name);
     } else {
         REQUIRE(s->experts == 0, "model %s: a dense model cannot have experts", s->name);
     }
@@ -188,7 +191,8 @@ refit_status_t refit_model_from_spec(const refit_model_spec_t *spec, refit_model
     if ((st = count.st)) return st;
     if (count.tensors > REFIT_MODEL_MAX_TENSORS)
         return refit_error(REFIT_ERR_INVALID_ARG,
-                           "model %s: %" PRIu64 " tensors (num_hidden_layers %u, %u experts) are above refit's limit of %u",
+                           "model %s: %" PRIu64
+                           " tensors (num_hidden_layers %u, %u experts) are above refit's limit of %u",
                            spec->name, count.tensors, spec->layers, spec->experts, REFIT_MODEL_MAX_TENSORS);
     if (count.bytes > REFIT_MODEL_MAX_BYTES)
         return refit_error(REFIT_ERR_INVALID_ARG,

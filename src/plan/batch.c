@@ -39,10 +39,11 @@ refit_status_t refit_batch_build(const refit_plan_t *plan, const refit_batch_opt
     }
     uint32_t ndst = 0;
     for (size_t i = 0; i < total; i++) {
-        const refit_plan_region_t *r =
-            i < plan->regions.len ? &plan->regions.data[i] : &plan->fills.data[i - plan->regions.len];
+        const refit_plan_region_t *r = i < plan->regions.len ? &plan->regions.data[i]
+                                                             : &plan->fills.data[i - plan->regions.len];
         if (!selected(r, o)) continue;
-        if (r->src != REFIT_PLAN_FILL && r->src < nsrc && r->src_region + 1 > nreg[r->src]) nreg[r->src] = r->src_region + 1;
+        if (r->src != REFIT_PLAN_FILL && r->src < nsrc && r->src_region + 1 > nreg[r->src])
+            nreg[r->src] = r->src_region + 1;
         if (r->dst_region + 1 > ndst) ndst = r->dst_region + 1;
     }
     for (size_t s = 0; s < nsrc; s++) b->src_slot_base[s + 1] = b->src_slot_base[s] + nreg[s];
@@ -51,8 +52,8 @@ refit_status_t refit_batch_build(const refit_plan_t *plan, const refit_batch_opt
     b->nslots = b->dst_slot_base + ndst;
     uint64_t next = 0;
     for (size_t i = 0; i < total; i++) {
-        const refit_plan_region_t *r =
-            i < plan->regions.len ? &plan->regions.data[i] : &plan->fills.data[i - plan->regions.len];
+        const refit_plan_region_t *r = i < plan->regions.len ? &plan->regions.data[i]
+                                                             : &plan->fills.data[i - plan->regions.len];
         if (!selected(r, o) || r->run == 0) continue;
         refit_batch_region_t *x = &b->regions[b->n];
         memset(x, 0, sizeof(*x));

@@ -35,11 +35,11 @@ typedef struct {
     uint64_t run_units;              /* accesses per contiguous run */
     uint64_t count[3];               /* loop counts, 1 for unused loops (loop 0 innermost) */
     uint64_t src_stride[3], dst_stride[3];
-    uint64_t units;                  /* run_units * count[0] * count[1] * count[2] */
-    uint64_t first_chunk;            /* prefix sum of chunks */
-    uint64_t chunk_units;            /* accesses per chunk */
-    uint32_t src_slot, dst_slot;     /* src_slot == REFIT_BATCH_ZERO: write zeros */
-    uint32_t shift;                  /* log2 of the access width (0..4) */
+    uint64_t units;              /* run_units * count[0] * count[1] * count[2] */
+    uint64_t first_chunk;        /* prefix sum of chunks */
+    uint64_t chunk_units;        /* accesses per chunk */
+    uint32_t src_slot, dst_slot; /* src_slot == REFIT_BATCH_ZERO: write zeros */
+    uint32_t shift;              /* log2 of the access width (0..4) */
     uint32_t pad_;
 } refit_batch_region_t;
 
@@ -47,18 +47,18 @@ typedef struct {
     refit_batch_region_t *regions;
     uint32_t n;
     uint64_t nchunks;
-    uint64_t bytes;           /* bytes written */
-    uint32_t nsrcs;           /* sources of the plan */
-    uint32_t *src_slot_base;  /* nsrcs + 1: slots of source s are src_slot_base[s] + its region */
-    uint32_t dst_slot_base;   /* slot of destination region r: dst_slot_base + r */
+    uint64_t bytes;          /* bytes written */
+    uint32_t nsrcs;          /* sources of the plan */
+    uint32_t *src_slot_base; /* nsrcs + 1: slots of source s are src_slot_base[s] + its region */
+    uint32_t dst_slot_base;  /* slot of destination region r: dst_slot_base + r */
     uint32_t nslots;
 } refit_batch_t;
 
 typedef struct {
-    uint64_t chunk_bytes;  /* 0: 256 KiB */
-    uint32_t max_shift;    /* widest access, log2 (0..4); the bases must be aligned to it */
-    bool copies, fills;    /* which plan regions to include */
-    const uint8_t *only;   /* copies only from sources s with only[s] != 0 (NULL: all) */
+    uint64_t chunk_bytes; /* 0: 256 KiB */
+    uint32_t max_shift;   /* widest access, log2 (0..4); the bases must be aligned to it */
+    bool copies, fills;   /* which plan regions to include */
+    const uint8_t *only;  /* copies only from sources s with only[s] != 0 (NULL: all) */
 } refit_batch_opts_t;
 
 refit_status_t refit_batch_build(const refit_plan_t *plan, const refit_batch_opts_t *o, refit_batch_t *out);
@@ -118,48 +118,48 @@ REFIT_HD static inline uint32_t refit_batch_find(const refit_batch_region_t *r, 
 
 /* One thread's share of accesses u0, u0 + step, ... < u1 of region r: four
  * loads in flight, then four stores.  src NULL writes zeros. */
-#define REFIT_BATCH_THREAD_FN(NAME, T)                                                                            \
-    REFIT_HD static inline void NAME(const refit_batch_region_t *r, uint64_t u0, uint64_t u1, uint64_t step,      \
-                                     const unsigned char *src, unsigned char *dst)                                \
-    {                                                                                                             \
-        if (u0 >= u1) return;                                                                                     \
-        refit_batch_cursor_t c;                                                                                   \
-        refit_batch_seek(r, u0, &c);                                                                              \
-        const T z = REFIT_ZERO_INIT;                                                                                   \
-        for (uint64_t u = u0;;) {                                                                                 \
-            uint64_t s0, d0, s1 = 0, d1 = 0, s2 = 0, d2 = 0, s3 = 0, d3 = 0;                                      \
-            int n = 1;                                                                                            \
-            refit_batch_offsets(r, &c, &s0, &d0);                                                                 \
-            if (u + step < u1) {                                                                                  \
-                refit_batch_advance(r, step, &c);                                                                 \
-                refit_batch_offsets(r, &c, &s1, &d1);                                                             \
-                n = 2;                                                                                            \
-                if (u + 2 * step < u1) {                                                                          \
-                    refit_batch_advance(r, step, &c);                                                             \
-                    refit_batch_offsets(r, &c, &s2, &d2);                                                         \
-                    n = 3;                                                                                        \
-                    if (u + 3 * step < u1) {                                                                      \
-                        refit_batch_advance(r, step, &c);                                                         \
-                        refit_batch_offsets(r, &c, &s3, &d3);                                                     \
-                        n = 4;                                                                                    \
-                    }                                                                                             \
-                }                                                                                                 \
-            }                                                                                                     \
-            T v0 = z, v1 = z, v2 = z, v3 = z;                                                                     \
-            if (src) {                                                                                            \
-                v0 = *(const T *)(src + s0);                                                                      \
-                if (n > 1) v1 = *(const T *)(src + s1);                                                           \
-                if (n > 2) v2 = *(const T *)(src + s2);                                                           \
-                if (n > 3) v3 = *(const T *)(src + s3);                                                           \
-            }                                                                                                     \
-            *(T *)(dst + d0) = v0;                                                                                \
-            if (n > 1) *(T *)(dst + d1) = v1;                                                                     \
-            if (n > 2) *(T *)(dst + d2) = v2;                                                                     \
-            if (n > 3) *(T *)(dst + d3) = v3;                                                                     \
-            if (n < 4 || u + 4 * step >= u1) break;                                                               \
-            refit_batch_advance(r, step, &c);                                                                     \
-            u += 4 * step;                                                                                        \
-        }                                                                                                         \
+#define REFIT_BATCH_THREAD_FN(NAME, T)                                                                       \
+    REFIT_HD static inline void NAME(const refit_batch_region_t *r, uint64_t u0, uint64_t u1, uint64_t step, \
+                                     const unsigned char *src, unsigned char *dst)                           \
+    {                                                                                                        \
+        if (u0 >= u1) return;                                                                                \
+        refit_batch_cursor_t c;                                                                              \
+        refit_batch_seek(r, u0, &c);                                                                         \
+        const T z = REFIT_ZERO_INIT;                                                                         \
+        for (uint64_t u = u0;;) {                                                                            \
+            uint64_t s0, d0, s1 = 0, d1 = 0, s2 = 0, d2 = 0, s3 = 0, d3 = 0;                                 \
+            int n = 1;                                                                                       \
+            refit_batch_offsets(r, &c, &s0, &d0);                                                            \
+            if (u + step < u1) {                                                                             \
+                refit_batch_advance(r, step, &c);                                                            \
+                refit_batch_offsets(r, &c, &s1, &d1);                                                        \
+                n = 2;                                                                                       \
+                if (u + 2 * step < u1) {                                                                     \
+                    refit_batch_advance(r, step, &c);                                                        \
+                    refit_batch_offsets(r, &c, &s2, &d2);                                                    \
+                    n = 3;                                                                                   \
+                    if (u + 3 * step < u1) {                                                                 \
+                        refit_batch_advance(r, step, &c);                                                    \
+                        refit_batch_offsets(r, &c, &s3, &d3);                                                \
+                        n = 4;                                                                               \
+                    }                                                                                        \
+                }                                                                                            \
+            }                                                                                                \
+            T v0 = z, v1 = z, v2 = z, v3 = z;                                                                \
+            if (src) {                                                                                       \
+                v0 = *(const T *)(src + s0);                                                                 \
+                if (n > 1) v1 = *(const T *)(src + s1);                                                      \
+                if (n > 2) v2 = *(const T *)(src + s2);                                                      \
+                if (n > 3) v3 = *(const T *)(src + s3);                                                      \
+            }                                                                                                \
+            *(T *)(dst + d0) = v0;                                                                           \
+            if (n > 1) *(T *)(dst + d1) = v1;                                                                \
+            if (n > 2) *(T *)(dst + d2) = v2;                                                                \
+            if (n > 3) *(T *)(dst + d3) = v3;                                                                \
+            if (n < 4 || u + 4 * step >= u1) break;                                                          \
+            refit_batch_advance(r, step, &c);                                                                \
+            u += 4 * step;                                                                                   \
+        }                                                                                                    \
     }
 
 REFIT_BATCH_THREAD_FN(refit_batch_thread_16, refit_u128_t)
@@ -175,8 +175,8 @@ REFIT_HD static inline void refit_batch_chunk(const refit_batch_region_t *region
     const refit_batch_region_t *r = &regions[refit_batch_find(regions, n, c)];
     uint64_t u0 = (c - r->first_chunk) * r->chunk_units, u1 = u0 + r->chunk_units;
     if (u1 > r->units) u1 = r->units;
-    const unsigned char *src =
-        r->src_slot == REFIT_BATCH_ZERO ? (const unsigned char *)0 : (const unsigned char *)(uintptr_t)slots[r->src_slot];
+    const unsigned char *src = r->src_slot == REFIT_BATCH_ZERO ? (const unsigned char *)0
+                                                               : (const unsigned char *)(uintptr_t)slots[r->src_slot];
     unsigned char *dst = (unsigned char *)(uintptr_t)slots[r->dst_slot];
     switch (r->shift) {
     case 4: refit_batch_thread_16(r, u0 + tid, u1, nthreads, src, dst); break;

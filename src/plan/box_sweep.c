@@ -23,10 +23,7 @@ static int cmp_item(const void *pa, const void *pb)
     return a->idx < b->idx ? -1 : (a->idx > b->idx);
 }
 
-static bool overlap_all_dims(const refit_box_t *a, const refit_box_t *b)
-{
-    return refit_box_intersect(a, b, NULL);
-}
+static bool overlap_all_dims(const refit_box_t *a, const refit_box_t *b) { return refit_box_intersect(a, b, NULL); }
 
 static int cmp_u64(const void *pa, const void *pb)
 {

@@ -124,8 +124,8 @@ static refit_status_t make_tasks(const refit_plan_region_t *v, size_t n, uint64_
     return REFIT_OK;
 }
 
-refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *const *src_bases,
-                                  void *const *dst_bases, const refit_exec_opts_t *o)
+refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *const *src_bases, void *const *dst_bases,
+                                  const refit_exec_opts_t *o)
 {
     refit_status_t st;
     unsigned threads = o->threads;
@@ -139,7 +139,8 @@ refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *c
     if (chunk > (8u << 20)) chunk = 8u << 20;
     exec_ctx_t c = {.src_bases = src_bases, .dst_bases = dst_bases, .o = o};
     size_t cap = 0;
-    if ((!o->skip_fills && (st = make_tasks(plan->fills.data, plan->fills.len, chunk, NULL, &c.tasks, &c.ntasks, &cap))) ||
+    if ((!o->skip_fills &&
+         (st = make_tasks(plan->fills.data, plan->fills.len, chunk, NULL, &c.tasks, &c.ntasks, &cap))) ||
         (st = make_tasks(plan->regions.data, plan->regions.len, chunk, o->only, &c.tasks, &c.ntasks, &cap))) {
         free(c.tasks);
         return st;

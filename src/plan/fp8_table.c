@@ -12,9 +12,9 @@
 
 /* A bf16 local tensor of the receiver, by its place in the bf16 image. */
 typedef struct {
-    uint64_t lo, hi;   /* [lo, hi) in the bf16 image */
-    int64_t delta;     /* kept: arena offset - image offset */
-    uint32_t mat;      /* quantized: its first matrix */
+    uint64_t lo, hi; /* [lo, hi) in the bf16 image */
+    int64_t delta;   /* kept: arena offset - image offset */
+    uint32_t mat;    /* quantized: its first matrix */
     uint32_t rows, cols;
     bool quantized;
 } span_tensor_t;
@@ -84,7 +84,8 @@ static refit_status_t add_run(build_t *b, const refit_plan_region_t *r, uint32_t
     while (len && !st) {
         const span_tensor_t *t = tensor_at(b, d);
         if (!t)
-            return refit_error(REFIT_ERR_GEOMETRY, "fp8 table: the plan writes byte %llu of the bf16 image, outside every tensor",
+            return refit_error(REFIT_ERR_GEOMETRY,
+                               "fp8 table: the plan writes byte %llu of the bf16 image, outside every tensor",
                                (unsigned long long)d);
         uint64_t n = t->hi - d < len ? t->hi - d : len;
         if (!t->quantized) {
@@ -159,8 +160,14 @@ static refit_status_t add_folded(build_t *b, const refit_plan_region_t *r, const
             locate(t, d, &mat, &row, &colb);
             uint64_t nr = b->x->mats[mat].rows - row;
             if (nr > rows) nr = rows;
-            span_t sp = {.src_offset = s, .src_stride = r->src_stride[0], .mat = mat, .r0 = row, .nr = (uint32_t)nr,
-                         .c0 = colb / 2, .nc = (uint32_t)(r->run / 2), .slot = slot};
+            span_t sp = {.src_offset = s,
+                         .src_stride = r->src_stride[0],
+                         .mat = mat,
+                         .r0 = row,
+                         .nr = (uint32_t)nr,
+                         .c0 = colb / 2,
+                         .nc = (uint32_t)(r->run / 2),
+                         .slot = slot};
             st = push_span(b, &sp);
             d += nr * r->dst_stride[0];
             s += nr * r->src_stride[0];
@@ -172,7 +179,8 @@ static refit_status_t add_folded(build_t *b, const refit_plan_region_t *r, const
 
 static refit_status_t add_region(build_t *b, const refit_plan_region_t *r, uint32_t slot)
 {
-    if (r->dst_region != 0) return refit_error(REFIT_ERR_GEOMETRY, "fp8 table: the bf16 layout has more than one region");
+    if (r->dst_region != 0)
+        return refit_error(REFIT_ERR_GEOMETRY, "fp8 table: the bf16 layout has more than one region");
     if (r->run == 0) return REFIT_OK;
     const span_tensor_t *t = tensor_at(b, r->dst_offset);
     uint64_t end = refit_region_dst_end(r);
@@ -183,7 +191,8 @@ static refit_status_t add_region(build_t *b, const refit_plan_region_t *r, uint3
     }
     uint64_t runs = refit_region_rows(r);
     if (runs > MAX_RUNS)
-        return refit_error(REFIT_ERR_GEOMETRY, "fp8 table: a region of %llu runs of %llu bytes that the table cannot fold",
+        return refit_error(REFIT_ERR_GEOMETRY,
+                           "fp8 table: a region of %llu runs of %llu bytes that the table cannot fold",
                            (unsigned long long)runs, (unsigned long long)r->run);
     refit_status_t st = REFIT_OK;
     for (uint64_t i = 0; i < runs && !st; i++) {
@@ -270,8 +279,10 @@ static refit_status_t place_pieces(build_t *b)
                         x->block_piece[blk + 1]++;
                         continue;
                     }
-                    uint32_t ra = s->r0 > i * B ? s->r0 : i * B, rz = s->r0 + s->nr < (i + 1) * B ? s->r0 + s->nr : (i + 1) * B;
-                    uint32_t ca = s->c0 > j * B ? s->c0 : j * B, cz = s->c0 + s->nc < (j + 1) * B ? s->c0 + s->nc : (j + 1) * B;
+                    uint32_t ra = s->r0 > i * B ? s->r0 : i * B,
+                             rz = s->r0 + s->nr < (i + 1) * B ? s->r0 + s->nr : (i + 1) * B;
+                    uint32_t ca = s->c0 > j * B ? s->c0 : j * B,
+                             cz = s->c0 + s->nc < (j + 1) * B ? s->c0 + s->nc : (j + 1) * B;
                     refit_fp8_piece_t *p = &x->pieces[next[blk]++];
                     p->src_offset = s->src_offset + (uint64_t)(ra - s->r0) * s->src_stride + (uint64_t)(ca - s->c0) * 2;
                     p->src_stride = s->src_stride;
@@ -400,7 +411,8 @@ void refit_fp8_table_execute_host(const refit_fp8_table_t *x, void *const *slots
             const refit_fp8_piece_t *pc = &x->pieces[p];
             const unsigned char *src = (const unsigned char *)slots[pc->src_slot] + pc->src_offset;
             for (uint32_t r = pc->r0; r < pc->r1; r++)
-                memcpy(&tile[r * B + pc->c0], src + (uint64_t)(r - pc->r0) * pc->src_stride, (size_t)(pc->c1 - pc->c0) * 2);
+                memcpy(&tile[r * B + pc->c0], src + (uint64_t)(r - pc->r0) * pc->src_stride,
+                       (size_t)(pc->c1 - pc->c0) * 2);
         }
         int32_t m = 0;
         for (uint32_t r = 0; r < rows; r++)
@@ -412,7 +424,8 @@ void refit_fp8_table_execute_host(const refit_fp8_table_t *x, void *const *slots
         unsigned char *arena = slots[x->dst_slot];
         uint8_t *q = arena + mt->dst_offset + bi * B * mt->cols + bj * B;
         for (uint32_t r = 0; r < rows; r++)
-            for (uint32_t c = 0; c < cols; c++) q[(uint64_t)r * mt->cols + c] = refit_fp8_hd_quantize(tile[r * B + c], scale);
+            for (uint32_t c = 0; c < cols; c++)
+                q[(uint64_t)r * mt->cols + c] = refit_fp8_hd_quantize(tile[r * B + c], scale);
         memcpy(arena + mt->scale_offset + (bi * mt->bcols + bj) * 4, &scale, 4);
     }
     free(tile);

@@ -33,8 +33,8 @@ typedef struct {
 } refit_fp8_matrix_t;
 
 typedef struct {
-    uint64_t src_offset;   /* bytes from the slot's base to element (r0, c0) */
-    uint64_t src_stride;   /* bytes between consecutive rows */
+    uint64_t src_offset; /* bytes from the slot's base to element (r0, c0) */
+    uint64_t src_stride; /* bytes between consecutive rows */
     uint32_t src_slot;
     uint8_t r0, r1, c0, c1; /* the box inside the block: rows [r0, r1), columns [c0, c1) (r1, c1 <= 128) */
 } refit_fp8_piece_t;
@@ -43,14 +43,14 @@ typedef struct {
     refit_fp8_matrix_t *mats;
     uint32_t nmats;
     uint64_t nblocks;
-    uint32_t *block_piece;     /* nblocks + 1: pieces of block b are [block_piece[b], block_piece[b+1]) */
+    uint32_t *block_piece; /* nblocks + 1: pieces of block b are [block_piece[b], block_piece[b+1]) */
     refit_fp8_piece_t *pieces;
     uint64_t npieces;
-    uint64_t full_blocks;      /* whole 128x128 blocks of one 16-byte aligned piece (the kernel's fast path) */
-    uint32_t *fast, *slow;     /* the blocks that are (full_blocks of them) and are not (nblocks - full_blocks) */
-    uint64_t quantized_bf16;   /* bf16 bytes the pieces read */
-    uint64_t quantized_out;    /* e4m3 and scale bytes written */
-    refit_batch_t copy;        /* kept tensors and their padding, in the arena; slots as below */
+    uint64_t full_blocks;    /* whole 128x128 blocks of one 16-byte aligned piece (the kernel's fast path) */
+    uint32_t *fast, *slow;   /* the blocks that are (full_blocks of them) and are not (nblocks - full_blocks) */
+    uint64_t quantized_bf16; /* bf16 bytes the pieces read */
+    uint64_t quantized_out;  /* e4m3 and scale bytes written */
+    refit_batch_t copy;      /* kept tensors and their padding, in the arena; slots as below */
     uint32_t nsrcs;
     uint32_t *src_slot_base;   /* nsrcs + 1 */
     uint32_t dst_slot, nslots; /* the arena's slot; slots in all */

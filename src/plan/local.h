@@ -9,10 +9,10 @@
 #include "refit/refit.h"
 
 typedef struct {
-    uint32_t n;                  /* ranks */
+    uint32_t n; /* ranks */
     refit_manifest_t **manifests;
-    void **arenas;               /* one region per rank (layout manifests) */
-    const void *const **bases;   /* bases[i] = &arenas[i], as refit_plan_execute_memcpy wants */
+    void **arenas;             /* one region per rank (layout manifests) */
+    const void *const **bases; /* bases[i] = &arenas[i], as refit_plan_execute_memcpy wants */
 } refit_local_set_t;
 
 /* Manifests of every rank of `layout`; with fill, arenas filled with the truth of version. */

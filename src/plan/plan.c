@@ -33,8 +33,8 @@ typedef struct {
 typedef REFIT_VEC(refit_box_t) boxvec_t;
 
 typedef struct {
-    refit_box_t box;    /* canonical coordinates */
-    uint32_t dst_pl;    /* destination placement */
+    refit_box_t box; /* canonical coordinates */
+    uint32_t dst_pl; /* destination placement */
     uint32_t src, src_pl;
 } piece_t;
 
@@ -137,7 +137,8 @@ static refit_status_t build_index(planner_t *P)
                 char a[96], b[96];
                 shape_str(&m->canon.data[c], a, sizeof(a));
                 shape_str(&dst->canon.data[d], b, sizeof(b));
-                st = refit_error(REFIT_ERR_MISMATCH, "tensor %s is %s in source %zu (%s rank %u) but %s in the destination",
+                st = refit_error(REFIT_ERR_MISMATCH,
+                                 "tensor %s is %s in source %zu (%s rank %u) but %s in the destination",
                                  m->canon.data[c].name, a, s, m->layout, m->rank, b);
                 goto out;
             }
@@ -180,7 +181,8 @@ static refit_status_t push_piece(planner_t *P, const refit_box_t *box, uint32_t 
 {
     piece_t p = {*box, dst_pl, c->src, c->placement};
     if (REFIT_VEC_PUSH(&P->pieces, p)) return refit_error(REFIT_ERR_NO_MEMORY, "planner pieces");
-    P->load[c->src] += refit_box_volume(box) * refit_dtype_size(P->dst->canon.data[P->dst->placements.data[dst_pl].canon].dtype);
+    P->load[c->src] += refit_box_volume(box) *
+                       refit_dtype_size(P->dst->canon.data[P->dst->placements.data[dst_pl].canon].dtype);
     return REFIT_OK;
 }
 

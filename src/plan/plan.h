@@ -54,12 +54,12 @@ typedef struct {
      * non-zero status aborts. */
     refit_status_t (*tick)(void *user);
     void *tick_user;
-    double deadline;  /* refit_now() limit; 0: none (REFIT_ERR_TIMEOUT) */
+    double deadline;     /* refit_now() limit; 0: none (REFIT_ERR_TIMEOUT) */
     const uint8_t *only; /* if set, execute only regions whose source s has only[s] != 0 (fills always run) */
     bool skip_fills;
 } refit_exec_opts_t;
 
-refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *const *src_bases,
-                                  void *const *dst_bases, const refit_exec_opts_t *opts);
+refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *const *src_bases, void *const *dst_bases,
+                                  const refit_exec_opts_t *opts);
 
 #endif

@@ -218,8 +218,7 @@ static refit_status_t lock_or_fail(refit_kv_t *kv, int op, const char *what)
 
 /* Reads file `name`: *present false if absent or expired; else (val != NULL)
  * the value, malloc'ed.  *expired tells absent from expired. */
-static refit_status_t read_file(refit_kv_t *kv, const char *name, bool *present, bool *expired, void **val,
-                                size_t *len)
+static refit_status_t read_file(refit_kv_t *kv, const char *name, bool *present, bool *expired, void **val, size_t *len)
 {
     *present = false;
     *expired = false;

@@ -4,8 +4,7 @@
 
 #include "refit/engine.h"
 
-refit_status_t refit_registry_connect(const char *url, const char *job, const char *secret_file,
-                                      refit_registry_t **out)
+refit_status_t refit_registry_connect(const char *url, const char *job, const char *secret_file, refit_registry_t **out)
 {
     if (!url) url = refit_default_registry();
     if (!secret_file) return refit_registry_open(url, job, out);

@@ -56,8 +56,8 @@ static bool name_ok(const char *s, size_t max, const char *extra)
     size_t n = 0;
     for (; s[n]; n++) {
         char c = s[n];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                  c == '_' || c == '-' || (extra && strchr(extra, c));
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+                  c == '-' || (extra && strchr(extra, c));
         if (!ok || n >= max) return false;
     }
     return n > 0 && s[0] != '.'; /* never ".", ".." or a hidden name */
@@ -66,7 +66,8 @@ static bool name_ok(const char *s, size_t max, const char *extra)
 refit_status_t registry_check_group(const char *group)
 {
     if (!group || !name_ok(group, 64, NULL))
-        return refit_error(REFIT_ERR_INVALID_ARG, "registry: group name \"%.80s\" must be 1..64 of [A-Za-z0-9._-], not starting with '.'",
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "registry: group name \"%.80s\" must be 1..64 of [A-Za-z0-9._-], not starting with '.'",
                            group ? group : "(null)");
     return REFIT_OK;
 }
@@ -74,8 +75,7 @@ refit_status_t registry_check_group(const char *group)
 refit_status_t registry_check_reader(const char *reader)
 {
     if (!reader || !name_ok(reader, 128, ":@"))
-        return refit_error(REFIT_ERR_INVALID_ARG,
-                           "registry: reader name \"%.140s\" must be 1..128 of [A-Za-z0-9._:@-]",
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry: reader name \"%.140s\" must be 1..128 of [A-Za-z0-9._:@-]",
                            reader ? reader : "(null)");
     return REFIT_OK;
 }
@@ -108,8 +108,7 @@ static refit_status_t read_secret_file(const char *path, uint8_t *buf, size_t *l
         st = refit_error(REFIT_ERR_AUTH, "secret file %s holds %lld bytes; want %u..%u", path, (long long)sb.st_size,
                          MIN_SECRET, MAX_SECRET);
     ssize_t n = st ? -1 : read(fd, buf, MAX_SECRET);
-    if (!st && n != (ssize_t)sb.st_size)
-        st = refit_error(REFIT_ERR_AUTH, "secret file %s: short read", path);
+    if (!st && n != (ssize_t)sb.st_size) st = refit_error(REFIT_ERR_AUTH, "secret file %s: short read", path);
     close(fd);
     if (!st) *len = (size_t)n;
     return st;
@@ -121,7 +120,8 @@ static refit_status_t derive_keys(refit_registry_t *r, const char *job, const re
     uint8_t secret[MAX_SECRET];
     size_t len = 0;
     refit_status_t st = REFIT_OK;
-    const char *file = auth && auth->secret_file && auth->secret_file[0] ? auth->secret_file : getenv("REFIT_SECRET_FILE");
+    const char *file = auth && auth->secret_file && auth->secret_file[0] ? auth->secret_file
+                                                                         : getenv("REFIT_SECRET_FILE");
     const char *env = getenv("REFIT_SECRET"), *insecure_env = getenv("REFIT_INSECURE");
     bool insecure = (auth && auth->insecure) || (insecure_env && strcmp(insecure_env, "1") == 0);
     if (file && file[0]) {
@@ -136,8 +136,11 @@ static refit_status_t derive_keys(refit_registry_t *r, const char *job, const re
         snprintf(r->secret_source, sizeof(r->secret_source), "$REFIT_SECRET");
     } else if (insecure) {
         static bool warned;
-        if (!warned) refit_log(REFIT_LOG_WARN, "job %s runs without a secret (insecure): registry entries and "
-                               "connections are not authenticated", job);
+        if (!warned)
+            refit_log(REFIT_LOG_WARN,
+                      "job %s runs without a secret (insecure): registry entries and "
+                      "connections are not authenticated",
+                      job);
         warned = true;
         len = 0;
         snprintf(r->secret_source, sizeof(r->secret_source), "insecure");
@@ -182,8 +185,10 @@ refit_status_t refit_registry_open_auth(const char *url, const char *job, const 
 {
     if (!url || !out) return refit_error(REFIT_ERR_INVALID_ARG, "registry open: NULL url or out");
     if (!job || !name_ok(job, 64, NULL))
-        return refit_error(REFIT_ERR_INVALID_ARG, "registry open %s: job name \"%.80s\" must be 1..64 of [A-Za-z0-9._-], not starting with '.'",
-                           url, job ? job : "(null)");
+        return refit_error(
+            REFIT_ERR_INVALID_ARG,
+            "registry open %s: job name \"%.80s\" must be 1..64 of [A-Za-z0-9._-], not starting with '.'", url,
+            job ? job : "(null)");
     const char *colon = strchr(url, ':');
     if (!colon || colon == url)
         return refit_error(REFIT_ERR_INVALID_ARG, "registry url \"%s\": want file:DIR or redis://HOST:PORT", url);

@@ -99,7 +99,7 @@ typedef struct {
     uint64_t incarnation; /* of the publisher that published it */
     uint32_t buffer;      /* snapshot buffer index (0 in in-place mode) */
     uint32_t flags;
-    uint64_t delta_base;  /* the publisher also offers a delta from this version (0: none) */
+    uint64_t delta_base; /* the publisher also offers a delta from this version (0: none) */
 } refit_version_record_t;
 
 /* Rank publishes a version record (replacing its previous one) and notifies waiters. */
@@ -143,12 +143,12 @@ refit_status_t refit_registry_lease_release(refit_registry_t *r, const char *gro
  * store lost its data - or holds another token); holds() checks the same
  * without writing.  A reader commits only if holds() passes after its
  * transfer: a publisher that saw no lease may have rewritten its memory. */
-refit_status_t refit_registry_lease_take(refit_registry_t *r, const char *group, uint64_t version,
-                                         const char *reader, uint32_t ttl_ms, uint64_t *token);
-refit_status_t refit_registry_lease_renew(refit_registry_t *r, const char *group, uint64_t version,
-                                          const char *reader, uint32_t ttl_ms, uint64_t token);
-refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group, uint64_t version,
-                                          const char *reader, uint64_t token);
+refit_status_t refit_registry_lease_take(refit_registry_t *r, const char *group, uint64_t version, const char *reader,
+                                         uint32_t ttl_ms, uint64_t *token);
+refit_status_t refit_registry_lease_renew(refit_registry_t *r, const char *group, uint64_t version, const char *reader,
+                                          uint32_t ttl_ms, uint64_t token);
+refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group, uint64_t version, const char *reader,
+                                          uint64_t token);
 /* Deletes every lease on `version` (a publisher that must reuse its memory
  * after its readers' time ran out: a reader whose lease is gone fails its
  * lease_holds check after its transfer, so it never commits bytes read

@@ -125,7 +125,8 @@ static refit_status_t acquire(refit_registry_t *r, const char *group, uint64_t v
     refit_status_t st = registry_check_group(group);
     if (!st) st = registry_check_reader(reader);
     if (st) return st;
-    if (ttl_ms == 0) return refit_error(REFIT_ERR_INVALID_ARG, "registry lease %s/v/%" PRIu64 ": zero ttl", group, version);
+    if (ttl_ms == 0)
+        return refit_error(REFIT_ERR_INVALID_ARG, "registry lease %s/v/%" PRIu64 ": zero ttl", group, version);
     char rkey[KEY_MAX], lkey[KEY_MAX];
     retired_key(rkey, group, version);
     lease_key(lkey, group, version, reader);
@@ -146,8 +147,10 @@ static refit_status_t acquire(refit_registry_t *r, const char *group, uint64_t v
         return refit_error(REFIT_ERR_STALE,
                            "registry: the lease of reader %s on version %" PRIu64 " of %s was lost (%s): the "
                            "publisher may have reused its memory",
-                           reader, version, group, renewal ? "it holds another token" : "deleted, expired, or the "
-                           "store lost its data");
+                           reader, version, group,
+                           renewal ? "it holds another token"
+                                   : "deleted, expired, or the "
+                                     "store lost its data");
     if (retired) {
         /* No lease stays behind, not even one taken earlier; deleting only
          * what exists keeps refused acquires from notifying waiters. */
@@ -189,8 +192,8 @@ refit_status_t refit_registry_lease_acquire(refit_registry_t *r, const char *gro
     return acquire(r, group, version, reader, ttl_ms, 0, 0);
 }
 
-refit_status_t refit_registry_lease_take(refit_registry_t *r, const char *group, uint64_t version,
-                                         const char *reader, uint32_t ttl_ms, uint64_t *token)
+refit_status_t refit_registry_lease_take(refit_registry_t *r, const char *group, uint64_t version, const char *reader,
+                                         uint32_t ttl_ms, uint64_t *token)
 {
     if (!token) return refit_error(REFIT_ERR_INVALID_ARG, "registry lease_take: NULL token");
     uint64_t t = 0;
@@ -202,15 +205,15 @@ refit_status_t refit_registry_lease_take(refit_registry_t *r, const char *group,
     return REFIT_OK;
 }
 
-refit_status_t refit_registry_lease_renew(refit_registry_t *r, const char *group, uint64_t version,
-                                          const char *reader, uint32_t ttl_ms, uint64_t token)
+refit_status_t refit_registry_lease_renew(refit_registry_t *r, const char *group, uint64_t version, const char *reader,
+                                          uint32_t ttl_ms, uint64_t token)
 {
     if (!token) return refit_error(REFIT_ERR_INVALID_ARG, "registry lease_renew: no token");
     return acquire(r, group, version, reader, ttl_ms, token, token);
 }
 
-refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group, uint64_t version,
-                                          const char *reader, uint64_t token)
+refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group, uint64_t version, const char *reader,
+                                          uint64_t token)
 {
     refit_status_t st = registry_check_group(group);
     if (!st) st = registry_check_reader(reader);
@@ -228,8 +231,10 @@ refit_status_t refit_registry_lease_holds(refit_registry_t *r, const char *group
         return refit_error(REFIT_ERR_STALE,
                            "registry: the lease of reader %s on version %" PRIu64 " of %s was lost during the "
                            "transfer (%s): the publisher may have rewritten its memory, the bytes are not trusted",
-                           reader, version, group, present ? "it holds another token" : "deleted, expired, or the "
-                           "store lost its data");
+                           reader, version, group,
+                           present ? "it holds another token"
+                                   : "deleted, expired, or the "
+                                     "store lost its data");
     return REFIT_OK;
 }
 
@@ -365,7 +370,8 @@ refit_status_t refit_registry_acks(refit_registry_t *r, const char *group, uint6
     for (size_t i = 0; !st && i < nkeys; i++) {
         if (!vals[i]) continue; /* deleted between list and get, or not authentic */
         if (lens[i] != 8) {
-            st = refit_error(REFIT_ERR_CORRUPT, "registry: %s holds %zu bytes, not an 8-byte version", keys[i], lens[i]);
+            st = refit_error(REFIT_ERR_CORRUPT, "registry: %s holds %zu bytes, not an 8-byte version", keys[i],
+                             lens[i]);
             break;
         }
         uint64_t v = refit_get_le(vals[i], 8);

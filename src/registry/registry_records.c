@@ -51,8 +51,7 @@ static void seal(uint8_t *p, const char *magic, unsigned size, uint64_t seed)
 static refit_status_t check_sealed(const uint8_t *p, size_t len, const char *magic, unsigned size, uint64_t seed,
                                    const char *key)
 {
-    if (len != size)
-        return refit_error(REFIT_ERR_CORRUPT, "registry key %s: %zu bytes, want %u", key, len, size);
+    if (len != size) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: %zu bytes, want %u", key, len, size);
     if (memcmp(p, magic, 4) != 0) return refit_error(REFIT_ERR_CORRUPT, "registry key %s: bad magic", key);
     if (refit_get_le(p + 4, 2) != FORMAT)
         return refit_error(REFIT_ERR_UNSUPPORTED, "registry key %s: format %u, want %u", key,

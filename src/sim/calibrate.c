@@ -93,8 +93,7 @@ static refit_status_t netns_cluster(const cal_t *C, double mbps, bool first, sim
     snprintf(spec, sizeof(spec),
              "name=netns+tbf,gpus=1,nics=1,nic=%.17gMB,nvlink=0,pcie=0,proto=tcp,mtu=1500,l2=14,rtt=100us,"
              "control=2ms,first=%d,discover=%.6gms,plan=%.6gms,connect=%.6gms",
-             rate / 1e6, first ? 1 : 0, C->discover * 1e3, C->plan * 1e3,
-             C->connect * 1e3);
+             rate / 1e6, first ? 1 : 0, C->discover * 1e3, C->plan * 1e3, C->connect * 1e3);
     refit_status_t st = sim_cluster_apply(c, spec);
     if (st) return st;
     if (ignoring(C, "wire")) c->eff = 1, c->ack = 0;

@@ -22,9 +22,9 @@ void sim_cluster_defaults(sim_cluster_t *c)
     snprintf(c->name, sizeof(c->name), "default");
     c->gpus = 8;
     c->nics = 8;
-    c->nic = 50e9;    /* 400 Gbit/s */
+    c->nic = 50e9;     /* 400 Gbit/s */
     c->nvlink = 450e9; /* H100/H200 NVLink 4: 900 GB/s both ways */
-    c->pcie = 64e9;   /* Gen5 x16 */
+    c->pcie = 64e9;    /* Gen5 x16 */
     c->spine = 1;
     c->leaf = 32;
     c->proto = SIM_RDMA;

@@ -382,8 +382,7 @@ refit_status_t sim_fleet_run(const sim_fleet_t *f, const sim_cluster_t *c, sim_r
                     sim_net_solve(s.net);
                     if (!ch && it > 0) break;
                 }
-            else
-                sim_net_solve(s.net);
+            else sim_net_solve(s.net);
             s.dirty = false;
             sample(&s);
         }

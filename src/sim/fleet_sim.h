@@ -36,7 +36,7 @@ typedef struct {
     /* holders */
     uint32_t nh;
     refit_fleet_holder_t *H;
-    int32_t *hsrc;   /* >= 0: trainer rank; < 0: -(receiver + 1), a relay */
+    int32_t *hsrc; /* >= 0: trainer rank; < 0: -(receiver + 1), a relay */
     uint32_t *hgpu;
     uint64_t *plan_keys;
     refit_fleet_sched_t S;
@@ -52,12 +52,12 @@ typedef struct {
     worker_t *W;
     uint32_t nw;
     /* fluid */
-    uint32_t *hflow;     /* per holder: active flow, UINT32_MAX none */
-    double *hbytes;      /* per holder: payload bytes assigned so far */
-    double total;        /* payload bytes this receiver reads */
-    double recv_done;    /* payload bytes of flows finished */
+    uint32_t *hflow;  /* per holder: active flow, UINT32_MAX none */
+    double *hbytes;   /* per holder: payload bytes assigned so far */
+    double total;     /* payload bytes this receiver reads */
+    double recv_done; /* payload bytes of flows finished */
     uint32_t flows_left;
-    double idle;         /* seconds of request gaps its workers cannot hide */
+    double idle; /* seconds of request gaps its workers cannot hide */
     /* delta */
     int phase;
     /* results */
@@ -74,7 +74,7 @@ typedef struct {
     rx_t *rx;
     uint32_t nrx;
     uint32_t *src_gpu;
-    uint32_t *tokens;    /* trainer load tokens per destination rank */
+    uint32_t *tokens; /* trainer load tokens per destination rank */
     double now;
     REFIT_VEC(ev_t) heap;
     uint64_t seq;

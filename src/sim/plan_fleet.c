@@ -60,8 +60,8 @@ static void *plan_worker(void *arg)
     uint32_t i;
     while (take(J, &J->next_plan, P->ndst, &i)) {
         double t0 = refit_now();
-        refit_status_t st =
-            refit_plan_create((const refit_manifest_t *const *)P->srcs, P->src_world, P->dsts[i], NULL, &P->plans[i]);
+        refit_status_t st = refit_plan_create((const refit_manifest_t *const *)P->srcs, P->src_world, P->dsts[i], NULL,
+                                              &P->plans[i]);
         P->plan_ms[i] = (refit_now() - t0) * 1e3;
         if (st) job_fail(J, st);
     }
@@ -196,7 +196,8 @@ refit_status_t sim_plan_scale(const char *model, const char *src, const char *ds
             h = mix(h, r[k].src_offset);
             h = mix(h, r[k].dst_offset);
             h = mix(h, r[k].run);
-            for (uint32_t l = 0; l < r[k].nloops; l++) h = mix(mix(mix(h, r[k].count[l]), r[k].src_stride[l]), r[k].dst_stride[l]);
+            for (uint32_t l = 0; l < r[k].nloops; l++)
+                h = mix(mix(mix(h, r[k].count[l]), r[k].src_stride[l]), r[k].dst_stride[l]);
         }
     }
     out->digest = h;

@@ -262,7 +262,8 @@ static void text(canvas_t *c, int x, int y, const char *s, uint32_t rgb)
             if (g_font[i].ch == ch) rows = g_font[i].rows;
         for (int r = 0; r < 7; r++)
             for (int col = 0; col < 5; col++)
-                if (rows ? rows[r] & (0x10 >> col) : (r == 0 || r == 6 || col == 0 || col == 4)) dot(c, x + col, y + r, rgb);
+                if (rows ? rows[r] & (0x10 >> col) : (r == 0 || r == 6 || col == 0 || col == 4))
+                    dot(c, x + col, y + r, rgb);
     }
 }
 
@@ -281,12 +282,13 @@ refit_status_t sim_plot_png(const char *path, const sim_fleet_t *f, const sim_cl
     for (uint32_t i = 0; i < n; i++) t0 = fmin(t0, r->rx[i].begin);
     if (!isfinite(t0)) t0 = 0;
     double pw = W - left - right;
-#define XOF(t) ((int)(left + ((t) - t0) / T * pw))
+#define XOF(t) ((int)(left + ((t)-t0) / T * pw))
     char buf[256];
     snprintf(buf, sizeof(buf), "%s %s -> %s x%u, relays %s: predicted %.3f s", f->model, f->src, f->dst, f->replicas,
              f->relays ? "on" : "off", r->refit_s);
     text(&c, 10, 8, buf, 0x000000);
-    snprintf(buf, sizeof(buf), "cluster %s. bars: receivers (grey: discover and pick, blue: from trainer, orange: from relays)",
+    snprintf(buf, sizeof(buf),
+             "cluster %s. bars: receivers (grey: discover and pick, blue: from trainer, orange: from relays)",
              cl->name);
     text(&c, 10, 22, buf, 0x444444);
     for (uint32_t i = 0; i < n; i++) {

@@ -52,17 +52,17 @@ void sim_result_json(FILE *out, const sim_fleet_t *f, const sim_cluster_t *c, co
             f->workers ? f->workers : 2);
     jstr(out, f->transport ? f->transport : "ucx");
     fprintf(out, ",\"delta\":%g,\"mode\":\"%s\",", f->delta, r->mode == SIM_MODE_FLUID ? "fluid" : "chunks");
-    fprintf(out,
-            "\"cluster\":{\"name\":");
+    fprintf(out, "\"cluster\":{\"name\":");
     jstr(out, c->name);
-    fprintf(out,
-            ",\"nodes\":%u,\"gpus_per_node\":%u,\"nics_per_node\":%u,\"nic_bytes_per_s\":%.6g,\"nvlink_bytes_per_s\":%.6g,"
-            "\"nvlink_domain\":%u,\"pcie_bytes_per_s\":%.6g,\"spine_oversubscription\":%g,\"proto\":\"%s\",\"mtu\":%u,"
-            "\"wire_efficiency\":%.5f,\"ack_overhead\":%.5f,\"rtt_s\":%.3g,\"request_queue_bytes\":%.6g,"
-            "\"control_s\":%.3g,\"first_pull\":%s,\"description\":",
-            c->nodes, c->gpus, c->nics, c->nic, c->nvlink, c->nvdomain, c->pcie, c->spine,
-            c->proto == SIM_TCP ? "tcp" : "rdma", c->mtu, c->eff, c->ack, c->rtt, c->req_queue, c->control,
-            c->first ? "true" : "false");
+    fprintf(
+        out,
+        ",\"nodes\":%u,\"gpus_per_node\":%u,\"nics_per_node\":%u,\"nic_bytes_per_s\":%.6g,\"nvlink_bytes_per_s\":%.6g,"
+        "\"nvlink_domain\":%u,\"pcie_bytes_per_s\":%.6g,\"spine_oversubscription\":%g,\"proto\":\"%s\",\"mtu\":%u,"
+        "\"wire_efficiency\":%.5f,\"ack_overhead\":%.5f,\"rtt_s\":%.3g,\"request_queue_bytes\":%.6g,"
+        "\"control_s\":%.3g,\"first_pull\":%s,\"description\":",
+        c->nodes, c->gpus, c->nics, c->nic, c->nvlink, c->nvdomain, c->pcie, c->spine,
+        c->proto == SIM_TCP ? "tcp" : "rdma", c->mtu, c->eff, c->ack, c->rtt, c->req_queue, c->control,
+        c->first ? "true" : "false");
     jstr(out, desc);
     fprintf(out, "},");
     fprintf(out,
@@ -115,7 +115,8 @@ void sim_result_json(FILE *out, const sim_fleet_t *f, const sim_cluster_t *c, co
         const sim_rx_result_t *x = &r->rx[i];
         fprintf(out,
                 "%s{\"rank\":%u,\"replica\":%u,\"gpu\":%u,\"begin_s\":%.6f,\"transfer_begin_s\":%.6f,\"end_s\":%.6f,"
-                "\"trainer_bytes\":%" PRIu64 ",\"relay_bytes\":%" PRIu64 ",\"holders\":%u,\"direct\":%s,\"first_holder\":",
+                "\"trainer_bytes\":%" PRIu64 ",\"relay_bytes\":%" PRIu64
+                ",\"holders\":%u,\"direct\":%s,\"first_holder\":",
                 i ? "," : "", x->rank, x->replica, x->gpu, x->begin, x->xfer, x->end, x->bytes_trainer, x->bytes_relay,
                 x->holders, x->direct ? "true" : "false");
         jstr(out, x->first_holder);
@@ -140,20 +141,20 @@ void sim_result_table(FILE *out, const sim_fleet_t *f, const sim_cluster_t *c, c
     fprintf(out, "%s  %s -> %s  x%u replica(s): %u receivers, relays %s", f->model, f->src, f->dst, f->replicas,
             r->receivers, f->relays ? "on" : "off");
     if (f->relays) fprintf(out, " (max_readers %u)", f->max_readers);
-    fprintf(out, ", %s, %s mode%s\n", f->transport ? f->transport : "ucx", r->mode == SIM_MODE_FLUID ? "fluid" : "chunk",
-            f->delta > 0 ? ", delta refit" : "");
+    fprintf(out, ", %s, %s mode%s\n", f->transport ? f->transport : "ucx",
+            r->mode == SIM_MODE_FLUID ? "fluid" : "chunk", f->delta > 0 ? ", delta refit" : "");
     fprintf(out, "cluster   %s\n", desc);
-    fprintf(out, "planning  %u x %u ranks: manifests %.0f ms, %u plan(s) in %.0f ms on %u thread(s) (largest %.1f ms)\n",
-            r->src_world, r->dst_world, r->manifests_ms, r->dst_world, r->plan_wall_ms, r->plan_threads,
-            r->plan_ms_max);
+    fprintf(
+        out, "planning  %u x %u ranks: manifests %.0f ms, %u plan(s) in %.0f ms on %u thread(s) (largest %.1f ms)\n",
+        r->src_world, r->dst_world, r->manifests_ms, r->dst_world, r->plan_wall_ms, r->plan_threads, r->plan_ms_max);
     human((double)r->rank_bytes_max, a, sizeof(a));
     human((double)r->wire_bytes, b, sizeof(b));
     human((double)r->trainer_egress, d, sizeof(d));
     human((double)r->relay_egress, e, sizeof(e));
     fprintf(out, "predicted refit %.3f s (first transfer to last data in place %.3f s; mean receiver %.3f s)\n", T,
             r->transfer_s, r->mean_rx_s);
-    fprintf(out, "bytes     %s per receiver (largest); %s read in all: %s from trainer ranks, %s from relays\n", a, b, d,
-            e);
+    fprintf(out, "bytes     %s per receiver (largest); %s read in all: %s from trainer ranks, %s from relays\n", a, b,
+            d, e);
     if (r->bottleneck != UINT32_MAX && r->bottleneck < r->nlinks) {
         const sim_link_t *x = &r->links[r->bottleneck];
         fprintf(out, "bottleneck %s: %.0f%% used over the refit, full for %.3f s\n", x->name, util(x, T) * 100,

@@ -36,29 +36,29 @@ typedef enum { SIM_RDMA = 0, SIM_TCP = 1 } sim_proto_t;
 
 typedef struct {
     char name[64];
-    uint32_t nodes;      /* 0: as many as the fleet needs */
-    uint32_t gpus;       /* ranks (GPUs, or processes of host-memory nodes) per node */
-    uint32_t nics;       /* NICs per node; GPU g uses NIC g * nics / gpus (rail aligned) */
-    double nic;          /* bytes/s per NIC, each direction, on the wire */
-    double nvlink;       /* bytes/s per GPU, each direction; 0: traffic inside a node takes the NICs */
-    uint32_t nvdomain;   /* GPUs per NVLink domain (0: one node) */
-    double pcie;         /* bytes/s per GPU between GPU and NIC (GPUDirect RDMA); 0: no limit */
-    double spine;        /* leaf uplink oversubscription; <= 1: a non-blocking fabric */
-    uint32_t leaf;       /* nodes per leaf switch (spine > 1) */
+    uint32_t nodes;    /* 0: as many as the fleet needs */
+    uint32_t gpus;     /* ranks (GPUs, or processes of host-memory nodes) per node */
+    uint32_t nics;     /* NICs per node; GPU g uses NIC g * nics / gpus (rail aligned) */
+    double nic;        /* bytes/s per NIC, each direction, on the wire */
+    double nvlink;     /* bytes/s per GPU, each direction; 0: traffic inside a node takes the NICs */
+    uint32_t nvdomain; /* GPUs per NVLink domain (0: one node) */
+    double pcie;       /* bytes/s per GPU between GPU and NIC (GPUDirect RDMA); 0: no limit */
+    double spine;      /* leaf uplink oversubscription; <= 1: a non-blocking fabric */
+    uint32_t leaf;     /* nodes per leaf switch (spine > 1) */
     sim_proto_t proto;
-    uint32_t mtu;        /* bytes (TCP: Ethernet MTU; RDMA: the IB/RoCE path MTU) */
-    double l2;           /* wire bytes per frame outside the MTU (< 0: 38 for TCP on Ethernet, 26 for RDMA on IB) */
-    double eff;          /* payload bytes per wire byte on NIC links (derived from proto and mtu unless given) */
-    double ack;          /* wire bytes of acknowledgements per payload byte, on the reverse links (TCP) */
-    double rtt;          /* seconds: a request's round trip before its bytes flow */
-    double req_queue;    /* bytes a request waits behind on a busy egress (TCP: the socket's queued data) */
-    double control;      /* seconds of control plane per steady pull (discover, lease, re-check) */
-    double discover;     /* first pull: seconds of discovery */
-    double plan_s;       /* first pull: seconds of planning (< 0: the planner's own time, measured here) */
-    double connect;      /* first pull: seconds per holder connected */
-    bool first;          /* a first pull (plans and connections made) instead of a steady one */
-    double apply_ns;     /* delta apply: nanoseconds of CPU per 2-byte unit written */
-    double copy;         /* bytes/s of a relay's own copy (shm); unused on the network */
+    uint32_t mtu;     /* bytes (TCP: Ethernet MTU; RDMA: the IB/RoCE path MTU) */
+    double l2;        /* wire bytes per frame outside the MTU (< 0: 38 for TCP on Ethernet, 26 for RDMA on IB) */
+    double eff;       /* payload bytes per wire byte on NIC links (derived from proto and mtu unless given) */
+    double ack;       /* wire bytes of acknowledgements per payload byte, on the reverse links (TCP) */
+    double rtt;       /* seconds: a request's round trip before its bytes flow */
+    double req_queue; /* bytes a request waits behind on a busy egress (TCP: the socket's queued data) */
+    double control;   /* seconds of control plane per steady pull (discover, lease, re-check) */
+    double discover;  /* first pull: seconds of discovery */
+    double plan_s;    /* first pull: seconds of planning (< 0: the planner's own time, measured here) */
+    double connect;   /* first pull: seconds per holder connected */
+    bool first;       /* a first pull (plans and connections made) instead of a steady one */
+    double apply_ns;  /* delta apply: nanoseconds of CPU per 2-byte unit written */
+    double copy;      /* bytes/s of a relay's own copy (shm); unused on the network */
     /* placement: GPU index (node * gpus + local) of each trainer and receiver
      * rank; -1 entries (the default) place trainer ranks from GPU 0 on and
      * receivers after them (dst_at: first receiver GPU, < 0: after the trainer) */
@@ -97,11 +97,11 @@ typedef enum {
 typedef struct {
     char name[48];
     sim_link_kind_t kind;
-    double cap;      /* wire bytes/s */
-    double wire;     /* wire bytes carried so far */
-    double payload;  /* payload bytes of the flows whose data crossed it */
-    double full_s;   /* seconds it ran at >= 99% of its capacity */
-    uint32_t nflows; /* flows crossing it now (data, not acknowledgements) */
+    double cap;         /* wire bytes/s */
+    double wire;        /* wire bytes carried so far */
+    double payload;     /* payload bytes of the flows whose data crossed it */
+    double full_s;      /* seconds it ran at >= 99% of its capacity */
+    uint32_t nflows;    /* flows crossing it now (data, not acknowledgements) */
     double resid, wsum; /* scratch of the rate computation */
 } sim_link_t;
 
@@ -117,10 +117,10 @@ typedef struct {
 typedef struct {
     sim_path_t path;
     double remaining, sent, rate;
-    double cap;      /* payload bytes/s; 0: none */
+    double cap; /* payload bytes/s; 0: none */
     double start;
     bool active, frozen;
-    uint64_t user;   /* the caller's */
+    uint64_t user; /* the caller's */
 } sim_flow_t;
 
 typedef struct sim_net sim_net_t;
@@ -164,22 +164,25 @@ typedef struct {
     const char *transport; /* "ucx" (network), "shm", "cuda_ipc" (static plan, GPU to GPU) */
     double delta;          /* > 0: a delta refit at this change fraction (publishers offer deltas) */
     sim_mode_t mode;
-    unsigned threads;      /* planner threads; 0: one per CPU */
-    double start_spread;   /* receivers begin evenly spread over this many seconds (0: together) */
-    double *start_at;      /* or explicit begin times per receiver (NULL: spread) */
-    double *rx_rate;       /* per receiver: its NIC rate instead of the cluster's (0 entries: the cluster's) */
-    double *src_rate;      /* per trainer rank: its NIC rate instead of the cluster's */
-    bool timeline;         /* keep per-receiver intervals and link samples for a plot */
+    unsigned threads;    /* planner threads; 0: one per CPU */
+    double start_spread; /* receivers begin evenly spread over this many seconds (0: together) */
+    double *start_at;    /* or explicit begin times per receiver (NULL: spread) */
+    double *rx_rate;     /* per receiver: its NIC rate instead of the cluster's (0 entries: the cluster's) */
+    double *src_rate;    /* per trainer rank: its NIC rate instead of the cluster's */
+    bool timeline;       /* keep per-receiver intervals and link samples for a plot */
 } sim_fleet_t;
-#define SIM_FLEET_INIT {NULL, NULL, NULL, 1, UINT32_MAX, false, 0, 0, 0, "ucx", 0, SIM_MODE_AUTO, 0, 0, NULL, NULL, NULL, false}
+#define SIM_FLEET_INIT                                                                                          \
+    {                                                                                                           \
+        NULL, NULL, NULL, 1, UINT32_MAX, false, 0, 0, 0, "ucx", 0, SIM_MODE_AUTO, 0, 0, NULL, NULL, NULL, false \
+    }
 
 typedef struct {
     uint32_t rank, replica, gpu;
-    double begin, xfer, end;   /* seconds: discovery began, transfer began, data in place */
+    double begin, xfer, end; /* seconds: discovery began, transfer began, data in place */
     uint64_t bytes_trainer, bytes_relay;
-    uint32_t holders;          /* holders it read from */
+    uint32_t holders; /* holders it read from */
     char first_holder[32];
-    bool direct;               /* one direct pull, no chunks */
+    bool direct; /* one direct pull, no chunks */
 } sim_rx_result_t;
 
 typedef struct {
@@ -191,21 +194,21 @@ typedef struct {
     /* planning */
     uint32_t src_world, dst_world, receivers;
     uint64_t model_bytes;
-    uint64_t rank_bytes_max;       /* bytes a receiver writes (largest rank) */
-    uint64_t wire_bytes;           /* payload read by every receiver together */
+    uint64_t rank_bytes_max; /* bytes a receiver writes (largest rank) */
+    uint64_t wire_bytes;     /* payload read by every receiver together */
     double manifests_ms, plan_ms_max, plan_ms_sum, plan_wall_ms;
     unsigned plan_threads;
     /* the transfer */
     sim_mode_t mode;
-    double refit_s;                /* first begin to last data in place */
-    double transfer_s;             /* first transfer start to last data in place */
-    double mean_rx_s;              /* mean per-receiver begin..end */
+    double refit_s;    /* first begin to last data in place */
+    double transfer_s; /* first transfer start to last data in place */
+    double mean_rx_s;  /* mean per-receiver begin..end */
     uint64_t trainer_egress, relay_egress;
     uint32_t nlinks;
-    sim_link_t *links;             /* copies, with totals */
-    uint32_t bottleneck;           /* link index with the most full seconds (UINT32_MAX: none) */
+    sim_link_t *links;   /* copies, with totals */
+    uint32_t bottleneck; /* link index with the most full seconds (UINT32_MAX: none) */
     sim_rx_result_t *rx;
-    sim_sample_t *samples;         /* timeline: link utilisation over time (sampled) */
+    sim_sample_t *samples; /* timeline: link utilisation over time (sampled) */
     size_t nsamples;
     uint64_t events, flows;
     double sim_wall_ms;
@@ -226,11 +229,11 @@ void sim_result_table(FILE *out, const sim_fleet_t *f, const sim_cluster_t *c, c
 
 typedef struct {
     uint32_t src_world, dst_world;
-    double manifests_ms;   /* every source and destination manifest */
-    double plan_wall_ms;   /* every destination rank planned, `threads` at once */
+    double manifests_ms; /* every source and destination manifest */
+    double plan_wall_ms; /* every destination rank planned, `threads` at once */
     double plan_ms_max, plan_ms_sum;
     uint64_t bytes_max, redundant;
-    uint64_t digest;       /* of every plan's regions (threads must not change it) */
+    uint64_t digest; /* of every plan's regions (threads must not change it) */
     unsigned threads;
 } sim_plan_scale_t;
 /* Builds every manifest and plans every destination rank with `threads`
@@ -242,7 +245,7 @@ refit_status_t sim_plan_scale(const char *model, const char *src, const char *ds
 
 typedef struct {
     char name[64];
-    char source[96];   /* the result file and field */
+    char source[96];                       /* the result file and field */
     double measured_s, predicted_s, error; /* error = predicted / measured - 1 */
     char note[160];
 } sim_calib_row_t;

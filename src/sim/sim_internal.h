@@ -13,13 +13,13 @@
 /* Every source manifest and the plan of every destination rank needed. */
 typedef struct {
     uint32_t src_world, dst_world;
-    uint32_t ndst;               /* plans made: dst_world, or 1 (only_rank) */
-    uint32_t *dst_rank;          /* rank of plans[i] */
-    refit_manifest_t **srcs;     /* src_world */
-    refit_manifest_t **dsts;     /* ndst */
-    refit_plan_t **plans;        /* ndst */
-    double *plan_ms;             /* ndst */
-    uint64_t *mkeys;             /* mirror key of each source manifest */
+    uint32_t ndst;           /* plans made: dst_world, or 1 (only_rank) */
+    uint32_t *dst_rank;      /* rank of plans[i] */
+    refit_manifest_t **srcs; /* src_world */
+    refit_manifest_t **dsts; /* ndst */
+    refit_plan_t **plans;    /* ndst */
+    double *plan_ms;         /* ndst */
+    uint64_t *mkeys;         /* mirror key of each source manifest */
     uint64_t model_bytes;
     double manifests_ms, plan_wall_ms;
     unsigned threads;

@@ -67,7 +67,8 @@ uint64_t refit_proc_start_time(uint32_t pid)
     unsigned long long v = 0;
     char state = 0;
     /* after ") " come fields 3..: the state, then 18 fields up to field 22 */
-    if (sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &state, &v) != 2)
+    if (sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &state, &v) !=
+        2)
         return 0;
     return state == 'Z' || state == 'X' ? 0 : v;
 }
@@ -92,7 +93,8 @@ static refit_status_t private_dir(const char *option, char out[PATH_MAX])
                            out, (unsigned)geteuid(), S_ISDIR(sb.st_mode) ? "a directory" : "not a directory",
                            (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777));
     if (strlen(out) + 60 > sizeof(((struct sockaddr_un *)0)->sun_path))
-        return refit_error(REFIT_ERR_INVALID_ARG, "shm: the socket directory %s is too long for a unix socket path", out);
+        return refit_error(REFIT_ERR_INVALID_ARG, "shm: the socket directory %s is too long for a unix socket path",
+                           out);
     return REFIT_OK;
 }
 
@@ -123,8 +125,8 @@ void shm_mac(const refit_transport_t *t, const char *label, const uint8_t *nc, c
 bool shm_peer_uid_ok(int fd, struct ucred *cred)
 {
     socklen_t len = sizeof(*cred);
-    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) == 0 && len == sizeof(*cred) &&
-           cred->uid == geteuid() && cred->pid > 0;
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) == 0 && len == sizeof(*cred) && cred->uid == geteuid() &&
+           cred->pid > 0;
 }
 
 void shm_set_timeouts(int fd)

@@ -92,8 +92,10 @@ static refit_status_t handshake(refit_transport_t *t, const char *sock, const ui
     uint8_t want[REFIT_SHA256_LEN];
     shm_mac(t, "refit shm publisher proof", hello.nonce, ch.nonce, want);
     if (!refit_ct_equal(want, ch.proof, sizeof(want))) {
-        st = refit_error(REFIT_ERR_AUTH, "shm: the process at %s (pid %d) did not prove the job's secret: not a "
-                         "publisher of this job", path, (int)cred.pid);
+        st = refit_error(REFIT_ERR_AUTH,
+                         "shm: the process at %s (pid %d) did not prove the job's secret: not a "
+                         "publisher of this job",
+                         path, (int)cred.pid);
         goto out;
     }
     size_t alen = sizeof(msg_auth_t) + n * 8ull, glen = sizeof(msg_grant_t) + n * sizeof(grant_t);
@@ -164,7 +166,8 @@ static refit_status_t handshake(refit_transport_t *t, const char *sock, const ui
             break;
         }
         r->map_len = skew + g.size;
-        r->map_base = mmap(NULL, r->map_len ? r->map_len : 1, PROT_READ, MAP_SHARED | MAP_POPULATE, rfd, (off_t)aligned);
+        r->map_base = mmap(NULL, r->map_len ? r->map_len : 1, PROT_READ, MAP_SHARED | MAP_POPULATE, rfd,
+                           (off_t)aligned);
         if (r->map_base == MAP_FAILED) {
             r->map_base = NULL;
             st = refit_error(REFIT_ERR_TRANSPORT, "shm: mapping region %u from %s: %s", i, path, strerror(errno));
@@ -200,7 +203,8 @@ refit_status_t shm_connect(refit_transport_t *t, const void *const *descs, const
     for (uint32_t i = 0; i < n; i++) {
         shm_desc_t d;
         if (!descs[i] || lens[i] != sizeof(d)) {
-            st = refit_error(REFIT_ERR_CORRUPT, "shm: region %u descriptor has %zu bytes, want %zu", i, lens[i], sizeof(d));
+            st = refit_error(REFIT_ERR_CORRUPT, "shm: region %u descriptor has %zu bytes, want %zu", i, lens[i],
+                             sizeof(d));
             goto err;
         }
         memcpy(&d, descs[i], sizeof(d));
@@ -307,9 +311,14 @@ refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
         else pvm = true;
     }
     pull_ctx_t pc = {peers};
-    refit_exec_opts_t o = {.threads = ctl ? ctl->threads : 0, .copy = pvm ? pvm_copy : NULL, .user = &pc,
-                           .tick = ctl ? ctl->tick : NULL, .tick_user = ctl ? ctl->user : NULL,
-                           .deadline = ctl ? ctl->deadline : 0, .only = only, .skip_fills = true};
+    refit_exec_opts_t o = {.threads = ctl ? ctl->threads : 0,
+                           .copy = pvm ? pvm_copy : NULL,
+                           .user = &pc,
+                           .tick = ctl ? ctl->tick : NULL,
+                           .tick_user = ctl ? ctl->user : NULL,
+                           .deadline = ctl ? ctl->deadline : 0,
+                           .only = only,
+                           .skip_fills = true};
     st = refit_plan_execute(plan, bases, dst_bases, &o);
     /* A mapping outlives its publisher, so the bytes would look fine; but a
      * publisher that died during the copy may have died while writing them. */

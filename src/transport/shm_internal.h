@@ -31,7 +31,7 @@ typedef struct {
     uint32_t magic, version;
     uint64_t region_id; /* random, per exposed region */
     uint64_t size;
-    char sock[48];      /* socket file name in the runtime directory */
+    char sock[48]; /* socket file name in the runtime directory */
     char boot_id[40];
 } shm_desc_t;
 
@@ -103,7 +103,7 @@ typedef struct {
 
 struct refit_peer {
     uint32_t pid, nregions;
-    int pidfd;           /* -1: no pidfd support: start_time tells */
+    int pidfd; /* -1: no pidfd support: start_time tells */
     uint64_t start_time;
     shm_region_t *regions;
 };

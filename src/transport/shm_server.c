@@ -104,8 +104,8 @@ static void serve_client(refit_transport_t *t, int fd)
     int err = errno;
     pthread_mutex_unlock(&t->lock);
     if (!ok)
-        refit_log(REFIT_LOG_WARN, "shm: sending %u regions (%u descriptors) to pid %d failed: %s", a.nregions,
-                  gh.nfds, (int)cred.pid, strerror(err));
+        refit_log(REFIT_LOG_WARN, "shm: sending %u regions (%u descriptors) to pid %d failed: %s", a.nregions, gh.nfds,
+                  (int)cred.pid, strerror(err));
     free(g);
     free(fds);
 out:

@@ -21,15 +21,15 @@ typedef struct refit_transport refit_transport_t; /* per-process context of one 
 typedef struct refit_peer refit_peer_t;           /* a connected source rank */
 
 typedef struct {
-    uint64_t bytes;       /* moved by this pull */
-    uint64_t requests;    /* network requests, copy tasks, or kernel launches and uploads issued */
-    uint64_t launches;    /* GPU kernel launches (cuda_ipc) */
-    char lanes[256];      /* what carried the bytes, e.g. "shm:mmap" or "ucx:tcp/veth0 (am)" */
+    uint64_t bytes;    /* moved by this pull */
+    uint64_t requests; /* network requests, copy tasks, or kernel launches and uploads issued */
+    uint64_t launches; /* GPU kernel launches (cuda_ipc) */
+    char lanes[256];   /* what carried the bytes, e.g. "shm:mmap" or "ucx:tcp/veth0 (am)" */
 } refit_pull_stats_t;
 
 typedef struct {
-    double deadline;      /* refit_now() time by which the pull must end (REFIT_ERR_TIMEOUT) */
-    unsigned threads;     /* copy threads for local transports (0: one per CPU) */
+    double deadline;  /* refit_now() time by which the pull must end (REFIT_ERR_TIMEOUT) */
+    unsigned threads; /* copy threads for local transports (0: one per CPU) */
     /* Called now and then during long pulls (from the pulling thread); a
      * non-zero status aborts the pull with that status (used to renew leases
      * and to notice dead sources). */
@@ -54,7 +54,7 @@ typedef struct {
 
 typedef struct {
     const char *name;
-    unsigned caps;        /* REFIT_TCAP_*; 0: REFIT_TCAP_HOST */
+    unsigned caps; /* REFIT_TCAP_*; 0: REFIT_TCAP_HOST */
     /* options: transport-specific "key=value,..." (NULL for defaults) */
     refit_status_t (*create)(const char *options, refit_transport_t **out);
     void (*destroy)(refit_transport_t *t);

@@ -20,8 +20,7 @@ uint64_t refit_truth_value(uint64_t seed, refit_dtype_t dtype, uint64_t index, u
         return sign << 15 | (118 + ((h >> 8) & 15)) << 7 | ((h >> 20) & 0x7c) | par;
     case REFIT_DTYPE_F16: /* exponent 8..23 */
         return sign << 15 | (8 + ((h >> 8) & 15)) << 10 | ((h >> 20) & 0x3fc) | par;
-    case REFIT_DTYPE_F32:
-        return sign << 31 | (118 + ((h >> 8) & 15)) << 23 | ((h >> 24) & 0x7ffffc) | par;
+    case REFIT_DTYPE_F32: return sign << 31 | (118 + ((h >> 8) & 15)) << 23 | ((h >> 24) & 0x7ffffc) | par;
     case REFIT_DTYPE_F8_E4M3: /* exponent 3..10 of 15 (bias 7): finite, never NaN */
         return sign << 7 | (3 + ((h >> 8) & 7)) << 3 | ((h >> 20) & 4) | par;
     case REFIT_DTYPE_I32: return ((h >> 2) << 2 | par) & 0xffffffffULL;
@@ -35,7 +34,8 @@ bool refit_truth_changed(uint64_t seed, uint64_t index, uint64_t version, double
 {
     if (fraction >= 1.0) return true;
     if (fraction <= 0.0) return false;
-    uint64_t h = refit_mix64(seed ^ 0x64656c7461ULL ^ refit_mix64(index * 0xd6e8feb86659fd93ULL + version * 0x9e3779b97f4a7c15ULL + 7));
+    uint64_t h = refit_mix64(seed ^ 0x64656c7461ULL ^
+                             refit_mix64(index * 0xd6e8feb86659fd93ULL + version * 0x9e3779b97f4a7c15ULL + 7));
     return (double)(h >> 11) * 0x1.0p-53 < fraction;
 }
 
@@ -50,8 +50,14 @@ static inline void store(unsigned char *p, size_t es, uint64_t v)
 {
     switch (es) {
     case 1: *p = (unsigned char)v; break;
-    case 2: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); } break;
-    case 4: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); } break;
+    case 2: {
+        uint16_t x = (uint16_t)v;
+        memcpy(p, &x, 2);
+    } break;
+    case 4: {
+        uint32_t x = (uint32_t)v;
+        memcpy(p, &x, 4);
+    } break;
     default: memcpy(p, &v, 8); break;
     }
 }
@@ -60,9 +66,21 @@ static inline uint64_t load(const unsigned char *p, size_t es)
 {
     switch (es) {
     case 1: return *p;
-    case 2: { uint16_t x; memcpy(&x, p, 2); return x; }
-    case 4: { uint32_t x; memcpy(&x, p, 4); return x; }
-    default: { uint64_t x; memcpy(&x, p, 8); return x; }
+    case 2: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        return x;
+    }
+    case 4: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    default: {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        return x;
+    }
     }
 }
 
@@ -101,8 +119,9 @@ static void walk_placement(walk_t *w, const refit_placement_t *p)
         uint64_t lidx = refit_placement_local_index(m, p, pt);
         unsigned char *q = base + lidx * es;
         for (uint64_t k = 0; k < inner; k++, q += es) {
-            uint64_t v = w->fraction >= 1.0 ? refit_truth_value(seed, c->dtype, cidx + k, w->version)
-                                            : refit_truth_value_delta(seed, c->dtype, cidx + k, w->version, w->fraction);
+            uint64_t v = w->fraction >= 1.0
+                             ? refit_truth_value(seed, c->dtype, cidx + k, w->version)
+                             : refit_truth_value_delta(seed, c->dtype, cidx + k, w->version, w->fraction);
             if (!w->verify) {
                 store(q, es, v);
                 continue;
@@ -190,10 +209,13 @@ refit_status_t refit_truth_verify_delta(const refit_manifest_t *m, const void *c
 {
     if (!m || !region_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_truth_verify: NULL argument");
     refit_status_t st;
-    if (report && (st = refit_out_check(report->size, REFIT_END_OF(refit_truth_report_t, mismatches),
-                                        "refit_truth_report_t")))
+    if (report &&
+        (st = refit_out_check(report->size, REFIT_END_OF(refit_truth_report_t, mismatches), "refit_truth_report_t")))
         return st;
-    walk_t w = {.m = m, .version = version, .fraction = fraction, .verify = true,
+    walk_t w = {.m = m,
+                .version = version,
+                .fraction = fraction,
+                .verify = true,
                 .bases = (unsigned char *const *)region_bases};
     st = walk(&w);
     if (report) refit_out_write(report, report->size, &w.rep, sizeof(w.rep));

@@ -49,7 +49,8 @@ REFIT_HD static inline uint64_t refit_hd_tensor_seed(const char *name)
 /* refit_truth_value. */
 REFIT_HD static inline uint64_t refit_hd_truth_value(uint64_t seed, uint32_t dtype, uint64_t index, uint64_t version)
 {
-    uint64_t h = refit_hd_mix64(seed ^ refit_hd_mix64(index * 0x9e3779b97f4a7c15ULL + version * 0xc2b2ae3d27d4eb4fULL + 1));
+    uint64_t h = refit_hd_mix64(seed ^
+                                refit_hd_mix64(index * 0x9e3779b97f4a7c15ULL + version * 0xc2b2ae3d27d4eb4fULL + 1));
     uint64_t sign = h >> 63, par = (index & 1) | ((version & 1) << 1);
     switch (dtype) {
     case REFIT_DTYPE_BF16: return sign << 15 | (118 + ((h >> 8) & 15)) << 7 | ((h >> 20) & 0x7c) | par;

@@ -20,16 +20,16 @@ extern "C" {
 #endif
 
 typedef struct {
-    uint64_t seed;        /* the canonical tensor's seed (padding: 0) */
-    uint64_t cbase;       /* canonical index of the first element */
-    uint64_t lbyte;       /* byte offset of the first element in its region */
+    uint64_t seed;  /* the canonical tensor's seed (padding: 0) */
+    uint64_t cbase; /* canonical index of the first element */
+    uint64_t lbyte; /* byte offset of the first element in its region */
     uint64_t numel;
     uint64_t first_chunk;
     uint64_t ext[4], cst[4], lst[4];
-    uint32_t region;      /* memory region */
-    uint32_t dtype;       /* refit_dtype_t of the values */
-    uint32_t es;          /* element size: 1, 2, 4 or 8 */
-    uint32_t zero;        /* 1: padding, every byte zero */
+    uint32_t region; /* memory region */
+    uint32_t dtype;  /* refit_dtype_t of the values */
+    uint32_t es;     /* element size: 1, 2, 4 or 8 */
+    uint32_t zero;   /* 1: padding, every byte zero */
 } refit_truth_box_t;
 
 typedef struct {
@@ -81,8 +81,9 @@ REFIT_HD static inline void refit_truth_advance(const refit_truth_box_t *b, uint
 /* Fills (verify == 0) or checks elements e0, e0 + step, ... < e1 of box b
  * whose region starts at base.  Returns the number of mismatches and
  * the first mismatching element in *first. */
-REFIT_HD static inline uint64_t refit_truth_box_thread(const refit_truth_box_t *b, uint64_t e0, uint64_t e1, uint64_t step,
-                                                       unsigned char *base, uint64_t version, int verify, uint64_t *first)
+REFIT_HD static inline uint64_t refit_truth_box_thread(const refit_truth_box_t *b, uint64_t e0, uint64_t e1,
+                                                       uint64_t step, unsigned char *base, uint64_t version, int verify,
+                                                       uint64_t *first)
 {
     uint64_t bad = 0;
     if (e0 >= e1) return 0;
@@ -94,8 +95,8 @@ REFIT_HD static inline uint64_t refit_truth_box_thread(const refit_truth_box_t *
             uint64_t ci = b->cbase + c.i[0] * b->cst[0] + c.i[1] * b->cst[1] + c.i[2] * b->cst[2] + c.i[3] * b->cst[3];
             v = refit_hd_truth_value(b->seed, b->dtype, ci, version);
         }
-        unsigned char *q =
-            base + b->lbyte + b->es * (c.i[0] * b->lst[0] + c.i[1] * b->lst[1] + c.i[2] * b->lst[2] + c.i[3] * b->lst[3]);
+        unsigned char *q = base + b->lbyte +
+                           b->es * (c.i[0] * b->lst[0] + c.i[1] * b->lst[1] + c.i[2] * b->lst[2] + c.i[3] * b->lst[3]);
         uint64_t got = 0;
         switch (b->es) {
         case 1:

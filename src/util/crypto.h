@@ -12,9 +12,9 @@
 
 typedef struct {
     uint32_t h[8];
-    uint64_t total;      /* bytes hashed so far */
+    uint64_t total; /* bytes hashed so far */
     uint8_t buf[64];
-    size_t used;         /* bytes in buf */
+    size_t used; /* bytes in buf */
 } refit_sha256_t;
 
 void refit_sha256_init(refit_sha256_t *s);

@@ -15,36 +15,41 @@
 /* The index of the last element of arr[0..n) whose `field` is <= key (arr
  * sorted by field, arr[0].field <= key): a table's chunk or block -> its
  * region, box or matrix.  Sets `out` (uint32_t). */
-#define REFIT_HD_LAST_LE(out, arr, n, field, key)            \
-    do {                                                      \
-        uint32_t lo_ = 0, hi_ = (n);                          \
-        while (hi_ - lo_ > 1) {                               \
-            uint32_t mid_ = lo_ + (hi_ - lo_) / 2;            \
-            if ((arr)[mid_].field <= (key)) lo_ = mid_;       \
-            else hi_ = mid_;                                  \
-        }                                                     \
-        (out) = lo_;                                          \
+#define REFIT_HD_LAST_LE(out, arr, n, field, key)       \
+    do {                                                \
+        uint32_t lo_ = 0, hi_ = (n);                    \
+        while (hi_ - lo_ > 1) {                         \
+            uint32_t mid_ = lo_ + (hi_ - lo_) / 2;      \
+            if ((arr)[mid_].field <= (key)) lo_ = mid_; \
+            else hi_ = mid_;                            \
+        }                                               \
+        (out) = lo_;                                    \
     } while (0)
 
 #endif
 
 /* Zero-initialiser valid for scalars and structs in both C and C++. */
 #ifdef __cplusplus
-#define REFIT_ZERO_INIT {}
+#define REFIT_ZERO_INIT \
+    {                   \
+    }
 #else
-#define REFIT_ZERO_INIT {0}
+#define REFIT_ZERO_INIT \
+    {                   \
+        0               \
+    }
 /* The index of the last element of arr[0..n) whose `field` is <= key (arr
  * sorted by field, arr[0].field <= key): a table's chunk or block -> its
  * region, box or matrix.  Sets `out` (uint32_t). */
-#define REFIT_HD_LAST_LE(out, arr, n, field, key)            \
-    do {                                                      \
-        uint32_t lo_ = 0, hi_ = (n);                          \
-        while (hi_ - lo_ > 1) {                               \
-            uint32_t mid_ = lo_ + (hi_ - lo_) / 2;            \
-            if ((arr)[mid_].field <= (key)) lo_ = mid_;       \
-            else hi_ = mid_;                                  \
-        }                                                     \
-        (out) = lo_;                                          \
+#define REFIT_HD_LAST_LE(out, arr, n, field, key)       \
+    do {                                                \
+        uint32_t lo_ = 0, hi_ = (n);                    \
+        while (hi_ - lo_ > 1) {                         \
+            uint32_t mid_ = lo_ + (hi_ - lo_) / 2;      \
+            if ((arr)[mid_].field <= (key)) lo_ = mid_; \
+            else hi_ = mid_;                            \
+        }                                               \
+        (out) = lo_;                                    \
     } while (0)
 
 #endif
@@ -65,15 +70,15 @@ REFIT_HD static inline uint64_t refit_hd_div(uint64_t a, uint64_t b)
 /* The index of the last element of arr[0..n) whose `field` is <= key (arr
  * sorted by field, arr[0].field <= key): a table's chunk or block -> its
  * region, box or matrix.  Sets `out` (uint32_t). */
-#define REFIT_HD_LAST_LE(out, arr, n, field, key)            \
-    do {                                                      \
-        uint32_t lo_ = 0, hi_ = (n);                          \
-        while (hi_ - lo_ > 1) {                               \
-            uint32_t mid_ = lo_ + (hi_ - lo_) / 2;            \
-            if ((arr)[mid_].field <= (key)) lo_ = mid_;       \
-            else hi_ = mid_;                                  \
-        }                                                     \
-        (out) = lo_;                                          \
+#define REFIT_HD_LAST_LE(out, arr, n, field, key)       \
+    do {                                                \
+        uint32_t lo_ = 0, hi_ = (n);                    \
+        while (hi_ - lo_ > 1) {                         \
+            uint32_t mid_ = lo_ + (hi_ - lo_) / 2;      \
+            if ((arr)[mid_].field <= (key)) lo_ = mid_; \
+            else hi_ = mid_;                            \
+        }                                               \
+        (out) = lo_;                                    \
     } while (0)
 
 #endif

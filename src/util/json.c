@@ -59,7 +59,7 @@ typedef struct block {
     size_t used, cap;
 } block_t;
 
-#define ARENA_ALIGN ((size_t)_Alignof(max_align_t))
+#define ARENA_ALIGN ((size_t) _Alignof(max_align_t))
 #define BLOCK_HDR ((sizeof(block_t) + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1))
 #define BLOCK_MIN ((size_t)4096)
 #define BLOCK_MAX ((size_t)1 << 20)
@@ -207,7 +207,10 @@ static int hex4(const char *s)
     int v = 0;
     for (int i = 0; i < 4; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -273,12 +276,32 @@ static refit_status_t parse_string(parser_t *p, const char **out, size_t *out_le
         if (c == '\\') { /* the scan above stepped over t[i + 1], so i + 1 < end */
             char e = t[i + 1];
             switch (e) {
-            case '"': case '\\': case '/': buf[o++] = e; i += 2; continue;
-            case 'b': buf[o++] = '\b'; i += 2; continue;
-            case 'f': buf[o++] = '\f'; i += 2; continue;
-            case 'n': buf[o++] = '\n'; i += 2; continue;
-            case 'r': buf[o++] = '\r'; i += 2; continue;
-            case 't': buf[o++] = '\t'; i += 2; continue;
+            case '"':
+            case '\\':
+            case '/':
+                buf[o++] = e;
+                i += 2;
+                continue;
+            case 'b':
+                buf[o++] = '\b';
+                i += 2;
+                continue;
+            case 'f':
+                buf[o++] = '\f';
+                i += 2;
+                continue;
+            case 'n':
+                buf[o++] = '\n';
+                i += 2;
+                continue;
+            case 'r':
+                buf[o++] = '\r';
+                i += 2;
+                continue;
+            case 't':
+                buf[o++] = '\t';
+                i += 2;
+                continue;
             case 'u': break;
             default:
                 if ((unsigned char)e > 0x20 && (unsigned char)e < 0x7f)

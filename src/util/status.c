@@ -10,7 +10,8 @@ static _Thread_local char g_last_error[1024];
 const char *refit_status_name(refit_status_t status)
 {
     switch (status) {
-#define REFIT_NAME_(name, value, msg) case REFIT_##name: return "REFIT_" #name;
+#define REFIT_NAME_(name, value, msg) \
+    case REFIT_##name: return "REFIT_" #name;
         REFIT_STATUS_MAP(REFIT_NAME_)
 #undef REFIT_NAME_
     }
@@ -20,7 +21,8 @@ const char *refit_status_name(refit_status_t status)
 const char *refit_status_message(refit_status_t status)
 {
     switch (status) {
-#define REFIT_MSG_(name, value, msg) case REFIT_##name: return msg;
+#define REFIT_MSG_(name, value, msg) \
+    case REFIT_##name: return msg;
         REFIT_STATUS_MAP(REFIT_MSG_)
 #undef REFIT_MSG_
     }

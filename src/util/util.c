@@ -12,8 +12,8 @@ refit_status_t refit_out_check(size_t size, size_t min, const char *name)
 {
     if (size >= min) return REFIT_OK;
     return refit_error(REFIT_ERR_INVALID_ARG,
-                       "%s: size is %zu, at least %zu expected (set it to sizeof(%s), e.g. with its _INIT macro)",
-                       name, size, min, name);
+                       "%s: size is %zu, at least %zu expected (set it to sizeof(%s), e.g. with its _INIT macro)", name,
+                       size, min, name);
 }
 
 void refit_out_write(void *out, size_t out_size, const void *full, size_t full_size)
@@ -115,4 +115,3 @@ void refit_run_threads(void *(*fn)(void *), void *arg, unsigned threads)
     fn(arg);
     for (unsigned t = 0; t < started; t++) pthread_join(tid[t], NULL);
 }
-

@@ -39,14 +39,8 @@ refit_status_t refit_out_check(size_t size, size_t min, const char *name);
 void refit_out_write(void *out, size_t out_size, const void *full, size_t full_size);
 
 /* Checked arithmetic: false on overflow. */
-static inline bool refit_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
-{
-    return !__builtin_mul_overflow(a, b, out);
-}
-static inline bool refit_add_u64(uint64_t a, uint64_t b, uint64_t *out)
-{
-    return !__builtin_add_overflow(a, b, out);
-}
+static inline bool refit_mul_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline bool refit_add_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 
 /* Little-endian fixed-width integers of n bytes (n <= 8), for encodings. */
 static inline void refit_put_le(uint8_t *p, uint64_t v, unsigned n)
@@ -62,11 +56,14 @@ static inline uint64_t refit_get_le(const uint8_t *p, unsigned n)
 
 /* Growable array of elements of any type:
  *   REFIT_VEC(plan_region_t) v = {0};  REFIT_VEC_PUSH(&v, x) (0 or -1 on OOM) */
-#define REFIT_VEC(type) struct { type *data; size_t len, cap; }
+#define REFIT_VEC(type)  \
+    struct {             \
+        type *data;      \
+        size_t len, cap; \
+    }
 int refit_vec_grow_(void **data, size_t *cap, size_t elem, size_t need);
 #define REFIT_VEC_RESERVE(v, n) refit_vec_grow_((void **)&(v)->data, &(v)->cap, sizeof(*(v)->data), (n))
-#define REFIT_VEC_PUSH(v, x) \
-    (REFIT_VEC_RESERVE((v), (v)->len + 1) ? -1 : ((v)->data[(v)->len++] = (x), 0))
+#define REFIT_VEC_PUSH(v, x) (REFIT_VEC_RESERVE((v), (v)->len + 1) ? -1 : ((v)->data[(v)->len++] = (x), 0))
 #define REFIT_VEC_FREE(v) (free((v)->data), (v)->data = NULL, (v)->len = (v)->cap = 0)
 
 /* strdup that returns NULL on OOM (C11 has none). */
@@ -84,14 +81,23 @@ char *refit_redact_url(const char *url);
 uint64_t refit_hash64(const void *data, size_t len, uint64_t seed);
 static inline uint64_t refit_mix64(uint64_t x)
 {
-    x ^= x >> 31; x *= 0x7fb5d329728ea185ULL;
-    x ^= x >> 27; x *= 0x81dadef4bc2dd44dULL;
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ULL;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dULL;
     x ^= x >> 33;
     return x;
 }
 /* Incremental hasher for structured data (signatures). */
-typedef struct { uint64_t h; uint64_t n; } refit_hasher_t;
-static inline void refit_hasher_init(refit_hasher_t *s, uint64_t seed) { s->h = refit_mix64(seed ^ 0x5eed); s->n = 0; }
+typedef struct {
+    uint64_t h;
+    uint64_t n;
+} refit_hasher_t;
+static inline void refit_hasher_init(refit_hasher_t *s, uint64_t seed)
+{
+    s->h = refit_mix64(seed ^ 0x5eed);
+    s->n = 0;
+}
 static inline void refit_hasher_u64(refit_hasher_t *s, uint64_t v)
 {
     s->h = refit_mix64(s->h ^ refit_mix64(v + 0x9e3779b97f4a7c15ULL * ++s->n));

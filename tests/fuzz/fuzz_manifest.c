@@ -28,10 +28,8 @@ static void check(const uint8_t *data, size_t size)
         case REFIT_ERR_OUT_OF_BOUNDS:
         case REFIT_ERR_OVERLAP:
         case REFIT_ERR_MISMATCH:
-        case REFIT_ERR_NO_MEMORY:
-            break;
-        default:
-            abort();
+        case REFIT_ERR_NO_MEMORY: break;
+        default: abort();
         }
         if (refit_last_error()[0] == '\0') abort();
         return;

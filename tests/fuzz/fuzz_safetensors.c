@@ -10,8 +10,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(c) \
-    do {         \
+#define CHECK(c)           \
+    do {                   \
         if (!(c)) abort(); \
     } while (0)
 

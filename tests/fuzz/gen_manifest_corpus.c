@@ -158,8 +158,7 @@ static refit_manifest_t *many_rows(void)
     uint32_t c = canon(m, "model.embed_tokens.weight", REFIT_DTYPE_BF16, 2, DIMS(151936, 4096));
     uint32_t l = local(m, "embedding.word_embeddings.weight", REFIT_DTYPE_BF16, 2, DIMS(75968, 4096), 0,
                        UINT64_C(1) << 33);
-    for (uint64_t r = 0; r < 48; r++)
-        place(m, c, l, 2, DIMS(75968 + r * 1582, 0), DIMS(1582, 4096), DIMS(r * 1582, 0));
+    for (uint64_t r = 0; r < 48; r++) place(m, c, l, 2, DIMS(75968 + r * 1582, 0), DIMS(1582, 4096), DIMS(r * 1582, 0));
     uint32_t u = canon(m, "bytes", REFIT_DTYPE_U8, 1, DIMS(300));
     uint32_t lu = local(m, "bytes", REFIT_DTYPE_U8, 1, DIMS(300), 0, 0);
     place(m, u, lu, 1, DIMS(0), DIMS(300), DIMS(0));

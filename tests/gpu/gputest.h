@@ -12,37 +12,37 @@
 
 #include "refit/refit.h"
 
-#define FAIL(...)                                                      \
-    do {                                                               \
-        fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__);         \
-        fprintf(stderr, __VA_ARGS__);                                  \
-        fprintf(stderr, "\n");                                         \
-        exit(1);                                                       \
+#define FAIL(...)                                              \
+    do {                                                       \
+        fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__); \
+        fprintf(stderr, __VA_ARGS__);                          \
+        fprintf(stderr, "\n");                                 \
+        exit(1);                                               \
     } while (0)
-#define REFIT_ASSERT_OK(expr)                                                                                 \
-    do {                                                                                                      \
-        refit_status_t st_ = (expr);                                                                          \
-        if (st_ != REFIT_OK) FAIL("%s -> %s: %s", #expr, refit_status_name(st_), refit_last_error());        \
+#define REFIT_ASSERT_OK(expr)                                                                         \
+    do {                                                                                              \
+        refit_status_t st_ = (expr);                                                                  \
+        if (st_ != REFIT_OK) FAIL("%s -> %s: %s", #expr, refit_status_name(st_), refit_last_error()); \
     } while (0)
-#define REFIT_ASSERT_ERR(expr, code, needle)                                                                  \
-    do {                                                                                                      \
-        refit_status_t st_ = (expr);                                                                          \
-        if (st_ != (code) || !strstr(refit_last_error(), needle))                                             \
-            FAIL("%s -> %s (%s), wanted %s with '%s'", #expr, refit_status_name(st_), refit_last_error(),      \
-                 refit_status_name(code), needle);                                                            \
+#define REFIT_ASSERT_ERR(expr, code, needle)                                                              \
+    do {                                                                                                  \
+        refit_status_t st_ = (expr);                                                                      \
+        if (st_ != (code) || !strstr(refit_last_error(), needle))                                         \
+            FAIL("%s -> %s (%s), wanted %s with '%s'", #expr, refit_status_name(st_), refit_last_error(), \
+                 refit_status_name(code), needle);                                                        \
     } while (0)
-#define assert_true(c)                      \
-    do {                                    \
-        if (!(c)) FAIL("%s is false", #c);  \
+#define assert_true(c)                     \
+    do {                                   \
+        if (!(c)) FAIL("%s is false", #c); \
     } while (0)
 #define assert_false(c) assert_true(!(c))
-#define assert_int_equal(a, b)                                                                                \
-    do {                                                                                                      \
-        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);                        \
-        if (a_ != b_) FAIL("%s == %llu, expected %s == %llu", #a, a_, #b, b_);                                \
+#define assert_int_equal(a, b)                                                         \
+    do {                                                                               \
+        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
+        if (a_ != b_) FAIL("%s == %llu, expected %s == %llu", #a, a_, #b, b_);         \
     } while (0)
-#define assert_memory_equal(a, b, n)                     \
-    do {                                                 \
+#define assert_memory_equal(a, b, n)                                       \
+    do {                                                                   \
         if (memcmp((a), (b), (n))) FAIL("memory differs: %s, %s", #a, #b); \
     } while (0)
 #define assert_non_null(p) assert_true((p) != NULL)

@@ -114,7 +114,8 @@ static void batch_case(const char *model, const char *src_spec, const char *dst_
         free(poison);
         uint64_t *slots = calloc(b.nslots, sizeof(uint64_t));
         for (uint32_t s = 0; s < ns; s++)
-            for (uint32_t k = b.src_slot_base[s]; k < b.src_slot_base[s + 1]; k++) slots[k] = (uint64_t)(uintptr_t)sa[s];
+            for (uint32_t k = b.src_slot_base[s]; k < b.src_slot_base[s + 1]; k++)
+                slots[k] = (uint64_t)(uintptr_t)sa[s];
         for (uint32_t k = b.dst_slot_base; k < b.nslots; k++) slots[k] = (uint64_t)(uintptr_t)d;
         refit_gpu_batch_t *g;
         REFIT_ASSERT_OK(refit_gpu_enable_peer(g_dst_dev, 0)); /* the kernel on the destination reads GPU 0 */
@@ -209,7 +210,8 @@ static void engine_case(const char *model, const char *src_spec, int src_dev, co
             if (v > 1 && expect_one_launch)
                 assert_true(rep.launches >= 1 && rep.launches <= 2); /* the copy, and fills if any */
             /* independent proof, outside the engine */
-            if (dst_dev >= 0) REFIT_ASSERT_OK(refit_gpu_truth_verify(rm[r], dst_dev, (const void *const *)&rb[r], v, NULL));
+            if (dst_dev >= 0)
+                REFIT_ASSERT_OK(refit_gpu_truth_verify(rm[r], dst_dev, (const void *const *)&rb[r], v, NULL));
             else REFIT_ASSERT_OK(refit_truth_verify(rm[r], (const void *const *)&rb[r], v, NULL));
             printf("  %s -> %s v%llu rank %u: %llu bytes, %llu launches, transfer %.2f ms, %s\n", src_spec, dst_spec,
                    (unsigned long long)v, r, (unsigned long long)rep.bytes, (unsigned long long)rep.launches,
@@ -299,7 +301,8 @@ static void engine_delta_case(const char *model, const char *src_spec, const cha
         if (v == 1) full = rep.bytes;
         if (rep.delta_base != v - 1 || (v > 1 && rep.bytes * 5 >= full)) /* 2%: 4 bytes a change, whole chunks */
             FAIL("version %llu: %llu bytes (full %llu), delta from %llu, lanes %s", (unsigned long long)v,
-                 (unsigned long long)rep.bytes, (unsigned long long)full, (unsigned long long)rep.delta_base, rep.lanes);
+                 (unsigned long long)rep.bytes, (unsigned long long)full, (unsigned long long)rep.delta_base,
+                 rep.lanes);
         REFIT_ASSERT_OK(refit_gpu_copy(host, rb, size));
         REFIT_ASSERT_OK(refit_truth_verify_delta(rm, (const void *const *)&host, v, f, NULL));
         printf("  delta into GPU %d: %s -> %s v%llu: %llu bytes (delta from %llu), transfer %.2f ms, %s\n", dst_dev,
@@ -358,8 +361,10 @@ static void gpu_relay_case(const char *model, const char *src_spec, const char *
         }
         if (from_relay < size / 2 || from_trainer)
             FAIL("version %llu: B read %llu bytes from relay 0 and %llu from the trainer (%zu holders; lanes %s)",
-                 (unsigned long long)v, (unsigned long long)from_relay, (unsigned long long)from_trainer, nh, rep.lanes);
-        for (int i = 0; i < 2; i++) REFIT_ASSERT_OK(refit_gpu_truth_verify(rm, dst_dev, (const void *const *)&rb[i], v, NULL));
+                 (unsigned long long)v, (unsigned long long)from_relay, (unsigned long long)from_trainer, nh,
+                 rep.lanes);
+        for (int i = 0; i < 2; i++)
+            REFIT_ASSERT_OK(refit_gpu_truth_verify(rm, dst_dev, (const void *const *)&rb[i], v, NULL));
         printf("  GPU relay: %s -> %s v%llu: B read %llu bytes from A's staging, transfer %.2f ms, %s\n", src_spec,
                dst_spec, (unsigned long long)v, (unsigned long long)from_relay, rep.transfer_ms, rep.lanes);
         for (uint32_t s = 0; s < h.n; s++) REFIT_ASSERT_OK(refit_publisher_wait_readers(h.pub[s], v, 10000));
@@ -374,9 +379,9 @@ static void test_engine(void **state)
 {
     (void)state;
     engine_case("tiny-moe", "megatron:ep=2", 0, "vllm:tp=2", g_dst_dev, true);
-    engine_case("tiny-moe", "megatron:tp=2", 0, "vllm:tp=2", -1, true);  /* GPU -> host, mapped */
+    engine_case("tiny-moe", "megatron:tp=2", 0, "vllm:tp=2", -1, true);          /* GPU -> host, mapped */
     engine_case("tiny-moe", "megatron:ep=2", -1, "vllm:tp=2", g_dst_dev, false); /* host (shm) -> GPU */
-    engine_case("tiny-moe", "hf", 0, "megatron:tp=4", g_dst_dev, true); /* padding on the GPU */
+    engine_case("tiny-moe", "hf", 0, "megatron:tp=4", g_dst_dev, true);          /* padding on the GPU */
     engine_delta_case("tiny-moe", "megatron:ep=2", "vllm:tp=2", g_dst_dev);
     engine_delta_case("qwen3-30b-a3b-mini", "megatron:ep=2", "vllm:tp=2", g_dst_dev);
     gpu_relay_case("tiny-moe", "megatron:ep=2", "vllm:tp=2", g_dst_dev);
@@ -398,7 +403,8 @@ int main(void)
     test_batch(NULL);
     printf("ok batch copy kernel\n");
     test_engine(NULL);
-    printf("ok engine over cuda_ipc (GPU->GPU, GPU->host, host->GPU), deltas into GPU memory, relays on GPU receivers\n");
+    printf(
+        "ok engine over cuda_ipc (GPU->GPU, GPU->host, host->GPU), deltas into GPU memory, relays on GPU receivers\n");
     return 0;
 #endif
 }

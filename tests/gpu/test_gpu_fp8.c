@@ -35,7 +35,8 @@ static int g_dst_dev;
 static void quantize_all(void)
 {
     /* scales the quantizer makes from block maxima across the bf16 range */
-    const uint16_t amax[] = {0x0001, 0x0040, 0x0080, 0x0100, 0x1234, 0x3a00, 0x3f80, 0x3f81, 0x43e0, 0x4480, 0x6000, 0x7f7f};
+    const uint16_t amax[] = {0x0001, 0x0040, 0x0080, 0x0100, 0x1234, 0x3a00,
+                             0x3f80, 0x3f81, 0x43e0, 0x4480, 0x6000, 0x7f7f};
     uint32_t n = sizeof(amax) / sizeof(amax[0]) + 1;
     float scales[16];
     for (uint32_t k = 0; k + 1 < n; k++) scales[k] = refit_fp8_hd_scale(amax[k]);
@@ -48,7 +49,8 @@ static void quantize_all(void)
         for (uint32_t k = 0; k < n; k++) {
             uint8_t want = refit_fp8_e4m3_from_f32(refit_bf16_to_f32((uint16_t)i) / scales[k]);
             if (q[(uint64_t)i * n + k] != want && diff++ < 5)
-                fprintf(stderr, "bf16 0x%04x / %g: GPU 0x%02x, CPU 0x%02x\n", i, (double)scales[k], q[(uint64_t)i * n + k], want);
+                fprintf(stderr, "bf16 0x%04x / %g: GPU 0x%02x, CPU 0x%02x\n", i, (double)scales[k],
+                        q[(uint64_t)i * n + k], want);
         }
     free(q);
     assert_int_equal(diff, 0);
@@ -92,7 +94,8 @@ static uint64_t *slots_for(const refit_fp8_table_t *x, const srcs_t *s, void *ar
 {
     uint64_t *slots = calloc(x->nslots, sizeof(uint64_t));
     for (uint32_t i = 0; i < s->n; i++)
-        for (uint32_t k = x->src_slot_base[i]; k < x->src_slot_base[i + 1]; k++) slots[k] = (uint64_t)(uintptr_t)s->dev_base[i];
+        for (uint32_t k = x->src_slot_base[i]; k < x->src_slot_base[i + 1]; k++)
+            slots[k] = (uint64_t)(uintptr_t)s->dev_base[i];
     slots[x->dst_slot] = (uint64_t)(uintptr_t)arena;
     return slots;
 }
@@ -150,8 +153,8 @@ static void table_case(const char *model, const char *src_spec, const char *dst_
     assert_int_equal(uploads, x.copy.n ? 2 : 1);
     unsigned char *got = host_copy(arena, nf);
     assert_int_equal(compare_arena(t, got, want), 0);
-    printf("  %s %s -> %s rank %u on GPU %d: %llu blocks (%llu whole, %llu pieces), %llu kept regions, bit-exact\n", model,
-           src_spec, dst_spec, rank, dev, (unsigned long long)x.nblocks, (unsigned long long)x.full_blocks,
+    printf("  %s %s -> %s rank %u on GPU %d: %llu blocks (%llu whole, %llu pieces), %llu kept regions, bit-exact\n",
+           model, src_spec, dst_spec, rank, dev, (unsigned long long)x.nblocks, (unsigned long long)x.full_blocks,
            (unsigned long long)x.npieces, (unsigned long long)x.copy.n);
     free(got);
     free(slots);
@@ -233,9 +236,11 @@ static void engine_case(const char *model, const char *src_spec, const char *dst
             REFIT_ASSERT_OK(refit_truth_fill(bf, &img, v));
             REFIT_ASSERT_OK(refit_fp8_stage(t, img, want, 0));
             assert_int_equal(compare_arena(t, got, want), 0);
-            printf("  engine %s -> %s+fp8 v%llu rank %u on GPU %d: %llu bf16 bytes read, %llu launches, transfer %.2f ms, "
-                   "%s\n", src_spec, dst_spec, (unsigned long long)v, k, dev, (unsigned long long)rep.bytes,
-                   (unsigned long long)rep.launches, rep.transfer_ms, rep.lanes);
+            printf(
+                "  engine %s -> %s+fp8 v%llu rank %u on GPU %d: %llu bf16 bytes read, %llu launches, transfer %.2f ms, "
+                "%s\n",
+                src_spec, dst_spec, (unsigned long long)v, k, dev, (unsigned long long)rep.bytes,
+                (unsigned long long)rep.launches, rep.transfer_ms, rep.lanes);
             free(img);
             free(want);
             free(got);
@@ -299,7 +304,8 @@ static void bench_rank(const srcs_t *s, const char *model, const char *dst_spec,
     REFIT_ASSERT_OK(refit_gpu_alloc(dev, nb, &bf));
     uint64_t *bslots = calloc(b.nslots, sizeof(uint64_t));
     for (uint32_t i = 0; i < s->n; i++)
-        for (uint32_t k = b.src_slot_base[i]; k < b.src_slot_base[i + 1]; k++) bslots[k] = (uint64_t)(uintptr_t)s->dev_base[i];
+        for (uint32_t k = b.src_slot_base[i]; k < b.src_slot_base[i + 1]; k++)
+            bslots[k] = (uint64_t)(uintptr_t)s->dev_base[i];
     for (uint32_t k = b.dst_slot_base; k < b.nslots; k++) bslots[k] = (uint64_t)(uintptr_t)bf;
     for (int it = -1; it < iters; it++) {
         double t0 = refit_now();
@@ -363,7 +369,8 @@ static int bench(const char *model, const char *src_spec, const char *dst_spec, 
     refit_layout_destroy(l);
     FILE *f = fopen(out, "w");
     assert_non_null(f);
-    fprintf(f, "{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"iters\":%d,\"cases\":[", model, src_spec, dst_spec, iters);
+    fprintf(f, "{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"iters\":%d,\"cases\":[", model, src_spec, dst_spec,
+            iters);
     int devs[2] = {g_dst_dev, 0}, ndev = g_dst_dev ? 2 : 1;
     bool all = true;
     for (int d = 0; d < ndev; d++) {
@@ -380,15 +387,17 @@ static int bench(const char *model, const char *src_spec, const char *dst_spec, 
         all = all && v && e;
         printf("%s on GPU %d (sources on GPU 0): bf16 %.4f s (%.1f GB), fp8 %.4f s, fp8_vs_bf16 %.3f, table %.0f ms, "
                "%llu blocks (%llu whole, %llu pieces), bf16 verified %d, fp8 bit-exact %d\n",
-               devs[d] == 0 ? "colocated" : "cross-GPU", devs[d], r.bf16_s, r.bf16_bytes / 1e9, r.fp8_s, ratio, r.table_ms,
-               (unsigned long long)r.blocks, (unsigned long long)r.whole, (unsigned long long)r.pieces, v, e);
+               devs[d] == 0 ? "colocated" : "cross-GPU", devs[d], r.bf16_s, r.bf16_bytes / 1e9, r.fp8_s, ratio,
+               r.table_ms, (unsigned long long)r.blocks, (unsigned long long)r.whole, (unsigned long long)r.pieces, v,
+               e);
         fprintf(f,
                 "%s{\"case\":\"%s\",\"src_device\":0,\"dst_device\":%d,\"ranks\":%u,\"bf16_s\":%.6f,\"fp8_s\":%.6f,"
                 "\"fp8_vs_bf16\":%.4f,\"bf16_bytes\":%llu,\"bf16_read_by_fp8\":%llu,\"table_ms\":%.1f,\"blocks\":%llu,"
                 "\"whole_blocks\":%llu,\"pieces\":%llu,\"bf16_verified\":%s,\"bit_exact\":%s}",
                 d ? "," : "", devs[d] == 0 ? "colocated" : "cross-gpu", devs[d], world, r.bf16_s, r.fp8_s, ratio,
-                (unsigned long long)r.bf16_bytes, (unsigned long long)r.fp8_bytes, r.table_ms, (unsigned long long)r.blocks,
-                (unsigned long long)r.whole, (unsigned long long)r.pieces, v ? "true" : "false", e ? "true" : "false");
+                (unsigned long long)r.bf16_bytes, (unsigned long long)r.fp8_bytes, r.table_ms,
+                (unsigned long long)r.blocks, (unsigned long long)r.whole, (unsigned long long)r.pieces,
+                v ? "true" : "false", e ? "true" : "false");
     }
     fprintf(f, "],\"verified\":%s}\n", all ? "true" : "false");
     fclose(f);
@@ -412,11 +421,13 @@ int main(int argc, char **argv)
     uint64_t bad = 0, checked = 0;
     uint16_t fx = 0, fa = 0;
     REFIT_ASSERT_OK(refit_gpu_fp8_check_all(0, &bad, &checked, &fx, &fa));
-    if (bad) FAIL("the whole-block path differs in %llu of %llu cases, first bf16 0x%04x with amax 0x%04x",
-                  (unsigned long long)bad, (unsigned long long)checked, fx, fa);
+    if (bad)
+        FAIL("the whole-block path differs in %llu of %llu cases, first bf16 0x%04x with amax 0x%04x",
+             (unsigned long long)bad, (unsigned long long)checked, fx, fa);
     assert_true(checked > 1000000000ull);
-    printf("ok FP8 whole-block arithmetic (reciprocal + FMA correction, hardware e4m3) = fp8_hd.h for all %llu (x, amax)\n",
-           (unsigned long long)checked);
+    printf(
+        "ok FP8 whole-block arithmetic (reciprocal + FMA correction, hardware e4m3) = fp8_hd.h for all %llu (x, amax)\n",
+        (unsigned long long)checked);
     for (int d = 0; d < (g_dst_dev ? 2 : 1); d++) {
         int dev = d ? 0 : g_dst_dev;
         table_case("tiny-fp8", "megatron:ep=2", "vllm:tp=2", 0, dev, false);
@@ -426,8 +437,10 @@ int main(int argc, char **argv)
     }
     printf("ok FP8 quantize-on-copy kernel = CPU stage, byte for byte (%s)\n",
            g_dst_dev ? "GPU 0 -> GPU 1 and colocated on GPU 0" : "colocated on GPU 0 only: one GPU here");
-    for (int d = 0; d < (g_dst_dev ? 2 : 1); d++) engine_case("tiny-fp8", "megatron:ep=2", "vllm:tp=2", d ? 0 : g_dst_dev);
-    printf("ok FP8 receivers in the engine (params.fp8): quantized while pulled, verified, refused where they cannot work\n");
+    for (int d = 0; d < (g_dst_dev ? 2 : 1); d++)
+        engine_case("tiny-fp8", "megatron:ep=2", "vllm:tp=2", d ? 0 : g_dst_dev);
+    printf(
+        "ok FP8 receivers in the engine (params.fp8): quantized while pulled, verified, refused where they cannot work\n");
     return 0;
 #endif
 }

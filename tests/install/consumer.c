@@ -9,13 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(call)                                                                                  \
-    do {                                                                                             \
-        refit_status_t st_ = (call);                                                                 \
-        if (st_ != REFIT_OK) {                                                                       \
+#define CHECK(call)                                                                                        \
+    do {                                                                                                   \
+        refit_status_t st_ = (call);                                                                       \
+        if (st_ != REFIT_OK) {                                                                             \
             fprintf(stderr, "consumer: %s: %s (%s)\n", #call, refit_status_name(st_), refit_last_error()); \
-            return 1;                                                                                \
-        }                                                                                            \
+            return 1;                                                                                      \
+        }                                                                                                  \
     } while (0)
 
 static void **alloc_regions(const refit_manifest_t *m)

@@ -331,10 +331,8 @@ static void test_find_overlap_random(void **state)
         }
         check_find(boxes, groups, n);
         check_find(boxes, NULL, n); /* no groups: all conflict */
-        if (brute_find(boxes, groups, n))
-            positives++;
-        else
-            negatives++;
+        if (brute_find(boxes, groups, n)) positives++;
+        else negatives++;
     }
     /* both outcomes are well represented */
     assert_true(positives > 1000);
@@ -351,7 +349,7 @@ static void test_find_overlap_small_cases(void **state)
     assert_false(refit_boxes_find_overlap(b, g, 0, &i, &j, &err));
     assert_false(refit_boxes_find_overlap(b, g, 1, &i, &j, &err));
     assert_false(refit_boxes_find_overlap(b, g, 3, &i, &j, &err)); /* touching in dim 0 and in dim 1 */
-    b[2] = b[0]; /* identical boxes overlap */
+    b[2] = b[0];                                                   /* identical boxes overlap */
     assert_true(refit_boxes_find_overlap(b, g, 3, &i, &j, &err));
     assert_int_equal(i, 0);
     assert_int_equal(j, 2);

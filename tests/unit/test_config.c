@@ -56,70 +56,69 @@ static const char QWEN3_30B_A3B[] = "{\n"
 
 /* deepseek-ai/DeepSeek-V3 (its weights are published in fp8 with scales; the
  * model describes them in bf16, as the built-in does) */
-static const char DEEPSEEK_V3[] =
-    "{\n"
-    "  \"architectures\": [\"DeepseekV3ForCausalLM\"],\n"
-    "  \"attention_bias\": false,\n"
-    "  \"attention_dropout\": 0.0,\n"
-    "  \"auto_map\": {\n"
-    "    \"AutoConfig\": \"configuration_deepseek.DeepseekV3Config\",\n"
-    "    \"AutoModel\": \"modeling_deepseek.DeepseekV3Model\",\n"
-    "    \"AutoModelForCausalLM\": \"modeling_deepseek.DeepseekV3ForCausalLM\"\n"
-    "  },\n"
-    "  \"aux_loss_alpha\": 0.001,\n"
-    "  \"bos_token_id\": 0,\n"
-    "  \"eos_token_id\": 1,\n"
-    "  \"ep_size\": 1,\n"
-    "  \"first_k_dense_replace\": 3,\n"
-    "  \"hidden_act\": \"silu\",\n"
-    "  \"hidden_size\": 7168,\n"
-    "  \"initializer_range\": 0.02,\n"
-    "  \"intermediate_size\": 18432,\n"
-    "  \"kv_lora_rank\": 512,\n"
-    "  \"max_position_embeddings\": 163840,\n"
-    "  \"model_type\": \"deepseek_v3\",\n"
-    "  \"moe_intermediate_size\": 2048,\n"
-    "  \"moe_layer_freq\": 1,\n"
-    "  \"n_group\": 8,\n"
-    "  \"n_routed_experts\": 256,\n"
-    "  \"n_shared_experts\": 1,\n"
-    "  \"norm_topk_prob\": true,\n"
-    "  \"num_attention_heads\": 128,\n"
-    "  \"num_experts_per_tok\": 8,\n"
-    "  \"num_hidden_layers\": 61,\n"
-    "  \"num_key_value_heads\": 128,\n"
-    "  \"num_nextn_predict_layers\": 1,\n"
-    "  \"q_lora_rank\": 1536,\n"
-    "  \"qk_nope_head_dim\": 128,\n"
-    "  \"qk_rope_head_dim\": 64,\n"
-    "  \"quantization_config\": {\n"
-    "    \"activation_scheme\": \"dynamic\",\n"
-    "    \"fmt\": \"e4m3\",\n"
-    "    \"quant_method\": \"fp8\",\n"
-    "    \"weight_block_size\": [128, 128]\n"
-    "  },\n"
-    "  \"rms_norm_eps\": 1e-06,\n"
-    "  \"rope_scaling\": {\n"
-    "    \"beta_fast\": 32,\n"
-    "    \"beta_slow\": 1,\n"
-    "    \"factor\": 40,\n"
-    "    \"mscale\": 1.0,\n"
-    "    \"mscale_all_dim\": 1.0,\n"
-    "    \"original_max_position_embeddings\": 4096,\n"
-    "    \"type\": \"yarn\"\n"
-    "  },\n"
-    "  \"rope_theta\": 10000,\n"
-    "  \"routed_scaling_factor\": 2.5,\n"
-    "  \"scoring_func\": \"sigmoid\",\n"
-    "  \"tie_word_embeddings\": false,\n"
-    "  \"topk_group\": 4,\n"
-    "  \"topk_method\": \"noaux_tc\",\n"
-    "  \"torch_dtype\": \"bfloat16\",\n"
-    "  \"transformers_version\": \"4.33.1\",\n"
-    "  \"use_cache\": true,\n"
-    "  \"v_head_dim\": 128,\n"
-    "  \"vocab_size\": 129280\n"
-    "}\n";
+static const char DEEPSEEK_V3[] = "{\n"
+                                  "  \"architectures\": [\"DeepseekV3ForCausalLM\"],\n"
+                                  "  \"attention_bias\": false,\n"
+                                  "  \"attention_dropout\": 0.0,\n"
+                                  "  \"auto_map\": {\n"
+                                  "    \"AutoConfig\": \"configuration_deepseek.DeepseekV3Config\",\n"
+                                  "    \"AutoModel\": \"modeling_deepseek.DeepseekV3Model\",\n"
+                                  "    \"AutoModelForCausalLM\": \"modeling_deepseek.DeepseekV3ForCausalLM\"\n"
+                                  "  },\n"
+                                  "  \"aux_loss_alpha\": 0.001,\n"
+                                  "  \"bos_token_id\": 0,\n"
+                                  "  \"eos_token_id\": 1,\n"
+                                  "  \"ep_size\": 1,\n"
+                                  "  \"first_k_dense_replace\": 3,\n"
+                                  "  \"hidden_act\": \"silu\",\n"
+                                  "  \"hidden_size\": 7168,\n"
+                                  "  \"initializer_range\": 0.02,\n"
+                                  "  \"intermediate_size\": 18432,\n"
+                                  "  \"kv_lora_rank\": 512,\n"
+                                  "  \"max_position_embeddings\": 163840,\n"
+                                  "  \"model_type\": \"deepseek_v3\",\n"
+                                  "  \"moe_intermediate_size\": 2048,\n"
+                                  "  \"moe_layer_freq\": 1,\n"
+                                  "  \"n_group\": 8,\n"
+                                  "  \"n_routed_experts\": 256,\n"
+                                  "  \"n_shared_experts\": 1,\n"
+                                  "  \"norm_topk_prob\": true,\n"
+                                  "  \"num_attention_heads\": 128,\n"
+                                  "  \"num_experts_per_tok\": 8,\n"
+                                  "  \"num_hidden_layers\": 61,\n"
+                                  "  \"num_key_value_heads\": 128,\n"
+                                  "  \"num_nextn_predict_layers\": 1,\n"
+                                  "  \"q_lora_rank\": 1536,\n"
+                                  "  \"qk_nope_head_dim\": 128,\n"
+                                  "  \"qk_rope_head_dim\": 64,\n"
+                                  "  \"quantization_config\": {\n"
+                                  "    \"activation_scheme\": \"dynamic\",\n"
+                                  "    \"fmt\": \"e4m3\",\n"
+                                  "    \"quant_method\": \"fp8\",\n"
+                                  "    \"weight_block_size\": [128, 128]\n"
+                                  "  },\n"
+                                  "  \"rms_norm_eps\": 1e-06,\n"
+                                  "  \"rope_scaling\": {\n"
+                                  "    \"beta_fast\": 32,\n"
+                                  "    \"beta_slow\": 1,\n"
+                                  "    \"factor\": 40,\n"
+                                  "    \"mscale\": 1.0,\n"
+                                  "    \"mscale_all_dim\": 1.0,\n"
+                                  "    \"original_max_position_embeddings\": 4096,\n"
+                                  "    \"type\": \"yarn\"\n"
+                                  "  },\n"
+                                  "  \"rope_theta\": 10000,\n"
+                                  "  \"routed_scaling_factor\": 2.5,\n"
+                                  "  \"scoring_func\": \"sigmoid\",\n"
+                                  "  \"tie_word_embeddings\": false,\n"
+                                  "  \"topk_group\": 4,\n"
+                                  "  \"topk_method\": \"noaux_tc\",\n"
+                                  "  \"torch_dtype\": \"bfloat16\",\n"
+                                  "  \"transformers_version\": \"4.33.1\",\n"
+                                  "  \"use_cache\": true,\n"
+                                  "  \"v_head_dim\": 128,\n"
+                                  "  \"vocab_size\": 129280\n"
+                                  "}\n";
 
 /* moonshotai/Kimi-K2-Instruct (model_type kimi_k2, DeepSeek-V3 classes) */
 static const char KIMI_K2[] = "{\n"
@@ -302,8 +301,9 @@ static void assert_same_tensors(const refit_model_t *a, const refit_model_t *b)
         assert_int_equal(ta.dtype, tb.dtype);
         assert_int_equal(ta.ndim, tb.ndim);
         for (uint32_t d = 0; d < ta.ndim; d++)
-            if (ta.shape[d] != tb.shape[d]) fail_msg("tensor %s dim %u: %llu vs %llu", ta.name, d,
-                                                     (unsigned long long)ta.shape[d], (unsigned long long)tb.shape[d]);
+            if (ta.shape[d] != tb.shape[d])
+                fail_msg("tensor %s dim %u: %llu vs %llu", ta.name, d, (unsigned long long)ta.shape[d],
+                         (unsigned long long)tb.shape[d]);
     }
     assert_true(refit_model_total_bytes(a) == refit_model_total_bytes(b));
 }
@@ -371,8 +371,8 @@ static void test_builtin_totals(void **state)
         const char *name;
         uint64_t bytes;
     } real[] = {
-        {"qwen3-30b-a3b", 61064245248ULL}, {"qwen3-8b", 16381470720ULL},        {"llama3-8b", 16060522496ULL},
-        {"deepseek-v3", 1342052868096ULL}, {"kimi-k2", 2052816510976ULL},      {"qwen3-235b-a22b", 470187269120ULL},
+        {"qwen3-30b-a3b", 61064245248ULL}, {"qwen3-8b", 16381470720ULL},  {"llama3-8b", 16060522496ULL},
+        {"deepseek-v3", 1342052868096ULL}, {"kimi-k2", 2052816510976ULL}, {"qwen3-235b-a22b", 470187269120ULL},
         {"llama3-70b", 141107412992ULL},
     };
     for (size_t i = 0; i < sizeof(real) / sizeof(real[0]); i++) {
@@ -686,7 +686,7 @@ static void test_open(void **state)
 typedef struct {
     const char *base;
     const char *key;
-    const char *value; /* NULL: field removed */
+    const char *value;         /* NULL: field removed */
     const char *key2, *value2; /* a second change, if key2 */
     refit_status_t want;
     const char *needle;
@@ -698,48 +698,66 @@ static void test_errors(void **state)
     static const bad_t cases[] = {
         /* missing numbers */
         {QWEN3_30B_A3B, "hidden_size", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "missing field \"hidden_size\""},
-        {QWEN3_30B_A3B, "num_hidden_layers", "null", NULL, NULL, REFIT_ERR_INVALID_ARG, "missing field \"num_hidden_layers\" (null)"},
+        {QWEN3_30B_A3B, "num_hidden_layers", "null", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "missing field \"num_hidden_layers\" (null)"},
         {QWEN3_30B_A3B, "num_experts", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "missing field \"num_experts\""},
         {QWEN3_30B_A3B, "moe_intermediate_size", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "\"moe_intermediate_size\""},
-        {LLAMA3_8B, "intermediate_size", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "missing field \"intermediate_size\""},
+        {LLAMA3_8B, "intermediate_size", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "missing field \"intermediate_size\""},
         {LLAMA3_8B, "vocab_size", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "missing field \"vocab_size\""},
         {DEEPSEEK_V3, "kv_lora_rank", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "missing field \"kv_lora_rank\""},
         {DEEPSEEK_V3, "q_lora_rank", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "missing field \"q_lora_rank\""},
         {DEEPSEEK_V3, "first_k_dense_replace", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "\"first_k_dense_replace\""},
         {DEEPSEEK_V3, "n_routed_experts", NULL, NULL, NULL, REFIT_ERR_INVALID_ARG, "\"n_routed_experts\""},
         /* numbers that are not positive 32-bit integers */
-        {QWEN3_30B_A3B, "hidden_size", "-2048", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"hidden_size\" must be a positive integer below 2^32, not -2048"},
-        {QWEN3_30B_A3B, "hidden_size", "0", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"hidden_size\" must be a positive integer"},
+        {QWEN3_30B_A3B, "hidden_size", "-2048", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"hidden_size\" must be a positive integer below 2^32, not -2048"},
+        {QWEN3_30B_A3B, "hidden_size", "0", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"hidden_size\" must be a positive integer"},
         {QWEN3_30B_A3B, "hidden_size", "2048.5", NULL, NULL, REFIT_ERR_INVALID_ARG, "not 2048.5"},
         {QWEN3_30B_A3B, "hidden_size", "2048.0", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"hidden_size\""},
         {QWEN3_30B_A3B, "hidden_size", "2.048e3", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"hidden_size\""},
-        {QWEN3_30B_A3B, "num_experts", "4294967296", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"num_experts\" must be a positive integer below 2^32, not 4294967296"},
+        {QWEN3_30B_A3B, "num_experts", "4294967296", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"num_experts\" must be a positive integer below 2^32, not 4294967296"},
         {QWEN3_30B_A3B, "num_experts", "99999999999999999999999", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"num_experts\""},
         {QWEN3_30B_A3B, "num_experts", "1e30", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"num_experts\""},
-        {QWEN3_30B_A3B, "vocab_size", "\"151936\"", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"vocab_size\" must be a positive integer below 2^32, not a string"},
+        {QWEN3_30B_A3B, "vocab_size", "\"151936\"", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"vocab_size\" must be a positive integer below 2^32, not a string"},
         {QWEN3_30B_A3B, "vocab_size", "[151936]", NULL, NULL, REFIT_ERR_INVALID_ARG, "not an array"},
         {QWEN3_30B_A3B, "num_key_value_heads", "0", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"num_key_value_heads\""},
         {QWEN3_30B_A3B, "head_dim", "-1", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"head_dim\""},
-        {DEEPSEEK_V3, "first_k_dense_replace", "-1", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"first_k_dense_replace\" must be a non-negative integer"},
-        {DEEPSEEK_V3, "v_head_dim", "true", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"v_head_dim\" must be a positive integer below 2^32, not a boolean"},
-        {QWEN3_30B_A3B, "tie_word_embeddings", "0", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"tie_word_embeddings\" must be true or false, not 0"},
-        {QWEN3_30B_A3B, "torch_dtype", "16", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"torch_dtype\" must be a string, not 16"},
-        {QWEN3_30B_A3B, "mlp_only_layers", "{}", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"mlp_only_layers\" must be an array, not an object"},
+        {DEEPSEEK_V3, "first_k_dense_replace", "-1", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"first_k_dense_replace\" must be a non-negative integer"},
+        {DEEPSEEK_V3, "v_head_dim", "true", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"v_head_dim\" must be a positive integer below 2^32, not a boolean"},
+        {QWEN3_30B_A3B, "tie_word_embeddings", "0", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"tie_word_embeddings\" must be true or false, not 0"},
+        {QWEN3_30B_A3B, "torch_dtype", "16", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"torch_dtype\" must be a string, not 16"},
+        {QWEN3_30B_A3B, "mlp_only_layers", "{}", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "\"mlp_only_layers\" must be an array, not an object"},
         /* numbers that do not add up (checked on the spec) */
-        {LLAMA3_8B, "num_key_value_heads", "5", NULL, NULL, REFIT_ERR_INVALID_ARG, "not a multiple of num_key_value_heads 5"},
-        {LLAMA3_8B, "num_attention_heads", "30", NULL, NULL, REFIT_ERR_INVALID_ARG, "hidden_size 4096 is not a multiple of num_attention_heads 30"},
-        {DEEPSEEK_V3, "first_k_dense_replace", "62", NULL, NULL, REFIT_ERR_INVALID_ARG, "first_k_dense_replace 62 exceeds 61 layers"},
+        {LLAMA3_8B, "num_key_value_heads", "5", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "not a multiple of num_key_value_heads 5"},
+        {LLAMA3_8B, "num_attention_heads", "30", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "hidden_size 4096 is not a multiple of num_attention_heads 30"},
+        {DEEPSEEK_V3, "first_k_dense_replace", "62", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "first_k_dense_replace 62 exceeds 61 layers"},
         /* what the tensor table cannot describe */
-        {QWEN3_30B_A3B, "mlp_only_layers", "[0, 47]", NULL, NULL, REFIT_ERR_UNSUPPORTED, "\"mlp_only_layers\" lists 2 layers"},
+        {QWEN3_30B_A3B, "mlp_only_layers", "[0, 47]", NULL, NULL, REFIT_ERR_UNSUPPORTED,
+         "\"mlp_only_layers\" lists 2 layers"},
         {QWEN3_30B_A3B, "decoder_sparse_step", "2", NULL, NULL, REFIT_ERR_UNSUPPORTED, "\"decoder_sparse_step\": 2"},
         {DEEPSEEK_V3, "q_lora_rank", "null", NULL, NULL, REFIT_ERR_UNSUPPORTED, "\"q_lora_rank\": null"},
         {DEEPSEEK_V3, "q_lora_rank", "0", NULL, NULL, REFIT_ERR_UNSUPPORTED, "\"q_lora_rank\": 0"},
         {DEEPSEEK_V3, "moe_layer_freq", "2", NULL, NULL, REFIT_ERR_UNSUPPORTED, "\"moe_layer_freq\": 2"},
         {LLAMA3_8B, "attention_bias", "true", NULL, NULL, REFIT_ERR_UNSUPPORTED, "\"attention_bias\""},
         {LLAMA3_8B, "mlp_bias", "true", NULL, NULL, REFIT_ERR_UNSUPPORTED, "\"mlp_bias\""},
-        {LLAMA3_8B, "torch_dtype", "\"float8_e4m3fn\"", NULL, NULL, REFIT_ERR_UNSUPPORTED, "torch_dtype \"float8_e4m3fn\" is not supported"},
-        {LLAMA3_8B, "model_type", "\"mixtral\"", "architectures", "[\"MixtralForCausalLM\"]", REFIT_ERR_UNSUPPORTED, "model_type \"mixtral\" is not supported (supported: qwen3, qwen3_moe, llama, mistral, deepseek_v3, kimi_k2)"},
-        {QWEN3_8B, "model_type", "\"qwen2\"", "architectures", "[\"Qwen2ForCausalLM\"]", REFIT_ERR_UNSUPPORTED, "\"qwen2\""},
+        {LLAMA3_8B, "torch_dtype", "\"float8_e4m3fn\"", NULL, NULL, REFIT_ERR_UNSUPPORTED,
+         "torch_dtype \"float8_e4m3fn\" is not supported"},
+        {LLAMA3_8B, "model_type", "\"mixtral\"", "architectures", "[\"MixtralForCausalLM\"]", REFIT_ERR_UNSUPPORTED,
+         "model_type \"mixtral\" is not supported (supported: qwen3, qwen3_moe, llama, mistral, deepseek_v3, kimi_k2)"},
+        {QWEN3_8B, "model_type", "\"qwen2\"", "architectures", "[\"Qwen2ForCausalLM\"]", REFIT_ERR_UNSUPPORTED,
+         "\"qwen2\""},
         {QWEN3_8B, "model_type", "\"qwen3\\nx\"", "architectures", "null", REFIT_ERR_UNSUPPORTED, "\"qwen3?x\""},
         {QWEN3_8B, "model_type", "3", NULL, NULL, REFIT_ERR_INVALID_ARG, "\"model_type\" must be a string"},
     };
@@ -782,7 +800,8 @@ static void test_errors(void **state)
                      "holds an object, not an array");
     REFIT_ASSERT_ERR(refit_model_from_config_text("null", 4, NULL, &m), REFIT_ERR_INVALID_ARG, "not a null");
     /* Malformed JSON: the file, line and column. */
-    const char *file = write_config("errors", "config.json", "{\n  \"model_type\": \"llama\",\n  \"hidden_size\": 4096,,\n}\n");
+    const char *file = write_config("errors", "config.json",
+                                    "{\n  \"model_type\": \"llama\",\n  \"hidden_size\": 4096,,\n}\n");
     REFIT_ASSERT_ERR(refit_model_from_config(file, &m), REFIT_ERR_PARSE, "line 3 column 23: unexpected ','");
     assert_int_equal(strncmp(refit_last_error(), file, strlen(file)), 0);
     t = with_field(LLAMA3_8B, "hidden_size", "04096");
@@ -800,7 +819,8 @@ static void test_errors(void **state)
     /* A directory named config.json inside the directory. */
     make_dir("nested");
     make_dir("nested/config.json");
-    REFIT_ASSERT_ERR(refit_model_from_config(make_dir("nested"), &m), REFIT_ERR_IO, "nested/config.json is a directory, not a regular file");
+    REFIT_ASSERT_ERR(refit_model_from_config(make_dir("nested"), &m), REFIT_ERR_IO,
+                     "nested/config.json is a directory, not a regular file");
     if (geteuid() != 0) { /* root reads anything */
         file = write_config("errors", "config.json", LLAMA3_8B);
         assert_int_equal(chmod(file, 0), 0);
@@ -810,7 +830,8 @@ static void test_errors(void **state)
     REFIT_ASSERT_ERR(refit_model_from_config(NULL, &m), REFIT_ERR_INVALID_ARG, NULL);
     REFIT_ASSERT_ERR(refit_model_from_config(file, NULL), REFIT_ERR_INVALID_ARG, NULL);
     REFIT_ASSERT_ERR(refit_model_from_config("", &m), REFIT_ERR_IO, NULL);
-    REFIT_ASSERT_ERR(refit_model_from_config_text(LLAMA3_8B, strlen(LLAMA3_8B), NULL, NULL), REFIT_ERR_INVALID_ARG, NULL);
+    REFIT_ASSERT_ERR(refit_model_from_config_text(LLAMA3_8B, strlen(LLAMA3_8B), NULL, NULL), REFIT_ERR_INVALID_ARG,
+                     NULL);
     assert_null(m);
 }
 
@@ -838,21 +859,36 @@ static void test_limits(void **state)
     static const bad_t over[] = {
         {QWEN3_30B_A3B, "num_hidden_layers", "100000000", NULL, NULL, REFIT_ERR_INVALID_ARG,
          "num_hidden_layers 100000000 is above refit's limit of 1024"},
-        {QWEN3_30B_A3B, "num_hidden_layers", "1025", NULL, NULL, REFIT_ERR_INVALID_ARG, "num_hidden_layers 1025 is above refit's limit of 1024"},
-        {QWEN3_8B, "hidden_size", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG, "hidden_size 65537 is above refit's limit of 65536"},
-        {QWEN3_8B, "num_attention_heads", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "num_attention_heads 4097 is above refit's limit of 4096"},
-        {QWEN3_8B, "num_key_value_heads", "8192", NULL, NULL, REFIT_ERR_INVALID_ARG, "num_key_value_heads 8192 is above refit's limit of 4096"},
-        {QWEN3_8B, "head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "head_dim 4097 is above refit's limit of 4096"},
-        {QWEN3_8B, "intermediate_size", "262145", NULL, NULL, REFIT_ERR_INVALID_ARG, "intermediate_size 262145 is above refit's limit of 262144"},
-        {QWEN3_8B, "vocab_size", "4194305", NULL, NULL, REFIT_ERR_INVALID_ARG, "vocab_size 4194305 is above refit's limit of 4194304"},
-        {QWEN3_30B_A3B, "num_experts", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "num_experts 4097 is above refit's limit of 4096"},
-        {QWEN3_30B_A3B, "moe_intermediate_size", "262145", NULL, NULL, REFIT_ERR_INVALID_ARG, "moe_intermediate_size 262145 is above refit's limit of 262144"},
-        {DEEPSEEK_V3, "n_routed_experts", "100000", NULL, NULL, REFIT_ERR_INVALID_ARG, "n_routed_experts 100000 is above refit's limit of 4096"},
-        {DEEPSEEK_V3, "n_shared_experts", "65", NULL, NULL, REFIT_ERR_INVALID_ARG, "n_shared_experts 65 is above refit's limit of 64"},
-        {DEEPSEEK_V3, "q_lora_rank", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG, "q_lora_rank 65537 is above refit's limit of 65536"},
-        {DEEPSEEK_V3, "kv_lora_rank", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG, "kv_lora_rank 65537 is above refit's limit of 65536"},
-        {DEEPSEEK_V3, "qk_rope_head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "qk_rope_head_dim 4097 is above refit's limit of 4096"},
-        {DEEPSEEK_V3, "v_head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG, "v_head_dim 4097 is above refit's limit of 4096"},
+        {QWEN3_30B_A3B, "num_hidden_layers", "1025", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "num_hidden_layers 1025 is above refit's limit of 1024"},
+        {QWEN3_8B, "hidden_size", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "hidden_size 65537 is above refit's limit of 65536"},
+        {QWEN3_8B, "num_attention_heads", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "num_attention_heads 4097 is above refit's limit of 4096"},
+        {QWEN3_8B, "num_key_value_heads", "8192", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "num_key_value_heads 8192 is above refit's limit of 4096"},
+        {QWEN3_8B, "head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "head_dim 4097 is above refit's limit of 4096"},
+        {QWEN3_8B, "intermediate_size", "262145", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "intermediate_size 262145 is above refit's limit of 262144"},
+        {QWEN3_8B, "vocab_size", "4194305", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "vocab_size 4194305 is above refit's limit of 4194304"},
+        {QWEN3_30B_A3B, "num_experts", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "num_experts 4097 is above refit's limit of 4096"},
+        {QWEN3_30B_A3B, "moe_intermediate_size", "262145", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "moe_intermediate_size 262145 is above refit's limit of 262144"},
+        {DEEPSEEK_V3, "n_routed_experts", "100000", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "n_routed_experts 100000 is above refit's limit of 4096"},
+        {DEEPSEEK_V3, "n_shared_experts", "65", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "n_shared_experts 65 is above refit's limit of 64"},
+        {DEEPSEEK_V3, "q_lora_rank", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "q_lora_rank 65537 is above refit's limit of 65536"},
+        {DEEPSEEK_V3, "kv_lora_rank", "65537", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "kv_lora_rank 65537 is above refit's limit of 65536"},
+        {DEEPSEEK_V3, "qk_rope_head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "qk_rope_head_dim 4097 is above refit's limit of 4096"},
+        {DEEPSEEK_V3, "v_head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "v_head_dim 4097 is above refit's limit of 4096"},
         /* each number within its limit, their products not: the tensor count, the bytes */
         {QWEN3_30B_A3B, "num_hidden_layers", "1024", "num_experts", "4096", REFIT_ERR_INVALID_ARG,
          "12592131 tensors (num_hidden_layers 1024, 4096 experts) are above refit's limit of 1048576"},
@@ -870,7 +906,8 @@ static void test_limits(void **state)
             free(t);
             t = t2;
         }
-        const char *needle = over[i].needle ? over[i].needle : "bytes of weights are above refit's limit of 70368744177664";
+        const char *needle = over[i].needle ? over[i].needle
+                                            : "bytes of weights are above refit's limit of 70368744177664";
         const char *file = write_config("limits", "config.json", t);
         refit_model_t *m = (refit_model_t *)&m;
         refit_status_t st = refit_model_from_config(file, &m);
@@ -950,14 +987,21 @@ static void test_not_regular(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qwen3_30b_a3b),   cmocka_unit_test(test_deepseek_v3),
-        cmocka_unit_test(test_kimi_k2),         cmocka_unit_test(test_llama3_8b),
-        cmocka_unit_test(test_qwen3_8b),        cmocka_unit_test(test_builtin_totals),
-        cmocka_unit_test(test_builtin_names),   cmocka_unit_test(test_find_tensor),
-        cmocka_unit_test(test_defaults_and_options), cmocka_unit_test(test_huge_numbers),
+        cmocka_unit_test(test_qwen3_30b_a3b),
+        cmocka_unit_test(test_deepseek_v3),
+        cmocka_unit_test(test_kimi_k2),
+        cmocka_unit_test(test_llama3_8b),
+        cmocka_unit_test(test_qwen3_8b),
+        cmocka_unit_test(test_builtin_totals),
+        cmocka_unit_test(test_builtin_names),
+        cmocka_unit_test(test_find_tensor),
+        cmocka_unit_test(test_defaults_and_options),
+        cmocka_unit_test(test_huge_numbers),
         cmocka_unit_test(test_names),
-        cmocka_unit_test(test_open),            cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_limits),          cmocka_unit_test(test_not_regular),
+        cmocka_unit_test(test_open),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_not_regular),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }

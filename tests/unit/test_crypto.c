@@ -24,7 +24,8 @@ static void check_sha(const void *data, size_t len, const char *want)
     for (size_t piece = 1; piece < 68 && len; piece += 3) {
         refit_sha256_t s;
         refit_sha256_init(&s);
-        for (size_t o = 0; o < len; o += piece) refit_sha256_update(&s, (const char *)data + o, REFIT_MIN(piece, len - o));
+        for (size_t o = 0; o < len; o += piece)
+            refit_sha256_update(&s, (const char *)data + o, REFIT_MIN(piece, len - o));
         refit_sha256_final(&s, d);
         hex(d, 32, h);
         assert_string_equal(h, want);

@@ -130,9 +130,21 @@ static void run_versions(refit_delta_format_t fmt, double frac)
     pair_free(&p);
 }
 
-static void sparse_versions(void **state) { (void)state; run_versions(REFIT_DELTA_SPARSE, 0.01); }
-static void blocks_versions(void **state) { (void)state; run_versions(REFIT_DELTA_BLOCKS, 0.01); }
-static void dense_versions(void **state) { (void)state; run_versions(REFIT_DELTA_SPARSE, 1.0); }
+static void sparse_versions(void **state)
+{
+    (void)state;
+    run_versions(REFIT_DELTA_SPARSE, 0.01);
+}
+static void blocks_versions(void **state)
+{
+    (void)state;
+    run_versions(REFIT_DELTA_BLOCKS, 0.01);
+}
+static void dense_versions(void **state)
+{
+    (void)state;
+    run_versions(REFIT_DELTA_SPARSE, 1.0);
+}
 
 static void wrong_base(void **state)
 {
@@ -150,13 +162,12 @@ static void wrong_base(void **state)
         REFIT_ASSERT_OK(refit_truth_fill_delta(p.src[i], &v2[i], 2, 0.02));
     }
     fill_sources(&p, 3, 0.02);
-    for (int i = 0; i < 2; i++) REFIT_ASSERT_OK(refit_delta_encode(v2[i], p.sbase[i], sz[i], 2, 3, NULL, &d[i], &len[i]));
-    REFIT_ASSERT_ERR(apply_st(&p, 0, d[0], len[0], 1), REFIT_ERR_STALE,
-                     "full refit");
+    for (int i = 0; i < 2; i++)
+        REFIT_ASSERT_OK(refit_delta_encode(v2[i], p.sbase[i], sz[i], 2, 3, NULL, &d[i], &len[i]));
+    REFIT_ASSERT_ERR(apply_st(&p, 0, d[0], len[0], 1), REFIT_ERR_STALE, "full refit");
     /* Forced onto the wrong base (a caller lying about its version): the
      * result is not version 3, and verification says so. */
-    for (int i = 0; i < 2; i++)
-        apply(&p, i, d[i], len[i], 2);
+    for (int i = 0; i < 2; i++) apply(&p, i, d[i], len[i], 2);
     REFIT_ASSERT_ERR(refit_truth_verify_delta(p.dst, (const void *const *)&p.dbase, 3, 0.02, NULL), REFIT_ERR_VERIFY,
                      "version 3");
     /* A truncated delta is refused. */
@@ -251,9 +262,19 @@ static void odd_regions(void **state)
     const uint64_t sbytes = 400000, dbytes = 270000;
     refit_plan_region_t regs[] = {
         {.run = 128, .nloops = 2, .count = {2, 50}, .src_stride = {8192, 128}, .dst_stride = {6400, 128}},
-        {.src_offset = 200000, .dst_offset = 12800, .run = 1000, .nloops = 1, .count = {3}, .src_stride = {0},
+        {.src_offset = 200000,
+         .dst_offset = 12800,
+         .run = 1000,
+         .nloops = 1,
+         .count = {3},
+         .src_stride = {0},
          .dst_stride = {1000}},
-        {.src_offset = 130970, .dst_offset = 15800, .run = 301, .nloops = 1, .count = {5}, .src_stride = {1001},
+        {.src_offset = 130970,
+         .dst_offset = 15800,
+         .run = 301,
+         .nloops = 1,
+         .count = {5},
+         .src_stride = {1001},
          .dst_stride = {301}},
         {.src_offset = 20000, .dst_offset = 17305, .run = 250000},
     };
@@ -305,8 +326,8 @@ static void odd_regions(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(truth_delta),     cmocka_unit_test(sparse_versions),  cmocka_unit_test(blocks_versions),
-        cmocka_unit_test(dense_versions),  cmocka_unit_test(wrong_base),       cmocka_unit_test(fetch_needed_only),
+        cmocka_unit_test(truth_delta),    cmocka_unit_test(sparse_versions), cmocka_unit_test(blocks_versions),
+        cmocka_unit_test(dense_versions), cmocka_unit_test(wrong_base),      cmocka_unit_test(fetch_needed_only),
         cmocka_unit_test(odd_regions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

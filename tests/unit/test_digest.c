@@ -113,8 +113,8 @@ static void kernels_agree(void **state)
     for (int pattern = 0; pattern < 4; pattern++) {
         for (size_t i = 0; i < sizeof(buf); i++) {
             uint8_t b = (uint8_t)rnd();
-            if (pattern == 1) b = (i & 1) ? 0x80 : 0x00;           /* -32768 everywhere */
-            if (pattern == 2) b = (i & 1) ? 0x7f : 0xff;           /* +32767 */
+            if (pattern == 1) b = (i & 1) ? 0x80 : 0x00; /* -32768 everywhere */
+            if (pattern == 2) b = (i & 1) ? 0x7f : 0xff; /* +32767 */
             if (pattern == 3) b = (uint8_t)((i & 1) ? (rnd() & 1 ? 0x80 : 0x7f) : (rnd() & 1 ? 0 : 0xff));
             buf[i] = b;
         }
@@ -124,7 +124,8 @@ static void kernels_agree(void **state)
                     const uint8_t *p = buf + mis;
                     refit_dsum_t a = refit_digest_dot(ks, p, starts[si], n), b = refit_digest_dot(kv, p, starts[si], n);
                     if (!dsum_eq(a, b))
-                        fail_msg("pattern %d start %" PRIu64 " misalign %u n %" PRIu64 ": scalar %08x%08x avx2 %08x%08x",
+                        fail_msg("pattern %d start %" PRIu64 " misalign %u n %" PRIu64
+                                 ": scalar %08x%08x avx2 %08x%08x",
                                  pattern, starts[si], mis, n, a.lane[0], a.lane[1], b.lane[0], b.lane[1]);
                     if (n % 37 == 0 || n < 20 || pattern == 1) assert_true(dsum_eq(a, naive_dot(ks, p, starts[si], n)));
                 }
@@ -154,7 +155,8 @@ static void kernels_agree(void **state)
             refit_digest_rows(ks, 42, 9, 3, first, row, 2 * n, n, &a);
             refit_digest_rows(kv, 42, 9, 3, first, row, 2 * n, n, &b);
             for (uint64_t i = 0; i < 3; i++) {
-                refit_dsum_t r = refit_digest_row_key(ks, 42, 9 + i), d = refit_digest_dot(ks, row + 2 * n * i, first, n);
+                refit_dsum_t r = refit_digest_row_key(ks, 42, 9 + i),
+                             d = refit_digest_dot(ks, row + 2 * n * i, first, n);
                 c.lane[0] += r.lane[0] * d.lane[0];
                 c.lane[1] += r.lane[1] * d.lane[1];
             }
@@ -220,7 +222,7 @@ typedef struct {
 } tspec_t;
 
 typedef struct {
-    uint32_t t;          /* index into the tensor list */
+    uint32_t t; /* index into the tensor list */
     uint64_t off[3], ext[3];
 } bspec_t;
 
@@ -278,7 +280,8 @@ static void *hand_fill(const refit_manifest_t *m)
         const refit_placement_t *p = &m->placements.data[i];
         const refit_tdesc_t *c = &m->canon.data[p->canon];
         const refit_local_t *l = &m->locals.data[p->local];
-        uint64_t es = refit_dtype_size(c->dtype), cst[REFIT_MAX_DIMS], n = 1, seed = refit_hash64(c->name, strlen(c->name), 9);
+        uint64_t es = refit_dtype_size(c->dtype), cst[REFIT_MAX_DIMS], n = 1,
+                 seed = refit_hash64(c->name, strlen(c->name), 9);
         refit_tdesc_strides(c, cst);
         for (uint32_t d = 0; d < p->ndim; d++) n *= p->extent[d];
         for (uint64_t e = 0; e < n; e++) {
@@ -446,7 +449,8 @@ static void tamper(const refit_digest_key_t *k, const refit_manifest_t *const *s
         /* A byte in the middle, then the very last byte of the box (the kernel's tail). */
         for (int where = 0; where < 2; where++) {
             uint64_t es = refit_dtype_size(dm->canon.data[p->canon].dtype);
-            uint8_t *q = where ? elem_at(dm, pi, arena, rows - 1, cols - 1) + es - 1 : elem_at(dm, pi, arena, rows / 2, cols / 2);
+            uint8_t *q = where ? elem_at(dm, pi, arena, rows - 1, cols - 1) + es - 1
+                               : elem_at(dm, pi, arena, rows / 2, cols / 2);
             *q ^= 0x10;
             refit_digest_report_t rep;
             REFIT_ASSERT_ERR(verify(k, srcs, nsrcs, NULL, tables, dm, arena, NULL, &rep), REFIT_ERR_VERIFY,
@@ -466,7 +470,8 @@ static void tamper(const refit_digest_key_t *k, const refit_manifest_t *const *s
         memcpy(tmp, r1, rb);
         memcpy(r1, r3, rb);
         memcpy(r3, tmp, rb);
-        REFIT_ASSERT_ERR(verify(k, srcs, nsrcs, NULL, tables, dm, arena, NULL, NULL), REFIT_ERR_VERIFY, canon_of(dm, pi));
+        REFIT_ASSERT_ERR(verify(k, srcs, nsrcs, NULL, tables, dm, arena, NULL, NULL), REFIT_ERR_VERIFY,
+                         canon_of(dm, pi));
         memcpy(r3, r1, rb);
         memcpy(r1, tmp, rb);
         free(tmp);
@@ -544,7 +549,8 @@ static void run_pair(const pair_t *pr)
         refit_manifest_destroy(dm);
     }
     print_message("%s %s -> %s: %u ranks, %" PRIu64 " placements (%" PRIu64 " bytes) verified with %" PRIu64
-                  " fetches\n", pr->model, pr->src, pr->dst, refit_layout_world(dl), placements, bytes, fetches);
+                  " fetches\n",
+                  pr->model, pr->src, pr->dst, refit_layout_world(dl), placements, bytes, fetches);
     for (uint32_t s = 0; s < set.n; s++) free(tables[s]);
     free(tables);
     refit_digest_key_destroy(k);
@@ -606,7 +612,8 @@ static void fp8_arenas(void **state)
     assert_true(f8 > 0 && scales > 0 && pick >= 0);
     uint8_t *q = elem_at(dm, (uint32_t)pick, arena, 2, 129); /* an odd byte: the high half of a unit */
     *q ^= 0x08;
-    REFIT_ASSERT_ERR(verify(k, srcs, 2, NULL, tables, dm, arena, NULL, NULL), REFIT_ERR_VERIFY, canon_of(dm, (uint32_t)pick));
+    REFIT_ASSERT_ERR(verify(k, srcs, 2, NULL, tables, dm, arena, NULL, NULL), REFIT_ERR_VERIFY,
+                     canon_of(dm, (uint32_t)pick));
     free(arena);
     free(ref);
     free(tables[0]);
@@ -651,14 +658,16 @@ static void stale_source(void **state)
     void *arena = xmalloc(refit_manifest_region_size(dm, 0));
     REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, set.bases, &arena, 2));
     refit_digest_report_t rep;
-    REFIT_ASSERT_ERR(verify(k, srcs, set.n, NULL, tables, dm, arena, NULL, &rep), REFIT_ERR_VERIFY, canon_of(sm, (uint32_t)pick));
+    REFIT_ASSERT_ERR(verify(k, srcs, set.n, NULL, tables, dm, arena, NULL, &rep), REFIT_ERR_VERIFY,
+                     canon_of(sm, (uint32_t)pick));
     assert_int_equal(rep.mismatches, 1);
     assert_non_null(strstr(refit_last_error(), "source(s) 5"));
     /* Restored: passes; a receiver with another key: every placement fails. */
     *q ^= 1;
     REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, set.bases, &arena, 2));
     REFIT_ASSERT_OK(verify(k, srcs, set.n, NULL, tables, dm, arena, NULL, NULL));
-    REFIT_ASSERT_ERR(verify(wrong, srcs, set.n, NULL, tables, dm, arena, NULL, &rep), REFIT_ERR_VERIFY, "placements differ");
+    REFIT_ASSERT_ERR(verify(wrong, srcs, set.n, NULL, tables, dm, arena, NULL, &rep), REFIT_ERR_VERIFY,
+                     "placements differ");
     assert_int_equal(rep.mismatches, dm->placements.len);
     free(arena);
     refit_plan_destroy(plan);
@@ -753,11 +762,11 @@ static void unverifiable_cases(void **state)
         {"cube", REFIT_DTYPE_BF16, 3, {2, 4, 8}},
         {"overlap2", REFIT_DTYPE_BF16, 2, {8, 16}}, /* [0:5, 0:16] and [4:8, 0:12]: volumes add up */
     };
-    const bspec_t a[] = {{0, {0, 0}, {6, 16}}, {1, {0, 0}, {4, 16}}, {2, {0, 0}, {3, 16}}, {3, {0, 0}, {8, 16}},
+    const bspec_t a[] = {{0, {0, 0}, {6, 16}}, {1, {0, 0}, {4, 16}}, {2, {0, 0}, {3, 16}},      {3, {0, 0}, {8, 16}},
                          {4, {0, 0}, {4, 15}}, {5, {0, 0}, {4, 5}},  {6, {0, 0, 0}, {2, 4, 8}}, {7, {0, 0}, {5, 16}}};
-    const bspec_t b[] = {{0, {4, 0}, {4, 16}}, {1, {4, 0}, {4, 16}}, {2, {4, 0}, {4, 16}}, {5, {0, 5}, {4, 11}},
-                         {7, {4, 0}, {4, 12}}};
-    const bspec_t d[] = {{0, {0, 0}, {8, 16}}, {1, {0, 0}, {8, 16}}, {2, {4, 0}, {4, 16}}, {3, {0, 0}, {4, 8}},
+    const bspec_t b[] = {
+        {0, {4, 0}, {4, 16}}, {1, {4, 0}, {4, 16}}, {2, {4, 0}, {4, 16}}, {5, {0, 5}, {4, 11}}, {7, {4, 0}, {4, 12}}};
+    const bspec_t d[] = {{0, {0, 0}, {8, 16}}, {1, {0, 0}, {8, 16}}, {2, {4, 0}, {4, 16}},      {3, {0, 0}, {4, 8}},
                          {4, {0, 0}, {4, 15}}, {5, {0, 0}, {2, 16}}, {6, {0, 0, 0}, {2, 4, 8}}, {7, {0, 0}, {8, 16}}};
     refit_manifest_t *sa = hand_manifest(0, ts, 8, a, REFIT_ARRAY_LEN(a));
     refit_manifest_t *sb = hand_manifest(1, ts, 8, b, REFIT_ARRAY_LEN(b));
@@ -829,11 +838,8 @@ static void fetch_shape(void **state)
     uint64_t offs0[2];
     refit_digest_table_offsets(a, offs0);
     /* rows: P[5] - P[2] of source 0; cols: Q[8] - Q[4] of source 0 (Q[8] as P[8]), Q[8] of source 1 as P[8]. */
-    const refit_digest_fetch_t want[] = {{0, offs0[0] + 8 * 2},
-                                         {0, offs0[0] + 8 * 5},
-                                         {0, offs0[1] + 8 * 8},
-                                         {0, offs0[1] + 8 * (9 + 4)},
-                                         {1, 8 * 8}};
+    const refit_digest_fetch_t want[] = {
+        {0, offs0[0] + 8 * 2}, {0, offs0[0] + 8 * 5}, {0, offs0[1] + 8 * 8}, {0, offs0[1] + 8 * (9 + 4)}, {1, 8 * 8}};
     assert_int_equal(nf, REFIT_ARRAY_LEN(want));
     for (size_t i = 0; i < nf; i++) {
         assert_int_equal(f[i].src, want[i].src);
@@ -914,9 +920,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(key_properties), cmocka_unit_test(kernels_agree),    cmocka_unit_test(additivity),
         cmocka_unit_test(table_contents), cmocka_unit_test(layout_pairs),     cmocka_unit_test(fp8_arenas),
-        cmocka_unit_test(stale_source),
-        cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases), cmocka_unit_test(fetch_shape),
-        cmocka_unit_test(errors),
+        cmocka_unit_test(stale_source),   cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases),
+        cmocka_unit_test(fetch_shape),    cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,7 +31,7 @@ typedef struct {
     const char *model, *layout, *registry, *job, *transports, *topts;
     refit_publish_mode_t mode;
     uint32_t dead_ms;
-    bool attach; /* the caller's own (not shared) memory: read with process_vm_readv */
+    bool attach;  /* the caller's own (not shared) memory: read with process_vm_readv */
     double delta; /* > 0: a delta publisher, its truth changing this share of elements per version */
 } pubcfg_t;
 
@@ -143,9 +143,9 @@ static const char *pub_read(pub_t *p)
     return reply;
 }
 
-#define PUB_OK(p, ...)                                                    \
-    do {                                                                  \
-        const char *r_ = pub_cmd((p), __VA_ARGS__);                       \
+#define PUB_OK(p, ...)                                                      \
+    do {                                                                    \
+        const char *r_ = pub_cmd((p), __VA_ARGS__);                         \
         if (strncmp(r_, "REFIT_OK", 8)) fail_msg("publisher said: %s", r_); \
     } while (0)
 
@@ -485,7 +485,7 @@ static void relay_killed_reader_fails_over(void **state)
     assert_non_null(h0);
     assert_non_null(h1);
     assert_true(h0->failed);
-    assert_true(h0->chunks > 0);  /* it was serving when it died */
+    assert_true(h0->chunks > 0); /* it was serving when it died */
     assert_false(h1->failed);
     assert_true(h1->bytes > h0->bytes);
     assert_null(holder(hs, nh, "trainer:0")); /* relays had room: the trainer was left alone */
@@ -1236,7 +1236,8 @@ static void scribble_during_read_refused(void **state)
     int resp;
     pub_t p = victim_scene(&g, &victim, &resp);
     PUB_OK(&p, "scribble 2");
-    expect_victim(victim, resp, "REFIT_ERR_VERIFY usable=0 committed=0", "does not match what its publishers published");
+    expect_victim(victim, resp, "REFIT_ERR_VERIFY usable=0 committed=0",
+                  "does not match what its publishers published");
     pub_stop(&p);
     t_rm_tree(g.dir);
 }
@@ -1534,7 +1535,8 @@ static void delta_fallbacks(void **state)
     void *b;
     /* 30% of elements change: sparse would cost more than the chunks, so the
      * delta is about the size of the region and not offered. */
-    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0.3};
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2,ep=2,etp=1", g.url, g.job, "shm",
+                  NULL,       REFIT_MODE_IN_PLACE,        0,     false, 0.3};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     refit_receiver_t *r = delta_receiver(DM, 0, &g, 0.3, "big", &b);
     for (uint64_t v = 1; v <= 2; v++) {
@@ -1697,7 +1699,7 @@ static void relay_rewritten_under_reader_fenced(void **state)
     REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
     const refit_holder_stat_t *h0 = holder(hs, nh, "relay:0");
     assert_non_null(h0);
-    assert_true(h0->bytes > 0); /* it did read the relay */
+    assert_true(h0->bytes > 0);                /* it did read the relay */
     relay_answer(&a, buf, sizeof(buf), "ok2"); /* the relay moved on to version 2 */
     if (st != REFIT_ERR_STALE)
         fail_msg("reader of a rewritten relay: %s (%s), want REFIT_ERR_STALE", refit_status_name(st),

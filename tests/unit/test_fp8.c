@@ -108,7 +108,8 @@ static void table_equals_stage(const refit_plan_t *plan, const refit_manifest_t 
     free(in);
     for (uint64_t i = 0; i < n; i++)
         if (got[i] != want[i])
-            fail_msg("fp8 table: arena byte %llu is 0x%02x, the stage wrote 0x%02x", (unsigned long long)i, got[i], want[i]);
+            fail_msg("fp8 table: arena byte %llu is 0x%02x, the stage wrote 0x%02x", (unsigned long long)i, got[i],
+                     want[i]);
     assert_true(x.nblocks > 0 && x.npieces >= x.nblocks);
     if (expect_full) assert_true(x.full_blocks > 0);
     else assert_true(x.npieces > x.nblocks); /* blocks gathered from several pieces */
@@ -158,7 +159,8 @@ static void check_rank(const char *layout, uint32_t rank, uint64_t v)
                     float amax = 0;
                     for (uint64_t r = 0; r < nr; r++)
                         for (uint64_t q = 0; q < nc; q++) {
-                            float x = fabsf(bf16f((uint16_t)refit_truth_value(seed, REFIT_DTYPE_BF16, (br + r) * CC + bcn + q, v)));
+                            float x = fabsf(
+                                bf16f((uint16_t)refit_truth_value(seed, REFIT_DTYPE_BF16, (br + r) * CC + bcn + q, v)));
                             if (x > amax) amax = x;
                         }
                     float scale = amax / 448.0f;
@@ -168,13 +170,14 @@ static void check_rank(const char *layout, uint32_t rank, uint64_t v)
                     assert_true(memcmp(&got_scale, &scale, 4) == 0);
                     for (uint64_t r = 0; r < nr; r++)
                         for (uint64_t q = 0; q < nc; q++) {
-                            float x = bf16f((uint16_t)refit_truth_value(seed, REFIT_DTYPE_BF16, (br + r) * CC + bcn + q, v));
+                            float x = bf16f(
+                                (uint16_t)refit_truth_value(seed, REFIT_DTYPE_BF16, (br + r) * CC + bcn + q, v));
                             uint8_t want = ref_e4m3(x / scale);
                             uint8_t got = arena[e->offset + (lead * R + lr + r) * C + lc + q];
                             if (want != got)
-                                fail_msg("%s block (%llu,%llu) element (%llu,%llu): fp8 0x%02x, reference 0x%02x", c->name,
-                                         (unsigned long long)br, (unsigned long long)bcn, (unsigned long long)r,
-                                         (unsigned long long)q, got, want);
+                                fail_msg("%s block (%llu,%llu) element (%llu,%llu): fp8 0x%02x, reference 0x%02x",
+                                         c->name, (unsigned long long)br, (unsigned long long)bcn,
+                                         (unsigned long long)r, (unsigned long long)q, got, want);
                             checked++;
                         }
                     blocks++;

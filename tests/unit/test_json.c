@@ -24,9 +24,9 @@ static void test_scalars(void **state)
         const char *text;
         refit_json_type_t type;
     } cases[] = {
-        {"null", REFIT_JSON_NULL},     {"true", REFIT_JSON_BOOL},      {"false", REFIT_JSON_BOOL},
-        {"0", REFIT_JSON_NUMBER},      {"\"\"", REFIT_JSON_STRING},    {"[]", REFIT_JSON_ARRAY},
-        {"{}", REFIT_JSON_OBJECT},     {" \t\r\n 7 \n", REFIT_JSON_NUMBER},
+        {"null", REFIT_JSON_NULL}, {"true", REFIT_JSON_BOOL},           {"false", REFIT_JSON_BOOL},
+        {"0", REFIT_JSON_NUMBER},  {"\"\"", REFIT_JSON_STRING},         {"[]", REFIT_JSON_ARRAY},
+        {"{}", REFIT_JSON_OBJECT}, {" \t\r\n 7 \n", REFIT_JSON_NUMBER},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         refit_json_t *v = parse_ok(cases[i].text);
@@ -126,13 +126,13 @@ static void test_strings(void **state)
     check_string("\"\"", "", 0);
     check_string("\"plain ascii\"", "plain ascii", 11);
     check_string("\"\\\" \\\\ \\/ \\b \\f \\n \\r \\t\"", "\" \\ / \b \f \n \r \t", 15);
-    check_string("\"\\u0041\\u00e9\\u20AC\"", "A\xC3\xA9\xE2\x82\xAC", 6);        /* A é € */
-    check_string("\"\\uD83D\\uDE00\"", "\xF0\x9F\x98\x80", 4);                     /* 😀 from a surrogate pair */
-    check_string("\"\\udbff\\udfff\"", "\xF4\x8F\xBF\xBF", 4);                     /* U+10FFFF */
+    check_string("\"\\u0041\\u00e9\\u20AC\"", "A\xC3\xA9\xE2\x82\xAC", 6); /* A é € */
+    check_string("\"\\uD83D\\uDE00\"", "\xF0\x9F\x98\x80", 4);             /* 😀 from a surrogate pair */
+    check_string("\"\\udbff\\udfff\"", "\xF4\x8F\xBF\xBF", 4);             /* U+10FFFF */
     check_string("\"\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\"", "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80", 9); /* raw UTF-8 */
     check_string("\"\\u07FF\\u0800\\uFFFF\"", "\xDF\xBF\xE0\xA0\x80\xEF\xBF\xBF", 8); /* encoding boundaries */
-    check_string("\"a\\u0000b\"", "a\0b", 3);                                      /* embedded NUL keeps its length */
-    check_string("\"\x7f\"", "\x7f", 1);                                           /* DEL is not a control char in JSON */
+    check_string("\"a\\u0000b\"", "a\0b", 3); /* embedded NUL keeps its length */
+    check_string("\"\x7f\"", "\x7f", 1);      /* DEL is not a control char in JSON */
 }
 
 static void test_containers(void **state)
@@ -187,7 +187,8 @@ static void test_safetensors_header(void **state)
     assert_true(refit_json_int(refit_json_at(off, 1), &hi));
     assert_true(lo == 9007199254740993LL);
     assert_true(hi == INT64_MAX);
-    assert_true(refit_json_int(refit_json_at(refit_json_get(refit_json_get(root, "model.embed_tokens.weight"), "shape"), 0), &dim));
+    assert_true(refit_json_int(
+        refit_json_at(refit_json_get(refit_json_get(root, "model.embed_tokens.weight"), "shape"), 0), &dim));
     assert_int_equal(dim, 151936);
     assert_string_equal(refit_json_string(refit_json_get(t, "dtype"), NULL), "BF16");
     refit_json_free(root);
@@ -371,7 +372,8 @@ static void test_invalid(void **state)
         refit_json_t *root = (refit_json_t *)&root; /* not written on failure */
         size_t len = cases[i].len ? cases[i].len : strlen(cases[i].text);
         refit_status_t st = refit_json_parse(cases[i].text, len, &root);
-        if (st != REFIT_ERR_PARSE) fail_msg("case %zu (%s): %s, want REFIT_ERR_PARSE", i, cases[i].text, refit_status_name(st));
+        if (st != REFIT_ERR_PARSE)
+            fail_msg("case %zu (%s): %s, want REFIT_ERR_PARSE", i, cases[i].text, refit_status_name(st));
         const char *detail = refit_last_error();
         if (strncmp(detail, "line ", 5) != 0 || !strstr(detail, " column ") || !strstr(detail, cases[i].what))
             fail_msg("case %zu (%s): detail \"%s\" lacks \"%s\"", i, cases[i].text, detail, cases[i].what);
@@ -396,10 +398,14 @@ static void test_invalid(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_scalars),      cmocka_unit_test(test_numbers),
-        cmocka_unit_test(test_strings),      cmocka_unit_test(test_containers),
-        cmocka_unit_test(test_safetensors_header), cmocka_unit_test(test_large_object),
-        cmocka_unit_test(test_depth),        cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_scalars),
+        cmocka_unit_test(test_numbers),
+        cmocka_unit_test(test_strings),
+        cmocka_unit_test(test_containers),
+        cmocka_unit_test(test_safetensors_header),
+        cmocka_unit_test(test_large_object),
+        cmocka_unit_test(test_depth),
+        cmocka_unit_test(test_invalid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

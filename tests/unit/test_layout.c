@@ -7,7 +7,10 @@
 static void parse_and_normalize(void **state)
 {
     (void)state;
-    struct { const char *in, *out; uint32_t world; } cases[] = {
+    struct {
+        const char *in, *out;
+        uint32_t world;
+    } cases[] = {
         {"hf", "hf", 1},
         {"megatron:ep=8", "megatron:tp=1,pp=1,ep=8,etp=1,dp=8,pad=128", 8},
         {"megatron:tp=2,ep=4", "megatron:tp=2,pp=1,ep=4,etp=2,dp=4,pad=128", 8},
@@ -30,7 +33,8 @@ static void parse_errors(void **state)
 {
     (void)state;
     refit_layout_t *l = NULL;
-    REFIT_ASSERT_ERR(refit_layout_parse("deepspeed:tp=2", &l), REFIT_ERR_NOT_FOUND, "unknown layout scheme 'deepspeed'");
+    REFIT_ASSERT_ERR(refit_layout_parse("deepspeed:tp=2", &l), REFIT_ERR_NOT_FOUND,
+                     "unknown layout scheme 'deepspeed'");
     REFIT_ASSERT_ERR(refit_layout_parse("megatron:tq=2", &l), REFIT_ERR_PARSE, "unknown knob 'tq'");
     REFIT_ASSERT_ERR(refit_layout_parse("vllm:pp=2", &l), REFIT_ERR_PARSE, "unknown knob 'pp'");
     REFIT_ASSERT_ERR(refit_layout_parse("megatron:tp=0", &l), REFIT_ERR_PARSE, "tp=0");
@@ -52,7 +56,11 @@ static void geometry_against_model(void **state)
 {
     (void)state;
     refit_model_t *moe = t_model("tiny-moe"), *dense = t_model("tiny-dense"), *q = t_model("qwen3-30b-a3b");
-    struct { refit_model_t *m; const char *spec; const char *needle; } bad[] = {
+    struct {
+        refit_model_t *m;
+        const char *spec;
+        const char *needle;
+    } bad[] = {
         {moe, "megatron:tp=16", "attention heads are not divisible by tp=16"},
         {moe, "megatron:pp=3", "4 layers do not split evenly over pp=3"},
         {moe, "megatron:ep=16,dp=16", "8 experts are not divisible by ep=16"},
@@ -86,8 +94,8 @@ static void expect_rows(const refit_manifest_t *m, const char *local, const char
                         uint64_t lead, uint64_t lrow)
 {
     refit_placement_t p;
-    if (t_find_placement(m, local, canon, crow, &p) < 0) fail_msg("no placement of %s row %llu in %s", canon,
-                                                                  (unsigned long long)crow, local);
+    if (t_find_placement(m, local, canon, crow, &p) < 0)
+        fail_msg("no placement of %s row %llu in %s", canon, (unsigned long long)crow, local);
     assert_int_equal(p.extent[0], n);
     refit_tensor_info_t lt;
     refit_manifest_local(m, p.local, &lt, NULL, NULL);
@@ -202,8 +210,8 @@ static void megatron_pipeline_and_vocab(void **state)
     refit_manifest_destroy(np);
     /* Uneven stages: first=1 puts layer 0 alone on stage 0, layers 1-3 on stage 1. */
     refit_manifest_t *u = t_manifest(m, "megatron:pp=2,first=1", 1);
-    expect_rows(u, "decoder.layers.2.pre_mlp_layernorm.weight", "model.layers.3.post_attention_layernorm.weight", 0,
-                64, 0, 0);
+    expect_rows(u, "decoder.layers.2.pre_mlp_layernorm.weight", "model.layers.3.post_attention_layernorm.weight", 0, 64,
+                0, 0);
     refit_manifest_destroy(u);
     refit_model_destroy(m);
 }
@@ -249,8 +257,8 @@ static void megatron_experts(void **state)
                 "model.layers.1.mlp.shared_experts.gate_proj.weight", 8, 8, 0, 0);
     expect_rows(r, "decoder.layers.0.self_attention.linear_q_up_proj.layer_norm_weight",
                 "model.layers.0.self_attn.q_a_layernorm.weight", 0, 32, 0, 0);
-    expect_rows(r, "decoder.layers.0.self_attention.linear_kv_up_proj.weight", "model.layers.0.self_attn.kv_b_proj.weight",
-                64, 64, 0, 0);
+    expect_rows(r, "decoder.layers.0.self_attention.linear_kv_up_proj.weight",
+                "model.layers.0.self_attn.kv_b_proj.weight", 64, 64, 0, 0);
     assert_true(has_local(r, "decoder.layers.0.mlp.linear_fc1.weight")); /* layer 0 is dense */
     assert_false(has_local(r, "decoder.layers.0.mlp.router.weight"));
     refit_manifest_destroy(r);
@@ -309,24 +317,29 @@ static void vllm_experts(void **state)
     refit_manifest_t *r = t_manifest(m, "vllm:tp=4", 3);
     local_shape(r, "model.layers.0.mlp.experts.w13_weight", 3, 8, 16, 64);
     local_shape(r, "model.layers.0.mlp.experts.w2_weight", 3, 8, 64, 8);
-    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.6.gate_proj.weight", 24, 8, 6, 0);
+    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.6.gate_proj.weight", 24, 8, 6,
+                0);
     expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.6.up_proj.weight", 24, 8, 6, 8);
     refit_manifest_destroy(r);
     /* dp=2 without expert parallel: split over tp*dp = 4. */
     r = t_manifest(m, "vllm:tp=2,dp=2", 3);
     local_shape(r, "model.layers.0.mlp.experts.w13_weight", 3, 8, 16, 64);
-    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.0.gate_proj.weight", 24, 8, 0, 0);
+    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.0.gate_proj.weight", 24, 8, 0,
+                0);
     local_shape(r, "model.layers.0.self_attn.qkv_proj.weight", 2, (4 + 2) * 16, 64, 0);
     refit_manifest_destroy(r);
     /* Expert parallel, 8 experts over 3 ranks: 3, 3, 2 (linear placement). */
     r = t_manifest(m, "vllm:tp=1,dp=3,ep=3", 1);
     local_shape(r, "model.layers.0.mlp.experts.w13_weight", 3, 3, 64, 64);
-    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.3.gate_proj.weight", 0, 32, 0, 0);
-    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.5.up_proj.weight", 0, 32, 2, 32);
+    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.3.gate_proj.weight", 0, 32, 0,
+                0);
+    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.5.up_proj.weight", 0, 32, 2,
+                32);
     refit_manifest_destroy(r);
     r = t_manifest(m, "vllm:tp=1,dp=3,ep=3", 2);
     local_shape(r, "model.layers.0.mlp.experts.w13_weight", 3, 2, 64, 64);
-    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.6.gate_proj.weight", 0, 32, 0, 0);
+    expect_rows(r, "model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.6.gate_proj.weight", 0, 32, 0,
+                0);
     refit_manifest_destroy(r);
     refit_model_destroy(m);
     t_execute_pair("tiny-moe", "megatron:ep=4", "vllm:tp=1,dp=3,ep=3", 9);
@@ -334,9 +347,10 @@ static void vllm_experts(void **state)
     m = t_model("tiny-mla");
     r = t_manifest(m, "vllm:tp=4", 2);
     local_shape(r, "model.layers.0.self_attn.fused_qkv_a_proj.weight", 2, 32 + 16 + 4, 64, 0);
-    expect_rows(r, "model.layers.0.self_attn.fused_qkv_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
-                0, 20, 0, 32);
-    expect_rows(r, "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.q_b_proj.weight", 48, 24, 0, 0);
+    expect_rows(r, "model.layers.0.self_attn.fused_qkv_a_proj.weight",
+                "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", 0, 20, 0, 32);
+    expect_rows(r, "model.layers.0.self_attn.q_b_proj.weight", "model.layers.0.self_attn.q_b_proj.weight", 48, 24, 0,
+                0);
     refit_manifest_destroy(r);
     refit_model_destroy(m);
 }
@@ -414,7 +428,10 @@ static void manifests_differ_by_rank_not_by_step(void **state)
 static void geometry_limits(void **state)
 {
     (void)state;
-    struct { const char *spec; const char *needle; } bad[] = {
+    struct {
+        const char *spec;
+        const char *needle;
+    } bad[] = {
         {"megatron:dp=65536", "dp=65536 is above refit's limit of 16384"},
         {"megatron:ep=65536,etp=65536,dp=1", "ep=65536 is above refit's limit of 16384"},
         {"megatron:tp=1025", "tp=1025 is above refit's limit of 1024"},
@@ -436,7 +453,10 @@ static void geometry_limits(void **state)
     }
     /* At the limits: Llama-3.1-405B's 16,384-GPU pretraining layout, a 16,384-rank
      * vLLM expert-parallel fleet, and every knob at its own limit. */
-    struct { const char *spec; uint32_t world; } good[] = {
+    struct {
+        const char *spec;
+        uint32_t world;
+    } good[] = {
         {"megatron:tp=8,pp=16,dp=128", 16384},
         {"vllm:tp=128,dp=128,ep=16384", 16384},
         {"megatron:tp=1024,pp=16", 16384},
@@ -454,12 +474,17 @@ static void geometry_limits(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(parse_and_normalize),        cmocka_unit_test(parse_errors),
-        cmocka_unit_test(geometry_against_model),     cmocka_unit_test(megatron_qkv_interleaved),
-        cmocka_unit_test(megatron_pipeline_and_vocab), cmocka_unit_test(megatron_experts),
-        cmocka_unit_test(vllm_attention),             cmocka_unit_test(vllm_experts),
+        cmocka_unit_test(parse_and_normalize),
+        cmocka_unit_test(parse_errors),
+        cmocka_unit_test(geometry_against_model),
+        cmocka_unit_test(megatron_qkv_interleaved),
+        cmocka_unit_test(megatron_pipeline_and_vocab),
+        cmocka_unit_test(megatron_experts),
+        cmocka_unit_test(vllm_attention),
+        cmocka_unit_test(vllm_experts),
         cmocka_unit_test(manifests_differ_by_rank_not_by_step),
-        cmocka_unit_test(geometry_limits),            cmocka_unit_test(vllm_expert_names),
+        cmocka_unit_test(geometry_limits),
+        cmocka_unit_test(vllm_expert_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

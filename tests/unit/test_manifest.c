@@ -23,7 +23,8 @@ static refit_manifest_t *new_manifest(const char *model, const char *layout, uin
     return m;
 }
 
-static refit_tensor_info_t tinfo(const char *name, refit_dtype_t dt, uint32_t ndim, const uint64_t shape[REFIT_MAX_DIMS])
+static refit_tensor_info_t tinfo(const char *name, refit_dtype_t dt, uint32_t ndim,
+                                 const uint64_t shape[REFIT_MAX_DIMS])
 {
     refit_tensor_info_t t = {.name = name, .dtype = dt, .ndim = ndim};
     memcpy(t.shape, shape, sizeof(t.shape));
@@ -90,11 +91,11 @@ static refit_manifest_t *small_model(void)
     uint32_t o = canon(m, "o_proj", BF16, 2, DIMS(4, 8));
     uint32_t norm = canon(m, "norm", F32, 1, DIMS(4));
 
-    uint32_t lgu = local(m, "gate_up", BF16, 2, DIMS(12, 4), r0, 0);      /* 96 bytes */
-    uint32_t lw13 = local(m, "w13", BF16, 3, DIMS(2, 12, 4), r0, 96);     /* 192 bytes */
+    uint32_t lgu = local(m, "gate_up", BF16, 2, DIMS(12, 4), r0, 0);         /* 96 bytes */
+    uint32_t lw13 = local(m, "w13", BF16, 3, DIMS(2, 12, 4), r0, 96);        /* 192 bytes */
     uint32_t lemb = local(m, "embed_padded", BF16, 2, DIMS(16, 4), r0, 288); /* 128 bytes */
-    uint32_t lo = local(m, "o_proj_tp", BF16, 2, DIMS(4, 4), r0, 416);    /* 32 bytes */
-    uint32_t lnorm = local(m, "norm", F32, 1, DIMS(4), r1, 0);            /* 16 bytes */
+    uint32_t lo = local(m, "o_proj_tp", BF16, 2, DIMS(4, 4), r0, 416);       /* 32 bytes */
+    uint32_t lnorm = local(m, "norm", F32, 1, DIMS(4), r1, 0);               /* 16 bytes */
 
     place(m, gate, lgu, 2, DIMS(0, 0), DIMS(6, 4), DIMS(0, 0));
     place(m, up, lgu, 2, DIMS(0, 0), DIMS(6, 4), DIMS(6, 0));
@@ -368,7 +369,8 @@ static void test_validate_placements_overlap(void **state)
     canon(m, "B", BF16, 2, DIMS(8, 4));
     place(m, 0, 1, 2, DIMS(0, 0), DIMS(8, 4), DIMS(0, 0));
     place(m, 1, 1, 2, DIMS(0, 0), DIMS(8, 4), DIMS(7, 0)); /* row 7 twice */
-    REFIT_ASSERT_ERR(refit_manifest_finalize(m), REFIT_ERR_OVERLAP, "placements of A and B overlap in local tensor L16");
+    REFIT_ASSERT_ERR(refit_manifest_finalize(m), REFIT_ERR_OVERLAP,
+                     "placements of A and B overlap in local tensor L16");
     refit_manifest_destroy(m);
 
     /* the same box twice */
@@ -578,7 +580,7 @@ static void test_decode_every_truncation(void **state)
     encode(m, &buf, &len);
     for (size_t n = 0; n < len; n++) {
         refit_manifest_t *d = (refit_manifest_t *)(uintptr_t)0x1; /* must stay untouched */
-        uint8_t *copy = malloc(n ? n : 1); /* exactly n bytes, so ASan sees any over-read */
+        uint8_t *copy = malloc(n ? n : 1);                        /* exactly n bytes, so ASan sees any over-read */
         memcpy(copy, buf, n);
         REFIT_ASSERT_ERR(refit_manifest_decode(copy, n, &d), REFIT_ERR_CORRUPT, "byte");
         assert_true(d == (refit_manifest_t *)(uintptr_t)0x1);
@@ -614,8 +616,7 @@ static void test_decode_bit_flips(void **state)
             refit_manifest_t *d = NULL;
             if (pos >= 4 && pos < 8) /* version and flags: read before the checksum */
                 REFIT_ASSERT_ERR(refit_manifest_decode(buf, len, &d), REFIT_ERR_UNSUPPORTED, "at byte");
-            else
-                REFIT_ASSERT_ERR(refit_manifest_decode(buf, len, &d), REFIT_ERR_CORRUPT, NULL);
+            else REFIT_ASSERT_ERR(refit_manifest_decode(buf, len, &d), REFIT_ERR_CORRUPT, NULL);
             if (pos >= 16) assert_non_null(strstr(refit_last_error(), "checksum mismatch"));
             assert_null(d);
             buf[pos] ^= (uint8_t)(1u << bit);
@@ -646,9 +647,9 @@ static void test_decode_bad_arguments(void **state)
 typedef struct {
     uint8_t b[512];
     size_t n;
-    size_t version, flags, model, rank, region_count, region_size, canon_count, c0_dtype, c0_ndim, c0_shape0,
-        c1_name, local_count, l0_region, l0_offset, place_count, p0_canon, p0_local, p0_ext0, p1_loff0, attr_count,
-        a0_vlen, trailer;
+    size_t version, flags, model, rank, region_count, region_size, canon_count, c0_dtype, c0_ndim, c0_shape0, c1_name,
+        local_count, l0_region, l0_offset, place_count, p0_canon, p0_local, p0_ext0, p1_loff0, attr_count, a0_vlen,
+        trailer;
 } hand_t;
 
 static void h_le(hand_t *h, uint64_t v, int n)
@@ -699,8 +700,8 @@ static void hand_encoding(hand_t *h)
     h_byte(h, 2);
     h_byte(h, 0);
     h->p0_ext0 = h->n, h_byte(h, 8);
-    h_byte(h, 0), h_byte(h, 4); /* dim 1: offset 0, extent 4 */
-    h_byte(h, 0), h_byte(h, 0); /* local offset */
+    h_byte(h, 0), h_byte(h, 4);               /* dim 1: offset 0, extent 4 */
+    h_byte(h, 0), h_byte(h, 0);               /* local offset */
     h_byte(h, 1), h_byte(h, 0), h_byte(h, 2); /* V -> L, 2 dims */
     h_byte(h, 0), h_byte(h, 4), h_byte(h, 0), h_byte(h, 4);
     h->p1_loff0 = h->n, h_byte(h, 8);
@@ -781,11 +782,11 @@ static void test_hand_encoding_matches_encoder(void **state)
     refit_manifest_destroy(m);
 }
 
-#define HOSTILE(mutation, code, needle)         \
-    do {                                        \
-        hand_t h;                               \
-        hand_encoding(&h);                      \
-        mutation;                               \
+#define HOSTILE(mutation, code, needle)                  \
+    do {                                                 \
+        hand_t h;                                        \
+        hand_encoding(&h);                               \
+        mutation;                                        \
         REFIT_ASSERT_ERR(decode_hand(&h), code, needle); \
     } while (0)
 
@@ -807,8 +808,7 @@ static void test_decode_hostile_counts(void **state)
     (void)state;
     HOSTILE(patch_varint(&h, h.region_count, UINT64_C(1) << 40), REFIT_ERR_CORRUPT, "region count at byte 30");
     HOSTILE(patch_varint(&h, h.region_count, UINT64_MAX), REFIT_ERR_CORRUPT, "beyond the limit");
-    HOSTILE(patch_varint(&h, h.place_count, REFIT_MANIFEST_MAX_ENTRIES), REFIT_ERR_CORRUPT,
-            "placement count at byte");
+    HOSTILE(patch_varint(&h, h.place_count, REFIT_MANIFEST_MAX_ENTRIES), REFIT_ERR_CORRUPT, "placement count at byte");
     HOSTILE(patch_varint(&h, h.canon_count, 1000), REFIT_ERR_CORRUPT, "more than the");
     HOSTILE(patch_varint(&h, h.attr_count, REFIT_MANIFEST_MAX_ENTRIES + 1), REFIT_ERR_CORRUPT, "beyond the limit");
     HOSTILE(patch_byte(&h, h.place_count, 3), REFIT_ERR_CORRUPT, "placement 2");
@@ -881,7 +881,10 @@ static void test_decode_duplicate_local_and_attr(void **state)
     REFIT_ASSERT_ERR(refit_manifest_decode(buf, len, &d), REFIT_ERR_CORRUPT, "local tensor 1 at byte");
     assert_non_null(strstr(refit_last_error(), "repeats the name L"));
     hit[2] = 'M';
-    hit = memmem(buf, len, "\x01\x00" "b", 3);
+    hit = memmem(buf, len,
+                 "\x01\x00"
+                 "b",
+                 3);
     assert_non_null(hit);
     hit[2] = 'a';
     refit_manifest_reseal(buf, len);

@@ -165,7 +165,8 @@ static void parse_scrape(const char *text, scrape_t *out)
             if (strstr(b->labels, "le=\"+Inf\"")) inf = b->value;
         }
         if (!strstr(c->name, "_phase_seconds")) continue;
-        if (buckets < 2 || inf != c->value) fail_msg("%s{%s}: +Inf bucket %g != count %g", c->name, c->labels, inf, c->value);
+        if (buckets < 2 || inf != c->value)
+            fail_msg("%s{%s}: +Inf bucket %g != count %g", c->name, c->labels, inf, c->value);
     }
 }
 
@@ -215,7 +216,8 @@ static char g_url[4200], g_file[4300], g_addr[64];
 
 static void near(double got, double want, const char *what)
 {
-    if (fabs(got - want) > 1e-9 * fmax(1, fabs(want))) fail_msg("%s: scrape says %.17g, reports add up to %.17g", what, got, want);
+    if (fabs(got - want) > 1e-9 * fmax(1, fabs(want)))
+        fail_msg("%s: scrape says %.17g, reports add up to %.17g", what, got, want);
 }
 
 /* Sends `req` to the endpoint, returns the whole answer (malloc'ed). */
@@ -303,10 +305,14 @@ static void pull_and_publish_match_reports(void **state)
     struct {
         const char *phase;
         size_t off;
-    } ph[] = {{"wait", offsetof(refit_pull_report_t, wait_ms)},         {"discover", offsetof(refit_pull_report_t, discover_ms)},
-              {"plan", offsetof(refit_pull_report_t, plan_ms)},         {"connect", offsetof(refit_pull_report_t, connect_ms)},
-              {"transfer", offsetof(refit_pull_report_t, transfer_ms)}, {"verify", offsetof(refit_pull_report_t, verify_ms)},
-              {"digest", offsetof(refit_pull_report_t, digest_ms)},     {"total", offsetof(refit_pull_report_t, total_ms)}};
+    } ph[] = {{"wait", offsetof(refit_pull_report_t, wait_ms)},
+              {"discover", offsetof(refit_pull_report_t, discover_ms)},
+              {"plan", offsetof(refit_pull_report_t, plan_ms)},
+              {"connect", offsetof(refit_pull_report_t, connect_ms)},
+              {"transfer", offsetof(refit_pull_report_t, transfer_ms)},
+              {"verify", offsetof(refit_pull_report_t, verify_ms)},
+              {"digest", offsetof(refit_pull_report_t, digest_ms)},
+              {"total", offsetof(refit_pull_report_t, total_ms)}};
     for (size_t k = 0; k < REFIT_ARRAY_LEN(ph); k++) {
         double sum = 0;
         int le_1ms = 0;
@@ -443,7 +449,8 @@ static void serve_errors(void **state)
 {
     (void)state;
     char bound[80];
-    REFIT_ASSERT_ERR(refit_metrics_serve("0.0.0.0:9400", bound, sizeof(bound)), REFIT_ERR_INVALID_ARG, "every interface");
+    REFIT_ASSERT_ERR(refit_metrics_serve("0.0.0.0:9400", bound, sizeof(bound)), REFIT_ERR_INVALID_ARG,
+                     "every interface");
     REFIT_ASSERT_ERR(refit_metrics_serve("[::]:9400", bound, sizeof(bound)), REFIT_ERR_INVALID_ARG, "every interface");
     REFIT_ASSERT_ERR(refit_metrics_serve("127.0.0.1:70000", bound, sizeof(bound)), REFIT_ERR_INVALID_ARG, "0..65535");
     REFIT_ASSERT_ERR(refit_metrics_serve("metrics.example:80", bound, sizeof(bound)), REFIT_ERR_INVALID_ARG,

@@ -217,8 +217,8 @@ static void mismatches_and_identity(void **state)
     REFIT_ASSERT_OK(refit_manifest_finalize(src));
     REFIT_ASSERT_OK(refit_manifest_finalize(dst));
     refit_plan_t *plan = NULL;
-    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, NULL, &plan),
-                     REFIT_ERR_MISMATCH, "tensor w is bf16[64, 96] in source 0 (a rank 0) but bf16[64, 128]");
+    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, NULL, &plan), REFIT_ERR_MISMATCH,
+                     "tensor w is bf16[64, 96] in source 0 (a rank 0) but bf16[64, 128]");
     refit_manifest_destroy(src);
     /* Different dtype. */
     src = custom("m", "a", 0, 1);
@@ -229,22 +229,22 @@ static void mismatches_and_identity(void **state)
     REFIT_ASSERT_OK(refit_manifest_add_local(src, &lt, 0, 0, &l));
     place2(src, c, l, 0, 0, 64, 128, 0, 0);
     REFIT_ASSERT_OK(refit_manifest_finalize(src));
-    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, NULL, &plan),
-                     REFIT_ERR_MISMATCH, "f32[64, 128] in source 0");
+    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, NULL, &plan), REFIT_ERR_MISMATCH,
+                     "f32[64, 128] in source 0");
     refit_manifest_destroy(src);
     /* Another model altogether. */
     src = custom("other-model", "a", 0, 1);
     REFIT_ASSERT_OK(refit_manifest_add_region(src, 1 << 20, NULL));
     place2(src, canon2(src, "w", REFIT_DTYPE_BF16, 64, 128), local2(src, "w", 64, 128, 0), 0, 0, 64, 128, 0, 0);
     REFIT_ASSERT_OK(refit_manifest_finalize(src));
-    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, NULL, &plan),
-                     REFIT_ERR_IDENTITY, "describes model other-model, the destination m");
+    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, NULL, &plan), REFIT_ERR_IDENTITY,
+                     "describes model other-model, the destination m");
     assert_null(plan);
     /* Params of an unknown version are refused. */
     refit_plan_params_t p = REFIT_PLAN_PARAMS_INIT;
     p.version = 99;
-    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, &p, &plan), REFIT_ERR_UNSUPPORTED,
-                     "version 99");
+    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, &p, &plan),
+                     REFIT_ERR_UNSUPPORTED, "version 99");
     refit_manifest_destroy(src);
     refit_manifest_destroy(dst);
     /* Built-in models with different vocab sizes: tiny-dense vs tiny-moe are different models. */
@@ -365,10 +365,14 @@ static void kimi_k2_plan(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(row_parallel_slice_is_one_region), cmocka_unit_test(experts_coalesce),
-        cmocka_unit_test(qwen3_30b_dp_balance),           cmocka_unit_test(missing_source_rank),
-        cmocka_unit_test(mismatches_and_identity),        cmocka_unit_test(custom_partial_sources),
-        cmocka_unit_test(plan_keys),                      cmocka_unit_test(kimi_k2_plan),
+        cmocka_unit_test(row_parallel_slice_is_one_region),
+        cmocka_unit_test(experts_coalesce),
+        cmocka_unit_test(qwen3_30b_dp_balance),
+        cmocka_unit_test(missing_source_rank),
+        cmocka_unit_test(mismatches_and_identity),
+        cmocka_unit_test(custom_partial_sources),
+        cmocka_unit_test(plan_keys),
+        cmocka_unit_test(kimi_k2_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

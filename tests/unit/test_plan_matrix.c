@@ -98,9 +98,9 @@ static void vocab_padding_options(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(megatron_to_vllm_matrix), cmocka_unit_test(expert_tensor_parallel),
+        cmocka_unit_test(megatron_to_vllm_matrix),  cmocka_unit_test(expert_tensor_parallel),
         cmocka_unit_test(reverse_vllm_to_megatron), cmocka_unit_test(hf_roundtrips),
-        cmocka_unit_test(kv_heads_fewer_than_tp),  cmocka_unit_test(dense_and_mla_matrix),
+        cmocka_unit_test(kv_heads_fewer_than_tp),   cmocka_unit_test(dense_and_mla_matrix),
         cmocka_unit_test(vocab_padding_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -229,8 +229,12 @@ static void test_heartbeat(void **state)
 
 static refit_version_record_t rec_of(uint64_t v, uint32_t rank)
 {
-    refit_version_record_t rec = {.version = v, .signature = 0xabcdef0123456789ULL ^ rank, .incarnation = 77 + rank,
-                                  .buffer = rank & 1, .flags = 0x80000001u, .delta_base = v * 1000 + rank};
+    refit_version_record_t rec = {.version = v,
+                                  .signature = 0xabcdef0123456789ULL ^ rank,
+                                  .incarnation = 77 + rank,
+                                  .buffer = rank & 1,
+                                  .flags = 0x80000001u,
+                                  .delta_base = v * 1000 + rank};
     return rec;
 }
 
@@ -371,9 +375,9 @@ typedef struct {
     int id;
     pthread_barrier_t *start;
     uint64_t version;
-    int ok;        /* leases taken */
-    int stale;     /* STALE answers */
-    int late_ok;   /* OK for an acquire that started after retire returned */
+    int ok;      /* leases taken */
+    int stale;   /* STALE answers */
+    int late_ok; /* OK for an acquire that started after retire returned */
     int errors;
     char error[256];
     uint64_t *retired_at; /* refit_now_ns() after retire returned; 0 before */
@@ -426,8 +430,8 @@ static void test_lease_race(void **state)
         race_reader_t rd[RACE_READERS];
         pthread_t th[RACE_READERS];
         for (int i = 0; i < RACE_READERS; i++) {
-            rd[i] = (race_reader_t){.b = b, .job = job, .id = i, .start = &start, .version = v,
-                                    .retired_at = &retired_at};
+            rd[i] = (race_reader_t){
+                .b = b, .job = job, .id = i, .start = &start, .version = v, .retired_at = &retired_at};
             assert_int_equal(pthread_create(&th[i], NULL, race_reader, &rd[i]), 0);
         }
         pthread_barrier_wait(&start);
@@ -446,7 +450,8 @@ static void test_lease_race(void **state)
         }
         pthread_barrier_destroy(&start);
         /* Every lease a reader holds was visible to the retirer's count. */
-        if (counted < (uint32_t)ok) fail_msg("round %d: retirer counted %u leases, readers hold %d", round, counted, ok);
+        if (counted < (uint32_t)ok)
+            fail_msg("round %d: retirer counted %u leases, readers hold %d", round, counted, ok);
         /* STALE answers left no lease behind. */
         assert_int_equal(count(r, "g", v), ok);
         total_ok += ok;
@@ -614,7 +619,7 @@ static void test_corrupt(void **state)
     REFIT_ASSERT_OK(refit_registry_put_signed(r, "g/src/2/rec", "garbage", 7, 0));
     REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "g/src/2/rec");
     ((uint8_t *)vals[0])[20] ^= 0x10;
-    lens[0] -= 32; /* the record without its tag */
+    lens[0] -= 32;                    /* the record without its tag */
     ((uint8_t *)vals[0])[20] ^= 0x10; /* right size, right magic, one flipped bit: the checksum catches it */
     REFIT_ASSERT_OK(refit_registry_put_signed(r, "g/src/2/rec", vals[0], lens[0], 0));
     REFIT_ASSERT_ERR(refit_registry_records(r, "g", 3, recs, present), REFIT_ERR_CORRUPT, "checksum");
@@ -715,10 +720,8 @@ static void test_kv_put_new_race(void **state)
         int won = 0;
         for (int i = 0; i < N; i++) {
             pthread_join(th[i], NULL);
-            if (p[i].st == REFIT_OK)
-                won++;
-            else if (p[i].st != REFIT_ERR_BUSY)
-                fail_msg("put_new: %s", refit_status_name(p[i].st));
+            if (p[i].st == REFIT_OK) won++;
+            else if (p[i].st != REFIT_ERR_BUSY) fail_msg("put_new: %s", refit_status_name(p[i].st));
         }
         pthread_barrier_destroy(&start);
         assert_int_equal(won, 1);
@@ -949,7 +952,8 @@ static void test_secret_sources(void **state)
         REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r));
         REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r2));
         assert_string_equal(refit_registry_secret_source(r), "job directory");
-        assert_memory_equal(refit_registry_key(r, REFIT_KEY_CONNECTION), refit_registry_key(r2, REFIT_KEY_CONNECTION), 32);
+        assert_memory_equal(refit_registry_key(r, REFIT_KEY_CONNECTION), refit_registry_key(r2, REFIT_KEY_CONNECTION),
+                            32);
         snprintf(path, sizeof(path), "%s/%s/.secret", b->dir, job);
         struct stat sb;
         assert_int_equal(stat(path, &sb), 0);
@@ -1017,7 +1021,8 @@ static void test_file_permissions(void **state)
     fclose(f);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    uint64_t expiry = refit_get_le(hdr + 8, 8), now_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
+    uint64_t expiry = refit_get_le(hdr + 8, 8),
+             now_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
     assert_true(expiry > now_ms + 50u * 60u * 1000u && expiry < now_ms + 70u * 60u * 1000u);
     /* The default registry is never under a world-writable directory. */
     pid_t kid = fork();
@@ -1059,9 +1064,9 @@ static void test_open_errors(void **state)
     REFIT_ASSERT_ERR(refit_registry_open("ftp://h/x", "j", &r), REFIT_ERR_UNSUPPORTED, "ftp");
     REFIT_ASSERT_ERR(refit_registry_open(NULL, "j", &r), REFIT_ERR_INVALID_ARG, NULL);
 #ifdef REFIT_HAVE_REDIS
-    static const char *const bad_redis[] = {"redis:", "redis://", "redis://:6379", "redis://h:", "redis://h:0",
-                                            "redis://h:65536", "redis://h:12ab", "redis://h:1/2", "redis:h:1",
-                                            "redis://[::1", "redis://h:1234567"};
+    static const char *const bad_redis[] = {
+        "redis:",         "redis://",      "redis://:6379", "redis://h:",   "redis://h:0",      "redis://h:65536",
+        "redis://h:12ab", "redis://h:1/2", "redis:h:1",     "redis://[::1", "redis://h:1234567"};
     for (size_t i = 0; i < REFIT_ARRAY_LEN(bad_redis); i++)
         REFIT_ASSERT_ERR(refit_registry_open(bad_redis[i], "j", &r), REFIT_ERR_INVALID_ARG, NULL);
 #else
@@ -1194,8 +1199,8 @@ static bool redis_raw(int port, const char *cmd, const char *want)
     if (fd < 0) return false;
     struct timeval tv = {1, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     char buf[64] = {0};
     size_t len = strlen(cmd);
     bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && send(fd, cmd, len, MSG_NOSIGNAL) == (ssize_t)len &&
@@ -1217,11 +1222,38 @@ static void test_redis_acl(void **state)
     backend_t *b = need(state);
     (void)b;
     t_redis_t rs = {0};
-    const char *extra[] = {"--user", "default", "off", "--user", "refitjob", "on", ">s3cret-pw", "~refit:acljob:*",
-                           "&refit:acljob:events", "-@all", "+set", "+mget", "+del", "+scan",
-                           "+publish", "+subscribe", "+ping", "--user", "atuser", "on", ">p@ss@w0rd",
-                           "~refit:acljob:*", "&refit:acljob:events", "-@all", "+set", "+mget", "+del", "+scan",
-                           "+publish", "+subscribe", "+ping", NULL};
+    const char *extra[] = {"--user",
+                           "default",
+                           "off",
+                           "--user",
+                           "refitjob",
+                           "on",
+                           ">s3cret-pw",
+                           "~refit:acljob:*",
+                           "&refit:acljob:events",
+                           "-@all",
+                           "+set",
+                           "+mget",
+                           "+del",
+                           "+scan",
+                           "+publish",
+                           "+subscribe",
+                           "+ping",
+                           "--user",
+                           "atuser",
+                           "on",
+                           ">p@ss@w0rd",
+                           "~refit:acljob:*",
+                           "&refit:acljob:events",
+                           "-@all",
+                           "+set",
+                           "+mget",
+                           "+del",
+                           "+scan",
+                           "+publish",
+                           "+subscribe",
+                           "+ping",
+                           NULL};
     assert_true(t_redis_start_with(&rs, 0, extra));
     char url[128], bad[128], anon[128], useronly[128];
     snprintf(url, sizeof(url), "redis://refitjob:s3cret-pw@127.0.0.1:%d", rs.port);
@@ -1301,14 +1333,14 @@ static void test_redis_sigpipe(void **state)
 
 /* ---- main ------------------------------------------------------------------- */
 
-#define BACKEND_TESTS(b)                                                                                       \
-    cmocka_unit_test_prestate(test_manifest, &(b)), cmocka_unit_test_prestate(test_heartbeat, &(b)),           \
-        cmocka_unit_test_prestate(test_records, &(b)), cmocka_unit_test_prestate(test_lease_basic, &(b)),      \
-        cmocka_unit_test_prestate(test_lease_expiry, &(b)), cmocka_unit_test_prestate(test_retire, &(b)),      \
-        cmocka_unit_test_prestate(test_lease_race, &(b)), cmocka_unit_test_prestate(test_wait, &(b)),          \
-        cmocka_unit_test_prestate(test_remove_source, &(b)), cmocka_unit_test_prestate(test_corrupt, &(b)),    \
-        cmocka_unit_test_prestate(test_kv_put_new, &(b)), cmocka_unit_test_prestate(test_kv_put_new_race, &(b)), \
-        cmocka_unit_test_prestate(test_forged_entries, &(b)), cmocka_unit_test_prestate(test_fenced_lease, &(b)),  \
+#define BACKEND_TESTS(b)                                                                                          \
+    cmocka_unit_test_prestate(test_manifest, &(b)), cmocka_unit_test_prestate(test_heartbeat, &(b)),              \
+        cmocka_unit_test_prestate(test_records, &(b)), cmocka_unit_test_prestate(test_lease_basic, &(b)),         \
+        cmocka_unit_test_prestate(test_lease_expiry, &(b)), cmocka_unit_test_prestate(test_retire, &(b)),         \
+        cmocka_unit_test_prestate(test_lease_race, &(b)), cmocka_unit_test_prestate(test_wait, &(b)),             \
+        cmocka_unit_test_prestate(test_remove_source, &(b)), cmocka_unit_test_prestate(test_corrupt, &(b)),       \
+        cmocka_unit_test_prestate(test_kv_put_new, &(b)), cmocka_unit_test_prestate(test_kv_put_new_race, &(b)),  \
+        cmocka_unit_test_prestate(test_forged_entries, &(b)), cmocka_unit_test_prestate(test_fenced_lease, &(b)), \
         cmocka_unit_test_prestate(test_epoch, &(b)), cmocka_unit_test_prestate(test_secret_sources, &(b))
 
 int main(void)

@@ -43,8 +43,8 @@ static void fused_expansion(void **state)
     refit_manifest_destroy(d);
     /* One expert: the w13/w2 of every layer holding it, with all its experts. */
     REFIT_ASSERT_OK(refit_manifest_select(m, "expert:5", false, &s, &rep));
-    assert_int_equal(rep.locals, 8);           /* 4 layers x (w13, w2) */
-    assert_int_equal(rep.canon_named, 4 * 3);  /* gate, up, down of expert 5 per layer */
+    assert_int_equal(rep.locals, 8);          /* 4 layers x (w13, w2) */
+    assert_int_equal(rep.canon_named, 4 * 3); /* gate, up, down of expert 5 per layer */
     assert_int_equal(rep.canon_pulled, 4 * 8 * 3);
     refit_manifest_destroy(s);
     refit_manifest_destroy(m);

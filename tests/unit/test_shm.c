@@ -260,7 +260,7 @@ static void memory_is_read_only(void **state)
     unsigned char want[64u << 10];
     fill(want, size, 5);
     assert_memory_equal(mem, want, size); /* the publisher's bytes are intact */
-    ((unsigned char *)mem)[0] ^= 1;        /* and its own mapping still writes */
+    ((unsigned char *)mem)[0] ^= 1;       /* and its own mapping still writes */
     ops->unexpose(pt, mem);
     ops->free(pt, mem, size);
     free(d);
@@ -466,10 +466,10 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(pulls_both_kinds),        cmocka_unit_test(many_regions_one_peer),
-        cmocka_unit_test(memory_is_read_only),
-        cmocka_unit_test(wrong_key_refused),       cmocka_unit_test(forged_descriptors),
-        cmocka_unit_test(other_user_refused),      cmocka_unit_test(dead_publisher_noticed),
+        cmocka_unit_test(pulls_both_kinds),       cmocka_unit_test(many_regions_one_peer),
+        cmocka_unit_test(memory_is_read_only),    cmocka_unit_test(wrong_key_refused),
+        cmocka_unit_test(forged_descriptors),     cmocka_unit_test(other_user_refused),
+        cmocka_unit_test(dead_publisher_noticed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

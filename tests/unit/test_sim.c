@@ -269,7 +269,8 @@ static void replicas_share_and_steal(void **state)
         f.mode = m ? SIM_MODE_FLUID : SIM_MODE_CHUNKS;
         REFIT_ASSERT_OK(sim_fleet_run(&f, c, &r));
         double ideal = (double)r.rank_bytes_max / (110e6 * c->eff); /* both replicas' rates together */
-        if (r.refit_s > 1.25 * ideal) fail_msg("mode %d: %.2f s with a slow replica (ideal %.2f s)", m, r.refit_s, ideal);
+        if (r.refit_s > 1.25 * ideal)
+            fail_msg("mode %d: %.2f s with a slow replica (ideal %.2f s)", m, r.refit_s, ideal);
         sim_result_free(&r);
     }
     free(c);
@@ -332,11 +333,16 @@ static void png_file(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(maxmin_known),         cmocka_unit_test(maxmin_weights_and_caps),
-        cmocka_unit_test(maxmin_random),        cmocka_unit_test(pick_rule),
-        cmocka_unit_test(cluster_parse),        cmocka_unit_test(direct_pulls_share_the_trainer),
-        cmocka_unit_test(relays_chunks_and_fluid_agree), cmocka_unit_test(replicas_share_and_steal),
-        cmocka_unit_test(delta_moves_less),     cmocka_unit_test(planner_threads),
+        cmocka_unit_test(maxmin_known),
+        cmocka_unit_test(maxmin_weights_and_caps),
+        cmocka_unit_test(maxmin_random),
+        cmocka_unit_test(pick_rule),
+        cmocka_unit_test(cluster_parse),
+        cmocka_unit_test(direct_pulls_share_the_trainer),
+        cmocka_unit_test(relays_chunks_and_fluid_agree),
+        cmocka_unit_test(replicas_share_and_steal),
+        cmocka_unit_test(delta_moves_less),
+        cmocka_unit_test(planner_threads),
         cmocka_unit_test(png_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

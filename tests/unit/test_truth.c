@@ -40,7 +40,8 @@ static void values(void **state)
     /* Different tensors agree only by chance (10 random bits: about 1 in 1024). */
     assert_true(same_tensor < 200);
     /* Deterministic. */
-    assert_int_equal(refit_truth_value(a, REFIT_DTYPE_BF16, 12345, 3), refit_truth_value(a, REFIT_DTYPE_BF16, 12345, 3));
+    assert_int_equal(refit_truth_value(a, REFIT_DTYPE_BF16, 12345, 3),
+                     refit_truth_value(a, REFIT_DTYPE_BF16, 12345, 3));
 }
 
 typedef struct {

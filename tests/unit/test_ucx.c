@@ -66,8 +66,8 @@ static void plan_add(refit_plan_t *p, refit_plan_region_t r)
 
 static refit_plan_region_t R(uint32_t src, uint32_t sreg, uint32_t dreg, uint64_t so, uint64_t dof, uint64_t run)
 {
-    return (refit_plan_region_t){.src = src, .src_region = sreg, .dst_region = dreg, .src_offset = so,
-                                 .dst_offset = dof, .run = run};
+    return (refit_plan_region_t){
+        .src = src, .src_region = sreg, .dst_region = dreg, .src_offset = so, .dst_offset = dof, .run = run};
 }
 
 static refit_plan_region_t loop(refit_plan_region_t r, uint64_t count, uint64_t ss, uint64_t ds)
@@ -149,7 +149,8 @@ static void pull_and_check(refit_transport_t *rt, refit_peer_t *const *peers, pu
         for (uint32_t l = 0; l < f[i].nloops; l++) rows *= f[i].count[l];
         for (uint64_t row = 0; row < rows; row++) {
             uint64_t d = f[i].dst_offset, k = row;
-            for (uint32_t l = 0; l < f[i].nloops; l++) d += (k % f[i].count[l]) * f[i].dst_stride[l], k /= f[i].count[l];
+            for (uint32_t l = 0; l < f[i].nloops; l++)
+                d += (k % f[i].count[l]) * f[i].dst_stride[l], k /= f[i].count[l];
             memset((unsigned char *)got[f[i].dst_region] + d, 0, f[i].run);
         }
     }
@@ -303,8 +304,8 @@ static char self_exe[4096];
 
 /* Starts `test_ucx --publish SIZE SEED OPTS` (inside netns `ns` if not NULL)
  * and reads its descriptor. */
-static void spawn_publisher(nn_child_t *c, const char *ns, uint64_t size, uint64_t seed, const char *opts,
-                            void **desc, size_t *len)
+static void spawn_publisher(nn_child_t *c, const char *ns, uint64_t size, uint64_t seed, const char *opts, void **desc,
+                            size_t *len)
 {
     char sz[32], sd[32], line[8192];
     snprintf(sz, sizeof(sz), "%" PRIu64, size);
@@ -346,8 +347,8 @@ static void large_from_process(void **state)
     double t0 = refit_now();
     REFIT_ASSERT_OK(ops->pull(rt, (refit_peer_t *const[]){peer}, plan, (void *const[]){dst}, &ctl, &stats));
     double dt = refit_now() - t0;
-    print_message("256 MiB in %.3f s (%.2f GB/s), lanes %s, %" PRIu64 " requests\n", dt, size / dt / 1e9,
-                  stats.lanes, stats.requests);
+    print_message("256 MiB in %.3f s (%.2f GB/s), lanes %s, %" PRIu64 " requests\n", dt, size / dt / 1e9, stats.lanes,
+                  stats.requests);
     assert_non_null(strstr(stats.lanes, "tcp/"));
     uint64_t bad = nn_check(dst, size, 77, 0);
     if (bad != UINT64_MAX) fail_msg("byte %" PRIu64 " differs", bad);
@@ -731,8 +732,7 @@ static void bad_inputs(void **state)
     size_t jl = sizeof(junk);
     REFIT_ASSERT_ERR(ops->connect(rt, (const void *const[]){junk}, &jl, 1, &peer), REFIT_ERR_CORRUPT, "magic");
     size_t short_len = a.len[0] - 1;
-    REFIT_ASSERT_ERR(ops->connect(rt, (const void *const *)a.desc, &short_len, 1, &peer), REFIT_ERR_CORRUPT,
-                     "length");
+    REFIT_ASSERT_ERR(ops->connect(rt, (const void *const *)a.desc, &short_len, 1, &peer), REFIT_ERR_CORRUPT, "length");
     /* nobody listens there any more: the publisher is gone */
     pub_t gone;
     uint64_t gs[] = {4096};
@@ -883,8 +883,7 @@ static int helper_receive(const char *hex, uint64_t size, uint64_t seed, const c
     refit_peer_t *peer;
     size_t len;
     void *desc = nn_unhex(hex, &len);
-    if (!desc || ops->create(*opts ? opts : NULL, &t) ||
-        ops->connect(t, (const void *const[]){desc}, &len, 1, &peer)) {
+    if (!desc || ops->create(*opts ? opts : NULL, &t) || ops->connect(t, (const void *const[]){desc}, &len, 1, &peer)) {
         printf("FAIL connect: %s\n", refit_last_error());
         return 1;
     }
@@ -910,8 +909,8 @@ static int helper_receive(const char *hex, uint64_t size, uint64_t seed, const c
     /* rows of 3000 bytes every 5000, packed */
     memset(buf, 0, size);
     uint64_t rows = size / 5000 - 1;
-    plan->regions.data[0] = (refit_plan_region_t){.src_offset = 17, .run = 3000, .nloops = 1, .count = {rows},
-                                                  .src_stride = {5000}, .dst_stride = {3000}};
+    plan->regions.data[0] = (refit_plan_region_t){
+        .src_offset = 17, .run = 3000, .nloops = 1, .count = {rows}, .src_stride = {5000}, .dst_stride = {3000}};
     if (ops->pull(t, (refit_peer_t *const[]){peer}, plan, (void *const[]){buf}, &ctl, &st)) {
         printf("FAIL strided pull: %s\n", refit_last_error());
         return 1;

@@ -348,9 +348,8 @@ static ucs_status_t atk_wait(atk_t *a, void *r)
 static ucs_status_t atk_rma(atk_t *a, bool put, uint64_t addr, void *buf, size_t len)
 {
     ucp_mem_h memh;
-    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-                               .address = buf,
-                               .length = len};
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH, .address = buf, .length = len};
     if (ucp_mem_map(a->ctx, &mp, &memh) != UCS_OK) return UCS_ERR_NO_RESOURCE;
     void *packed;
     size_t plen;
@@ -362,7 +361,8 @@ static ucs_status_t atk_rma(atk_t *a, bool put, uint64_t addr, void *buf, size_t
     }
     if (s == UCS_OK) {
         ucp_request_param_t rp = {.op_attr_mask = 0};
-        s = atk_wait(a, put ? ucp_put_nbx(a->ep, buf, len, addr, rkey, &rp) : ucp_get_nbx(a->ep, buf, len, addr, rkey, &rp));
+        s = atk_wait(a, put ? ucp_put_nbx(a->ep, buf, len, addr, rkey, &rp)
+                            : ucp_get_nbx(a->ep, buf, len, addr, rkey, &rp));
         if (s == UCS_OK) {
             ucp_request_param_t fp = {.op_attr_mask = 0};
             s = atk_wait(a, ucp_ep_flush_nbx(a->ep, &fp));
@@ -563,8 +563,8 @@ static void request_flood_bounded(void **state)
     }
     atk_progress(&a, 1500);
     long rss1 = victim_rss_kb(&v);
-    print_message("publisher RSS %ld -> %ld kB with 800 MiB of unread replies asked for; %d replies seen\n", rss0,
-                  rss1, a.data_replies);
+    print_message("publisher RSS %ld -> %ld kB with 800 MiB of unread replies asked for; %d replies seen\n", rss0, rss1,
+                  a.data_replies);
     assert_true(rss1 - rss0 < 64 * 1024); /* max_queued 8 MiB plus one request, not 800 MiB */
     atk_close(&a);
     char said[128];
@@ -591,7 +591,7 @@ static void idle_connections_closed(void **state)
     print_message("an idle connection: %s after %.0f ms; phase-1 HELLO with ids: reply %d\n",
                   ucs_status_string(a.failed), t_ms_since(t0), a.hello_status);
     assert_int_equal(a.hello_status, -1); /* no answer */
-    assert_true(a.failed != UCS_OK);       /* and cut off */
+    assert_true(a.failed != UCS_OK);      /* and cut off */
     atk_close(&a);
     char said[128];
     victim_check(&v, said, sizeof(said));
@@ -618,7 +618,8 @@ static void restarted_publisher_is_another(void **state)
     REFIT_ASSERT_OK(ops->create("connect_timeout=3", &rt));
     refit_peer_t *peer = NULL;
     refit_status_t st = ops->connect(rt, (const void *const[]){old}, &olen, 1, &peer);
-    print_message("old descriptor against the restarted publisher: %s: %s\n", refit_status_name(st), refit_last_error());
+    print_message("old descriptor against the restarted publisher: %s: %s\n", refit_status_name(st),
+                  refit_last_error());
     assert_int_equal(st, REFIT_ERR_PEER);
     assert_non_null(strstr(refit_last_error(), "another publisher"));
     REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){v2.desc}, &v2.len, 1, &peer));

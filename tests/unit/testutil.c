@@ -177,8 +177,8 @@ bool t_redis_ping(int port)
     struct timeval tv = {0, 200000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     char buf[16] = {0};
     bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6 &&
               recv(fd, buf, sizeof(buf) - 1, 0) >= 5 &&
@@ -226,8 +226,8 @@ bool t_redis_start_with(t_redis_t *r, int port, const char *const *extra)
             dup2(null, 1);
             dup2(null, 2);
         }
-        const char *argv[64] = {"redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                "no", "--daemonize", "no", "--dir", r->dir};
+        const char *argv[64] = {"redis-server", "--port", ports,         "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no",     "--daemonize", "no",     "--dir",     r->dir};
         int n = 13;
         for (int i = 0; extra && extra[i] && n < 63; i++) argv[n++] = extra[i];
         argv[n] = NULL;
@@ -267,4 +267,3 @@ unsigned char *t_fp8_arena(const char *model, const char *spec, uint32_t rank, u
     free(img);
     return arena;
 }
-

@@ -11,9 +11,9 @@
 #include "refit/refit.h"
 
 /* Asserts a refit call succeeded, printing the last-error detail if not. */
-#define REFIT_ASSERT_OK(expr)                                                                         \
-    do {                                                                                              \
-        refit_status_t st_ = (expr);                                                                  \
+#define REFIT_ASSERT_OK(expr)                                                                             \
+    do {                                                                                                  \
+        refit_status_t st_ = (expr);                                                                      \
         if (st_ != REFIT_OK) fail_msg("%s -> %s: %s", #expr, refit_status_name(st_), refit_last_error()); \
     } while (0)
 /* Asserts a refit call failed with `code` and that the detail contains `needle`. */

@@ -33,8 +33,10 @@ static inline double nn_now(void)
 static inline uint64_t nn_word(uint64_t seed, uint64_t k)
 {
     uint64_t x = seed * 0x9e3779b97f4a7c15ULL + k;
-    x ^= x >> 31; x *= 0x7fb5d329728ea185ULL;
-    x ^= x >> 27; x *= 0x81dadef4bc2dd44dULL;
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ULL;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dULL;
     x ^= x >> 33;
     return x;
 }

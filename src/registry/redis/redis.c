@@ -56,8 +56,8 @@ struct refit_kv {
     char *host;
     int port;
     char *user, *password; /* AUTH; NULL: none */
-    char *addr;    /* "host:port", for messages */
-    char *prefix;  /* "refit:<job>:" */
+    char *addr;            /* "host:port", for messages */
+    char *prefix;          /* "refit:<job>:" */
     size_t prefix_len;
     char *channel; /* "refit:<job>:events" */
     pthread_mutex_t cmd_mu;
@@ -113,8 +113,7 @@ static refit_status_t conn_failed(refit_kv_t *kv, redisContext **c, const char *
     refit_status_t st;
     if (timed_out)
         st = refit_error(REFIT_ERR_REGISTRY, "redis %s: %s: no answer within %d ms", kv->addr, what, IO_TIMEOUT_MS);
-    else
-        st = refit_error(REFIT_ERR_REGISTRY, "redis %s: %s: %s", kv->addr, what, why);
+    else st = refit_error(REFIT_ERR_REGISTRY, "redis %s: %s: %s", kv->addr, what, why);
     if (*c) redisFree(*c);
     *c = NULL;
     return st;
@@ -146,8 +145,7 @@ static refit_status_t connect_ctx(refit_kv_t *kv, redisContext **out)
         sigpipe_unblock(&g);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             refit_status_t st = refit_error(r ? REFIT_ERR_AUTH : REFIT_ERR_REGISTRY, "redis %s: AUTH as %s: %s",
-                                            kv->addr, kv->user ? kv->user : "default",
-                                            r ? r->str : c->errstr);
+                                            kv->addr, kv->user ? kv->user : "default", r ? r->str : c->errstr);
             if (r) freeReplyObject(r);
             redisFree(c);
             return st;
@@ -269,8 +267,10 @@ static refit_status_t env_password(refit_kv_t *kv)
         if (fd < 0 || fstat(fd, &sb) != 0)
             st = refit_error(REFIT_ERR_AUTH, "redis password file %s: %s", file, strerror(errno));
         else if (!S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077))
-            st = refit_error(REFIT_ERR_AUTH, "redis password file %s must be a regular file of this user that no one "
-                             "else may read (chmod 600)", file);
+            st = refit_error(REFIT_ERR_AUTH,
+                             "redis password file %s must be a regular file of this user that no one "
+                             "else may read (chmod 600)",
+                             file);
         else if ((n = read(fd, buf, sizeof(buf) - 1)) <= 0)
             st = refit_error(REFIT_ERR_AUTH, "redis password file %s is empty", file);
         if (fd >= 0) close(fd);
@@ -318,8 +318,10 @@ static refit_status_t parse_addr(refit_kv_t *kv, const char *rest)
         if (st) return st;
     }
     if (kv->user && !kv->password)
-        return refit_error(REFIT_ERR_AUTH, "registry url \"redis:%s\": user %s without a password (put it in "
-                           "$REFIT_REDIS_PASSWORD_FILE)", kv->addr, kv->user);
+        return refit_error(REFIT_ERR_AUTH,
+                           "registry url \"redis:%s\": user %s without a password (put it in "
+                           "$REFIT_REDIS_PASSWORD_FILE)",
+                           kv->addr, kv->user);
     if (*h == '[') {
         h++;
         end = strchr(h, ']');
@@ -631,10 +633,8 @@ static refit_status_t redis_list(refit_kv_t *kv, const char *prefix, char ***key
     if (keys.len > 1) qsort(keys.data, keys.len, sizeof(*keys.data), cmp_str);
     size_t n = 0;
     for (size_t i = 0; i < keys.len; i++) {
-        if (n > 0 && strcmp(keys.data[n - 1], keys.data[i]) == 0)
-            free(keys.data[i]);
-        else
-            keys.data[n++] = keys.data[i];
+        if (n > 0 && strcmp(keys.data[n - 1], keys.data[i]) == 0) free(keys.data[i]);
+        else keys.data[n++] = keys.data[i];
     }
     *keys_out = keys.data;
     *n_out = n;

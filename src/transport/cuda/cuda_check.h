@@ -4,14 +4,14 @@
 #ifndef REFIT_CUDA_CHECK_H
 #define REFIT_CUDA_CHECK_H
 
-#define REFIT_CUDA_CK(prefix, call)                                                                           \
-    do {                                                                                                      \
-        cudaError_t e_ = (call);                                                                              \
-        if (e_ != cudaSuccess) {                                                                              \
-            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT,     \
-                             prefix "%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__);     \
-            goto out;                                                                                         \
-        }                                                                                                     \
+#define REFIT_CUDA_CK(prefix, call)                                                                       \
+    do {                                                                                                  \
+        cudaError_t e_ = (call);                                                                          \
+        if (e_ != cudaSuccess) {                                                                          \
+            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT, \
+                             prefix "%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+            goto out;                                                                                     \
+        }                                                                                                 \
     } while (0)
 
 #endif

@@ -107,8 +107,8 @@ __device__ __forceinline__ float fast_block(const unsigned char *src, uint64_t s
 }
 
 /* Any block: gathered into the tile (zeros where no piece is: padding). */
-__device__ float tile_block(const refit_fp8_piece_t *pc, uint32_t np, const uint64_t *slots, uint32_t rows, uint32_t cols,
-                            unsigned char *q, uint64_t ldq, uint16_t *tile, int32_t *red)
+__device__ float tile_block(const refit_fp8_piece_t *pc, uint32_t np, const uint64_t *slots, uint32_t rows,
+                            uint32_t cols, unsigned char *q, uint64_t ldq, uint16_t *tile, int32_t *red)
 {
     uint32_t *t32 = (uint32_t *)tile;
     for (uint32_t i = threadIdx.x; i < BLK * BLK / 2; i += FP8_THREADS) t32[i] = 0;
@@ -143,7 +143,8 @@ struct block_at {
     unsigned char *q;
 };
 
-__device__ __forceinline__ block_at locate(const refit_fp8_matrix_t *mats, uint32_t nmats, uint64_t b, unsigned char *arena)
+__device__ __forceinline__ block_at locate(const refit_fp8_matrix_t *mats, uint32_t nmats, uint64_t b,
+                                           unsigned char *arena)
 {
     block_at a;
     a.mt = &mats[refit_fp8_table_matrix(mats, nmats, b)];
@@ -157,11 +158,10 @@ __device__ __forceinline__ block_at locate(const refit_fp8_matrix_t *mats, uint3
 /* Whole aligned blocks (the table's fast list), one per thread block.
  * (Prefetching the next block into L2 while one is quantized was tried on
  * an H200: 48.5 ms against 42.7 ms without, for Qwen3-30B-A3B tp=2.) */
-__global__ void __launch_bounds__(FP8_THREADS) fp8_fast_kernel(const refit_fp8_matrix_t *__restrict__ mats, uint32_t nmats,
-                                                               const uint32_t *__restrict__ list, uint64_t n,
-                                                               const uint32_t *__restrict__ block_piece,
-                                                               const refit_fp8_piece_t *__restrict__ pieces,
-                                                               const uint64_t *__restrict__ slots, uint32_t dst_slot)
+__global__ void __launch_bounds__(FP8_THREADS)
+    fp8_fast_kernel(const refit_fp8_matrix_t *__restrict__ mats, uint32_t nmats, const uint32_t *__restrict__ list,
+                    uint64_t n, const uint32_t *__restrict__ block_piece, const refit_fp8_piece_t *__restrict__ pieces,
+                    const uint64_t *__restrict__ slots, uint32_t dst_slot)
 {
     __shared__ int32_t red[32];
     unsigned char *arena = (unsigned char *)(uintptr_t)slots[dst_slot];
@@ -177,11 +177,10 @@ __global__ void __launch_bounds__(FP8_THREADS) fp8_fast_kernel(const refit_fp8_m
 }
 
 /* Any block (the slow list, or every block when list is NULL): through the tile. */
-__global__ void __launch_bounds__(FP8_THREADS) fp8_tile_kernel(const refit_fp8_matrix_t *__restrict__ mats, uint32_t nmats,
-                                                               const uint32_t *__restrict__ list, uint64_t n,
-                                                               const uint32_t *__restrict__ block_piece,
-                                                               const refit_fp8_piece_t *__restrict__ pieces,
-                                                               const uint64_t *__restrict__ slots, uint32_t dst_slot)
+__global__ void __launch_bounds__(FP8_THREADS)
+    fp8_tile_kernel(const refit_fp8_matrix_t *__restrict__ mats, uint32_t nmats, const uint32_t *__restrict__ list,
+                    uint64_t n, const uint32_t *__restrict__ block_piece, const refit_fp8_piece_t *__restrict__ pieces,
+                    const uint64_t *__restrict__ slots, uint32_t dst_slot)
 {
     __shared__ uint16_t tile[BLK * BLK];
     __shared__ int32_t red[32];
@@ -204,7 +203,7 @@ struct refit_gpu_fp8 {
     refit_fp8_matrix_t *dmats;
     uint32_t *dblock_piece;
     refit_fp8_piece_t *dpieces;
-    uint32_t *dlists;   /* the fast list, then the slow one */
+    uint32_t *dlists; /* the fast list, then the slow one */
     uint64_t *dslots, *hslots;
     bool slots_valid;
     int grid_fast, grid_tile;
@@ -230,7 +229,8 @@ extern "C" refit_status_t refit_gpu_fp8_create(int dev, const refit_fp8_table_t 
 {
     refit_status_t st = REFIT_OK;
     *out = NULL;
-    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
+    if (dev < 0 || dev >= refit_gpu_count())
+        return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
     refit_gpu_fp8_t *g = (refit_gpu_fp8_t *)calloc(1, sizeof(*g));
     if (!g) return refit_error(REFIT_ERR_NO_MEMORY, "fp8 GPU table");
     int saved = enter(dev), sms = 0, occ = 0;
@@ -259,7 +259,8 @@ extern "C" refit_status_t refit_gpu_fp8_create(int dev, const refit_fp8_table_t 
     if (x->nblocks) CK(cudaMemcpy(g->dlists, x->fast, x->nblocks * sizeof(uint32_t), cudaMemcpyHostToDevice));
     if (x->nmats) CK(cudaMemcpy(g->dmats, x->mats, x->nmats * sizeof(refit_fp8_matrix_t), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(g->dblock_piece, x->block_piece, (x->nblocks + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice));
-    if (x->npieces) CK(cudaMemcpy(g->dpieces, x->pieces, x->npieces * sizeof(refit_fp8_piece_t), cudaMemcpyHostToDevice));
+    if (x->npieces)
+        CK(cudaMemcpy(g->dpieces, x->pieces, x->npieces * sizeof(refit_fp8_piece_t), cudaMemcpyHostToDevice));
     CK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming));
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -315,16 +316,16 @@ extern "C" refit_status_t refit_gpu_fp8_launch(refit_gpu_fp8_t *g, const uint64_
         uint64_t nfast = align & 15 ? 0 : g->table.full_blocks, nslow = g->table.nblocks - nfast;
         if (nfast) {
             int grid = (uint64_t)g->grid_fast < nfast ? g->grid_fast : (int)nfast;
-            fp8_fast_kernel<<<grid, FP8_THREADS, 0, g->stream>>>(g->dmats, g->table.nmats, g->dlists, nfast,
-                                                                 g->dblock_piece, g->dpieces, g->dslots, g->table.dst_slot);
+            fp8_fast_kernel<<<grid, FP8_THREADS, 0, g->stream>>>(
+                g->dmats, g->table.nmats, g->dlists, nfast, g->dblock_piece, g->dpieces, g->dslots, g->table.dst_slot);
             CK(cudaGetLastError());
             if (launches) (*launches)++;
         }
         if (nslow) {
             int grid = (uint64_t)g->grid_tile < nslow ? g->grid_tile : (int)nslow;
-            fp8_tile_kernel<<<grid, FP8_THREADS, 0, g->stream>>>(g->dmats, g->table.nmats, nfast ? g->dlists + nfast : NULL,
-                                                                 nslow, g->dblock_piece, g->dpieces, g->dslots,
-                                                                 g->table.dst_slot);
+            fp8_tile_kernel<<<grid, FP8_THREADS, 0, g->stream>>>(
+                g->dmats, g->table.nmats, nfast ? g->dlists + nfast : NULL, nslow, g->dblock_piece, g->dpieces,
+                g->dslots, g->table.dst_slot);
             CK(cudaGetLastError());
             if (launches) (*launches)++;
         }
@@ -391,8 +392,8 @@ extern "C" refit_status_t refit_gpu_fp8_truth_verify(const refit_manifest_t *bf1
             (st = refit_gpu_digest(dev, (const char *)ref + e->offset, n, &b)))
             break;
         if (a != b)
-            st = refit_error(REFIT_ERR_VERIFY, "FP8 tensor %s differs from version %" PRIu64 "'s truth quantized", e->name,
-                             version);
+            st = refit_error(REFIT_ERR_VERIFY, "FP8 tensor %s differs from version %" PRIu64 "'s truth quantized",
+                             e->name, version);
     }
     if (!st && dg[0] != dg[1])
         st = refit_error(REFIT_ERR_VERIFY, "the FP8 arena differs from version %" PRIu64 "'s truth quantized", version);
@@ -433,7 +434,8 @@ extern "C" refit_status_t refit_gpu_fp8_check_all(int dev, uint64_t *mismatches,
 {
     refit_status_t st = REFIT_OK;
     unsigned long long *d = NULL, h[3] = {0, ~0ull, 0};
-    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
+    if (dev < 0 || dev >= refit_gpu_count())
+        return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
     int saved = enter(dev);
     CK(cudaMalloc(&d, sizeof(h)));
     CK(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice));
@@ -462,7 +464,8 @@ extern "C" refit_status_t refit_gpu_fp8_quantize_all(int dev, const float *scale
     refit_status_t st = REFIT_OK;
     float *ds = NULL;
     uint8_t *dq = NULL;
-    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
+    if (dev < 0 || dev >= refit_gpu_count())
+        return refit_error(REFIT_ERR_UNSUPPORTED, "fp8: CUDA device %d is not here", dev);
     int saved = enter(dev);
     size_t n = 65536ull * nscales;
     CK(cudaMalloc(&ds, nscales * sizeof(float)));

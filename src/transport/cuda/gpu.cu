@@ -96,8 +96,8 @@ __device__ __noinline__ void general_chunk(const refit_batch_region_t *rp, uint6
                                            const uint64_t *__restrict__ slots)
 {
     const refit_batch_region_t r = *rp;
-    const unsigned char *src =
-        r.src_slot == REFIT_BATCH_ZERO ? (const unsigned char *)0 : (const unsigned char *)(uintptr_t)slots[r.src_slot];
+    const unsigned char *src = r.src_slot == REFIT_BATCH_ZERO ? (const unsigned char *)0
+                                                              : (const unsigned char *)(uintptr_t)slots[r.src_slot];
     unsigned char *dst = (unsigned char *)(uintptr_t)slots[r.dst_slot];
     switch (r.shift) {
     case 4: refit_batch_thread_16(&r, u0 + threadIdx.x, u1, blockDim.x, src, dst); break;
@@ -109,7 +109,7 @@ __device__ __noinline__ void general_chunk(const refit_batch_region_t *rp, uint6
 }
 
 __global__ void __launch_bounds__(THREADS, 4) batch_kernel(const refit_batch_region_t *__restrict__ regions, uint32_t n,
-                                                        uint64_t nchunks, const uint64_t *__restrict__ slots)
+                                                           uint64_t nchunks, const uint64_t *__restrict__ slots)
 {
     for (uint64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
         uint32_t i = refit_batch_find(regions, n, c);
@@ -140,10 +140,10 @@ __global__ void __launch_bounds__(THREADS, 4) batch_kernel(const refit_batch_reg
     }
 }
 
-__global__ void __launch_bounds__(THREADS) truth_kernel(const refit_truth_box_t *__restrict__ boxes, uint32_t n,
-                                                        uint64_t nchunks, uint64_t chunk, const uint64_t *__restrict__ bases,
-                                                        uint64_t version, int verify, unsigned long long *bad,
-                                                        unsigned long long *first_key)
+__global__ void __launch_bounds__(THREADS)
+    truth_kernel(const refit_truth_box_t *__restrict__ boxes, uint32_t n, uint64_t nchunks, uint64_t chunk,
+                 const uint64_t *__restrict__ bases, uint64_t version, int verify, unsigned long long *bad,
+                 unsigned long long *first_key)
 {
     for (uint64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
         uint32_t bi = refit_truth_find(boxes, n, c);
@@ -252,7 +252,8 @@ extern "C" refit_status_t refit_gpu_uuid(int dev, char out[48])
     refit_status_t st = REFIT_OK;
     cudaDeviceProp p;
     out[0] = '\0';
-    if (dev < 0 || dev >= refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "CUDA device %d is not here", dev);
+    if (dev < 0 || dev >= refit_gpu_count())
+        return refit_error(REFIT_ERR_UNSUPPORTED, "CUDA device %d is not here", dev);
     CK(cudaGetDeviceProperties(&p, dev));
     format_uuid(&p, out, 48);
 out:
@@ -408,8 +409,8 @@ static refit_status_t truth_run(const refit_manifest_t *m, int dev, void *const 
     CK(cudaMalloc(&dcnt, sizeof(hcnt)));
     CK(cudaMemcpy(dcnt, hcnt, sizeof(hcnt), cudaMemcpyHostToDevice));
     if (t.nchunks) {
-        truth_kernel<<<grid_for(dev, t.nchunks, (const void *)truth_kernel), THREADS>>>(dboxes, t.n, t.nchunks, t.chunk, dbases,
-                                                                                 version, verify, dcnt, dcnt + 1);
+        truth_kernel<<<grid_for(dev, t.nchunks, (const void *)truth_kernel), THREADS>>>(
+            dboxes, t.n, t.nchunks, t.chunk, dbases, version, verify, dcnt, dcnt + 1);
         CK(cudaGetLastError());
     }
     CK(cudaDeviceSynchronize());
@@ -462,7 +463,8 @@ extern "C" refit_status_t refit_gpu_digest(int dev, const void *p, uint64_t n, u
     if ((st = enter(dev, &g))) return st;
     CK(cudaMalloc(&d, sizeof(h)));
     CK(cudaMemset(d, 0, sizeof(h)));
-    digest_kernel<<<grid_for(dev, n / 8 / THREADS + 1, (const void *)digest_kernel), THREADS>>>((const unsigned char *)p, n, d);
+    digest_kernel<<<grid_for(dev, n / 8 / THREADS + 1, (const void *)digest_kernel), THREADS>>>(
+        (const unsigned char *)p, n, d);
     CK(cudaGetLastError());
     CK(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
     *out = h;
@@ -545,7 +547,8 @@ extern "C" refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *x, const uin
     if ((st = enter(x->dev, &g))) return st;
     if (!x->slots_valid || memcmp(x->hslots, slots, x->table.nslots * sizeof(uint64_t)) != 0) {
         memcpy(x->hslots, slots, x->table.nslots * sizeof(uint64_t));
-        CK(cudaMemcpyAsync(x->dslots, x->hslots, x->table.nslots * sizeof(uint64_t), cudaMemcpyHostToDevice, x->stream));
+        CK(cudaMemcpyAsync(x->dslots, x->hslots, x->table.nslots * sizeof(uint64_t), cudaMemcpyHostToDevice,
+                           x->stream));
         x->slots_valid = true;
         if (uploads) (*uploads)++;
     }
@@ -673,7 +676,8 @@ extern "C" refit_status_t refit_gpu_event_wait(void *event, int dev, const char 
     for (;;) {
         cudaError_t e = cudaEventQuery((cudaEvent_t)event);
         if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) return refit_error(REFIT_ERR_TRANSPORT, "GPU %d %s: %s", dev, what, cudaGetErrorString(e));
+        if (e != cudaErrorNotReady)
+            return refit_error(REFIT_ERR_TRANSPORT, "GPU %d %s: %s", dev, what, cudaGetErrorString(e));
         double now = refit_now();
         if (!later && tick && now - last > 0.01) {
             last = now;
@@ -713,7 +717,8 @@ extern "C" refit_status_t refit_gpu_plan_fills(const refit_plan_t *plan, int dev
     refit_gpu_batch_t *g = NULL;
     uint64_t *slots = (uint64_t *)calloc(b.nslots ? b.nslots : 1, sizeof(uint64_t));
     if (!slots) st = refit_error(REFIT_ERR_NO_MEMORY, "fills");
-    for (uint32_t s = b.dst_slot_base; !st && s < b.nslots; s++) slots[s] = (uint64_t)(uintptr_t)dst_bases[s - b.dst_slot_base];
+    for (uint32_t s = b.dst_slot_base; !st && s < b.nslots; s++)
+        slots[s] = (uint64_t)(uintptr_t)dst_bases[s - b.dst_slot_base];
     if (!st) st = refit_gpu_batch_create(dev, &b, &g);
     if (!st) st = refit_gpu_batch_launch(g, slots, launches, NULL);
     if (!st) st = refit_gpu_batch_wait(g, NULL, NULL, 0);

@@ -4,8 +4,8 @@
 #include "transport/cuda/gpu.h"
 #include "transport/memdom.h"
 
-static refit_status_t cuda_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases,
-                                        uint64_t version, double fraction)
+static refit_status_t cuda_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases, uint64_t version,
+                                        double fraction)
 {
     (void)fraction; /* every byte: receivers on a GPU refuse fractions below 1 */
     /* After a 2 ms grace, so that a receiver waiting to copy on this GPU

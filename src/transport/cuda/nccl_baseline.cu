@@ -31,14 +31,14 @@ extern "C" {
 #include "util/util.h"
 }
 
-#define CK(call)                                                                                            \
-    do {                                                                                                    \
-        cudaError_t e_ = (call);                                                                            \
-        if (e_ != cudaSuccess) {                                                                            \
-            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT,   \
-                             "baseline: %s: %s", #call, cudaGetErrorString(e_));                            \
-            goto out;                                                                                       \
-        }                                                                                                   \
+#define CK(call)                                                                                          \
+    do {                                                                                                  \
+        cudaError_t e_ = (call);                                                                          \
+        if (e_ != cudaSuccess) {                                                                          \
+            st = refit_error(e_ == cudaErrorMemoryAllocation ? REFIT_ERR_NO_MEMORY : REFIT_ERR_TRANSPORT, \
+                             "baseline: %s: %s", #call, cudaGetErrorString(e_));                          \
+            goto out;                                                                                     \
+        }                                                                                                 \
     } while (0)
 
 static int cmp_d(const void *a, const void *b)
@@ -99,13 +99,13 @@ static refit_status_t nccl_load(nccl_api_t *a, char *path, size_t n)
     return REFIT_OK;
 }
 
-#define NK(call)                                                                                   \
-    do {                                                                                           \
-        ncclResult_t r_ = (call);                                                                  \
-        if (r_ != ncclSuccess) {                                                                   \
-            st = refit_error(REFIT_ERR_TRANSPORT, "NCCL: %s: %s", #call, api.error_string(r_));     \
-            goto out;                                                                              \
-        }                                                                                          \
+#define NK(call)                                                                                \
+    do {                                                                                        \
+        ncclResult_t r_ = (call);                                                               \
+        if (r_ != ncclSuccess) {                                                                \
+            st = refit_error(REFIT_ERR_TRANSPORT, "NCCL: %s: %s", #call, api.error_string(r_)); \
+            goto out;                                                                           \
+        }                                                                                       \
     } while (0)
 #endif
 
@@ -171,7 +171,8 @@ static refit_status_t plan_batch(const refit_manifest_t *const *srcs, void *cons
     if (!st && !(slots = (uint64_t *)calloc(b.nslots ? b.nslots : 1, sizeof(uint64_t))))
         st = refit_error(REFIT_ERR_NO_MEMORY, "baseline");
     for (uint32_t s = 0; !st && s < nsrc; s++)
-        for (uint32_t k = b.src_slot_base[s]; k < b.src_slot_base[s + 1]; k++) slots[k] = (uint64_t)(uintptr_t)src_arenas[s];
+        for (uint32_t k = b.src_slot_base[s]; k < b.src_slot_base[s + 1]; k++)
+            slots[k] = (uint64_t)(uintptr_t)src_arenas[s];
     for (uint32_t k = b.dst_slot_base; !st && k < b.nslots; k++) slots[k] = (uint64_t)(uintptr_t)dst_arena;
     if (!st) st = refit_gpu_batch_create(dev, &b, g);
     refit_batch_free(&b);
@@ -200,8 +201,8 @@ extern "C" refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg
     cudaStream_t s0 = NULL, s1 = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     uint64_t packed = 0, pbuf = 0;
-    double t_pack[REFIT_GPU_BASELINE_MAX_ITERS], t_bcast[REFIT_GPU_BASELINE_MAX_ITERS], t_unpack[REFIT_GPU_BASELINE_MAX_ITERS],
-        t_kcopy[REFIT_GPU_BASELINE_MAX_ITERS];
+    double t_pack[REFIT_GPU_BASELINE_MAX_ITERS], t_bcast[REFIT_GPU_BASELINE_MAX_ITERS],
+        t_unpack[REFIT_GPU_BASELINE_MAX_ITERS], t_kcopy[REFIT_GPU_BASELINE_MAX_ITERS];
 #ifdef REFIT_HAVE_NCCL
     nccl_api_t api;
     memset(&api, 0, sizeof(api));
@@ -265,7 +266,8 @@ extern "C" refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg
         uint64_t slots[2] = {(uint64_t)(uintptr_t)packed0, (uint64_t)(uintptr_t)packed1};
         for (uint32_t it = 0; it <= iters; it++) {
             double t0 = refit_now();
-            if ((st = refit_gpu_batch_launch(kcopy, slots, NULL, NULL)) || (st = refit_gpu_batch_wait(kcopy, NULL, NULL, 0)))
+            if ((st = refit_gpu_batch_launch(kcopy, slots, NULL, NULL)) ||
+                (st = refit_gpu_batch_wait(kcopy, NULL, NULL, 0)))
                 goto out;
             if (it) t_kcopy[it - 1] = refit_now() - t0;
         }
@@ -308,12 +310,14 @@ extern "C" refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg
             for (uint32_t i = 0; i < src.n; i++)
                 if ((st = refit_gpu_truth_fill(src.m[i], sd, &src.arena[i], v))) goto out;
             CK(cudaSetDevice(dd));
-            for (uint32_t r = 0; r < dst.n; r++) CK(cudaMemset(dst.arena[r], 0xee, refit_manifest_region_size(dst.m[r], 0)));
+            for (uint32_t r = 0; r < dst.n; r++)
+                CK(cudaMemset(dst.arena[r], 0xee, refit_manifest_region_size(dst.m[r], 0)));
             CK(cudaMemset(packed1, 0xee, packed));
             CK(cudaDeviceSynchronize());
             uint64_t pl = 0, ul = 0, calls = 0;
             double t0 = refit_now();
-            if ((st = refit_gpu_batch_launch(pack, pack_slots, &pl, NULL)) || (st = refit_gpu_batch_wait(pack, NULL, NULL, 0)))
+            if ((st = refit_gpu_batch_launch(pack, pack_slots, &pl, NULL)) ||
+                (st = refit_gpu_batch_wait(pack, NULL, NULL, 0)))
                 goto out;
             double t1 = refit_now();
             for (uint64_t off = 0; off < packed; off += chunk) {
@@ -395,7 +399,8 @@ out:
 
 __global__ void pattern_kernel(uint64_t *p, uint64_t words, uint64_t seed)
 {
-    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < words; i += (uint64_t)gridDim.x * blockDim.x) {
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < words;
+         i += (uint64_t)gridDim.x * blockDim.x) {
         uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
         x ^= x >> 31;
         x *= 0xbf58476d1ce4e5b9ull;
@@ -453,7 +458,8 @@ extern "C" refit_status_t refit_gpu_d2d_baseline(int dev, uint64_t bytes, uint32
             CK(cudaMemsetAsync(b, 0x5a, bytes, s));
             CK(cudaStreamSynchronize(s));
             double t0 = refit_now();
-            if ((st = refit_gpu_batch_launch(k, slots, NULL, NULL)) || (st = refit_gpu_batch_wait(k, NULL, NULL, 0))) goto out;
+            if ((st = refit_gpu_batch_launch(k, slots, NULL, NULL)) || (st = refit_gpu_batch_wait(k, NULL, NULL, 0)))
+                goto out;
             if (it) kruns[it - 1] = refit_now() - t0;
         }
         if ((st = refit_gpu_digest(dev, b, bytes, &db))) goto out;

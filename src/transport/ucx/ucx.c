@@ -50,8 +50,7 @@ uint64_t ucx_random_id(void)
  * way to get bytes out of this process is refit's own checked protocol. */
 refit_status_t ucx_init_context(refit_transport_t *t, ucp_config_t *cfg, ucp_context_h *ctx)
 {
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                                    UCP_PARAM_FIELD_NAME,
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
                       .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (t->o.rma != RMA_OFF ? UCP_FEATURE_RMA : 0),
                       .mt_workers_shared = 1,
                       .name = "refit"};
@@ -65,8 +64,8 @@ static void ucx_set_key(refit_transport_t *t, const uint8_t key[32])
 }
 
 /* HMAC(key, label || pub_id || nonce_c || nonce_s): the proofs and the token. */
-void ucx_conn_mac(const refit_transport_t *t, const char *label, uint64_t pub_id, const uint8_t *nc,
-                  const uint8_t *ns, uint8_t out[REFIT_SHA256_LEN])
+void ucx_conn_mac(const refit_transport_t *t, const char *label, uint64_t pub_id, const uint8_t *nc, const uint8_t *ns,
+                  uint8_t out[REFIT_SHA256_LEN])
 {
     refit_hmac_t h;
     uint8_t id[8];
@@ -125,8 +124,7 @@ fail:
 }
 
 /* Creates a worker of context ctx with wakeup; *efd is its event fd. */
-refit_status_t ucx_make_worker_in(refit_transport_t *t, ucp_context_h ctx, ucp_worker_h *w, int *efd,
-                                  const char *name)
+refit_status_t ucx_make_worker_in(refit_transport_t *t, ucp_context_h ctx, ucp_worker_h *w, int *efd, const char *name)
 {
     ucs_status_t s;
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME,

@@ -79,10 +79,7 @@ static bool tl_is_rdma(const char *tl)
            strstr(tl, "mlx");
 }
 
-static bool tl_rma_native(const char *tl)
-{
-    return !strncmp(tl, "rc", 2) || !strncmp(tl, "dc", 2);
-}
+static bool tl_rma_native(const char *tl) { return !strncmp(tl, "rc", 2) || !strncmp(tl, "dc", 2); }
 
 /* Reads which transports and devices the endpoint's lanes use, from
  * ucp_ep_print_info (lines "lane[i]: k:tl/dev.path md[..] -> ... usage...").
@@ -175,8 +172,7 @@ static void peer_free(refit_peer_t *p)
 }
 
 /* Tries one address: endpoint, HELLO, reply. */
-static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire_addr_t *a, uint16_t port,
-                               double until)
+static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire_addr_t *a, uint16_t port, double until)
 {
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof(ss));
@@ -250,17 +246,19 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
         if (!w.done && p->failed != UCS_OK) st = ucx_err(REFIT_ERR_PEER, p->failed, "publisher %s", p->name);
         else if (!w.done)
             st = refit_error(REFIT_ERR_TIMEOUT, "ucx: publisher %s did not answer within the connect timeout", p->name);
-        else if (phase == 1 && proven)
-            continue;
+        else if (phase == 1 && proven) continue;
         else if (phase == 1 && w.status == PUB_CHALLENGE && w.pub_id != p->pub_id)
             /* another instance answers there (the publisher restarted on this port): try the next address */
-            st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)", p->name);
+            st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)",
+                             p->name);
         else if (phase == 1)
-            st = refit_error(REFIT_ERR_AUTH, "ucx: %s did not prove the job's secret (%s): not a publisher of this job, "
-                             "or one with another secret", p->name,
-                             w.status == PUB_CHALLENGE ? "wrong proof" : pub_status_str(w.status));
+            st = refit_error(REFIT_ERR_AUTH,
+                             "ucx: %s did not prove the job's secret (%s): not a publisher of this job, "
+                             "or one with another secret",
+                             p->name, w.status == PUB_CHALLENGE ? "wrong proof" : pub_status_str(w.status));
         else if (w.status == PUB_BAD_ID) /* another publisher answered there: try the next address */
-            st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)", p->name);
+            st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)",
+                             p->name);
         else if (w.status == PUB_AUTH)
             st = refit_error(REFIT_ERR_AUTH, "ucx: publisher %s refused our proof of the job's secret", p->name);
         else if (w.status != PUB_OK)
@@ -287,8 +285,8 @@ out:
     return st;
 }
 
-refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs, const size_t *lens,
-                           uint32_t nregions, refit_peer_t **out)
+refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs, const size_t *lens, uint32_t nregions,
+                           refit_peer_t **out)
 {
     refit_status_t st = REFIT_OK;
     if (!t || !out || (nregions && (!descs || !lens)))

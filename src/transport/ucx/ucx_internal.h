@@ -40,8 +40,15 @@
 enum { AM_HELLO = 17, AM_HELLO_REPLY = 18, AM_REQ = 19, AM_DATA = 20 };
 enum { METHOD_AUTO = 0, METHOD_AM = 1, METHOD_GET = 2 };
 /* Statuses a publisher puts in replies. */
-enum { PUB_OK = 0, PUB_NO_REGION = 1, PUB_RANGE = 2, PUB_NO_MEMORY = 3, PUB_BAD_ID = 4, PUB_AUTH = 5,
-       PUB_CHALLENGE = 6 };
+enum {
+    PUB_OK = 0,
+    PUB_NO_REGION = 1,
+    PUB_RANGE = 2,
+    PUB_NO_MEMORY = 3,
+    PUB_BAD_ID = 4,
+    PUB_AUTH = 5,
+    PUB_CHALLENGE = 6
+};
 enum { RMA_OFF = 0, RMA_EMULATED = 2 };
 #define NONCE_LEN 16
 #define TOKEN_LEN 16
@@ -160,7 +167,7 @@ struct conn {
     ucp_ep_h ep;
     unsigned refs; /* jobs using it (queued or sending) */
     bool failed, closed;
-    bool closing; /* close once its last reply (a refusal) is sent */
+    bool closing;   /* close once its last reply (a refusal) is sent */
     double created; /* refit_now() at accept: unauthenticated ones are closed after UCX_AUTH_TIMEOUT_S */
     /* Authentication (HELLO phases): nonces, then the proof was checked. */
     bool challenged, authed;
@@ -216,7 +223,7 @@ struct refit_transport {
     REFIT_VEC(conn_t *) conns;
     REFIT_VEC(job_t *) jobs; /* received, not yet served */
     job_t *sending;          /* replies UCX is sending */
-    char pub_error[256]; /* first failure of the progress thread */
+    char pub_error[256];     /* first failure of the progress thread */
 
     /* Receiver side: guarded by rlock. */
     pthread_mutex_t rlock;
@@ -259,10 +266,9 @@ refit_status_t ucx_status_code(ucs_status_t s);
 refit_status_t ucx_err(refit_status_t code, ucs_status_t s, const char *fmt, ...) REFIT_PRINTF(3, 4);
 uint64_t ucx_random_id(void);
 refit_status_t ucx_init_context(refit_transport_t *t, ucp_config_t *cfg, ucp_context_h *ctx);
-void ucx_conn_mac(const refit_transport_t *t, const char *label, uint64_t pub_id, const uint8_t *nc,
-                  const uint8_t *ns, uint8_t out[REFIT_SHA256_LEN]);
-refit_status_t ucx_make_worker_in(refit_transport_t *t, ucp_context_h ctx, ucp_worker_h *w, int *efd,
-                                  const char *name);
+void ucx_conn_mac(const refit_transport_t *t, const char *label, uint64_t pub_id, const uint8_t *nc, const uint8_t *ns,
+                  uint8_t out[REFIT_SHA256_LEN]);
+refit_status_t ucx_make_worker_in(refit_transport_t *t, ucp_context_h ctx, ucp_worker_h *w, int *efd, const char *name);
 refit_status_t ucx_set_am(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb, void *arg);
 unsigned ucx_progress_all(ucp_worker_h w);
 
@@ -276,8 +282,8 @@ void ucx_unexpose(refit_transport_t *t, void *base);
 
 /* ucx_client.c: the receiver side's connections */
 void ucx_ep_force_close(refit_transport_t *t, ucp_ep_h ep);
-refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs, const size_t *lens,
-                           uint32_t nregions, refit_peer_t **out);
+refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs, const size_t *lens, uint32_t nregions,
+                           refit_peer_t **out);
 void ucx_disconnect(refit_peer_t *p);
 
 /* ucx_pull.c: the receiver side's pulls */

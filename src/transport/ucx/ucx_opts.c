@@ -34,13 +34,15 @@ static void copy_list(char *dst, size_t cap, const char *v)
 static refit_status_t resolve_listen(ucx_opts_t *o)
 {
     unsigned char want[16];
-    int family = inet_pton(AF_INET, o->listen_ip, want) == 1 ? AF_INET
-                 : inet_pton(AF_INET6, o->listen_ip, want) == 1 ? AF_INET6 : 0;
+    int family = inet_pton(AF_INET, o->listen_ip, want) == 1    ? AF_INET
+                 : inet_pton(AF_INET6, o->listen_ip, want) == 1 ? AF_INET6
+                                                                : 0;
     if (family == AF_INET ? !memcmp(want, (unsigned char[4]){0}, 4)
                           : family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED((struct in6_addr *)want))
         return refit_error(REFIT_ERR_INVALID_ARG,
                            "ucx: listen=%s would accept connections on every interface: name the address or the "
-                           "interface receivers reach (listen=10.0.0.5, listen=eth0)", o->listen_ip);
+                           "interface receivers reach (listen=10.0.0.5, listen=eth0)",
+                           o->listen_ip);
     struct ifaddrs *ifa = NULL;
     if (getifaddrs(&ifa) != 0) return refit_error(REFIT_ERR_TRANSPORT, "ucx: getifaddrs: %s", strerror(errno));
     bool found = false;
@@ -77,8 +79,15 @@ static refit_status_t resolve_listen(ucx_opts_t *o)
 
 refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
 {
-    *o = (ucx_opts_t){.listen_ip = "127.0.0.1", .chunk = 4u << 20, .rndv = 64u << 10, .solo = 16u << 10, .inflight = 8,
-                      .spin_us = 100, .connect_timeout = 10, .stall_timeout = 30, .max_queued = 256u << 20,
+    *o = (ucx_opts_t){.listen_ip = "127.0.0.1",
+                      .chunk = 4u << 20,
+                      .rndv = 64u << 10,
+                      .solo = 16u << 10,
+                      .inflight = 8,
+                      .spin_us = 100,
+                      .connect_timeout = 10,
+                      .stall_timeout = 30,
+                      .max_queued = 256u << 20,
                       .auth_timeout = UCX_AUTH_TIMEOUT_S};
     if (!s) return resolve_listen(o);
     char *dup = refit_strdup(s), *save = NULL;

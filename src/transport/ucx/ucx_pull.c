@@ -18,7 +18,7 @@ enum { SLOT_FREE = 0, SLOT_WAIT, SLOT_RECV, SLOT_DONE, SLOT_PARKED };
 
 typedef struct pull_peer pull_peer_t;
 typedef struct {
-    pull_t *pl;      /* NULL once its pull gave up on it (leaked, see ucx_pull) */
+    pull_t *pl; /* NULL once its pull gave up on it (leaked, see ucx_pull) */
     pull_peer_t *pp;
     uint32_t idx, gen;
     int state;
@@ -61,7 +61,7 @@ struct pull {
     uint32_t *done; /* slot indices completed by callbacks */
     size_t ndone;
     uint64_t requests;
-    int wake_fd;    /* eventfd: another thread completed one of our slots */
+    int wake_fd; /* eventfd: another thread completed one of our slots */
     double idle_since;
 };
 
@@ -312,8 +312,7 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
 /* True while UCX may still touch slot s, or its reply may still come. */
 static bool slot_busy(const slot_t *s)
 {
-    return s->send_pending || s->state == SLOT_RECV || s->gets_pending ||
-           (s->state == SLOT_WAIT && s->pp->peer->ep);
+    return s->send_pending || s->state == SLOT_RECV || s->gets_pending || (s->state == SLOT_WAIT && s->pp->peer->ep);
 }
 
 /* Closes the endpoints of the pull's failed peers (that completes their requests). */
@@ -467,7 +466,8 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
             }
             if (s->status != UCS_OK) {
                 ucs_status_t why = pp->peer->failed != UCS_OK ? pp->peer->failed : s->status;
-                st = ucx_err(ucx_status_code(why), why, "pulling from publisher %s (source %u)", pp->peer->name, pp->src);
+                st = ucx_err(ucx_status_code(why), why, "pulling from publisher %s (source %u)", pp->peer->name,
+                             pp->src);
                 break;
             }
             if (s->staged) scatter(s, s->stage);

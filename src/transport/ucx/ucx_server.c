@@ -148,10 +148,7 @@ static void job_sent_cb(void *request, ucs_status_t status, void *user)
     ucp_request_free(request);
 }
 
-static void conn_unref(conn_t *c)
-{
-    c->refs--;
-}
+static void conn_unref(conn_t *c) { c->refs--; }
 
 /* The reply to a HELLO: phase 1 answers with the publisher's nonce and its
  * proof of the key (nothing about the regions); phase 2 checks the
@@ -210,8 +207,7 @@ static void hello_reply(refit_transport_t *t, job_t *j, const void **buf, size_t
 static int32_t check_req(refit_transport_t *t, const job_t *j, pub_region_t **region, uint64_t *total)
 {
     const conn_t *c = j->conn;
-    if (!c->authed || !refit_ct_equal(c->token, j->req.token, TOKEN_LEN) || j->req.pub_id != t->pub_id)
-        return PUB_AUTH;
+    if (!c->authed || !refit_ct_equal(c->token, j->req.token, TOKEN_LEN) || j->req.pub_id != t->pub_id) return PUB_AUTH;
     pub_region_t *r = region_of(t, j->req.region_id);
     if (!r) return PUB_NO_REGION;
     const wire_run_t *runs = (const wire_run_t *)j->items;
@@ -422,7 +418,8 @@ static refit_status_t pub_start(refit_transport_t *t)
         if (cs != UCS_OK) return ucx_err(REFIT_ERR_TRANSPORT, cs, "reading the UCX configuration");
         const char *tls = t->o.tls[0] ? t->o.tls : NULL;
         const char *devs = t->o.devices[0] ? t->o.devices : t->o.listen_if;
-        if (tls && (cs = ucp_config_modify(cfg, "TLS", tls)) != UCS_OK) st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "tls=%s", tls);
+        if (tls && (cs = ucp_config_modify(cfg, "TLS", tls)) != UCS_OK)
+            st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "tls=%s", tls);
         else if (devs && devs[0] && (cs = ucp_config_modify(cfg, "NET_DEVICES", devs)) != UCS_OK)
             st = ucx_err(REFIT_ERR_INVALID_ARG, cs, "devices=%s", devs);
         else st = ucx_init_context(t, cfg, &t->pctx);
@@ -431,7 +428,8 @@ static refit_status_t pub_start(refit_transport_t *t)
     }
     if (!t->pw) {
         if ((st = ucx_make_worker_in(t, t->pctx, &t->pw, &t->pw_efd, "refit-pub"))) return st;
-        if ((st = ucx_set_am(t->pw, AM_HELLO, am_hello_cb, t)) || (st = ucx_set_am(t->pw, AM_REQ, am_req_cb, t))) return st;
+        if ((st = ucx_set_am(t->pw, AM_HELLO, am_hello_cb, t)) || (st = ucx_set_am(t->pw, AM_REQ, am_req_cb, t)))
+            return st;
     }
     if (!t->listener) {
         struct sockaddr_storage ss;
@@ -516,8 +514,8 @@ refit_status_t ucx_expose(refit_transport_t *t, void *base, uint64_t size, void 
     if (REFIT_VEC_PUSH(&t->regions, r)) st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: expose");
     /* Unguessable region ids: a request must name one it was told about. */
     if (!st) r->id = ucx_random_id();
-    wire_desc_t h = {UCX_MAGIC, UCX_DESC_VERSION, t->pub_id, r->id, (uint64_t)(uintptr_t)base, size,
-                     t->port, t->naddrs, (uint32_t)r->rkey_len};
+    wire_desc_t h = {UCX_MAGIC, UCX_DESC_VERSION,     t->pub_id, r->id, (uint64_t)(uintptr_t)base, size, t->port,
+                     t->naddrs, (uint32_t)r->rkey_len};
     if (t->o.rma == RMA_OFF) h.base = 0; /* no one needs our addresses */
     wire_addr_t addrs[UCX_MAX_ADDRS];
     memcpy(addrs, t->addrs, sizeof(addrs));
