@@ -251,7 +251,8 @@ typedef struct {
                                       lists them), quantized from the bf16 sources on the GPU while pulling:
                                       needs `device` and the cuda_ipc transport; no relay; no delta; content
                                       digests do not apply to quantized bytes (REFIT_VERIFY_TRUTH checks them
-                                      against the CPU quantizer) */
+                                      against the truth quantized by the same GPU code, whose arithmetic
+                                      tests/gpu/test_gpu_fp8.c checks against the CPU quantizer) */
 } refit_receiver_params_t;
 #define REFIT_RECEIVER_PARAMS_INIT                                                                                   \
     {                                                                                                                \

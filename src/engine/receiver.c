@@ -112,7 +112,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
         st = refit_error(REFIT_ERR_UNSUPPORTED,
                          "an FP8 receiver quantizes on the GPU through cuda_ipc, which is not among "
                          "its transports (\"%s\")",
-                         or_default(r->params.transports, "shm,ucx"));
+                         refit_transports_for_device(r->params.transports, r->params.device));
         goto err;
     }
     if (host_path && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;

@@ -136,8 +136,8 @@ static bool fold_rows(const refit_plan_region_t *r, const span_tensor_t *t)
     uint64_t rb = (uint64_t)t->cols * 2;
     if (r->src == REFIT_PLAN_FILL || r->nloops == 0 || r->dst_stride[0] != rb) return false;
     if ((r->dst_offset - t->lo) % rb + r->run > rb || ((r->dst_offset | r->src_offset | r->run) & 1)) return false;
-    for (uint32_t i = 1; i < r->nloops; i++)
-        if (r->dst_stride[i] % rb) return false;
+    for (uint32_t i = 0; i < r->nloops; i++)
+        if ((i && r->dst_stride[i] % rb) || (r->src_stride[i] & 1)) return false;
     return refit_region_dst_end(r) <= t->hi;
 }
 
@@ -357,6 +357,17 @@ refit_status_t refit_fp8_table_build(const refit_plan_t *plan, const refit_manif
     }
     for (size_t i = 0; !st && i < plan->fills.len; i++) st = add_region(&b, &plan->fills.data[i], 0);
     if (!st) st = place_pieces(&b);
+    /* the arena's gaps (tensors are 256-byte aligned, laid out in order): zeros, so that a pull defines every byte */
+    uint64_t end = 0;
+    for (uint32_t i = 0, n = refit_fp8_target_num_tensors(t); !st && i <= n; i++) {
+        const refit_fp8_tensor_t *e = i < n ? refit_fp8_target_tensor(t, i) : NULL;
+        uint64_t next = e ? e->offset : refit_fp8_target_bytes(t);
+        if (next > end) {
+            refit_plan_region_t z = {.src = REFIT_PLAN_FILL, .dst_offset = end, .run = next - end};
+            if (REFIT_VEC_PUSH(&b.kept, z)) st = refit_error(REFIT_ERR_NO_MEMORY, "fp8 table");
+        }
+        if (e && e->offset + e->bytes > end) end = e->offset + e->bytes;
+    }
     if (!st) { /* the kept tensors: a batch of their own, renumbered onto the table's slots */
         refit_plan_t view = refit_plan_view(b.kept.data, b.kept.len, NULL, nsrc);
         refit_batch_opts_t ko = *o;
@@ -397,10 +408,10 @@ void refit_fp8_table_free(refit_fp8_table_t *x)
     memset(x, 0, sizeof(*x));
 }
 
-void refit_fp8_table_execute_host(const refit_fp8_table_t *x, void *const *slots)
+refit_status_t refit_fp8_table_execute_host(const refit_fp8_table_t *x, void *const *slots)
 {
     uint16_t *tile = malloc(B * B * sizeof(uint16_t));
-    if (!tile) return;
+    if (!tile) return refit_error(REFIT_ERR_NO_MEMORY, "fp8 table");
     for (uint64_t k = 0; k < x->nblocks; k++) {
         const refit_fp8_matrix_t *mt = &x->mats[refit_fp8_table_matrix(x->mats, x->nmats, k)];
         uint64_t bi = (k - mt->first_block) / mt->bcols, bj = (k - mt->first_block) % mt->bcols;
@@ -430,4 +441,5 @@ void refit_fp8_table_execute_host(const refit_fp8_table_t *x, void *const *slots
     }
     free(tile);
     refit_batch_execute_host(&x->copy, slots, 64);
+    return REFIT_OK;
 }

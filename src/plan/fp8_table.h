@@ -75,7 +75,7 @@ REFIT_HD static inline uint32_t refit_fp8_table_matrix(const refit_fp8_matrix_t 
 
 /* Runs the table on the CPU, block by block (the reference for the kernel:
  * the same pieces, the same arithmetic, fp8_hd.h); slots[i] is slot i's base. */
-void refit_fp8_table_execute_host(const refit_fp8_table_t *x, void *const *slots);
+refit_status_t refit_fp8_table_execute_host(const refit_fp8_table_t *x, void *const *slots);
 
 #ifdef __cplusplus
 }

@@ -12,20 +12,6 @@
 #define REFIT_HD __host__ __device__
 #else
 #define REFIT_HD
-/* The index of the last element of arr[0..n) whose `field` is <= key (arr
- * sorted by field, arr[0].field <= key): a table's chunk or block -> its
- * region, box or matrix.  Sets `out` (uint32_t). */
-#define REFIT_HD_LAST_LE(out, arr, n, field, key)       \
-    do {                                                \
-        uint32_t lo_ = 0, hi_ = (n);                    \
-        while (hi_ - lo_ > 1) {                         \
-            uint32_t mid_ = lo_ + (hi_ - lo_) / 2;      \
-            if ((arr)[mid_].field <= (key)) lo_ = mid_; \
-            else hi_ = mid_;                            \
-        }                                               \
-        (out) = lo_;                                    \
-    } while (0)
-
 #endif
 
 /* Zero-initialiser valid for scalars and structs in both C and C++. */
@@ -38,20 +24,6 @@
     {                   \
         0               \
     }
-/* The index of the last element of arr[0..n) whose `field` is <= key (arr
- * sorted by field, arr[0].field <= key): a table's chunk or block -> its
- * region, box or matrix.  Sets `out` (uint32_t). */
-#define REFIT_HD_LAST_LE(out, arr, n, field, key)       \
-    do {                                                \
-        uint32_t lo_ = 0, hi_ = (n);                    \
-        while (hi_ - lo_ > 1) {                         \
-            uint32_t mid_ = lo_ + (hi_ - lo_) / 2;      \
-            if ((arr)[mid_].field <= (key)) lo_ = mid_; \
-            else hi_ = mid_;                            \
-        }                                               \
-        (out) = lo_;                                    \
-    } while (0)
-
 #endif
 
 /* 16 bytes moved as one access (a 128-bit load/store on the GPU). */

@@ -612,7 +612,9 @@ static refit_status_t fp8_run(refit_transport_t *t, refit_gpu_fp8_t *f, refit_pe
     bool turns = t->turns == 1 || (t->turns == -1 && local);
     int turn = turns ? refit_gpu_turn_take(dev, 0, 2.0) : -1;
     refit_status_t st = refit_gpu_fp8_launch(f, slots, launches, uploads);
-    if (!st) st = refit_gpu_fp8_wait(f, ctl->tick, ctl->user, ctl->deadline);
+    refit_status_t s2 = refit_gpu_fp8_wait(f, st ? NULL : ctl->tick, ctl->user,
+                                           st ? 0 : ctl->deadline); /* never mid-flight */
+    if (!st) st = s2;
     refit_gpu_turn_give(turn);
     free(slots);
     return st;
@@ -650,6 +652,13 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
+        if (!only[regs[i].src] && ctl && ctl->fp8) { /* a block fed by two transports cannot be quantized by one */
+            st = refit_error(REFIT_ERR_UNSUPPORTED,
+                             "cuda_ipc: FP8 quantize-on-copy needs every source through cuda_ipc "
+                             "(source %u is not)",
+                             regs[i].src);
+            goto out;
+        }
         if (!only[regs[i].src]) continue;
         const refit_peer_t *p = peers[regs[i].src];
         if (regs[i].src_region >= p->n || refit_region_src_end(&regs[i]) > p->regions[regs[i].src_region].size) {
