@@ -44,6 +44,29 @@ static double jnum(const refit_json_t *o, const char *k)
     return d;
 }
 
+/* What both GPU scenarios need before they start: a CUDA build (77:
+ * skipped), `refit` beside this program (the demo runs in it), a device; and
+ * the command line, for the record.  0 when ready, else the exit code. */
+static int gpu_bench_ready(int argc, char **argv, char *refit_path, size_t rn, char *cmdline, size_t cn)
+{
+    if (!(refit_features() & REFIT_FEATURE_CUDA)) {
+        fprintf(stderr, "refit bench: this refit was built without CUDA\n");
+        return 77;
+    }
+    if (tool_sibling("refit", refit_path, rn))
+        return tool_fail(refit_error(REFIT_ERR_IO, "cannot locate refit beside refit-bench"), "bench");
+    if (refit_gpu_count() < 1) {
+        fprintf(stderr, "refit bench: no CUDA device here\n");
+        return 1;
+    }
+    snprintf(cmdline, cn, "refit bench");
+    for (int i = 1; i < argc; i++) {
+        size_t l = strlen(cmdline);
+        snprintf(cmdline + l, cn - l, " %s", argv[i]);
+    }
+    return 0;
+}
+
 int bench_gpu(int argc, char **argv)
 {
     const char *scenario = NULL, *model = "qwen3-30b-a3b", *src = "megatron:ep=2", *dst = "vllm:tp=2", *out_path = NULL,
@@ -107,23 +130,9 @@ int bench_gpu(int argc, char **argv)
     if (!topts) topts = "cuda_ipc.exec=alt";
     if (cycles < 2 || cycles > 100 || iters < 1 || iters > 32 || src_dev > 64 || dst_dev > 64)
         return tool_usage("bench", "--cycles 2..100, --iters 1..32");
-    if (!(refit_features() & REFIT_FEATURE_CUDA)) {
-        fprintf(stderr, "refit bench: this refit was built without CUDA\n");
-        return 77;
-    }
-    char refit_path[4096]; /* the demo runs in `refit`, the program beside this one */
-    if (tool_sibling("refit", refit_path, sizeof(refit_path)))
-        return tool_fail(refit_error(REFIT_ERR_IO, "cannot locate refit beside refit-bench"), "bench");
-    if (refit_gpu_count() < 1) {
-        fprintf(stderr, "refit bench: no CUDA device here\n");
-        return 1;
-    }
-    /* The command line, for the record. */
-    char cmdline[2048] = "refit bench";
-    for (int i = 1; i < argc; i++) {
-        size_t l = strlen(cmdline);
-        snprintf(cmdline + l, sizeof(cmdline) - l, " %s", argv[i]);
-    }
+    char refit_path[4096], cmdline[2048];
+    int rc = gpu_bench_ready(argc, argv, refit_path, sizeof(refit_path), cmdline, sizeof(cmdline));
+    if (rc) return rc;
     /* 1. refit, in child processes (CUDA stays uninitialised here until they are done). */
     char ncyc[32], sdev[16], ddev[16], tmo[32];
     snprintf(ncyc, sizeof(ncyc), "%" PRIu64, cycles);
@@ -335,22 +344,9 @@ int bench_colocated(int argc, char **argv)
     if (!ndst) dsts[ndst++] = "vllm:tp=1", dsts[ndst++] = "vllm:tp=2";
     if (cycles < 2 || cycles > 100 || iters < 1 || iters > 32 || dev > 64)
         return tool_usage("bench", "--cycles 2..100, --iters 1..32");
-    if (!(refit_features() & REFIT_FEATURE_CUDA)) {
-        fprintf(stderr, "refit bench: this refit was built without CUDA\n");
-        return 77;
-    }
-    char refit_path[4096]; /* the demo runs in `refit`, the program beside this one */
-    if (tool_sibling("refit", refit_path, sizeof(refit_path)))
-        return tool_fail(refit_error(REFIT_ERR_IO, "cannot locate refit beside refit-bench"), "bench");
-    if (refit_gpu_count() < 1) {
-        fprintf(stderr, "refit bench: no CUDA device here\n");
-        return 1;
-    }
-    char cmdline[2048] = "refit bench";
-    for (int i = 1; i < argc; i++) {
-        size_t l = strlen(cmdline);
-        snprintf(cmdline + l, sizeof(cmdline) - l, " %s", argv[i]);
-    }
+    char refit_path[4096], cmdline[2048];
+    int rc = gpu_bench_ready(argc, argv, refit_path, sizeof(refit_path), cmdline, sizeof(cmdline));
+    if (rc) return rc;
     char *res = NULL;
     size_t rlen = 0;
     FILE *f = open_memstream(&res, &rlen);
@@ -373,7 +369,6 @@ int bench_colocated(int argc, char **argv)
     fprintf(f, ",\"device\":%" PRIu64 ",\"runs\":[", dev);
     bool all_verified = true;
     double worst_limit = 0, worst_first = 0;
-    int rc = 0;
     for (int di = 0; di < ndst; di++) {
         const char *dst = dsts[di];
         char *outs[2] = {NULL, NULL};
