@@ -554,13 +554,18 @@ int nb_repeat(const char *scenario, int (*once)(int, char **), int argc, char **
 
 void nb_result_json(out_t *j, const char *name, const result_t *r, size_t n)
 {
+    /* begin_ms / end_ms: the pull's span, from the earliest begin of these n. */
+    double b0 = 1e300;
+    for (size_t i = 0; i < n; i++)
+        if (r[i].st == 0 && r[i].begin < b0) b0 = r[i].begin;
     fprintf(j->f, "%s\"%s\":[", j->nmetrics++ ? "," : "", name);
     for (size_t i = 0; i < n; i++) {
+        bool ok = r[i].st == 0;
         fprintf(j->f,
-                "%s{\"ok\":%s,\"version\":%" PRIu64 ",\"transfer_ms\":%.2f,\"trainer_bytes\":%" PRIu64
-                ",\"relay_bytes\":%" PRIu64 ",\"early_chunks\":%" PRIu64 ",\"holders\":",
-                i ? "," : "", r[i].st == 0 ? "true" : "false", r[i].version, r[i].transfer_ms, r[i].trainer_bytes,
-                r[i].relay_bytes, r[i].early);
+                "%s{\"ok\":%s,\"version\":%" PRIu64 ",\"begin_ms\":%.1f,\"end_ms\":%.1f,\"transfer_ms\":%.2f,"
+                "\"trainer_bytes\":%" PRIu64 ",\"relay_bytes\":%" PRIu64 ",\"early_chunks\":%" PRIu64 ",\"holders\":",
+                i ? "," : "", ok ? "true" : "false", r[i].version, ok ? (r[i].begin - b0) * 1e3 : 0,
+                ok ? (r[i].end - b0) * 1e3 : 0, r[i].transfer_ms, r[i].trainer_bytes, r[i].relay_bytes, r[i].early);
         tool_json_string(j->f, r[i].list);
         fprintf(j->f, "}");
     }

@@ -303,6 +303,18 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* Workers for holder H: the copy-thread budget where CPUs copy (shm) or the
+ * transport runs one pull at a time (cuda_ipc); over a network (a concurrent
+ * transport other than shm), chunks in flight enough to hide a request's
+ * round trip, whatever the copy threads. */
+static unsigned holder_workers(const refit_fleet_xfer_t *x, const refit_fleet_holder_t *H)
+{
+    const refit_transport_ops_t *ops = x->ts->ops[H->transport];
+    bool net = ops != &refit_transport_shm && (refit_transport_caps(ops) & REFIT_TCAP_CONCURRENT);
+    if (net) return x->net_workers ? x->net_workers : REFIT_FLEET_NET_WORKERS;
+    return x->workers ? x->workers : 2;
+}
+
 /* A direct pull (see the top of this file): REFIT_OK, the pull's error, or
  * REFIT_ERR_UNSUPPORTED (nothing done) when the holders do not qualify. */
 static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holder_t *h, uint32_t nh,
@@ -450,8 +462,8 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     pthread_mutex_init(&S.lock, NULL);
     pthread_cond_init(&S.cond, NULL);
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_init(&S.serial[t], NULL);
-    unsigned per = x->workers ? x->workers : 2;
-    size_t nw = (size_t)nh * per;
+    size_t nw = 0;
+    for (uint32_t h = 0; h < nh; h++) nw += holder_workers(x, &holders[h]);
     pthread_t *th = calloc(nw ? nw : 1, sizeof(pthread_t));
     worker_arg_t *wa = calloc(nw ? nw : 1, sizeof(worker_arg_t));
     bool *started = calloc(nw ? nw : 1, sizeof(bool));
@@ -461,7 +473,9 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     }
     pthread_mutex_lock(&S.lock);
     for (size_t w = 0; w < nw; w++) {
-        uint32_t h = (uint32_t)(w % nh);
+        uint32_t h = 0;
+        for (size_t before = 0; before + holder_workers(x, &holders[h]) <= w; h++)
+            before += holder_workers(x, &holders[h]);
         if (holders[h].failed || !holders[h].peer) continue;
         wa[w] = (worker_arg_t){&S, h};
         if (pthread_create(&th[w], NULL, worker_main, &wa[w]) == 0) {

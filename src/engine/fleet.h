@@ -62,12 +62,13 @@ typedef struct {
     uint64_t *plan_keys; /* mirror key of every plan source (0: none) */
     void *const *dst;
     double deadline;
-    uint64_t chunk_bytes;         /* 0: 2 MiB */
-    unsigned workers;             /* per holder; 0: 2 */
-    unsigned threads;             /* copy threads of a direct pull (see fleet.c); 0: one per CPU */
-    uint32_t seed;                /* rotates ties between holders (different receivers start on different ones) */
-    uint64_t version;             /* the version moved (checked against relays' progress) */
-    void *progress;               /* this receiver's own progress region (it is a relay), or NULL */
+    uint64_t chunk_bytes; /* 0: 2 MiB */
+    unsigned workers;     /* per holder served by copying CPUs (shm); 0: 2 */
+    unsigned net_workers; /* per holder over a network transport (chunks in flight); 0: REFIT_FLEET_NET_WORKERS */
+    unsigned threads;     /* copy threads of a direct pull (see fleet.c); 0: one per CPU */
+    uint32_t seed;        /* rotates ties between holders (different receivers start on different ones) */
+    uint64_t version;     /* the version moved (checked against relays' progress) */
+    void *progress;       /* this receiver's own progress region (it is a relay), or NULL */
     void (*announce)(void *user); /* called once *progress is valid: the relay may serve it */
     refit_status_t (*tick)(void *user);
     void *user;
@@ -76,6 +77,12 @@ typedef struct {
                                from other records (a restarted trainer that reused the version number) is
                                not read; ours, as a relay, is marked with it */
 } refit_fleet_xfer_t;
+
+/* Chunks a receiver keeps in flight per network holder.  One was the
+ * receiver's copy-thread budget (1 in the benchmarks): each chunk then waited
+ * a full request round trip, and a relay's requests queue behind the bytes it
+ * serves on its own egress (README: Fleet, what the fan-out measured). */
+#define REFIT_FLEET_NET_WORKERS 4
 
 /* ---- the rules of a fleet transfer, without threads, clocks or I/O --------
  * How a plan becomes chunks, how chunks are shared among holders, which chunk

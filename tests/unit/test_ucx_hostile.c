@@ -32,7 +32,7 @@ static const refit_transport_ops_t *ops = &refit_transport_ucx;
 
 #define UCX_MAGIC 0x58554652u
 enum { AM_HELLO = 17, AM_HELLO_REPLY = 18, AM_REQ = 19, AM_DATA = 20 };
-enum { PUB_OK = 0, PUB_AUTH = 5, PUB_CHALLENGE = 6 };
+enum { PUB_OK = 0, PUB_RANGE = 2, PUB_AUTH = 5, PUB_CHALLENGE = 6 };
 
 typedef struct {
     uint32_t magic, version;
@@ -241,6 +241,8 @@ typedef struct {
     bool hold_rndv; /* keep rendezvous replies pending (never receive them) */
     void *held[8192];
     int nheld;
+    unsigned char last[64]; /* the last eager reply's bytes (up to 64) */
+    size_t last_len;
 } atk_t;
 
 static void atk_err(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -266,6 +268,9 @@ static ucs_status_t atk_data_cb(void *arg, const void *hdr, size_t hl, void *dat
     w_data_t d;
     if (hl == sizeof(d)) memcpy(&d, hdr, hl), a->data_status = d.status;
     a->data_replies++;
+    a->last_len = 0;
+    if (!(p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && len <= sizeof(a->last))
+        memcpy(a->last, data, len), a->last_len = len;
     if (a->hold_rndv && (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && a->nheld < 8192) {
         a->held[a->nheld++] = data;
         return UCS_INPROGRESS; /* the publisher's send stays in flight */
@@ -474,7 +479,7 @@ static void unauthenticated_requests(void **state)
     atk_t a;
     atk_open(&a, v.port);
     w_req_t r = {.magic = UCX_MAGIC, .nruns = 1, .seq = 1, .region_id = v.region_id, .pub_id = v.pub_id};
-    uint64_t run[2] = {0, 4096};
+    uint64_t run[4] = {0, 4096, 0, 1}; /* off, len, stride, count */
     a.data_status = -1;
     assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
     atk_progress(&a, 500);
@@ -555,7 +560,7 @@ static void request_flood_bounded(void **state)
     w_req_t r = {.magic = UCX_MAGIC, .nruns = 2, .region_id = v.region_id, .pub_id = v.pub_id};
     assert_true(atk_handshake(&a, &v, zero, r.token));
     /* 200 requests of two runs (packed: a copy of 4 MiB each) = 800 MiB. */
-    uint64_t runs[4] = {0, 2u << 20, 2u << 20, 2u << 20};
+    uint64_t runs[8] = {0, 2u << 20, 0, 1, 2u << 20, 2u << 20, 0, 1};
     for (uint32_t i = 0; i < 200 && a.failed == UCS_OK; i++) {
         r.seq = i + 1;
         atk_send(&a, AM_REQ, &r, sizeof(r), runs, sizeof(runs));
@@ -566,6 +571,54 @@ static void request_flood_bounded(void **state)
     print_message("publisher RSS %ld -> %ld kB with 800 MiB of unread replies asked for; %d replies seen\n", rss0, rss1,
                   a.data_replies);
     assert_true(rss1 - rss0 < 64 * 1024); /* max_queued 8 MiB plus one request, not 800 MiB */
+    atk_close(&a);
+    char said[128];
+    victim_check(&v, said, sizeof(said));
+    assert_string_equal(said, "alive weights=1 secret=1");
+    victim_stop(&v);
+}
+
+/* Strided runs (count rows of len, stride apart): the rows asked for come
+ * back packed; a run whose last row passes the region's end, whose size
+ * overflows, whose rows overlap or that has no rows gets PUB_RANGE and no
+ * byte, and the publisher lives on. */
+static void strided_requests_bounded(void **state)
+{
+    (void)state;
+    victim_t v = victim_start("listen=127.0.0.1", NULL);
+    atk_t a;
+    atk_open(&a, v.port);
+    uint8_t zero[32] = {0};
+    w_req_t r = {.magic = UCX_MAGIC, .nruns = 1, .region_id = v.region_id, .pub_id = v.pub_id};
+    assert_true(atk_handshake(&a, &v, zero, r.token));
+    uint64_t good[4] = {100, 8, 1000, 4};
+    a.data_status = -1;
+    r.seq = 1;
+    assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), good, sizeof(good)), UCS_OK);
+    atk_progress(&a, 500);
+    assert_int_equal(a.data_status, PUB_OK);
+    assert_int_equal(a.last_len, 32);
+    fill(g_weights, WEIGHTS, 7); /* the victim's bytes (it filled its copy the same way) */
+    for (int k = 0; k < 4; k++) assert_memory_equal(a.last + 8 * k, g_weights + 100 + 1000 * k, 8);
+    const uint64_t bad[][4] = {
+        {0, 8, WEIGHTS / 2, 3},    /* the third row starts at the end */
+        {0, 8, UINT64_MAX / 2, 3}, /* (count - 1) * stride overflows */
+        {0, 4096, 1024, 2},        /* rows overlap */
+        {0, 8, 8, 0},              /* no rows */
+        {WEIGHTS - 8, 8, 0, 1},    /* the last 8 bytes: fine, to see the connection live on */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        a.data_status = -1;
+        r.seq = (uint32_t)(2 + i);
+        assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), bad[i], sizeof(bad[i])), UCS_OK);
+        atk_progress(&a, 300);
+        print_message("strided run {off %" PRIu64 ", len %" PRIu64 ", stride %" PRIu64 ", count %" PRIu64
+                      "}: status %d\n",
+                      bad[i][0], bad[i][1], bad[i][2], bad[i][3], a.data_status);
+        assert_int_equal(a.data_status, i + 1 < sizeof(bad) / sizeof(bad[0]) ? PUB_RANGE : PUB_OK);
+    }
+    assert_int_equal(a.last_len, 8);
+    assert_memory_equal(a.last, g_weights + WEIGHTS - 8, 8);
     atk_close(&a);
     char said[128];
     victim_check(&v, said, sizeof(said));
@@ -668,6 +721,7 @@ int main(void)
         cmocka_unit_test(unauthenticated_requests),
         cmocka_unit_test(fake_publisher_refused),
         cmocka_unit_test(request_flood_bounded),
+        cmocka_unit_test(strided_requests_bounded),
         cmocka_unit_test(listen_addresses),
         cmocka_unit_test(idle_connections_closed),
         cmocka_unit_test(restarted_publisher_is_another),

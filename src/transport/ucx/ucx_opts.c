@@ -84,7 +84,7 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
                       .rndv = 64u << 10,
                       .solo = 16u << 10,
                       .inflight = 8,
-                      .spin_us = 100,
+                      .spin_us = 0, /* TCP data arrives all the time: any spin became a busy poll (README: Fleet) */
                       .connect_timeout = 10,
                       .stall_timeout = 30,
                       .max_queued = 256u << 20,

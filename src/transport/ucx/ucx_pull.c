@@ -7,8 +7,9 @@
 /* ------------------------------------------------------------------------ */
 /* Receiver side: pull                                                       */
 
+/* count rows of len bytes: source off + k * sstride -> dst + k * dstride. */
 typedef struct {
-    uint64_t off, len;
+    uint64_t off, len, count, sstride, dstride;
     unsigned char *dst;
 } run_t;
 
@@ -111,6 +112,19 @@ static void mark_done(pull_t *pl, slot_t *s)
     }
 }
 
+/* Whether a row at source offset so, landing at dst, continues run g's rows
+ * at equal strides on both sides (rows in order, not overlapping). */
+static bool joins_rows(run_t *g, uint64_t so, unsigned char *dst)
+{
+    if (g->count == 1) {
+        if (so < g->off + g->len || dst < g->dst + g->len) return false;
+        g->sstride = so - g->off;
+        g->dstride = (uint64_t)(dst - g->dst);
+        return true;
+    }
+    return so == g->off + g->count * g->sstride && dst == g->dst + g->count * g->dstride;
+}
+
 /* Fills slot s with the next request of pp: runs of one source region, up
  * to chunk bytes and UCX_MAX_RUNS runs; false when pp has nothing left. */
 static bool next_request(pull_t *pl, pull_peer_t *pp, slot_t *s)
@@ -129,16 +143,18 @@ static bool next_request(pull_t *pl, pull_peer_t *pp, slot_t *s)
         unsigned char *dst = (unsigned char *)pl->dst_bases[r->dst_region] + dof + pp->row_off;
         so += pp->row_off;
         run_t *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
-        bool adjacent = last && last->off + last->len == so && last->dst + last->len == dst;
+        bool adjacent = last && last->count == 1 && last->off + last->len == so && last->dst + last->len == dst;
         /* A request is one run (zero copy on both sides), or a batch of
          * short runs (packed by the publisher, scattered here): a run of
          * solo bytes or more never joins a batch. */
         if (s->nruns && !adjacent && (left >= o->solo || s->runs[0].len >= o->solo)) break;
         if (adjacent) {
             last->len += take;
+        } else if (last && take == last->len && joins_rows(last, so, dst)) {
+            last->count++; /* the next row of a strided run */
         } else {
             if (s->nruns == UCX_MAX_RUNS) break;
-            s->runs[s->nruns++] = (run_t){so, take, dst};
+            s->runs[s->nruns++] = (run_t){so, take, 1, 0, 0, dst};
         }
         s->region = r->src_region;
         s->bytes += take;
@@ -190,10 +206,11 @@ static void get_done_cb(void *request, ucs_status_t status, void *user)
 
 static void scatter(slot_t *s, const unsigned char *src)
 {
-    for (uint32_t i = 0; i < s->nruns; i++) {
-        memcpy(s->runs[i].dst, src, s->runs[i].len);
-        src += s->runs[i].len;
-    }
+    for (uint32_t i = 0; i < s->nruns; i++)
+        for (uint64_t k = 0; k < s->runs[i].count; k++) {
+            memcpy(s->runs[i].dst + k * s->runs[i].dstride, src, s->runs[i].len);
+            src += s->runs[i].len;
+        }
 }
 
 ucs_status_t ucx_am_data_cb(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
@@ -228,7 +245,7 @@ ucs_status_t ucx_am_data_cb(void *arg, const void *hdr, size_t hdr_len, void *da
         return UCS_OK;
     }
     void *dst;
-    if (s->nruns == 1) {
+    if (s->nruns == 1 && s->runs[0].count == 1) {
         dst = s->runs[0].dst;
         s->staged = false;
     } else {
@@ -277,21 +294,25 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
     if (p->use_get) {
         const peer_region_t *pr = &p->regions[s->region];
         s->gets_pending = 1; /* guard while issuing */
-        for (uint32_t i = 0; i < s->nruns; i++) {
-            ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                                      .cb.send = get_done_cb,
-                                      .user_data = s};
-            void *r = ucp_get_nbx(p->ep, s->runs[i].dst, s->runs[i].len, pr->base + s->runs[i].off, pr->rkey, &rp);
-            if (UCS_PTR_IS_ERR(r)) {
-                s->status = UCS_PTR_STATUS(r);
-                break;
+        for (uint32_t i = 0; i < s->nruns && s->status == UCS_OK; i++)
+            for (uint64_t k = 0; k < s->runs[i].count; k++) {
+                const run_t *g = &s->runs[i];
+                ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                                          .cb.send = get_done_cb,
+                                          .user_data = s};
+                void *r = ucp_get_nbx(p->ep, g->dst + k * g->dstride, g->len, pr->base + g->off + k * g->sstride,
+                                      pr->rkey, &rp);
+                if (UCS_PTR_IS_ERR(r)) {
+                    s->status = UCS_PTR_STATUS(r);
+                    break;
+                }
+                if (r) s->gets_pending++;
             }
-            if (r) s->gets_pending++;
-        }
         if (--s->gets_pending == 0) mark_done(pl, s);
         return UCS_OK;
     }
-    for (uint32_t i = 0; i < s->nruns; i++) s->wire[i] = (wire_run_t){s->runs[i].off, s->runs[i].len};
+    for (uint32_t i = 0; i < s->nruns; i++)
+        s->wire[i] = (wire_run_t){s->runs[i].off, s->runs[i].len, s->runs[i].sstride, s->runs[i].count};
     s->hdr = (req_hdr_t){UCX_MAGIC, s->nruns, pl->seq, s->idx, s->gen, 0, p->regions[s->region].id, p->pub_id, {0}};
     memcpy(s->hdr.token, p->token, TOKEN_LEN);
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |

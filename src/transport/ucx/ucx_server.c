@@ -87,7 +87,7 @@ static ucs_status_t queue_job(refit_transport_t *t, int type, const void *hdr, s
         memcpy(&rh, hdr, sizeof(rh));
         if (rh.magic != UCX_MAGIC || rh.nruns == 0 || rh.nruns > UCX_MAX_RUNS || len != rh.nruns * sizeof(wire_run_t))
             return UCS_OK;
-        n = rh.nruns * 2;
+        n = rh.nruns * (uint32_t)(sizeof(wire_run_t) / 8);
     } else {
         if (hdr_len != sizeof(hh)) return UCS_OK;
         memcpy(&hh, hdr, sizeof(hh));
@@ -213,9 +213,13 @@ static int32_t check_req(refit_transport_t *t, const job_t *j, pub_region_t **re
     const wire_run_t *runs = (const wire_run_t *)j->items;
     uint64_t sum = 0;
     for (uint32_t i = 0; i < j->req.nruns; i++) {
-        uint64_t end;
-        if (!refit_add_u64(runs[i].off, runs[i].len, &end) || end > r->size || !runs[i].len ||
-            !refit_add_u64(sum, runs[i].len, &sum) || sum > UCX_MAX_REPLY)
+        /* count rows of len at off + k * stride (k < count), rows apart */
+        const wire_run_t *w = &runs[i];
+        uint64_t end, span, bytes;
+        if (!w->len || !w->count || (w->count > 1 && w->stride < w->len) ||
+            !refit_mul_u64(w->count - 1, w->stride, &span) || !refit_add_u64(w->off, span, &end) ||
+            !refit_add_u64(end, w->len, &end) || end > r->size || !refit_mul_u64(w->count, w->len, &bytes) ||
+            !refit_add_u64(sum, bytes, &sum) || sum > UCX_MAX_REPLY)
             return PUB_RANGE;
     }
     *region = r;
@@ -256,17 +260,18 @@ static bool serve_job(refit_transport_t *t, job_t *j)
             return false; /* its earlier replies first */
         const wire_run_t *runs = (const wire_run_t *)j->items;
         uint32_t nr = j->req.nruns;
-        if (d->status == PUB_OK && nr == 1) {
+        if (d->status == PUB_OK && nr == 1 && runs[0].count == 1) {
             buf = r->base + runs[0].off;
         } else if (d->status == PUB_OK) {
             j->pack = malloc(total);
             if (!j->pack) d->status = PUB_NO_MEMORY;
             else {
                 unsigned char *p = j->pack;
-                for (uint32_t i = 0; i < nr; i++) {
-                    memcpy(p, r->base + runs[i].off, runs[i].len);
-                    p += runs[i].len;
-                }
+                for (uint32_t i = 0; i < nr; i++)
+                    for (uint64_t k = 0; k < runs[i].count; k++) {
+                        memcpy(p, r->base + runs[i].off + k * runs[i].stride, runs[i].len);
+                        p += runs[i].len;
+                    }
                 buf = j->pack;
             }
         }
