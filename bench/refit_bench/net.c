@@ -36,21 +36,15 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
     o->receivers = receivers;
     o->max_readers = 2;
     o->link_mbps = link;
-    static const struct option opts[] = {{"scenario", required_argument, 0, 's'},
-                                         {"model", required_argument, 0, 'm'},
-                                         {"out", required_argument, 0, 'o'},
-                                         {"receivers", required_argument, 0, 'n'},
-                                         {"src", required_argument, 0, 'S'},
-                                         {"dst", required_argument, 0, 'D'},
-                                         {"max-readers", required_argument, 0, 'r'},
-                                         {"chunk-kb", required_argument, 0, 'c'},
-                                         {"link-mbps", required_argument, 0, 'l'},
-                                         {"verify", no_argument, 0, 'v'},
-                                         {"net", required_argument, 0, 'N'},
-                                         {"fraction", required_argument, 0, 'f'},
-                                         {"versions", required_argument, 0, 'V'},
-                                         {"threads", required_argument, 0, 'T'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"scenario", required_argument, 0, 's'},    {"model", required_argument, 0, 'm'},
+        {"out", required_argument, 0, 'o'},         {"receivers", required_argument, 0, 'n'},
+        {"src", required_argument, 0, 'S'},         {"dst", required_argument, 0, 'D'},
+        {"max-readers", required_argument, 0, 'r'}, {"chunk-kb", required_argument, 0, 'c'},
+        {"link-mbps", required_argument, 0, 'l'},   {"verify", no_argument, 0, 'v'},
+        {"net", required_argument, 0, 'N'},         {"fraction", required_argument, 0, 'f'},
+        {"versions", required_argument, 0, 'V'},    {"threads", required_argument, 0, 'T'},
+        {"queue-ms", required_argument, 0, 'Q'},    {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -69,11 +63,13 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
         case 'f': o->delta = atof(optarg); break;
         case 'V': o->versions = (uint32_t)atoi(optarg); break;
         case 'T': o->threads = (unsigned)atoi(optarg); break;
+        case 'Q': o->queue_ms = atof(optarg); break;
         default:
-            return tool_usage("bench",
-                              "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
-                              "--chunk-kb N --link-mbps X --net shm|netns --threads N --verify --runs N --out FILE "
-                              "(delta: --fraction F --versions N)");
+            return tool_usage(
+                "bench",
+                "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
+                "--chunk-kb N --link-mbps X --queue-ms MS --net shm|netns --threads N --verify --runs N --out FILE "
+                "(delta: --fraction F --versions N)");
         }
     }
     if (o->net && strcmp(o->net, "shm") && strcmp(o->net, "netns")) return tool_usage("bench", "--net is shm or netns");
@@ -122,6 +118,7 @@ bool nb_netns_possible(char *why, size_t n)
 
 bool nb_netns_up(nb_opts_t *o, uint32_t nodes, double mbps, char *why, size_t n)
 {
+    o->ns.queue_ms = o->queue_ms;
     if (!tool_netns_up(&o->ns, nodes, mbps, why, n)) return false;
     o->netns = true;
     return true;
@@ -300,10 +297,10 @@ void nb_out_begin(out_t *j, const char *scenario, const nb_opts_t *o, const char
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     fprintf(c,
             ",\"receivers\":%u,\"max_readers\":%u,\"chunk_kb\":%u,\"link_mbps\":%g,\"verify\":%s,\"cpus\":%ld,"
-            "\"transport\":\"%s\",\"net\":\"%s\",\"registry\":\"file\"%s%s",
+            "\"transport\":\"%s\",\"net\":\"%s\",\"queue_ms\":%g,\"registry\":\"file\"%s%s",
             o->receivers, o->max_readers, o->chunk_kb ? o->chunk_kb : 2048, o->link_mbps, o->verify ? "true" : "false",
-            cpus, o->transport, o->netns ? "netns+tbf" : "shm", extra_config ? "," : "",
-            extra_config ? extra_config : "");
+            cpus, o->transport, o->netns ? "netns+tbf" : "shm", o->netns ? (o->queue_ms > 0 ? o->queue_ms : 50) : 0,
+            extra_config ? "," : "", extra_config ? extra_config : "");
     fclose(c);
 }
 

@@ -31,6 +31,7 @@ typedef struct {
     const char *model, *out, *src, *dst;
     uint32_t receivers, max_readers, chunk_kb;
     double link_mbps; /* emulated per-link rate (0: none) */
+    double queue_ms;  /* --queue-ms: the longest a packet waits in a port's tbf queue (0: 50) */
     bool verify;
     char dir[64], url[96], job[48];
     const char *net; /* "shm" or "netns" (NULL: the scenario's default) */

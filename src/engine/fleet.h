@@ -155,14 +155,22 @@ int refit_fleet_direct_holder(const refit_fleet_holder_t *h, uint32_t nh, uint32
  * RELAYS: the relays with room alone (a limit is set and some have room);
  * ALL: the relays found and the trainer ranks (no limit);
  * TRAINER_IF_ROOM: the trainer ranks, if a load token on them is free, else WAIT;
- * WAIT: until a holder has room. */
+ * WAIT: until a holder has room.
+ * defer_trainer: this receiver read a relay in its last pull, and that
+ * relay's reader read the trainer or a relay before it: for a short grace
+ * (REFIT_FLEET_STICKY_MS) it waits for its relay rather than race for the
+ * trainer, so that a chain keeps its order and its connections from one
+ * version to the next (a new connection over a loaded link costs ~0.1 s per
+ * hop, each hop after the one before it). */
 typedef enum {
     REFIT_FLEET_PICK_RELAYS,
     REFIT_FLEET_PICK_ALL,
     REFIT_FLEET_PICK_TRAINER_IF_ROOM,
     REFIT_FLEET_PICK_WAIT,
 } refit_fleet_pick_t;
-refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding);
+refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding,
+                                    bool defer_trainer);
+#define REFIT_FLEET_STICKY_MS 250
 /* Whether a holder with `readers` load tokens takes one more (max_readers 0: no limit). */
 bool refit_fleet_room(uint32_t readers, uint32_t max_readers);
 

@@ -275,12 +275,14 @@ bool refit_fleet_direct_ok(const refit_fleet_holder_t *h, uint32_t nh, bool net,
     return true;
 }
 
-refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding)
+refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding,
+                                    bool defer_trainer)
 {
     if (relays_with_room && max_readers) return REFIT_FLEET_PICK_RELAYS;
-    /* With a limit, the trainer feeds only while no relay holds the version. */
+    /* With a limit, the trainer feeds only while no relay holds the version,
+     * and first the receiver that read it last time. */
     if (!max_readers) return REFIT_FLEET_PICK_ALL;
-    if (!relays_holding) return REFIT_FLEET_PICK_TRAINER_IF_ROOM;
+    if (!relays_holding && !defer_trainer) return REFIT_FLEET_PICK_TRAINER_IF_ROOM;
     return REFIT_FLEET_PICK_WAIT;
 }
 

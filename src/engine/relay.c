@@ -59,6 +59,7 @@ struct refit_relays {
     bool trainer_loaded;
     uint64_t trainer_version;
     double renewed;
+    int upstream; /* refit_relays_upstream */
 };
 
 static void relay_group(const refit_relays_t *R, uint32_t slot, char *buf, size_t n)
@@ -77,6 +78,7 @@ refit_status_t refit_relays_open(refit_registry_t *reg, const char *group, const
     snprintf(R->group, sizeof(R->group), "%s", group);
     R->rank = mine->rank;
     R->slot = params->relay_slot;
+    R->upstream = REFIT_RELAYS_NONE;
     R->mine = mine;
     R->params = *params;
     R->key = refit_fleet_mirror_key(mine);
@@ -320,7 +322,8 @@ static refit_status_t connect_relay(refit_relays_t *R, const refit_tset_t *ts, r
 }
 
 uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, uint64_t origin, const char *reader,
-                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding)
+                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding,
+                           bool only_upstream)
 {
     uint32_t nh = 0;
     *holding = 0;
@@ -337,7 +340,10 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         refit_log(REFIT_LOG_WARN, "looking for relays: %s", refit_last_error());
         return 0;
     }
-    for (uint32_t j = 0; j < REFIT_MAX_RELAYS && nh < max; j++) {
+    for (uint32_t k = 0; k < REFIT_MAX_RELAYS && nh < max; k++) {
+        /* The relay read last time first (its connection is open). */
+        uint32_t j = k;
+        if (R->upstream >= 0) j = k == 0 ? (uint32_t)R->upstream : k <= (uint32_t)R->upstream ? k - 1 : k;
         relay_src_t *s = &R->src[j];
         if ((int)j == R->slot) continue;
         const char *g = groups[j];
@@ -364,6 +370,7 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
             s->incarnation = rec.incarnation;
         }
         (*holding)++;
+        if (only_upstream && (int)j != R->upstream) continue; /* counted, not taken */
         if (!take_token(R, g, v, reader, R->params.max_readers)) continue;
         s->loaded = R->params.max_readers != 0;
         if (refit_registry_lease_take(R->reg, g, v, reader, lease_ms, &s->token)) { /* retired: it moves on */
@@ -392,6 +399,13 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
     }
     return nh;
 }
+
+void refit_relays_set_upstream(refit_relays_t *R, int upstream)
+{
+    if (R) R->upstream = upstream >= REFIT_MAX_RELAYS ? REFIT_RELAYS_NONE : upstream;
+}
+
+int refit_relays_upstream(const refit_relays_t *R) { return R ? R->upstream : REFIT_RELAYS_NONE; }
 
 /* Trainer load is counted per receiver rank: readers of the same bytes. */
 static void trainer_load_name(const refit_relays_t *R, char *buf, size_t n)

@@ -28,12 +28,20 @@ bool refit_relays_serving(const refit_relays_t *R);
  * (max_readers): leased, connected, as holders; *holding counts the relays
  * that hold v, full or not. */
 uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, uint64_t origin, const char *reader,
-                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding);
+                           uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding,
+                           bool only_upstream);
 /* Disconnects every relay peer (after a failed pull: the next one connects
  * afresh). */
 void refit_relays_reset(refit_relays_t *R, const refit_tset_t *ts);
 /* A load token on the trainer group (always true when cap is 0). */
 bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reader, uint32_t cap);
+/* The holder this receiver read in its last pull: a relay's slot,
+ * REFIT_RELAYS_TRAINER, or REFIT_RELAYS_NONE; refit_relays_find tries that
+ * relay first. */
+#define REFIT_RELAYS_TRAINER (-2)
+#define REFIT_RELAYS_NONE (-1)
+void refit_relays_set_upstream(refit_relays_t *R, int upstream);
+int refit_relays_upstream(const refit_relays_t *R);
 /* Renews the leases on the relays being read (and the load tokens);
  * REFIT_ERR_STALE when a relay's lease was lost (the relay retired the
  * version or revoked its readers to rewrite its memory): the pull must stop. */

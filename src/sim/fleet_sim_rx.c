@@ -131,7 +131,7 @@ static void do_select(sim_t *s, rx_t *r)
     r->nh = 0;
     uint32_t holding = 0;
     uint32_t found = find_relays(s, r, REFIT_MAX_RELAYS_SIM, &holding);
-    refit_fleet_pick_t pick = refit_fleet_pick(s->f->max_readers, found, holding);
+    refit_fleet_pick_t pick = refit_fleet_pick(s->f->max_readers, found, holding, false);
     if (pick == REFIT_FLEET_PICK_TRAINER_IF_ROOM) {
         if (refit_fleet_room(s->tokens[r->plan], s->f->max_readers)) {
             s->tokens[r->plan]++;

@@ -73,15 +73,19 @@ if ! { ip link add "rfchk$tag" type bridge && ip link del "rfchk$tag"; } 2>/dev/
   echo "skipped: fanout over netns (this kernel cannot make a bridge)"
 elif "$(dirname "$refit")/refit-bench" --scenario fanout --net netns --runs 1 --model tiny-moe --dst vllm:tp=1 --receivers 3 --link-mbps 2 \
     --chunk-kb 64 --verify --out "$tmp/fanout.json" >"$tmp/fanout.log" 2>&1 &&
-  python3 - "$tmp/fanout.json" <<'PY'; then ok "fanout over netns+tbf: a verified relay chain, relays read while receiving"
+  python3 - "$tmp/fanout.json" <<'PY'; then ok "fanout over netns+tbf: a verified relay chain, relays read while receiving, the same chain for the next version"
 import json, sys
 o = json.load(open(sys.argv[1]))
 assert o['config']['net'] == 'netns+tbf' and o['config']['transport'] == 'ucx', o['config']
-rs = o['metrics']['receivers']
-assert len(rs) == 3 and all(r['ok'] and r['version'] == 1 for r in rs), rs
+first, rs = o['metrics']['first_receivers'], o['metrics']['receivers']
+assert len(first) == 3 and all(r['ok'] and r['version'] == 1 for r in first), first
+assert len(rs) == 3 and all(r['ok'] and r['version'] == 2 for r in rs), rs
 assert o['metrics']['trainer_egress_replicas'] == 1.0, o['metrics']
-fed = [r for r in rs if r['relay_bytes'] > 0]
-assert len(fed) == 2 and all(r['early_chunks'] > 0 and r['trainer_bytes'] == 0 for r in fed), rs
+for chain in (first, rs):
+    fed = [r for r in chain if r['relay_bytes'] > 0]
+    assert len(fed) == 2 and all(r['early_chunks'] > 0 and r['trainer_bytes'] == 0 for r in fed), chain
+# The steady version keeps the chain of the first (each receiver reads what it read before).
+assert [r['holders'] for r in first] == [r['holders'] for r in rs], (first, rs)
 PY
 else bad "fanout over netns: $(tail -5 "$tmp/fanout.log")"; fi
 echo "$pass passed, $fail failed"

@@ -132,11 +132,15 @@ static void maxmin_random(void **state)
 static void pick_rule(void **state)
 {
     (void)state;
-    assert_int_equal(refit_fleet_pick(0, 0, 0), REFIT_FLEET_PICK_ALL);
-    assert_int_equal(refit_fleet_pick(0, 3, 3), REFIT_FLEET_PICK_ALL);
-    assert_int_equal(refit_fleet_pick(2, 1, 4), REFIT_FLEET_PICK_RELAYS);
-    assert_int_equal(refit_fleet_pick(2, 0, 0), REFIT_FLEET_PICK_TRAINER_IF_ROOM);
-    assert_int_equal(refit_fleet_pick(2, 0, 3), REFIT_FLEET_PICK_WAIT);
+    assert_int_equal(refit_fleet_pick(0, 0, 0, false), REFIT_FLEET_PICK_ALL);
+    assert_int_equal(refit_fleet_pick(0, 3, 3, false), REFIT_FLEET_PICK_ALL);
+    assert_int_equal(refit_fleet_pick(2, 1, 4, false), REFIT_FLEET_PICK_RELAYS);
+    assert_int_equal(refit_fleet_pick(2, 0, 0, false), REFIT_FLEET_PICK_TRAINER_IF_ROOM);
+    assert_int_equal(refit_fleet_pick(2, 0, 3, false), REFIT_FLEET_PICK_WAIT);
+    /* A receiver that read a relay last time leaves the trainer to the one that read it. */
+    assert_int_equal(refit_fleet_pick(2, 0, 0, true), REFIT_FLEET_PICK_WAIT);
+    assert_int_equal(refit_fleet_pick(2, 1, 1, true), REFIT_FLEET_PICK_RELAYS);
+    assert_int_equal(refit_fleet_pick(0, 0, 0, true), REFIT_FLEET_PICK_ALL);
     assert_true(refit_fleet_room(5, 0));
     assert_true(refit_fleet_room(1, 2));
     assert_false(refit_fleet_room(2, 2));

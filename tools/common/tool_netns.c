@@ -53,6 +53,9 @@ static void on_signal(int sig)
     raise(sig);
 }
 
+/* The longest a packet may wait in a port's queue (tbf's latency). */
+static double queue_ms(const tool_netns_t *t) { return t->queue_ms > 0 ? t->queue_ms : 50; }
+
 /* burst: a 64 KiB GSO segment must fit, and a few ms of the rate. */
 static uint64_t burst_of(uint64_t bps) { return bps / 200 > (256u << 10) ? bps / 200 : (256u << 10); }
 
@@ -76,10 +79,10 @@ bool tool_netns_up(tool_netns_t *t, uint32_t nodes, double mbps, char *why, size
                   sh("ip link set rf%sp%u master rf%sbr", g, i, g) && sh("ip link set rf%sp%u up", g, i);
         if (ok && mbps > 0)
             ok = sh("ip netns exec rf%sn%u tc qdisc add dev rf%sv%u root tbf rate %" PRIu64 "bit burst %" PRIu64
-                    " latency 50ms",
-                    g, i, g, i, bps * 8, burst) &&
-                 sh("tc qdisc add dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency 50ms", g, i,
-                    bps * 8, burst);
+                    " latency %gms",
+                    g, i, g, i, bps * 8, burst, queue_ms(t)) &&
+                 sh("tc qdisc add dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency %gms", g, i,
+                    bps * 8, burst, queue_ms(t));
         if (!ok) {
             snprintf(why, n, "setting up namespace %u failed", i);
             tool_netns_down(t);
@@ -94,10 +97,10 @@ bool tool_netns_rate(const tool_netns_t *t, uint32_t node, double mbps)
     uint64_t bps = (uint64_t)(mbps * 1e6), burst = burst_of(bps);
     const char *g = t->tag;
     return sh("ip netns exec rf%sn%u tc qdisc replace dev rf%sv%u root tbf rate %" PRIu64 "bit burst %" PRIu64
-              " latency 50ms",
-              g, node, g, node, bps * 8, burst) &&
-           sh("tc qdisc replace dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency 50ms", g, node,
-              bps * 8, burst);
+              " latency %gms",
+              g, node, g, node, bps * 8, burst, queue_ms(t)) &&
+           sh("tc qdisc replace dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency %gms", g, node,
+              bps * 8, burst, queue_ms(t));
 }
 
 void tool_netns_ifname(const tool_netns_t *t, uint32_t node, char *buf, size_t n)

@@ -11,8 +11,9 @@
 #include <stdint.h>
 
 typedef struct {
-    char tag[16];   /* names: rf<tag>br (bridge), rf<tag>n<i> (namespace), rf<tag>v<i> / rf<tag>p<i> (veth) */
-    uint32_t nodes; /* namespaces up (0: none) */
+    char tag[16];    /* names: rf<tag>br (bridge), rf<tag>n<i> (namespace), rf<tag>v<i> / rf<tag>p<i> (veth) */
+    uint32_t nodes;  /* namespaces up (0: none) */
+    double queue_ms; /* set before tool_netns_up: the longest a packet waits in a port's tbf queue (0: 50 ms) */
 } tool_netns_t;
 
 /* Whether namespaces can be made here (root, ip and tc); why not in `why`. */
