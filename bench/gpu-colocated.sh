@@ -8,6 +8,12 @@
 #   kernel, memcpy: both layouts with cuda_ipc.copy=kernel / copy=memcpy forced
 #   ipc:    bench/ipc_probe.cu: d2d copy from own memory, from a cudaIpc-opened and from a VMM-imported buffer
 #   ncu:    Nsight Compute on one steady copy kernel of the tp=1 receiver (ncu-tp2: of a tp=2 receiver)
+#   trace:  refit demo --prepare with REFIT_CUDA_TRACE (per-copy GPU times) for each of $TRACES (tpN-V, V:
+#           beside / after / before: the small regions' kernel and the copies (REFIT_CUDA_SMALL); round0:
+#           allocations not rounded to 2 MiB); GPU clocks sampled
+#   replay: bench/ipc_probe.cu replays the traced tp=1 copies: own buffers, IPC-opened, after/while other
+#           processes' kernels run, and one copy of as many bytes (needs trace first; REPLAY=tp1-round0 ...)
+#   sizes:  bench/ipc_probe.cu: copy rate from IPC-opened buffers whose sizes are / are not multiples of 2 MiB
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -23,7 +29,7 @@ grep -E "Driver Version|H200|release" "$out/run/env.txt"
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DREFIT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
   -DREFIT_WITH_NCCL=OFF > "$out/run/cmake.txt" 2>&1 || { tail -30 "$out/run/cmake.txt"; exit 1; }
-timeout 300 ninja -C build-gpu refit test_gpu > "$out/run/ninja.txt" 2>&1; grep -E "FAILED|error" -A4 "$out/run/ninja.txt" | head -30; tail -2 "$out/run/ninja.txt"
+timeout 300 ninja -C build-gpu refit refit-bench test_gpu > "$out/run/ninja.txt" 2>&1; grep -E "FAILED|error" -A4 "$out/run/ninja.txt" | head -30; tail -2 "$out/run/ninja.txt"
 echo "build: $(( $(date +%s) - t0 )) s"
 [ -x build-gpu/refit ] || exit 1
 R=build-gpu/refit
@@ -57,6 +63,27 @@ print(sys.argv[1], 'verified', d['verified'], 'steady span', d['steady_span_ms']
 for c in d['per_cycle']: print('  v%d span %.2f xfer %.2f connect %.2f discover %.2f plan %.2f launches %s' % (c['version'], c['span_ms'], c['transfer_ms'], c.get('connect_ms',0), c['discover_ms'], c['plan_ms'], c.get('launches')))
 PY
     done ;;
+  trace)
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu \
+      --format=csv -lms 20 > "$out/run/clocks.txt" 2>&1 & smi=$!
+    for c in ${TRACES:-tp1-beside tp1-after tp1-before tp2-beside}; do
+      tp=${c%%-*}; tp=${tp#tp}; v=${c#*-}; rm -f "$out/run/trace-$c.txt"; round=
+      [ $v = round0 ] && { v=beside; round=0; }
+      REFIT_CUDA_ALLOC_ROUND=${round:-${REFIT_CUDA_ALLOC_ROUND:-}} REFIT_CUDA_SMALL=$v REFIT_CUDA_TRACE=$out/run/trace-$c.txt timeout 200 $R demo --json --prepare --model "$model" \
+        --src megatron:ep=2 --dst vllm:tp=$tp --transport cuda_ipc --src-device 0 --dst-device 0 --cycles 5 \
+        > "$out/run/trace-demo-$c.json" 2> "$out/run/trace-demo-$c.err"
+      echo "$c exit $?: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('verified', d['verified'], 'steady transfer', d['steady_transfer_ms'], 'span', d['steady_span_ms'])" "$out/run/trace-demo-$c.json" 2>&1)"
+      grep -E "^(pull|copies|kernel)" "$out/run/trace-$c.txt" | tail -6
+    done
+    kill $smi ;;
+  replay)
+    nvcc -O2 -arch=sm_90 -o build-gpu/ipc_probe bench/ipc_probe.cu -lcuda && \
+      (cd "$out/run" && timeout 200 "$OLDPWD/build-gpu/ipc_probe" replay trace-${REPLAY:-tp1-beside}.txt 250) | \
+      tee -a "$out/run/replay.txt" ;;
+  sizes)
+    nvcc -O2 -arch=sm_90 -o build-gpu/ipc_probe bench/ipc_probe.cu -lcuda && \
+      timeout 200 build-gpu/ipc_probe sizes 8589934592 8589938688 8590000128 8592031744 25769803776 25769832448 \
+        32073216000 32073842688 | tee "$out/run/ipc-sizes.txt" ;;
   ncu|ncu-tp2)
     tp=1; [ $s = ncu-tp2 ] && tp=2
     timeout 250 ncu --target-processes all --kernel-name regex:batch --launch-skip 1 --launch-count 1 --clock-control none \

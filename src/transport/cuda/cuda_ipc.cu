@@ -19,7 +19,9 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 extern "C" {
@@ -257,6 +259,8 @@ static void ipc_free(refit_transport_t *t, void *base, uint64_t size)
     pthread_mutex_unlock(&t->lock);
 }
 
+static bool g_warned_pages; /* once per process */
+
 static refit_status_t ipc_expose(refit_transport_t *t, void *base, uint64_t size, void **desc, size_t *len)
 {
     refit_status_t st = REFIT_OK;
@@ -280,6 +284,13 @@ static refit_status_t ipc_expose(refit_transport_t *t, void *base, uint64_t size
     if (alloc_size && (uintptr_t)base + size > alloc_base + alloc_size) {
         st = refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: a region spans more than one allocation");
         goto out;
+    }
+    if (alloc_size % (2u << 20) && !g_warned_pages) { /* memory attached from elsewhere (ours are whole 2 MiB) */
+        g_warned_pages = true;
+        refit_log(REFIT_LOG_WARN,
+                  "cuda_ipc: exposing an allocation of %zu bytes, not a multiple of 2 MiB: other processes map it "
+                  "with small pages and copy from it about 20%% slower (docs/gpu.md, Colocated)",
+                  alloc_size);
     }
     CK(cudaIpcGetMemHandle(&h, (void *)(uintptr_t)alloc_base));
     d->magic = IPC_MAGIC;
@@ -594,6 +605,52 @@ static uint32_t align_shift(uint64_t a)
  * and 481 smaller ones (1.7 GB, left to the kernel). */
 #define COPY_MIN_BYTES (16ull << 20)
 
+/* REFIT_CUDA_TRACE=FILE (diagnostics, docs/gpu.md "Colocated"): appends
+ * the pull's allocations (opened sources, destinations: base and size, so
+ * that bench/ipc_probe.cu can replay the copies at the same offsets), its
+ * host times and one line per copy call with its GPU time. */
+static void trace_pull(refit_transport_t *t, refit_peer_t *const *peers, size_t nsrc, const uint8_t *only,
+                       void *const *dst_bases, uint32_t ndst, refit_gpu_batch_t *copies, refit_gpu_batch_t *kernel,
+                       int small_order, double turn_ms, double issue_ms, double done_ms)
+{
+    (void)t;
+    FILE *f = fopen(refit_gpu_trace_path(), "a");
+    if (!f) return;
+    static unsigned pulls;
+    get_range_fn gr = get_range();
+    const char *order = small_order == 1 ? "after" : small_order == 2 ? "before" : "beside";
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    fprintf(f, "pull %u pid %d at %lld.%06ld order %s turn %.3f ms issue %.3f ms issue+wait %.3f ms\n", ++pulls,
+            (int)getpid(), (long long)now.tv_sec, now.tv_nsec / 1000, order, turn_ms, issue_ms, done_ms);
+    for (size_t s = 0; s < nsrc; s++)
+        for (uint32_t r = 0; only[s] && r < peers[s]->n; r++) {
+            void *b = peers[s]->regions[r].base;
+            bool seen = !b;
+            for (size_t s2 = 0; !seen && s2 <= s; s2++)
+                for (uint32_t r2 = 0; !seen && only[s2] && r2 < (s2 == s ? r : peers[s2]->n); r2++)
+                    seen = peers[s2]->regions[r2].base == b;
+            unsigned long long base = 0;
+            size_t size = 0;
+            if (!seen && gr && gr(&base, &size, (unsigned long long)(uintptr_t)b) == 0)
+                fprintf(f, "alloc src %zu base %p size %zu\n", s, b, size);
+        }
+    unsigned long long shown[64];
+    uint32_t nshown = 0;
+    for (uint32_t k = 0; k < ndst; k++) {
+        unsigned long long base = 0;
+        size_t size = 0;
+        if (!dst_bases[k] || !gr || gr(&base, &size, (unsigned long long)(uintptr_t)dst_bases[k]) != 0) continue;
+        bool seen = false;
+        for (uint32_t i = 0; i < nshown; i++) seen |= shown[i] == base;
+        if (seen) continue;
+        if (nshown < 64) shown[nshown++] = base;
+        fprintf(f, "alloc dst %u base 0x%llx size %zu\n", k, base, size);
+    }
+    refit_gpu_batch_trace_print(copies, kernel, f);
+    fclose(f);
+}
+
 /* A quantize-on-copy table: every source region's slot, the arena, one
  * launch (under the GPU's turn when the copy is local), then the wait. */
 static refit_status_t fp8_run(refit_transport_t *t, refit_gpu_fp8_t *f, refit_peer_t *const *peers, const uint8_t *only,
@@ -737,17 +794,31 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
         }
         refit_gpu_batch_t *small = memcpy_used && min_copy ? ex->small : NULL;
         bool turns = t->turns == 1 || (t->turns == -1 && local);
+        /* REFIT_CUDA_SMALL=after|before (diagnostics): the small regions' kernel
+         * after or before the copies instead of beside them */
+        const char *order = small ? getenv("REFIT_CUDA_SMALL") : NULL;
+        int small_order = order ? (!strcmp(order, "after") ? 1 : !strcmp(order, "before") ? 2 : 0) : 0;
+        double t0 = refit_now();
         int turn = turns ? refit_gpu_turn_take(dev, 0, 2.0) : -1;
-        if (small)
+        double t1 = refit_now();
+        if (small && small_order != 1)
             st = refit_gpu_batch_launch(small, slots, &launches, &uploads); /* its own stream: runs beside the copies */
-        if (!st && memcpy_used) st = refit_gpu_batch_copy(g, slots, min_copy, &copies);
-        else if (!st) st = refit_gpu_batch_launch(g, slots, &launches, &uploads);
+        if (!st && memcpy_used) {
+            if (small && small_order == 2) st = refit_gpu_batch_after(g, small);
+            if (!st) st = refit_gpu_batch_copy(g, slots, min_copy, &copies);
+            if (!st && small && small_order == 1 && !(st = refit_gpu_batch_after(small, g)))
+                st = refit_gpu_batch_launch(small, slots, &launches, &uploads);
+        } else if (!st) st = refit_gpu_batch_launch(g, slots, &launches, &uploads);
+        double t2 = refit_now();
         if (!st) st = refit_gpu_batch_wait(g, ctl ? ctl->tick : NULL, ctl ? ctl->user : NULL, ctl ? ctl->deadline : 0);
         if (small) {
             refit_status_t s2 = refit_gpu_batch_wait(small, NULL, NULL, 0); /* a kernel is never abandoned mid-flight */
             if (!st) st = s2;
         }
         refit_gpu_turn_give(turn);
+        if (!st && refit_gpu_trace_path())
+            trace_pull(t, peers, nsrc, only, dst_bases, ndst, memcpy_used ? g : NULL, memcpy_used ? small : g,
+                       small_order, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (refit_now() - t1) * 1e3);
         if (st) goto out;
     }
     for (size_t s = 0; s < nsrc; s++)

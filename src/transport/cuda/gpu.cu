@@ -13,6 +13,7 @@
 #include <sys/file.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -316,15 +317,38 @@ out:
     return st;
 }
 
+/* Allocations are whole multiples of ALLOC_ROUND.  A cudaMalloc whose size
+ * is not a multiple of 2 MiB (a publisher's arena: 32,073,216,000 bytes for
+ * Qwen3-30B-A3B megatron:ep=2) reads as fast as any in its own process, but
+ * opened in another with cudaIpcOpenMemHandle on one H200 it took 170 ms
+ * to open and every copy from it ran at 1.65 TB/s instead of 2.07
+ * (bench/ipc_probe.cu replay, docs/gpu.md "Colocated").  REFIT_CUDA_ALLOC_ROUND
+ * (bytes, 0: none) overrides it, for that comparison. */
+#define ALLOC_ROUND (2ull << 20)
+
+static uint64_t alloc_round(void)
+{
+    static uint64_t r;
+    static bool got;
+    if (!got) {
+        const char *e = getenv("REFIT_CUDA_ALLOC_ROUND");
+        r = e && *e ? strtoull(e, NULL, 0) : ALLOC_ROUND;
+        got = true;
+    }
+    return r;
+}
+
 extern "C" refit_status_t refit_gpu_alloc(int dev, uint64_t size, void **out)
 {
     refit_status_t st = REFIT_OK;
     devguard_t g;
     void *p = NULL;
+    uint64_t r = alloc_round(), n = size ? size : 1;
     *out = NULL;
+    if (r > 1 && n % r) n += r - n % r;
     if ((st = enter(dev, &g))) return st;
-    CK(cudaMalloc(&p, size ? size : 1));
-    CK(cudaMemset(p, 0, size));
+    CK(cudaMalloc(&p, n));
+    CK(cudaMemset(p, 0, n));
     CK(cudaDeviceSynchronize());
     *out = p;
     p = NULL;
@@ -484,7 +508,109 @@ struct refit_gpu_batch {
     bool slots_valid;
     cudaStream_t stream;
     cudaEvent_t done;
+    /* REFIT_CUDA_TRACE (diagnostics, docs/gpu.md "Colocated"): a timing
+     * event before each copy call or launch and one after the last */
+    cudaEvent_t *tev;
+    const void **tsrc;
+    void **tdst;
+    uint64_t *tbytes;
+    uint32_t ntev, ntcap;
 };
+
+/* REFIT_CUDA_TRACE=FILE: per-copy GPU times of local pulls appended to FILE. */
+extern "C" const char *refit_gpu_trace_path(void)
+{
+    static const char *path;
+    static bool got;
+    if (!got) {
+        const char *e = getenv("REFIT_CUDA_TRACE");
+        path = e && *e ? e : NULL;
+        got = true;
+    }
+    return path;
+}
+
+/* Records a timing event on x's stream before an operation (bytes 0: the
+ * end).  Tracing is best effort: nothing is recorded once an event fails. */
+static void trace_mark(refit_gpu_batch_t *x, const void *src, void *dst, uint64_t bytes)
+{
+    if (x->ntev == x->ntcap) {
+        uint32_t c = x->ntcap ? 2 * x->ntcap : 256;
+        cudaEvent_t *e = (cudaEvent_t *)realloc(x->tev, c * sizeof(*e));
+        if (e) x->tev = e;
+        const void **s = (const void **)realloc(x->tsrc, c * sizeof(*s));
+        if (s) x->tsrc = s;
+        void **d = (void **)realloc(x->tdst, c * sizeof(*d));
+        if (d) x->tdst = d;
+        uint64_t *b = (uint64_t *)realloc(x->tbytes, c * sizeof(*b));
+        if (b) x->tbytes = b;
+        if (!e || !s || !d || !b) return;
+        for (uint32_t i = x->ntcap; i < c; i++)
+            if (cudaEventCreate(&x->tev[i]) != cudaSuccess) {
+                cudaGetLastError();
+                c = i;
+                break;
+            }
+        x->ntcap = c;
+        if (x->ntev == x->ntcap) return;
+    }
+    if (cudaEventRecord(x->tev[x->ntev], x->stream) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    x->tsrc[x->ntev] = src;
+    x->tdst[x->ntev] = dst;
+    x->tbytes[x->ntev] = bytes;
+    x->ntev++;
+}
+
+static double ev_ms(cudaEvent_t a, cudaEvent_t b)
+{
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+        cudaGetLastError();
+        return -1e9;
+    }
+    return ms;
+}
+
+/* After both have been waited for: one line per copy call of `copies`
+ * (start relative to the kernel's launch when there is one, duration,
+ * rate) and the kernel's span. */
+extern "C" void refit_gpu_batch_trace_print(refit_gpu_batch_t *copies, refit_gpu_batch_t *kernel, FILE *f)
+{
+    cudaEvent_t ref = NULL;
+    if (kernel && kernel->ntev >= 2) ref = kernel->tev[0];
+    else if (copies && copies->ntev >= 2) ref = copies->tev[0];
+    if (!ref) return;
+    if (kernel && kernel->ntev >= 2)
+        fprintf(f, "kernel start 0.000 end %.3f ms (%" PRIu64 " bytes, %.1f GB/s)\n",
+                ev_ms(ref, kernel->tev[kernel->ntev - 1]), kernel->tbytes[0],
+                kernel->tbytes[0] / ev_ms(ref, kernel->tev[kernel->ntev - 1]) / 1e6);
+    if (!copies || copies->ntev < 2 || copies == kernel) return;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i + 1 < copies->ntev; i++) {
+        double a = ev_ms(ref, copies->tev[i]), d = ev_ms(copies->tev[i], copies->tev[i + 1]);
+        total += copies->tbytes[i];
+        fprintf(f, "copy %u src %p dst %p bytes %" PRIu64 " start %.4f ms dur %.5f ms %.1f GB/s\n", i, copies->tsrc[i],
+                copies->tdst[i], copies->tbytes[i], a, d, copies->tbytes[i] / d / 1e6);
+    }
+    double span = ev_ms(copies->tev[0], copies->tev[copies->ntev - 1]);
+    fprintf(f, "copies %u bytes %" PRIu64 " start %.3f end %.3f ms span %.3f ms %.1f GB/s\n", copies->ntev - 1, total,
+            ev_ms(ref, copies->tev[0]), ev_ms(ref, copies->tev[copies->ntev - 1]), span, total / span / 1e6);
+}
+
+/* x's later work waits for what `first` has issued so far. */
+extern "C" refit_status_t refit_gpu_batch_after(refit_gpu_batch_t *x, refit_gpu_batch_t *first)
+{
+    refit_status_t st = REFIT_OK;
+    devguard_t g;
+    if ((st = enter(x->dev, &g))) return st;
+    CK(cudaStreamWaitEvent(x->stream, first->done, 0));
+out:
+    leave(&g);
+    return st;
+}
 
 extern "C" refit_status_t refit_gpu_batch_create(int dev, const refit_batch_t *b, refit_gpu_batch_t **out)
 {
@@ -529,9 +655,14 @@ extern "C" void refit_gpu_batch_destroy(refit_gpu_batch_t *x)
     cudaFree(x->dregions);
     cudaFree(x->dslots);
     if (x->done) cudaEventDestroy(x->done);
+    for (uint32_t i = 0; i < x->ntcap; i++) cudaEventDestroy(x->tev[i]);
     if (x->stream) cudaStreamDestroy(x->stream);
     if (in) leave(&g);
     free(x->hslots);
+    free(x->tev);
+    free(x->tsrc);
+    free(x->tdst);
+    free(x->tbytes);
     refit_batch_free(&x->table);
     free(x);
 }
@@ -553,9 +684,17 @@ extern "C" refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *x, const uin
         if (uploads) (*uploads)++;
     }
     if (x->table.nchunks) {
+        bool trace = refit_gpu_trace_path() != NULL;
+        if (trace) {
+            uint64_t b = 0;
+            for (uint32_t i = 0; i < x->table.n; i++) b += x->table.regions[i].units << x->table.regions[i].shift;
+            x->ntev = 0;
+            trace_mark(x, NULL, NULL, b);
+        }
         batch_kernel<<<grid_for(x->dev, x->table.nchunks, (const void *)batch_kernel), THREADS, 0, x->stream>>>(
             x->dregions, x->table.n, x->table.nchunks, x->dslots);
         CK(cudaGetLastError());
+        if (trace) trace_mark(x, NULL, NULL, 0);
         if (launches) (*launches)++;
     }
     CK(cudaEventRecord(x->done, x->stream));
@@ -569,9 +708,9 @@ extern "C" bool refit_gpu_batch_region_by_copy(const refit_batch_region_t *r, ui
 {
     uint64_t per = (r->units << r->shift) / (r->count[1] * r->count[2]);
     if (r->src_slot == REFIT_BATCH_ZERO || per < min_bytes) return false;
-    /* contiguous runs only: with pitched (2D) copies of the 1.5 MB expert
-     * halves, vllm:tp=2 on one H200 took 76.7 ms against 52.6 ms with the
-     * kernel alone */
+    /* contiguous runs only: pitched (2D) copies of vllm:tp=2's 1.5 MiB halves
+     * of Megatron's fused expert rows moved 0.83 TB/s on one H200, against
+     * the kernel's 1.75 (docs/gpu.md, Colocated) */
     return r->count[0] == 1;
 }
 
@@ -581,7 +720,9 @@ extern "C" refit_status_t refit_gpu_batch_copy(refit_gpu_batch_t *x, const uint6
     refit_status_t st = REFIT_OK;
     devguard_t g;
     uint64_t n = 0;
+    bool trace = refit_gpu_trace_path() != NULL;
     if ((st = enter(x->dev, &g))) return st;
+    x->ntev = 0;
     for (uint32_t i = 0; i < x->table.n; i++) {
         const refit_batch_region_t *r = &x->table.regions[i];
         if (min_bytes && !refit_gpu_batch_region_by_copy(r, min_bytes)) continue;
@@ -598,6 +739,7 @@ extern "C" refit_status_t refit_gpu_batch_copy(refit_gpu_batch_t *x, const uint6
             for (uint64_t d1 = 0; d1 < r->count[1]; d1++) {
                 const unsigned char *s1 = src + d1 * r->src_stride[1] + d2 * r->src_stride[2];
                 unsigned char *t1 = dst + d1 * r->dst_stride[1] + d2 * r->dst_stride[2];
+                if (trace) trace_mark(x, s1, t1, w * r->count[0]);
                 if (r->count[0] == 1) {
                     CK(cudaMemcpyAsync(t1, s1, w, cudaMemcpyDeviceToDevice, x->stream));
                     n++;
@@ -612,6 +754,7 @@ extern "C" refit_status_t refit_gpu_batch_copy(refit_gpu_batch_t *x, const uint6
                 }
             }
     }
+    if (trace) trace_mark(x, NULL, NULL, 0);
     CK(cudaEventRecord(x->done, x->stream));
     if (ops) *ops += n;
 out:

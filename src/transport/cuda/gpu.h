@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "plan/batch.h"
 #include "refit/gpu.h" /* refit_gpu_count, _info, _can_access_peer, the baselines */
@@ -83,6 +84,14 @@ const refit_batch_t *refit_gpu_batch_table(const refit_gpu_batch_t *g);
 refit_status_t refit_gpu_event_wait(void *event, int dev, const char *what, refit_status_t (*tick)(void *), void *user,
                                     double deadline);
 int refit_gpu_batch_device(const refit_gpu_batch_t *g);
+/* g's later work waits for what `first` has issued so far (its last event). */
+refit_status_t refit_gpu_batch_after(refit_gpu_batch_t *g, refit_gpu_batch_t *first);
+/* Diagnostics (docs/gpu.md, "Colocated"): REFIT_CUDA_TRACE=FILE (NULL when
+ * unset) makes copy calls and launches record timing events;
+ * refit_gpu_batch_trace_print writes, once both batches are waited for, one
+ * line per copy call of `copies` and the span of `kernel` (either NULL). */
+const char *refit_gpu_trace_path(void);
+void refit_gpu_batch_trace_print(refit_gpu_batch_t *copies, refit_gpu_batch_t *kernel, FILE *f);
 
 /* The fills (zero padding) of a plan into device memory dst_bases on dev:
  * one launch, synchronous.  No-op without fills. */
