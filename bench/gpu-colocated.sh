@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Colocated GPU refit (publishers and receivers on one GPU), issue 16: build,
 # then the steps named in $STEPS (default: all), everything into $OUT.
-#   tests:  the GPU tests (test_gpu, test_gpu_demo.sh)
+#   tests:  the GPU tests (test_gpu, test_gpu_demo.sh); fp8tests: test_gpu_fp8
 #   probe:  refit demo colocated, vllm:tp=1 and tp=2 (per-cycle JSON)
 #   bench:  refit-bench --scenario colocated (tp=1 and tp=2, d2d copy baseline) -> gpu-h200-colocated.json
 #   turns0: the same for tp=2 with cuda_ipc.turns=0 (receivers' kernels time-sliced)
@@ -40,6 +40,10 @@ for s in $steps; do
     timeout 120 build-gpu/tests/test_gpu > "$out/run/test_gpu.txt" 2>&1; echo "test_gpu exit: $?"; tail -4 "$out/run/test_gpu.txt"
     timeout 200 tests/gpu/test_gpu_demo.sh build-gpu/refit > "$out/run/test_gpu_demo.txt" 2>&1; echo "test_gpu_demo exit: $?"
     tail -4 "$out/run/test_gpu_demo.txt" ;;
+  fp8tests)  # the FP8 GPU tests too (their kept tensors go through the batch kernel)
+    timeout 200 ninja -C build-gpu test_gpu_fp8 > "$out/run/ninja-fp8.txt" 2>&1 || tail -5 "$out/run/ninja-fp8.txt"
+    timeout 200 build-gpu/tests/test_gpu_fp8 > "$out/run/test_gpu_fp8.txt" 2>&1; echo "test_gpu_fp8 exit: $?"
+    tail -4 "$out/run/test_gpu_fp8.txt" ;;
   bench)
     timeout 400 $R-bench --scenario colocated --model "$model" --device 0 --cycles 6 --iters 5 \
       --out "$out/gpu-h200-colocated.json" > /dev/null; echo "bench exit: $?" ;;

@@ -35,6 +35,10 @@ extern "C" {
 #define IPC_DESC_VERSION 1
 #define EXEC_CACHE 8
 #define MAX_OPEN 1024
+/* The batch kernel's chunk (one block's share at a time): 1 MiB moved
+ * vllm:tp=2's kernel on one H200 faster than 256 KiB or 64 KiB (docs/gpu.md,
+ * Colocated); 4 MiB was no better. */
+#define KERNEL_CHUNK (1ull << 20)
 
 typedef struct {
     uint32_t magic, version, pid;
@@ -500,7 +504,8 @@ static refit_status_t kernel_part(const refit_batch_t *b, uint64_t min_bytes, re
 /* The cached table for (plan, sources, device, access width) - a batch, or
  * with ctl->fp8 a quantize-on-copy table - built on first use. */
 static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, const uint8_t *only, size_t nsrc,
-                               int dev, uint32_t max_shift, const refit_pull_ctl_t *ctl, exec_entry_t **entry)
+                               int dev, uint32_t max_shift, bool local, const refit_pull_ctl_t *ctl,
+                               exec_entry_t **entry)
 {
     refit_plan_key_t key;
     refit_plan_key(plan, &key);
@@ -536,6 +541,7 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
         refit_fp8_table_free(&x);
     } else {
         refit_batch_t b;
+        if (local) o.chunk_bytes = KERNEL_CHUNK;
         if ((st = refit_batch_build(plan, &o, &b))) return st;
         st = refit_gpu_batch_create(dev, &b, &g);
         refit_batch_free(&b);
@@ -758,7 +764,8 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
         }
         if (!host_dst && dst_dev >= 0 && (st = enable_peer(t, dev, dst_dev))) goto out;
         if (src_dev >= 0 && (st = enable_peer(t, dev, src_dev))) goto out;
-        if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), ctl, &ex))) goto out;
+        bool local = !host_dst && src_dev == dev && dst_dev == dev; /* copies inside one GPU */
+        if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), local, ctl, &ex))) goto out;
         g = ex->batch;
         if (warm) goto out;
     }
@@ -782,12 +789,13 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
         /* Local (source, destination and kernel on one GPU): copy=auto takes
          * the runtime's device-to-device copies (see the notes at the top). */
         bool local = !host_dst && src_dev == dev && dst_dev == dev;
+        if (local) refit_gpu_batch_local(g);
         memcpy_used = local && t->copy_mode != 1;
         uint64_t min_copy = t->copy_mode == 2 ? 0 : COPY_MIN_BYTES;
         if (memcpy_used && min_copy && !ex->small_built) { /* copy=auto: the small regions as a kernel of their own */
             refit_batch_t kb;
             if ((st = kernel_part(b, min_copy, &kb))) goto out;
-            if (kb.n) st = refit_gpu_batch_create(dev, &kb, &ex->small);
+            if (kb.n && !(st = refit_gpu_batch_create(dev, &kb, &ex->small))) refit_gpu_batch_local(ex->small);
             refit_batch_free(&kb);
             if (st) goto out;
             ex->small_built = true;

@@ -37,7 +37,12 @@ extern "C" {
  * Nsight Compute profile of the general walk (four loads in flight, cursor
  * arithmetic between them) on one H200 showed 58% of DRAM bandwidth, 65% of
  * warp stalls waiting on loads and 0.37 eligible warps per scheduler: too
- * few bytes in flight.  Other chunks take the general walk (plan/batch.h). */
+ * few bytes in flight.  Other chunks take the general walk (plan/batch.h).
+ * Loads take the read-only path (ld.global.nc) and stores the default
+ * policy: against streaming loads and stores (ld/st .cs), with 1 MiB chunks
+ * and 2 blocks per multiprocessor for local copies (refit_gpu_batch_local),
+ * vllm:tp=2's kernel on one H200 went from 1.77 to 1.91 TB/s (docs/gpu.md,
+ * Colocated; variants-kernel.txt in its run folder). */
 #define FLAT_DEPTH 8
 #define ROWS_DEPTH 6
 
@@ -47,11 +52,11 @@ __device__ __forceinline__ void flat_copy16(const uint4 *__restrict__ s, uint4 *
     for (; k + (FLAT_DEPTH - 1) * THREADS < m; k += FLAT_DEPTH * THREADS) {
         uint4 v[FLAT_DEPTH];
 #pragma unroll
-        for (int j = 0; j < FLAT_DEPTH; j++) v[j] = __ldcs(s + k + j * THREADS);
+        for (int j = 0; j < FLAT_DEPTH; j++) v[j] = __ldg(s + k + j * THREADS);
 #pragma unroll
-        for (int j = 0; j < FLAT_DEPTH; j++) __stcs(d + k + j * THREADS, v[j]);
+        for (int j = 0; j < FLAT_DEPTH; j++) d[k + j * THREADS] = v[j];
     }
-    for (; k < m; k += THREADS) __stcs(d + k, __ldcs(s + k)); /* the last chunk of a region */
+    for (; k < m; k += THREADS) d[k] = __ldg(s + k); /* the last chunk of a region */
 }
 
 /* A chunk of a 16-byte region with one loop (count[0] rows of run_units
@@ -76,18 +81,18 @@ __device__ __forceinline__ void rows_copy16(const refit_batch_region_t *rp, uint
         for (int j = 0; j < ROWS_DEPTH; j++) {
             uint32_t t = col0 + k + j * THREADS, r = t / run;
             row[j] = r;
-            v[j] = __ldcs((const uint4 *)(src + r * ss + ((uint64_t)(t - r * run) << 4)));
+            v[j] = __ldg((const uint4 *)(src + r * ss + ((uint64_t)(t - r * run) << 4)));
         }
 #pragma unroll
         for (int j = 0; j < ROWS_DEPTH; j++) {
             uint32_t t = col0 + k + j * THREADS;
-            __stcs((uint4 *)(dst + row[j] * ds + ((uint64_t)(t - row[j] * run) << 4)), v[j]);
+            *(uint4 *)(dst + row[j] * ds + ((uint64_t)(t - row[j] * run) << 4)) = v[j];
         }
     }
     for (; k < m; k += THREADS) {
         uint32_t t = col0 + k, r = t / run;
         uint64_t c = (uint64_t)(t - r * run) << 4;
-        __stcs((uint4 *)(dst + r * ds + c), __ldcs((const uint4 *)(src + r * ss + c)));
+        *(uint4 *)(dst + r * ds + c) = __ldg((const uint4 *)(src + r * ss + c));
     }
 }
 
@@ -508,6 +513,7 @@ struct refit_gpu_batch {
     bool slots_valid;
     cudaStream_t stream;
     cudaEvent_t done;
+    int per_sm; /* blocks per multiprocessor at most (0: as many as fit) */
     /* REFIT_CUDA_TRACE (diagnostics, docs/gpu.md "Colocated"): a timing
      * event before each copy call or launch and one after the last */
     cudaEvent_t *tev;
@@ -668,6 +674,7 @@ extern "C" void refit_gpu_batch_destroy(refit_gpu_batch_t *x)
 }
 
 extern "C" const refit_batch_t *refit_gpu_batch_table(const refit_gpu_batch_t *x) { return &x->table; }
+extern "C" void refit_gpu_batch_local(refit_gpu_batch_t *x) { x->per_sm = 2; }
 extern "C" int refit_gpu_batch_device(const refit_gpu_batch_t *x) { return x->dev; }
 
 extern "C" refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *x, const uint64_t *slots, uint64_t *launches,
@@ -691,8 +698,11 @@ extern "C" refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *x, const uin
             x->ntev = 0;
             trace_mark(x, NULL, NULL, b);
         }
-        batch_kernel<<<grid_for(x->dev, x->table.nchunks, (const void *)batch_kernel), THREADS, 0, x->stream>>>(
-            x->dregions, x->table.n, x->table.nchunks, x->dslots);
+        int grid = grid_for(x->dev, x->table.nchunks, (const void *)batch_kernel), sms = 0;
+        if (x->per_sm > 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x->dev) == cudaSuccess &&
+            grid > x->per_sm * sms)
+            grid = x->per_sm * sms;
+        batch_kernel<<<grid, THREADS, 0, x->stream>>>(x->dregions, x->table.n, x->table.nchunks, x->dslots);
         CK(cudaGetLastError());
         if (trace) trace_mark(x, NULL, NULL, 0);
         if (launches) (*launches)++;

@@ -84,6 +84,9 @@ const refit_batch_t *refit_gpu_batch_table(const refit_gpu_batch_t *g);
 refit_status_t refit_gpu_event_wait(void *event, int dev, const char *what, refit_status_t (*tick)(void *), void *user,
                                     double deadline);
 int refit_gpu_batch_device(const refit_gpu_batch_t *g);
+/* g copies inside one GPU: its launches take 2 blocks per multiprocessor
+ * (faster there on an H200; copies over NVLink keep every block that fits). */
+void refit_gpu_batch_local(refit_gpu_batch_t *g);
 /* g's later work waits for what `first` has issued so far (its last event). */
 refit_status_t refit_gpu_batch_after(refit_gpu_batch_t *g, refit_gpu_batch_t *first);
 /* Diagnostics (docs/gpu.md, "Colocated"): REFIT_CUDA_TRACE=FILE (NULL when

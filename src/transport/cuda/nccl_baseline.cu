@@ -449,10 +449,11 @@ extern "C" refit_status_t refit_gpu_d2d_baseline(int dev, uint64_t bytes, uint32
     /* 2. The batch copy kernel on the same bytes, one region. */
     {
         refit_batch_t bt;
-        if ((st = refit_batch_single(bytes, 0, 4, &bt))) goto out;
+        if ((st = refit_batch_single(bytes, 1u << 20, 4, &bt))) goto out; /* as cuda_ipc runs it on one GPU */
         st = refit_gpu_batch_create(dev, &bt, &k);
         refit_batch_free(&bt);
         if (st) goto out;
+        refit_gpu_batch_local(k);
         uint64_t slots[2] = {(uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)b};
         for (uint32_t it = 0; it <= iters; it++) {
             CK(cudaMemsetAsync(b, 0x5a, bytes, s));
