@@ -851,7 +851,7 @@ static const char LLAMA31_405B[] = "{\n"
                                    "}\n";
 
 /* Numbers that parse but describe no real model are refused before the
- * tensor table is allocated (issue 13: num_hidden_layers=1e8 allocated 15 GB),
+ * tensor table is allocated (docs/security.md: num_hidden_layers=1e8 allocated 15 GB),
  * naming the field, its value and the limit; the largest real models load. */
 static void test_limits(void **state)
 {
@@ -945,7 +945,7 @@ static void test_limits(void **state)
 }
 
 /* A FIFO, a device or a socket where config.json should be is refused without
- * reading it: opening a FIFO for reading blocked forever (issue 13), a device
+ * reading it: opening a FIFO for reading blocked forever (docs/security.md), a device
  * could be read without end.  The alarm turns a hang into a failure. */
 static void test_not_regular(void **state)
 {

@@ -422,7 +422,7 @@ static void manifests_differ_by_rank_not_by_step(void **state)
 }
 
 /* Geometries whose products are absurd are refused at parse time, before any
- * world-sized array or per-rank manifest exists (issue 13: megatron:dp=65536
+ * world-sized array or per-rank manifest exists (docs/security.md: megatron:dp=65536
  * made `refit plan --all-ranks` allocate 12.5 GB; ep*etp overflowing 32 bits
  * divided by zero). */
 static void geometry_limits(void **state)

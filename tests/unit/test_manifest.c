@@ -897,7 +897,7 @@ static void test_decode_duplicate_local_and_attr(void **state)
 
 /* The world sizes receivers' tables (one entry per source rank), and unlike
  * the counts it is not tied to the encoding's length: a forged manifest of a
- * few bytes with world 131,072 decoded (issue 13).  It is bounded like a
+ * few bytes with world 131,072 decoded (docs/security.md).  It is bounded like a
  * layout's world, by decode and by create. */
 static void test_world_limit(void **state)
 {

@@ -769,7 +769,7 @@ static void test_file_layout(void **state)
     refit_registry_close(r);
 }
 
-/* ---- authentication (issue 13) --------------------------------------------- */
+/* ---- authentication (docs/security.md) --------------------------------------------- */
 
 /* A registry of the same job opened with another secret. */
 static refit_registry_t *open_with_secret(const backend_t *b, const char *job, const char *secret)

@@ -1,6 +1,6 @@
 /* Checkpoint files that are not regular files: a FIFO, a device, a directory
  * named like a shard or an index is refused with the path and what it is,
- * never opened for reading (issue 13: a FIFO named model.safetensors blocked
+ * never opened for reading (docs/security.md: a FIFO named model.safetensors blocked
  * `refit publish --from-safetensors` forever).  Every test arms an alarm, so
  * a reader that blocks fails the test instead of hanging it. */
 #include "testutil.h"

@@ -1,4 +1,4 @@
-/* The shm transport against hostile peers and inputs (issue 13): memory is
+/* The shm transport against hostile peers and inputs (docs/security.md): memory is
  * handed over by the publisher, never named by a descriptor; a receiver gets
  * read-only memory it cannot write, map writable, reopen writable or
  * resize; a peer without the job's key gets nothing and is told so; another

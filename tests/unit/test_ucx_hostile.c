@@ -1,4 +1,4 @@
-/* Hostile peers against the ucx transport (issue 13): a raw UCX client that
+/* Hostile peers against the ucx transport (docs/security.md): a raw UCX client that
  * tries RMA reads and writes of a publisher's memory, unauthenticated HELLO
  * and REQ messages, a receiver or publisher with another key (a fake
  * publisher), a client that floods requests without reading the replies,
