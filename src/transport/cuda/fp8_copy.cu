@@ -23,7 +23,7 @@ extern "C" {
 #include "util/util.h"
 }
 
-#define FP8_THREADS 256
+#define FP8_THREADS 512
 #define BLK REFIT_FP8_BLOCK
 
 #define CK(call) REFIT_CUDA_CK("fp8: ", call)
@@ -78,23 +78,24 @@ __device__ __forceinline__ int32_t absmax2(uint32_t w, int32_t m)
     return max(m, max(refit_fp8_hd_absbits((uint16_t)w), refit_fp8_hd_absbits((uint16_t)(w >> 16))));
 }
 
-/* A whole aligned block: thread t holds row t/2, columns (t%2)*64 .. +64. */
+/* A whole aligned block: thread t holds row t/4, columns (t%4)*32 .. +32
+ * (512 threads: 4 loads of 16 bytes in flight each, 16 warps per block). */
 __device__ __forceinline__ float fast_block(const unsigned char *src, uint64_t stride, unsigned char *q, uint64_t ldq,
                                             bool q16, int32_t *red)
 {
-    uint32_t row = threadIdx.x >> 1, half = threadIdx.x & 1;
-    const uint4 *s = (const uint4 *)(src + row * stride + half * 128);
-    uint4 v[8];
+    uint32_t row = threadIdx.x >> 2, part = threadIdx.x & 3;
+    const uint4 *s = (const uint4 *)(src + row * stride + part * 64);
+    uint4 v[4];
 #pragma unroll
-    for (int j = 0; j < 8; j++) v[j] = __ldcs(s + j);
+    for (int j = 0; j < 4; j++) v[j] = __ldcs(s + j);
     int32_t m = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) m = absmax2(v[j].w, absmax2(v[j].z, absmax2(v[j].y, absmax2(v[j].x, m))));
+    for (int j = 0; j < 4; j++) m = absmax2(v[j].w, absmax2(v[j].z, absmax2(v[j].y, absmax2(v[j].x, m))));
     float scale = refit_fp8_hd_scale(block_max(m, red)), rs = __frcp_rn(scale);
     bool exact = !FP8_FAST(scale);
-    unsigned char *d = q + row * ldq + half * 64;
+    unsigned char *d = q + row * ldq + part * 32;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < 2; j++) {
         uint4 o;
         o.x = quant4(v[2 * j].x, v[2 * j].y, scale, rs, exact);
         o.y = quant4(v[2 * j].z, v[2 * j].w, scale, rs, exact);
@@ -155,10 +156,11 @@ __device__ __forceinline__ block_at locate(const refit_fp8_matrix_t *mats, uint3
     return a;
 }
 
-/* Whole aligned blocks (the table's fast list), one per thread block.
- * (Prefetching the next block into L2 while one is quantized was tried on
- * an H200: 48.5 ms against 42.7 ms without, for Qwen3-30B-A3B tp=2.) */
-__global__ void __launch_bounds__(FP8_THREADS)
+/* Whole aligned blocks (the table's fast list), one per thread block, 3
+ * thread blocks per multiprocessor (40 registers): latency-bound between a
+ * block's loads and its amax barrier (docs/gpu.md, FP8; variants measured on
+ * an H200 in bench/results/gpu-h200-fp8-run). */
+__global__ void __launch_bounds__(FP8_THREADS, 3)
     fp8_fast_kernel(const refit_fp8_matrix_t *__restrict__ mats, uint32_t nmats, const uint32_t *__restrict__ list,
                     uint64_t n, const uint32_t *__restrict__ block_piece, const refit_fp8_piece_t *__restrict__ pieces,
                     const uint64_t *__restrict__ slots, uint32_t dst_slot)
