@@ -293,9 +293,10 @@ static refit_status_t setup(sim_t *s)
     if (!f->replicas) return refit_error(REFIT_ERR_INVALID_ARG, "no replicas");
     s->nrx = f->replicas * s->P.ndst;
     s->chunk = f->chunk_kb ? (uint64_t)f->chunk_kb << 10 : 2u << 20;
-    s->workers = f->workers ? f->workers : 2;
     s->static_plan = f->transport && !strcmp(f->transport, "cuda_ipc");
     s->net_transport = !(f->transport && !strcmp(f->transport, "shm"));
+    /* As the engine: chunks in flight per network holder, the copy threads' 2 over shm (fleet.c). */
+    s->workers = f->workers ? f->workers : s->net_transport ? REFIT_FLEET_NET_WORKERS : 2;
     if (f->relays && f->replicas > REFIT_MAX_RELAYS_SIM)
         return refit_error(REFIT_ERR_INVALID_ARG, "%u replicas: a rank has at most %d relay slots", f->replicas,
                            REFIT_MAX_RELAYS_SIM);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/fleet.h"
 #include "sim/sim.h"
 
 static const char *kind_name(sim_link_kind_t k)
@@ -49,7 +50,9 @@ void sim_result_json(FILE *out, const sim_fleet_t *f, const sim_cluster_t *c, co
             ",\"replicas\":%u,\"receivers\":%u,\"relays\":%s,\"max_readers\":%u,\"chunk_kb\":%u,\"workers\":%u,"
             "\"transport\":",
             f->replicas, r->receivers, f->relays ? "true" : "false", f->max_readers, f->chunk_kb ? f->chunk_kb : 2048,
-            f->workers ? f->workers : 2);
+            f->workers                                        ? f->workers
+            : !(f->transport && !strcmp(f->transport, "shm")) ? REFIT_FLEET_NET_WORKERS
+                                                              : 2);
     jstr(out, f->transport ? f->transport : "ucx");
     fprintf(out, ",\"delta\":%g,\"mode\":\"%s\",", f->delta, r->mode == SIM_MODE_FLUID ? "fluid" : "chunks");
     fprintf(out, "\"cluster\":{\"name\":");

@@ -160,7 +160,7 @@ typedef struct {
     bool relays;           /* receivers serve as relays (slot = replica, at most 16 per rank) */
     uint32_t max_readers;  /* the engine's max_readers (0: no limit) */
     uint32_t chunk_kb;     /* 0: 2048 */
-    uint32_t workers;      /* per holder; 0: 2 */
+    uint32_t workers;      /* per holder; 0: as the engine (REFIT_FLEET_NET_WORKERS over a network, 2 over shm) */
     const char *transport; /* "ucx" (network), "shm", "cuda_ipc" (static plan, GPU to GPU) */
     double delta;          /* > 0: a delta refit at this change fraction (publishers offer deltas) */
     sim_mode_t mode;
