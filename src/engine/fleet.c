@@ -11,7 +11,9 @@
  *     source side of the region is the destination side.
  * The plan's regions are cut into chunks of about chunk_bytes (along the
  * outermost loop, or the run) and shared out equally by bytes among the
- * holders that can serve them.  Each holder gets `workers` threads; a worker
+ * holders that can serve them.  Each holder gets worker threads (the copy
+ * threads over shm, REFIT_FLEET_NET_WORKERS chunks in flight over a network:
+ * holder_workers); a worker
  * claims the next chunk of its holder's share, and when that is done, free
  * chunks of a holder whose chunks take over 3x as long as its own:
  * equal holders serve equal bytes (egress balance), slow ones lose their
