@@ -156,10 +156,9 @@ int refit_fleet_direct_holder(const refit_fleet_holder_t *h, uint32_t nh, uint32
  * ALL: the relays found and the trainer ranks (no limit);
  * TRAINER_IF_ROOM: the trainer ranks, if a load token on them is free, else WAIT;
  * WAIT: until a holder has room.
- * defer_trainer: this receiver read a relay in its last pull, and that
- * relay's reader read the trainer or a relay before it: for a short grace
- * (REFIT_FLEET_STICKY_MS) it waits for its relay rather than race for the
- * trainer, so that a chain keeps its order and its connections from one
+ * defer_trainer: this receiver read a relay in its last pull; for a short
+ * grace (REFIT_FLEET_STICKY_MS) it waits for that relay rather than race for
+ * the trainer, so that a chain keeps its order and its connections from one
  * version to the next (a new connection over a loaded link costs ~0.1 s per
  * hop, each hop after the one before it). */
 typedef enum {
