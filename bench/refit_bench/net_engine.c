@@ -127,14 +127,13 @@ static int delta_net_once(int argc, char **argv)
                all_delta ? 1 : 0, all_delta);
     nb_require(&j, "wire_bytes_ratio", "<= 0.05", wire, wire <= 0.05);
     nb_check(&j, "time_ratio", "<= 0.15", ratio, "<=", 0.15);
-    if (net)
-        return nb_out_end(&j,
-                          "each process a node (network namespace, tbf at link_mbps on both directions), UCX/TCP; "
-                          "times from the discovery round that found the version to the data in place (verification "
-                          "after, not timed); full and delta receivers pull one after the other.");
-    return nb_out_end(&j, "shm on one host: a full refit is a memory copy here, and the delta's scattered writes into "
-                          "the receiver's memory cost a fair share of it, so the time ratio stays far above the wire "
-                          "ratio; over a link it follows the bytes.");
+    return nb_out_end(
+        &j, net ? "each process a node (network namespace, tbf at link_mbps on both directions), UCX/TCP; "
+                  "times from the discovery round that found the version to the data in place (verification "
+                  "after, not timed); full and delta receivers pull one after the other."
+                : "shm on one host: a full refit is a memory copy here, and the delta's scattered writes into "
+                  "the receiver's memory cost a fair share of it, so the time ratio stays far above the wire "
+                  "ratio; over a link it follows the bytes.");
 }
 
 /* ---- FP8 through the engine -------------------------------------------------- */
@@ -254,13 +253,12 @@ static int fp8_net_once(int argc, char **argv)
     snprintf(exp, sizeof(exp), "%u (bf16 pulls verified against the truth, FP8 pulls against its quantization)", 2 * V);
     nb_require(&j, "fp8_bits_exact", exp, verified, verified == 2 * V);
     nb_require(&j, "wire_carries_fp8", "< 0.6 (fp8 bytes and scales over the link, not bf16)", wire, wire < 0.6);
-    if (net)
-        return nb_out_end(&j,
-                          "node 0 holds the trainer ranks and the FP8 relays (bf16 read over shm there), the FP8 and "
-                          "bf16 receivers are nodes of their own behind tbf at link_mbps, UCX/TCP; fp8_end_to_end is "
-                          "the relay's step (pull, quantize, publish) plus the FP8 pull.");
-    return nb_out_end(&j, "shm on one host: relays, receivers and publishers share the CPUs; the wire ratio is the "
-                          "figure that carries over to a network.");
+    return nb_out_end(&j,
+                      net ? "node 0 holds the trainer ranks and the FP8 relays (bf16 read over shm there), the FP8 and "
+                            "bf16 receivers are nodes of their own behind tbf at link_mbps, UCX/TCP; fp8_end_to_end is "
+                            "the relay's step (pull, quantize, publish) plus the FP8 pull."
+                          : "shm on one host: relays, receivers and publishers share the CPUs; the wire ratio is the "
+                            "figure that carries over to a network.");
 }
 
 /* ---- entry points (bench.h) ---- */

@@ -135,14 +135,13 @@ static int fanout_once(int argc, char **argv)
     snprintf(exp, sizeof(exp), "<= 1.1 (%u receivers vs one alone, steady: version 2)", o.receivers);
     nb_check(&j, "all_done_within_1.1x_of_one", exp, ratio, "<=", 1.1);
     nb_require(&j, "trainer_egress_at_most_2_replicas", "<= 2.0", egress, egress <= 2.0 + 1e-9);
-    if (net)
-        return nb_out_end(&j,
-                          "every process a node of its own (network namespace, veth on one bridge, tbf on its egress "
-                          "and its ingress at link_mbps), bytes over UCX/TCP; relays serve chunks as they land, "
-                          "so with one reader per holder the receivers form a chain that pipelines.");
-    return nb_out_end(&j, "shm on one host: every receiver's bytes are copied by the CPUs all receivers share, so "
-                          "N receivers cost N times the copy work whatever the tree; the trainer's egress is the "
-                          "figure the relays change.");
+    return nb_out_end(&j,
+                      net ? "every process a node of its own (network namespace, veth on one bridge, tbf on its egress "
+                            "and its ingress at link_mbps), bytes over UCX/TCP; relays serve chunks as they land, "
+                            "so with one reader per holder the receivers form a chain that pipelines."
+                          : "shm on one host: every receiver's bytes are copied by the CPUs all receivers share, so "
+                            "N receivers cost N times the copy work whatever the tree; the trainer's egress is the "
+                            "figure the relays change.");
 }
 
 /* ---- straggler ------------------------------------------------------------- */
@@ -243,15 +242,14 @@ static int straggler_once(int argc, char **argv)
     nb_check(&j, "slow_replica_refit_within_1.3x", "<= 1.3", ratio, "<=", 1.3);
     nb_check(&j, "healthy_receivers_mean_within_10pct", "<= 0.10", mean_dev, "<=", 0.10);
     nb_check(&j, "healthy_receivers_each_within_10pct", "<= 0.10", worst, "<=", 0.10);
-    if (net)
-        return nb_out_end(
-            &j, "each process a node (network namespace, tbf on both directions), UCX/TCP; slow source: the "
-                "replicas and the receiver at link_mbps, then replica 1 at a tenth; slow receiver: replicas at "
-                "link_mbps, receivers at a quarter, receiver 0 then at a fortieth; times from the discovery "
-                "round to the data in place");
-    return nb_out_end(&j, "links emulated by REFIT_TEST_THROTTLE pacing (per reader, per holder): --link-mbps for the "
-                          "slow-source runs (replica 1 at a tenth), a tenth of that for the slow-receiver runs (the "
-                          "straggler receiver's links at a tenth again)");
+    return nb_out_end(
+        &j, net ? "each process a node (network namespace, tbf on both directions), UCX/TCP; slow source: the "
+                  "replicas and the receiver at link_mbps, then replica 1 at a tenth; slow receiver: replicas at "
+                  "link_mbps, receivers at a quarter, receiver 0 then at a fortieth; times from the discovery "
+                  "round to the data in place"
+                : "links emulated by REFIT_TEST_THROTTLE pacing (per reader, per holder): --link-mbps for the "
+                  "slow-source runs (replica 1 at a tenth), a tenth of that for the slow-receiver runs (the "
+                  "straggler receiver's links at a tenth again)");
 }
 
 /* ---- egress ---------------------------------------------------------------- */
@@ -309,13 +307,12 @@ static int egress_once(int argc, char **argv)
     nb_metric(&j, "refit_s", "%.4f", nb_span(res, o.receivers));
     nb_result_json(&j, "receivers", res, o.receivers);
     nb_check(&j, "bytes_per_source_within_5pct", "<= 0.05", dev, "<=", 0.05);
-    if (net)
-        return nb_out_end(&j,
-                          "every trainer rank is a DP replica holding the same bytes, each a node (network namespace, "
-                          "tbf at link_mbps both ways) like each receiver, UCX/TCP; chunks go to whichever holder is "
-                          "free first");
-    return nb_out_end(&j, "every trainer rank is a DP replica holding the same bytes; receivers are ranks of vllm "
-                          "layouts; chunks go to whichever holder is free first");
+    return nb_out_end(
+        &j, net ? "every trainer rank is a DP replica holding the same bytes, each a node (network namespace, "
+                  "tbf at link_mbps both ways) like each receiver, UCX/TCP; chunks go to whichever holder is "
+                  "free first"
+                : "every trainer rank is a DP replica holding the same bytes; receivers are ranks of vllm "
+                  "layouts; chunks go to whichever holder is free first");
 }
 
 /* ---- elastic --------------------------------------------------------------- */
@@ -419,13 +416,12 @@ static int elastic_once(int argc, char **argv)
     nb_require(&j, "joiner_gets_newest", "== 3", (double)v2[N].version, v2[N].version == 3);
     nb_check(&j, "joiner_slows_others_at_most_5pct", "<= 0.05", worst, "<=", 0.05);
     nb_require(&j, "all_remaining_complete_after_relay_killed", "== receivers", (double)ok3, ok3 == N);
-    if (net)
-        return nb_out_end(&j,
-                          "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one reader "
-                          "per holder; receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; "
-                          "v4: receiver 0 commits first, then is killed while the others read from it and each other");
-    return nb_out_end(&j, "receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; v4: "
-                          "receiver 0 commits first, then is killed while the others read from it and the trainer");
+    return nb_out_end(
+        &j, net ? "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one reader "
+                  "per holder; receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; "
+                  "v4: receiver 0 commits first, then is killed while the others read from it and each other"
+                : "receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; v4: "
+                  "receiver 0 commits first, then is killed while the others read from it and the trainer");
 }
 
 /* ---- entry points (bench.h) ---- */
