@@ -213,7 +213,7 @@ bool nb_get_result(child_t *c, result_t *r)
 {
     char buf[1400];
     memset(r, 0, sizeof(*r));
-    nb_reply(c, 180000, buf, sizeof(buf));
+    nb_reply(c, 660000, buf, sizeof(buf)); /* a receiver's pull deadline is 600 s */
     r->st = -999;
     int n = sscanf(buf,
                    "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %" SCNu64 " %" SCNu64
@@ -224,6 +224,7 @@ bool nb_get_result(child_t *c, result_t *r)
         snprintf(r->list, sizeof(r->list), "%.1000s", buf[0] ? buf : "no answer");
         if (r->st == 0) r->st = -999;
     }
+    if (r->st != 0) fprintf(stderr, "refit bench: a pull failed (%d): %s\n", r->st, r->list);
     return r->st == 0;
 }
 
