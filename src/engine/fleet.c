@@ -482,17 +482,15 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         goto out;
     }
     pthread_mutex_lock(&S.lock);
-    for (size_t w = 0; w < nw; w++) {
-        uint32_t h = 0;
-        for (size_t before = 0; before + holder_workers(x, &holders[h]) <= w; h++)
-            before += holder_workers(x, &holders[h]);
-        if (holders[h].failed || !holders[h].peer) continue;
-        wa[w] = (worker_arg_t){&S, h};
-        if (pthread_create(&th[w], NULL, worker_main, &wa[w]) == 0) {
-            started[w] = true;
-            S.active++;
+    for (uint32_t h = 0, w = 0; h < nh; h++)
+        for (unsigned k = holder_workers(x, &holders[h]); k > 0; k--, w++) {
+            if (holders[h].failed || !holders[h].peer) continue;
+            wa[w] = (worker_arg_t){&S, h};
+            if (pthread_create(&th[w], NULL, worker_main, &wa[w]) == 0) {
+                started[w] = true;
+                S.active++;
+            }
         }
-    }
     /* The calling thread renews leases (tick) while the workers run. */
     while (S.active > 0 && S.k.done < S.k.nc) {
         struct timespec ts;
