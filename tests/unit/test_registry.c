@@ -1222,38 +1222,13 @@ static void test_redis_acl(void **state)
     backend_t *b = need(state);
     (void)b;
     t_redis_t rs = {0};
-    const char *extra[] = {"--user",
-                           "default",
-                           "off",
-                           "--user",
-                           "refitjob",
-                           "on",
-                           ">s3cret-pw",
-                           "~refit:acljob:*",
-                           "&refit:acljob:events",
-                           "-@all",
-                           "+set",
-                           "+mget",
-                           "+del",
-                           "+scan",
-                           "+publish",
-                           "+subscribe",
-                           "+ping",
-                           "--user",
-                           "atuser",
-                           "on",
-                           ">p@ss@w0rd",
-                           "~refit:acljob:*",
-                           "&refit:acljob:events",
-                           "-@all",
-                           "+set",
-                           "+mget",
-                           "+del",
-                           "+scan",
-                           "+publish",
-                           "+subscribe",
-                           "+ping",
-                           NULL};
+    /* Both job users get the same key pattern and commands; only the name and password differ. */
+#define ACL_JOB_RIGHTS                                                                                              \
+    "~refit:acljob:*", "&refit:acljob:events", "-@all", "+set", "+mget", "+del", "+scan", "+publish", "+subscribe", \
+        "+ping"
+    const char *extra[] = {"--user",       "default", "off",    "--user", "refitjob",   "on",           ">s3cret-pw",
+                           ACL_JOB_RIGHTS, "--user",  "atuser", "on",     ">p@ss@w0rd", ACL_JOB_RIGHTS, NULL};
+#undef ACL_JOB_RIGHTS
     assert_true(t_redis_start_with(&rs, 0, extra));
     char url[128], bad[128], anon[128], useronly[128];
     snprintf(url, sizeof(url), "redis://refitjob:s3cret-pw@127.0.0.1:%d", rs.port);
