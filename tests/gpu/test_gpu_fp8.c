@@ -278,11 +278,41 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* Kernel variants (refit_gpu_fp8_set_kernel) timed in the same run, from
+ * $FP8_BENCH_KERNELS (stage counts, e.g. "3 4"): each overwrites the arena with other
+ * bytes first and must give the default kernel's bytes (by digest). */
+#define MAX_VARIANTS 8
+
 typedef struct {
-    double bf16_s, fp8_s, table_ms;
+    double bf16_s, fp8_s, table_ms, var_s[MAX_VARIANTS];
     uint64_t bf16_bytes, fp8_bytes, blocks, whole, pieces;
-    bool bf16_verified, fp8_bit_exact;
+    bool bf16_verified, fp8_bit_exact, var_exact[MAX_VARIANTS];
 } rank_result_t;
+
+static int variants(int *v)
+{
+    const char *e = getenv("FP8_BENCH_KERNELS");
+    int n = 0;
+    char *end;
+    for (const char *p = e ? e : ""; *p && n < MAX_VARIANTS; p = end) {
+        long k = strtol(p, &end, 10);
+        if (end == p) break;
+        v[n++] = (int)k;
+    }
+    return n;
+}
+
+static double time_fp8(refit_gpu_fp8_t *g, const uint64_t *slots, int iters)
+{
+    double times[64];
+    for (int it = -1; it < iters; it++) {
+        double t0 = refit_now();
+        REFIT_ASSERT_OK(refit_gpu_fp8_launch(g, slots, NULL, NULL));
+        REFIT_ASSERT_OK(refit_gpu_fp8_wait(g, NULL, NULL, 0));
+        if (it >= 0) times[it] = refit_now() - t0;
+    }
+    return median(times, iters);
+}
 
 static void bench_rank(const srcs_t *s, const char *model, const char *dst_spec, uint32_t rank, int dev, int iters,
                        rank_result_t *r)
@@ -322,7 +352,6 @@ static void bench_rank(const srcs_t *s, const char *model, const char *dst_spec,
     refit_gpu_batch_destroy(gb);
     refit_batch_free(&b);
     free(bslots);
-    refit_gpu_free(bf);
     /* FP8: the same shards, quantized on the way */
     double t0 = refit_now();
     refit_fp8_table_t x;
@@ -337,16 +366,21 @@ static void bench_rank(const srcs_t *s, const char *model, const char *dst_spec,
     void *arena = NULL;
     REFIT_ASSERT_OK(refit_gpu_alloc(dev, nf, &arena));
     uint64_t *slots = slots_for(&x, s, arena);
-    for (int it = -1; it < iters; it++) {
-        t0 = refit_now();
-        REFIT_ASSERT_OK(refit_gpu_fp8_launch(g, slots, NULL, NULL));
-        REFIT_ASSERT_OK(refit_gpu_fp8_wait(g, NULL, NULL, 0));
-        if (it >= 0) times[it] = refit_now() - t0;
-    }
-    r->fp8_s += median(times, iters);
+    r->fp8_s += time_fp8(g, slots, iters);
     unsigned char *got = host_copy(arena, nf), *want = calloc(1, nf);
     REFIT_ASSERT_OK(refit_fp8_stage(t, img, want, 0));
     r->fp8_bit_exact = compare_arena(t, got, want) == 0;
+    uint64_t good = 0, d = 1;
+    REFIT_ASSERT_OK(refit_gpu_digest(dev, arena, nf, &good));
+    int var[MAX_VARIANTS], nv = variants(var);
+    for (int k = 0; k < nv; k++) {
+        REFIT_ASSERT_OK(refit_gpu_fp8_set_kernel(g, var[k]));
+        REFIT_ASSERT_OK(refit_gpu_copy(arena, bf, nf < nb ? nf : nb)); /* bf16 bytes: not the answer */
+        r->var_s[k] += time_fp8(g, slots, iters);
+        REFIT_ASSERT_OK(refit_gpu_digest(dev, arena, nf, &d));
+        r->var_exact[k] = r->var_exact[k] && d == good && r->fp8_bit_exact;
+    }
+    refit_gpu_free(bf);
     free(got);
     free(want);
     free(img);
@@ -377,6 +411,7 @@ static int bench(const char *model, const char *src_spec, const char *dst_spec, 
         rank_result_t r;
         memset(&r, 0, sizeof(r));
         r.bf16_verified = r.fp8_bit_exact = true;
+        for (int k = 0; k < MAX_VARIANTS; k++) r.var_exact[k] = true;
         bool v = true, e = true;
         for (uint32_t k = 0; k < world; k++) {
             bench_rank(&s, model, dst_spec, k, devs[d], iters, &r);
@@ -393,11 +428,21 @@ static int bench(const char *model, const char *src_spec, const char *dst_spec, 
         fprintf(f,
                 "%s{\"case\":\"%s\",\"src_device\":0,\"dst_device\":%d,\"ranks\":%u,\"bf16_s\":%.6f,\"fp8_s\":%.6f,"
                 "\"fp8_vs_bf16\":%.4f,\"bf16_bytes\":%llu,\"bf16_read_by_fp8\":%llu,\"table_ms\":%.1f,\"blocks\":%llu,"
-                "\"whole_blocks\":%llu,\"pieces\":%llu,\"bf16_verified\":%s,\"bit_exact\":%s}",
+                "\"whole_blocks\":%llu,\"pieces\":%llu,\"bf16_verified\":%s,\"bit_exact\":%s",
                 d ? "," : "", devs[d] == 0 ? "colocated" : "cross-gpu", devs[d], world, r.bf16_s, r.fp8_s, ratio,
                 (unsigned long long)r.bf16_bytes, (unsigned long long)r.fp8_bytes, r.table_ms,
                 (unsigned long long)r.blocks, (unsigned long long)r.whole, (unsigned long long)r.pieces,
                 v ? "true" : "false", e ? "true" : "false");
+        int var[MAX_VARIANTS], nv = variants(var);
+        fprintf(f, ",\"variants\":[");
+        for (int k = 0; k < nv; k++) {
+            printf("  kernel with %d stages: fp8 %.4f s, fp8_vs_bf16 %.3f, bit-exact %d\n", var[k], r.var_s[k],
+                   r.var_s[k] / r.bf16_s, r.var_exact[k]);
+            fprintf(f, "%s{\"stages\":%d,\"fp8_s\":%.6f,\"fp8_vs_bf16\":%.4f,\"bit_exact\":%s}", k ? "," : "", var[k],
+                    r.var_s[k], r.var_s[k] / r.bf16_s, r.var_exact[k] ? "true" : "false");
+            all = all && r.var_exact[k];
+        }
+        fprintf(f, "]}");
     }
     fprintf(f, "],\"verified\":%s}\n", all ? "true" : "false");
     fclose(f);
@@ -415,6 +460,7 @@ int main(int argc, char **argv)
     return 77;
 #else
     g_dst_dev = gputest_dst_device();
+    if (g_dst_dev) REFIT_ASSERT_OK(refit_gpu_enable_peer(g_dst_dev, 0)); /* the kernels below read GPU 0 from GPU 1 */
     if (argc == 7 && !strcmp(argv[1], "--bench")) return bench(argv[2], argv[3], argv[4], atoi(argv[5]), argv[6]);
     quantize_all();
     printf("ok FP8 arithmetic: every bf16 value over 13 block scales, GPU = CPU\n");

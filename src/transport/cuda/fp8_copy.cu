@@ -1,14 +1,16 @@
 /* Quantize-on-copy: the FP8 kernel (see fp8_gpu.h and plan/fp8_table.h).
  *
- * A persistent grid takes 128x128 blocks of the quantized matrices.  A block
- * of one whole piece whose rows are 16-byte aligned (nearly all of them) is
- * read straight into registers: thread t takes half a row (64 bf16, eight
- * 16-byte loads in flight), the block's amax is a warp and then a block
- * reduction, and each thread writes its 64 e4m3 bytes as four 16-byte
- * stores.  Other blocks (edges, blocks gathered from several pieces, padding)
- * go through a 32 KiB tile in shared memory.  The arithmetic is fp8_hd.h,
- * the CPU stage's own; the whole-block path computes the same bits faster
- * (quant2 below), which refit_gpu_fp8_check_all proves for every input. */
+ * A persistent grid takes 128x128 blocks of the quantized matrices.  Blocks
+ * of one whole piece whose rows are 16-byte aligned (nearly all of them) go
+ * through a software pipeline (fp8_pipe_kernel): each thread block keeps the
+ * loads of its next block in flight (cp.async into shared memory) while it
+ * reduces the current block's amax and writes its e4m3 bytes and scale, so
+ * that the barrier a block's amax needs does not stall the memory system.
+ * Other blocks (edges, blocks gathered from several pieces, padding) go
+ * through a 32 KiB tile in shared memory in a second kernel.  The arithmetic
+ * is fp8_hd.h, the CPU stage's own; the whole-block path computes the same
+ * bits faster (quant2 below), which refit_gpu_fp8_check_all proves for every
+ * input. */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <inttypes.h>
@@ -24,6 +26,8 @@ extern "C" {
 }
 
 #define FP8_THREADS 512
+#define FP8_STAGES 2 /* the default: 3 thread blocks of 2 stages per multiprocessor (docs/gpu.md, FP8) */
+#define FP8_MAX_STAGES 4
 #define BLK REFIT_FP8_BLOCK
 
 #define CK(call) REFIT_CUDA_CK("fp8: ", call)
@@ -78,35 +82,6 @@ __device__ __forceinline__ int32_t absmax2(uint32_t w, int32_t m)
     return max(m, max(refit_fp8_hd_absbits((uint16_t)w), refit_fp8_hd_absbits((uint16_t)(w >> 16))));
 }
 
-/* A whole aligned block: thread t holds row t/4, columns (t%4)*32 .. +32
- * (512 threads: 4 loads of 16 bytes in flight each, 16 warps per block). */
-__device__ __forceinline__ float fast_block(const unsigned char *src, uint64_t stride, unsigned char *q, uint64_t ldq,
-                                            bool q16, int32_t *red)
-{
-    uint32_t row = threadIdx.x >> 2, part = threadIdx.x & 3;
-    const uint4 *s = (const uint4 *)(src + row * stride + part * 64);
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) v[j] = __ldcs(s + j);
-    int32_t m = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) m = absmax2(v[j].w, absmax2(v[j].z, absmax2(v[j].y, absmax2(v[j].x, m))));
-    float scale = refit_fp8_hd_scale(block_max(m, red)), rs = __frcp_rn(scale);
-    bool exact = !FP8_FAST(scale);
-    unsigned char *d = q + row * ldq + part * 32;
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        uint4 o;
-        o.x = quant4(v[2 * j].x, v[2 * j].y, scale, rs, exact);
-        o.y = quant4(v[2 * j].z, v[2 * j].w, scale, rs, exact);
-        o.z = quant4(v[2 * j + 1].x, v[2 * j + 1].y, scale, rs, exact);
-        o.w = quant4(v[2 * j + 1].z, v[2 * j + 1].w, scale, rs, exact);
-        if (q16) __stcs((uint4 *)(d + 16 * j), o);
-        else memcpy(d + 16 * j, &o, 16);
-    }
-    return scale;
-}
-
 /* Any block: gathered into the tile (zeros where no piece is: padding). */
 __device__ float tile_block(const refit_fp8_piece_t *pc, uint32_t np, const uint64_t *slots, uint32_t rows,
                             uint32_t cols, unsigned char *q, uint64_t ldq, uint16_t *tile, int32_t *red)
@@ -156,26 +131,111 @@ __device__ __forceinline__ block_at locate(const refit_fp8_matrix_t *mats, uint3
     return a;
 }
 
-/* Whole aligned blocks (the table's fast list), one per thread block, 3
- * thread blocks per multiprocessor (40 registers): latency-bound between a
- * block's loads and its amax barrier (docs/gpu.md, FP8; variants measured on
- * an H200 in bench/results/gpu-h200-fp8-run). */
-__global__ void __launch_bounds__(FP8_THREADS, 3)
-    fp8_fast_kernel(const refit_fp8_matrix_t *__restrict__ mats, uint32_t nmats, const uint32_t *__restrict__ list,
-                    uint64_t n, const uint32_t *__restrict__ block_piece, const refit_fp8_piece_t *__restrict__ pieces,
-                    const uint64_t *__restrict__ slots, uint32_t dst_slot)
+/* The whole aligned blocks, software-pipelined: a persistent thread block of
+ * 256 threads walks its share of the fast list (blocks i, i + grid, ...) with
+ * S shared-memory stages of one 128x128 block each (32 KiB).  While it
+ * reduces and writes block k, the loads of blocks k+1 .. k+S-1 are in flight
+ * (cp.async, 16 bytes each, straight from global memory, local or a peer's,
+ * into shared memory without passing through registers).  Each thread reads
+ * back only the 16-byte pieces it loaded itself (its own cp.async group), so
+ * a stage needs no barrier before it is refilled; the one barrier per block
+ * is the amax reduction's.  Where each block's bytes come from and go is a
+ * descriptor per block built at create time (no search on the device), read
+ * one iteration ahead.  Thread t loads rows t/16 + 16c (c = 0..7), bytes
+ * 16(t%16) .. +16 of each: 16 threads read a row's 256 bytes, and write its
+ * 128 e4m3 bytes as 8 bytes each. */
+#define PIPE_THREADS 256
+#define PIPE_LOADS (BLK * BLK * 2 / 16 / PIPE_THREADS) /* 16-byte loads per thread per block: 8 */
+#define PIPE_STAGE (BLK * BLK * 2 / 16)                /* uint4 per stage: 2048 */
+
+struct fast_desc {
+    uint64_t src_offset, src_stride; /* from the source slot's base, as the block's piece */
+    uint64_t q_offset, scale_offset; /* the block's e4m3 bytes (row stride ldq) and its scale in the arena */
+    uint32_t src_slot, ldq;
+};
+
+__device__ __forceinline__ void cp_async16(uint4 *smem, const void *gmem)
 {
-    __shared__ int32_t red[32];
-    unsigned char *arena = (unsigned char *)(uintptr_t)slots[dst_slot];
-    for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        uint64_t b = list[i];
-        block_at a = locate(mats, nmats, b, arena);
-        const refit_fp8_piece_t *x = &pieces[block_piece[b]];
-        const unsigned char *src = (const unsigned char *)(uintptr_t)slots[x->src_slot] + x->src_offset;
-        float scale = fast_block(src, x->src_stride, a.q, a.mt->cols, !(((uintptr_t)a.q | a.mt->cols) & 15), red);
-        if (threadIdx.x == 0) *(float *)(arena + a.mt->scale_offset + (a.bi * a.mt->bcols + a.bj) * 4) = scale;
-        __syncthreads(); /* red is reused by the next block */
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* This thread's 8 loads of the block d into one stage. */
+__device__ __forceinline__ void pipe_issue(const fast_desc &d, const uint64_t *slots, uint4 *stage)
+{
+    const unsigned char *src = (const unsigned char *)(uintptr_t)slots[d.src_slot] + d.src_offset;
+    uint32_t t = threadIdx.x;
+#pragma unroll
+    for (int c = 0; c < PIPE_LOADS; c++) {
+        uint32_t k = t + c * PIPE_THREADS;
+        cp_async16(stage + k, src + (k >> 4) * d.src_stride + (k & 15) * 16);
     }
+}
+
+template <int S>
+__global__ void __launch_bounds__(PIPE_THREADS) fp8_pipe_kernel(const fast_desc *__restrict__ desc, uint64_t n,
+                                                                const uint64_t *__restrict__ slots, uint32_t dst_slot)
+{
+    extern __shared__ uint4 stages[]; /* S x PIPE_STAGE */
+    __shared__ int32_t
+        red[2][PIPE_THREADS / 32]; /* by the block's parity: a fast warp's next write cannot meet a slow one's read */
+    unsigned char *arena = (unsigned char *)(uintptr_t)slots[dst_slot];
+    const uint32_t t = threadIdx.x, warp = t >> 5;
+    const uint64_t g = gridDim.x;
+    uint64_t i = blockIdx.x;
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (i + s * g < n) pipe_issue(desc[i + s * g], slots, stages + s * PIPE_STAGE);
+        cp_async_commit();
+    }
+    fast_desc next; /* the block to issue in the next iteration, loaded one iteration early */
+    if (i + (S - 1) * g < n) next = desc[i + (S - 1) * g];
+    for (uint32_t k = 0; i < n; i += g, k++) {
+        uint64_t j = i + (S - 1) * g;
+        if (j < n) {
+            pipe_issue(next, slots, stages + ((k + S - 1) % S) * PIPE_STAGE);
+            if (j + g < n) next = desc[j + g];
+        }
+        cp_async_commit();
+        const fast_desc d = desc[i]; /* first used after the wait below */
+        cp_async_wait<S - 1>();      /* this thread's loads of block i have landed */
+        const uint4 *st = stages + (k % S) * PIPE_STAGE;
+        uint4 v[PIPE_LOADS];
+        int32_t m = 0;
+#pragma unroll
+        for (int c = 0; c < PIPE_LOADS; c++) {
+            v[c] = st[t + c * PIPE_THREADS];
+            m = absmax2(v[c].w, absmax2(v[c].z, absmax2(v[c].y, absmax2(v[c].x, m))));
+        }
+        m = __reduce_max_sync(0xffffffffu, m);
+        int32_t *r = red[k & 1];
+        if ((t & 31) == 0) r[warp] = m;
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < PIPE_THREADS / 32; w++) m = max(m, r[w]);
+        float scale = refit_fp8_hd_scale(m), rs = __frcp_rn(scale);
+        bool exact = !FP8_FAST(scale);
+        unsigned char *q = arena + d.q_offset + (t >> 4) * (uint64_t)d.ldq + (t & 15) * 8;
+        bool q8 = !(((uintptr_t)arena | d.q_offset | d.ldq) & 7);
+#pragma unroll
+        for (int c = 0; c < PIPE_LOADS; c++) {
+            uint2 o;
+            o.x = quant4(v[c].x, v[c].y, scale, rs, exact);
+            o.y = quant4(v[c].z, v[c].w, scale, rs, exact);
+            unsigned char *p = q + c * (PIPE_THREADS / 16) * (uint64_t)d.ldq;
+            if (q8) *(uint2 *)p = o;
+            else memcpy(p, &o, 8);
+        }
+        if (t == 0) *(float *)(arena + d.scale_offset) = scale;
+    }
+    cp_async_wait<0>();
 }
 
 /* Any block (the slow list, or every block when list is NULL): through the tile. */
@@ -206,9 +266,12 @@ struct refit_gpu_fp8 {
     uint32_t *dblock_piece;
     refit_fp8_piece_t *dpieces;
     uint32_t *dlists; /* the fast list, then the slow one */
+    fast_desc *ddesc; /* the fast list's blocks, for the pipelined kernel */
+    int stages;       /* fp8_pipe_kernel<stages> */
+    int grid_pipe[FP8_MAX_STAGES + 1];
     uint64_t *dslots, *hslots;
     bool slots_valid;
-    int grid_fast, grid_tile;
+    int grid_tile, sms;
     refit_gpu_batch_t *copy; /* the kept tensors (its own stream) */
     cudaStream_t stream;
     cudaEvent_t done;
@@ -225,6 +288,41 @@ static int enter(int dev)
 static void leave(int saved)
 {
     if (saved >= 0) cudaSetDevice(saved);
+}
+
+/* The fast list's descriptors: each block's piece and its place in the arena, resolved once. */
+static fast_desc *fast_descs(const refit_fp8_table_t *x)
+{
+    fast_desc *d = (fast_desc *)malloc((x->full_blocks ? x->full_blocks : 1) * sizeof(fast_desc));
+    if (!d) return NULL;
+    uint32_t mi = 0;
+    for (uint64_t i = 0; i < x->full_blocks; i++) {
+        uint64_t b = x->fast[i];
+        if (b < x->mats[mi].first_block || (mi + 1 < x->nmats && b >= x->mats[mi + 1].first_block))
+            mi = refit_fp8_table_matrix(x->mats, x->nmats, b);
+        const refit_fp8_matrix_t *mt = &x->mats[mi];
+        const refit_fp8_piece_t *pc = &x->pieces[x->block_piece[b]];
+        uint64_t k = b - mt->first_block, bi = k / mt->bcols, bj = k - bi * mt->bcols;
+        d[i].src_offset = pc->src_offset;
+        d[i].src_stride = pc->src_stride;
+        d[i].q_offset = mt->dst_offset + bi * BLK * mt->cols + bj * BLK;
+        d[i].scale_offset = mt->scale_offset + (bi * mt->bcols + bj) * 4;
+        d[i].src_slot = pc->src_slot;
+        d[i].ldq = mt->cols;
+    }
+    return d;
+}
+
+typedef void (*pipe_fn)(const fast_desc *, uint64_t, const uint64_t *, uint32_t);
+
+static pipe_fn pipe_kernel(int stages)
+{
+    switch (stages) {
+    case 2: return fp8_pipe_kernel<2>;
+    case 3: return fp8_pipe_kernel<3>;
+    case 4: return fp8_pipe_kernel<4>;
+    default: return NULL;
+    }
 }
 
 extern "C" refit_status_t refit_gpu_fp8_create(int dev, const refit_fp8_table_t *x, refit_gpu_fp8_t **out)
@@ -266,10 +364,30 @@ extern "C" refit_status_t refit_gpu_fp8_create(int dev, const refit_fp8_table_t 
     CK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming));
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fp8_fast_kernel, FP8_THREADS, 0);
-    g->grid_fast = (sms > 0 ? sms : 1) * (occ > 0 ? occ : 4);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fp8_tile_kernel, FP8_THREADS, 0);
     g->grid_tile = (sms > 0 ? sms : 1) * (occ > 0 ? occ : 4);
+    g->sms = sms > 0 ? sms : 1;
+    g->stages = FP8_STAGES;
+    for (int s = 2; s <= FP8_MAX_STAGES; s++) {
+        pipe_fn f = pipe_kernel(s);
+        if (!f) continue;
+        int smem = s * PIPE_STAGE * 16;
+        CK(cudaFuncSetAttribute((const void *)f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        occ = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, PIPE_THREADS, smem);
+        g->grid_pipe[s] = g->sms * (occ > 0 ? occ : 1);
+    }
+    if (x->full_blocks) {
+        fast_desc *d = fast_descs(x);
+        if (!d) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "fp8 GPU table");
+            goto out;
+        }
+        cudaError_t e = cudaMalloc(&g->ddesc, x->full_blocks * sizeof(fast_desc));
+        if (e == cudaSuccess) e = cudaMemcpy(g->ddesc, d, x->full_blocks * sizeof(fast_desc), cudaMemcpyHostToDevice);
+        free(d);
+        CK(e);
+    }
     if (x->copy.n) st = refit_gpu_batch_create(dev, &x->copy, &g->copy);
 out:
     leave(saved);
@@ -287,6 +405,7 @@ extern "C" void refit_gpu_fp8_destroy(refit_gpu_fp8_t *g)
     cudaFree(g->dblock_piece);
     cudaFree(g->dpieces);
     cudaFree(g->dlists);
+    cudaFree(g->ddesc);
     cudaFree(g->dslots);
     if (g->done) cudaEventDestroy(g->done);
     if (g->stream) cudaStreamDestroy(g->stream);
@@ -295,6 +414,13 @@ extern "C" void refit_gpu_fp8_destroy(refit_gpu_fp8_t *g)
     free(g->table.src_slot_base);
     free(g->hslots);
     free(g);
+}
+
+extern "C" refit_status_t refit_gpu_fp8_set_kernel(refit_gpu_fp8_t *g, int stages)
+{
+    if (!pipe_kernel(stages)) return refit_error(REFIT_ERR_INVALID_ARG, "fp8: no kernel with %d stages", stages);
+    g->stages = stages;
+    return REFIT_OK;
 }
 
 extern "C" const refit_fp8_table_t *refit_gpu_fp8_table(const refit_gpu_fp8_t *g) { return &g->table; }
@@ -317,9 +443,9 @@ extern "C" refit_status_t refit_gpu_fp8_launch(refit_gpu_fp8_t *g, const uint64_
         for (uint32_t k = 0; k < g->table.dst_slot; k++) align |= slots[k];
         uint64_t nfast = align & 15 ? 0 : g->table.full_blocks, nslow = g->table.nblocks - nfast;
         if (nfast) {
-            int grid = (uint64_t)g->grid_fast < nfast ? g->grid_fast : (int)nfast;
-            fp8_fast_kernel<<<grid, FP8_THREADS, 0, g->stream>>>(
-                g->dmats, g->table.nmats, g->dlists, nfast, g->dblock_piece, g->dpieces, g->dslots, g->table.dst_slot);
+            int grid = (uint64_t)g->grid_pipe[g->stages] < nfast ? g->grid_pipe[g->stages] : (int)nfast;
+            pipe_kernel(g->stages)<<<grid, PIPE_THREADS, g->stages * PIPE_STAGE * 16, g->stream>>>(
+                g->ddesc, nfast, g->dslots, g->table.dst_slot);
             CK(cudaGetLastError());
             if (launches) (*launches)++;
         }

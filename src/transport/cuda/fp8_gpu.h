@@ -23,6 +23,10 @@ void refit_gpu_fp8_destroy(refit_gpu_fp8_t *g);
 refit_status_t refit_gpu_fp8_launch(refit_gpu_fp8_t *g, const uint64_t *slots, uint64_t *launches, uint64_t *uploads);
 /* Waits for the launch like refit_gpu_batch_wait (tick every ~10 ms; a kernel is not cancelled). */
 refit_status_t refit_gpu_fp8_wait(refit_gpu_fp8_t *g, refit_status_t (*tick)(void *), void *user, double deadline);
+/* Test support (measuring kernel variants in one run): the number of
+ * shared-memory stages of the kernel for whole aligned blocks, 2 (the
+ * default), 3 or 4; REFIT_ERR_INVALID_ARG for others. */
+refit_status_t refit_gpu_fp8_set_kernel(refit_gpu_fp8_t *g, int stages);
 /* The table's slot numbering (nsrcs, src_slot_base, dst_slot, nslots) and sizes, as built. */
 const refit_fp8_table_t *refit_gpu_fp8_table(const refit_gpu_fp8_t *g);
 
