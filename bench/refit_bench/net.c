@@ -216,11 +216,11 @@ bool nb_get_result(child_t *c, result_t *r)
     nb_reply(c, 660000, buf, sizeof(buf)); /* a receiver's pull deadline is 600 s */
     r->st = -999;
     int n = sscanf(buf,
-                   "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %" SCNu64 " %" SCNu64
-                   " %lf %1023[^\n]",
+                   "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %" SCNu64 " %" SCNu64 " %" SCNu64
+                   " %" SCNu64 " %lf %1023[^\n]",
                    &r->st, &r->version, &r->begin, &r->end, &r->transfer_ms, &r->trainer_bytes, &r->relay_bytes,
-                   &r->bytes, &r->holders, &r->early, &r->delta_base, &r->verify_ms, r->list);
-    if (n < 12) {
+                   &r->bytes, &r->holders, &r->early, &r->ahead, &r->late, &r->delta_base, &r->verify_ms, r->list);
+    if (n < 14) {
         snprintf(r->list, sizeof(r->list), "%.1000s", buf[0] ? buf : "no answer");
         if (r->st == 0) r->st = -999;
     }
@@ -561,9 +561,11 @@ void nb_result_json(out_t *j, const char *name, const result_t *r, size_t n)
         bool ok = r[i].st == 0;
         fprintf(j->f,
                 "%s{\"ok\":%s,\"version\":%" PRIu64 ",\"begin_ms\":%.1f,\"end_ms\":%.1f,\"transfer_ms\":%.2f,"
-                "\"trainer_bytes\":%" PRIu64 ",\"relay_bytes\":%" PRIu64 ",\"early_chunks\":%" PRIu64 ",\"holders\":",
+                "\"trainer_bytes\":%" PRIu64 ",\"relay_bytes\":%" PRIu64 ",\"early_chunks\":%" PRIu64
+                ",\"ahead_chunks\":%" PRIu64 ",\"late_chunks\":%" PRIu64 ",\"holders\":",
                 i ? "," : "", ok ? "true" : "false", r[i].version, ok ? (r[i].begin - b0) * 1e3 : 0,
-                ok ? (r[i].end - b0) * 1e3 : 0, r[i].transfer_ms, r[i].trainer_bytes, r[i].relay_bytes, r[i].early);
+                ok ? (r[i].end - b0) * 1e3 : 0, r[i].transfer_ms, r[i].trainer_bytes, r[i].relay_bytes, r[i].early,
+                r[i].ahead, r[i].late);
         tool_json_string(j->f, r[i].list);
         fprintf(j->f, "}");
     }

@@ -115,8 +115,11 @@ void child_fp8_relay(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 }
 
 /* Receiver child: "pull V" (0: newest) answers one line:
- *   status version begin end transfer_ms trainer_bytes relay_bytes bytes holders early "name=bytes,..."
- * (early: chunks read from relays still receiving the version). */
+ *   status version begin end transfer_ms trainer_bytes relay_bytes bytes holders early ahead late
+ *   delta_base verify_ms "name=bytes,..."
+ * (early: chunks read from relays still receiving the version; ahead: of
+ * those, asked for before the relay had them; late: such requests not
+ * answered in time). */
 void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 {
     if (r->throttle) setenv("REFIT_TEST_THROTTLE", r->throttle, 1);
@@ -164,13 +167,15 @@ void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
         refit_holder_stat_t hs[32] = {REFIT_HOLDER_STAT_INIT};
         size_t nh = 0;
         if (refit_receiver_holders(rc, hs, 32, &nh)) nh = 0;
-        uint64_t tb = 0, rb = 0, early = 0;
+        uint64_t tb = 0, rb = 0, early = 0, ahead = 0, late = 0;
         char list[1024] = "";
         size_t pos = 0;
         for (size_t i = 0; i < nh && i < 32; i++) {
             if (!strncmp(hs[i].name, "trainer:", 8)) tb += hs[i].bytes;
             else rb += hs[i].bytes;
             early += hs[i].early;
+            ahead += hs[i].ahead;
+            late += hs[i].late;
             if (pos < sizeof(list) - 64)
                 pos += (size_t)snprintf(list + pos, sizeof(list) - pos, "%s%s=%" PRIu64 "%s", pos ? "," : "",
                                         hs[i].name, hs[i].bytes, hs[i].failed ? "!" : "");
@@ -178,10 +183,10 @@ void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
         char buf[1400];
         int n = snprintf(buf, sizeof(buf),
                          "%d %" PRIu64 " %.6f %.6f %.3f %" PRIu64 " %" PRIu64 " %" PRIu64 " %zu %" PRIu64 " %" PRIu64
-                         " %.3f %s\n",
+                         " %" PRIu64 " %" PRIu64 " %.3f %s\n",
                          (int)st, rep.version, rep.begin_s, rep.end_s, rep.transfer_ms, tb, rb, rep.bytes, nh, early,
-                         rep.delta_base, rep.verify_ms, list[0] ? list : "-");
-        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
+                         ahead, late, rep.delta_base, rep.verify_ms, list[0] ? list : "-");
+        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
         for (char *c = buf; *c && c < buf + n - 1; c++)
             if (*c == '\n') *c = ' ';
         if (write(out, buf, (size_t)n) != n) _exit(4);

@@ -65,7 +65,7 @@ typedef struct {
 
 typedef struct {
     int st;
-    uint64_t version, trainer_bytes, relay_bytes, bytes, early, delta_base;
+    uint64_t version, trainer_bytes, relay_bytes, bytes, early, ahead, late, delta_base;
     double begin, end, transfer_ms, verify_ms;
     size_t holders;
     char list[1024];

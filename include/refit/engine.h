@@ -347,6 +347,8 @@ typedef struct {
     uint32_t steals; /* chunks it re-read from a slower holder */
     bool failed;     /* dropped during the pull (died, broke) */
     uint32_t early;  /* a relay: chunks read while it was still receiving the version */
+    uint32_t ahead;  /* a relay: of those, chunks asked for before it had them (answered once written) */
+    uint32_t late;   /* a relay: such requests it did not answer in time (asked again after a progress read) */
 } refit_holder_stat_t;
 #ifdef __cplusplus
 #define REFIT_HOLDER_STAT_INIT      \

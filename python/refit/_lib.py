@@ -59,7 +59,8 @@ class PullReportC(C.Structure):
 
 class HolderStatC(C.Structure):
     _fields_ = [("size", C.c_size_t), ("name", C.c_char * 96), ("bytes", C.c_uint64), ("chunks", C.c_uint32),
-                ("steals", C.c_uint32), ("failed", C.c_bool), ("early", C.c_uint32)]
+                ("steals", C.c_uint32), ("failed", C.c_bool), ("early", C.c_uint32), ("ahead", C.c_uint32),
+                ("late", C.c_uint32)]
 
 
 class PlanParams(C.Structure):

@@ -654,6 +654,8 @@ class HolderStat:
     steals: int  # chunks it re-read from a slower holder
     failed: bool  # dropped during the pull
     early: int  # a relay: chunks read while it was still receiving the version
+    ahead: int = 0  # a relay: of those, chunks asked for before it had them (answered once written)
+    late: int = 0  # a relay: such requests it did not answer in time
 
 
 class Receiver(_Endpoint):
@@ -709,7 +711,7 @@ class Receiver(_Endpoint):
         out = (_lib.HolderStatC * max(n.value, 1))()
         out[0].size = C.sizeof(_lib.HolderStatC)
         _check(lib.refit_receiver_holders(self._h, out, len(out), C.byref(n)), "holders")
-        return [HolderStat(h.name.decode(), h.bytes, h.chunks, h.steals, bool(h.failed), h.early)
+        return [HolderStat(h.name.decode(), h.bytes, h.chunks, h.steals, bool(h.failed), h.early, h.ahead, h.late)
                 for h in out[:min(n.value, len(out))]]
 
     @property

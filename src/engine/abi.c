@@ -147,6 +147,8 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_holder_stat_t, steals),
     ABI_FIELD(refit_holder_stat_t, failed),
     ABI_FIELD(refit_holder_stat_t, early),
+    ABI_FIELD(refit_holder_stat_t, ahead),
+    ABI_FIELD(refit_holder_stat_t, late),
 
     ABI_STRUCT(refit_publish_delta_t),
     ABI_FIELD(refit_publish_delta_t, size),

@@ -58,6 +58,7 @@
  * (src/sim) applies the same functions in simulated time, and
  * tests/unit/test_fleet.c with a clock of its own. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,7 +114,7 @@ typedef struct {
 /* Pulls regions regs[0..n) (src = h) from holder h into dst (lock not held);
  * transports without their own concurrency one call at a time. */
 static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *regs, size_t n, void *const *dst,
-                                refit_pull_stats_t *ps)
+                                const refit_fleet_chunk_t *ahead, refit_pull_stats_t *ps)
 {
     refit_fleet_holder_t *H = &S->k.h[h];
     uint64_t *sb = calloc(S->k.nh, sizeof(uint64_t));
@@ -127,6 +128,13 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
     peers[h] = H->peer;
     struct refit_plan one = refit_plan_view(regs, n, sb, S->k.nh);
     refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
+    if (ahead) { /* served once the relay has marked the chunk written in its progress for our version */
+        ctl.wait.region = (uint32_t)H->progress_region;
+        ctl.wait.ms = REFIT_FLEET_WAIT_MS;
+        ctl.wait.word_off = offsetof(refit_progress_hdr_t, version);
+        ctl.wait.word = S->version;
+        ctl.wait.flag_off = sizeof(refit_progress_hdr_t) + (uint64_t)(ahead - S->k.c);
+    }
     const refit_transport_ops_t *ops = S->ts->ops[H->transport];
     bool serial = !(refit_transport_caps(ops) & REFIT_TCAP_CONCURRENT);
     if (serial) pthread_mutex_lock(&S->serial[H->transport]);
@@ -138,8 +146,10 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
 }
 
 /* Runs chunk c from holder h; `rows`: a relay still receiving, read row by
- * row, not in spans. */
-static refit_status_t run_chunk(sched_t *S, uint32_t h, const refit_fleet_chunk_t *c, bool rows, uint64_t *read)
+ * row, not in spans; `ahead`: c (the scheduler's) was asked for before the
+ * relay had it (refit_fleet_claim_ahead). */
+static refit_status_t run_chunk(sched_t *S, uint32_t h, const refit_fleet_chunk_t *c, bool rows,
+                                const refit_fleet_chunk_t *ahead, uint64_t *read)
 {
     refit_fleet_holder_t *H = &S->k.h[h];
     refit_plan_region_t *regs = calloc(c->n, sizeof(*regs));
@@ -153,7 +163,7 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const refit_fleet_chunk_
         *read += refit_plan_region_bytes(&reg);
     }
     refit_pull_stats_t st = {0};
-    refit_status_t rc = pull_from(S, h, regs, c->n, S->dst, &st);
+    refit_status_t rc = pull_from(S, h, regs, c->n, S->dst, ahead, &st);
     __atomic_add_fetch(&S->launches, st.launches, __ATOMIC_RELAXED);
     if (!rc && !H->lanes[0]) snprintf(H->lanes, sizeof(H->lanes), "%.63s", st.lanes);
     free(regs);
@@ -172,7 +182,7 @@ static refit_status_t read_progress(sched_t *S, uint32_t h, uint8_t *buf, uint64
     reg.run = len;
     void *dst[1] = {buf};
     refit_pull_stats_t ps = {0};
-    return pull_from(S, h, &reg, 1, dst, &ps);
+    return pull_from(S, h, &reg, 1, dst, NULL, &ps);
 }
 
 /* Refreshes a partial relay's chunk availability (called with the lock held;
@@ -208,6 +218,7 @@ static void refresh(sched_t *S, uint32_t h)
         bool same = hd.plan_src == S->key.src && hd.plan_dst == S->key.dst && hd.chunk_bytes == S->chunk &&
                     hd.nchunks == S->k.nc;
         bool news = false;
+        H->waitable = same && (refit_transport_caps(S->ts->ops[H->transport]) & REFIT_TCAP_WAIT);
         for (size_t i = 0; same && i < S->k.nc; i++)
             if (buf[sizeof(hd) + i] && !S->k.avail[h][i]) S->k.avail[h][i] = 1, news = true;
         if (!news) H->waits++;
@@ -253,7 +264,8 @@ static void *worker_main(void *arg)
     for (;;) {
         if (S->finished || H->failed || S->k.done == S->k.nc || refit_now() > S->deadline) break;
         bool none_left = false;
-        refit_fleet_chunk_t *c = refit_fleet_claim(&S->k, h, refit_now(), &none_left);
+        refit_fleet_chunk_t *c = refit_fleet_claim(&S->k, h, refit_now(), &none_left), *ahead = NULL;
+        if (!c && !none_left) c = ahead = refit_fleet_claim_ahead(&S->k, h, refit_now());
         if (!c) {
             if (none_left) break;
             bool poll = H->mirror_dst && H->partial && !H->refreshing;
@@ -280,13 +292,25 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&S->lock);
         double t0 = refit_now(), c0 = thread_cpu();
         uint64_t bytes = 0;
-        refit_status_t st = run_chunk(S, h, &copy, rows, &bytes);
+        refit_status_t st = run_chunk(S, h, &copy, rows, ahead, &bytes);
         double dt = refit_now() - t0;
         /* A holder's speed: for shm, the CPU time of the copy (wall time would
          * count the time this thread waited for a CPU, which says nothing about
-         * the source); for network transports, the wall time. */
+         * the source); for network transports, the wall time, except for a
+         * chunk asked for ahead, whose wall time is mostly the relay's own
+         * wait for it: booked at the holder's speed so far. */
         double cost = S->ts->ops[H->transport] == &refit_transport_shm ? thread_cpu() - c0 : dt;
         pthread_mutex_lock(&S->lock);
+        if (ahead && H->bytes) cost = H->busy_s / (double)H->bytes * (double)bytes;
+        if (st == REFIT_ERR_BUSY && ahead) {
+            /* Not written within the wait: the relay is slow, stuck or gone;
+             * its progress says which (refresh fails a relay that stopped). */
+            H->late++;
+            if (c->state == REFIT_CHUNK_BUSY && c->owner == h && !c->dup) c->state = REFIT_CHUNK_FREE;
+            if (!H->refreshing) refresh(S, h);
+            continue;
+        }
+        if (ahead && !st && S->k.avail[h]) S->k.avail[h][c - S->k.c] = 1;
         if (st) {
             if (!H->failed) {
                 H->failed = true;
@@ -321,7 +345,8 @@ static unsigned holder_workers(const refit_fleet_xfer_t *x, const refit_fleet_ho
 {
     const refit_transport_ops_t *ops = x->ts->ops[H->transport];
     bool net = ops != &refit_transport_shm && (refit_transport_caps(ops) & REFIT_TCAP_CONCURRENT);
-    if (net) return x->net_workers ? x->net_workers : REFIT_FLEET_NET_WORKERS;
+    if (net && x->net_workers) return x->net_workers;
+    if (net) return H->mirror_dst ? REFIT_FLEET_NET_WORKERS : REFIT_FLEET_NET_WORKERS_TRAINER;
     return x->workers ? x->workers : 2;
 }
 
@@ -530,11 +555,11 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
     }
     for (uint32_t h = 0; h < nh; h++)
         refit_log(REFIT_LOG_DEBUG,
-                  "fleet: %s: %u chunks (%u from others' shares, %u re-read, %u while it was receiving, %u idle "
-                  "progress reads), %" PRIu64 " bytes, %.1f ms busy%s%s",
+                  "fleet: %s: %u chunks (%u from others' shares, %u re-read, %u while it was receiving, %u asked "
+                  "ahead, %u late, %u idle progress reads), %" PRIu64 " bytes, %.1f ms busy%s%s",
                   holders[h].name, holders[h].chunks, holders[h].taken, holders[h].steals, holders[h].early,
-                  holders[h].waits, holders[h].bytes, holders[h].busy_s * 1e3, holders[h].failed ? ", failed: " : "",
-                  holders[h].failed ? holders[h].error : "");
+                  holders[h].ahead, holders[h].late, holders[h].waits, holders[h].bytes, holders[h].busy_s * 1e3,
+                  holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
     if (x->resume) { /* what is in place now, for a try after this one */
         uint8_t *d = x->resume->n == S.k.nc ? x->resume->done : realloc(x->resume->done, S.k.nc ? S.k.nc : 1);
         if (d) {

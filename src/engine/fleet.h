@@ -45,6 +45,10 @@ typedef struct {
     bool refreshing;      /* a worker is reading its progress */
     double progress_read; /* when its progress was last read */
     uint32_t waits;       /* progress reads that found nothing new */
+    bool waitable;        /* partial relay whose progress matched ours, over a transport with conditional
+                             pulls: chunks may be asked for before it has them (refit_fleet_claim_ahead) */
+    uint32_t ahead;       /* chunks read that way */
+    uint32_t late;        /* of those, asked again: the relay did not write them within REFIT_FLEET_WAIT_MS */
     char lanes[64];
     char error[256];
 } refit_fleet_holder_t;
@@ -83,6 +87,10 @@ typedef struct {
  * a full request round trip, and a relay's requests queue behind the bytes it
  * serves on its own egress (README: Fleet, what the fan-out measured). */
 #define REFIT_FLEET_NET_WORKERS 4
+/* For a trainer rank (it has every chunk: each waits a full request round
+ * trip, and a relay's own requests to it wait behind the bytes it relays on
+ * its egress), twice as many. */
+#define REFIT_FLEET_NET_WORKERS_TRAINER 8
 
 /* ---- the rules of a fleet transfer, without threads, clocks or I/O --------
  * How a plan becomes chunks, how chunks are shared among holders, which chunk
@@ -135,6 +143,17 @@ void refit_fleet_share(refit_fleet_sched_t *S, uint32_t seed);
 /* The chunk holder h's worker takes at time `now` (marked busy), or NULL
  * (*none_left: nothing this holder could ever serve is left). */
 refit_fleet_chunk_t *refit_fleet_claim(refit_fleet_sched_t *S, uint32_t h, double now, bool *none_left);
+/* A chunk holder h's worker asks for before h has it, when refit_fleet_claim
+ * found none (marked busy), or NULL: the first free chunk of h's share, if h
+ * is a waitable relay still receiving.  The relay writes chunks in about
+ * that order; the request waits at the relay (a conditional pull,
+ * transport.h) and is answered as soon as the chunk is written, instead of
+ * a progress read and a request after it: two round trips per hop of a
+ * chain through loaded links (README: Fleet). */
+refit_fleet_chunk_t *refit_fleet_claim_ahead(refit_fleet_sched_t *S, uint32_t h, double now);
+/* How long such a request waits at the relay before it is answered "not
+ * yet" (the reader then reads the relay's progress and asks again). */
+#define REFIT_FLEET_WAIT_MS 1000
 /* Books chunk c read by holder h: `bytes` read, `cost` seconds of the
  * holder's time, dt wall seconds, `rows` read while the relay was receiving.
  * True when this made the chunk done (the first read of it). */

@@ -195,6 +195,22 @@ refit_fleet_chunk_t *refit_fleet_claim(refit_fleet_sched_t *S, uint32_t h, doubl
     return NULL;
 }
 
+refit_fleet_chunk_t *refit_fleet_claim_ahead(refit_fleet_sched_t *S, uint32_t h, double now)
+{
+    refit_fleet_holder_t *H = &S->h[h];
+    if (!H->mirror_dst || !H->partial || !H->waitable || H->failed || !H->peer) return NULL;
+    for (size_t i = 0; i < S->nc; i++) {
+        refit_fleet_chunk_t *c = &S->c[i];
+        if (c->state != REFIT_CHUNK_FREE || c->pref != h) continue;
+        c->state = REFIT_CHUNK_BUSY;
+        c->owner = h;
+        c->start = now;
+        H->ahead++;
+        return c;
+    }
+    return NULL;
+}
+
 void refit_fleet_share(refit_fleet_sched_t *S, uint32_t seed)
 {
     uint64_t *load = calloc(S->nh ? S->nh : 1, sizeof(uint64_t));

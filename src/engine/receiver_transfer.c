@@ -186,6 +186,8 @@ static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs,
             o->steals = h->steals;
             o->failed = h->failed;
             o->early = h->early;
+            o->ahead = h->ahead;
+            o->late = h->late;
         }
         if (h->chunks) (*used)++;
         if (h->chunks && !h->mirror_dst) p->tix[h->id] = (int)h->transport; /* re-checked after */

@@ -42,6 +42,18 @@ typedef struct {
      * (plan/fp8_table.h).  Other transports refuse it (REFIT_ERR_UNSUPPORTED). */
     const struct refit_fp8_target *fp8;
     const refit_manifest_t *fp8_bf16;
+    /* A conditional pull (transports with REFIT_TCAP_WAIT; ms 0: none): the
+     * source answers each request only once, in its own memory, the 8-byte
+     * word at word_off of its region `region` (a source region index) equals
+     * `word` and the byte at flag_off of that region is non-zero, waiting up
+     * to `ms` for it; a request still waiting then fails the pull with
+     * REFIT_ERR_BUSY.  A relay's progress (engine/fleet.h) is such a pair:
+     * the version it receives and a chunk's mark, so a reader asks for a
+     * chunk before it is written and gets it one link's latency after. */
+    struct {
+        uint32_t region, ms;
+        uint64_t word_off, word, flag_off;
+    } wait;
 } refit_pull_ctl_t;
 
 /* What memory a transport handles.  0 means host memory only (shm, ucx). */
@@ -51,6 +63,7 @@ typedef struct {
 #define REFIT_TCAP_DEVICE_DST 8u /* pulls into GPU memory */
 #define REFIT_TCAP_HOST (REFIT_TCAP_HOST_SRC | REFIT_TCAP_HOST_DST)
 #define REFIT_TCAP_CONCURRENT 16u /* pull may run in several threads at once (a fleet's holders in parallel) */
+#define REFIT_TCAP_WAIT 32u       /* conditional pulls (refit_pull_ctl_t.wait) */
 
 typedef struct {
     const char *name;

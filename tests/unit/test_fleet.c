@@ -174,6 +174,60 @@ static void a_failed_holder_s_share_goes_at_once(void **state)
     assert_true(none_left);
 }
 
+/* Asking a relay ahead (refit_fleet_claim_ahead): only a waitable relay
+ * still receiving; the front of its share first, one chunk per claim; never
+ * a chunk that is busy or done, nor another holder's share; a relay that has
+ * chunks written gets those first from refit_fleet_claim. */
+static void a_relay_is_asked_ahead_in_order(void **state)
+{
+    (void)state;
+    fixture_t f;
+    setup(&f, 2);
+    uint8_t avail0[NC] = {0}, avail1[NC] = {0};
+    uint8_t *avail[3] = {avail0, avail1, NULL};
+    f.S.avail = avail;
+    /* holder 1: a relay of our layout, still receiving; holder 0: a trainer rank. */
+    f.h[1].mirror_dst = true;
+    f.h[1].partial = true;
+    f.S.h[1].progress_region = 1;
+    refit_fleet_share(&f.S, 0);
+    uint32_t mine = 0;
+    for (size_t i = 0; i < NC; i++) mine += f.c[i].pref == 1;
+    assert_true(mine > 1 && mine < NC);
+    /* Not waitable yet (its progress not matched): nothing ahead. */
+    assert_null(refit_fleet_claim_ahead(&f.S, 1, 0));
+    f.h[1].waitable = true;
+    assert_null(refit_fleet_claim_ahead(&f.S, 0, 0)); /* a trainer rank is never asked ahead */
+    size_t first = NC, second = NC;
+    for (size_t i = 0; i < NC && second == NC; i++)
+        if (f.c[i].pref == 1) *(first == NC ? &first : &second) = i;
+    refit_fleet_chunk_t *a = refit_fleet_claim_ahead(&f.S, 1, 0.5);
+    assert_non_null(a);
+    assert_int_equal(a - f.c, first);
+    assert_int_equal(a->state, REFIT_CHUNK_BUSY);
+    assert_int_equal(a->owner, 1);
+    refit_fleet_chunk_t *b = refit_fleet_claim_ahead(&f.S, 1, 0.5);
+    assert_non_null(b);
+    assert_int_equal(b - f.c, second);
+    assert_int_equal(f.h[1].ahead, 2);
+    /* Every chunk of its share taken: nothing more ahead, and none of holder 0's. */
+    while (refit_fleet_claim_ahead(&f.S, 1, 0.5)) {
+    }
+    for (size_t i = 0; i < NC; i++)
+        assert_int_equal(f.c[i].state, f.c[i].pref == 1 ? REFIT_CHUNK_BUSY : REFIT_CHUNK_FREE);
+    assert_int_equal(f.h[1].ahead, mine);
+    /* A relay that has committed (not partial) is read whole, not ahead. */
+    fixture_t g;
+    setup(&g, 1);
+    g.h[0].mirror_dst = true;
+    g.h[0].waitable = true;
+    assert_null(refit_fleet_claim_ahead(&g.S, 0, 0));
+    /* A failed relay: nothing. */
+    g.h[0].partial = true;
+    g.h[0].failed = true;
+    assert_null(refit_fleet_claim_ahead(&g.S, 0, 0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -182,6 +236,7 @@ int main(void)
         cmocka_unit_test(a_slower_holder_loses_its_share),
         cmocka_unit_test(an_overdue_chunk_is_read_again),
         cmocka_unit_test(a_failed_holder_s_share_goes_at_once),
+        cmocka_unit_test(a_relay_is_asked_ahead_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

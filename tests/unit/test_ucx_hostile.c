@@ -32,7 +32,7 @@ static const refit_transport_ops_t *ops = &refit_transport_ucx;
 
 #define UCX_MAGIC 0x58554652u
 enum { AM_HELLO = 17, AM_HELLO_REPLY = 18, AM_REQ = 19, AM_DATA = 20 };
-enum { PUB_OK = 0, PUB_RANGE = 2, PUB_AUTH = 5, PUB_CHALLENGE = 6 };
+enum { PUB_OK = 0, PUB_NO_REGION = 1, PUB_RANGE = 2, PUB_AUTH = 5, PUB_CHALLENGE = 6, PUB_NOT_READY = 7 };
 
 typedef struct {
     uint32_t magic, version;
@@ -62,6 +62,8 @@ typedef struct {
     uint32_t seq, idx, gen, pad;
     uint64_t region_id, pub_id;
     uint8_t token[16];
+    uint64_t wait_region, word_off, word, flag_off; /* a condition (wait_ms 0: none) */
+    uint32_t wait_ms, pad2;
 } w_req_t;
 
 typedef struct {
@@ -81,11 +83,14 @@ typedef struct {
     unsigned char *weights; /* its address in the child (same as ours: fork) */
     void *desc;
     size_t len;
-    uint64_t region_id, pub_id;
+    uint64_t region_id, pub_id, flags_id;
     uint16_t port;
 } victim_t;
 
 static unsigned char g_weights[WEIGHTS];
+/* A second exposed region for conditional requests: a word and flags the
+ * victim sets on command ("mark W F": word W, flag byte 8 + F). */
+static uint64_t g_flags[8];
 
 static void fill(unsigned char *p, size_t n, unsigned seed)
 {
@@ -113,6 +118,16 @@ static void victim_main(const char *opts, const uint8_t *key, int cmd, int resp)
     fprintf(out, "DESC ");
     for (size_t i = 0; i < len; i++) fprintf(out, "%02x", ((unsigned char *)desc)[i]);
     fprintf(out, "\n");
+    void *fdesc;
+    size_t flen;
+    if (ops->expose(t, g_flags, sizeof(g_flags), &fdesc, &flen)) {
+        fprintf(out, "FAIL %s\n", refit_last_error());
+        fflush(out);
+        _exit(2);
+    }
+    w_desc_t fd;
+    memcpy(&fd, fdesc, sizeof(fd));
+    fprintf(out, "FLAGS %" PRIu64 "\n", fd.region_id);
     fflush(out);
     FILE *in = fdopen(cmd, "r");
     char line[64];
@@ -126,6 +141,15 @@ static void victim_main(const char *opts, const uint8_t *key, int cmd, int resp)
             }
             bool secret_ok = !strcmp(g_secret, "refit-test-secret: nobody outside may read this");
             fprintf(out, "alive weights=%d secret=%d\n", weights_ok, secret_ok);
+            fflush(out);
+        } else if (!strncmp(line, "mark", 4)) {
+            unsigned long long w = 0;
+            unsigned f = 0;
+            if (sscanf(line + 4, "%llu %u", &w, &f) == 2 && f < 56) {
+                __atomic_store_n(&g_flags[0], (uint64_t)w, __ATOMIC_RELEASE);
+                __atomic_store_n((unsigned char *)g_flags + 8 + f, 1, __ATOMIC_RELEASE);
+            }
+            fprintf(out, "marked\n");
             fflush(out);
         } else if (!strncmp(line, "rss", 3)) {
             FILE *f = fopen("/proc/self/status", "r");
@@ -141,6 +165,8 @@ static void victim_main(const char *opts, const uint8_t *key, int cmd, int resp)
         }
     }
     ops->unexpose(t, g_weights);
+    ops->unexpose(t, g_flags);
+    free(fdesc);
     ops->destroy(t);
     _exit(0);
 }
@@ -193,6 +219,8 @@ static victim_t victim_start(const char *opts, const uint8_t *key)
     v.region_id = d.region_id;
     v.pub_id = d.pub_id;
     v.port = d.port;
+    assert_true(readline_t(v.resp, line, sizeof(line), 10000));
+    if (sscanf(line, "FLAGS %" SCNu64, &v.flags_id) != 1) fail_msg("victim: %s", line);
     return v;
 }
 
@@ -626,6 +654,96 @@ static void strided_requests_bounded(void **state)
     victim_stop(&v);
 }
 
+/* Conditional requests (a relay's readers ask for chunks before they are
+ * written): a condition naming memory the publisher does not expose, or
+ * outside it, or waiting longer than it allows, is refused; one that does
+ * not hold is answered "not ready" after its wait, not before, and one that
+ * comes true while it waits is answered at once with the bytes; a word that
+ * differs (a flag of another version) does not count. */
+static void conditional_requests(void **state)
+{
+    (void)state;
+    victim_t v = victim_start("listen=127.0.0.1", NULL);
+    atk_t a;
+    atk_open(&a, v.port);
+    uint8_t zero[32] = {0};
+    w_req_t r = {.magic = UCX_MAGIC, .nruns = 1, .region_id = v.region_id, .pub_id = v.pub_id};
+    assert_true(atk_handshake(&a, &v, zero, r.token));
+    fill(g_weights, WEIGHTS, 7); /* the victim's bytes */
+    const uint64_t run[4] = {4096, 16, 0, 1};
+    const struct {
+        uint64_t region, word_off, flag_off;
+        uint32_t ms;
+        int want;
+    } bad[] = {
+        {12345, 0, 8, 100, PUB_NO_REGION},      /* not exposed */
+        {0, 60, 8, 100, PUB_RANGE},             /* the word past the end */
+        {0, 4, 8, 100, PUB_RANGE},              /* the word not aligned */
+        {0, 0, 64, 100, PUB_RANGE},             /* the flag past the end */
+        {0, UINT64_MAX - 3, 8, 100, PUB_RANGE}, /* wraps */
+        {0, 0, 8, 10001, PUB_RANGE},            /* waits too long */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        r.wait_region = bad[i].region ? bad[i].region : v.flags_id;
+        r.word_off = bad[i].word_off;
+        r.flag_off = bad[i].flag_off;
+        r.wait_ms = bad[i].ms;
+        r.word = 42;
+        r.seq = (uint32_t)(10 + i);
+        a.data_status = -1;
+        assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
+        atk_progress(&a, 300);
+        print_message("condition {region %" PRIu64 ", word at %" PRIu64 ", flag at %" PRIu64 ", %u ms}: status %d\n",
+                      r.wait_region, r.word_off, r.flag_off, r.wait_ms, a.data_status);
+        assert_int_equal(a.data_status, bad[i].want);
+    }
+    /* Not met: no answer before its wait, "not ready" after it. */
+    r.wait_region = v.flags_id;
+    r.word_off = 0;
+    r.flag_off = 8 + 3;
+    r.wait_ms = 600;
+    a.data_status = -1;
+    a.data_replies = 0;
+    double t0 = refit_now();
+    assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
+    atk_progress(&a, 300);
+    assert_int_equal(a.data_replies, 0);
+    while (a.data_replies == 0 && t_ms_since(t0) < 3000) atk_progress(&a, 10);
+    print_message("unmet condition (600 ms): status %d after %.0f ms\n", a.data_status, t_ms_since(t0));
+    assert_int_equal(a.data_status, PUB_NOT_READY);
+    assert_true(t_ms_since(t0) >= 550);
+    /* The flag of another word (version 41) does not count; then ours is set
+     * while the request waits: the bytes come at once. */
+    char line[64];
+    assert_true(write(v.cmd, "mark 41 3\n", 10) == 10 && readline_t(v.resp, line, sizeof(line), 5000));
+    r.wait_ms = 400;
+    a.data_status = -1;
+    a.data_replies = 0;
+    assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
+    while (a.data_replies == 0 && t_ms_since(t0) < 5000) atk_progress(&a, 10);
+    assert_int_equal(a.data_status, PUB_NOT_READY);
+    r.wait_ms = 5000;
+    a.data_status = -1;
+    a.data_replies = 0;
+    assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
+    atk_progress(&a, 300);
+    assert_int_equal(a.data_replies, 0);
+    t0 = refit_now();
+    assert_true(write(v.cmd, "mark 42 3\n", 10) == 10 && readline_t(v.resp, line, sizeof(line), 5000));
+    while (a.data_replies == 0 && t_ms_since(t0) < 5000) atk_progress(&a, 1);
+    print_message("condition met while waiting: status %d, %zu bytes, %.1f ms after the mark\n", a.data_status,
+                  a.last_len, t_ms_since(t0));
+    assert_int_equal(a.data_status, PUB_OK);
+    assert_int_equal(a.last_len, 16);
+    assert_memory_equal(a.last, g_weights + 4096, 16);
+    assert_true(t_ms_since(t0) < 1000);
+    atk_close(&a);
+    char said[128];
+    victim_check(&v, said, sizeof(said));
+    assert_string_equal(said, "alive weights=1 secret=1");
+    victim_stop(&v);
+}
+
 /* Connections that never prove the key are closed (auth_timeout), so idle
  * peers cannot pile up in a trainer process; a phase-1 HELLO that already
  * names regions is ignored (nothing is allocated for a stranger). */
@@ -722,6 +840,7 @@ int main(void)
         cmocka_unit_test(fake_publisher_refused),
         cmocka_unit_test(request_flood_bounded),
         cmocka_unit_test(strided_requests_bounded),
+        cmocka_unit_test(conditional_requests),
         cmocka_unit_test(listen_addresses),
         cmocka_unit_test(idle_connections_closed),
         cmocka_unit_test(restarted_publisher_is_another),

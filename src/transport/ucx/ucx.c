@@ -216,7 +216,7 @@ static void ucx_destroy(refit_transport_t *t)
 
 const refit_transport_ops_t refit_transport_ucx = {
     .name = "ucx",
-    .caps = REFIT_TCAP_HOST | REFIT_TCAP_CONCURRENT,
+    .caps = REFIT_TCAP_HOST | REFIT_TCAP_CONCURRENT | REFIT_TCAP_WAIT,
     .create = ucx_create,
     .destroy = ucx_destroy,
     .alloc = NULL,

@@ -33,7 +33,7 @@
 #include "util/crypto.h"
 
 #define UCX_MAGIC 0x58554652u /* "RFUX" */
-#define UCX_DESC_VERSION 3    /* 3: requests carry strided runs (wire_run_t) */
+#define UCX_DESC_VERSION 4    /* 3: requests carry strided runs (wire_run_t); 4: and a condition (wait_t) */
 #define UCX_MAX_ADDRS 16
 #define UCX_MAX_RUNS 256 /* runs per request: 8 KiB of run list */
 
@@ -47,7 +47,8 @@ enum {
     PUB_NO_MEMORY = 3,
     PUB_BAD_ID = 4,
     PUB_AUTH = 5,
-    PUB_CHALLENGE = 6
+    PUB_CHALLENGE = 6,
+    PUB_NOT_READY = 7 /* a conditional request's condition did not hold in time */
 };
 enum { RMA_OFF = 0, RMA_EMULATED = 2 };
 #define NONCE_LEN 16
@@ -65,6 +66,7 @@ static inline const char *pub_status_str(int32_t s)
     case PUB_NO_MEMORY: return "out of memory";
     case PUB_BAD_ID: return "different publisher instance";
     case PUB_AUTH: return "the connection did not prove the job's secret";
+    case PUB_NOT_READY: return "the bytes were not written in time (condition not met)";
     default: return "unknown error";
     }
 }
@@ -115,8 +117,15 @@ typedef struct {
     uint64_t region_id;
     uint64_t pub_id;
     uint8_t token[TOKEN_LEN]; /* the connection's token (derived from both nonces under the key) */
+    /* The condition (refit_pull_ctl_t.wait; wait_ms 0: none): serve once the
+     * word at word_off of region wait_region equals `word` and the byte at
+     * flag_off is non-zero, or answer PUB_NOT_READY after wait_ms (at most
+     * UCX_MAX_WAIT_MS). */
+    uint64_t wait_region, word_off, word, flag_off;
+    uint32_t wait_ms, pad2;
     /* data: wire_run_t runs[nruns] */
 } req_hdr_t;
+#define UCX_MAX_WAIT_MS 10000
 
 /* count runs of len bytes at off, off + stride, ...: the rows of a strided
  * region in 32 bytes instead of 16 per row (a relay's egress carries its own
@@ -193,6 +202,7 @@ struct job {
     req_hdr_t req;
     hello_hdr_t hello;
     uint64_t bytes; /* REQ: reply bytes counted in conn->sending_bytes */
+    double arrived; /* REQ: when it came (a condition waits from then) */
     uint32_t nitems;
     uint64_t items[]; /* REQ: 2 per run; HELLO: region ids, replaced by sizes */
 };

@@ -64,6 +64,7 @@ struct pull {
     uint64_t requests;
     int wake_fd; /* eventfd: another thread completed one of our slots */
     double idle_since;
+    const refit_pull_ctl_t *ctl; /* its wait: every request carries the condition */
 };
 
 /* ucx_rwait for a pull's thread: its own completions end the wait too, and it
@@ -313,8 +314,22 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
     }
     for (uint32_t i = 0; i < s->nruns; i++)
         s->wire[i] = (wire_run_t){s->runs[i].off, s->runs[i].len, s->runs[i].sstride, s->runs[i].count};
-    s->hdr = (req_hdr_t){UCX_MAGIC, s->nruns, pl->seq, s->idx, s->gen, 0, p->regions[s->region].id, p->pub_id, {0}};
+    s->hdr = (req_hdr_t){.magic = UCX_MAGIC,
+                         .nruns = s->nruns,
+                         .seq = pl->seq,
+                         .idx = s->idx,
+                         .gen = s->gen,
+                         .region_id = p->regions[s->region].id,
+                         .pub_id = p->pub_id};
     memcpy(s->hdr.token, p->token, TOKEN_LEN);
+    if (pl->ctl && pl->ctl->wait.ms) {
+        const refit_pull_ctl_t *c = pl->ctl;
+        s->hdr.wait_region = p->regions[c->wait.region].id;
+        s->hdr.word_off = c->wait.word_off;
+        s->hdr.word = c->wait.word;
+        s->hdr.flag_off = c->wait.flag_off;
+        s->hdr.wait_ms = c->wait.ms;
+    }
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                               UCP_OP_ATTR_FIELD_FLAGS,
                               .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
@@ -357,7 +372,7 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
     refit_status_t st = REFIT_OK;
     size_t nsrc = refit_plan_num_sources(plan), nregs;
     const refit_plan_region_t *regs = refit_plan_regions(plan, &nregs);
-    pull_t pl = {.t = t, .regs = regs, .dst_bases = dst_bases, .wake_fd = -1};
+    pull_t pl = {.t = t, .regs = regs, .dst_bases = dst_bases, .wake_fd = -1, .ctl = ctl};
     size_t *idx = NULL;
     uint64_t total = 0;
 
@@ -394,6 +409,13 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
         }
         if (p->failed != UCS_OK) {
             st = ucx_err(REFIT_ERR_PEER, p->failed, "source %u (publisher %s) failed", r->src, p->name);
+            break;
+        }
+        if (ctl && ctl->wait.ms && (p->use_get || ctl->wait.region >= p->nregions || ctl->wait.ms > UCX_MAX_WAIT_MS)) {
+            st = refit_error(p->use_get ? REFIT_ERR_UNSUPPORTED : REFIT_ERR_INVALID_ARG,
+                             "ucx: a conditional pull from publisher %s %s", p->name,
+                             p->use_get ? "needs requests (method=am), not gets"
+                                        : "names a region it does not have, or waits too long");
             break;
         }
         if (p->use_get && !p->regions[r->src_region].rkey) {
@@ -481,7 +503,8 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
             slot_t *s = &pl.slots[pl.done[--pl.ndone]];
             pull_peer_t *pp = s->pp;
             if (s->pub_status != PUB_OK) {
-                st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u): %s", pp->peer->name, pp->src,
+                st = refit_error(s->pub_status == PUB_NOT_READY ? REFIT_ERR_BUSY : REFIT_ERR_PEER,
+                                 "ucx: publisher %s (source %u): %s", pp->peer->name, pp->src,
                                  pub_status_str(s->pub_status));
                 break;
             }
@@ -541,7 +564,8 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
          * closed at once (that completes their requests); the replies of
          * live ones get a second, then their endpoints are closed too. */
         close_failed(t, &pl);
-        double until = refit_now() + 1;
+        /* A conditional request's answer may take its wait. */
+        double until = refit_now() + 1 + (ctl ? ctl->wait.ms * 1e-3 : 0);
         bool any;
         do {
             any = false;

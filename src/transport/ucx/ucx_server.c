@@ -103,6 +103,7 @@ static ucs_status_t queue_job(refit_transport_t *t, int type, const void *hdr, s
     }
     j->type = type;
     j->conn = c;
+    j->arrived = refit_now();
     c->refs++;
     j->nitems = n;
     if (type == AM_REQ) j->req = rh;
@@ -202,6 +203,26 @@ static void hello_reply(refit_transport_t *t, job_t *j, const void **buf, size_t
     *len = (size_t)j->nitems * 8;
 }
 
+/* A request's condition (req_hdr_t): PUB_OK when it holds or there is none,
+ * PUB_NOT_READY when it does not (yet), PUB_NO_REGION / PUB_RANGE when it
+ * names memory this publisher does not expose (the word 8-byte aligned). */
+static int32_t check_wait(refit_transport_t *t, const req_hdr_t *q)
+{
+    if (!q->wait_ms) return PUB_OK;
+    pub_region_t *w = region_of(t, q->wait_region);
+    if (!w) return PUB_NO_REGION;
+    if (w->size < 8 || q->word_off > w->size - 8 || (uintptr_t)(w->base + q->word_off) % 8 || q->flag_off >= w->size ||
+        q->wait_ms > UCX_MAX_WAIT_MS)
+        return PUB_RANGE;
+    /* The writer marks the flag (release) after the bytes it guards, and
+     * changes the word before it clears flags for other bytes: the word read
+     * again after the flag rules out a flag of the next round. */
+    const uint64_t *word = (const uint64_t *)(w->base + q->word_off);
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != q->word) return PUB_NOT_READY;
+    if (!__atomic_load_n(w->base + q->flag_off, __ATOMIC_ACQUIRE)) return PUB_NOT_READY;
+    return __atomic_load_n(word, __ATOMIC_ACQUIRE) == q->word ? PUB_OK : PUB_NOT_READY;
+}
+
 /* Checks a request: its connection authenticated with this token, this
  * publisher, an exposed region, runs inside it, at most UCX_MAX_REPLY bytes. */
 static int32_t check_req(refit_transport_t *t, const job_t *j, pub_region_t **region, uint64_t *total)
@@ -252,6 +273,9 @@ static bool serve_job(refit_transport_t *t, job_t *j)
         pub_region_t *r = NULL;
         uint64_t total = 0;
         d->status = check_req(t, j, &r, &total);
+        if (d->status == PUB_OK) d->status = check_wait(t, &j->req);
+        if (d->status == PUB_NOT_READY && refit_now() - j->arrived < j->req.wait_ms * 1e-3)
+            return false; /* not written yet: asked again next round (pub_thread polls while jobs wait) */
         if (d->status == PUB_AUTH) {
             c->closing = true; /* a request without the handshake: cut off after the refusal */
             refit_log(REFIT_LOG_WARN, "ucx: a request without a valid connection token; connection closed");
@@ -361,11 +385,17 @@ static void *pub_thread(void *arg)
         if (n) idle_since = now;
         bool sleep = !n && now - idle_since >= t->o.spin_us * 1e-6;
         ucs_status_t s = sleep ? ucp_worker_arm(t->pw) : UCS_ERR_BUSY;
+        /* A job left queued waits for its connection's replies to drain (an
+         * event wakes us) or for its condition (memory nobody signals): with
+         * one of those, look again within a millisecond. */
+        int timeout_ms = 100;
+        for (size_t i = 0; i < t->jobs.len && timeout_ms > 1; i++)
+            if (t->jobs.data[i]->type == AM_REQ && t->jobs.data[i]->req.wait_ms) timeout_ms = 1;
         pthread_mutex_unlock(&t->lock);
         if (atomic_load(&t->waiters)) usleep(20);
         if (s == UCS_OK) {
             struct pollfd pf[2] = {{t->pw_efd, POLLIN, 0}, {t->wake_fd, POLLIN, 0}};
-            if (poll(pf, 2, 100) > 0 && (pf[1].revents & POLLIN)) {
+            if (poll(pf, 2, timeout_ms) > 0 && (pf[1].revents & POLLIN)) {
                 uint64_t x;
                 if (read(t->wake_fd, &x, sizeof(x)) < 0) { /* nothing to do */
                 }
