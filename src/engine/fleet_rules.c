@@ -141,14 +141,33 @@ static bool slower(const refit_fleet_sched_t *S, uint32_t v, uint32_t h, double 
     return false;
 }
 
+/* Whether holder h is clearly slower than another live holder and already
+ * has a chunk in flight: then it takes no second one (a slow link with
+ * several chunks in flight ends the pull that much later, each of them
+ * waiting behind the others; the faster holders take its share). */
+static bool held_back(const refit_fleet_sched_t *S, uint32_t h, double now)
+{
+    bool busy = false;
+    for (size_t i = 0; i < S->nc && !busy; i++) busy = S->c[i].state == REFIT_CHUNK_BUSY && S->c[i].owner == h;
+    if (!busy) return false;
+    for (uint32_t v = 0; v < S->nh; v++)
+        if (v != h && !S->h[v].failed && S->h[v].peer && slower(S, h, v, now)) return true;
+    return false;
+}
+
 /* First a free chunk of its own share, then a free chunk of another holder's
  * share (from the back of it), then a chunk another holder has had in flight
- * for too long (a re-read). */
+ * for too long (a re-read); nothing more for a slow holder that has one in
+ * flight (held_back). */
 refit_fleet_chunk_t *refit_fleet_claim(refit_fleet_sched_t *S, uint32_t h, double now, bool *none_left)
 {
     double mean = S->time_n ? S->time_sum / (double)S->time_n : 0.02;
     refit_fleet_chunk_t *take = NULL, *steal = NULL;
     bool any = false;
+    if (held_back(S, h, now)) {
+        *none_left = false;
+        return NULL;
+    }
     for (size_t i = 0; i < S->nc; i++) {
         refit_fleet_chunk_t *c = &S->c[i];
         if (c->state == REFIT_CHUNK_DONE || !refit_fleet_could_serve(S, h, c)) continue;

@@ -103,6 +103,27 @@ static void a_slower_holder_loses_its_share(void **state)
     assert_non_null(c);
     assert_int_equal(c->pref, 1);
     assert_int_equal(f.h[0].taken, 1);
+
+    /* A clearly slower holder keeps one chunk in flight, not more: its
+     * second worker gets nothing while the first is busy, and may claim
+     * again once that chunk is done. */
+    fixture_t g;
+    setup(&g, 2);
+    now = 0;
+    for (uint32_t k = 0; k < 3; k++) {
+        assert_non_null(read_one(&g, 0, now, 0.01));
+        assert_non_null(read_one(&g, 1, now, 0.1));
+        now += 0.1;
+    }
+    bool none_left = false;
+    refit_fleet_chunk_t *first = refit_fleet_claim(&g.S, 1, now, &none_left);
+    assert_non_null(first);
+    assert_null(refit_fleet_claim(&g.S, 1, now, &none_left));
+    assert_false(none_left);
+    /* The fast holder is not held back: it takes the last free chunk. */
+    assert_non_null(refit_fleet_claim(&g.S, 0, now, &none_left));
+    refit_fleet_chunk_done(&g.S, 1, first, first->bytes, 0.1, 0.1, false);
+    assert_int_equal(g.S.done, NC - 1);
 }
 
 static void an_overdue_chunk_is_read_again(void **state)
