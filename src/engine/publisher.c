@@ -259,9 +259,22 @@ static void *heartbeat_main(void *arg)
         bool absent = false;
         refit_status_t st = refit_registry_beat(p->reg, p->group, p->m->rank, &p->info, p->params.dead_ms, &absent);
         if (!st && absent) {
+            /* Our entry was gone: the store lost its data (its epoch
+             * changed, or cannot be read), and leases may have vanished with
+             * it; or this beat came later than dead_ms (a process starved of
+             * CPU) and the entry expired, which says nothing about leases:
+             * fencing then held up the next version for a lease lifetime
+             * (10 s) on a busy host. */
+            uint64_t e = 0;
+            bool same = !refit_registry_epoch(p->reg, &e, NULL);
             pthread_mutex_lock(&p->lock);
-            p->lost_at = refit_now(); /* leases may have vanished with our entries */
+            same = same && e == p->epoch;
+            if (!same) p->lost_at = refit_now();
             pthread_mutex_unlock(&p->lock);
+            refit_log(same ? REFIT_LOG_INFO : REFIT_LOG_WARN, "rank %u of %s: heartbeat entry was gone: %s", p->m->rank,
+                      p->group,
+                      same ? "it expired (this beat came later than dead_ms); same store"
+                           : "the store lost its data; leases are trusted again after a lease lifetime");
         }
         if (!st && (lost || absent) && !(st = reannounce(p))) {
             refit_log(REFIT_LOG_INFO, "rank %u: registry is back; manifest and record written again", p->m->rank);
@@ -362,14 +375,15 @@ static refit_status_t check_epoch(refit_publisher_t *p, uint64_t version)
     uint64_t e = 0;
     refit_status_t st = refit_registry_epoch(p->reg, &e, NULL);
     if (st) return st;
-    if (e == p->epoch) return REFIT_OK;
-    bool first = p->epoch == 0;
+    pthread_mutex_lock(&p->lock); /* the heartbeat thread reads it */
+    uint64_t was = p->epoch;
     p->epoch = e;
-    if (first) return REFIT_OK;
+    pthread_mutex_unlock(&p->lock);
+    if (e == was || was == 0) return REFIT_OK;
     refit_log(REFIT_LOG_WARN,
-              "rank %u: the registry lost its data (new epoch); leases on version %" PRIu64
-              " are trusted again after %u ms",
-              p->m->rank, version, p->params.lease_ms);
+              "rank %u of %s: the registry lost its data (epoch %016" PRIx64 " -> %016" PRIx64
+              "); leases on version %" PRIu64 " are trusted again after %u ms",
+              p->m->rank, p->group, was, e, version, p->params.lease_ms);
     pthread_mutex_lock(&p->lock);
     p->lost_at = refit_now();
     pthread_mutex_unlock(&p->lock);

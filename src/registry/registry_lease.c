@@ -32,6 +32,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "registry/registry_internal.h"
 #include "util/crypto.h"
@@ -88,6 +89,7 @@ refit_status_t refit_registry_epoch(refit_registry_t *r, uint64_t *epoch, bool *
         if (!st) {
             *epoch = e;
             if (created) *created = true;
+            refit_log(REFIT_LOG_INFO, "registry %s: epoch %016" PRIx64 " made (pid %ld)", r->url, e, (long)getpid());
             return REFIT_OK;
         }
         if (st != REFIT_ERR_BUSY) return st; /* else another process made it first: read it */
