@@ -108,7 +108,7 @@ for p in sys.argv[1:]:
     print(p, 'limit_ratio', d['limit_ratio'], 'first_refit_ratio', d['first_refit_ratio'], 'verified', d['verified'])
     for r in d['runs']:
         print('  %s refit %.2f ms xfer %.2f ms d2d %.2f ms kernel-alone %.2f ms limit %.3f first %.2f ms (%.2fx) prepare %.1f ms cold first %.1f ms open %.1f ms verified %s' % (
-            r['dst'], r['refit_s']*1e3, r['refit_transfer_s']*1e3, r['d2d_copy_s']*1e3, r['copy_kernel_s']*1e3, r['limit_ratio'],
+            r['dst'], r['refit_s']*1e3, r['refit_transfer_s']*1e3, r['d2d_copy_s']*1e3, r['bench_copy_kernel_s']*1e3, r['limit_ratio'],
             r['first_refit_s']*1e3, r['first_refit_ratio'], r['prepare_s']*1e3, r['cold_first_refit_s']*1e3, r['cold_handle_open_ms'], r['verified']))
         print('     lanes:', r['refit']['lanes'] if r.get('refit') else None)
 PY

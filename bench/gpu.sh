@@ -29,7 +29,7 @@ echo "nvcc: $nvcc_path"
 cmake -S . -B build-gpu -G Ninja -DREFIT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc_path" > "$out/cmake.txt" 2>&1 || { tail -30 "$out/cmake.txt"; exit 1; }
 grep -E "refit:" "$out/cmake.txt"
-timeout 400 ninja -C build-gpu refit test_gpu 2>&1 | tail -5 || true
+timeout 400 ninja -C build-gpu refit refit-bench test_gpu 2>&1 | tail -5 || true
 echo "build: $(( $(date +%s) - t0 )) s"
 [ -x build-gpu/refit ] || { echo "no refit binary"; exit 1; }
 build-gpu/refit gpus

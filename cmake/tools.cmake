@@ -45,9 +45,22 @@ set_target_properties(refit PROPERTIES BUILD_RPATH ${CMAKE_BINARY_DIR})
 # undefined symbols as well).
 file(GLOB REFIT_BENCH_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/bench/refit_bench/*.c)
 add_executable(refit-bench ${REFIT_BENCH_SOURCES})
-target_compile_options(refit-bench PRIVATE ${REFIT_WARNINGS})
+target_compile_options(refit-bench PRIVATE $<$<COMPILE_LANGUAGE:C>:${REFIT_WARNINGS}>)
 target_compile_definitions(refit-bench PRIVATE _GNU_SOURCE)
 target_link_libraries(refit-bench PRIVATE refit_tool_common refit_tool_pure refit_shared m)
+# The GPU scenarios' baselines (bench/refit_bench/gpu_baseline.cu: peer copy,
+# d2d copy, NCCL pack + broadcast + unpack) on the CUDA runtime; nccl.h when
+# CMakeLists.txt found it (the library itself is dlopened at run time).
+if(REFIT_CUDA_ENABLED)
+  target_sources(refit-bench PRIVATE ${CMAKE_SOURCE_DIR}/bench/refit_bench/gpu_baseline.cu)
+  target_compile_definitions(refit-bench PRIVATE BENCH_HAVE_CUDA)
+  target_compile_options(refit-bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  target_link_libraries(refit-bench PRIVATE CUDA::cudart_static ${CMAKE_DL_LIBS})
+  if(REFIT_NCCL_FOUND)
+    target_include_directories(refit-bench PRIVATE ${REFIT_NCCL_INCLUDE_DIR})
+    target_compile_definitions(refit-bench PRIVATE BENCH_HAVE_NCCL "BENCH_NCCL_LIBRARY=\"${REFIT_NCCL_LIBRARY}\"")
+  endif()
+endif()
 set_target_properties(refit-bench PROPERTIES BUILD_RPATH ${CMAKE_BINARY_DIR})
 
 # Installed beside each other (`refit bench` runs the refit-bench next to

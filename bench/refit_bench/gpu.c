@@ -12,15 +12,17 @@
  *      discovery round to the latest receiver's end of transfer (data in
  *      place, padding written, sources re-checked), across processes.
  *   2. the raw limit: one peer copy of the same number of bytes
- *      src -> dst GPU (cudaMemcpyPeerAsync; also the copy kernel alone);
+ *      src -> dst GPU (cudaMemcpyPeerAsync; also the bench's own copy
+ *      kernel over P2P);
  *   3. the NCCL baseline: pack the source layout into one buffer, broadcast
- *      it, unpack into the destination layout, verified.
+ *      it, unpack into the destination layout (the bench's batched copy
+ *      kernel, one launch per plan), verified.
  * Prints one JSON object (and writes it to --out).
  *
  * refit-bench --scenario colocated (bench_colocated below): everything on
  * one GPU against a device-to-device copy of the same bytes.  Both run
  * `refit demo` (the program beside refit-bench) for the refit phases and
- * the baselines of include/refit/gpu.h in this process. */
+ * the baselines of gpu_baseline.h in this process. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -32,6 +34,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "gpu_baseline.h"
 #include "tool_proc.h"
 
 /* Runs argv (argv[0]: the path of refit) and returns its stdout; stderr passes through. */
@@ -177,15 +180,15 @@ int bench_gpu(int argc, char **argv)
         steady_connect = TOOL_MAX(steady_connect, jnum(refit_json_at(pc, k), "connect_ms"));
     }
     /* 2 and 3. the baselines, in this process. */
-    refit_gpu_baseline_t b;
+    bench_gpu_baseline_t b;
     memset(&b, 0, sizeof(b));
     refit_status_t bst = REFIT_OK;
     char berr[512] = "";
     if (!skip_baseline) {
         fprintf(stderr, "refit bench: baselines: raw peer copy and NCCL broadcast (pack, broadcast, unpack)\n");
-        refit_gpu_baseline_cfg_t cfg = {model,           src,      dst, (int)src_dev, (int)dst_dev, (uint32_t)iters, 0,
+        bench_gpu_baseline_cfg_t cfg = {model,           src,      dst, (int)src_dev, (int)dst_dev, (uint32_t)iters, 0,
                                         (uint64_t)bytes, skip_nccl};
-        bst = refit_gpu_baseline(&cfg, &b);
+        bst = bench_gpu_baseline(&cfg, &b);
         if (bst) {
             snprintf(berr, sizeof(berr), "%s: %s", refit_status_name(bst), refit_last_error());
             fprintf(stderr, "refit bench: baseline: %s\n", berr);
@@ -227,8 +230,8 @@ int bench_gpu(int argc, char **argv)
     fprintf(
         f,
         ",\"bytes\":%" PRId64 ",\"refit_s\":%.6f,\"refit_gbps\":%.2f,\"refit_transfer_s\":%.6f,"
-        "\"publish_to_commit_s\":%.6f,\"peer_copy_s\":%.6f,\"peer_copy_gbps\":%.2f,\"peer_copy_kernel_s\":%.6f,"
-        "\"peer_copy_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"nccl_s\":%.6f,\"nccl_gbps\":%.2f,\"nccl_ratio\":%.4f,"
+        "\"publish_to_commit_s\":%.6f,\"peer_copy_s\":%.6f,\"peer_copy_gbps\":%.2f,\"peer_copy_bench_kernel_s\":%.6f,"
+        "\"peer_copy_bench_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"nccl_s\":%.6f,\"nccl_gbps\":%.2f,\"nccl_ratio\":%.4f,"
         "\"nccl_pack_s\":%.6f,\"nccl_bcast_s\":%.6f,\"nccl_bcast_gbps\":%.2f,\"nccl_unpack_s\":%.6f,"
         "\"kernel_launches_per_refit\":%.0f,\"handle_open_ms\":%.3f,\"steady_connect_ms\":%.3f,"
         "\"registration_ms\":%.3f,\"refit_verified\":%s,\"nccl_verified\":%s,\"verified\":%s,"
@@ -266,7 +269,7 @@ int bench_gpu(int argc, char **argv)
     fprintf(stderr,
             "\nrefit bench (gpu): %s %s -> %s, %.2f GB per refit\n"
             "  refit      %.4f s  (%.1f GB/s; transfer %.4f s; %.0f kernel launches; handle open %.1f ms)  %s\n"
-            "  peer copy  %.4f s  (%.1f GB/s; copy kernel alone %.4f s)\n"
+            "  peer copy  %.4f s  (%.1f GB/s; the bench's copy kernel %.4f s)\n"
             "  NCCL       %.4f s  (pack %.4f + broadcast %.4f + unpack %.4f)\n"
             "  limit_ratio %.3f (target <= 1.2)   nccl_ratio %.3f (> 1 means refit is faster)\n",
             model, src, dst, bytes / 1e9, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, refit_xfer_s, launches,
@@ -408,13 +411,13 @@ int bench_colocated(int argc, char **argv)
         double cold_s = refit_json_len(pcc) ? jnum(refit_json_at(pcc, 0), "span_ms") / 1e3 : 0;
         double cold_open = refit_json_len(pcc) ? jnum(refit_json_at(pcc, 0), "connect_ms") : 0;
         double cold_steady = demo[1] ? jnum(demo[1], "steady_span_ms") / 1e3 : 0;
-        refit_gpu_d2d_t d;
+        bench_gpu_d2d_t d;
         memset(&d, 0, sizeof(d));
         char derr[512] = "";
         refit_status_t dst_st = REFIT_ERR_UNSUPPORTED;
         if (bytes > 0) {
             fprintf(stderr, "refit bench: limit: device-to-device copy of %" PRId64 " bytes on GPU %s\n", bytes, sdev);
-            dst_st = refit_gpu_d2d_baseline((int)dev, (uint64_t)bytes, (uint32_t)iters, &d);
+            dst_st = bench_gpu_d2d_baseline((int)dev, (uint64_t)bytes, (uint32_t)iters, &d);
             if (dst_st) snprintf(derr, sizeof(derr), "%s: %s", refit_status_name(dst_st), refit_last_error());
         } else snprintf(derr, sizeof(derr), "no refit result: no byte count to copy");
         double limit = d.copy_s > 0 && refit_s > 0 ? refit_s / d.copy_s : 0;
@@ -429,8 +432,8 @@ int bench_colocated(int argc, char **argv)
         fprintf(
             f,
             ",\"bytes\":%" PRId64 ",\"refit_s\":%.6f,\"refit_gbps\":%.2f,\"refit_transfer_s\":%.6f,"
-            "\"d2d_copy_s\":%.6f,\"d2d_copy_gbps\":%.2f,\"d2d_bytes\":%" PRIu64 ",\"copy_kernel_s\":%.6f,"
-            "\"copy_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"limit_ratio_ok\":%s,"
+            "\"d2d_copy_s\":%.6f,\"d2d_copy_gbps\":%.2f,\"d2d_bytes\":%" PRIu64 ",\"bench_copy_kernel_s\":%.6f,"
+            "\"bench_copy_kernel_gbps\":%.2f,\"limit_ratio\":%.4f,\"limit_ratio_ok\":%s,"
             "\"first_refit_s\":%.6f,\"first_refit_ratio\":%.4f,\"first_refit_ok\":%s,\"first_connect_ms\":%.3f,"
             "\"prepare_s\":%.6f,\"cold_first_refit_s\":%.6f,\"cold_handle_open_ms\":%.3f,\"cold_steady_refit_s\":%.6f,"
             "\"cold_first_refit_ratio\":%.4f,\"refit_verified\":%s,\"d2d_verified\":%s,\"verified\":%s,\"d2d_error\":",
@@ -449,7 +452,7 @@ int bench_colocated(int argc, char **argv)
             stderr,
             "refit bench (colocated): %s -> %s, %.2f GB\n"
             "  refit      %.4f s (%.1f GB/s)  first refit %.4f s (prepared in %.3f s before it; cold: %.4f s, handles %.1f ms)\n"
-            "  d2d copy   %.4f s (%.1f GB/s; copy kernel alone %.4f s)\n"
+            "  d2d copy   %.4f s (%.1f GB/s; the bench's copy kernel %.4f s)\n"
             "  limit_ratio %.3f (target <= 1.15)  first_refit_ratio %.3f (target <= 2)  %s\n",
             src, dst, bytes / 1e9, refit_s, refit_s > 0 ? bytes / refit_s / 1e9 : 0, first_s, prepare_s, cold_s,
             cold_open, d.copy_s, d.copy_s > 0 ? d.bytes / d.copy_s / 1e9 : 0, d.kernel_s, limit, first_ratio,

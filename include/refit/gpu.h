@@ -1,6 +1,6 @@
 /*
- * refit/gpu.h - the CUDA devices this library sees, and the GPU benchmark's
- * baselines.
+ * refit/gpu.h - the CUDA devices this library sees, and the synthetic truth
+ * in their memory.
  *
  * Every function here exists in every build: without CUDA (refit_features()
  * lacks REFIT_FEATURE_CUDA) refit_gpu_count() is 0, refit_gpu_can_access_peer()
@@ -16,6 +16,7 @@
 
 #include "refit/manifest.h"
 #include "refit/status.h"
+#include "refit/truth.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,52 +42,16 @@ REFIT_API bool refit_gpu_can_access_peer(int dev, int peer);
  * memory: bases[i] is region i of m, memory of device dev. */
 REFIT_API refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *const *bases, uint64_t version);
 
-/* Baselines of the GPU benchmark (refit-bench --scenario gpu|colocated), in
- * one process holding the GPUs: the raw peer copy of `bytes` src_dev ->
- * dst_dev (copy engines: cudaMemcpyPeerAsync, and the batch kernel pulling
- * over P2P), and NCCL (loaded at run time when built with nccl.h): pack the
- * source layout into one buffer (the hf layout) on src_dev, broadcast it to
- * dst_dev, unpack it into every destination rank, verify every byte. */
-#define REFIT_GPU_BASELINE_MAX_ITERS 32
-typedef struct {
-    const char *model, *src_layout, *dst_layout;
-    int src_dev, dst_dev;
-    uint32_t iters;      /* timed repetitions (0: 5) */
-    uint64_t nccl_chunk; /* bytes per ncclBroadcast (0: 1 GiB) */
-    uint64_t peer_bytes; /* bytes of the raw peer copy (0: the packed model) */
-    bool skip_nccl;
-} refit_gpu_baseline_cfg_t;
-
-typedef struct {
-    uint64_t bytes;        /* the model's bytes */
-    uint64_t packed_bytes; /* the packed buffer (the hf layout: tensors 256-byte aligned) */
-    uint64_t peer_bytes;   /* bytes of the raw peer copy */
-    uint32_t iters;
-    double peer_copy_s;                       /* median, cudaMemcpyPeerAsync of `bytes` */
-    double peer_copy_kernel_s;                /* median, the batch kernel on dst_dev reading src_dev */
-    double pack_s, bcast_s, unpack_s, nccl_s; /* medians; nccl_s = the median of pack + bcast + unpack */
-    double peer_copy_runs[REFIT_GPU_BASELINE_MAX_ITERS], nccl_runs[REFIT_GPU_BASELINE_MAX_ITERS];
-    uint64_t pack_launches, unpack_launches, bcast_calls; /* per iteration */
-    bool nccl_ran, verified;                              /* every destination byte checked in every iteration */
-    uint64_t digest_src, digest_dst;                      /* of the packed buffer before and after the broadcast */
-    int nccl_version;
-    char nccl_library[256];
-    char note[256];
-} refit_gpu_baseline_t;
-REFIT_API refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg, refit_gpu_baseline_t *out);
-
-/* The colocated limit on one GPU: `bytes` (rounded down to 256) copied
- * device to device by cudaMemcpyAsync, and by the batch kernel as one
- * region; source filled with a non-zero pattern, each copy checked by
- * digest.  Medians of `iters` (0: 5) after one warm-up. */
-typedef struct {
-    uint64_t bytes;
-    uint32_t iters;
-    double copy_s, kernel_s; /* medians */
-    double copy_runs[REFIT_GPU_BASELINE_MAX_ITERS];
-    bool copy_verified, kernel_verified;
-} refit_gpu_d2d_t;
-REFIT_API refit_status_t refit_gpu_d2d_baseline(int dev, uint64_t bytes, uint32_t iters, refit_gpu_d2d_t *out);
+/* Verifies device memory against the synthetic truth of `version`: bases[i]
+ * is region i of m, memory of device dev; every byte of every local tensor
+ * is checked on the device (placed elements against the truth, padding
+ * against zero), as refit_truth_verify does on the host.  REFIT_ERR_VERIFY
+ * if anything differs, with a detail naming the first wrong element or
+ * byte.  report may be NULL; otherwise report->size must be set
+ * (REFIT_TRUTH_REPORT_INIT; too small: REFIT_ERR_INVALID_ARG, nothing
+ * checked) and it is written whether the bytes match or not. */
+REFIT_API refit_status_t refit_gpu_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases,
+                                                uint64_t version, refit_truth_report_t *report);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* include/refit/gpu.h in builds without CUDA: no devices, no baselines.
+/* include/refit/gpu.h in builds without CUDA: no devices.
  * With CUDA, src/transport/cuda/ defines these functions instead. */
 #ifndef REFIT_HAVE_CUDA
 #include "refit/gpu.h"
@@ -27,18 +27,13 @@ refit_status_t refit_gpu_truth_fill(const refit_manifest_t *m, int dev, void *co
     return refit_error(REFIT_ERR_UNSUPPORTED, "GPU %d: this refit was built without CUDA", dev);
 }
 
-refit_status_t refit_gpu_baseline(const refit_gpu_baseline_cfg_t *cfg, refit_gpu_baseline_t *out)
+refit_status_t refit_gpu_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases, uint64_t version,
+                                      refit_truth_report_t *report)
 {
-    (void)cfg;
-    (void)out;
-    return refit_error(REFIT_ERR_UNSUPPORTED, "GPU baseline: this refit was built without CUDA");
-}
-
-refit_status_t refit_gpu_d2d_baseline(int dev, uint64_t bytes, uint32_t iters, refit_gpu_d2d_t *out)
-{
-    (void)bytes;
-    (void)iters;
-    (void)out;
+    (void)m;
+    (void)bases;
+    (void)version;
+    (void)report;
     return refit_error(REFIT_ERR_UNSUPPORTED, "GPU %d: this refit was built without CUDA", dev);
 }
 #else

@@ -480,6 +480,9 @@ extern "C" refit_status_t refit_gpu_truth_verify(const refit_manifest_t *m, int 
                                                  uint64_t version, refit_truth_report_t *report)
 {
     if (!m || !bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_truth_verify: NULL argument");
+    if (report && report->size < sizeof(*report))
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_truth_verify: report->size %zu (REFIT_TRUTH_REPORT_INIT)",
+                           report->size);
     return truth_run(m, dev, (void *const *)bases, version, true, report);
 }
 

@@ -13,7 +13,7 @@
 #include <stdio.h>
 
 #include "plan/batch.h"
-#include "refit/gpu.h" /* refit_gpu_count, _info, _can_access_peer, the baselines */
+#include "refit/gpu.h" /* refit_gpu_count, _info, _can_access_peer, truth fill and verify */
 #include "refit/manifest.h"
 #include "refit/plan.h"
 #include "refit/truth.h"
@@ -37,12 +37,9 @@ void refit_gpu_host_free(void *p);
 /* Synchronous copy between any two of host and device memory. */
 refit_status_t refit_gpu_copy(void *dst, const void *src, uint64_t n);
 
-/* The synthetic truth on the GPU (truth_table.h): every region base must be
- * memory of one device.  Verify checks every byte of every local tensor
- * (placed elements and zero padding), counts mismatches on the device and
- * copies one counter (and the first mismatch) back. */
-refit_status_t refit_gpu_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases, uint64_t version,
-                                      refit_truth_report_t *report);
+/* refit_gpu_truth_verify (refit/gpu.h) runs truth_table.h's walk on the
+ * device, counts mismatches there and copies one counter (and the first
+ * mismatch) back. */
 /* The positional digest (truth_hd.h) of n bytes of device memory (8-byte aligned). */
 refit_status_t refit_gpu_digest(int dev, const void *p, uint64_t n, uint64_t *out);
 
