@@ -48,6 +48,8 @@ uint64_t refit_random_u64(void);
  * bits of the origin of the version they serve, so that readers skip a
  * relay of another trainer incarnation without reading it). */
 void refit_publisher_stamp(refit_publisher_t *p, uint32_t flags);
+/* Its exposed memory changed (transport.h: notify). */
+void refit_publisher_notify(refit_publisher_t *p);
 void refit_hostname(char *buf, size_t n);
 
 #endif

@@ -97,8 +97,10 @@ typedef struct {
     double deadline;
     uint64_t version;
     refit_progress_hdr_t *progress; /* ours, when we are a relay */
-    uint64_t origin;                /* see refit_fleet_xfer_t */
-    uint64_t launches;              /* GPU kernel launches of the chunk pulls (cuda_ipc) */
+    void (*marked)(void *user);     /* refit_fleet_xfer_t's */
+    void *user;
+    uint64_t origin;   /* see refit_fleet_xfer_t */
+    uint64_t launches; /* GPU kernel launches of the chunk pulls (cuda_ipc) */
     bool finished;
     unsigned active;
     pthread_mutex_t lock;
@@ -322,10 +324,11 @@ static void *worker_main(void *arg)
             break;
         }
         /* Once done, our own readers may take it from here (the bytes are written). */
-        if (refit_fleet_chunk_done(&S->k, h, c, bytes, cost, dt, rows) && S->progress)
-            __atomic_store_n((uint8_t *)(S->progress + 1) + (c - S->k.c), 1, __ATOMIC_RELEASE);
+        bool marked = refit_fleet_chunk_done(&S->k, h, c, bytes, cost, dt, rows) && S->progress;
+        if (marked) __atomic_store_n((uint8_t *)(S->progress + 1) + (c - S->k.c), 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&S->cond);
         pthread_mutex_unlock(&S->lock);
+        if (marked && S->marked) S->marked(S->user);
         double tp = refit_now();
         pace(S, H, bytes, t0);
         pthread_mutex_lock(&S->lock);
@@ -492,6 +495,8 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
         hd->origin = x->origin;
         __atomic_store_n(&hd->version, x->version, __ATOMIC_RELEASE);
         S.progress = hd;
+        S.marked = x->marked;
+        S.user = x->user;
         if (x->announce) x->announce(x->user);
     }
     pthread_mutex_init(&S.lock, NULL);

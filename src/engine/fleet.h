@@ -74,6 +74,7 @@ typedef struct {
     uint64_t version;     /* the version moved (checked against relays' progress) */
     void *progress;       /* this receiver's own progress region (it is a relay), or NULL */
     void (*announce)(void *user); /* called once *progress is valid: the relay may serve it */
+    void (*marked)(void *user);   /* called after a chunk is marked in *progress (lock not held) */
     refit_status_t (*tick)(void *user);
     void *user;
     refit_fleet_resume_t *resume; /* NULL: start from nothing */

@@ -506,6 +506,12 @@ void refit_publisher_stamp(refit_publisher_t *p, uint32_t flags)
     if (p) p->rec_flags = flags;
 }
 
+void refit_publisher_notify(refit_publisher_t *p)
+{
+    for (uint32_t i = 0; p && i < p->ts.n; i++)
+        if (p->ts.ops[i]->notify && p->ts.ctx[i]) p->ts.ops[i]->notify(p->ts.ctx[i]);
+}
+
 double refit_publisher_digest_ms(const refit_publisher_t *p) { return p ? p->digest_ms : 0; }
 
 refit_status_t refit_publisher_last_delta(const refit_publisher_t *p, refit_publish_delta_t *out)

@@ -128,6 +128,12 @@ static void fleet_announce(void *user)
     refit_relays_announce(r->relays, r->lease_version);
 }
 
+static void fleet_marked(void *user)
+{
+    refit_receiver_t *r = user;
+    refit_relays_marked(r->relays);
+}
+
 /* The chunked transfer over the holders into dst; on return the holders'
  * statistics are the receiver's (refit_receiver_holders), p->tix names the
  * trainer ranks read and *used the holders that served chunks. */
@@ -153,6 +159,7 @@ static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs,
                             .version = p->v,
                             .progress = refit_relays_progress(r->relays, dst),
                             .announce = fleet_announce,
+                            .marked = fleet_marked,
                             .origin = p->s.origin};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;

@@ -234,6 +234,11 @@ void refit_relays_announce(refit_relays_t *R, uint64_t v)
     R->partial = true;
 }
 
+void refit_relays_marked(refit_relays_t *R)
+{
+    if (R && R->pub) refit_publisher_notify(R->pub);
+}
+
 void refit_relays_abort(refit_relays_t *R)
 {
     if (!R || !R->pub || !R->partial) return;

@@ -19,6 +19,8 @@ void refit_relays_withdraw(refit_relays_t *R, int timeout_ms);
 refit_progress_hdr_t *refit_relays_progress(refit_relays_t *R, void *const *mem);
 /* The progress is valid for v: publish v while it is being received. */
 void refit_relays_announce(refit_relays_t *R, uint64_t v);
+/* A chunk was marked written in the progress: readers waiting for it are answered now. */
+void refit_relays_marked(refit_relays_t *R);
 /* The pull of the announced version failed: stop serving it. */
 void refit_relays_abort(refit_relays_t *R);
 /* After a commit: serve version v from the receiver's memory (slot >= 0 only). */

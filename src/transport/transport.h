@@ -98,6 +98,10 @@ typedef struct {
      * table on the GPU), moving nothing; for refit_receiver_prepare. */
     refit_status_t (*warm)(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                            void *const *dst_bases, const refit_pull_ctl_t *ctl);
+    /* Optional (REFIT_TCAP_WAIT): memory this process exposes has changed
+     * (a relay marked a chunk written): look at waiting conditional requests
+     * now.  Without it a transport looks within a millisecond anyway. */
+    void (*notify)(refit_transport_t *t);
 } refit_transport_ops_t;
 
 static inline unsigned refit_transport_caps(const refit_transport_ops_t *ops)

@@ -227,4 +227,5 @@ const refit_transport_ops_t refit_transport_ucx = {
     .disconnect = ucx_disconnect,
     .pull = ucx_pull,
     .set_key = ucx_set_key,
+    .notify = ucx_wake_thread,
 };

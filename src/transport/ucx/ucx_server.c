@@ -386,11 +386,12 @@ static void *pub_thread(void *arg)
         bool sleep = !n && now - idle_since >= t->o.spin_us * 1e-6;
         ucs_status_t s = sleep ? ucp_worker_arm(t->pw) : UCS_ERR_BUSY;
         /* A job left queued waits for its connection's replies to drain (an
-         * event wakes us) or for its condition (memory nobody signals): with
-         * one of those, look again within a millisecond. */
+         * event wakes us) or for its condition: the writer wakes us
+         * (refit_transport_ops_t.notify); with one of those, look again
+         * within 5 ms all the same (a writer that does not). */
         int timeout_ms = 100;
-        for (size_t i = 0; i < t->jobs.len && timeout_ms > 1; i++)
-            if (t->jobs.data[i]->type == AM_REQ && t->jobs.data[i]->req.wait_ms) timeout_ms = 1;
+        for (size_t i = 0; i < t->jobs.len && timeout_ms > 5; i++)
+            if (t->jobs.data[i]->type == AM_REQ && t->jobs.data[i]->req.wait_ms) timeout_ms = 5;
         pthread_mutex_unlock(&t->lock);
         if (atomic_load(&t->waiters)) usleep(20);
         if (s == UCS_OK) {
