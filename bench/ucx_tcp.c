@@ -2,8 +2,8 @@
  *
  *   bench_ucx_tcp [--size BYTES] [--reps N] [--rows RUN] [--ucx-opts OPTS] [--pub-opts OPTS]
  *
- * (root; makes namespaces joined by a veth pair with 10.77.0.1/24 and
- * 10.77.0.2/24, deleted at the end).  In the same run it measures
+ * (root; makes two namespaces on a bridge, 10.77.0.1 and 10.77.0.2, with
+ * tools/common/tool_netns.h, deleted at the end).  In the same run it measures
  *   (a) a plain TCP stream: one socket, SIZE bytes from a buffer in the
  *       first namespace into a buffer in the second (default kernel
  *       settings), and
@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 
 #include "plan/plan.h"
+#include "tool_netns.h"
 #include "transport/transport.h"
 #include "ucx_netns.h"
 
@@ -190,13 +191,7 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static nn_pair_t pair;
-static void on_signal(int sig)
-{
-    nn_pair_destroy(&pair);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
+static tool_netns_t ns; /* SIGINT and SIGTERM take it down (tool_netns_up) */
 
 int main(int argc, char **argv)
 {
@@ -229,13 +224,14 @@ int main(int argc, char **argv)
     ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (sl <= 0) return 2;
     self[sl] = 0;
-    const char *why;
-    if (nn_pair_create(&pair, "rfb", &why)) {
+    char why[128], ns_a[32], ns_b[32], addr_a[32];
+    if (!tool_netns_possible(why, sizeof(why)) || !tool_netns_up(&ns, 2, 0, why, sizeof(why))) {
         fprintf(stderr, "bench_ucx_tcp: cannot make the namespaces: %s\n", why);
         return 2;
     }
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    tool_netns_name(&ns, 0, ns_a, sizeof(ns_a));
+    tool_netns_name(&ns, 1, ns_b, sizeof(ns_b));
+    tool_netns_addr(0, addr_a, sizeof(addr_a));
     int rc = 2;
     char sz[32], rp[16], rw[32], line[70000];
     snprintf(rw, sizeof(rw), "%" PRIu64, rows);
@@ -248,11 +244,11 @@ int main(int argc, char **argv)
 
     /* Both pairs of processes start; then rep by rep, (a) then (b). */
     nn_child_t snd, rcv, pub, sub;
-    nn_spawn(&snd, pair.a, (char *const[]){self, "--tcp-send", "47001", sz, rp, NULL});
+    nn_spawn(&snd, ns_a, (char *const[]){self, "--tcp-send", "47001", sz, rp, NULL});
     /* The publisher listens on its end of the veth (listeners bind one address). */
     char popts[512];
-    snprintf(popts, sizeof(popts), "listen=" NETNS_ADDR_A "%s%s", pub_opts[0] ? "," : "", pub_opts);
-    nn_spawn(&pub, pair.a, (char *const[]){self, "--publish", sz, popts, NULL});
+    snprintf(popts, sizeof(popts), "listen=%s%s%s", addr_a, pub_opts[0] ? "," : "", pub_opts);
+    nn_spawn(&pub, ns_a, (char *const[]){self, "--publish", sz, popts, NULL});
     int sub_rc = -1;
     bool started = false;
     if (!nn_readline(&snd, line, sizeof(line), 60) || strcmp(line, "READY")) {
@@ -260,8 +256,8 @@ int main(int argc, char **argv)
     } else if (!nn_readline(&pub, line, sizeof(line), 60) || strncmp(line, "DESC ", 5)) {
         fprintf(stderr, "publisher did not start\n");
     } else {
-        nn_spawn(&rcv, pair.b, (char *const[]){self, "--tcp-recv", NETNS_ADDR_A, "47001", sz, rp, NULL});
-        nn_spawn(&sub, pair.b, (char *const[]){self, "--pull", line + 5, sz, (char *)ucx_opts, rp, rw, NULL});
+        nn_spawn(&rcv, ns_b, (char *const[]){self, "--tcp-recv", addr_a, "47001", sz, rp, NULL});
+        nn_spawn(&sub, ns_b, (char *const[]){self, "--pull", line + 5, sz, (char *)ucx_opts, rp, rw, NULL});
         started = nn_readline(&rcv, line, sizeof(line), 60) && !strcmp(line, "READY") &&
                   nn_readline(&sub, line, sizeof(line), 60) && !strcmp(line, "READY");
         if (!started) fprintf(stderr, "receivers did not start\n");
@@ -306,6 +302,6 @@ int main(int argc, char **argv)
            pub_opts, verified ? "true" : "false");
     rc = verified ? 0 : 1;
 out:
-    nn_pair_destroy(&pair);
+    tool_netns_down(&ns);
     return rc;
 }

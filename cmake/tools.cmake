@@ -9,30 +9,49 @@ target_include_directories(refit_tool_common PUBLIC ${CMAKE_SOURCE_DIR}/tools/co
 target_compile_options(refit_tool_common PRIVATE ${REFIT_WARNINGS})
 target_compile_definitions(refit_tool_common PRIVATE _GNU_SOURCE "REFIT_UCX_CUDA_STATUS=\"${REFIT_UCX_CUDA_STATUS}\"")
 
+# refit_tool_local: synthetic sources and destinations executed in process
+# (`refit plan --execute`, preflight, the tests), on the public API only.
+add_library(refit_tool_local STATIC ${CMAKE_SOURCE_DIR}/tools/common/tool_local.c)
+target_include_directories(refit_tool_local PUBLIC ${CMAKE_SOURCE_DIR}/tools/common ${CMAKE_SOURCE_DIR}/include)
+target_compile_options(refit_tool_local PRIVATE ${REFIT_WARNINGS})
+target_compile_definitions(refit_tool_local PRIVATE _GNU_SOURCE)
+
 # refit_tool_pure: internal code with no state, built a second time for the
 # programs that link librefit.so (whose copy is not exported): the strict
-# JSON reader and the growable arrays it uses (src/util/json.c, util.c),
-# random bytes (src/util/crypto.c), the in-process plan executor of
-# `refit plan --execute` and preflight (src/plan/local.c, on the public API),
-# and the fleet's scheduling rules that `refit simulate` runs
-# (src/engine/fleet_rules.c: pure functions of the scheduling state).
-add_library(refit_tool_pure STATIC ${CMAKE_SOURCE_DIR}/src/util/json.c ${CMAKE_SOURCE_DIR}/src/util/util.c
-            ${CMAKE_SOURCE_DIR}/src/util/crypto.c ${CMAKE_SOURCE_DIR}/src/plan/local.c
-            ${CMAKE_SOURCE_DIR}/src/engine/fleet_rules.c)
-target_include_directories(refit_tool_pure PRIVATE ${CMAKE_SOURCE_DIR}/src PUBLIC ${CMAKE_SOURCE_DIR}/include)
+# JSON reader and the growable arrays it uses (src/util/json.c, util.c) and
+# random bytes (src/util/crypto.c).  The programs see it through
+# tools/common/tool_pure.h only; tool_pure.c checks that header against the
+# library's (the one place besides refit_sim that is compiled with -I src).
+add_library(refit_tool_pure STATIC ${CMAKE_SOURCE_DIR}/tools/common/tool_pure.c ${CMAKE_SOURCE_DIR}/src/util/json.c
+            ${CMAKE_SOURCE_DIR}/src/util/util.c ${CMAKE_SOURCE_DIR}/src/util/crypto.c)
+target_include_directories(refit_tool_pure PRIVATE ${CMAKE_SOURCE_DIR}/src PUBLIC ${CMAKE_SOURCE_DIR}/tools/common
+                                                                               ${CMAKE_SOURCE_DIR}/include)
 target_compile_options(refit_tool_pure PRIVATE ${REFIT_WARNINGS} -fvisibility=hidden)
 target_compile_definitions(refit_tool_pure PRIVATE _GNU_SOURCE)
 
-# refit: the command, linked against librefit.so and the helpers above; it
-# includes internal headers (-I src) only for those helpers and the
-# simulator (src/sim, which runs src/engine/fleet_rules.c).  hiredis: the
-# clock check of `refit preflight` asks a Redis registry for its time.
-file(GLOB REFIT_TOOL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tools/*.c ${CMAKE_SOURCE_DIR}/src/sim/*.c)
+# refit_sim: the simulator of `refit simulate` (tools/sim/).  Its interface,
+# tools/sim/sim.h, uses public types only; its sources are compiled against
+# the library's internal headers (-I src, private to this target), because a
+# model of the engine runs the engine's own scheduling rules
+# (src/engine/fleet_rules.c, built a second time here: pure functions of the
+# scheduling state, with time passed in).
+file(GLOB REFIT_SIM_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tools/sim/*.c)
+add_library(refit_sim STATIC ${REFIT_SIM_SOURCES} ${CMAKE_SOURCE_DIR}/src/engine/fleet_rules.c)
+target_include_directories(refit_sim PRIVATE ${CMAKE_SOURCE_DIR}/src PUBLIC ${CMAKE_SOURCE_DIR}/tools/sim
+                                                                         ${CMAKE_SOURCE_DIR}/include)
+target_compile_options(refit_sim PRIVATE ${REFIT_WARNINGS} -fvisibility=hidden)
+target_compile_definitions(refit_sim PRIVATE _GNU_SOURCE)
+target_link_libraries(refit_sim PRIVATE refit_tool_pure m)
+
+# refit: the command, linked against librefit.so and the helpers above; its
+# own sources include only include/refit/, tools/common/ and tools/sim/sim.h
+# (no -I src: test public_api checks).  hiredis: the clock check of
+# `refit preflight` asks a Redis registry for its time.
+file(GLOB REFIT_TOOL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tools/*.c)
 add_executable(refit ${REFIT_TOOL_SOURCES})
-target_include_directories(refit PRIVATE ${CMAKE_SOURCE_DIR}/src)
 target_compile_options(refit PRIVATE ${REFIT_WARNINGS})
 target_compile_definitions(refit PRIVATE _GNU_SOURCE)
-target_link_libraries(refit PRIVATE refit_tool_common refit_tool_pure refit_shared m)
+target_link_libraries(refit PRIVATE refit_sim refit_tool_common refit_tool_local refit_tool_pure refit_shared m)
 if(TARGET PkgConfig::REFIT_PC_REDIS AND "REFIT_HAVE_REDIS" IN_LIST REFIT_OPTIONAL_DEFS)
   target_compile_definitions(refit PRIVATE REFIT_HAVE_REDIS)
   target_link_libraries(refit PRIVATE PkgConfig::REFIT_PC_REDIS)

@@ -18,9 +18,6 @@
 
 #include "tool.h"
 #include "tool_proc.h"
-#include "util/crypto.h"
-#include "util/json.h"
-#include "util/util.h"
 
 #define MAX_CHILDREN 256
 #define MAX_CYCLES 1000
@@ -125,19 +122,19 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             refit_json_int(refit_json_get(o, "bytes"), &bytes);
             cy->reports++;
             cy->bytes += (uint64_t)bytes;
-            cy->discover = REFIT_MAX(cy->discover, num(o, "discover_ms"));
-            cy->plan = REFIT_MAX(cy->plan, num(o, "plan_ms"));
-            cy->transfer = REFIT_MAX(cy->transfer, num(o, "transfer_ms"));
-            cy->verify = REFIT_MAX(cy->verify, num(o, "verify_ms"));
-            cy->digest_ms = REFIT_MAX(cy->digest_ms, num(o, "digest_ms"));
+            cy->discover = TOOL_MAX(cy->discover, num(o, "discover_ms"));
+            cy->plan = TOOL_MAX(cy->plan, num(o, "plan_ms"));
+            cy->transfer = TOOL_MAX(cy->transfer, num(o, "transfer_ms"));
+            cy->verify = TOOL_MAX(cy->verify, num(o, "verify_ms"));
+            cy->digest_ms = TOOL_MAX(cy->digest_ms, num(o, "digest_ms"));
             cy->digest_bytes += (uint64_t)num(o, "digest_bytes");
             cy->unverified_bytes += (uint64_t)num(o, "unverified_bytes");
-            cy->total = REFIT_MAX(cy->total, num(o, "total_ms"));
-            cy->connect = REFIT_MAX(cy->connect, num(o, "connect_ms"));
+            cy->total = TOOL_MAX(cy->total, num(o, "total_ms"));
+            cy->connect = TOOL_MAX(cy->connect, num(o, "connect_ms"));
             double b = num(o, "begin_s"), e = num(o, "end_s"), xb = num(o, "transfer_begin_s");
             if (b > 0 && (cy->begin == 0 || b < cy->begin)) cy->begin = b;
             if (xb > 0 && (cy->xbegin == 0 || xb < cy->xbegin)) cy->xbegin = xb;
-            cy->end = REFIT_MAX(cy->end, e);
+            cy->end = TOOL_MAX(cy->end, e);
             int64_t x = 0;
             refit_json_int(refit_json_get(o, "launches"), &x);
             cy->launches += (uint64_t)x;
@@ -160,13 +157,13 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
         refit_json_int(refit_json_get(o, "version"), &v);
         if (v >= (int64_t)first && (uint64_t)v < first + ncycles) {
             cycle_t *cy = &cycles[v - (int64_t)first];
-            cy->published = REFIT_MAX(cy->published, num(o, "at_s"));
-            cy->publish_ms = REFIT_MAX(cy->publish_ms, num(o, "publish_ms"));
-            cy->fill_ms = REFIT_MAX(cy->fill_ms, num(o, "fill_ms"));
-            cy->pub_digest_ms = REFIT_MAX(cy->pub_digest_ms, num(o, "digest_ms"));
+            cy->published = TOOL_MAX(cy->published, num(o, "at_s"));
+            cy->publish_ms = TOOL_MAX(cy->publish_ms, num(o, "publish_ms"));
+            cy->fill_ms = TOOL_MAX(cy->fill_ms, num(o, "fill_ms"));
+            cy->pub_digest_ms = TOOL_MAX(cy->pub_digest_ms, num(o, "digest_ms"));
         }
     } else if (ev && !strcmp(ev, "prepared")) {
-        g_prepare_ms = REFIT_MAX(g_prepare_ms, num(o, "prepare_ms"));
+        g_prepare_ms = TOOL_MAX(g_prepare_ms, num(o, "prepare_ms"));
     } else if (ev && !strcmp(ev, "failed")) {
         const char *e = refit_json_string(refit_json_get(o, "error"), &len);
         fprintf(stderr, "refit demo: receiver %u failed: %s\n", c->rank, e ? e : "?");

@@ -17,7 +17,7 @@
 
 static const char *const g_verdict[] = {"pass", "warn", "fail", "skip"};
 
-REFIT_PRINTF(4, 0) static void vput(pf_t *p, const char *name, verdict_t v, const char *fmt, va_list ap)
+TOOL_PRINTF(4, 0) static void vput(pf_t *p, const char *name, verdict_t v, const char *fmt, va_list ap)
 {
     if (p->n == MAX_CHECKS) return;
     check_t *c = &p->checks[p->n++];
@@ -28,7 +28,7 @@ REFIT_PRINTF(4, 0) static void vput(pf_t *p, const char *name, verdict_t v, cons
 }
 
 /* Adds a check; pf_remedy() then sets the remedy of the last one. */
-REFIT_PRINTF(4, 5) void pf_put(pf_t *p, const char *name, verdict_t v, const char *fmt, ...)
+TOOL_PRINTF(4, 5) void pf_put(pf_t *p, const char *name, verdict_t v, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -36,7 +36,7 @@ REFIT_PRINTF(4, 5) void pf_put(pf_t *p, const char *name, verdict_t v, const cha
     va_end(ap);
 }
 
-REFIT_PRINTF(2, 3) void pf_remedy(pf_t *p, const char *fmt, ...)
+TOOL_PRINTF(2, 3) void pf_remedy(pf_t *p, const char *fmt, ...)
 {
     if (!p->n) return;
     va_list ap;

@@ -22,9 +22,8 @@
 #include <unistd.h>
 #include <dirent.h>
 
-#include "plan/local.h" /* the in-process executor, built into refit_tool_json (cmake/tools.cmake) */
 #include "tool.h"
-#include "util/util.h"
+#include "tool_local.h" /* the in-process executor (refit_tool_local, cmake/tools.cmake) */
 
 typedef enum { PASS, WARN, FAIL, SKIP } verdict_t;
 
@@ -53,10 +52,10 @@ typedef struct {
 
 /* preflight.c: a check's line (pf_remedy then sets its remedy), formats, option lists, a loopback pull */
 char *pf_option(const char *opts, const char *key);
-REFIT_PRINTF(2, 3) void pf_remedy(pf_t *p, const char *fmt, ...);
+TOOL_PRINTF(2, 3) void pf_remedy(pf_t *p, const char *fmt, ...);
 refit_status_t pf_loopback(const char *transport, const char *topts, const char *tmpdir, refit_pull_report_t *rep);
 const char *pf_fmt_bytes(uint64_t b, char *buf, size_t n);
-REFIT_PRINTF(4, 5) void pf_put(pf_t *p, const char *name, verdict_t v, const char *fmt, ...);
+TOOL_PRINTF(4, 5) void pf_put(pf_t *p, const char *name, verdict_t v, const char *fmt, ...);
 
 /* preflight_host.c */
 void check_dev_shm(pf_t *p);

@@ -310,7 +310,7 @@ void check_plan(pf_t *p)
     refit_status_t st;
     refit_model_t *model = NULL;
     refit_layout_t *src = NULL, *dst = NULL;
-    refit_local_set_t set = {0};
+    tool_local_set_t set = {0};
     char what[64] = "--model";
     if ((st = refit_model_open(p->model, &model))) goto fail;
     snprintf(what, sizeof(what), "--src");
@@ -320,7 +320,7 @@ void check_plan(pf_t *p)
     snprintf(what, sizeof(what), "--ranks");
     if ((st = parse_ranks(p, refit_layout_world(p->trainer ? src : dst)))) goto fail;
     snprintf(what, sizeof(what), "the trainer layout's manifests");
-    if ((st = refit_local_set_create(model, src, false, 1, &set))) goto fail;
+    if ((st = tool_local_set_create(model, src, false, 1, &set))) goto fail;
     /* This host's bytes: the memory its ranks hold (regions, padding included). */
     p->host_bytes = 0;
     for (uint32_t i = 0; i < p->nranks; i++) {
@@ -340,18 +340,18 @@ void check_plan(pf_t *p)
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = p->trainer ? i : p->rank_list[i];
         refit_manifest_t *dm = NULL;
-        refit_local_result_t res;
+        tool_local_result_t res;
         snprintf(what, sizeof(what), "rollout rank %u", r);
         if ((st = refit_layout_manifest(dst, model, r, &dm))) goto fail;
-        st = refit_local_run(&set, dm, false, 1, &pp, NULL, &res);
+        st = tool_local_run(&set, dm, false, 1, &pp, NULL, &res);
         refit_manifest_destroy(dm);
         if (st) goto fail;
         written += res.stats.bytes_written;
         read += res.stats.bytes_read;
         redundant += res.stats.bytes_redundant;
         regions += res.stats.regions;
-        sources = REFIT_MAX(sources, res.stats.sources_used);
-        plan_ms = REFIT_MAX(plan_ms, res.stats.plan_ms);
+        sources = TOOL_MAX(sources, res.stats.sources_used);
+        plan_ms = TOOL_MAX(plan_ms, res.stats.plan_ms);
         char b[32];
         if (!p->trainer && strlen(per) < sizeof(per) - 80)
             snprintf(per + strlen(per), sizeof(per) - strlen(per), "%srank %u: %s from %zu sources in %zu regions",
@@ -382,7 +382,7 @@ fail:
               "check --model/--src/--dst/--ranks against the job (`refit plan --model M --src L --dst L --all-ranks`)");
     p->host_bytes = 0;
 out:
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_layout_destroy(src);
     refit_layout_destroy(dst);
     refit_model_destroy(model);

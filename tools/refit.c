@@ -17,13 +17,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "plan/local.h"
 #include "tool.h"
-#include "util/util.h"
+#include "tool_local.h"
 #include "refit/refit.h"
 
 int cmd_preflight(int argc, char **argv); /* tools/preflight.c */
-int cmd_simulate(int argc, char **argv);  /* tools/simulate.c, src/sim */
 
 
 static void print_help(FILE *f)
@@ -142,7 +140,7 @@ static int cmd_plan(int argc, char **argv)
     refit_status_t st;
     refit_model_t *model = NULL;
     refit_layout_t *src = NULL, *dst = NULL;
-    refit_local_set_t set = {0};
+    tool_local_set_t set = {0};
     if ((st = refit_model_open(model_name, &model))) return tool_fail(st, "model");
     if ((st = refit_layout_parse(src_spec, &src))) {
         tool_fail(st, "--src");
@@ -178,7 +176,7 @@ static int cmd_plan(int argc, char **argv)
         }
     }
     double t0 = refit_now();
-    if ((st = refit_local_set_create(model, src, execute, version, &set))) {
+    if ((st = tool_local_set_create(model, src, execute, version, &set))) {
         tool_fail(st, "building source manifests");
         goto out;
     }
@@ -207,7 +205,7 @@ static int cmd_plan(int argc, char **argv)
     bool ok = true;
     for (uint32_t r = first; r < last; r++) {
         refit_manifest_t *dm = NULL;
-        refit_local_result_t res;
+        tool_local_result_t res;
         char path[4096] = "";
         if ((st = refit_layout_manifest(dst, model, r, &dm))) {
             tool_fail(st, "destination manifest");
@@ -230,7 +228,7 @@ static int cmd_plan(int argc, char **argv)
             }
             strncat(path, "/model.safetensors", sizeof(path) - strlen(path) - 1);
         }
-        st = refit_local_run(&set, dm, execute, version, &params, dump ? path : NULL, &res);
+        st = tool_local_run(&set, dm, execute, version, &params, dump ? path : NULL, &res);
         refit_manifest_destroy(dm);
         if (st) {
             char what[64];
@@ -263,7 +261,7 @@ static int cmd_plan(int argc, char **argv)
         printf("\nevery destination byte verified against the synthetic truth of version %" PRIu64 "\n", version);
     rc = ok ? 0 : 1;
 out:
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_layout_destroy(src);
     refit_layout_destroy(dst);
     refit_model_destroy(model);

@@ -15,8 +15,6 @@
 #include <unistd.h>
 
 #include "tool.h"
-#include "util/json.h"
-#include "util/util.h"
 
 typedef struct {
     const char *model, *layout, *registry, *job, *group, *transports, *topts, *reader;

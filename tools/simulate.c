@@ -1,5 +1,5 @@
 /* refit simulate: the real planner and the engine's fleet rules on a
- * described cluster (src/sim/sim.h).  Also --calibrate (predicted against
+ * described cluster (tools/sim/sim.h).  Also --calibrate (predicted against
  * measured runs) and --plan-scale (every destination rank planned with
  * threads). */
 #include <getopt.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "sim/sim.h"
+#include "sim.h"
 #include "tool.h"
 
 /* Named clusters: the usual building blocks (numbers from vendor data sheets). */

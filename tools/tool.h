@@ -12,5 +12,6 @@ int cmd_publish(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_gpus(int argc, char **argv);
+int cmd_simulate(int argc, char **argv); /* tools/simulate.c, on tools/sim */
 
 #endif

@@ -21,5 +21,7 @@ int bench_fp8_net(int argc, char **argv);   /* FP8 relays and receivers (--net s
 int bench_delta(int argc, char **argv);     /* data.c */
 int bench_partial(int argc, char **argv);
 int bench_fp8(int argc, char **argv);
+/* argv[1] is "netns": namespaces held up for a script (netns.c). */
+int bench_netns(int argc, char **argv);
 
 #endif

@@ -3,6 +3,7 @@
  * valkey-cli).  Built on the public API (include/refit) against librefit.so.
  *
  *   refit-bench --scenario NAME [options]     one JSON record on stdout
+ *   refit-bench netns NODES [--link-mbps X]   network namespaces for a script (netns.c)
  *
  * Scenarios: gpu.c (gpu, colocated: they run `refit demo`, the program beside
  * this one), net.c (fanout, elastic, straggler, egress, and delta / fp8 with
@@ -35,6 +36,10 @@ static void print_help(FILE *f)
                "    fanout --net netns (its default as root): each process a network namespace with\n"
                "    tbf-limited links, bytes over UCX; --net shm: all on this host's shared memory\n"
                "\n"
+               "usage: refit-bench netns NODES [--link-mbps X]: that many network namespaces on a bridge\n"
+               "  (as --net netns makes them; root), one line per node \"NAMESPACE ADDRESS INTERFACE\", then\n"
+               "  READY; all taken down when standard input ends (for scripts: tests/cli/test_netns.sh)\n"
+               "\n"
                "layouts: hf | megatron:tp=,pp=,ep=,etp=,dp=,pad= | vllm:tp=,ep=,dp=,pad=   (docs/layouts.md)\n");
 }
 
@@ -56,6 +61,7 @@ static const struct {
 int main(int argc, char **argv)
 {
     const char *scenario = NULL;
+    if (argc >= 2 && !strcmp(argv[1], "netns")) return bench_netns(argc, argv);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || !strcmp(argv[i], "help")) {
             print_help(stdout);

@@ -448,8 +448,7 @@ static void runs_json(FILE *f, const char *scenario)
         double v[MAX_RUNS];
         bool all = true;
         for (int i = 0; i < n && all; i++)
-            all = js[i] && refit_json_type(refit_json_get(js[i], key)) == REFIT_JSON_NUMBER &&
-                  refit_json_double(refit_json_get(js[i], key), &v[i]);
+            all = js[i] && refit_json_double(refit_json_get(js[i], key), &v[i]); /* false unless a number */
         if (!all) continue;
         double lo = v[0], hi = v[0];
         for (int i = 1; i < n; i++) lo = v[i] < lo ? v[i] : lo, hi = v[i] > hi ? v[i] : hi;

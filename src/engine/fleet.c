@@ -55,7 +55,7 @@
  * The rules above (chunks, shares, claims, direct pulls, the pick of holders)
  * are pure functions of the scheduling state (fleet.h, fleet_rules.c); the
  * workers below apply them under their lock at refit_now(), `refit simulate`
- * (src/sim) applies the same functions in simulated time, and
+ * (tools/sim) applies the same functions in simulated time, and
  * tests/unit/test_fleet.c with a clock of its own. */
 #include <inttypes.h>
 #include <stddef.h>

@@ -98,7 +98,7 @@ typedef struct {
  * a holder's worker takes next (stealing and re-reads), what a chunk read
  * from a relay costs, when a pull runs direct, and which holders a receiver
  * picks (fleet_rules.c).  fleet.c's workers call these under their lock with
- * refit_now(); the simulator (src/sim) calls the same functions with simulated
+ * refit_now(); the simulator (tools/sim) calls the same functions with simulated
  * time, so that what it predicts is what this engine decides; test_fleet.c
  * calls them with a clock of its own. */
 enum { REFIT_CHUNK_FREE = 0, REFIT_CHUNK_BUSY = 1, REFIT_CHUNK_DONE = 2 };

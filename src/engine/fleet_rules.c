@@ -3,7 +3,7 @@
  * (stealing and re-reads), what a chunk read from a relay is, when a pull runs
  * direct, and which holders a receiver picks.  Pure functions of the
  * scheduling state: no threads, clocks or I/O.  fleet.c's workers apply them
- * under their lock at refit_now(); `refit simulate` (src/sim) applies them in
+ * under their lock at refit_now(); `refit simulate` (tools/sim) applies them in
  * simulated time; tests/unit/test_fleet.c with a clock of its own. */
 #include <stdlib.h>
 #include <string.h>

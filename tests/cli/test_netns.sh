@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# refit across two network namespaces joined by a veth pair: publishers in one,
+# refit across two network namespaces on a bridge: publishers in one,
 # receivers in the other, UCX over TCP between them, the embedded file registry
-# on the shared filesystem.  Skips (exit 77) when namespaces cannot be made
-# (not root, no iproute2) or refit was built without UCX.
+# on the shared filesystem.  The namespaces are refit-bench's (`refit-bench
+# netns 2`: tools/common/tool_netns.c, the setup the benchmarks and the C
+# tests use), held up while its standard input is open.  Skips (exit 77) when
+# namespaces cannot be made (not root, no iproute2) or refit was built without UCX.
 # Usage: test_netns.sh PATH_TO_REFIT
 set -u
 refit=$1
@@ -10,23 +12,28 @@ skip() { echo "SKIPPED: $1"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "needs root for ip netns"
 command -v ip >/dev/null || skip "ip (iproute2) is not installed"
 "$refit" version | grep -q "transports:.* ucx)" || skip "refit was built without UCX"
-tag=$$
-a=refitA$tag b=refitB$tag va=rfa$tag vb=rfb$tag
+bench="$(dirname "$refit")/refit-bench"
+[ -x "$bench" ] || { echo "FAIL: $bench is missing"; exit 1; }
 tmp=$(mktemp -d /tmp/refit-netns-XXXXXX)
 pids=()
+# refit-bench netns takes its namespaces down when its standard input ends.
+netns_release() { local fd=${NETNS[1]:-}; [ -z "$fd" ] || eval "exec $fd>&-"; }
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  netns_release
   wait 2>/dev/null
-  ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-ip netns add "$a" && ip netns add "$b" || skip "ip netns add failed"
-ip link add "$va" type veth peer name "$vb" || skip "veth failed"
-ip link set "$va" netns "$a" && ip link set "$vb" netns "$b"
-ip -n "$a" addr add 10.78.0.1/24 dev "$va" && ip -n "$b" addr add 10.78.0.2/24 dev "$vb"
-ip -n "$a" link set "$va" up && ip -n "$b" link set "$vb" up
-ip -n "$a" link set lo up && ip -n "$b" link set lo up
+coproc NETNS { exec "$bench" netns 2; }
+{ read -r -t 60 a addr_a va && read -r -t 60 b addr_b vb && read -r -t 60 ready && [ "$ready" = READY ]; } \
+  <&"${NETNS[0]}" || {
+  netns_release
+  wait "$NETNS_PID"; rc=$?
+  [ $rc -eq 77 ] && skip "refit-bench netns could not make namespaces"
+  echo "FAIL: refit-bench netns 2: exit $rc"; exit 1
+}
+echo "namespaces: $a ($addr_a, $va) and $b ($addr_b, $vb)"
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok: $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
@@ -34,7 +41,7 @@ reg=file:$tmp/reg
 common=(--model tiny-moe --registry "$reg" --job netns --timeout-ms 30000)
 for r in 0 1; do
   ip netns exec "$a" "$refit" publish "${common[@]}" --layout megatron:ep=2 --rank $r --transports ucx \
-    --transport-options ucx.listen=10.78.0.1 --versions 2 --acks 2 --json >"$tmp/pub$r.log" 2>&1 &
+    --transport-options ucx.listen="$addr_a" --versions 2 --acks 2 --json >"$tmp/pub$r.log" 2>&1 &
   pids+=($!)
 done
 for r in 0 1; do
@@ -68,10 +75,9 @@ out=$(ip netns exec "$b" "$refit" pull "${common[@]}" --job rdma --layout vllm:t
 if [ $rc -ne 0 ] && grep -qi "rdma" <<<"$out" && grep -q "REFIT_ERR_TRANSPORT" <<<"$out"; then ok "require=rdma over tcp refused"
 else bad "require=rdma: exit $rc: $out"; fi
 # Fan-out over nodes with tbf-limited links: 3 receivers of one layout form a
-# chain through relays that serve chunks as they land; every byte verified.
-if ! { ip link add "rfchk$tag" type bridge && ip link del "rfchk$tag"; } 2>/dev/null; then
-  echo "skipped: fanout over netns (this kernel cannot make a bridge)"
-elif "$(dirname "$refit")/refit-bench" --scenario fanout --net netns --runs 1 --model tiny-moe --dst vllm:tp=1 --receivers 3 --link-mbps 2 \
+# chain through relays that serve chunks as they land; every byte verified
+# (refit-bench makes its own namespaces for it, their ports limited by tbf).
+if "$bench" --scenario fanout --net netns --runs 1 --model tiny-moe --dst vllm:tp=1 --receivers 3 --link-mbps 2 \
     --chunk-kb 64 --verify --out "$tmp/fanout.json" >"$tmp/fanout.log" 2>&1 &&
   python3 - "$tmp/fanout.json" <<'PY'; then ok "fanout over netns+tbf: a verified relay chain, relays read while receiving, the same chain for the next version"
 import json, sys

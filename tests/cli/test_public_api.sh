@@ -3,11 +3,68 @@
 # nothing but what it exports: each one needs librefit.so.0, defines none of
 # the library's own functions (no librefit.a inside), and every refit_*
 # symbol it leaves undefined is in the library's dynamic symbol table.
-# Usage: test_public_api.sh LIBREFIT_SO PROGRAM...
+# Their own sources see only the public headers: no object of refit,
+# refit-bench or their helper libraries refit_tool_common / refit_tool_local
+# is compiled with an include path into src/ (the build's compile commands),
+# and no #include in tools/, tools/common/ or bench/refit_bench/ names an
+# internal header (only include/refit/* and files of tools/common/, their own
+# folder or tools/sim/sim.h).  The two parts compiled against src/ on
+# purpose, refit_tool_pure (tools/common/tool_pure.c) and refit_sim
+# (tools/sim/), are named in cmake/tools.cmake.
+# Usage: test_public_api.sh LIBREFIT_SO SOURCE_DIR COMPILE_COMMANDS_JSON PROGRAM...
 set -u
 so="$1"
-shift
+root="$2"
+commands="$3"
+shift 3
 fail=0
+
+# Include paths into src/ in the compile commands of the programs' own objects.
+python3 - "$root" "$commands" <<'PY' || fail=1
+import json, os, re, sys
+root, commands = sys.argv[1], sys.argv[2]
+src = os.path.realpath(os.path.join(root, "src"))
+targets = ["refit", "refit-bench", "refit_tool_common", "refit_tool_local"]
+seen = {t: 0 for t in targets}
+bad = 0
+for e in json.load(open(commands)):
+    m = re.search(r"CMakeFiles/([^/ ]+)\.dir/", e.get("output", "") + " " + e["command"])
+    if not m or m.group(1) not in seen:
+        continue
+    seen[m.group(1)] += 1
+    for d in re.findall(r"(?:-I|-isystem |-iquote |-idirafter )\s*(\S+)", e["command"]):
+        d = os.path.realpath(os.path.join(e["directory"], d))
+        if d == src or d.startswith(src + os.sep):
+            print(f"FAIL: {e['file']} is compiled with the internal include path {d}")
+            bad = 1
+for t, n in seen.items():
+    if n == 0:
+        print(f"FAIL: no compile command of target {t} in {commands}")
+        bad = 1
+if not bad:
+    print("ok: " + ", ".join(f"{t} ({n} objects)" for t, n in seen.items()) + ": no include path into src/")
+sys.exit(bad)
+PY
+
+# #include "..." lines of the programs' sources: public headers or their own files only.
+nsrc=0
+for f in "$root"/tools/*.[ch] "$root"/tools/common/*.[ch] "$root"/bench/refit_bench/*.[ch]; do
+    [ "$f" = "$root/tools/common/tool_pure.c" ] && continue # checks tool_pure.h against src/ (refit_tool_pure)
+    nsrc=$((nsrc + 1))
+    dir=$(dirname "$f")
+    while IFS= read -r inc; do
+        case "$inc" in
+        refit/*) [ -f "$root/include/$inc" ] && continue ;;
+        */*) ;;
+        *) { [ -f "$dir/$inc" ] || [ -f "$root/tools/common/$inc" ] || [ "$inc" = sim.h ]; } && continue ;;
+        esac
+        echo "FAIL: ${f#"$root"/} includes \"$inc\" (not a public header nor one of the programs' own)"
+        fail=1
+    done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
+done
+[ "$nsrc" -gt 20 ] || { echo "FAIL: only $nsrc source files found under $root/tools and bench/refit_bench"; fail=1; }
+[ "$fail" -ne 0 ] || echo "ok: $nsrc source files include only public headers and their own"
+
 exported=$(nm -D --defined-only "$so" | awk '{print $3}' | sort -u)
 [ "$(echo "$exported" | grep -c '^refit_')" -gt 50 ] || { echo "FAIL: $so exports too few refit_ symbols"; exit 1; }
 for prog in "$@"; do

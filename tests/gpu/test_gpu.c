@@ -19,7 +19,7 @@
 #include "refit/refit.h"
 #include "layout/manifest.h"
 #include "plan/batch.h"
-#include "plan/local.h"
+#include "tool_local.h"
 #include "plan/plan.h"
 #include "truth/truth_table.h"
 #include "util/util.h"

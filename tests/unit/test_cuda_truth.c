@@ -8,7 +8,7 @@
 #include "testutil.h"
 #include "layout/manifest.h"
 #include "plan/batch.h"
-#include "plan/local.h"
+#include "tool_local.h"
 #include "plan/plan.h"
 #include "truth/truth_table.h"
 #include "util/util.h"
@@ -125,8 +125,8 @@ static uint64_t check_batch(const char *model, const char *src_spec, const char 
 {
     refit_model_t *md = t_model(model);
     refit_layout_t *sl = t_layout(src_spec), *dl = t_layout(dst_spec);
-    refit_local_set_t set;
-    REFIT_ASSERT_OK(refit_local_set_create(md, sl, true, 3, &set));
+    tool_local_set_t set;
+    REFIT_ASSERT_OK(tool_local_set_create(md, sl, true, 3, &set));
     uint64_t fills = 0;
     for (uint32_t r = 0; r < refit_layout_world(dl); r++) {
         refit_manifest_t *dm = t_manifest(md, dst_spec, r);
@@ -153,7 +153,7 @@ static uint64_t check_batch(const char *model, const char *src_spec, const char 
         refit_plan_destroy(plan);
         refit_manifest_destroy(dm);
     }
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_layout_destroy(sl);
     refit_layout_destroy(dl);
     refit_model_destroy(md);

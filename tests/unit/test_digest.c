@@ -15,7 +15,7 @@
 
 #include "data/digest.h"
 #include "layout/manifest.h"
-#include "plan/local.h"
+#include "tool_local.h"
 #include "util/util.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -509,8 +509,8 @@ static void run_pair(const pair_t *pr)
 {
     refit_model_t *model = t_model(pr->model);
     refit_layout_t *sl = t_layout(pr->src), *dl = t_layout(pr->dst);
-    refit_local_set_t set;
-    REFIT_ASSERT_OK(refit_local_set_create(model, sl, true, 11, &set));
+    tool_local_set_t set;
+    REFIT_ASSERT_OK(tool_local_set_create(model, sl, true, 11, &set));
     refit_digest_key_t *k = key_of(6);
     void **tables = xmalloc(set.n * sizeof(void *));
     for (uint32_t s = 0; s < set.n; s++) tables[s] = table_of(k, set.manifests[s], set.arenas[s], 2);
@@ -554,7 +554,7 @@ static void run_pair(const pair_t *pr)
     for (uint32_t s = 0; s < set.n; s++) free(tables[s]);
     free(tables);
     refit_digest_key_destroy(k);
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_layout_destroy(sl);
     refit_layout_destroy(dl);
     refit_model_destroy(model);
@@ -634,8 +634,8 @@ static void stale_source(void **state)
     (void)state;
     refit_model_t *model = t_model("tiny-moe");
     refit_layout_t *sl = t_layout("megatron:ep=8"), *dl = t_layout("vllm:tp=2");
-    refit_local_set_t set;
-    REFIT_ASSERT_OK(refit_local_set_create(model, sl, true, 3, &set));
+    tool_local_set_t set;
+    REFIT_ASSERT_OK(tool_local_set_create(model, sl, true, 3, &set));
     refit_digest_key_t *k = key_of(7), *wrong = key_of(8);
     void **tables = xmalloc(set.n * sizeof(void *));
     for (uint32_t s = 0; s < set.n; s++) tables[s] = table_of(k, set.manifests[s], set.arenas[s], 1);
@@ -676,7 +676,7 @@ static void stale_source(void **state)
     free(tables);
     refit_digest_key_destroy(k);
     refit_digest_key_destroy(wrong);
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_layout_destroy(sl);
     refit_layout_destroy(dl);
     refit_model_destroy(model);
@@ -690,8 +690,8 @@ static void unusable_sources(void **state)
     (void)state;
     refit_model_t *model = t_model("tiny-moe");
     refit_layout_t *sl = t_layout("megatron:tp=2,dp=2"), *dl = t_layout("vllm:tp=2");
-    refit_local_set_t set;
-    REFIT_ASSERT_OK(refit_local_set_create(model, sl, true, 5, &set));
+    tool_local_set_t set;
+    REFIT_ASSERT_OK(tool_local_set_create(model, sl, true, 5, &set));
     assert_int_equal(set.n, 4); /* rank = tp_rank + 2 * dp_rank */
     refit_digest_key_t *k = key_of(9);
     void **tables = xmalloc(set.n * sizeof(void *));
@@ -739,7 +739,7 @@ static void unusable_sources(void **state)
     for (uint32_t s = 0; s < set.n; s++) free(tables[s]);
     free(tables);
     refit_digest_key_destroy(k);
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_layout_destroy(sl);
     refit_layout_destroy(dl);
     refit_model_destroy(model);

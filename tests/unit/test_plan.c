@@ -130,11 +130,11 @@ static void experts_coalesce(void **state)
     refit_model_destroy(m);
 }
 
-static refit_local_set_t plan_set(refit_model_t *m, const char *spec)
+static tool_local_set_t plan_set(refit_model_t *m, const char *spec)
 {
     refit_layout_t *l = t_layout(spec);
-    refit_local_set_t set;
-    REFIT_ASSERT_OK(refit_local_set_create(m, l, false, 0, &set));
+    tool_local_set_t set;
+    REFIT_ASSERT_OK(tool_local_set_create(m, l, false, 0, &set));
     refit_layout_destroy(l);
     return set;
 }
@@ -145,7 +145,7 @@ static void qwen3_30b_dp_balance(void **state)
 {
     (void)state;
     refit_model_t *m = t_model("qwen3-30b-a3b");
-    refit_local_set_t set = plan_set(m, "megatron:ep=8");
+    tool_local_set_t set = plan_set(m, "megatron:ep=8");
     for (uint32_t r = 0; r < 2; r++) {
         refit_manifest_t *dst = t_manifest(m, "vllm:tp=2", r);
         refit_plan_t *plan;
@@ -171,7 +171,7 @@ static void qwen3_30b_dp_balance(void **state)
         refit_plan_destroy(plan);
         refit_manifest_destroy(dst);
     }
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_model_destroy(m);
 }
 
@@ -179,7 +179,7 @@ static void missing_source_rank(void **state)
 {
     (void)state;
     refit_model_t *m = t_model("tiny-moe");
-    refit_local_set_t set = plan_set(m, "megatron:ep=4");
+    tool_local_set_t set = plan_set(m, "megatron:ep=4");
     refit_manifest_t *dst = t_manifest(m, "vllm:tp=2", 0), *saved = set.manifests[2];
     refit_plan_t *plan = NULL;
     set.manifests[2] = NULL; /* rank 2 never published: its experts 4 and 5 are nowhere else */
@@ -189,7 +189,7 @@ static void missing_source_rank(void **state)
     assert_null(plan);
     /* A DP replica missing is fine: another holds the same bytes. */
     set.manifests[2] = saved;
-    refit_local_set_t dp = plan_set(m, "megatron:tp=2,dp=2");
+    tool_local_set_t dp = plan_set(m, "megatron:tp=2,dp=2");
     refit_manifest_t *keep = dp.manifests[3];
     dp.manifests[3] = NULL;
     REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)dp.manifests, dp.n, dst, NULL, &plan));
@@ -199,9 +199,9 @@ static void missing_source_rank(void **state)
                      REFIT_ERR_UNCOVERED, "is held by no source");
     assert_true(strstr(refit_last_error(), "experts.6.") != NULL);
     dp.manifests[3] = keep;
-    refit_local_set_destroy(&dp);
+    tool_local_set_destroy(&dp);
     refit_manifest_destroy(dst);
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_model_destroy(m);
 }
 
@@ -318,7 +318,7 @@ static void plan_keys(void **state)
 {
     (void)state;
     refit_model_t *m = t_model("tiny-moe");
-    refit_local_set_t set = plan_set(m, "megatron:ep=2,dp=2");
+    tool_local_set_t set = plan_set(m, "megatron:ep=2,dp=2");
     refit_manifest_t *d0 = t_manifest(m, "vllm:tp=2", 0), *d0b = t_manifest(m, "vllm:tp=2", 0),
                      *d1 = t_manifest(m, "vllm:tp=2", 1);
     refit_plan_t *plan;
@@ -335,7 +335,7 @@ static void plan_keys(void **state)
     refit_manifest_destroy(d0);
     refit_manifest_destroy(d0b);
     refit_manifest_destroy(d1);
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_model_destroy(m);
 }
 
@@ -345,7 +345,7 @@ static void kimi_k2_plan(void **state)
 {
     (void)state;
     refit_model_t *m = t_model("kimi-k2");
-    refit_local_set_t set = plan_set(m, "megatron:pp=4,ep=64,first=16");
+    tool_local_set_t set = plan_set(m, "megatron:pp=4,ep=64,first=16");
     refit_manifest_t *dst = t_manifest(m, "vllm:tp=8,ep=8", 5);
     refit_plan_t *plan;
     REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)set.manifests, set.n, dst, NULL, &plan));
@@ -358,7 +358,7 @@ static void kimi_k2_plan(void **state)
     assert_true(s.regions < 10000);
     refit_plan_destroy(plan);
     refit_manifest_destroy(dst);
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_model_destroy(m);
 }
 

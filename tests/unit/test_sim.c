@@ -1,4 +1,4 @@
-/* The simulator (src/sim): max-min fair rates against their definition, the
+/* The simulator (tools/sim): max-min fair rates against their definition, the
  * cluster description, the fleet rules it shares with the engine, chunk and
  * fluid runs agreeing, planner threads not changing plans, the PNG writer. */
 #include <math.h>
@@ -9,7 +9,7 @@
 
 #include "testutil.h"
 #include "engine/fleet.h"
-#include "sim/sim.h"
+#include "sim.h"
 
 static sim_path_t path2(uint32_t a, double wa, uint32_t b, double wb)
 {

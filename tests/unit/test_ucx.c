@@ -13,6 +13,7 @@
  *                                           prints the lanes; exit 0 if right */
 #include "testutil.h"
 #include "plan/plan.h"
+#include "tool_netns.h"
 #include "transport/transport.h"
 #include "ucx_netns.h"
 
@@ -776,44 +777,28 @@ static void bad_inputs(void **state)
 
 /* ---- two network namespaces ------------------------------------------- */
 
-static nn_pair_t ns_pair;
-static bool ns_ready;
-
-/* Removes namespaces left by earlier runs of this test that were killed
- * (names "rft<pid>a|b" whose pid is gone). */
-static void remove_stale_namespaces(void)
-{
-    FILE *f = popen("ip netns list 2>/dev/null", "r");
-    char line[256];
-    while (f && fgets(line, sizeof(line), f)) {
-        unsigned pid;
-        char ab;
-        if (sscanf(line, "rft%u%c", &pid, &ab) == 2 && (ab == 'a' || ab == 'b') &&
-            (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
-            char name[64];
-            snprintf(name, sizeof(name), "rft%u%c", pid, ab);
-            NN_RUN(false, "ip", "netns", "delete", name);
-        }
-    }
-    if (f) pclose(f);
-}
+/* Two namespaces on a bridge (tools/common/tool_netns.h), no rate limit. */
+static tool_netns_t ns;
+static char ns_a[32], ns_b[32], ns_why[128];
 
 static int ns_setup(void **state)
 {
     (void)state;
-    const char *why;
-    remove_stale_namespaces();
-    ns_ready = nn_pair_create(&ns_pair, "rft", &why) == 0;
-    if (!ns_ready) print_message("namespaces unavailable: %s\n", why);
-    if (!ns_ready) ns_pair.a[0] = 0, snprintf(ns_pair.b, sizeof(ns_pair.b), "%s", why);
+    /* Sets left by earlier runs of this test (or a benchmark) that were killed. */
+    tool_netns_remove_stale();
+    if (!tool_netns_possible(ns_why, sizeof(ns_why)) || !tool_netns_up(&ns, 2, 0, ns_why, sizeof(ns_why))) {
+        print_message("namespaces unavailable: %s\n", ns_why);
+        return 0;
+    }
+    tool_netns_name(&ns, 0, ns_a, sizeof(ns_a));
+    tool_netns_name(&ns, 1, ns_b, sizeof(ns_b));
     return 0;
 }
 
 static int ns_teardown(void **state)
 {
     (void)state;
-    if (ns_ready) nn_pair_destroy(&ns_pair);
-    ns_ready = false;
+    tool_netns_down(&ns);
     return 0;
 }
 
@@ -823,29 +808,33 @@ static int ns_teardown(void **state)
 static void across_namespaces(void **state)
 {
     (void)state;
-    if (!ns_ready) {
-        print_message("SKIPPED across_namespaces: %s\n", ns_pair.b);
+    if (!ns.nodes) {
+        print_message("SKIPPED across_namespaces: %s\n", ns_why);
         skip();
     }
     const uint64_t size = 64u << 20;
     nn_child_t pub, sub;
     void *desc;
     size_t len;
-    spawn_publisher(&pub, ns_pair.a, size, 31, "listen=" NETNS_ADDR_A, &desc, &len);
+    char listen[64], addr[32];
+    tool_netns_addr(0, addr, sizeof(addr));
+    snprintf(listen, sizeof(listen), "listen=%s", addr);
+    spawn_publisher(&pub, ns_a, size, 31, listen, &desc, &len);
     char *hex = nn_hex(desc, len), sz[32], line[1024] = "";
     snprintf(sz, sizeof(sz), "%" PRIu64, size);
-    assert_int_equal(nn_spawn(&sub, ns_pair.b, (char *const[]){self_exe, "--receive", hex, sz, "31", "", NULL}), 0);
+    assert_int_equal(nn_spawn(&sub, ns_b, (char *const[]){self_exe, "--receive", hex, sz, "31", "", NULL}), 0);
     bool got = nn_readline(&sub, line, sizeof(line), 20);
     int rc = nn_finish(&sub, 5);
     nn_finish(&pub, 5);
     free(hex);
     free(desc);
-    print_message("receiver in %s: %s (exit %d)\n", ns_pair.b, line, rc);
+    print_message("receiver in %s: %s (exit %d)\n", ns_b, line, rc);
     assert_true(got);
     assert_int_equal(rc, 0);
     assert_true(strncmp(line, "OK ", 3) == 0);
-    char want[64];
-    snprintf(want, sizeof(want), "tcp/%s", ns_pair.vb);
+    char want[64], ifname[32];
+    tool_netns_ifname(&ns, 1, ifname, sizeof(ifname));
+    snprintf(want, sizeof(want), "tcp/%s", ifname);
     assert_non_null(strstr(line, want));
 }
 

@@ -79,14 +79,14 @@ uint32_t t_execute_pair(const char *model_name, const char *src_spec, const char
 {
     refit_model_t *model = t_model(model_name);
     refit_layout_t *src = t_layout(src_spec), *dst = t_layout(dst_spec);
-    refit_local_set_t set;
-    REFIT_ASSERT_OK(refit_local_set_create(model, src, true, v, &set));
+    tool_local_set_t set;
+    REFIT_ASSERT_OK(tool_local_set_create(model, src, true, v, &set));
     uint32_t world = refit_layout_world(dst);
     for (uint32_t r = 0; r < world; r++) {
         refit_manifest_t *dm = NULL;
         REFIT_ASSERT_OK(refit_layout_manifest(dst, model, r, &dm));
-        refit_local_result_t res;
-        refit_status_t st = refit_local_run(&set, dm, true, v, NULL, NULL, &res);
+        tool_local_result_t res;
+        refit_status_t st = tool_local_run(&set, dm, true, v, NULL, NULL, &res);
         if (st != REFIT_OK)
             fail_msg("%s: %s -> %s rank %u: %s: %s", model_name, src_spec, dst_spec, r, refit_status_name(st),
                      refit_last_error());
@@ -98,7 +98,7 @@ uint32_t t_execute_pair(const char *model_name, const char *src_spec, const char
         assert_int_equal(res.verify.mismatches, 0);
         refit_manifest_destroy(dm);
     }
-    refit_local_set_destroy(&set);
+    tool_local_set_destroy(&set);
     refit_layout_destroy(src);
     refit_layout_destroy(dst);
     refit_model_destroy(model);

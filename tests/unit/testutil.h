@@ -25,7 +25,7 @@ void refit_test_assert_err(refit_status_t got, refit_status_t want, const char *
 
 #ifndef REFIT_TESTUTIL_HELPERS
 #define REFIT_TESTUTIL_HELPERS
-#include "plan/local.h"
+#include "tool_local.h"
 /* Opens a built-in model / parses a layout, failing the test on error. */
 refit_model_t *t_model(const char *name);
 refit_layout_t *t_layout(const char *spec);

@@ -1,8 +1,8 @@
-/* Helpers shared by tests/unit/test_ucx.c and bench/ucx_tcp.c: a pair of
- * network namespaces joined by a veth pair (10.77.0.1/24 and 10.77.0.2/24
- * only), child processes run inside one of them with `ip netns exec`, line
- * I/O with timeouts, and the byte pattern both sides agree on.  Header-only
- * (static functions); for tests and benchmarks, never the library. */
+/* Helpers shared by tests/unit/test_ucx.c and bench/ucx_tcp.c: child
+ * processes run inside a network namespace with `ip netns exec` (the
+ * namespaces are tools/common/tool_netns.h's), line I/O with timeouts, and
+ * the byte pattern both sides agree on.  Header-only (static functions); for
+ * tests and benchmarks, never the library. */
 #ifndef REFIT_UCX_NETNS_H
 #define REFIT_UCX_NETNS_H
 
@@ -18,9 +18,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#define NETNS_ADDR_A "10.77.0.1"
-#define NETNS_ADDR_B "10.77.0.2"
 
 static inline double nn_now(void)
 {
@@ -72,89 +69,6 @@ static inline uint64_t nn_check(const void *p, uint64_t len, uint64_t seed, uint
     return UINT64_MAX;
 }
 
-/* Runs argv (NULL-terminated) and waits at most `secs`; the exit status, or
- * -1 if it could not run or was killed for taking too long.  Output goes to
- * /dev/null unless `verbose`. */
-static inline int nn_run(char *const argv[], double secs, bool verbose)
-{
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        if (!verbose) {
-            int fd = open("/dev/null", O_WRONLY);
-            if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
-        }
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    double until = nn_now() + secs;
-    for (;;) {
-        int wst;
-        pid_t r = waitpid(pid, &wst, WNOHANG);
-        if (r == pid) return WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
-        if (r < 0 && errno != EINTR) return -1;
-        if (nn_now() > until) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &wst, 0);
-            return -1;
-        }
-        usleep(2000);
-    }
-}
-
-#define NN_RUN(verbose, ...) nn_run((char *const[]){__VA_ARGS__, NULL}, 10, verbose)
-
-typedef struct {
-    char a[32], b[32];   /* namespace names */
-    char va[16], vb[16]; /* veth ends */
-    bool made_a, made_b;
-} nn_pair_t;
-
-static inline void nn_pair_destroy(nn_pair_t *n)
-{
-    /* Deleting a namespace deletes the veth end inside it, and its peer. */
-    if (n->made_a) NN_RUN(false, "ip", "netns", "delete", n->a);
-    if (n->made_b) NN_RUN(false, "ip", "netns", "delete", n->b);
-    NN_RUN(false, "ip", "link", "delete", n->va);
-    n->made_a = n->made_b = false;
-}
-
-/* Creates namespaces "<tag><pid>a/b" joined by veth, with 10.77.0.1/24 in a
- * and 10.77.0.2/24 in b.  0 on success; on failure, everything made is
- * removed and *why says what failed. */
-static inline int nn_pair_create(nn_pair_t *n, const char *tag, const char **why)
-{
-    memset(n, 0, sizeof(*n));
-    unsigned pid = (unsigned)getpid() % 100000;
-    snprintf(n->a, sizeof(n->a), "%s%ua", tag, pid);
-    snprintf(n->b, sizeof(n->b), "%s%ub", tag, pid);
-    snprintf(n->va, sizeof(n->va), "rfv%ua", pid);
-    snprintf(n->vb, sizeof(n->vb), "rfv%ub", pid);
-    *why = "not root";
-    if (geteuid() != 0) return -1;
-    *why = "`ip netns add` failed (no ip tool, or no permission to make namespaces)";
-    if (NN_RUN(false, "ip", "netns", "add", n->a) != 0) return -1;
-    n->made_a = true;
-    if (NN_RUN(false, "ip", "netns", "add", n->b) != 0) goto fail;
-    n->made_b = true;
-    *why = "making the veth pair failed";
-    if (NN_RUN(false, "ip", "link", "add", n->va, "type", "veth", "peer", "name", n->vb) != 0) goto fail;
-    if (NN_RUN(false, "ip", "link", "set", n->va, "netns", n->a) != 0 ||
-        NN_RUN(false, "ip", "link", "set", n->vb, "netns", n->b) != 0)
-        goto fail;
-    *why = "configuring the namespaces' addresses failed";
-    if (NN_RUN(false, "ip", "-n", n->a, "addr", "add", NETNS_ADDR_A "/24", "dev", n->va) != 0 ||
-        NN_RUN(false, "ip", "-n", n->b, "addr", "add", NETNS_ADDR_B "/24", "dev", n->vb) != 0 ||
-        NN_RUN(false, "ip", "-n", n->a, "link", "set", n->va, "up") != 0 ||
-        NN_RUN(false, "ip", "-n", n->b, "link", "set", n->vb, "up") != 0 ||
-        NN_RUN(false, "ip", "-n", n->a, "link", "set", "lo", "up") != 0 ||
-        NN_RUN(false, "ip", "-n", n->b, "link", "set", "lo", "up") != 0)
-        goto fail;
-    return 0;
-fail:
-    nn_pair_destroy(n);
-    return -1;
-}
 
 /* A child running `ip netns exec NS argv...` with pipes to its stdin and
  * from its stdout (stderr is inherited). */

@@ -2,9 +2,8 @@
  * share beside the library: the static helper library refit_tool_common
  * (tools/common/), which is not part of librefit and exports nothing.
  *
- * It also carries the library's strict JSON reader (src/util/json.c, built a
- * second time into this helper library: pure code, no state), for the
- * programs that read each other's JSON records. */
+ * The few internal functions the programs share with the library (the JSON
+ * reader among them) are in tool_pure.h. */
 #ifndef REFIT_TOOL_COMMON_H
 #define REFIT_TOOL_COMMON_H
 
@@ -12,10 +11,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../../src/util/json.h" /* refit_json_*: the reader, built into this helper library */
+#include "tool_pure.h" /* refit_json_*: the reader, built into refit_tool_pure */
 #include "refit/refit.h"
 
 #define TOOL_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define TOOL_PRINTF(f, a) __attribute__((format(printf, f, a)))
 
 /* Prints "refit: WHAT: detail (NAME)" to stderr; returns 1. */
 int tool_fail(refit_status_t st, const char *what);

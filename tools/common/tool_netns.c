@@ -1,6 +1,7 @@
 /* tools/common/tool_netns.h: namespaces, veth ports on a bridge, tbf. */
 #include "tool_netns.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <sched.h>
@@ -8,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -61,7 +63,7 @@ static uint64_t burst_of(uint64_t bps) { return bps / 200 > (256u << 10) ? bps /
 
 bool tool_netns_up(tool_netns_t *t, uint32_t nodes, double mbps, char *why, size_t n)
 {
-    snprintf(t->tag, sizeof(t->tag), "%x", (unsigned)getpid() & 0xfffff);
+    snprintf(t->tag, sizeof(t->tag), "%x", (unsigned)getpid());
     if (!sh("ip link add rf%sbr type bridge", t->tag) || !sh("ip link set rf%sbr up", t->tag))
         return snprintf(why, n, "could not make a bridge"), false;
     t->nodes = nodes;
@@ -106,6 +108,57 @@ bool tool_netns_rate(const tool_netns_t *t, uint32_t node, double mbps)
 void tool_netns_ifname(const tool_netns_t *t, uint32_t node, char *buf, size_t n)
 {
     snprintf(buf, n, "rf%sv%u", t->tag, node);
+}
+
+void tool_netns_name(const tool_netns_t *t, uint32_t node, char *buf, size_t n)
+{
+    snprintf(buf, n, "rf%sn%u", t->tag, node);
+}
+
+void tool_netns_addr(uint32_t node, char *buf, size_t n)
+{
+    snprintf(buf, n, "10.77.%u.%u", node / 250, node % 250 + 1);
+}
+
+/* The pid in a name rf<hex pid><suffix> (suffix "br", or "n" and digits) whose
+ * process is gone; 0 when the name is not one of ours or its process lives. */
+static unsigned stale_pid(const char *name)
+{
+    size_t len = strlen(name), end;
+    if (strncmp(name, "rf", 2) != 0 || len < 5) return 0;
+    if (!strcmp(name + len - 2, "br")) {
+        end = len - 2;
+    } else {
+        end = len;
+        while (end > 2 && name[end - 1] >= '0' && name[end - 1] <= '9') end--;
+        if (end == len || name[--end] != 'n') return 0;
+    }
+    if (end <= 2 || end - 2 > 8) return 0;
+    unsigned pid = 0;
+    for (size_t i = 2; i < end; i++) {
+        char c = name[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        pid = pid * 16 + (unsigned)d;
+    }
+    return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH ? pid : 0;
+}
+
+void tool_netns_remove_stale(void)
+{
+    /* Deleting a namespace deletes its veth end and the port that is its peer. */
+    static const char *const lists[] = {"ip netns list 2>/dev/null", "ip -o link show type bridge 2>/dev/null"};
+    for (int k = 0; k < 2; k++) {
+        FILE *f = popen(lists[k], "r");
+        char line[512], name[64];
+        while (f && fgets(line, sizeof(line), f)) {
+            /* "NAME (id: N)" or "IDX: NAME: <FLAGS> ..." */
+            if (sscanf(line, k == 0 ? "%63[^ \n]" : "%*u: %63[^:@ ]", name) != 1 || !stale_pid(name)) continue;
+            if (k == 0) sh("ip netns del %s", name);
+            else sh("ip link del %s", name);
+        }
+        if (f) pclose(f);
+    }
 }
 
 int tool_netns_enter(const tool_netns_t *t, uint32_t node)

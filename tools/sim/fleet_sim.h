@@ -3,7 +3,7 @@
 #ifndef REFIT_SIM_FLEET_SIM_H
 #define REFIT_SIM_FLEET_SIM_H
 
-#include "sim/sim_internal.h"
+#include "sim_internal.h"
 
 enum { EV_BEGIN, EV_SELECT, EV_XFER, EV_TRY, EV_REQ, EV_REFRESH, EV_END, EV_COMMIT, EV_DELTA, EV_TICK };
 enum { FL_CHUNK = 1, FL_DIRECT, FL_FLUID, FL_DELTA };

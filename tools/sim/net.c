@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sim/sim.h"
+#include "sim.h"
 #include "util/util.h"
 
 struct sim_net {

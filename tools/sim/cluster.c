@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sim/sim.h"
+#include "sim.h"
 #include "util/json.h"
 #include "util/util.h"
 

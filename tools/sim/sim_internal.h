@@ -5,7 +5,7 @@
 #include "engine/fleet.h"
 #include "engine/relay.h"
 #include "refit/delta.h"
-#include "sim/sim.h"
+#include "sim.h"
 #include "util/util.h"
 
 #define REFIT_MAX_RELAYS_SIM REFIT_MAX_RELAYS /* relay slots per rank (relay.h) */

@@ -1,11 +1,10 @@
-/* Synthetic in-process sources and destinations (see local.h). */
-#include "plan/local.h"
+/* Synthetic in-process sources and destinations (see tool_local.h). */
+#include "tool_local.h"
 
+#include <stdlib.h>
 #include <string.h>
 
-#include "layout/manifest.h"
-
-void refit_local_set_destroy(refit_local_set_t *s)
+void tool_local_set_destroy(tool_local_set_t *s)
 {
     if (!s) return;
     for (uint32_t i = 0; i < s->n; i++) {
@@ -18,11 +17,11 @@ void refit_local_set_destroy(refit_local_set_t *s)
     memset(s, 0, sizeof(*s));
 }
 
-refit_status_t refit_local_set_create(const refit_model_t *model, const refit_layout_t *layout, bool fill,
-                                      uint64_t version, refit_local_set_t *out)
+refit_status_t tool_local_set_create(const refit_model_t *model, const refit_layout_t *layout, bool fill,
+                                     uint64_t version, tool_local_set_t *out)
 {
     refit_status_t st;
-    refit_local_set_t s = {.n = refit_layout_world(layout)};
+    tool_local_set_t s = {.n = refit_layout_world(layout)};
     s.manifests = calloc(s.n, sizeof(*s.manifests));
     s.arenas = calloc(s.n, sizeof(*s.arenas));
     s.bases = calloc(s.n, sizeof(*s.bases));
@@ -45,18 +44,17 @@ refit_status_t refit_local_set_create(const refit_model_t *model, const refit_la
     *out = s;
     return REFIT_OK;
 err:
-    refit_local_set_destroy(&s);
+    tool_local_set_destroy(&s);
     return st;
 }
 
-refit_status_t refit_local_run(const refit_local_set_t *src, const refit_manifest_t *dst, bool execute,
-                               uint64_t version, const refit_plan_params_t *params, const char *dump_path,
-                               refit_local_result_t *out)
+refit_status_t tool_local_run(const tool_local_set_t *src, const refit_manifest_t *dst, bool execute, uint64_t version,
+                              const refit_plan_params_t *params, const char *dump_path, tool_local_result_t *out)
 {
     refit_status_t st;
     refit_plan_t *plan = NULL;
     void *arena = NULL;
-    refit_local_result_t res = {.stats = REFIT_PLAN_STATS_INIT, .verify = REFIT_TRUTH_REPORT_INIT};
+    tool_local_result_t res = {.stats = REFIT_PLAN_STATS_INIT, .verify = REFIT_TRUTH_REPORT_INIT};
     if ((st = refit_plan_create((const refit_manifest_t *const *)src->manifests, src->n, dst, params, &plan)))
         return st;
     if ((st = refit_plan_stats(plan, &res.stats))) goto out;

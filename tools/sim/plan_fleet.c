@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "sim/sim_internal.h"
+#include "sim_internal.h"
 
 typedef struct {
     sim_plans_t *P;

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "engine/fleet.h"
-#include "sim/sim.h"
+#include "sim.h"
 
 static const char *kind_name(sim_link_kind_t k)
 {

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sim/fleet_sim.h"
+#include "fleet_sim.h"
 
 static refit_peer_t *const g_peer = (refit_peer_t *)&g_peer; /* any non-NULL peer: the rules only test it */
 

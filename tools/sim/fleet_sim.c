@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sim/fleet_sim.h"
+#include "fleet_sim.h"
 
 /* ---- events ----------------------------------------------------------------- */
 

@@ -17,8 +17,15 @@
  * Not modelled: CPU (copies, digests, verification) except a delta's apply,
  * packet loss and congestion control dynamics beyond a fixed wire overhead
  * and a request queue, failures, and GPU staging through host memory (GPU
- * receivers are assumed to take bytes straight from the NIC).  Internal to
- * the refit command and its tests; not part of the library's API. */
+ * receivers are assumed to take bytes straight from the NIC).
+ *
+ * The static library refit_sim (cmake/tools.cmake), linked into the refit
+ * command; not part of librefit's API.  This header, its interface, uses
+ * only the public API's types.  Its sources are the one part of the programs
+ * compiled against the library's internal headers (src/): a model of the
+ * engine has to run the engine's own scheduling rules (src/engine/fleet.h,
+ * fleet_rules.c, built into refit_sim), which are not a stable interface to
+ * export (docs/architecture.md). */
 #ifndef REFIT_SIM_H
 #define REFIT_SIM_H
 
@@ -262,8 +269,5 @@ refit_status_t sim_calibrate(const char *results_dir, const char *ignore, sim_ca
 refit_status_t sim_plot_png(const char *path, const sim_fleet_t *f, const sim_cluster_t *c, const sim_result_t *r);
 /* Writes an RGB image (w x h, 3 bytes per pixel, rows top down) as a PNG. */
 refit_status_t sim_png_write(const char *path, const uint8_t *rgb, uint32_t w, uint32_t h);
-
-/* The refit command's `simulate`. */
-int cmd_simulate(int argc, char **argv);
 
 #endif
