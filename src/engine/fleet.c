@@ -348,8 +348,7 @@ static unsigned holder_workers(const refit_fleet_xfer_t *x, const refit_fleet_ho
 {
     const refit_transport_ops_t *ops = x->ts->ops[H->transport];
     bool net = ops != &refit_transport_shm && (refit_transport_caps(ops) & REFIT_TCAP_CONCURRENT);
-    if (net && x->net_workers) return x->net_workers;
-    if (net) return H->mirror_dst ? REFIT_FLEET_NET_WORKERS : REFIT_FLEET_NET_WORKERS_TRAINER;
+    if (net) return x->net_workers ? x->net_workers : REFIT_FLEET_NET_WORKERS;
     return x->workers ? x->workers : 2;
 }
 

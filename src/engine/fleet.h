@@ -86,12 +86,10 @@ typedef struct {
 /* Chunks a receiver keeps in flight per network holder.  One was the
  * receiver's copy-thread budget (1 in the benchmarks): each chunk then waited
  * a full request round trip, and a relay's requests queue behind the bytes it
- * serves on its own egress (README: Fleet, what the fan-out measured). */
-#define REFIT_FLEET_NET_WORKERS 4
-/* For a trainer rank (it has every chunk: each waits a full request round
- * trip, and a relay's own requests to it wait behind the bytes it relays on
- * its egress), twice as many. */
-#define REFIT_FLEET_NET_WORKERS_TRAINER 8
+ * serves on its own egress (README: Fleet, what the fan-out measured); 4 left
+ * the head of a chain 3-7% behind a lone receiver.  A holder the rules judge
+ * clearly slower keeps one (fleet_rules.c, held_back). */
+#define REFIT_FLEET_NET_WORKERS 8
 
 /* ---- the rules of a fleet transfer, without threads, clocks or I/O --------
  * How a plan becomes chunks, how chunks are shared among holders, which chunk

@@ -63,7 +63,7 @@ typedef struct {
     uint64_t region_id, pub_id;
     uint8_t token[16];
     uint64_t wait_region, word_off, word, flag_off; /* a condition (wait_ms 0: none) */
-    uint32_t wait_ms, pad2;
+    uint32_t wait_ms, flags;
 } w_req_t;
 
 typedef struct {

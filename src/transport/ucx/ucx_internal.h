@@ -122,9 +122,11 @@ typedef struct {
      * flag_off is non-zero, or answer PUB_NOT_READY after wait_ms (at most
      * UCX_MAX_WAIT_MS). */
     uint64_t wait_region, word_off, word, flag_off;
-    uint32_t wait_ms, pad2;
+    uint32_t wait_ms;
+    uint32_t flags; /* REQ_* */
     /* data: wire_run_t runs[nruns] */
 } req_hdr_t;
+#define REQ_EAGER 1u /* reply eager whatever its size (a receiver on TCP lanes: ucx_opts_t.tcp_eager) */
 #define UCX_MAX_WAIT_MS 10000
 
 /* count runs of len bytes at off, off + stride, ...: the rows of a strided
@@ -154,6 +156,7 @@ typedef struct {
     char tls[128], devices[128];
     uint64_t chunk, rndv, solo;
     unsigned inflight, spin_us;
+    bool tcp_eager;
     double connect_timeout, stall_timeout, auth_timeout;
 } ucx_opts_t;
 

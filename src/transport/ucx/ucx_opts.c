@@ -84,6 +84,7 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
                       .rndv = 64u << 10,
                       .solo = 16u << 10,
                       .inflight = 8,
+                      .tcp_eager = true,
                       .spin_us = 0, /* TCP data arrives all the time: any spin became a busy poll (README: Fleet) */
                       .connect_timeout = 10,
                       .stall_timeout = 30,
@@ -150,6 +151,9 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
         } else if (!strcmp(kv, "rndv")) {
             if (!strcmp(v, "auto")) o->rndv = 0; /* UCX chooses */
             else ok = parse_u64(v, &o->rndv) && o->rndv > 0;
+        } else if (!strcmp(kv, "tcp_eager")) {
+            ok = !strcmp(v, "0") || !strcmp(v, "1");
+            o->tcp_eager = !strcmp(v, "1");
         } else if (!strcmp(kv, "inflight")) {
             ok = parse_u64(v, &n) && n >= 1 && n <= 1024;
             o->inflight = (unsigned)n;

@@ -320,7 +320,8 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
                          .idx = s->idx,
                          .gen = s->gen,
                          .region_id = p->regions[s->region].id,
-                         .pub_id = p->pub_id};
+                         .pub_id = p->pub_id,
+                         .flags = !p->rdma && pl->t->o.tcp_eager ? REQ_EAGER : 0};
     memcpy(s->hdr.token, p->token, TOKEN_LEN);
     if (pl->ctl && pl->ctl->wait.ms) {
         const refit_pull_ctl_t *c = pl->ctl;

@@ -306,7 +306,8 @@ static bool serve_job(refit_transport_t *t, job_t *j)
             r->inflight++;
             j->bytes = total;
             c->sending_bytes += total;
-            if (t->o.rndv) flags |= total >= t->o.rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
+            if (j->req.flags & REQ_EAGER) flags |= UCP_AM_SEND_FLAG_EAGER;
+            else if (t->o.rndv) flags |= total >= t->o.rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
         }
     }
     /* REPLY: the receiver checks that data comes over the connection it asked on. */
