@@ -1,5 +1,6 @@
-/* CUDA runtime glue and kernels: device memory, the batch copy kernel, the
- * truth fill/verify kernels and the digest kernel.
+/* The kernels and what launches them: the batch copy kernel (batches), the
+ * truth fill/verify kernels and the digest kernel.  Devices, memory and GPU
+ * turns: gpu_device.cu.
  *
  * The kernels are thin: the per-thread work is the REFIT_HD code of
  * plan/batch.h and truth/truth_table.h, which the CPU tests run too.  Grids
@@ -17,16 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "transport/cuda/gpu_internal.h"
+
 extern "C" {
-#include "transport/cuda/cuda_check.h"
-#include "transport/cuda/gpu.h"
 #include "truth/truth_table.h"
-#include "util/util.h"
 }
-
-#define THREADS 256
-
-#define CK(call) REFIT_CUDA_CK("", call)
 
 /* ---- kernels ------------------------------------------------------------ */
 
@@ -181,231 +177,6 @@ __global__ void __launch_bounds__(THREADS) digest_kernel(const unsigned char *p,
     if ((threadIdx.x & 31) == 0) atomicAdd(out, (unsigned long long)sum);
 }
 
-/* ---- devices ------------------------------------------------------------ */
-
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static int g_count = -1;
-static const void *g_kernels[4];
-static int g_blocks[4][64]; /* resident blocks per kernel and device (0: not yet known) */
-
-typedef struct {
-    int saved;
-} devguard_t;
-
-static refit_status_t enter(int dev, devguard_t *g)
-{
-    refit_status_t st = REFIT_OK;
-    g->saved = -1;
-    if (dev < 0 || dev >= refit_gpu_count())
-        return refit_error(REFIT_ERR_UNSUPPORTED, "CUDA device %d is not here (%d device(s))", dev, refit_gpu_count());
-    CK(cudaGetDevice(&g->saved));
-    if (g->saved != dev) CK(cudaSetDevice(dev));
-out:
-    return st;
-}
-
-static void leave(devguard_t *g)
-{
-    int cur = -1;
-    if (g->saved >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != g->saved) cudaSetDevice(g->saved);
-}
-
-extern "C" int refit_gpu_count(void)
-{
-    pthread_mutex_lock(&g_lock);
-    if (g_count < 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) {
-            n = 0;
-            cudaGetLastError();
-        }
-        g_count = n;
-    }
-    int n = g_count;
-    pthread_mutex_unlock(&g_lock);
-    return n;
-}
-
-static int grid_for(int dev, uint64_t nchunks, const void *kernel)
-{
-    pthread_mutex_lock(&g_lock);
-    int k = 0;
-    while (k < 3 && g_kernels[k] && g_kernels[k] != kernel) k++;
-    g_kernels[k] = kernel;
-    int per = dev < 64 ? g_blocks[k][dev] : 0;
-    pthread_mutex_unlock(&g_lock);
-    if (!per) {
-        int sms = 0, occ = 0;
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, THREADS, 0);
-        per = (sms > 0 ? sms : 1) * (occ > 0 ? occ : 4);
-        pthread_mutex_lock(&g_lock);
-        if (dev < 64) g_blocks[k][dev] = per;
-        pthread_mutex_unlock(&g_lock);
-    }
-    return nchunks < (uint64_t)per ? (int)(nchunks ? nchunks : 1) : per;
-}
-
-static void format_uuid(const cudaDeviceProp *p, char *out, size_t n)
-{
-    const unsigned char *u = (const unsigned char *)p->uuid.bytes;
-    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3],
-             u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-}
-
-extern "C" refit_status_t refit_gpu_uuid(int dev, char out[48])
-{
-    refit_status_t st = REFIT_OK;
-    cudaDeviceProp p;
-    out[0] = '\0';
-    if (dev < 0 || dev >= refit_gpu_count())
-        return refit_error(REFIT_ERR_UNSUPPORTED, "CUDA device %d is not here", dev);
-    CK(cudaGetDeviceProperties(&p, dev));
-    format_uuid(&p, out, 48);
-out:
-    return st;
-}
-
-extern "C" refit_status_t refit_gpu_info(int dev, refit_gpu_info_t *o)
-{
-    refit_status_t st = REFIT_OK;
-    devguard_t g;
-    memset(o, 0, sizeof(*o));
-    if ((st = enter(dev, &g))) return st;
-    {
-        cudaDeviceProp p;
-        size_t fr = 0, tot = 0;
-        CK(cudaGetDeviceProperties(&p, dev));
-        snprintf(o->name, sizeof(o->name), "%s", p.name);
-        format_uuid(&p, o->uuid, sizeof(o->uuid));
-        snprintf(o->pci, sizeof(o->pci), "%04x:%02x:%02x.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
-        o->memory = p.totalGlobalMem;
-        o->sms = p.multiProcessorCount;
-        o->cc_major = p.major;
-        o->cc_minor = p.minor;
-        CK(cudaMemGetInfo(&fr, &tot));
-        o->free_memory = fr;
-        CK(cudaDriverGetVersion(&o->driver));
-        CK(cudaRuntimeGetVersion(&o->runtime));
-    }
-out:
-    leave(&g);
-    return st;
-}
-
-extern "C" bool refit_gpu_can_access_peer(int dev, int peer)
-{
-    int ok = 0;
-    if (dev == peer) return true;
-    if (cudaDeviceCanAccessPeer(&ok, dev, peer) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return ok != 0;
-}
-
-extern "C" refit_status_t refit_gpu_enable_peer(int dev, int peer)
-{
-    refit_status_t st = REFIT_OK;
-    devguard_t g;
-    if (dev == peer) return REFIT_OK;
-    if (!refit_gpu_can_access_peer(dev, peer))
-        return refit_error(REFIT_ERR_TRANSPORT, "GPU %d cannot access GPU %d directly (no peer access)", dev, peer);
-    if ((st = enter(dev, &g))) return st;
-    {
-        cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-        else CK(e);
-    }
-out:
-    leave(&g);
-    return st;
-}
-
-/* Allocations are whole multiples of ALLOC_ROUND.  A cudaMalloc whose size
- * is not a multiple of 2 MiB (a publisher's arena: 32,073,216,000 bytes for
- * Qwen3-30B-A3B megatron:ep=2) reads as fast as any in its own process, but
- * opened in another with cudaIpcOpenMemHandle on one H200 it took 170 ms
- * to open and every copy from it ran at 1.65 TB/s instead of 2.07
- * (bench/ipc_probe.cu replay, docs/gpu.md "Colocated").  REFIT_CUDA_ALLOC_ROUND
- * (bytes, 0: none) overrides it, for that comparison. */
-#define ALLOC_ROUND (2ull << 20)
-
-static uint64_t alloc_round(void)
-{
-    static uint64_t r;
-    static bool got;
-    if (!got) {
-        const char *e = getenv("REFIT_CUDA_ALLOC_ROUND");
-        r = e && *e ? strtoull(e, NULL, 0) : ALLOC_ROUND;
-        got = true;
-    }
-    return r;
-}
-
-extern "C" refit_status_t refit_gpu_alloc(int dev, uint64_t size, void **out)
-{
-    refit_status_t st = REFIT_OK;
-    devguard_t g;
-    void *p = NULL;
-    uint64_t r = alloc_round(), n = size ? size : 1;
-    *out = NULL;
-    if (r > 1 && n % r) n += r - n % r;
-    if ((st = enter(dev, &g))) return st;
-    CK(cudaMalloc(&p, n));
-    CK(cudaMemset(p, 0, n));
-    CK(cudaDeviceSynchronize());
-    *out = p;
-    p = NULL;
-out:
-    if (p) cudaFree(p);
-    if (st) refit_error_prefix("GPU %d: %" PRIu64 " bytes", dev, size);
-    leave(&g);
-    return st;
-}
-
-extern "C" void refit_gpu_free(void *p)
-{
-    if (p) cudaFree(p);
-}
-
-extern "C" refit_status_t refit_gpu_host_alloc(uint64_t size, void **out)
-{
-    refit_status_t st = REFIT_OK;
-    *out = NULL;
-    if (!refit_gpu_count()) return refit_error(REFIT_ERR_UNSUPPORTED, "pinned memory needs a CUDA device");
-    CK(cudaHostAlloc(out, size ? size : 1, cudaHostAllocPortable | cudaHostAllocMapped));
-    memset(*out, 0, size);
-out:
-    return st;
-}
-
-extern "C" void refit_gpu_host_free(void *p)
-{
-    if (p) cudaFreeHost(p);
-}
-
-extern "C" refit_status_t refit_gpu_copy(void *dst, const void *src, uint64_t n)
-{
-    refit_status_t st = REFIT_OK;
-    CK(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
-out:
-    return st;
-}
-
-extern "C" refit_status_t refit_gpu_host_register(void *p, uint64_t n)
-{
-    refit_status_t st = REFIT_OK;
-    CK(cudaHostRegister(p, n, cudaHostRegisterMapped | cudaHostRegisterPortable));
-out:
-    return st;
-}
-
-extern "C" void refit_gpu_host_unregister(void *p)
-{
-    if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
-}
-
 /* ---- truth ---------------------------------------------------------------- */
 
 static refit_status_t truth_run(const refit_manifest_t *m, int dev, void *const *bases, uint64_t version, bool verify,
@@ -419,7 +190,7 @@ static refit_status_t truth_run(const refit_manifest_t *m, int dev, void *const 
     unsigned long long *dcnt = NULL, hcnt[2] = {0, ~0ull};
     uint32_t nreg = refit_manifest_num_regions(m);
     if ((st = refit_truth_table_build(m, 16384, &t))) return st;
-    if ((st = enter(dev, &g))) {
+    if ((st = gpu_enter(dev, &g))) {
         refit_truth_table_free(&t);
         return st;
     }
@@ -438,7 +209,7 @@ static refit_status_t truth_run(const refit_manifest_t *m, int dev, void *const 
     CK(cudaMalloc(&dcnt, sizeof(hcnt)));
     CK(cudaMemcpy(dcnt, hcnt, sizeof(hcnt), cudaMemcpyHostToDevice));
     if (t.nchunks) {
-        truth_kernel<<<grid_for(dev, t.nchunks, (const void *)truth_kernel), THREADS>>>(
+        truth_kernel<<<gpu_grid_for(dev, t.nchunks, (const void *)truth_kernel), THREADS>>>(
             dboxes, t.n, t.nchunks, t.chunk, dbases, version, verify, dcnt, dcnt + 1);
         CK(cudaGetLastError());
     }
@@ -466,7 +237,7 @@ out:
     cudaFree(dcnt);
     free(hbases);
     refit_truth_table_free(&t);
-    leave(&g);
+    gpu_leave(&g);
     return st;
 }
 
@@ -492,17 +263,17 @@ extern "C" refit_status_t refit_gpu_digest(int dev, const void *p, uint64_t n, u
     devguard_t g;
     unsigned long long *d = NULL, h = 0;
     if ((uintptr_t)p % 8) return refit_error(REFIT_ERR_INVALID_ARG, "digest: address not 8-byte aligned");
-    if ((st = enter(dev, &g))) return st;
+    if ((st = gpu_enter(dev, &g))) return st;
     CK(cudaMalloc(&d, sizeof(h)));
     CK(cudaMemset(d, 0, sizeof(h)));
-    digest_kernel<<<grid_for(dev, n / 8 / THREADS + 1, (const void *)digest_kernel), THREADS>>>(
+    digest_kernel<<<gpu_grid_for(dev, n / 8 / THREADS + 1, (const void *)digest_kernel), THREADS>>>(
         (const unsigned char *)p, n, d);
     CK(cudaGetLastError());
     CK(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
     *out = h;
 out:
     cudaFree(d);
-    leave(&g);
+    gpu_leave(&g);
     return st;
 }
 
@@ -614,10 +385,10 @@ extern "C" refit_status_t refit_gpu_batch_after(refit_gpu_batch_t *x, refit_gpu_
 {
     refit_status_t st = REFIT_OK;
     devguard_t g;
-    if ((st = enter(x->dev, &g))) return st;
+    if ((st = gpu_enter(x->dev, &g))) return st;
     CK(cudaStreamWaitEvent(x->stream, first->done, 0));
 out:
-    leave(&g);
+    gpu_leave(&g);
     return st;
 }
 
@@ -629,7 +400,7 @@ extern "C" refit_status_t refit_gpu_batch_create(int dev, const refit_batch_t *b
     *out = NULL;
     if (!x) return refit_error(REFIT_ERR_NO_MEMORY, "GPU batch");
     x->dev = dev;
-    if ((st = enter(dev, &g))) {
+    if ((st = gpu_enter(dev, &g))) {
         free(x);
         return st;
     }
@@ -649,7 +420,7 @@ extern "C" refit_status_t refit_gpu_batch_create(int dev, const refit_batch_t *b
     CK(cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming));
 out:
-    leave(&g);
+    gpu_leave(&g);
     if (st) refit_gpu_batch_destroy(x);
     else *out = x;
     return st;
@@ -659,14 +430,14 @@ extern "C" void refit_gpu_batch_destroy(refit_gpu_batch_t *x)
 {
     if (!x) return;
     devguard_t g;
-    bool in = enter(x->dev, &g) == REFIT_OK;
+    bool in = gpu_enter(x->dev, &g) == REFIT_OK;
     if (x->stream) cudaStreamSynchronize(x->stream);
     cudaFree(x->dregions);
     cudaFree(x->dslots);
     if (x->done) cudaEventDestroy(x->done);
     for (uint32_t i = 0; i < x->ntcap; i++) cudaEventDestroy(x->tev[i]);
     if (x->stream) cudaStreamDestroy(x->stream);
-    if (in) leave(&g);
+    if (in) gpu_leave(&g);
     free(x->hslots);
     free(x->tev);
     free(x->tsrc);
@@ -685,7 +456,7 @@ extern "C" refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *x, const uin
 {
     refit_status_t st = REFIT_OK;
     devguard_t g;
-    if ((st = enter(x->dev, &g))) return st;
+    if ((st = gpu_enter(x->dev, &g))) return st;
     if (!x->slots_valid || memcmp(x->hslots, slots, x->table.nslots * sizeof(uint64_t)) != 0) {
         memcpy(x->hslots, slots, x->table.nslots * sizeof(uint64_t));
         CK(cudaMemcpyAsync(x->dslots, x->hslots, x->table.nslots * sizeof(uint64_t), cudaMemcpyHostToDevice,
@@ -701,7 +472,7 @@ extern "C" refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *x, const uin
             x->ntev = 0;
             trace_mark(x, NULL, NULL, b);
         }
-        int grid = grid_for(x->dev, x->table.nchunks, (const void *)batch_kernel), sms = 0;
+        int grid = gpu_grid_for(x->dev, x->table.nchunks, (const void *)batch_kernel), sms = 0;
         if (x->per_sm > 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x->dev) == cudaSuccess &&
             grid > x->per_sm * sms)
             grid = x->per_sm * sms;
@@ -713,7 +484,7 @@ extern "C" refit_status_t refit_gpu_batch_launch(refit_gpu_batch_t *x, const uin
     CK(cudaEventRecord(x->done, x->stream));
 out:
     if (st) x->slots_valid = false;
-    leave(&g);
+    gpu_leave(&g);
     return st;
 }
 
@@ -734,7 +505,7 @@ extern "C" refit_status_t refit_gpu_batch_copy(refit_gpu_batch_t *x, const uint6
     devguard_t g;
     uint64_t n = 0;
     bool trace = refit_gpu_trace_path() != NULL;
-    if ((st = enter(x->dev, &g))) return st;
+    if ((st = gpu_enter(x->dev, &g))) return st;
     x->ntev = 0;
     for (uint32_t i = 0; i < x->table.n; i++) {
         const refit_batch_region_t *r = &x->table.regions[i];
@@ -771,82 +542,8 @@ extern "C" refit_status_t refit_gpu_batch_copy(refit_gpu_batch_t *x, const uint6
     CK(cudaEventRecord(x->done, x->stream));
     if (ops) *ops += n;
 out:
-    leave(&g);
+    gpu_leave(&g);
     return st;
-}
-
-/* ---- GPU turns (see gpu.h) ------------------------------------------------ */
-
-static int g_turn_fd[64];
-static bool g_turn_init;
-
-extern "C" int refit_gpu_turn_take(int dev, double grace_s, double max_wait_s)
-{
-    if (dev < 0 || dev >= 64) return -1;
-    pthread_mutex_lock(&g_lock);
-    if (!g_turn_init) {
-        for (int d = 0; d < 64; d++) g_turn_fd[d] = -1;
-        g_turn_init = true;
-    }
-    int fd = g_turn_fd[dev];
-    if (fd == -1) {
-        char uuid[48], path[128];
-        fd = -2;
-        pthread_mutex_unlock(&g_lock);
-        bool have = refit_gpu_uuid(dev, uuid) == REFIT_OK;
-        pthread_mutex_lock(&g_lock);
-        if (have) {
-            snprintf(path, sizeof(path), "/dev/shm/refit-%u-%s.turn", (unsigned)getuid(), uuid);
-            int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-            if (f >= 0) fd = f;
-        }
-        if (g_turn_fd[dev] == -1) g_turn_fd[dev] = fd;
-        else if (fd >= 0) {
-            close(fd);
-            fd = g_turn_fd[dev];
-        }
-    }
-    pthread_mutex_unlock(&g_lock);
-    if (fd < 0) return -1;
-    if (grace_s > 0) usleep((useconds_t)(grace_s * 1e6));
-    double until = refit_now() + max_wait_s;
-    for (;;) {
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
-        if (errno != EWOULDBLOCK && errno != EINTR) return -1;
-        if (refit_now() > until) return -1;
-        usleep(20);
-    }
-}
-
-extern "C" void refit_gpu_turn_give(int fd)
-{
-    if (fd >= 0) flock(fd, LOCK_UN);
-}
-
-extern "C" refit_status_t refit_gpu_event_wait(void *event, int dev, const char *what, refit_status_t (*tick)(void *),
-                                               void *user, double deadline)
-{
-    refit_status_t later = REFIT_OK;
-    char detail[512] = "";
-    double last = refit_now();
-    for (;;) {
-        cudaError_t e = cudaEventQuery((cudaEvent_t)event);
-        if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady)
-            return refit_error(REFIT_ERR_TRANSPORT, "GPU %d %s: %s", dev, what, cudaGetErrorString(e));
-        double now = refit_now();
-        if (!later && tick && now - last > 0.01) {
-            last = now;
-            if ((later = tick(user))) snprintf(detail, sizeof(detail), "%s", refit_last_error());
-        }
-        if (!later && deadline > 0 && now > deadline) {
-            later = refit_error(REFIT_ERR_TIMEOUT, "the GPU %s ran past its deadline", what);
-            snprintf(detail, sizeof(detail), "%s", refit_last_error());
-        }
-        usleep(20);
-    }
-    if (later) return refit_error(later, "%s", detail);
-    return REFIT_OK;
 }
 
 extern "C" refit_status_t refit_gpu_batch_wait(refit_gpu_batch_t *x, refit_status_t (*tick)(void *), void *user,
