@@ -91,6 +91,8 @@ static void read_lanes(refit_peer_t *p)
     FILE *f = open_memstream(&buf, &blen);
     p->lanes[0] = 0;
     p->rdma = false;
+    p->tcp_only = false;
+    bool any = false, all_tcp = true;
     bool rma_lane = false, rma_native = true;
     if (!f) return;
     ucp_ep_print_info(p->ep, f);
@@ -121,6 +123,8 @@ static void read_lanes(refit_peer_t *p)
         char tl[32];
         snprintf(tl, sizeof(tl), "%.*s", (int)strcspn(tldev, "/"), tldev);
         if (tl_is_rdma(tl)) p->rdma = true;
+        any = true;
+        if (strncmp(tl, "tcp", 3) != 0) all_tcp = false;
         if (strstr(usage, " rma_bw") || strstr(usage, " rma ") || strstr(usage, " rma#")) {
             rma_lane = true;
             if (!tl_rma_native(tl)) rma_native = false;
@@ -131,6 +135,7 @@ static void read_lanes(refit_peer_t *p)
         }
     }
     free(buf);
+    p->tcp_only = any && all_tcp;
     int m = p->t->o.method;
     p->use_get = m == METHOD_GET || (m == METHOD_AUTO && rma_lane && rma_native && p->rdma);
 }

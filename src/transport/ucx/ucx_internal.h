@@ -271,6 +271,7 @@ struct refit_peer {
     ucs_status_t failed; /* set by the error handler */
     bool broken;         /* force-closed after a failed pull */
     bool use_get, rdma;
+    bool tcp_only; /* every data lane is TCP: replies eager (ucx_opts_t.tcp_eager) */
     char lanes[160];
     uint8_t token[TOKEN_LEN]; /* proves the handshake in every request */
 };

@@ -321,7 +321,7 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
                          .gen = s->gen,
                          .region_id = p->regions[s->region].id,
                          .pub_id = p->pub_id,
-                         .flags = !p->rdma && pl->t->o.tcp_eager ? REQ_EAGER : 0};
+                         .flags = p->tcp_only && pl->t->o.tcp_eager ? REQ_EAGER : 0};
     memcpy(s->hdr.token, p->token, TOKEN_LEN);
     if (pl->ctl && pl->ctl->wait.ms) {
         const refit_pull_ctl_t *c = pl->ctl;
@@ -614,7 +614,10 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
         for (size_t k = 0; k < pl.npps; k++) {
             const refit_peer_t *p = pl.pps[k].peer;
             char one[200];
-            snprintf(one, sizeof(one), "ucx:%s %s", p->lanes[0] ? p->lanes : "?", p->use_get ? "get" : "am");
+            snprintf(one, sizeof(one), "ucx:%s %s", p->lanes[0] ? p->lanes : "?",
+                     p->use_get                      ? "get"
+                     : p->tcp_only && t->o.tcp_eager ? "am, eager"
+                                                     : "am");
             if (strstr(stats->lanes, one)) continue;
             int w = snprintf(stats->lanes + used, sizeof(stats->lanes) - used, "%s%s", used ? ", " : "", one);
             if (w > 0 && (size_t)w < sizeof(stats->lanes) - used) used += (size_t)w;
