@@ -217,7 +217,7 @@ refit_fleet_chunk_t *refit_fleet_claim(refit_fleet_sched_t *S, uint32_t h, doubl
 refit_fleet_chunk_t *refit_fleet_claim_ahead(refit_fleet_sched_t *S, uint32_t h, double now)
 {
     refit_fleet_holder_t *H = &S->h[h];
-    if (!H->mirror_dst || !H->partial || !H->waitable || H->failed || !H->peer) return NULL;
+    if (!H->mirror_dst || !H->partial || !H->waitable || H->failed || !H->peer || held_back(S, h, now)) return NULL;
     for (size_t i = 0; i < S->nc; i++) {
         refit_fleet_chunk_t *c = &S->c[i];
         if (c->state != REFIT_CHUNK_FREE || c->pref != h) continue;

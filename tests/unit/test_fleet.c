@@ -247,6 +247,26 @@ static void a_relay_is_asked_ahead_in_order(void **state)
     g.h[0].partial = true;
     g.h[0].failed = true;
     assert_null(refit_fleet_claim_ahead(&g.S, 0, 0));
+
+    /* A relay clearly slower than the trainer rank beside it keeps one chunk
+     * in flight, asked ahead or not (held_back). */
+    fixture_t k;
+    setup(&k, 2);
+    uint8_t av0[NC] = {0}, av1[NC] = {0};
+    uint8_t *av[3] = {av0, av1, NULL};
+    k.S.avail = av;
+    double now = 0;
+    for (uint32_t i = 0; i < 3; i++, now += 0.1) {
+        assert_non_null(read_one(&k, 0, now, 0.01));
+        assert_non_null(read_one(&k, 1, now, 0.1));
+    }
+    k.h[1].mirror_dst = k.h[1].partial = k.h[1].waitable = true;
+    uint32_t free_left = 0;
+    for (size_t i = 0; i < NC; i++)
+        if (k.c[i].state == REFIT_CHUNK_FREE) k.c[i].pref = 1, free_left++;
+    assert_int_equal(free_left, 2); /* two it could be asked for ahead */
+    assert_non_null(refit_fleet_claim_ahead(&k.S, 1, now));
+    assert_null(refit_fleet_claim_ahead(&k.S, 1, now));
 }
 
 int main(void)
