@@ -454,6 +454,17 @@ static bool atk_handshake(atk_t *a, const victim_t *v, const uint8_t key[32], ui
     return true;
 }
 
+/* Closes the attacker, checks the victim lived through it with its weights
+ * and its secret intact, and stops it. */
+static void end_intact(atk_t *a, victim_t *v)
+{
+    atk_close(a);
+    char said[128];
+    victim_check(v, said, sizeof(said));
+    assert_string_equal(said, "alive weights=1 secret=1");
+    victim_stop(v);
+}
+
 /* ---- the tests ------------------------------------------------------------ */
 
 /* RMA by a raw client: reading a global outside the exposed region, writing
@@ -544,11 +555,7 @@ static void unauthenticated_requests(void **state)
     assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
     atk_progress(&a, 500);
     assert_int_equal(a.data_status, PUB_AUTH);
-    atk_close(&a);
-    char said[128];
-    victim_check(&v, said, sizeof(said));
-    assert_string_equal(said, "alive weights=1 secret=1");
-    victim_stop(&v);
+    end_intact(&a, &v);
 }
 
 /* A receiver and a publisher with different keys (another job, or a fake
@@ -600,11 +607,7 @@ static void request_flood_bounded(void **state)
     print_message("publisher RSS %ld -> %ld kB with 800 MiB of unread replies asked for; %d replies seen\n", rss0, rss1,
                   a.data_replies);
     assert_true(rss1 - rss0 < 64 * 1024); /* max_queued 8 MiB plus one request, not 800 MiB */
-    atk_close(&a);
-    char said[128];
-    victim_check(&v, said, sizeof(said));
-    assert_string_equal(said, "alive weights=1 secret=1");
-    victim_stop(&v);
+    end_intact(&a, &v);
 }
 
 /* Strided runs (count rows of len, stride apart): the rows asked for come
@@ -648,11 +651,7 @@ static void strided_requests_bounded(void **state)
     }
     assert_int_equal(a.last_len, 8);
     assert_memory_equal(a.last, g_weights + WEIGHTS - 8, 8);
-    atk_close(&a);
-    char said[128];
-    victim_check(&v, said, sizeof(said));
-    assert_string_equal(said, "alive weights=1 secret=1");
-    victim_stop(&v);
+    end_intact(&a, &v);
 }
 
 /* Conditional requests (a relay's readers ask for chunks before they are
@@ -738,11 +737,7 @@ static void conditional_requests(void **state)
     assert_int_equal(a.last_len, 16);
     assert_memory_equal(a.last, g_weights + 4096, 16);
     assert_true(t_ms_since(t0) < 1000);
-    atk_close(&a);
-    char said[128];
-    victim_check(&v, said, sizeof(said));
-    assert_string_equal(said, "alive weights=1 secret=1");
-    victim_stop(&v);
+    end_intact(&a, &v);
 }
 
 /* Connections that never prove the key are closed (auth_timeout), so idle
@@ -764,11 +759,7 @@ static void idle_connections_closed(void **state)
                   ucs_status_string(a.failed), t_ms_since(t0), a.hello_status);
     assert_int_equal(a.hello_status, -1); /* no answer */
     assert_true(a.failed != UCS_OK);      /* and cut off */
-    atk_close(&a);
-    char said[128];
-    victim_check(&v, said, sizeof(said));
-    assert_string_equal(said, "alive weights=1 secret=1");
-    victim_stop(&v);
+    end_intact(&a, &v);
 }
 
 /* A publisher restarted on the same port answers as another instance: the
