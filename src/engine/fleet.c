@@ -256,6 +256,13 @@ static void pace(sched_t *S, refit_fleet_holder_t *H, uint64_t bytes, double t0)
     pthread_mutex_unlock(&S->lock);
 }
 
+/* Chunk c, which holder h's worker did not read, is free again if h still
+ * has it (lock held). */
+static void give_back(refit_fleet_chunk_t *c, uint32_t h)
+{
+    if (c->state == REFIT_CHUNK_BUSY && c->owner == h) c->state = REFIT_CHUNK_FREE, c->dup = 0;
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg_t *a = arg;
@@ -308,7 +315,7 @@ static void *worker_main(void *arg)
             /* Not written within the wait: the relay is slow, stuck or gone;
              * its progress says which (refresh fails a relay that stopped). */
             H->late++;
-            if (c->state == REFIT_CHUNK_BUSY && c->owner == h && !c->dup) c->state = REFIT_CHUNK_FREE;
+            give_back(c, h);
             if (!H->refreshing) refresh(S, h);
             continue;
         }
@@ -319,7 +326,7 @@ static void *worker_main(void *arg)
                 snprintf(H->error, sizeof(H->error), "%s", refit_last_error());
                 H->failed_at = refit_now();
             }
-            if (c->state == REFIT_CHUNK_BUSY && c->owner == h) c->state = REFIT_CHUNK_FREE, c->dup = 0;
+            give_back(c, h);
             pthread_cond_broadcast(&S->cond);
             break;
         }
