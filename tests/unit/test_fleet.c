@@ -115,6 +115,9 @@ static void a_slower_holder_loses_its_share(void **state)
         assert_non_null(read_one(&g, 1, now, 0.1));
         now += 0.1;
     }
+    /* Both chunks left in its share: without the rule it would take the second. */
+    for (size_t i = 0; i < NC; i++)
+        if (g.c[i].state == REFIT_CHUNK_FREE) g.c[i].pref = 1;
     bool none_left = false;
     refit_fleet_chunk_t *first = refit_fleet_claim(&g.S, 1, now, &none_left);
     assert_non_null(first);
