@@ -36,15 +36,23 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
     o->receivers = receivers;
     o->max_readers = 2;
     o->link_mbps = link;
-    static const struct option opts[] = {
-        {"scenario", required_argument, 0, 's'},    {"model", required_argument, 0, 'm'},
-        {"out", required_argument, 0, 'o'},         {"receivers", required_argument, 0, 'n'},
-        {"src", required_argument, 0, 'S'},         {"dst", required_argument, 0, 'D'},
-        {"max-readers", required_argument, 0, 'r'}, {"chunk-kb", required_argument, 0, 'c'},
-        {"link-mbps", required_argument, 0, 'l'},   {"verify", no_argument, 0, 'v'},
-        {"net", required_argument, 0, 'N'},         {"fraction", required_argument, 0, 'f'},
-        {"versions", required_argument, 0, 'V'},    {"threads", required_argument, 0, 'T'},
-        {"queue-ms", required_argument, 0, 'Q'},    {0, 0, 0, 0}};
+    static const struct option opts[] = {{"scenario", required_argument, 0, 's'},
+                                         {"model", required_argument, 0, 'm'},
+                                         {"out", required_argument, 0, 'o'},
+                                         {"receivers", required_argument, 0, 'n'},
+                                         {"src", required_argument, 0, 'S'},
+                                         {"dst", required_argument, 0, 'D'},
+                                         {"max-readers", required_argument, 0, 'r'},
+                                         {"chunk-kb", required_argument, 0, 'c'},
+                                         {"link-mbps", required_argument, 0, 'l'},
+                                         {"verify", no_argument, 0, 'v'},
+                                         {"net", required_argument, 0, 'N'},
+                                         {"fraction", required_argument, 0, 'f'},
+                                         {"versions", required_argument, 0, 'V'},
+                                         {"threads", required_argument, 0, 'T'},
+                                         {"queue-ms", required_argument, 0, 'Q'},
+                                         {"joiner-start", required_argument, 0, 'J'},
+                                         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -64,12 +72,17 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
         case 'V': o->versions = (uint32_t)atoi(optarg); break;
         case 'T': o->threads = (unsigned)atoi(optarg); break;
         case 'Q': o->queue_ms = atof(optarg); break;
+        case 'J':
+            if (strcmp(optarg, "before") && strcmp(optarg, "during"))
+                return tool_usage("bench", "--joiner-start is before or during");
+            o->joiner_starts_during = !strcmp(optarg, "during");
+            break;
         default:
             return tool_usage(
                 "bench",
                 "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
                 "--chunk-kb N --link-mbps X --queue-ms MS --net shm|netns --threads N --verify --runs N --out FILE "
-                "(delta: --fraction F --versions N)");
+                "(delta: --fraction F --versions N; elastic: --joiner-start before|during)");
         }
     }
     if (o->net && strcmp(o->net, "shm") && strcmp(o->net, "netns")) return tool_usage("bench", "--net is shm or netns");

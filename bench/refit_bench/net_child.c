@@ -147,8 +147,13 @@ void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
     refit_receiver_t *rc;
     void *base;
     if (refit_receiver_create(&rp, m, &rc)) _exit(3);
-    for (uint32_t i = 0; i < refit_manifest_num_regions(m); i++)
+    /* An inference engine's weights are resident before it pulls (loaded, or
+     * dummy-initialized): the memory is touched here, in the node's start-up,
+     * not by the first pull's page faults. */
+    for (uint32_t i = 0; i < refit_manifest_num_regions(m); i++) {
         if (refit_receiver_alloc(rc, i, &base)) _exit(3);
+        memset(base, 0, refit_manifest_region_size(m, i)); /* host memory: rp.device is not set */
+    }
     if (write(out, "ready\n", 6) != 6) _exit(4);
     char line[128];
     while (fgets(line, sizeof(line), in)) {

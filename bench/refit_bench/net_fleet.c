@@ -6,18 +6,19 @@
 
 /* This host's CPU time (all CPUs, from /proc/stat, in ticks): busy and total. */
 typedef struct {
-    unsigned long long busy, total;
+    unsigned long long busy, total, steal;
 } cpu_ticks_t;
 
 static cpu_ticks_t cpu_ticks(void)
 {
-    cpu_ticks_t t = {0, 0};
+    cpu_ticks_t t = {0, 0, 0};
     FILE *f = fopen("/proc/stat", "r");
     unsigned long long v[8] = {0};
     if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
                     &v[7]) == 8) {
         for (int i = 0; i < 8; i++) t.total += v[i];
         t.busy = t.total - v[3] - v[4]; /* all but idle and iowait */
+        t.steal = v[7];                 /* taken by the hypervisor for other guests */
     }
     if (f) fclose(f);
     return t;
@@ -29,6 +30,12 @@ static cpu_ticks_t cpu_ticks(void)
 static double cpu_busy(cpu_ticks_t a, cpu_ticks_t b)
 {
     return b.total > a.total ? (double)(b.busy - a.busy) / (double)(b.total - a.total) : 0;
+}
+
+/* Share of it the hypervisor gave other guests (counted in cpu_busy too). */
+static double cpu_steal(cpu_ticks_t a, cpu_ticks_t b)
+{
+    return b.total > a.total ? (double)(b.steal - a.steal) / (double)(b.total - a.total) : 0;
 }
 
 /* Runs n receivers (relay slots 0..n-1) pulling version 1 at once (the
@@ -317,6 +324,48 @@ static int egress_once(int argc, char **argv)
 
 /* ---- elastic --------------------------------------------------------------- */
 
+/* The worst of receivers 0..n-1's slowdown in `x` against the mean of their
+ * times in `before` and `after`. */
+static double worst_against(const result_t *x, const result_t *before, const result_t *after, uint32_t n)
+{
+    double worst = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        double d = x[i].transfer_ms / ((before[i].transfer_ms + after[i].transfer_ms) / 2) - 1;
+        if (d > worst) worst = d;
+    }
+    return worst;
+}
+
+/* One version pulled by receivers 0..n-1, and (joiner non-NULL) by a joiner
+ * that joins as they start: it finds the newest version, plans, connects and
+ * pulls, then leaves (so that the next baseline is the fleet alone again).
+ * Its process starts before the version is published (on a fleet, a joining
+ * node comes up on its own machine; here it would take the others' CPUs), or
+ * with --joiner-start during, after the others' pulls began. */
+static bool elastic_version(nb_opts_t *o, child_t *pubs, uint32_t P, child_t *rcv, uint32_t n, uint64_t v,
+                            const role_t *joiner, result_t *res, double *join_s, cpu_ticks_t *c0, cpu_ticks_t *c1)
+{
+    child_t J = {-1, -1, -1};
+    if (joiner && !o->joiner_starts_during) J = nb_spawn(o, joiner);
+    bool ok = nb_publish_all(pubs, P, v);
+    *c0 = cpu_ticks();
+    for (uint32_t i = 0; i < n && ok; i++) nb_send_cmd(&rcv[i], "pull %" PRIu64, v);
+    double t0 = refit_now();
+    if (joiner && ok) {
+        if (o->joiner_starts_during) J = nb_spawn(o, joiner);
+        ok = J.pid > 0;
+        nb_send_cmd(&J, "pull 0");
+    }
+    for (uint32_t i = 0; i < n && ok; i++) ok &= nb_get_result(&rcv[i], &res[i]);
+    if (joiner && ok) {
+        ok = nb_get_result(&J, &res[n]);
+        *join_s = res[n].end - t0;
+    }
+    *c1 = cpu_ticks();
+    if (J.pid > 0) nb_stop(&J, false);
+    return ok;
+}
+
 static int elastic_once(int argc, char **argv)
 {
     nb_opts_t o;
@@ -327,101 +376,112 @@ static int elastic_once(int argc, char **argv)
     if (rc) return rc;
     uint32_t P = nb_world_of(o.src), N = o.receivers;
     bool net = !o.net || !strcmp(o.net, "netns"); /* the goal is stated for links */
-    if (P + N + 1 > 62 || N > 15) return tool_usage("bench", "too many nodes");
+    if (P + N + 2 > 62 || N < 2 || N > 15) return tool_usage("bench", "elastic: --receivers is 2..15");
     /* Over netns every process is a node with one link each way: one reader
      * per holder (--max-readers 1, a chain that pipelines), 100 MB/s links. */
     if (!net) o.max_readers = 0;
     else if (!o.max_readers_set) o.max_readers = 1;
-    if (net && !nb_net_up(&o, "elastic", P + N + 1)) return 1;
+    if (net && !nb_net_up(&o, "elastic", P + N + 2)) return 1;
     nb_fresh_registry(&o);
     double L = o.link_mbps;
     char thr[1024];
     snprintf(thr, sizeof(thr), "%s", nb_throttle_all("trainer", P, L, UINT32_MAX, 0));
     size_t l = strlen(thr);
-    for (uint32_t s = 0; s < 16 && l < sizeof(thr) - 30; s++)
+    for (uint32_t s = 0; s < 17 && l < sizeof(thr) - 30; s++)
         l += (size_t)snprintf(thr + l, sizeof(thr) - l, ",relay:%u=%g", s, L);
     const char *th = net ? NULL : thr; /* over netns the links are real */
-    child_t pubs[64], rcv[17];
-    result_t v0[17], v1[17], v2[17], v3[17];
+    child_t pubs[64], rcv[15];
+    /* Versions: 1 warms up (plans, connections); then baseline, join,
+     * baseline, join, baseline (2..6): each join is judged against the
+     * baselines either side of it, so that a drift of the host (other
+     * tenants' CPU steal) does not count as the joiner's; two joiners (relay
+     * slots N and N+1, one node each) and 3 baselines, because one version's
+     * times vary by several percent on their own here: version 4 judged the
+     * same way against 2 and 6 shows how much (worst_slowdown_without_joiner).
+     * 7: receiver 0 pulls first and serves; the others then read from it (and
+     * the trainer), and it is killed a third of a pull into theirs. */
+    result_t warm[15], base[3][16], join[2][16], killed[15];
+    double join_s[2] = {0, 0}, busy_base = 0, busy_join = 0, steal_base = 0, steal_join = 0;
     for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
     bool ok = nb_publish_all(pubs, P, 1);
     for (uint32_t i = 0; i < N; i++)
         rcv[i] = nb_spawn(&o, &(role_t){false, 0, (int)i, th, net ? (int)(P + i) : -1, false, 0});
-    /* Version 1 warms up (plans, connections); version 2 is the baseline: the fleet alone. */
     for (uint32_t i = 0; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 1");
-    for (uint32_t i = 0; i < N && ok; i++) ok &= nb_get_result(&rcv[i], &v0[i]);
-    ok = ok && nb_publish_all(pubs, P, 2);
-    cpu_ticks_t c0 = cpu_ticks();
-    for (uint32_t i = 0; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 2");
-    for (uint32_t i = 0; i < N && ok; i++) ok &= nb_get_result(&rcv[i], &v1[i]);
-    double busy_base = cpu_busy(c0, cpu_ticks());
-    /* Version 3: a joiner starts while the others pull. */
-    ok = ok && nb_publish_all(pubs, P, 3);
-    c0 = cpu_ticks();
-    for (uint32_t i = 0; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 3");
-    rcv[N] = nb_spawn(&o, &(role_t){false, 0, (int)N, th, net ? (int)(P + N) : -1, false, 0});
-    double join_t0 = refit_now();
-    nb_send_cmd(&rcv[N], "pull 0");
-    for (uint32_t i = 0; i <= N && ok; i++) ok &= nb_get_result(&rcv[i], &v2[i]);
-    double busy_join = cpu_busy(c0, cpu_ticks());
-    double join_s = v2[N].end - join_t0;
-    /* Version 4: receiver 0 pulls first and serves; the others then read from
-     * it (and the trainer), and it is killed a third of a pull into theirs. */
-    ok = ok && nb_publish_all(pubs, P, 4);
+    for (uint32_t i = 0; i < N && ok; i++) ok &= nb_get_result(&rcv[i], &warm[i]);
+    for (uint32_t k = 0; k < 5 && ok; k++) {
+        bool joins = k % 2;
+        role_t joiner = {false, 0, (int)(N + k / 2), th, net ? (int)(P + N + k / 2) : -1, false, 0};
+        cpu_ticks_t c0, c1;
+        ok = elastic_version(&o, pubs, P, rcv, N, 2 + k, joins ? &joiner : NULL, joins ? join[k / 2] : base[k / 2],
+                             &join_s[k / 2], &c0, &c1);
+        *(joins ? &busy_join : &busy_base) += cpu_busy(c0, c1) / (joins ? 2 : 3);
+        *(joins ? &steal_join : &steal_base) += cpu_steal(c0, c1) / (joins ? 2 : 3);
+    }
     double t_kill = 0;
     if (ok) {
-        nb_send_cmd(&rcv[0], "pull 4");
-        ok &= nb_get_result(&rcv[0], &v3[0]);
+        ok = nb_publish_all(pubs, P, 7);
+        nb_send_cmd(&rcv[0], "pull 7");
+        ok = ok && nb_get_result(&rcv[0], &killed[0]);
     }
-    for (uint32_t i = 1; i <= N && ok; i++) nb_send_cmd(&rcv[i], "pull 4");
+    for (uint32_t i = 1; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 7");
     if (ok) {
-        usleep((useconds_t)(v1[0].transfer_ms * 1e3 / 3));
+        usleep((useconds_t)(base[0][0].transfer_ms * 1e3 / 3));
         kill(rcv[0].pid, SIGKILL);
         t_kill = refit_now();
     }
-    for (uint32_t i = 1; i <= N && ok; i++) nb_get_result(&rcv[i], &v3[i]);
-    uint32_t failovers = 0, ok3 = 0;
+    for (uint32_t i = 1; i < N && ok; i++) nb_get_result(&rcv[i], &killed[i]);
+    uint32_t failovers = 0, survivors = 0;
     double worst_after_kill = 0;
-    for (uint32_t i = 1; i <= N && ok; i++) {
-        if (strstr(v3[i].list, "relay:0=") && strstr(v3[i].list, "!")) failovers++;
-        ok3 += v3[i].st == 0;
-        if (v3[i].end - t_kill > worst_after_kill) worst_after_kill = v3[i].end - t_kill;
+    for (uint32_t i = 1; i < N && ok; i++) {
+        if (strstr(killed[i].list, "relay:0=") && strstr(killed[i].list, "!")) failovers++;
+        survivors += killed[i].st == 0;
+        if (killed[i].end - t_kill > worst_after_kill) worst_after_kill = killed[i].end - t_kill;
     }
     nb_stop(&rcv[0], true);
-    for (uint32_t i = 1; i <= N; i++) nb_stop(&rcv[i], false);
+    for (uint32_t i = 1; i < N; i++) nb_stop(&rcv[i], false);
     for (uint32_t k = 0; k < P; k++) nb_stop(&pubs[k], false);
     nb_rm_registry(&o);
     nb_netns_down(&o);
     if (!ok) return tool_fail(REFIT_ERR_PEER, "bench elastic: a pull failed");
-    double worst = 0;
-    for (uint32_t i = 0; i < N; i++) {
-        double d = v2[i].transfer_ms / v1[i].transfer_ms - 1;
-        if (d > worst) worst = d;
-    }
+    double w[2] = {worst_against(join[0], base[0], base[1], N), worst_against(join[1], base[1], base[2], N)};
+    double worst = (w[0] + w[1]) / 2, null_worst = worst_against(base[1], base[0], base[2], N);
     out_t j = {0};
-    nb_out_begin(&j, "elastic", &o, NULL);
-    nb_metric(&j, "joiner_first_version", "%" PRIu64, v2[N].version);
-    nb_metric(&j, "joiner_s", "%.4f", join_s);
-    nb_metric(&j, "joiner_holders", "\"%s\"", v2[N].list);
+    nb_out_begin(&j, "elastic", &o,
+                 o.joiner_starts_during ? "\"joiner_start\":\"during\"" : "\"joiner_start\":\"before\"");
+    nb_metric(&j, "joiners_first_versions", "\"%" PRIu64 ",%" PRIu64 "\"", join[0][N].version, join[1][N].version);
+    nb_metric(&j, "joiner_s", "%.4f", (join_s[0] + join_s[1]) / 2);
+    nb_metric(&j, "joiner_holders", "\"%s; %s\"", join[0][N].list, join[1][N].list);
     nb_metric(&j, "worst_slowdown_of_others_by_joiner", "%.4f", worst);
+    nb_metric(&j, "worst_slowdown_by_each_joiner", "[%.4f,%.4f]", w[0], w[1]);
+    nb_metric(&j, "worst_slowdown_without_joiner", "%.4f", null_worst);
     nb_metric(&j, "cpu_busy_baseline", "%.3f", busy_base);
     nb_metric(&j, "cpu_busy_with_joiner", "%.3f", busy_join);
+    nb_metric(&j, "cpu_steal_baseline", "%.3f", steal_base);
+    nb_metric(&j, "cpu_steal_with_joiner", "%.3f", steal_join);
     nb_metric(&j, "relay_killed_readers_failed_over", "%u", failovers);
-    nb_metric(&j, "receivers_completing_v3_after_kill", "%u", ok3);
+    nb_metric(&j, "receivers_completing_after_kill", "%u", survivors);
     nb_metric(&j, "last_completion_after_kill_s", "%.4f", worst_after_kill);
-    nb_result_json(&j, "v1_warmup", v0, N);
-    nb_result_json(&j, "v2_baseline", v1, N);
-    nb_result_json(&j, "v3_joiner", v2, N + 1);
-    nb_result_json(&j, "v4_relay_killed", v3, N + 1);
-    nb_require(&j, "joiner_gets_newest", "== 3", (double)v2[N].version, v2[N].version == 3);
+    nb_result_json(&j, "v1_warmup", warm, N);
+    nb_result_json(&j, "v2_baseline", base[0], N);
+    nb_result_json(&j, "v3_joiner", join[0], N + 1);
+    nb_result_json(&j, "v4_baseline", base[1], N);
+    nb_result_json(&j, "v5_joiner", join[1], N + 1);
+    nb_result_json(&j, "v6_baseline", base[2], N);
+    nb_result_json(&j, "v7_relay_killed", killed, N);
+    bool newest = join[0][N].version == 3 && join[1][N].version == 5;
+    nb_require(&j, "joiners_get_newest", "3 and 5", newest ? 1 : 0, newest);
     nb_check(&j, "joiner_slows_others_at_most_5pct", "<= 0.05", worst, "<=", 0.05);
-    nb_require(&j, "all_remaining_complete_after_relay_killed", "== receivers", (double)ok3, ok3 == N);
-    return nb_out_end(
-        &j, net ? "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one reader "
-                  "per holder; receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; "
-                  "v4: receiver 0 commits first, then is killed while the others read from it and each other"
-                : "receivers are relays (slots 0..N); v3: a joiner starts with the others' pulls; v4: "
-                  "receiver 0 commits first, then is killed while the others read from it and the trainer");
+    nb_require(&j, "all_remaining_complete_after_relay_killed", "== receivers - 1", (double)survivors,
+               survivors == N - 1);
+    return nb_out_end(&j, net ? "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one "
+                                "reader per holder; receivers are relays (slots 0..N-1, joiners N and N+1); v2, v4, "
+                                "v6: baselines; v3, v5: a joiner joins as the others' pulls start (its process "
+                                "started before, or during with --joiner-start during), then leaves; the figure: the "
+                                "mean of the two joins' worst slowdown against the baselines either side; v7: "
+                                "receiver 0 commits first, then is killed while the others read from it and each other"
+                              : "receivers are relays (slots 0..N-1, joiners N and N+1); v2, v4, v6: baselines; v3, "
+                                "v5: a joiner joins as the others' pulls start, then leaves; v7: receiver 0 commits "
+                                "first, then is killed while the others read from it and the trainer");
 }
 
 /* ---- entry points (bench.h) ---- */

@@ -43,6 +43,7 @@ typedef struct {
     uint32_t versions;          /* delta scenario */
     const char *pub_transports; /* publishers' transports when not `transport` (fp8: "shm,ucx") */
     unsigned threads;           /* receivers' copy (and delta apply) threads; 0: 1 */
+    bool joiner_starts_during;  /* elastic: the joiner's process starts during the others' pulls */
 } nb_opts_t;
 
 /* ---- child processes ---- */

@@ -168,6 +168,7 @@ void refit_receiver_destroy(refit_receiver_t *r)
     for (uint32_t k = 0; r->src && k < r->world; k++) refit_rx_drop_source(r, &r->src[k]);
     free(r->src);
     free(r->committed_inc);
+    refit_manifest_destroy(r->m0);
     refit_rx_drop_plans(r);
     refit_tset_close(&r->ts);
     refit_registry_close(r->reg);

@@ -41,9 +41,17 @@ refit_status_t refit_rx_refresh_manifest(refit_receiver_t *r, uint32_t k, const 
     source_t *src = &r->src[k];
     *read = false;
     if (src->m && src->signature == rec->signature && src->incarnation == rec->incarnation) return REFIT_OK;
-    refit_manifest_t *m;
-    refit_status_t st = load_manifest(r, k, &m);
-    if (st) return st;
+    refit_manifest_t *m = NULL;
+    refit_status_t st;
+    if (k == 0 && r->m0) { /* read moments ago to learn the world: not fetched, authenticated, decoded twice */
+        m = r->m0;
+        r->m0 = NULL;
+        if (m->signature != rec->signature) { /* republished since: read again */
+            refit_manifest_destroy(m);
+            m = NULL;
+        }
+    }
+    if (!m && (st = load_manifest(r, k, &m))) return st;
     if (m->signature != rec->signature) {
         refit_manifest_destroy(m);
         return refit_error(REFIT_ERR_STALE, "source rank %u's manifest changed while being read", k);
@@ -81,8 +89,10 @@ static refit_status_t learn_world(refit_receiver_t *r)
         return refit_error(REFIT_ERR_NO_MEMORY, "receiver sources");
     }
     for (uint32_t k = 0; k < r->world; k++) r->src[k].transport = -1;
-    /* Rank 0's manifest is read again with the others, against its record. */
-    refit_manifest_destroy(m0);
+    /* Rank 0's manifest is checked against its record with the others' (a
+     * signature other than the record's is read again). */
+    refit_manifest_destroy(r->m0);
+    r->m0 = m0;
     return REFIT_OK;
 }
 

@@ -35,7 +35,8 @@
 #define LOAD_TTL_MS 1500
 
 typedef struct {
-    refit_manifest_t *m;
+    refit_manifest_t *m; /* fetched when first read (its transport descriptors); NULL before */
+    bool known;          /* signature / incarnation: a layout that mirrors ours (checked, or seen checked) */
     uint64_t signature, incarnation;
     refit_peer_t *peer[REFIT_MAX_TRANSPORTS];
     bool leased, loaded;
@@ -56,6 +57,14 @@ struct refit_relays {
     uint64_t serving;               /* version published (partial or whole), 0: none */
     bool partial;                   /* `serving` is still being received */
     relay_src_t src[REFIT_MAX_RELAYS];
+    /* Relay manifest signatures already checked to mirror our layout, and
+     * their progress region: every relay of our rank publishes the same
+     * layout, so one check serves them all and a relay is fetched only when
+     * it is read (each manifest is MBs: fetching, authenticating and decoding
+     * every relay's cost a first pull ~30 ms of CPU per relay). */
+    uint64_t mirror_sig[REFIT_MAX_RELAYS];
+    int mirror_progress[REFIT_MAX_RELAYS];
+    uint32_t nmirror;
     bool trainer_loaded;
     uint64_t trainer_version;
     double renewed;
@@ -100,6 +109,7 @@ static void drop(refit_relays_t *R, const refit_tset_t *ts, relay_src_t *s)
         }
     refit_manifest_destroy(s->m);
     s->m = NULL;
+    s->known = false;
     s->signature = s->incarnation = 0;
     (void)R;
 }
@@ -120,22 +130,67 @@ void refit_relays_close(refit_relays_t *R, const refit_tset_t *ts)
 
 /* ---- serving --------------------------------------------------------------- */
 
-/* The relay's key: its manifest's mirror key without the progress region. */
-static uint64_t relay_key(const refit_manifest_t *m, int *progress_region)
+/* The relay's progress region (its last, named by an attribute), -1: none. */
+static int progress_region_of(const refit_manifest_t *m)
 {
     const void *v;
     size_t len;
     uint32_t idx;
-    *progress_region = -1;
+    if (refit_manifest_get_attr(m, "refit.progress", &v, &len) || len != sizeof(idx)) return -1;
+    memcpy(&idx, v, sizeof(idx));
+    return idx + 1 == m->regions.len && m->regions.data[idx] >= REFIT_PROGRESS_BYTES ? (int)idx : -1;
+}
+
+/* The relay's key: its manifest's mirror key without the progress region. */
+static uint64_t relay_key(const refit_manifest_t *m, int *progress_region)
+{
     refit_manifest_t tmp = *m;
-    if (!refit_manifest_get_attr(m, "refit.progress", &v, &len) && len == sizeof(idx)) {
-        memcpy(&idx, v, sizeof(idx));
-        if (idx + 1 == m->regions.len && m->regions.data[idx] >= REFIT_PROGRESS_BYTES) {
-            *progress_region = (int)idx;
-            tmp.regions.len--;
-        }
-    }
+    *progress_region = progress_region_of(m);
+    if (*progress_region >= 0) tmp.regions.len--;
     return refit_fleet_mirror_key(&tmp);
+}
+
+/* Slot j's manifest (group g), whose record says `signature`; NULL unless
+ * it decodes to that signature (a decode recomputes it from the content).
+ * *pr: its progress region. */
+static refit_manifest_t *fetch_relay_manifest(refit_relays_t *R, const char *g, uint64_t signature, int *pr)
+{
+    void *buf = NULL;
+    size_t len = 0;
+    refit_manifest_t *m = NULL;
+    if (refit_registry_get_manifest(R->reg, g, 0, &buf, &len)) return NULL;
+    refit_status_t st = refit_manifest_decode(buf, len, &m);
+    free(buf);
+    if (st) return NULL;
+    if (m->signature != signature) {
+        refit_manifest_destroy(m);
+        return NULL;
+    }
+    *pr = progress_region_of(m);
+    return m;
+}
+
+/* Whether relay layout `signature` mirrors ours: remembered, or fetched from
+ * slot group g and checked (then *m holds it). */
+static bool mirrors_ours(refit_relays_t *R, const char *g, uint64_t signature, int *pr, refit_manifest_t **m)
+{
+    *m = NULL;
+    for (uint32_t i = 0; i < R->nmirror; i++)
+        if (R->mirror_sig[i] == signature) {
+            *pr = R->mirror_progress[i];
+            return true;
+        }
+    refit_manifest_t *x = fetch_relay_manifest(R, g, signature, pr);
+    if (!x || relay_key(x, pr) != R->key) { /* another layout: not a mirror of ours */
+        refit_manifest_destroy(x);
+        return false;
+    }
+    if (R->nmirror < REFIT_MAX_RELAYS) {
+        R->mirror_sig[R->nmirror] = signature;
+        R->mirror_progress[R->nmirror++] = *pr;
+    }
+    *m = x;
+    return true;
 }
 
 void refit_relays_withdraw(refit_relays_t *R, int timeout_ms)
@@ -355,21 +410,13 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         refit_version_record_t rec = recs[j];
         /* A relay of another trainer incarnation's version is no holder (its progress says so too). */
         if (!present[j] || rec.version != v || !alive[j] || rec.flags != (uint32_t)origin) continue;
-        if (!s->m || s->signature != rec.signature || s->incarnation != rec.incarnation) {
+        if (!s->known || s->signature != rec.signature || s->incarnation != rec.incarnation) {
             drop(R, ts, s);
-            void *buf = NULL;
-            size_t len = 0;
-            refit_manifest_t *m = NULL;
-            if (refit_registry_get_manifest(R->reg, g, 0, &buf, &len)) continue;
-            refit_status_t st = refit_manifest_decode(buf, len, &m);
-            free(buf);
-            if (st) continue;
             int pr;
-            if (m->signature != rec.signature || relay_key(m, &pr) != R->key) {
-                refit_manifest_destroy(m); /* another layout: not a mirror of ours */
-                continue;
-            }
+            refit_manifest_t *m;
+            if (!mirrors_ours(R, g, rec.signature, &pr, &m)) continue;
             s->m = m;
+            s->known = true;
             s->progress_region = pr;
             s->signature = rec.signature;
             s->incarnation = rec.incarnation;
@@ -386,7 +433,15 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         s->leased = true;
         s->version = v;
         uint32_t t;
-        if (connect_relay(R, ts, s, &t)) {
+        if (!s->m) { /* read from now: its own manifest (transport descriptors); the layout was checked */
+            int pr = -1;
+            s->m = fetch_relay_manifest(R, g, s->signature, &pr);
+            if (s->m && pr != s->progress_region) {
+                refit_manifest_destroy(s->m);
+                s->m = NULL;
+            }
+        }
+        if (!s->m || connect_relay(R, ts, s, &t)) {
             refit_registry_lease_release(R->reg, g, v, reader);
             if (s->loaded) drop_token(R, g, v, reader);
             s->leased = s->loaded = false;

@@ -18,6 +18,18 @@ static const uint32_t K256[64] = {
 
 static inline uint32_t ror(uint32_t x, unsigned n) { return (x >> n) | (x << (32 - n)); }
 
+/* One round with the working variables renamed instead of shifted (eight
+ * rounds bring them back to their places): the shifting loop left every
+ * round a chain of register moves and ran ~3x slower (57 MB/s here, against
+ * the 170 MB/s `openssl speed sha256` shows on the same CPU). Ch and Maj in
+ * their three-operation forms. */
+#define SHA256_ROUND(a, b, c, d, e, f, g, h, i)                                                          \
+    do {                                                                                                 \
+        uint32_t t1_ = h + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + (g ^ (e & (f ^ g))) + K256[i] + w[i]; \
+        d += t1_;                                                                                        \
+        h = t1_ + (ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) + ((a & b) | (c & (a | b)));                     \
+    } while (0)
+
 static void compress(uint32_t h[8], const uint8_t *p)
 {
     uint32_t w[64];
@@ -29,17 +41,15 @@ static void compress(uint32_t h[8], const uint8_t *p)
         w[i] = w[i - 16] + s0 + w[i - 7] + s1;
     }
     uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
-    for (int i = 0; i < 64; i++) {
-        uint32_t t1 = k + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
-        uint32_t t2 = (ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        k = g;
-        g = f;
-        f = e;
-        e = d + t1;
-        d = c;
-        c = b;
-        b = a;
-        a = t1 + t2;
+    for (int i = 0; i < 64; i += 8) {
+        SHA256_ROUND(a, b, c, d, e, f, g, k, i);
+        SHA256_ROUND(k, a, b, c, d, e, f, g, i + 1);
+        SHA256_ROUND(g, k, a, b, c, d, e, f, i + 2);
+        SHA256_ROUND(f, g, k, a, b, c, d, e, i + 3);
+        SHA256_ROUND(e, f, g, k, a, b, c, d, i + 4);
+        SHA256_ROUND(d, e, f, g, k, a, b, c, i + 5);
+        SHA256_ROUND(c, d, e, f, g, k, a, b, i + 6);
+        SHA256_ROUND(b, c, d, e, f, g, k, a, i + 7);
     }
     h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
 }

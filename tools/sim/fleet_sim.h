@@ -19,6 +19,8 @@ typedef struct {
     uint32_t h;
     uint64_t gen;
     bool busy, sleeping, stopped;
+    bool ahead;  /* c was asked for before its relay had it (refit_fleet_claim_ahead) */
+    bool parked; /* ... and the request waits at the relay for it */
     refit_fleet_chunk_t *c;
     double t0;
     bool rows;

@@ -6,13 +6,20 @@
  *           any reader leaving, else after 20 ms, as fleet_select waits)
  *   transfer: chunks: each holder's workers claim chunks; a claim costs a
  *             request round trip (plus the queue of a busy egress link) and
- *             the chunk is a flow; a worker with nothing to claim sleeps 2 ms
- *             or until a chunk of its receiver is done, and reads a relay's
- *             progress (a round trip) at most every millisecond;
+ *             the chunk is a flow; a worker with nothing to claim asks a
+ *             relay still receiving for its next chunk ahead (a conditional
+ *             request over a network transport, once a progress read showed
+ *             the relay's chunks are ours): the request waits at the relay
+ *             and the bytes leave when the relay has the chunk (half a round
+ *             trip later here); otherwise it sleeps 2 ms or until a chunk of
+ *             its receiver is done, and reads a relay's progress (a round
+ *             trip) at most every millisecond;
  *             fluid: one flow per holder with the share the rules give it,
  *             a reader of a relay still receiving held to that relay's pace
- *             once it is within `workers` chunks of it; a holder done early
- *             takes over part of a clearly slower holder's rest;
+ *             once it is within one chunk and half a round trip of it (over
+ *             shm, without conditional requests: `workers` chunks and a
+ *             2 ms poll); a holder done early takes over part of a clearly
+ *             slower holder's rest;
  *             direct: one flow per planned source;
  *             delta: chunk tables, then the payloads of the chunks the plan
  *             reads, then the apply (CPU);
@@ -168,11 +175,37 @@ static uint64_t read_bytes(const sim_t *s, const rx_t *r, uint32_t h, const refi
     return b;
 }
 
+/* Whether the relay r's worker W asked ahead has W's chunk now. */
+static bool relay_has(const sim_t *s, const rx_t *r, const worker_t *W)
+{
+    const rx_t *q = &s->rx[-r->hsrc[W->h] - 1];
+    size_t i = (size_t)(W->c - r->S.c);
+    return q->data_done || q->complete || (q->S.c && i < q->S.nc && q->S.c[i].state == REFIT_CHUNK_DONE);
+}
+
+/* Relay q marked a chunk (or has them all): requests waiting at it for what
+ * it now has are answered; the bytes arrive half a round trip later. */
+static void answer_parked(sim_t *s, const rx_t *q)
+{
+    for (uint32_t i = 0; i < s->nrx; i++) {
+        rx_t *r = &s->rx[i];
+        if (r->state != 3 || !r->W) continue;
+        for (uint32_t w = 0; w < r->nw; w++) {
+            worker_t *W = &r->W[w];
+            if (!W->busy || !W->parked || r->hsrc[W->h] != -(int32_t)q->idx - 1 || !relay_has(s, r, W)) continue;
+            W->parked = false;
+            W->ahead = false;
+            fsim_push(s, s->now + s->c->rtt / 2, EV_REQ, r->idx, w, W->gen);
+        }
+    }
+}
+
 static void end_transfer(sim_t *s, rx_t *r)
 {
     if (r->state >= 4) return;
     r->state = 4;
     r->data_done = true;
+    answer_parked(s, r);
     r->end = s->now + r->idle + setup_time(s, r, false);
     fsim_push(s, r->end, EV_END, r->idx, 0, 0);
     s->dirty = true; /* readers following it are no longer held to its pace */
@@ -190,10 +223,13 @@ static void worker_try(sim_t *s, rx_t *r, uint32_t w)
         return;
     }
     bool none = false;
-    refit_fleet_chunk_t *c = refit_fleet_claim(&r->S, W->h, s->now, &none);
+    refit_fleet_chunk_t *c = refit_fleet_claim(&r->S, W->h, s->now, &none), *ahead = NULL;
+    if (!c && !none) c = ahead = refit_fleet_claim_ahead(&r->S, W->h, s->now);
     if (c) {
         W->busy = true;
         W->c = c;
+        W->ahead = ahead != NULL;
+        W->parked = false;
         W->rows = H->partial;
         W->t0 = s->now;
         W->bytes = read_bytes(s, r, W->h, c, W->rows);
@@ -225,6 +261,7 @@ static void refresh_done(sim_t *s, rx_t *r, uint32_t w)
     } else {
         bool news = false;
         bool same = q->S.c && q->S.nc == r->S.nc && q->plan == r->plan;
+        H->waitable = same && s->net_transport; /* conditional requests: UCX's REFIT_TCAP_WAIT */
         for (size_t i = 0; same && i < r->S.nc; i++)
             if (q->S.c[i].state == REFIT_CHUNK_DONE && !r->S.avail[W->h][i]) r->S.avail[W->h][i] = 1, news = true;
         if (!news) H->waits++;
@@ -243,6 +280,7 @@ static void chunk_done(sim_t *s, rx_t *r, uint32_t w)
     else r->bytes_trainer += W->bytes;
     refit_fleet_chunk_done(&r->S, W->h, W->c, W->bytes, dt, dt, W->rows);
     broadcast(s, r);
+    answer_parked(s, r);
     if (r->S.done == r->S.nc) {
         end_transfer(s, r);
         return;
@@ -268,14 +306,17 @@ static double rx_rate(const sim_t *s, const rx_t *r)
     return v;
 }
 
-/* Where a flow reading relay q may be: `workers` chunks and a progress
- * poll (2 ms, as the engine's idle workers wait) behind q; q's pace as
- * payload bytes/s of this flow's share. */
+/* Where a flow reading relay q may be: over a network transport one chunk
+ * and half a round trip behind q (its requests wait at q and leave as q
+ * marks each chunk); over shm `workers` chunks and a progress poll (2 ms, as
+ * the engine's idle workers wait); q's pace as payload bytes/s of this
+ * flow's share. */
 static void follow(const sim_t *s, const rx_t *q, const sim_flow_t *fl, double *allowed, double *pace)
 {
     double B = fl->sent + fl->remaining;
     double frac_rate = rx_rate(s, q) / q->total;
-    double lag = (double)s->workers * (double)s->chunk / q->total + frac_rate * 2e-3;
+    double lag = s->net_transport ? (double)s->chunk / q->total + frac_rate * s->c->rtt / 2
+                                  : (double)s->workers * (double)s->chunk / q->total + frac_rate * 2e-3;
     *allowed = (rx_received(s, q) / q->total - lag) * B;
     *pace = B * frac_rate;
 }
@@ -552,6 +593,10 @@ void fsim_handle(sim_t *s, const ev_t *e)
     case EV_REQ: {
         worker_t *W = &r->W[e->w];
         if (!W->busy) break;
+        if (W->ahead && !relay_has(s, r, W)) { /* waits at the relay (answer_parked) */
+            W->parked = true;
+            break;
+        }
         fsim_start_flow(s, r->hgpu[W->h], r->gpu, (double)W->bytes, fsim_user_of(FL_CHUNK, r->idx, e->w));
         break;
     }
