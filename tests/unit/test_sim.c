@@ -244,6 +244,51 @@ static void relays_chunks_and_fluid_agree(void **state)
     free(c);
 }
 
+/* A chain over a network transport: a reader asks its relay for the next
+ * chunks before the relay has them (conditional requests, the engine's
+ * refit_fleet_claim_ahead), so each hop ends within a chunk and two round
+ * trips of the one before (17-32 ms here); with a progress read and then a
+ * request per chunk, as the model had it before, hops were 54-138 ms apart.
+ * A long round trip makes the difference plain. */
+static void chain_hops_follow_by_one_chunk(void **state)
+{
+    (void)state;
+    sim_cluster_t *c = malloc(sizeof(*c));
+    assert_non_null(c);
+    sim_cluster_defaults(c);
+    REFIT_ASSERT_OK(sim_cluster_apply(c, "gpus=1,nics=1,nic=1000MB,nvlink=0,pcie=0,proto=tcp,mtu=1500,l2=14,rtt=20ms"));
+    sim_cluster_finish(c);
+    sim_fleet_t f = SIM_FLEET_INIT;
+    f.model = "qwen3-30b-a3b-mini";
+    f.src = "megatron:tp=1";
+    f.dst = "vllm:tp=4";
+    f.only_rank = 0;
+    f.replicas = 6;
+    f.relays = true;
+    f.max_readers = 1;
+    f.mode = SIM_MODE_CHUNKS;
+    sim_result_t r;
+    REFIT_ASSERT_OK(sim_fleet_run(&f, c, &r));
+    assert_int_equal(r.receivers, 6);
+    double end[6];
+    for (uint32_t i = 0; i < 6; i++) end[i] = r.rx[i].end;
+    for (uint32_t i = 1; i < 6; i++) /* sort: the chain's order */
+        for (uint32_t j = i; j > 0 && end[j] < end[j - 1]; j--) {
+            double t = end[j];
+            end[j] = end[j - 1];
+            end[j - 1] = t;
+        }
+    double chunk_s = 2048.0 * 1024 / (1e9 * c->eff);
+    for (uint32_t i = 1; i < 6; i++) {
+        double lag = end[i] - end[i - 1];
+        if (lag > chunk_s + 2 * c->rtt)
+            fail_msg("hop %u ends %.1f ms after the one before (chunk %.1f ms, rtt %.0f ms)", i, lag * 1e3,
+                     chunk_s * 1e3, c->rtt * 1e3);
+    }
+    sim_result_free(&r);
+    free(c);
+}
+
 /* DP replicas share a receiver's chunks equally (the egress rule); a slow
  * replica loses its share to the fast one (stealing), in both modes. */
 static void replicas_share_and_steal(void **state)
@@ -344,6 +389,7 @@ int main(void)
         cmocka_unit_test(cluster_parse),
         cmocka_unit_test(direct_pulls_share_the_trainer),
         cmocka_unit_test(relays_chunks_and_fluid_agree),
+        cmocka_unit_test(chain_hops_follow_by_one_chunk),
         cmocka_unit_test(replicas_share_and_steal),
         cmocka_unit_test(delta_moves_less),
         cmocka_unit_test(planner_threads),
