@@ -276,7 +276,7 @@ typedef struct {
     uint64_t bytes;          /* bytes moved */
     uint32_t sources;        /* source ranks read from */
     bool planned;            /* a plan was computed (false: cached) */
-    uint32_t manifests_read; /* manifests fetched from the registry */
+    uint32_t manifests_read; /* manifests fetched from the registry (sources' and relays') */
     double wait_ms;          /* waiting for the version to be complete (not part of discover_ms) */
     double discover_ms, plan_ms, transfer_ms, verify_ms;
     double total_ms;         /* the pull without wait_ms */

@@ -274,6 +274,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     refit_status_t st;
     double t0 = refit_now();
     r->pull_staged = false;
+    uint32_t fetched = r->manifest_fetches + refit_relays_fetches(r->relays);
     /* The group may not have started yet: wait for rank 0's manifest. */
     if ((st = refit_rx_wait_world(r, deadline))) return st;
     pull_t p;
@@ -296,7 +297,6 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         if (!p.s.present[k] || !p.s.alive[k] || p.s.recs[k].version != v) continue;
         bool read = false;
         if ((st = refit_rx_refresh_manifest(r, k, &p.s.recs[k], &read))) goto out;
-        rep->manifests_read += read;
         p.srcs[k] = r->src[k].m;
     }
     double t1 = refit_now();
@@ -356,6 +356,7 @@ out:
         if (keep) refit_error(keep, "%s", detail);
     }
     refit_rx_pull_end(&p);
+    rep->manifests_read = r->manifest_fetches + refit_relays_fetches(r->relays) - fetched;
     rep->total_ms = (refit_now() - t0) * 1e3 - rep->wait_ms;
     return st;
 }

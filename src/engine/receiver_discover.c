@@ -23,6 +23,7 @@ static refit_status_t load_manifest(refit_receiver_t *r, uint32_t k, refit_manif
                                r->group, refit_registry_url(r->reg));
         return st;
     }
+    r->manifest_fetches++;
     st = refit_manifest_decode(buf, len, out);
     free(buf);
     if (st) {

@@ -68,7 +68,8 @@ struct refit_receiver {
     bool pull_staged;       /* this pull went through the staging */
     uint32_t world;
     source_t *src;
-    refit_manifest_t *m0; /* rank 0's manifest as read to learn the world, until discovery takes it */
+    refit_manifest_t *m0;      /* rank 0's manifest as read to learn the world, until discovery takes it */
+    uint32_t manifest_fetches; /* source manifests fetched from the registry, ever (load_manifest) */
     cached_plan_t plans[PLAN_CACHE];
     uint64_t uses;
     uint64_t committed;

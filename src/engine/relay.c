@@ -65,6 +65,7 @@ struct refit_relays {
     uint64_t mirror_sig[REFIT_MAX_RELAYS];
     int mirror_progress[REFIT_MAX_RELAYS];
     uint32_t nmirror;
+    uint32_t fetches; /* relay manifests fetched, ever */
     bool trainer_loaded;
     uint64_t trainer_version;
     double renewed;
@@ -159,6 +160,7 @@ static refit_manifest_t *fetch_relay_manifest(refit_relays_t *R, const char *g, 
     size_t len = 0;
     refit_manifest_t *m = NULL;
     if (refit_registry_get_manifest(R->reg, g, 0, &buf, &len)) return NULL;
+    R->fetches++;
     refit_status_t st = refit_manifest_decode(buf, len, &m);
     free(buf);
     if (st) return NULL;
@@ -466,6 +468,8 @@ void refit_relays_set_upstream(refit_relays_t *R, int upstream)
 }
 
 int refit_relays_upstream(const refit_relays_t *R) { return R ? R->upstream : REFIT_RELAYS_NONE; }
+
+uint32_t refit_relays_fetches(const refit_relays_t *R) { return R ? R->fetches : 0; }
 
 /* Trainer load is counted per receiver rank: readers of the same bytes. */
 static void trainer_load_name(const refit_relays_t *R, char *buf, size_t n)

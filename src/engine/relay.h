@@ -44,6 +44,8 @@ bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reade
 #define REFIT_RELAYS_NONE (-1)
 void refit_relays_set_upstream(refit_relays_t *R, int upstream);
 int refit_relays_upstream(const refit_relays_t *R);
+/* Relay manifests fetched from the registry since open (pull reports count them). */
+uint32_t refit_relays_fetches(const refit_relays_t *R);
 /* Renews the leases on the relays being read (and the load tokens);
  * REFIT_ERR_STALE when a relay's lease was lost (the relay retired the
  * version or revoked its readers to rewrite its memory): the pull must stop. */

@@ -346,6 +346,10 @@ static void relay_serves_joiner(void **state)
     REFIT_ASSERT_OK(refit_receiver_pull(r, REFIT_VERSION_NEWEST, 10000, &rep));
     assert_int_equal(rep.version, 1);
     expect_truth("tiny-dense", "vllm:tp=2", 1, b, 1);
+    /* Fetched from the registry: both trainer ranks' manifests once each
+     * (rank 0's, read first to learn the world, is not fetched again) and
+     * the relay's. */
+    assert_int_equal(rep.manifests_read, 3);
     refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
     size_t nh = 0;
     REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
