@@ -52,6 +52,7 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
                                          {"threads", required_argument, 0, 'T'},
                                          {"queue-ms", required_argument, 0, 'Q'},
                                          {"joiner-start", required_argument, 0, 'J'},
+                                         {"transport-options", required_argument, 0, 'X'},
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -72,6 +73,10 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
         case 'V': o->versions = (uint32_t)atoi(optarg); break;
         case 'T': o->threads = (unsigned)atoi(optarg); break;
         case 'Q': o->queue_ms = atof(optarg); break;
+        case 'X':
+            if (strlen(optarg) > 250) return tool_usage("bench", "--transport-options: at most 250 characters");
+            o->topts = optarg;
+            break;
         case 'J':
             if (strcmp(optarg, "before") && strcmp(optarg, "during"))
                 return tool_usage("bench", "--joiner-start is before or during");
@@ -82,6 +87,7 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
                 "bench",
                 "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
                 "--chunk-kb N --link-mbps X --queue-ms MS --net shm|netns --threads N --verify --runs N --out FILE "
+                "--transport-options OPTS (e.g. ucx.tcp_eager=0) "
                 "(delta: --fraction F --versions N; elastic: --joiner-start before|during)");
         }
     }
@@ -142,18 +148,21 @@ void nb_netns_down(nb_opts_t *o) { tool_netns_down(&o->ns); }
 bool nb_node_rate(const nb_opts_t *o, uint32_t node, double mbps) { return tool_netns_rate(&o->ns, node, mbps); }
 
 /* A child's transport options: on a node, UCX listens on that node's veth
- * (listeners bind one named interface, never every one). */
-static char g_child_topts[64];
+ * (listeners bind one named interface, never every one); then
+ * --transport-options, if given. */
+static char g_child_topts[320];
 
 const char *child_topts(void) { return g_child_topts[0] ? g_child_topts : NULL; }
 
 /* Moves this (child) process into node `node`'s namespace. */
 static void enter_node(const nb_opts_t *o, int node)
 {
+    const char *extra = o->topts ? o->topts : "";
+    snprintf(g_child_topts, sizeof(g_child_topts), "%s", extra);
     if (node < 0 || !o->ns.nodes) return;
     char ifname[32];
     tool_netns_ifname(&o->ns, (uint32_t)node, ifname, sizeof(ifname));
-    snprintf(g_child_topts, sizeof(g_child_topts), "ucx.listen=%s", ifname);
+    snprintf(g_child_topts, sizeof(g_child_topts), "ucx.listen=%s%s%s", ifname, extra[0] ? "," : "", extra);
     if (tool_netns_enter(&o->ns, (uint32_t)node)) _exit(5);
 }
 
@@ -315,6 +324,10 @@ void nb_out_begin(out_t *j, const char *scenario, const nb_opts_t *o, const char
             o->receivers, o->max_readers, o->chunk_kb ? o->chunk_kb : 2048, o->link_mbps, o->verify ? "true" : "false",
             cpus, o->transport, o->netns ? "netns+tbf" : "shm", o->netns ? (o->queue_ms > 0 ? o->queue_ms : 50) : 0,
             extra_config ? "," : "", extra_config ? extra_config : "");
+    if (o->topts) {
+        fprintf(c, ",\"transport_options\":");
+        tool_json_string(c, o->topts);
+    }
     fclose(c);
 }
 

@@ -44,6 +44,7 @@ typedef struct {
     const char *pub_transports; /* publishers' transports when not `transport` (fp8: "shm,ucx") */
     unsigned threads;           /* receivers' copy (and delta apply) threads; 0: 1 */
     bool joiner_starts_during;  /* elastic: the joiner's process starts during the others' pulls */
+    const char *topts;          /* --transport-options: added to every child's transport options */
 } nb_opts_t;
 
 /* ---- child processes ---- */
