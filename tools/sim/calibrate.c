@@ -16,8 +16,9 @@
  * figures; fanout's steady version) with the engine's default chunks in
  * flight; egress reads the 11-30 run (one chunk in flight then): its 5-run
  * median, 7.58 s, is 12% slower than that run and 20% slower than the model,
- * not analysed (the suspect: this host's two CPUs, which the model does not
- * have, and eager replies, which copy once more).
+ * not analysed (not eager replies: 7.00 s without, 7.12 s with, in one A/B,
+ * bench/results/fleet-5runs/ab-tcp-eager; the suspect is this host's two
+ * CPUs, which the model does not have).
  * Model terms, stated: protocol overhead from the MTU (1448 payload bytes per
  * 1514-byte frame, acknowledgements every second segment: derived) and a
  * request round trip of 100 us (a veth round trip plus a UCX active message).
