@@ -376,7 +376,8 @@ static int elastic_once(int argc, char **argv)
     if (rc) return rc;
     uint32_t P = nb_world_of(o.src), N = o.receivers;
     bool net = !o.net || !strcmp(o.net, "netns"); /* the goal is stated for links */
-    if (P + N + 2 > 62 || N < 2 || N > 15) return tool_usage("bench", "elastic: --receivers is 2..15");
+    /* Relay slots are 0..15 (refit/engine.h): the receivers take 0..N-1, the joiners N and N+1. */
+    if (P + N + 2 > 62 || N < 2 || N > 14) return tool_usage("bench", "elastic: --receivers is 2..14");
     /* Over netns every process is a node with one link each way: one reader
      * per holder (--max-readers 1, a chain that pipelines), 100 MB/s links. */
     if (!net) o.max_readers = 0;

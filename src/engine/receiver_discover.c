@@ -47,7 +47,10 @@ refit_status_t refit_rx_refresh_manifest(refit_receiver_t *r, uint32_t k, const 
     if (k == 0 && r->m0) { /* read moments ago to learn the world: not fetched, authenticated, decoded twice */
         m = r->m0;
         r->m0 = NULL;
-        if (m->signature != rec->signature) { /* republished since: read again */
+        /* Only for the incarnation whose record was read before it was fetched
+         * (the signature does not cover transport descriptors: a restarted
+         * rank 0 of the same layout has the same signature). */
+        if (m->signature != rec->signature || r->m0_incarnation != rec->incarnation) { /* republished: read again */
             refit_manifest_destroy(m);
             m = NULL;
         }
@@ -70,6 +73,9 @@ static refit_status_t learn_world(refit_receiver_t *r)
 {
     refit_status_t st;
     refit_manifest_t *m0;
+    refit_version_record_t rec0;
+    uint8_t present0 = 0;
+    if (refit_registry_records(r->reg, r->group, 1, &rec0, &present0)) present0 = 0; /* then not kept: read again */
     if ((st = load_manifest(r, 0, &m0))) return st;
     if (strcmp(m0->model, r->m->model) != 0) {
         st = refit_error(REFIT_ERR_IDENTITY, "group %s publishes model %s; this receiver holds %s", r->group, m0->model,
@@ -93,7 +99,13 @@ static refit_status_t learn_world(refit_receiver_t *r)
     /* Rank 0's manifest is checked against its record with the others' (a
      * signature other than the record's is read again). */
     refit_manifest_destroy(r->m0);
-    r->m0 = m0;
+    r->m0 = NULL;
+    if (present0 && rec0.signature == m0->signature) {
+        r->m0 = m0;
+        r->m0_incarnation = rec0.incarnation;
+    } else {
+        refit_manifest_destroy(m0);
+    }
     return REFIT_OK;
 }
 

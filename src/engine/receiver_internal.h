@@ -69,6 +69,7 @@ struct refit_receiver {
     uint32_t world;
     source_t *src;
     refit_manifest_t *m0;      /* rank 0's manifest as read to learn the world, until discovery takes it */
+    uint64_t m0_incarnation;   /* rank 0's incarnation in the record read just before m0 was fetched */
     uint32_t manifest_fetches; /* source manifests fetched from the registry, ever (load_manifest) */
     cached_plan_t plans[PLAN_CACHE];
     uint64_t uses;

@@ -435,13 +435,16 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         s->leased = true;
         s->version = v;
         uint32_t t;
-        if (!s->m) { /* read from now: its own manifest (transport descriptors); the layout was checked */
-            int pr = -1;
+        if (!s->m) { /* read from now: its own manifest (transport descriptors) */
+            int pr = -1, kpr;
             s->m = fetch_relay_manifest(R, g, s->signature, &pr);
-            if (s->m && pr != s->progress_region) {
+            /* Its signature is one checked before; its own layout is checked
+             * again all the same (the signature is a 64-bit hash). */
+            if (s->m && (pr != s->progress_region || relay_key(s->m, &kpr) != R->key)) {
                 refit_manifest_destroy(s->m);
                 s->m = NULL;
             }
+            if (!s->m) (*holding)--; /* unreadable: no holder for us this time (read again next time) */
         }
         if (!s->m || connect_relay(R, ts, s, &t)) {
             refit_registry_lease_release(R->reg, g, v, reader);

@@ -15,7 +15,7 @@
  * The fleet rows read the 5-run sets of fleet-5runs/ (the median run's
  * figures; fanout's steady version) with the engine's default chunks in
  * flight; egress reads the 11-30 run (one chunk in flight then): its 5-run
- * median, 7.58 s, is 12% slower than that run and 20% slower than the model,
+ * median, 7.58 s, is 12% slower than that run and 24% slower than the model,
  * not analysed (not eager replies: 7.00 s without, 7.12 s with, in one A/B,
  * bench/results/fleet-5runs/ab-tcp-eager; the suspect is this host's two
  * CPUs, which the model does not have).
