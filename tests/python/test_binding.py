@@ -215,7 +215,11 @@ def test_publish_pull_across_processes(tmp_path, kind):
                 assert r.prepare(timeout_ms=60000) > 0
             rep = r.pull(1, timeout_ms=60000)
             assert rep.version == 1 and rep.sources == 2 and rep.transport == "shm"
-            assert rep.planned == (kind != "alloc") and rep.manifests_read == (0 if kind == "alloc" else 2)
+            # Manifests fetched: both ranks' (none after prepare); rank 0's a second time when its record did not
+            # exist yet at the first read (the publishers start with this pull), as only a manifest read after its
+            # incarnation's record may be kept (a restart keeps the signature, not the transport descriptors).
+            assert rep.planned == (kind != "alloc")
+            assert rep.manifests_read == 0 if kind == "alloc" else rep.manifests_read in (2, 3), rep.manifests_read
             assert rep.delta_base == 0
             hs = r.holders()  # host memory: the fleet path, trainer ranks as holders
             assert hs and all(h.name.startswith("trainer:") and not h.failed for h in hs), hs
