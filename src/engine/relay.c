@@ -152,9 +152,8 @@ static uint64_t relay_key(const refit_manifest_t *m, int *progress_region)
 }
 
 /* Slot j's manifest (group g), whose record says `signature`; NULL unless
- * it decodes to that signature (a decode recomputes it from the content).
- * *pr: its progress region. */
-static refit_manifest_t *fetch_relay_manifest(refit_relays_t *R, const char *g, uint64_t signature, int *pr)
+ * it decodes to that signature (a decode recomputes it from the content). */
+static refit_manifest_t *fetch_relay_manifest(refit_relays_t *R, const char *g, uint64_t signature)
 {
     void *buf = NULL;
     size_t len = 0;
@@ -168,7 +167,6 @@ static refit_manifest_t *fetch_relay_manifest(refit_relays_t *R, const char *g, 
         refit_manifest_destroy(m);
         return NULL;
     }
-    *pr = progress_region_of(m);
     return m;
 }
 
@@ -182,7 +180,7 @@ static bool mirrors_ours(refit_relays_t *R, const char *g, uint64_t signature, i
             *pr = R->mirror_progress[i];
             return true;
         }
-    refit_manifest_t *x = fetch_relay_manifest(R, g, signature, pr);
+    refit_manifest_t *x = fetch_relay_manifest(R, g, signature);
     if (!x || relay_key(x, pr) != R->key) { /* another layout: not a mirror of ours */
         refit_manifest_destroy(x);
         return false;
@@ -436,11 +434,11 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         s->version = v;
         uint32_t t;
         if (!s->m) { /* read from now: its own manifest (transport descriptors) */
-            int pr = -1, kpr;
-            s->m = fetch_relay_manifest(R, g, s->signature, &pr);
+            int pr;
+            s->m = fetch_relay_manifest(R, g, s->signature);
             /* Its signature is one checked before; its own layout is checked
              * again all the same (the signature is a 64-bit hash). */
-            if (s->m && (pr != s->progress_region || relay_key(s->m, &kpr) != R->key)) {
+            if (s->m && (relay_key(s->m, &pr) != R->key || pr != s->progress_region)) {
                 refit_manifest_destroy(s->m);
                 s->m = NULL;
             }

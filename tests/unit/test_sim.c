@@ -171,17 +171,20 @@ static void cluster_parse(void **state)
     free(c);
 }
 
-static sim_cluster_t *host_cluster(double rate_mb)
+static sim_cluster_t *host_cluster_rtt(double rate_mb, const char *rtt)
 {
     sim_cluster_t *c = malloc(sizeof(*c));
     assert_non_null(c);
     sim_cluster_defaults(c);
     char spec[200];
-    snprintf(spec, sizeof(spec), "gpus=1,nics=1,nic=%gMB,nvlink=0,pcie=0,proto=tcp,mtu=1500,l2=14,rtt=100us", rate_mb);
+    snprintf(spec, sizeof(spec), "gpus=1,nics=1,nic=%gMB,nvlink=0,pcie=0,proto=tcp,mtu=1500,l2=14,rtt=%s", rate_mb,
+             rtt);
     REFIT_ASSERT_OK(sim_cluster_apply(c, spec));
     sim_cluster_finish(c);
     return c;
 }
+
+static sim_cluster_t *host_cluster(double rate_mb) { return host_cluster_rtt(rate_mb, "100us"); }
 
 /* No DP replica, no relay: every receiver pulls the plan directly, and four
  * of them share the one trainer node's link. */
@@ -253,11 +256,7 @@ static void relays_chunks_and_fluid_agree(void **state)
 static void chain_hops_follow_by_one_chunk(void **state)
 {
     (void)state;
-    sim_cluster_t *c = malloc(sizeof(*c));
-    assert_non_null(c);
-    sim_cluster_defaults(c);
-    REFIT_ASSERT_OK(sim_cluster_apply(c, "gpus=1,nics=1,nic=1000MB,nvlink=0,pcie=0,proto=tcp,mtu=1500,l2=14,rtt=20ms"));
-    sim_cluster_finish(c);
+    sim_cluster_t *c = host_cluster_rtt(1000, "20ms");
     sim_fleet_t f = SIM_FLEET_INIT;
     f.model = "qwen3-30b-a3b-mini";
     f.src = "megatron:tp=1";

@@ -92,6 +92,7 @@ typedef struct {
     double *d_units;
     /* stats */
     uint64_t events, flows;
+    uint32_t parked; /* workers whose requests wait at a relay (answer_parked has nothing to do at 0) */
     REFIT_VEC(sim_sample_t) samples;
     double *last_util;
     char err[256];

@@ -187,6 +187,7 @@ static bool relay_has(const sim_t *s, const rx_t *r, const worker_t *W)
  * it now has are answered; the bytes arrive half a round trip later. */
 static void answer_parked(sim_t *s, const rx_t *q)
 {
+    if (!s->parked) return;
     for (uint32_t i = 0; i < s->nrx; i++) {
         rx_t *r = &s->rx[i];
         if (r->state != 3 || !r->W) continue;
@@ -195,6 +196,7 @@ static void answer_parked(sim_t *s, const rx_t *q)
             if (!W->busy || !W->parked || r->hsrc[W->h] != -(int32_t)q->idx - 1 || !relay_has(s, r, W)) continue;
             W->parked = false;
             W->ahead = false;
+            s->parked--;
             fsim_push(s, s->now + s->c->rtt / 2, EV_REQ, r->idx, w, W->gen);
         }
     }
@@ -595,6 +597,7 @@ void fsim_handle(sim_t *s, const ev_t *e)
         if (!W->busy) break;
         if (W->ahead && !relay_has(s, r, W)) { /* waits at the relay (answer_parked) */
             W->parked = true;
+            s->parked++;
             break;
         }
         fsim_start_flow(s, r->hgpu[W->h], r->gpu, (double)W->bytes, fsim_user_of(FL_CHUNK, r->idx, e->w));
