@@ -52,6 +52,7 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
                                          {"threads", required_argument, 0, 'T'},
                                          {"queue-ms", required_argument, 0, 'Q'},
                                          {"joiner-start", required_argument, 0, 'J'},
+                                         {"joiner-prepare", required_argument, 0, 'P'},
                                          {"transport-options", required_argument, 0, 'X'},
                                          {0, 0, 0, 0}};
     int c;
@@ -82,13 +83,18 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
                 return tool_usage("bench", "--joiner-start is before or during");
             o->joiner_starts_during = !strcmp(optarg, "during");
             break;
+        case 'P':
+            if (strcmp(optarg, "yes") && strcmp(optarg, "no"))
+                return tool_usage("bench", "--joiner-prepare is yes or no");
+            o->joiner_unprepared = !strcmp(optarg, "no");
+            break;
         default:
             return tool_usage(
                 "bench",
                 "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
                 "--chunk-kb N --link-mbps X --queue-ms MS --net shm|netns --threads N --verify --runs N --out FILE "
                 "--transport-options OPTS (e.g. ucx.tcp_eager=0) "
-                "(delta: --fraction F --versions N; elastic: --joiner-start before|during)");
+                "(delta: --fraction F --versions N; elastic: --joiner-start before|during --joiner-prepare yes|no)");
         }
     }
     if (o->net && strcmp(o->net, "shm") && strcmp(o->net, "netns")) return tool_usage("bench", "--net is shm or netns");
@@ -253,7 +259,7 @@ bool nb_get_result(child_t *c, result_t *r)
 bool nb_start_publishers(const nb_opts_t *o, child_t *pubs, uint32_t n, const char *throttle, uint64_t version)
 {
     (void)throttle;
-    for (uint32_t k = 0; k < n; k++) pubs[k] = nb_spawn(o, &(role_t){true, k, -1, NULL, (int)k, false, 0});
+    for (uint32_t k = 0; k < n; k++) pubs[k] = nb_spawn(o, &(role_t){true, k, -1, NULL, (int)k, false, 0, false});
     for (uint32_t k = 0; k < n; k++) nb_send_cmd(&pubs[k], "publish %" PRIu64, version);
     bool ok = true;
     char buf[700];

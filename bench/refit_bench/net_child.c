@@ -154,6 +154,10 @@ void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
         if (refit_receiver_alloc(rc, i, &base)) _exit(3);
         memset(base, 0, refit_manifest_region_size(m, i)); /* host memory: rp.device is not set */
     }
+    /* A node joining a running job gets ready while its engine starts
+     * (refit/engine.h): the world's manifests read and the plan made before
+     * it needs weights.  60 s: the sources have published by then here. */
+    if (r->prepare && refit_receiver_prepare(rc, 60000, NULL)) _exit(3);
     if (write(out, "ready\n", 6) != 6) _exit(4);
     char line[128];
     while (fgets(line, sizeof(line), in)) {

@@ -37,9 +37,10 @@ static int delta_net_once(int argc, char **argv)
     if (net && !nb_net_up(&o, "delta", P + 2)) return 1;
     nb_fresh_registry(&o);
     child_t pubs[64], full, delta;
-    for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
-    full = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P : -1, true, 0});
-    delta = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P + 1 : -1, false, 0});
+    for (uint32_t k = 0; k < P; k++)
+        pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0, false});
+    full = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P : -1, true, 0, false});
+    delta = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P + 1 : -1, false, 0, false});
     uint32_t V = o.versions;
     result_t rf[32], rd[32];
     double enc[32] = {0}, pub[32] = {0};
@@ -173,10 +174,12 @@ static int fp8_net_once(int argc, char **argv)
     if (net && !nb_net_up(&o, "fp8", 3)) return 1;
     nb_fresh_registry(&o);
     child_t pubs[32], relays[16], fp8rx, bfrx;
-    for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? 0 : -1, false, 0});
-    for (uint32_t k = 0; k < W; k++) relays[k] = nb_spawn(&o, &(role_t){false, k, -1, NULL, net ? 0 : -1, false, 1});
-    fp8rx = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? 1 : -1, false, 2});
-    bfrx = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? 2 : -1, false, 0});
+    for (uint32_t k = 0; k < P; k++)
+        pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? 0 : -1, false, 0, false});
+    for (uint32_t k = 0; k < W; k++)
+        relays[k] = nb_spawn(&o, &(role_t){false, k, -1, NULL, net ? 0 : -1, false, 1, false});
+    fp8rx = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? 1 : -1, false, 2, false});
+    bfrx = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? 2 : -1, false, 0, false});
     uint32_t V = o.versions;
     result_t rb[32], rf[32];
     double relay_ms[32] = {0}, stage_ms[32] = {0};

@@ -49,7 +49,8 @@ static bool fanout_phase(nb_opts_t *o, uint32_t n, result_t *res, result_t *stea
     uint32_t P = nb_world_of(o->src);
     child_t pubs[64], rc[16];
     bool ok = nb_start_publishers(o, pubs, P, NULL, 1);
-    for (uint32_t i = 0; i < n; i++) rc[i] = nb_spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i), false, 0});
+    for (uint32_t i = 0; i < n; i++)
+        rc[i] = nb_spawn(o, &(role_t){false, 0, (int)i, NULL, (int)(P + i), false, 0, false});
     for (uint32_t v = 1; v <= 2 && ok; v++) {
         result_t *out = v == 1 ? res : steady;
         if (v == 2 && !(ok = nb_publish_all(pubs, P, 2))) fprintf(stderr, "refit bench: publishing version 2 failed\n");
@@ -174,12 +175,13 @@ static int straggler_once(int argc, char **argv)
     nb_fresh_registry(&oa);
     child_t pubs[64];
     bool ok = true;
-    for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&oa, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    for (uint32_t k = 0; k < P; k++)
+        pubs[k] = nb_spawn(&oa, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0, false});
     ok = nb_publish_all(pubs, P, 1);
-    child_t r1 = nb_spawn(
-        &oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, UINT32_MAX, 0), rnode0, false, 0});
-    child_t r2 = nb_spawn(
-        &oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, 1, L / 10), rnode0, false, 0});
+    child_t r1 = nb_spawn(&oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, UINT32_MAX, 0),
+                                         rnode0, false, 0, false});
+    child_t r2 = nb_spawn(&oa, &(role_t){false, 0, -1, net ? NULL : nb_throttle_all("trainer", P, L, 1, L / 10), rnode0,
+                                         false, 0, false});
     nb_send_cmd(&r1, "pull 1");
     ok &= nb_get_result(&r1, &a);
     if (net) ok &= nb_node_rate(&o, 1, L / 10);
@@ -206,7 +208,7 @@ static int straggler_once(int argc, char **argv)
                 &oa,
                 &(role_t){false, 0, -1,
                           net ? NULL : nb_throttle_all("trainer", P, phase && i == 0 ? LR / 10 : LR, UINT32_MAX, 0),
-                          net ? (int)(P + i) : -1, false, 0});
+                          net ? (int)(P + i) : -1, false, 0, false});
         for (uint32_t i = 0; i < o.receivers; i++) nb_send_cmd(&rcv[i], "pull 1");
         for (uint32_t i = 0; i < o.receivers; i++) ok &= nb_get_result(&rcv[i], &res[i]);
         for (uint32_t i = 0; i < o.receivers; i++) nb_stop(&rcv[i], false);
@@ -275,10 +277,12 @@ static int egress_once(int argc, char **argv)
     nb_fresh_registry(&o);
     child_t pubs[64], rcv[16];
     result_t res[16];
-    for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    for (uint32_t k = 0; k < P; k++)
+        pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0, false});
     bool ok = nb_publish_all(pubs, P, 1);
     for (uint32_t i = 0; i < o.receivers; i++)
-        rcv[i] = nb_spawn(&o, &(role_t){false, i % nb_world_of(o.dst), -1, NULL, net ? (int)(P + i) : -1, false, 0});
+        rcv[i] = nb_spawn(&o,
+                          &(role_t){false, i % nb_world_of(o.dst), -1, NULL, net ? (int)(P + i) : -1, false, 0, false});
     for (uint32_t i = 0; i < o.receivers && ok; i++) nb_send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < o.receivers && ok; i++) ok &= nb_get_result(&rcv[i], &res[i]);
     for (uint32_t i = 0; i < o.receivers; i++) nb_stop(&rcv[i], false);
@@ -341,7 +345,10 @@ static double worst_against(const result_t *x, const result_t *before, const res
  * pulls, then leaves (so that the next baseline is the fleet alone again).
  * Its process starts before the version is published (on a fleet, a joining
  * node comes up on its own machine; here it would take the others' CPUs), or
- * with --joiner-start during, after the others' pulls began. */
+ * with --joiner-start during, after the others' pulls began.  In its start-up
+ * it calls refit_receiver_prepare, as a joining engine does while it starts
+ * (world manifests read, plan made), unless --joiner-prepare no: then all of
+ * that happens in its first pull, beside the others'. */
 static bool elastic_version(nb_opts_t *o, child_t *pubs, uint32_t P, child_t *rcv, uint32_t n, uint64_t v,
                             const role_t *joiner, result_t *res, double *join_s, cpu_ticks_t *c0, cpu_ticks_t *c1)
 {
@@ -403,15 +410,17 @@ static int elastic_once(int argc, char **argv)
      * the trainer), and it is killed a third of a pull into theirs. */
     result_t warm[15], base[3][16], join[2][16], killed[15];
     double join_s[2] = {0, 0}, busy_base = 0, busy_join = 0, steal_base = 0, steal_join = 0;
-    for (uint32_t k = 0; k < P; k++) pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0});
+    for (uint32_t k = 0; k < P; k++)
+        pubs[k] = nb_spawn(&o, &(role_t){true, k, -1, NULL, net ? (int)k : -1, false, 0, false});
     bool ok = nb_publish_all(pubs, P, 1);
     for (uint32_t i = 0; i < N; i++)
-        rcv[i] = nb_spawn(&o, &(role_t){false, 0, (int)i, th, net ? (int)(P + i) : -1, false, 0});
+        rcv[i] = nb_spawn(&o, &(role_t){false, 0, (int)i, th, net ? (int)(P + i) : -1, false, 0, false});
     for (uint32_t i = 0; i < N && ok; i++) nb_send_cmd(&rcv[i], "pull 1");
     for (uint32_t i = 0; i < N && ok; i++) ok &= nb_get_result(&rcv[i], &warm[i]);
     for (uint32_t k = 0; k < 5 && ok; k++) {
         bool joins = k % 2;
-        role_t joiner = {false, 0, (int)(N + k / 2), th, net ? (int)(P + N + k / 2) : -1, false, 0};
+        role_t joiner = {false, 0, (int)(N + k / 2),    th, net ? (int)(P + N + k / 2) : -1,
+                         false, 0, !o.joiner_unprepared};
         cpu_ticks_t c0, c1;
         ok = elastic_version(&o, pubs, P, rcv, N, 2 + k, joins ? &joiner : NULL, joins ? join[k / 2] : base[k / 2],
                              &join_s[k / 2], &c0, &c1);
@@ -447,8 +456,10 @@ static int elastic_once(int argc, char **argv)
     double w[2] = {worst_against(join[0], base[0], base[1], N), worst_against(join[1], base[1], base[2], N)};
     double worst = (w[0] + w[1]) / 2, null_worst = worst_against(base[1], base[0], base[2], N);
     out_t j = {0};
-    nb_out_begin(&j, "elastic", &o,
-                 o.joiner_starts_during ? "\"joiner_start\":\"during\"" : "\"joiner_start\":\"before\"");
+    char extra[96];
+    snprintf(extra, sizeof(extra), "\"joiner_start\":\"%s\",\"joiner_prepare\":%s",
+             o.joiner_starts_during ? "during" : "before", o.joiner_unprepared ? "false" : "true");
+    nb_out_begin(&j, "elastic", &o, extra);
     nb_metric(&j, "joiners_first_versions", "\"%" PRIu64 ",%" PRIu64 "\"", join[0][N].version, join[1][N].version);
     nb_metric(&j, "joiner_s", "%.4f", (join_s[0] + join_s[1]) / 2);
     nb_metric(&j, "joiner_holders", "\"%s; %s\"", join[0][N].list, join[1][N].list);
@@ -477,7 +488,8 @@ static int elastic_once(int argc, char **argv)
     return nb_out_end(&j, net ? "each process a node (network namespace, tbf at link_mbps both ways), UCX/TCP, one "
                                 "reader per holder; receivers are relays (slots 0..N-1, joiners N and N+1); v2, v4, "
                                 "v6: baselines; v3, v5: a joiner joins as the others' pulls start (its process "
-                                "started before, or during with --joiner-start during), then leaves; the figure: the "
+                                "started before, or during with --joiner-start during; prepared in its start-up "
+                                "unless --joiner-prepare no), then leaves; the figure: the "
                                 "mean of the two joins' worst slowdown against the baselines either side; v7: "
                                 "receiver 0 commits first, then is killed while the others read from it and each other"
                               : "receivers are relays (slots 0..N-1, joiners N and N+1); v2, v4, v6: baselines; v3, "

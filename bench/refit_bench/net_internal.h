@@ -44,6 +44,7 @@ typedef struct {
     const char *pub_transports; /* publishers' transports when not `transport` (fp8: "shm,ucx") */
     unsigned threads;           /* receivers' copy (and delta apply) threads; 0: 1 */
     bool joiner_starts_during;  /* elastic: the joiner's process starts during the others' pulls */
+    bool joiner_unprepared;     /* elastic: the joiner does not call refit_receiver_prepare before its pull */
     const char *topts;          /* --transport-options: added to every child's transport options */
 } nb_opts_t;
 
@@ -62,6 +63,7 @@ typedef struct {
     int node;             /* netns: the node (namespace) it runs in; -1: this host's */
     bool no_delta;        /* receivers: always pull in full */
     int fp8;              /* 1: an FP8 relay of bf16 rank `rank`; 2: a receiver of that rank's FP8 arena */
+    bool prepare;         /* receivers: refit_receiver_prepare in its start-up, before "ready" */
 } role_t;
 
 

@@ -265,8 +265,13 @@ bool refit_fleet_chunk_done(refit_fleet_sched_t *S, uint32_t h, refit_fleet_chun
 
 void refit_fleet_piece_from(const refit_fleet_holder_t *H, bool rows, refit_plan_region_t *reg)
 {
-    if (H->mirror_dst && rows) {
-        /* The relay holds the piece where we put it: read exactly its rows. */
+    /* Rows that tile their destination span are read as that span: the same
+     * bytes, one run instead of a walk over every row (a relay's readers are
+     * mostly on this path, a chunk at a time). */
+    bool gaps = refit_region_dst_end(reg) - reg->dst_offset != refit_plan_region_bytes(reg);
+    if (H->mirror_dst && rows && gaps) {
+        /* The relay holds the piece where we put it: read exactly its rows
+         * (the bytes between them may belong to chunks it has not written). */
         reg->src_region = reg->dst_region;
         reg->src_offset = reg->dst_offset;
         memcpy(reg->src_stride, reg->dst_stride, sizeof(reg->src_stride));

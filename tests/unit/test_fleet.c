@@ -272,6 +272,64 @@ static void a_relay_is_asked_ahead_in_order(void **state)
     assert_null(refit_fleet_claim_ahead(&k.S, 1, now));
 }
 
+/* A piece of 4 rows of 100 bytes, read from a trainer rank (rows 400 apart)
+ * into rows dst_stride apart. */
+static refit_plan_region_t four_rows(uint64_t dst_stride)
+{
+    refit_plan_region_t r;
+    memset(&r, 0, sizeof(r));
+    r.src = 0;
+    r.src_region = 3;
+    r.dst_region = 1;
+    r.src_offset = 1000;
+    r.dst_offset = 5000;
+    r.run = 100;
+    r.nloops = 1;
+    r.count[0] = 4;
+    r.src_stride[0] = 400;
+    r.dst_stride[0] = dst_stride;
+    return r;
+}
+
+static void a_relay_s_piece_is_one_span_unless_its_rows_leave_gaps(void **state)
+{
+    (void)state;
+    refit_fleet_holder_t trainer, relay;
+    memset(&trainer, 0, sizeof(trainer));
+    memset(&relay, 0, sizeof(relay));
+    relay.mirror_dst = true;
+    /* A trainer's piece is read as planned. */
+    refit_plan_region_t r = four_rows(100), want = r;
+    refit_fleet_piece_from(&trainer, true, &r);
+    assert_memory_equal(&r, &want, sizeof(r));
+    /* A relay still receiving, rows back to back where we put them: one run
+     * of the 400 bytes, from the relay's copy of our destination region. */
+    refit_fleet_piece_from(&relay, true, &r);
+    assert_int_equal(r.nloops, 0);
+    assert_int_equal(r.run, 400);
+    assert_int_equal(r.src_region, 1);
+    assert_int_equal(r.src_offset, 5000);
+    assert_int_equal(r.dst_region, 1);
+    assert_int_equal(r.dst_offset, 5000);
+    assert_int_equal(refit_plan_region_bytes(&r), 400);
+    /* Rows 200 apart: a relay still receiving is read row by row (the gaps
+     * may be chunks it has not written), a complete one in one span. */
+    r = four_rows(200);
+    refit_fleet_piece_from(&relay, true, &r);
+    assert_int_equal(r.nloops, 1);
+    assert_int_equal(r.run, 100);
+    assert_int_equal(r.count[0], 4);
+    assert_int_equal(r.src_stride[0], 200);
+    assert_int_equal(r.src_region, 1);
+    assert_int_equal(r.src_offset, 5000);
+    assert_int_equal(refit_plan_region_bytes(&r), 400);
+    r = four_rows(200);
+    refit_fleet_piece_from(&relay, false, &r);
+    assert_int_equal(r.nloops, 0);
+    assert_int_equal(r.run, 700);
+    assert_int_equal(r.src_offset, 5000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -281,6 +339,7 @@ int main(void)
         cmocka_unit_test(an_overdue_chunk_is_read_again),
         cmocka_unit_test(a_failed_holder_s_share_goes_at_once),
         cmocka_unit_test(a_relay_is_asked_ahead_in_order),
+        cmocka_unit_test(a_relay_s_piece_is_one_span_unless_its_rows_leave_gaps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,8 +30,11 @@ typedef struct {
     uint32_t region;
     uint32_t nruns;
     uint64_t bytes;
-    run_t runs[UCX_MAX_RUNS];
-    wire_run_t wire[UCX_MAX_RUNS];
+    /* UCX_MAX_RUNS each, one allocation made at the slot's first request: a
+     * pull has room for 4 * inflight requests per peer, and a fleet chunk's
+     * pull makes one or two (20 KiB a slot zeroed for nothing per chunk). */
+    run_t *runs;
+    wire_run_t *wire;
     req_hdr_t hdr;
     unsigned char *stage;
     bool staged; /* data went to stage: scatter on completion */
@@ -491,9 +494,15 @@ refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
             slot_t *s = &pl.slots[i];
             pull_peer_t *pp = s->pp;
             if (s->state != SLOT_FREE || pp->exhausted || pp->inflight_bytes >= window) continue;
+            if (!s->runs && !(s->runs = malloc(UCX_MAX_RUNS * (sizeof(run_t) + sizeof(wire_run_t))))) {
+                st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull: request %zu's run list", i);
+                break;
+            }
+            s->wire = (wire_run_t *)(s->runs + UCX_MAX_RUNS);
             if (next_request(&pl, pp, s)) issue(&pl, s);
             else pp->exhausted = true;
         }
+        if (st) break;
         bool busy = false;
         for (size_t k = 0; k < pl.npps; k++) busy |= pl.pps[k].busy > 0;
         if (!busy) break;
@@ -631,7 +640,10 @@ out:
         }
     if (pl.wake_fd >= 0) close(pl.wake_fd);
     if (pl.slots)
-        for (size_t i = 0; i < pl.nslots; i++) free(pl.slots[i].stage);
+        for (size_t i = 0; i < pl.nslots; i++) {
+            free(pl.slots[i].stage);
+            free(pl.slots[i].runs);
+        }
     free(pl.slots);
     free(pl.done);
     free(pl.pps);
