@@ -335,7 +335,9 @@ REFIT_API refit_status_t refit_receiver_pull(refit_receiver_t *r, uint64_t versi
  * engine starts), so that its first pull costs about what a steady one does;
  * pulls reuse the plan and connections while the sources' manifests and
  * incarnations stay the same.  Receivers in host memory (the fleet path,
- * which picks its holders per pull) plan but connect nothing here.
+ * which picks its holders per pull) plan and read the manifests of the
+ * relays of their rank present then (a joiner's first pull then reads none
+ * while the others pull), but connect nothing here.
  * *prepare_ms (may be NULL): time spent, written on success. */
 REFIT_API refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, double *prepare_ms);
 /* Per holder of the last pull (fleet path): what it served. */

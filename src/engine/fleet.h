@@ -178,7 +178,11 @@ int refit_fleet_direct_holder(const refit_fleet_holder_t *h, uint32_t nh, uint32
  * grace (REFIT_FLEET_STICKY_MS) it waits for that relay rather than race for
  * the trainer, so that a chain keeps its order and its connections from one
  * version to the next (a new connection over a loaded link costs ~0.1 s per
- * hop, each hop after the one before it). */
+ * hop, each hop after the one before it).  A joiner (its first pull, relays
+ * of its layout alive) defers too, and takes nothing in the grace: a
+ * prepared joiner ready as the fleet's pulls start would otherwise win the
+ * trainer's token from the chain's head and reorder the chain for this
+ * version and the next. */
 typedef enum {
     REFIT_FLEET_PICK_RELAYS,
     REFIT_FLEET_PICK_ALL,

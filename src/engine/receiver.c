@@ -395,6 +395,7 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     }
     bool made;
     if ((st = refit_rx_plan_for(&p, &made))) goto out;
+    refit_relays_learn(r->relays, &r->ts); /* the fleet path: the relays there are now (NULL: none) */
     for (uint32_t k = 0; k < r->world; k++) {
         p.tix[k] = -1;
         if (r->relays || !refit_plan_source_bytes(p.cp->plan, k)) continue; /* the fleet path picks holders per pull */

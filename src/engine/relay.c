@@ -65,7 +65,8 @@ struct refit_relays {
     uint64_t mirror_sig[REFIT_MAX_RELAYS];
     int mirror_progress[REFIT_MAX_RELAYS];
     uint32_t nmirror;
-    uint32_t fetches; /* relay manifests fetched, ever */
+    uint32_t fetches;       /* relay manifests fetched, ever */
+    uint32_t mirrors_alive; /* other relays of our layout alive at the last look (refit_relays_mirrors_alive) */
     bool trainer_loaded;
     uint64_t trainer_version;
     double renewed;
@@ -381,46 +382,109 @@ static refit_status_t connect_relay(refit_relays_t *R, const refit_tset_t *ts, r
     return st;
 }
 
+/* Every slot's record and heartbeat, in one registry round trip. */
+typedef struct {
+    char groups[REFIT_MAX_RELAYS][104];
+    refit_version_record_t recs[REFIT_MAX_RELAYS];
+    uint8_t present[REFIT_MAX_RELAYS], alive[REFIT_MAX_RELAYS];
+} heads_t;
+
+static bool read_heads(refit_relays_t *R, heads_t *H)
+{
+    const char *gp[REFIT_MAX_RELAYS];
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
+        relay_group(R, j, H->groups[j], sizeof(H->groups[j]));
+        gp[j] = H->groups[j];
+    }
+    if (refit_registry_heads(R->reg, gp, REFIT_MAX_RELAYS, H->recs, H->present, H->alive)) {
+        refit_log(REFIT_LOG_WARN, "looking for relays: %s", refit_last_error());
+        return false;
+    }
+    return true;
+}
+
+/* Other relays alive whose layout is one checked to mirror ours (whatever
+ * version they hold; nothing fetched). */
+static uint32_t count_mirrors(const refit_relays_t *R, const heads_t *H)
+{
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
+        if ((int)j == R->slot || !H->present[j] || !H->alive[j]) continue;
+        for (uint32_t i = 0; i < R->nmirror; i++)
+            if (R->mirror_sig[i] == H->recs[j].signature) {
+                n++;
+                break;
+            }
+    }
+    return n;
+}
+
+/* Slot s (group g) as its record `rec` describes it: known to mirror our
+ * layout (its manifest fetched when it had not been checked), or false. */
+static bool learn_slot(refit_relays_t *R, const refit_tset_t *ts, relay_src_t *s, const char *g,
+                       const refit_version_record_t *rec)
+{
+    if (s->known && s->signature == rec->signature && s->incarnation == rec->incarnation) return true;
+    drop(R, ts, s);
+    int pr;
+    refit_manifest_t *m;
+    if (!mirrors_ours(R, g, rec->signature, &pr, &m)) return false;
+    s->m = m;
+    s->known = true;
+    s->progress_region = pr;
+    s->signature = rec->signature;
+    s->incarnation = rec->incarnation;
+    return true;
+}
+
+/* Slot s's own manifest (its transport descriptors), fetched when it is
+ * first read; its signature is one checked before, and its own layout is
+ * checked again all the same (the signature is a 64-bit hash).  False when
+ * it cannot be read (read again next time). */
+static bool own_manifest(refit_relays_t *R, relay_src_t *s, const char *g)
+{
+    if (s->m) return true;
+    int pr;
+    s->m = fetch_relay_manifest(R, g, s->signature);
+    if (s->m && (relay_key(s->m, &pr) != R->key || pr != s->progress_region)) {
+        refit_manifest_destroy(s->m);
+        s->m = NULL;
+    }
+    return s->m != NULL;
+}
+
+void refit_relays_learn(refit_relays_t *R, const refit_tset_t *ts)
+{
+    heads_t H;
+    if (!R || !read_heads(R, &H)) return;
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++)
+        if ((int)j != R->slot && H.present[j] && H.alive[j] && learn_slot(R, ts, &R->src[j], H.groups[j], &H.recs[j]))
+            own_manifest(R, &R->src[j], H.groups[j]);
+    R->mirrors_alive = count_mirrors(R, &H);
+}
+
+uint32_t refit_relays_mirrors_alive(const refit_relays_t *R) { return R ? R->mirrors_alive : 0; }
+
 uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v, uint64_t origin, const char *reader,
                            uint32_t lease_ms, refit_fleet_holder_t *out, uint32_t max, uint32_t *holding,
                            bool only_upstream)
 {
     uint32_t nh = 0;
     *holding = 0;
-    /* Every slot's record and heartbeat in one registry round trip. */
-    char groups[REFIT_MAX_RELAYS][104];
-    const char *gp[REFIT_MAX_RELAYS];
-    refit_version_record_t recs[REFIT_MAX_RELAYS];
-    uint8_t present[REFIT_MAX_RELAYS], alive[REFIT_MAX_RELAYS];
-    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
-        relay_group(R, j, groups[j], sizeof(groups[j]));
-        gp[j] = groups[j];
-    }
-    if (refit_registry_heads(R->reg, gp, REFIT_MAX_RELAYS, recs, present, alive)) {
-        refit_log(REFIT_LOG_WARN, "looking for relays: %s", refit_last_error());
-        return 0;
-    }
+    heads_t H;
+    if (!read_heads(R, &H)) return 0;
+    R->mirrors_alive = count_mirrors(R, &H);
     for (uint32_t k = 0; k < REFIT_MAX_RELAYS && nh < max; k++) {
         /* The relay read last time first (its connection is open). */
         uint32_t j = k;
         if (R->upstream >= 0) j = k == 0 ? (uint32_t)R->upstream : k <= (uint32_t)R->upstream ? k - 1 : k;
         relay_src_t *s = &R->src[j];
         if ((int)j == R->slot) continue;
-        const char *g = groups[j];
-        refit_version_record_t rec = recs[j];
+        const char *g = H.groups[j];
+        const refit_version_record_t *rec = &H.recs[j];
         /* A relay of another trainer incarnation's version is no holder (its progress says so too). */
-        if (!present[j] || rec.version != v || !alive[j] || rec.flags != (uint32_t)origin) continue;
-        if (!s->known || s->signature != rec.signature || s->incarnation != rec.incarnation) {
-            drop(R, ts, s);
-            int pr;
-            refit_manifest_t *m;
-            if (!mirrors_ours(R, g, rec.signature, &pr, &m)) continue;
-            s->m = m;
-            s->known = true;
-            s->progress_region = pr;
-            s->signature = rec.signature;
-            s->incarnation = rec.incarnation;
-        }
+        if (!H.present[j] || rec->version != v || !H.alive[j] || rec->flags != (uint32_t)origin) continue;
+        if (!learn_slot(R, ts, s, g, rec)) continue;
         (*holding)++;
         if (only_upstream && (int)j != R->upstream) continue; /* counted, not taken */
         if (!take_token(R, g, v, reader, R->params.max_readers)) continue;
@@ -433,18 +497,9 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         s->leased = true;
         s->version = v;
         uint32_t t;
-        if (!s->m) { /* read from now: its own manifest (transport descriptors) */
-            int pr;
-            s->m = fetch_relay_manifest(R, g, s->signature);
-            /* Its signature is one checked before; its own layout is checked
-             * again all the same (the signature is a 64-bit hash). */
-            if (s->m && (relay_key(s->m, &pr) != R->key || pr != s->progress_region)) {
-                refit_manifest_destroy(s->m);
-                s->m = NULL;
-            }
-            if (!s->m) (*holding)--; /* unreadable: no holder for us this time (read again next time) */
-        }
-        if (!s->m || connect_relay(R, ts, s, &t)) {
+        bool readable = own_manifest(R, s, g);
+        if (!readable) (*holding)--; /* no holder for us this time */
+        if (!readable || connect_relay(R, ts, s, &t)) {
             refit_registry_lease_release(R->reg, g, v, reader);
             if (s->loaded) drop_token(R, g, v, reader);
             s->leased = s->loaded = false;

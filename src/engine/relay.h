@@ -26,6 +26,13 @@ void refit_relays_abort(refit_relays_t *R);
 /* After a commit: serve version v from the receiver's memory (slot >= 0 only). */
 refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v, uint64_t origin);
 bool refit_relays_serving(const refit_relays_t *R);
+/* Reads and checks the manifests of the other relays of our rank present
+ * now, whatever version they hold (refit_receiver_prepare: a joiner's first
+ * pull then fetches no relay manifest while the others pull). */
+void refit_relays_learn(refit_relays_t *R, const refit_tset_t *ts);
+/* Other relays of our layout alive at the last refit_relays_learn or
+ * refit_relays_find (whatever version they hold). */
+uint32_t refit_relays_mirrors_alive(const refit_relays_t *R);
 /* Other relays holding v from the trainer records of `origin`, with room
  * (max_readers): leased, connected, as holders; *holding counts the relays
  * that hold v, full or not. */
