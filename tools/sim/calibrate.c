@@ -15,8 +15,8 @@
  * The fleet rows read the 5-run sets of fleet-5runs/ (the median run's
  * figures; fanout's steady version) with the engine's default chunks in
  * flight; egress reads the 11-30 run (one chunk in flight then): its 5-run
- * median, 7.58 s, is 12% slower than that run and 24% slower than the model,
- * not analysed (not eager replies: 7.00 s without, 7.12 s with, in one A/B,
+ * medians, 7.58 s and 7.29 s (third and fifth sessions), are 8-12% slower
+ * than that run and 20-24% slower than the model, not analysed (not eager replies: 7.00 s without, 7.12 s with, in one A/B,
  * bench/results/fleet-5runs/ab-tcp-eager; the suspect is this host's two
  * CPUs, which the model does not have).
  * Model terms, stated: protocol overhead from the MTU (1448 payload bytes per
@@ -262,7 +262,7 @@ static refit_status_t egress(cal_t *C)
     if (!st) st = run(&f, R.c, &t, NULL, 0, NULL);
     if (!st)
         row(C, "egress: 4 receivers, 4 replicas", "fleet-egress-netns.json refit_s", num(R.m, "refit_s"), t,
-            "vllm:tp=2 x2 from megatron dp=4, chunks shared (11-30 run; 5-run median 7.58 s, see calibrate.c)");
+            "vllm:tp=2 x2 from megatron dp=4, chunks shared (11-30 run; 5-run median 7.29 s, see calibrate.c)");
     netns_close(&R);
     return st;
 }
