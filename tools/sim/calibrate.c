@@ -330,17 +330,22 @@ static refit_status_t gpu(cal_t *C)
     return st;
 }
 
-/* The elastic run's steady chain (version 2, before the joiner): four
- * receivers of one rank behind one relay each at 100 MB/s. */
+/* The elastic run's steady chain (version 3, the first baseline, after two
+ * warm-up versions and before the joiner): four receivers of one rank behind
+ * one relay each at 100 MB/s. */
 static refit_status_t elastic(cal_t *C)
 {
     netns_run_t R;
     refit_status_t st = netns_open(C, "fleet-5runs/fleet-elastic.json", false, &R);
     if (st) return st;
-    const refit_json_t *v2 = refit_json_get(R.m, "v2_baseline");
+    const refit_json_t *v3 = refit_json_get(R.m, "v3_baseline");
+    if (!v3 || !refit_json_len(v3)) {
+        netns_close(&R);
+        return refit_error(REFIT_ERR_PARSE, "fleet-5runs/fleet-elastic.json: no v3_baseline (a run before 2 warm-ups)");
+    }
     double mean = 0;
-    uint32_t n = (uint32_t)refit_json_len(v2);
-    for (uint32_t i = 0; i < n; i++) mean += num(refit_json_at(v2, i), "transfer_ms") / 1e3 / n;
+    uint32_t n = (uint32_t)refit_json_len(v3);
+    for (uint32_t i = 0; i < n; i++) mean += num(refit_json_at(v3, i), "transfer_ms") / 1e3 / n;
     sim_fleet_t f = R.f;
     f.only_rank = 0;
     f.replicas = n;
@@ -351,8 +356,8 @@ static refit_status_t elastic(cal_t *C)
     if (!st && n <= 16) {
         double p = 0;
         for (uint32_t i = 0; i < n; i++) p += x[i] / n;
-        row(C, "elastic: 4-receiver chain", "fleet-5runs/fleet-elastic.json v2_baseline transfer_ms (mean)", mean, p,
-            "4 receivers of rank 0, relays, max_readers 1, steady (v2): transfer only");
+        row(C, "elastic: 4-receiver chain", "fleet-5runs/fleet-elastic.json v3_baseline transfer_ms (mean)", mean, p,
+            "4 receivers of rank 0, relays, max_readers 1, steady (v3): transfer only");
     }
     netns_close(&R);
     return st;
