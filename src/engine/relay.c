@@ -171,16 +171,24 @@ static refit_manifest_t *fetch_relay_manifest(refit_relays_t *R, const char *g, 
     return m;
 }
 
+/* Index of relay layout `signature` among those checked to mirror ours, -1: none. */
+static int mirror_index(const refit_relays_t *R, uint64_t signature)
+{
+    for (uint32_t i = 0; i < R->nmirror; i++)
+        if (R->mirror_sig[i] == signature) return (int)i;
+    return -1;
+}
+
 /* Whether relay layout `signature` mirrors ours: remembered, or fetched from
  * slot group g and checked (then *m holds it). */
 static bool mirrors_ours(refit_relays_t *R, const char *g, uint64_t signature, int *pr, refit_manifest_t **m)
 {
     *m = NULL;
-    for (uint32_t i = 0; i < R->nmirror; i++)
-        if (R->mirror_sig[i] == signature) {
-            *pr = R->mirror_progress[i];
-            return true;
-        }
+    int i = mirror_index(R, signature);
+    if (i >= 0) {
+        *pr = R->mirror_progress[i];
+        return true;
+    }
     refit_manifest_t *x = fetch_relay_manifest(R, g, signature);
     if (!x || relay_key(x, pr) != R->key) { /* another layout: not a mirror of ours */
         refit_manifest_destroy(x);
@@ -408,14 +416,8 @@ static bool read_heads(refit_relays_t *R, heads_t *H)
 static uint32_t count_mirrors(const refit_relays_t *R, const heads_t *H)
 {
     uint32_t n = 0;
-    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
-        if ((int)j == R->slot || !H->present[j] || !H->alive[j]) continue;
-        for (uint32_t i = 0; i < R->nmirror; i++)
-            if (R->mirror_sig[i] == H->recs[j].signature) {
-                n++;
-                break;
-            }
-    }
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++)
+        n += (int)j != R->slot && H->present[j] && H->alive[j] && mirror_index(R, H->recs[j].signature) >= 0;
     return n;
 }
 
