@@ -299,6 +299,13 @@ typedef struct {
      * comparing); part of verify_ms. */
     uint64_t digest_bytes, unverified_bytes;
     double digest_ms;
+    /* Version stamps (docs/security.md): the time spent reading every
+     * source's stamp before and after the transfer and comparing it with its
+     * record (included in plan_ms and verify_ms), and the sources read
+     * without one (GPU publishers: their bytes are bound to the version by
+     * the registry and the leases alone). */
+    double stamp_ms;
+    uint32_t unstamped_sources;
 } refit_pull_report_t;
 #ifdef __cplusplus
 #define REFIT_PULL_REPORT_INIT      \

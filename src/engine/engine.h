@@ -50,6 +50,10 @@ uint64_t refit_random_u64(void);
 void refit_publisher_stamp(refit_publisher_t *p, uint32_t flags);
 /* Its exposed memory changed (transport.h: notify). */
 void refit_publisher_notify(refit_publisher_t *p);
+/* Buffer `buffer`'s memory may be rewritten from now on: its version stamp
+ * (engine/stamp.h) is cleared, so no reader commits what it reads there
+ * until the next publish (relays, before their receiver writes again). */
+void refit_publisher_rewriting(refit_publisher_t *p, uint32_t buffer);
 void refit_hostname(char *buf, size_t n);
 
 #endif

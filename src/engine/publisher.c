@@ -18,7 +18,16 @@
  * marginals of every placement, in canonical coordinates), exposed as the
  * region after the delta arenas (attribute "refit.digest" holds its index)
  * and filled at each publish from the bytes published, under the same rule
- * as the arenas: rewritten only when its buffer's memory is. */
+ * as the arenas: rewritten only when its buffer's memory is.
+ *
+ * Version stamps (host memory): each buffer also has a stamp (engine/stamp.h),
+ * the region after the digest table (attribute "refit.stamp"), that says which
+ * version the buffer holds: cleared before anything in the buffer may change
+ * (in place: when wait_readers returns; snapshot: before the copy), set once
+ * the version, its arenas and its table are in place, before its record is
+ * written; its head moves after the record is written.  Receivers compare it
+ * with the record before and after they read, so an old record put back in
+ * the registry never labels the bytes of another version. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -31,6 +40,7 @@
 #include "engine/engine.h"
 #include "engine/memdom.h"
 #include "engine/metrics.h"
+#include "engine/stamp.h"
 #include "engine/test_hooks.h"
 #include "refit/delta.h"
 
@@ -66,6 +76,8 @@ struct refit_publisher {
     void *dtable[NBUF_SNAPSHOT];
     int dtable_owner[NBUF_SNAPSHOT];
     double digest_ms;                /* filling the last version's table */
+    void *stamp[NBUF_SNAPSHOT];      /* version stamps (host memory only; NULL otherwise) */
+    int stamp_owner[NBUF_SNAPSHOT];
     refit_version_record_t last_rec; /* under lock */
     bool have_rec;
     /* Fencing: the store's epoch when we last looked, and when we last saw
@@ -314,9 +326,14 @@ static refit_status_t announce(refit_publisher_t *p)
                 return st;
     for (uint32_t b = 0; b < nbuf && p->dkey; b++)
         if (!p->dtable[b] && (st = alloc_with(p, p->dbytes, &p->dtable[b], &p->dtable_owner[b]))) return st;
+    for (uint32_t b = 0; b < nbuf && p->params.device < 0; b++) {
+        if (!p->stamp[b] && (st = alloc_with(p, REFIT_STAMP_BYTES, &p->stamp[b], &p->stamp_owner[b]))) return st;
+        refit_stamp_init(p->stamp[b], p->info.incarnation, p->m->signature, b);
+    }
     uint32_t exposing = 0;
     for (uint32_t t = 0; t < p->ts.n; t++) exposing += can_expose(p, t);
     uint32_t dreg = p->nregions + (p->denc ? p->nregions : 0); /* the digest table's index */
+    uint32_t sreg = dreg + (p->dkey ? 1 : 0);                   /* the stamp's */
     if (!exposing)
         return refit_error(REFIT_ERR_INVALID_ARG, "none of the transports exposes %s memory",
                            p->params.device >= 0 ? "GPU" : "host");
@@ -350,7 +367,19 @@ static refit_status_t announce(refit_publisher_t *p)
             free(desc);
             if (st) return st;
         }
+    for (uint32_t t = 0; t < p->ts.n && p->stamp[0]; t++)
+        for (uint32_t b = 0; b < nbuf && can_expose(p, t); b++) {
+            void *desc;
+            size_t len;
+            char key[96];
+            if ((st = p->ts.ops[t]->expose(p->ts.ctx[t], p->stamp[b], REFIT_STAMP_BYTES, &desc, &len))) return st;
+            refit_desc_key(key, sizeof(key), p->ts.ops[t]->name, sreg, b);
+            st = refit_manifest_set_attr(p->m, key, desc, len);
+            free(desc);
+            if (st) return st;
+        }
     if (p->dkey && (st = refit_manifest_set_attr(p->m, "refit.digest", &dreg, sizeof(dreg)))) return st;
+    if (p->stamp[0] && (st = refit_manifest_set_attr(p->m, "refit.stamp", &sreg, sizeof(sreg)))) return st;
     if (p->denc && (st = refit_manifest_set_attr(p->m, "refit.delta", &p->nregions, sizeof(p->nregions)))) return st;
     uint32_t nb = nbuf;
     if ((st = refit_manifest_set_attr(p->m, "refit.buffers", &nb, sizeof(nb)))) return st;
@@ -542,6 +571,7 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
         if (p->stage_version[b] &&
             (st = wait_leases(p, p->stage_version[b], (int)(p->params.dead_ms * 4 + p->params.lease_ms))))
             return st;
+        refit_publisher_rewriting(p, b); /* readers of what it held commit nothing from here on */
         for (uint32_t r = 0; r < p->nregions; r++) {
             if ((st = p->dom->copy(p->stage[b][r], p->mem[r], p->m->regions.data[r]))) return st;
         }
@@ -549,6 +579,8 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
         p->next_buffer = (b + 1) % NBUF_SNAPSHOT;
         rec.buffer = b;
     }
+    else
+        refit_publisher_rewriting(p, 0); /* already so when the caller waited for its readers */
     if (p->denc) rec.delta_base = offer_delta(p, rec.buffer, version);
     if (p->dkey) {
         double t0 = refit_now();
@@ -560,12 +592,15 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
         }
         p->digest_ms = (refit_now() - t0) * 1e3;
     }
+    if (p->stamp[rec.buffer]) refit_stamp_set_version(p->stamp[rec.buffer], version);
     pthread_mutex_lock(&p->lock);
     p->last_rec = rec;
     p->have_rec = true;
     pthread_mutex_unlock(&p->lock);
     if ((st = refit_registry_publish(p->reg, p->group, p->m->rank, &rec))) return st;
     p->last_version = version;
+    for (uint32_t b = 0; b < NBUF_SNAPSHOT; b++)
+        if (p->stamp[b]) refit_stamp_set_head(p->stamp[b], version);
     return REFIT_OK;
 }
 
@@ -583,7 +618,17 @@ refit_status_t refit_publisher_publish(refit_publisher_t *p, uint64_t version)
 refit_status_t refit_publisher_wait_readers(refit_publisher_t *p, uint64_t version, int timeout_ms)
 {
     if (!p) return refit_error(REFIT_ERR_INVALID_ARG, "publisher is NULL");
-    return wait_leases(p, version, timeout_ms);
+    refit_status_t st = wait_leases(p, version, timeout_ms);
+    /* In place, the caller rewrites its memory next: from now on no reader
+     * may commit what it reads there (a reader whose lease vanished from the
+     * registry sees the cleared stamp). */
+    if (!st && p->params.mode != REFIT_MODE_SNAPSHOT && version == p->last_version) refit_publisher_rewriting(p, 0);
+    return st;
+}
+
+void refit_publisher_rewriting(refit_publisher_t *p, uint32_t buffer)
+{
+    if (p && buffer < NBUF_SNAPSHOT && p->stamp[buffer]) refit_stamp_set_version(p->stamp[buffer], 0);
 }
 
 refit_status_t refit_publisher_wait_acks(refit_publisher_t *p, uint64_t version, uint32_t n, int timeout_ms)
@@ -617,7 +662,10 @@ void refit_publisher_destroy(refit_publisher_t *p)
         pthread_join(p->hb, NULL);
     }
     if (p->reg && p->announced) refit_registry_remove_source(p->reg, p->group, p->m->rank);
-    for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++) free_with(p, p->dtable[b], p->dbytes, p->dtable_owner[b]);
+    for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++) {
+        free_with(p, p->dtable[b], p->dbytes, p->dtable_owner[b]);
+        free_with(p, p->stamp[b], REFIT_STAMP_BYTES, p->stamp_owner[b]);
+    }
     refit_digest_key_destroy(p->dkey);
     for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++)
         for (uint32_t r = 0; r < p->nregions && r < 64; r++) {

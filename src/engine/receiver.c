@@ -211,6 +211,7 @@ refit_status_t refit_rx_pull_begin(pull_t *p, refit_receiver_t *r, double deadli
     p->srcs = calloc(r->world, sizeof(void *));
     p->peers = calloc(r->world, sizeof(void *));
     p->tix = calloc(r->world, sizeof(int));
+    for (uint32_t k = 0; p->tix && k < r->world; k++) p->tix[k] = -1; /* none connected yet */
     return st || !p->srcs || !p->peers || !p->tix ? REFIT_ERR_NO_MEMORY : REFIT_OK;
 }
 
@@ -285,6 +286,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     }
     /* 1. Discover a complete version and lease it. */
     double round = refit_now(); /* start of the discovery round that succeeds */
+    p.want = want;
     if ((st = refit_rx_discover(&p, want, &round))) goto out;
     uint64_t v = p.v;
     /* Rounds that found no complete version count as waiting: the control
@@ -303,8 +305,10 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     rep->discover_ms = (t1 - round) * 1e3;
     /* 3. Plan, or reuse. */
     if ((st = refit_rx_plan_for(&p, &rep->planned))) goto out;
+    rep->plan_ms = (refit_now() - t1) * 1e3;
+    /* What the sources' memory says it holds, before a byte moves. */
+    if ((st = refit_rx_check_stamps(&p, false))) goto out;
     double t2 = refit_now();
-    rep->plan_ms = (t2 - t1) * 1e3;
     /* 4 and 5: the delta when the sources offer one, else (or when it fails) in full. */
     bool delta_done = false;
     if (refit_rx_delta_eligible(&p)) {
@@ -334,6 +338,9 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         goto out;
     /* 7. Verify: the sources' digests, then (tests) the synthetic truth. */
     if (r->dkey && (st = refit_rx_digest_verify(&p))) goto out;
+    /* ... and after the last byte the commit depends on (data, deltas,
+     * digest entries): nothing in a source's buffer changed in between. */
+    if ((st = refit_rx_check_stamps(&p, true))) goto out;
     if (r->params.verify == REFIT_VERIFY_TRUTH && (st = refit_rx_truth_verify(r, v))) goto out;
     rep->verify_ms = (refit_now() - t3) * 1e3;
     st = commit(&p);

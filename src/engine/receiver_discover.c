@@ -221,3 +221,9 @@ int64_t refit_rx_digest_region(const refit_manifest_t *m)
     memcpy(&n, v, sizeof(n));
     return n == m->regions.len + refit_rx_delta_regions(m) ? (int64_t)n : -1;
 }
+
+int64_t refit_rx_stamp_region(const refit_manifest_t *m)
+{
+    int64_t n = refit_stamp_region(m);
+    return n == (int64_t)(m->regions.len + refit_rx_delta_regions(m)) + (refit_rx_digest_region(m) >= 0) ? n : -1;
+}

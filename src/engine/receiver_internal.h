@@ -20,6 +20,7 @@
 #include "engine/fleet.h"
 #include "engine/memdom.h"
 #include "engine/relay.h"
+#include "engine/stamp.h"
 #include "refit/delta.h"
 #include "refit/fp8.h"
 
@@ -100,6 +101,7 @@ typedef struct {
 typedef struct {
     refit_receiver_t *r;
     double deadline;
+    uint64_t want;                 /* the version asked for (REFIT_VERSION_NEWEST: the newest) */
     uint64_t v;                    /* the version pulled, once leased */
     snapshot_t s;                  /* the records the version was found in */
     const refit_manifest_t **srcs; /* per source rank: its manifest when it holds v, else NULL */
@@ -129,6 +131,8 @@ refit_status_t refit_rx_refresh_manifest(refit_receiver_t *r, uint32_t k, const 
 uint32_t refit_rx_delta_regions(const refit_manifest_t *m);
 /* The index of a source's digest table region, or -1 when it offers none. */
 int64_t refit_rx_digest_region(const refit_manifest_t *m);
+/* The index of a source's version stamp (engine/stamp.h), or -1 when it has none. */
+int64_t refit_rx_stamp_region(const refit_manifest_t *m);
 
 /* receiver_plan.c */
 /* p->cp: the cached plan for p->srcs, made when there is none; *made says whether it was. */
@@ -167,6 +171,13 @@ refit_status_t refit_rx_delta_pull(pull_t *p);
 /* The sources' content digests against this memory (REFIT_ERR_VERIFY names
  * the first tensor that differs). */
 refit_status_t refit_rx_digest_verify(pull_t *p);
+/* The version stamps of every source holding p->v, read (connecting those
+ * not connected yet) and compared with their records before the bytes move,
+ * and of every source read (p->tix) again once every byte the commit depends
+ * on has been read (after).  A
+ * NEWEST pull also refuses a version older than one a source has published
+ * while the registry still shows the older record (REFIT_ERR_REPLAY). */
+refit_status_t refit_rx_check_stamps(pull_t *p, bool after);
 /* The synthetic truth of version v (REFIT_VERIFY_TRUTH, tests). */
 refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v);
 

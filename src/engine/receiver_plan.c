@@ -91,6 +91,7 @@ refit_status_t refit_rx_connect(refit_receiver_t *r, uint32_t k, uint32_t b, int
     uint32_t n = (uint32_t)s->m->regions.len;
     n += refit_rx_delta_regions(s->m);              /* a delta publisher's arenas follow its regions */
     n += refit_rx_digest_region(s->m) >= 0 ? 1 : 0; /* then its digest table */
+    n += refit_rx_stamp_region(s->m) >= 0 ? 1 : 0;  /* then its version stamp */
     for (uint32_t t = 0; t < r->ts.n; t++) {
         if (s->peer[t][b]) {
             *tidx = (int)t;

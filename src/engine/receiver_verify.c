@@ -149,6 +149,93 @@ out:
     return st;
 }
 
+/* A source whose stamp says it has published `head` > v, pulled as the
+ * newest: the registry must show that too (else its record was put back). */
+static refit_status_t check_heads(pull_t *p, const uint64_t *head)
+{
+    refit_receiver_t *r = p->r;
+    snapshot_t now;
+    refit_status_t st = refit_rx_snapshot_alloc(&now, r->world);
+    if (st) st = refit_error(REFIT_ERR_NO_MEMORY, "stamps");
+    else st = refit_registry_records(r->reg, r->group, r->world, now.recs, now.present);
+    for (uint32_t k = 0; !st && k < r->world; k++) {
+        if (head[k] <= p->v) continue;
+        uint64_t said = now.present[k] ? now.recs[k].version : 0;
+        if (said < head[k])
+            st = refit_error(REFIT_ERR_REPLAY,
+                             "source rank %u has published version %" PRIu64 ", but the registry's record for it "
+                             "says %" PRIu64 " (a replayed or rolled-back record): version %" PRIu64
+                             " is not the newest",
+                             k, head[k], said, p->v);
+    }
+    refit_rx_snapshot_free(&now);
+    return st;
+}
+
+refit_status_t refit_rx_check_stamps(pull_t *p, bool after)
+{
+    refit_receiver_t *r = p->r;
+    const snapshot_t *s = &p->s;
+    double t0 = refit_now();
+    refit_status_t st = REFIT_OK;
+    const char *when = after ? "after the transfer" : "before the transfer";
+    uint32_t n = 0, unstamped = 0;
+    refit_plan_region_t *regs = calloc(r->world ? r->world : 1, sizeof(*regs));
+    unsigned char *buf = calloc(r->world ? r->world : 1, REFIT_STAMP_BYTES);
+    uint64_t *head = calloc(r->world ? r->world : 1, sizeof(uint64_t));
+    if (!regs || !buf || !head) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "stamps");
+        goto out;
+    }
+    for (uint32_t k = 0; k < r->world; k++) {
+        if (!s->present[k] || !s->alive[k] || s->recs[k].version != p->v || !r->src[k].m) continue;
+        int64_t sr = refit_rx_stamp_region(r->src[k].m);
+        if (sr < 0) {
+            unstamped++;
+            continue;
+        }
+        /* After: the sources read (data, arenas, digest entries); a replica
+         * left behind in a failover gave nothing.  Before: every source
+         * holding v; one that cannot be reached now gives no bytes either,
+         * and what a later read took from it is checked by the read after. */
+        if (after && p->tix[k] < 0) continue;
+        if (p->tix[k] < 0 && refit_rx_connect_recorded(r, s, k, &p->tix[k])) {
+            refit_log(REFIT_LOG_INFO, "%s: stamp of source rank %u %s: unreachable (%s)", r->reader, k, when,
+                      refit_last_error());
+            p->tix[k] = -1;
+            continue;
+        }
+        regs[n] = (refit_plan_region_t){.src = k,
+                                        .src_region = (uint32_t)sr,
+                                        .dst_offset = (uint64_t)n * REFIT_STAMP_BYTES,
+                                        .run = REFIT_STAMP_BYTES};
+        n++;
+    }
+    refit_pull_report_t scratch = {0};
+    void *bufs[1] = {buf};
+    if (n && (st = refit_rx_raw_pull(p, regs, n, bufs, &scratch))) {
+        refit_error_prefix("reading the version stamps %s: ", when);
+        goto out;
+    }
+    bool newer = false;
+    for (uint32_t i = 0; i < n && !st; i++) {
+        uint32_t k = regs[i].src;
+        refit_stamp_t stamp;
+        if (!(st = refit_stamp_decode(buf + (size_t)i * REFIT_STAMP_BYTES, k, &stamp)))
+            st = refit_stamp_matches(&stamp, &s->recs[k], k, when);
+        head[k] = stamp.head;
+        newer |= stamp.head > p->v;
+    }
+    if (!st && newer && p->want == REFIT_VERSION_NEWEST) st = check_heads(p, head);
+    if (p->rep) p->rep->unstamped_sources = unstamped;
+out:
+    free(regs);
+    free(buf);
+    free(head);
+    if (p->rep) p->rep->stamp_ms += (refit_now() - t0) * 1e3;
+    return st;
+}
+
 refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v)
 {
     if (r->fp8)

@@ -218,6 +218,7 @@ void refit_relays_withdraw(refit_relays_t *R, int timeout_ms)
                   R->slot, R->serving, timeout_ms, st ? refit_last_error() : "their leases are revoked");
         (void)n;
     }
+    refit_publisher_rewriting(R->pub, 0); /* whether or not its readers left: the memory changes next */
     R->serving = 0;
     R->partial = false;
 }
