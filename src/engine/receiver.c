@@ -334,7 +334,7 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
      * (deleted, expired, or a store that lost its data) may have rewritten
      * its memory while we read it; such bytes are never committed. */
     if ((st = refit_registry_lease_holds(r->reg, r->group, v, r->reader, r->lease_token)) ||
-        (st = refit_relays_holds(r->relays, r->reader)))
+        (st = refit_relays_holds(r->relays, &r->ts, r->reader)))
         goto out;
     /* 7. Verify: the sources' digests, then (tests) the synthetic truth. */
     if (r->dkey && (st = refit_rx_digest_verify(&p))) goto out;

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "engine/relay.h"
+#include "engine/stamp.h"
 #include "engine/test_hooks.h"
 
 #define LOAD_TTL_MS 1500
@@ -368,6 +369,7 @@ static void drop_token(refit_relays_t *R, const char *g, uint64_t v, const char 
 static refit_status_t connect_relay(refit_relays_t *R, const refit_tset_t *ts, relay_src_t *s, uint32_t *tidx)
 {
     uint32_t n = (uint32_t)s->m->regions.len;
+    if (refit_stamp_region(s->m) == (int64_t)n) n++; /* its version stamp follows its regions */
     refit_status_t st = REFIT_ERR_TRANSPORT;
     for (uint32_t t = 0; t < ts->n; t++) {
         if (s->peer[t]) {
@@ -388,6 +390,34 @@ static refit_status_t connect_relay(refit_relays_t *R, const refit_tset_t *ts, r
         }
     }
     (void)R;
+    return st;
+}
+
+/* Slot j's version stamp (engine/stamp.h) against the record it was leased
+ * by: the relay's memory holds that version (before its bytes are read, and
+ * after).  REFIT_OK for a relay without one. */
+static refit_status_t check_stamp(const refit_tset_t *ts, relay_src_t *s, uint32_t j, const char *when)
+{
+    int64_t sr = refit_stamp_region(s->m);
+    if (sr != (int64_t)s->m->regions.len) return REFIT_OK;
+    uint32_t t = 0;
+    while (t < ts->n && !s->peer[t]) t++;
+    if (t == ts->n) return refit_error(REFIT_ERR_INTERNAL, "relay slot %u is not connected", j);
+    unsigned char buf[REFIT_STAMP_BYTES];
+    refit_plan_region_t reg = {.src_region = (uint32_t)sr, .run = REFIT_STAMP_BYTES};
+    uint64_t sb = REFIT_STAMP_BYTES;
+    struct refit_plan one = refit_plan_view(&reg, 1, &sb, 1);
+    refit_peer_t *peers[1] = {s->peer[t]};
+    void *dst[1] = {buf};
+    refit_pull_ctl_t ctl = {.deadline = refit_now() + 10, .threads = 1};
+    refit_pull_stats_t ps = {0};
+    refit_stamp_t stamp;
+    refit_version_record_t rec = {
+        .version = s->version, .incarnation = s->incarnation, .signature = s->signature, .buffer = 0};
+    refit_status_t st = ts->ops[t]->pull(ts->ctx[t], peers, &one, dst, &ctl, &ps);
+    if (!st) st = refit_stamp_decode(buf, 0, &stamp);
+    if (!st) st = refit_stamp_matches(&stamp, &rec, 0, when);
+    if (st) refit_error_prefix("relay slot %u: ", j);
     return st;
 }
 
@@ -502,7 +532,8 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         uint32_t t;
         bool readable = own_manifest(R, s, g);
         if (!readable) (*holding)--; /* no holder for us this time */
-        if (!readable || connect_relay(R, ts, s, &t)) {
+        if (!readable || connect_relay(R, ts, s, &t) || check_stamp(ts, s, j, "before reading it")) {
+            if (readable) refit_log(REFIT_LOG_INFO, "%s: relay slot %u skipped: %s", reader, j, refit_last_error());
             refit_registry_lease_release(R->reg, g, v, reader);
             if (s->loaded) drop_token(R, g, v, reader);
             s->leased = s->loaded = false;
@@ -573,7 +604,7 @@ refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_
     return REFIT_OK;
 }
 
-refit_status_t refit_relays_holds(refit_relays_t *R, const char *reader)
+refit_status_t refit_relays_holds(refit_relays_t *R, const refit_tset_t *ts, const char *reader)
 {
     if (!R) return REFIT_OK;
     char g[104];
@@ -583,6 +614,15 @@ refit_status_t refit_relays_holds(refit_relays_t *R, const char *reader)
         relay_group(R, j, g, sizeof(g));
         refit_status_t st = refit_registry_lease_holds(R->reg, g, s->version, reader, s->token);
         if (st) return refit_error(st, "relay slot %u: %s", j, refit_last_error());
+        /* A relay that died during the transfer (its readers failed over)
+         * cannot be read again; what was read from it was checked before
+         * (and against the trainer's digests), and a dead relay writes
+         * nothing more. */
+        if ((st = check_stamp(ts, s, j, "after reading it")) == REFIT_ERR_PEER) {
+            refit_log(REFIT_LOG_INFO, "%s: relay slot %u died during the transfer: %s", reader, j, refit_last_error());
+            st = REFIT_OK;
+        }
+        if (st) return st;
     }
     return REFIT_OK;
 }

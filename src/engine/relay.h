@@ -57,9 +57,10 @@ uint32_t refit_relays_fetches(const refit_relays_t *R);
  * REFIT_ERR_STALE when a relay's lease was lost (the relay retired the
  * version or revoked its readers to rewrite its memory): the pull must stop. */
 refit_status_t refit_relays_renew(refit_relays_t *R, const char *reader, uint32_t lease_ms);
-/* Whether every relay lease of this pull still holds (checked after the
- * transfer, before committing: fencing, as for the trainer's lease). */
-refit_status_t refit_relays_holds(refit_relays_t *R, const char *reader);
+/* Whether every relay lease of this pull still holds and every relay read
+ * still holds the version it was leased for (its version stamp; checked
+ * after the transfer, before committing: fencing, as for the trainer). */
+refit_status_t refit_relays_holds(refit_relays_t *R, const refit_tset_t *ts, const char *reader);
 void refit_relays_release_as(refit_relays_t *R, const char *reader);
 
 #endif
