@@ -45,7 +45,7 @@ extern "C" {
     X(ERR_MISSING_SOURCE, -22, "a source rank's manifest is missing")           \
     X(ERR_VERIFY, -23, "verification found wrong bytes")                        \
     X(ERR_INTERNAL, -24, "internal consistency check failed")                   \
-    X(ERR_REPLAY, -25, "a registry value names other bytes than its source holds: replayed or rolled back") \
+    X(ERR_REPLAY, -25, "a registry value names bytes its source does not hold") \
     X(ERR_NO_MEMORY, -40, "out of memory")                                      \
     X(ERR_IO, -41, "input/output error")                                        \
     X(ERR_TIMEOUT, -42, "timed out")                                            \

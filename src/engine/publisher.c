@@ -75,8 +75,8 @@ struct refit_publisher {
     uint64_t dbytes;          /* table size */
     void *dtable[NBUF_SNAPSHOT];
     int dtable_owner[NBUF_SNAPSHOT];
-    double digest_ms;                /* filling the last version's table */
-    void *stamp[NBUF_SNAPSHOT];      /* version stamps (host memory only; NULL otherwise) */
+    double digest_ms;           /* filling the last version's table */
+    void *stamp[NBUF_SNAPSHOT]; /* version stamps (host memory only; NULL otherwise) */
     int stamp_owner[NBUF_SNAPSHOT];
     refit_version_record_t last_rec; /* under lock */
     bool have_rec;
@@ -333,7 +333,7 @@ static refit_status_t announce(refit_publisher_t *p)
     uint32_t exposing = 0;
     for (uint32_t t = 0; t < p->ts.n; t++) exposing += can_expose(p, t);
     uint32_t dreg = p->nregions + (p->denc ? p->nregions : 0); /* the digest table's index */
-    uint32_t sreg = dreg + (p->dkey ? 1 : 0);                   /* the stamp's */
+    uint32_t sreg = dreg + (p->dkey ? 1 : 0);                  /* the stamp's */
     if (!exposing)
         return refit_error(REFIT_ERR_INVALID_ARG, "none of the transports exposes %s memory",
                            p->params.device >= 0 ? "GPU" : "host");
@@ -578,9 +578,7 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
         p->stage_version[b] = version;
         p->next_buffer = (b + 1) % NBUF_SNAPSHOT;
         rec.buffer = b;
-    }
-    else
-        refit_publisher_rewriting(p, 0); /* already so when the caller waited for its readers */
+    } else refit_publisher_rewriting(p, 0); /* already so when the caller waited for its readers */
     if (p->denc) rec.delta_base = offer_delta(p, rec.buffer, version);
     if (p->dkey) {
         double t0 = refit_now();

@@ -73,8 +73,7 @@ refit_status_t refit_stamp_matches(const refit_stamp_t *s, const refit_version_r
     if (s->incarnation != rec->incarnation)
         return refit_error(REFIT_ERR_STALE,
                            "%s: source rank %u is incarnation %016" PRIx64 ", its record names %016" PRIx64
-                           " (the source restarted, or an old record was put back): version %" PRIu64
-                           " not committed",
+                           " (the source restarted, or an old record was put back): version %" PRIu64 " not committed",
                            what, rank, s->incarnation, rec->incarnation, rec->version);
     if (s->buffer != rec->buffer || s->signature != rec->signature)
         return refit_error(REFIT_ERR_REPLAY,
@@ -88,7 +87,8 @@ refit_status_t refit_stamp_matches(const refit_stamp_t *s, const refit_version_r
                            " (buffer %u may be rewritten, its newest is %" PRIu64 "): not committed",
                            what, rank, rec->version, rec->buffer, s->head);
     return refit_error(REFIT_ERR_REPLAY,
-                       "%s: source rank %u's buffer %u holds version %" PRIu64 ", but the record read names version %" PRIu64
+                       "%s: source rank %u's buffer %u holds version %" PRIu64
+                       ", but the record read names version %" PRIu64
                        " there (a replayed or stale registry value): not committed",
                        what, rank, rec->buffer, s->version, rec->version);
 }

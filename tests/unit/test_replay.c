@@ -294,8 +294,7 @@ static void walk(job_t *j, snap_t *hist, size_t nhist, uint64_t min_ok)
                 int a = snap_find(old, key), b = snap_find(&now, key);
                 if (same_value(old, a, &now, b)) continue;
                 char what[192];
-                snprintf(what, sizeof(what), "%s of step %zu put back at %s", a >= 0 ? "value" : "absence", h + 1,
-                         key);
+                snprintf(what, sizeof(what), "%s of step %zu put back at %s", a >= 0 ? "value" : "absence", h + 1, key);
                 put_back(&j->store, old, key);
                 fresh_pull(j, min_ok, what, &t);
                 put_back(&j->store, &now, key);
@@ -434,8 +433,8 @@ static void replay_ep_redis(void **state)
 {
     (void)state;
     if (!t_in_path("redis-server")) skip();
-    scenario_t sc = {"ep=2 tp=2 redis", "tiny-moe", "megatron:tp=2,ep=2", "vllm:tp=2", REFIT_MODE_IN_PLACE,
-                     .redis = true};
+    scenario_t sc = {"ep=2 tp=2 redis", "tiny-moe",          "megatron:tp=2,ep=2",
+                     "vllm:tp=2",       REFIT_MODE_IN_PLACE, .redis = true};
     run_scenario(&sc);
 }
 
@@ -445,8 +444,11 @@ int main(void)
         cmocka_unit_test(mixed_commit_refused),
         cmocka_unit_test(in_place_replay_refused),
         cmocka_unit_test(snapshot_rollback_refused),
-        cmocka_unit_test(replay_pp_in_place), cmocka_unit_test(replay_pp_snapshot), cmocka_unit_test(replay_tp_delta),
-        cmocka_unit_test(replay_relays),      cmocka_unit_test(replay_ep_redis),
+        cmocka_unit_test(replay_pp_in_place),
+        cmocka_unit_test(replay_pp_snapshot),
+        cmocka_unit_test(replay_tp_delta),
+        cmocka_unit_test(replay_relays),
+        cmocka_unit_test(replay_ep_redis),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
