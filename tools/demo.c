@@ -48,6 +48,7 @@ typedef struct {
     double digest_ms;                        /* max over receivers: checking against the publishers' digests */
     double pub_digest_ms;                    /* max over publishers: computing them (part of publish_ms) */
     uint64_t digest_bytes, unverified_bytes; /* sums over receivers */
+    double stamp_ms;                         /* max over receivers: reading the sources' version stamps */
 } cycle_t;
 
 /* Aggregate rate of a cycle: every receiver's bytes over the window from the
@@ -127,6 +128,7 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             cy->transfer = TOOL_MAX(cy->transfer, num(o, "transfer_ms"));
             cy->verify = TOOL_MAX(cy->verify, num(o, "verify_ms"));
             cy->digest_ms = TOOL_MAX(cy->digest_ms, num(o, "digest_ms"));
+            cy->stamp_ms = TOOL_MAX(cy->stamp_ms, num(o, "stamp_ms"));
             cy->digest_bytes += (uint64_t)num(o, "digest_bytes");
             cy->unverified_bytes += (uint64_t)num(o, "unverified_bytes");
             cy->total = TOOL_MAX(cy->total, num(o, "total_ms"));
@@ -551,7 +553,7 @@ int cmd_demo(int argc, char **argv)
     for (uint64_t k = 0; k < cycles; k++) verified &= cy[k].reports == R;
     /* Steady state: cycles after the first. */
     double ctrl[MAX_CYCLES], gbps[MAX_CYCLES], span[MAX_CYCLES], xfer[MAX_CYCLES], p2c[MAX_CYCLES], dig[MAX_CYCLES],
-        pdig[MAX_CYCLES];
+        pdig[MAX_CYCLES], stm[MAX_CYCLES];
     size_t ns = 0;
     for (uint64_t k = 1; k < cycles; k++)
         if (cy[k].reports == R && cy[k].transfer > 0) {
@@ -562,6 +564,7 @@ int cmd_demo(int argc, char **argv)
             p2c[ns] = cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0;
             dig[ns] = cy[k].digest_ms;
             pdig[ns] = cy[k].pub_digest_ms;
+            stm[ns] = cy[k].stamp_ms;
             ns++;
         }
     if (ns == 0 && cycles == 1 && cy[0].reports == R && cy[0].transfer > 0) {
@@ -571,7 +574,7 @@ int cmd_demo(int argc, char **argv)
     }
     double steady_ctrl = median(ctrl, ns), steady_gbps = median(gbps, ns), steady_span = median(span, ns),
            steady_xfer = median(xfer, ns), steady_p2c = median(p2c, ns), steady_dig = median(dig, ns),
-           steady_pdig = median(pdig, ns);
+           steady_pdig = median(pdig, ns), steady_stamp = median(stm, ns);
     uint64_t bytes_per_cycle = cy[0].bytes;
     if (json) {
         printf("{\"verified\":%s,\"cycles\":%" PRIu64 ",\"bytes_per_cycle\":%" PRIu64 ",\"steady_control_ms\":%.3f,"
@@ -579,11 +582,13 @@ int cmd_demo(int argc, char **argv)
                "\"steady_span_ms\":%.3f,\"steady_transfer_ms\":%.3f,\"steady_publish_to_commit_ms\":%.3f,"
                "\"steady_digest_ms\":%.3f,\"digest_vs_transfer\":%.3f,\"steady_publisher_digest_ms\":%.3f,"
                "\"digest_bytes_per_cycle\":%" PRIu64 ",\"unverified_bytes_per_cycle\":%" PRIu64 ","
-               "\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64 ",\"prepare_ms\":%.3f,\"fp8\":%s,\"transport\":",
+               "\"steady_stamp_ms\":%.3f,\"stamp_vs_transfer\":%.3f,\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64
+               ",\"prepare_ms\":%.3f,\"fp8\":%s,\"transport\":",
                verified ? "true" : "false", cycles, bytes_per_cycle, steady_ctrl, steady_gbps, memcpy_gbps,
                memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0, steady_span, steady_xfer, steady_p2c, steady_dig,
                steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
-               cy[cycles - 1].unverified_bytes, src_device, dst_device, g_prepare_ms, fp8 ? "true" : "false");
+               cy[cycles - 1].unverified_bytes, steady_stamp, steady_xfer > 0 ? steady_stamp / steady_xfer : 0,
+               src_device, dst_device, g_prepare_ms, fp8 ? "true" : "false");
         tool_json_string(stdout, used_transport[0] ? used_transport : transport);
         printf(",\"lanes\":");
         tool_json_string(stdout, lanes);
@@ -599,12 +604,13 @@ int cmd_demo(int argc, char **argv)
                    "\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"planned\":%s,\"span_ms\":%.3f,"
                    "\"connect_ms\":%.3f,\"launches\":%" PRIu64 ",\"requests\":%" PRIu64 ",\"publish_ms\":%.3f,"
                    "\"fill_ms\":%.3f,\"publish_to_commit_ms\":%.3f,\"delta_pulls\":%u,\"digest_ms\":%.3f,"
-                   "\"publisher_digest_ms\":%.3f,\"digest_bytes\":%" PRIu64 ",\"unverified_bytes\":%" PRIu64 "}",
+                   "\"publisher_digest_ms\":%.3f,\"digest_bytes\":%" PRIu64 ",\"unverified_bytes\":%" PRIu64
+                   ",\"stamp_ms\":%.3f}",
                    k ? "," : "", k + 1, cy[k].bytes, cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify,
                    cy[k].total, cy[k].planned ? "true" : "false", (cy[k].end - cy[k].begin) * 1e3, cy[k].connect,
                    cy[k].launches, cy[k].requests, cy[k].publish_ms, cy[k].fill_ms,
                    cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0, cy[k].deltas, cy[k].digest_ms,
-                   cy[k].pub_digest_ms, cy[k].digest_bytes, cy[k].unverified_bytes);
+                   cy[k].pub_digest_ms, cy[k].digest_bytes, cy[k].unverified_bytes, cy[k].stamp_ms);
         printf("]}\n");
     } else {
         printf("%5s %14s %12s %10s %12s %11s %10s %8s %9s\n", "cycle", "bytes", "discover_ms", "plan_ms", "transfer_ms",
@@ -626,6 +632,8 @@ int cmd_demo(int argc, char **argv)
                "%" PRIu64 " bytes checked, %" PRIu64 " not checkable\n",
                steady_dig, steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
                cy[cycles - 1].unverified_bytes);
+        printf("version stamps: %.2f ms per receiver to read every source's, before and after (%.4f x transfer)\n",
+               steady_stamp, steady_xfer > 0 ? steady_stamp / steady_xfer : 0);
         printf("transport %s (%s)\n", used_transport[0] ? used_transport : transport, lanes);
         printf("%s\n", verified ? "verified: every byte of every receiver in every cycle matched the synthetic truth"
                                 : "FAILED: see the messages above");
