@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "refit/fp8.h"
+#include "registry/backend.h"
 #include "registry/registry.h"
 #include "util/util.h"
 
@@ -1129,6 +1130,8 @@ static void receiver_killed_mid_transfer(void **state)
  * committed to the transfer; it answers on *resp: "<status> usable=U
  * committed=C bytes_of_v=V", V = the version whose truth the memory holds
  * (0: neither 1 nor 2). */
+static bool g_victim_no_digest; /* the next fenced_victim checks no content digests */
+
 static pid_t fenced_victim(const reg_t *g, const char *reader, int pause_ms, int *resp)
 {
     int fds[2];
@@ -1147,6 +1150,7 @@ static pid_t fenced_victim(const reg_t *g, const char *reader, int pause_ms, int
         rp.transports = "shm";
         rp.reader = reader;
         rp.lease_ms = 60000; /* no renewal during the pause: only the fence can notice */
+        rp.no_digest = g_victim_no_digest;
         refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=1", 0);
         refit_manifest_t *check = t_manifest_named("tiny-moe", "vllm:tp=1", 0);
         refit_receiver_t *r;
@@ -1242,6 +1246,38 @@ static void lease_lost_mid_read_not_committed(void **state)
     PUB_OK(&p, "wait 1 5000"); /* no lease: it returns at once */
     PUB_OK(&p, "scribble 2");  /* and the trainer writes its next step in place */
     expect_victim(victim, resp, "REFIT_ERR_STALE usable=0 committed=0", "was lost during the transfer");
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
+/* The same, and the lease's own authentic value written back before the
+ * receiver checks it (a registry writer without the secret), with no content
+ * digests: the fence's lease check passes, and before the version stamps the
+ * receiver committed v2's bytes as v1 with rc 0 (docs/security.md said so).
+ * The publisher's stamp was cleared when wait_readers returned. */
+static void lease_replayed_mid_read_refused(void **state)
+{
+    (void)state;
+    reg_t g;
+    pid_t victim;
+    int resp;
+    g_victim_no_digest = true;
+    pub_t p = victim_scene(&g, &victim, &resp);
+    g_victim_no_digest = false;
+    refit_kv_t *kv;
+    REFIT_ASSERT_OK(refit_kv_file_ops.open(g.dir, g.job, &kv));
+    const char *key = "trainer/v/1/lease/victim";
+    void *lease = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_OK(refit_kv_file_ops.get_many(kv, &key, 1, &lease, &len));
+    assert_non_null(lease);
+    REFIT_ASSERT_OK(refit_kv_file_ops.del(kv, key));
+    PUB_OK(&p, "wait 1 5000"); /* no lease: it returns at once */
+    PUB_OK(&p, "scribble 2");  /* the trainer writes its next step in place */
+    REFIT_ASSERT_OK(refit_kv_file_ops.put(kv, key, lease, len, 0)); /* and the lease is back, token and tag */
+    expect_victim(victim, resp, "REFIT_ERR_STALE usable=0 committed=0", "retired version 1");
+    free(lease);
+    refit_kv_file_ops.close(kv);
     pub_stop(&p);
     t_rm_tree(g.dir);
 }
@@ -1879,6 +1915,7 @@ int main(void)
         cmocka_unit_test(receiver_killed_mid_transfer),
         cmocka_unit_test(identity_and_corrupt_manifest),
         cmocka_unit_test(lease_lost_mid_read_not_committed),
+        cmocka_unit_test(lease_replayed_mid_read_refused),
         cmocka_unit_test(registry_lost_mid_read_fenced),
         cmocka_unit_test(late_heartbeat_is_not_data_loss),
         cmocka_unit_test(scribble_during_read_refused),
