@@ -282,6 +282,15 @@ refit_status_t refit_registry_put_signed(refit_registry_t *r, const char *key, c
     return registry_kv_put(r, key, val ? val : "", len, ttl_ms, false);
 }
 
+/* Whether value || tag (len bytes in all) carries this job's tag for key. */
+static bool value_authentic(const refit_registry_t *r, const char *key, const void *val, size_t len)
+{
+    uint8_t tag[TAG_LEN];
+    if (len < TAG_LEN) return false;
+    tag_of(r, key, val, len - TAG_LEN, tag);
+    return refit_ct_equal(tag, (const uint8_t *)val + len - TAG_LEN, TAG_LEN);
+}
+
 /* get_many, checking and stripping every tag.  A value whose tag is wrong
  * (written without this job's secret, or under another key) fails the call
  * with REFIT_ERR_AUTH, or, when forged != NULL, is logged, reported absent
@@ -294,13 +303,7 @@ refit_status_t registry_kv_get_many(refit_registry_t *r, const char *const *keys
     for (size_t i = 0; i < n; i++) {
         if (forged) forged[i] = 0;
         if (!vals[i]) continue;
-        uint8_t tag[TAG_LEN];
-        bool ok = lens[i] >= TAG_LEN;
-        if (ok) {
-            tag_of(r, keys[i], vals[i], lens[i] - TAG_LEN, tag);
-            ok = refit_ct_equal(tag, (uint8_t *)vals[i] + lens[i] - TAG_LEN, TAG_LEN);
-        }
-        if (ok) {
+        if (value_authentic(r, keys[i], vals[i], lens[i])) {
             lens[i] -= TAG_LEN;
             continue;
         }
@@ -335,6 +338,25 @@ refit_status_t registry_get_one(refit_registry_t *r, const char *key, void **val
     if (st) return st;
     *val = vals[0];
     *len = lens[0];
+    return REFIT_OK;
+}
+
+refit_status_t registry_get_checked(refit_registry_t *r, const char *key, void **val, size_t *len, bool *forged)
+{
+    const char *keys[1] = {key};
+    void *vals[1] = {NULL};
+    size_t lens[1] = {0};
+    refit_status_t st = r->ops->get_many(r->kv, keys, 1, vals, lens);
+    if (st) return st;
+    *forged = vals[0] && !value_authentic(r, key, vals[0], lens[0]);
+    if (*forged || !vals[0]) {
+        free(vals[0]);
+        *val = NULL;
+        *len = *forged ? lens[0] : 0;
+        return REFIT_OK;
+    }
+    *val = vals[0];
+    *len = lens[0] - TAG_LEN;
     return REFIT_OK;
 }
 

@@ -25,6 +25,10 @@ refit_status_t registry_kv_put(refit_registry_t *r, const char *key, const void 
 refit_status_t registry_kv_get_many(refit_registry_t *r, const char *const *keys, size_t n, void **vals, size_t *lens,
                                     uint8_t *forged);
 refit_status_t registry_get_one(refit_registry_t *r, const char *key, void **val, size_t *len);
+/* One key, its tag checked without failing or logging: *val malloc'ed (tag
+ * stripped), or NULL when absent or not authentic; *forged says which, and
+ * then *len is the stored value's size. */
+refit_status_t registry_get_checked(refit_registry_t *r, const char *key, void **val, size_t *len, bool *forged);
 refit_status_t registry_is_present(refit_registry_t *r, const char *key, bool *present);
 refit_status_t registry_check_world(uint32_t world, const void *out);
 refit_status_t registry_get_ranks(refit_registry_t *r, const char *group, uint32_t world, const char *what,

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -897,11 +898,184 @@ static void test_epoch(void **state)
     REFIT_ASSERT_OK(b->ops->del(kv, "epoch")); /* the store lost its data */
     REFIT_ASSERT_OK(refit_registry_epoch(r2, &e3, &created));
     assert_true(created && e3 != e1);
-    REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "12345678", 8, 0)); /* forged */
-    REFIT_ASSERT_ERR(refit_registry_epoch(r, &e3, NULL), REFIT_ERR_AUTH, "epoch");
+    /* Forged (no tag), or signed but no epoch: replaced by a fresh authentic
+     * epoch, as if the store had lost it -- before, every later call failed
+     * (REFIT_ERR_AUTH, REFIT_ERR_CORRUPT) until someone deleted the key. */
+    REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "12345678", 8, 0));
+    uint64_t e4 = 0, e5 = 0;
+    REFIT_ASSERT_OK(refit_registry_epoch(r, &e4, &created));
+    assert_true(created && e4 != e3 && e4 != refit_get_le((const uint8_t *)"12345678", 8));
+    REFIT_ASSERT_OK(refit_registry_epoch(r2, &e5, &created));
+    assert_false(created);
+    assert_true(e5 == e4);
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "epoch", "\0\0\0\0\0\0\0\0", 8, 0)); /* signed, zero */
+    REFIT_ASSERT_OK(refit_registry_epoch(r2, &e5, &created));
+    assert_true(created && e5 != 0 && e5 != e4);
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "epoch", "abc", 3, 0)); /* signed, 3 bytes */
+    REFIT_ASSERT_OK(refit_registry_epoch(r, &e4, &created));
+    assert_true(created && e4 != 0 && e4 != e5);
+    REFIT_ASSERT_OK(refit_registry_epoch(r2, &e5, &created));
+    assert_true(!created && e5 == e4);
     b->ops->close(kv);
     refit_registry_close(r2);
     refit_registry_close(r);
+}
+
+/* ---- a forged or deleted epoch does not stop a job (issue 28) ------------- */
+
+#define EPOCH_MODEL "tiny-moe"
+#define EPOCH_SRC "megatron:tp=1"
+#define EPOCH_DST "vllm:tp=1"
+
+/* A snapshot publisher in this process with short dead and lease times
+ * (fencing waits 300 ms, a staging arena's readers get 4 * 200 + 300 ms). */
+static refit_publisher_t *epoch_publisher(const backend_t *b, const char *job, void **base)
+{
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    pp.registry = b->url;
+    pp.job = job;
+    pp.transports = "shm";
+    pp.mode = REFIT_MODE_SNAPSHOT;
+    pp.heartbeat_ms = 50;
+    pp.dead_ms = 200;
+    pp.lease_ms = 300;
+    refit_publisher_t *p = NULL;
+    REFIT_ASSERT_OK(refit_publisher_create(&pp, t_manifest_named(EPOCH_MODEL, EPOCH_SRC, 0), &p));
+    REFIT_ASSERT_OK(refit_publisher_alloc(p, 0, base));
+    return p;
+}
+
+static refit_receiver_t *epoch_receiver(const backend_t *b, const char *job, void **base)
+{
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = b->url;
+    rp.job = job;
+    rp.transports = "shm";
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.lease_ms = 300;
+    rp.threads = 1;
+    refit_receiver_t *r = NULL;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(EPOCH_MODEL, EPOCH_DST, 0), &r));
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
+    return r;
+}
+
+static void epoch_publish(refit_publisher_t *p, const refit_manifest_t *m, void *base, uint64_t v)
+{
+    REFIT_ASSERT_OK(refit_truth_fill(m, &base, v));
+    REFIT_ASSERT_OK(refit_publisher_publish(p, v));
+}
+
+/* Pulls v (or the newest) and checks the receiver's memory is that version's truth. */
+static void epoch_pull(refit_receiver_t *r, const refit_manifest_t *dm, void *base, uint64_t v)
+{
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, v, 5000, &rep));
+    assert_int_equal(rep.version, v);
+    REFIT_ASSERT_OK(refit_truth_verify(dm, (const void *const *)&base, v, NULL));
+}
+
+/* A forged epoch value (no tag) before the first publish and again between
+ * publishes: the publisher publishes (its snapshot arenas reused: the wait
+ * fences once), a receiver commits each version, and the store ends with an
+ * authentic epoch.  Before: the first publish failed with REFIT_ERR_AUTH
+ * ("key epoch is not signed"), and so did every one after. */
+static void test_epoch_forged_publish(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    new_job(job);
+    refit_kv_t *kv = open_kv(b, job);
+    REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "forged!!", 8, 0));
+    void *pb = NULL, *rb = NULL;
+    refit_publisher_t *p = epoch_publisher(b, job, &pb);
+    refit_receiver_t *r = epoch_receiver(b, job, &rb);
+    refit_manifest_t *sm = t_manifest_named(EPOCH_MODEL, EPOCH_SRC, 0),
+                     *dm = t_manifest_named(EPOCH_MODEL, EPOCH_DST, 0);
+    epoch_publish(p, sm, pb, 1);
+    epoch_pull(r, dm, rb, 1);
+    for (uint64_t v = 2; v <= 4; v++) {
+        REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "forged!!", 8, 0));
+        epoch_publish(p, sm, pb, v);
+        epoch_pull(r, dm, rb, v);
+    }
+    refit_registry_t *reg = open_job(b, job);
+    uint64_t e = 0, e2 = 0;
+    bool created = true;
+    REFIT_ASSERT_OK(refit_registry_epoch(reg, &e, &created));
+    assert_false(created);
+    REFIT_ASSERT_OK(refit_registry_epoch(reg, &e2, &created));
+    assert_true(e == e2 && !created);
+    refit_registry_close(reg);
+    refit_receiver_destroy(r);
+    refit_publisher_destroy(p);
+    refit_manifest_destroy(sm);
+    refit_manifest_destroy(dm);
+    b->ops->close(kv);
+}
+
+typedef struct {
+    const backend_t *b;
+    const char *job;
+    volatile int stop;
+    unsigned deletes;
+} epoch_deleter_t;
+
+static void *epoch_deleter(void *arg)
+{
+    epoch_deleter_t *d = arg;
+    refit_kv_t *kv = open_kv(d->b, d->job);
+    while (!d->stop) {
+        if (d->b->ops->del(kv, "epoch") == REFIT_OK) d->deletes++;
+        msleep(10);
+    }
+    d->b->ops->close(kv);
+    return NULL;
+}
+
+/* `epoch` deleted every 10 ms for 2.5 s while snapshot publishes (and pulls)
+ * go on: every publish succeeds, each fencing at most one lease lifetime
+ * (300 ms here); a receiver commits every version.  Before: the fence
+ * restarted at every new epoch, and the first publish that reused a staging
+ * arena failed after dead_ms * 4 + lease_ms with REFIT_ERR_TIMEOUT ("the
+ * registry lost its data"). */
+static void test_epoch_deleted_repeatedly(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    new_job(job);
+    void *pb = NULL, *rb = NULL;
+    refit_publisher_t *p = epoch_publisher(b, job, &pb);
+    refit_receiver_t *r = epoch_receiver(b, job, &rb);
+    refit_manifest_t *sm = t_manifest_named(EPOCH_MODEL, EPOCH_SRC, 0),
+                     *dm = t_manifest_named(EPOCH_MODEL, EPOCH_DST, 0);
+    epoch_publish(p, sm, pb, 1);
+    epoch_pull(r, dm, rb, 1);
+    epoch_deleter_t d = {b, job, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, epoch_deleter, &d), 0);
+    double t0 = refit_now();
+    uint64_t v = 1;
+    double slowest = 0;
+    while (ms_since(t0) < 2500) {
+        double t1 = refit_now();
+        v++;
+        epoch_publish(p, sm, pb, v);
+        slowest = REFIT_MAX(slowest, ms_since(t1));
+        epoch_pull(r, dm, rb, v);
+    }
+    d.stop = 1;
+    pthread_join(th, NULL);
+    print_message("epoch deleted %u times; %" PRIu64 " publishes, the slowest %.0f ms\n", d.deletes, v - 1, slowest);
+    assert_true(d.deletes > 50);
+    assert_true(v >= 4); /* versions 3 and on reused an arena: waited, fenced, succeeded */
+    assert_true(slowest < 4 * 200 + 300);
+    epoch_publish(p, sm, pb, v + 1);
+    epoch_pull(r, dm, rb, v + 1);
+    refit_receiver_destroy(r);
+    refit_publisher_destroy(p);
+    refit_manifest_destroy(sm);
+    refit_manifest_destroy(dm);
 }
 
 /* Where the secret comes from, and the checks on secret files. */
@@ -1316,7 +1490,9 @@ static void test_redis_sigpipe(void **state)
         cmocka_unit_test_prestate(test_remove_source, &(b)), cmocka_unit_test_prestate(test_corrupt, &(b)),       \
         cmocka_unit_test_prestate(test_kv_put_new, &(b)), cmocka_unit_test_prestate(test_kv_put_new_race, &(b)),  \
         cmocka_unit_test_prestate(test_forged_entries, &(b)), cmocka_unit_test_prestate(test_fenced_lease, &(b)), \
-        cmocka_unit_test_prestate(test_epoch, &(b)), cmocka_unit_test_prestate(test_secret_sources, &(b))
+        cmocka_unit_test_prestate(test_epoch, &(b)), cmocka_unit_test_prestate(test_epoch_forged_publish, &(b)),  \
+        cmocka_unit_test_prestate(test_epoch_deleted_repeatedly, &(b)),                                           \
+        cmocka_unit_test_prestate(test_secret_sources, &(b))
 
 int main(void)
 {
