@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "data/digest_internal.h"
+#include "util/crypto.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DIGEST_HAVE_AVX2 1
@@ -56,7 +57,8 @@ refit_status_t refit_digest_key_create_impl(const uint8_t key[32], refit_digest_
         return refit_error(REFIT_ERR_UNSUPPORTED, "digest: AVX2 kernel requested on a CPU or build without AVX2");
     else if (impl != REFIT_DIGEST_IMPL_SCALAR && impl != REFIT_DIGEST_IMPL_AVX2)
         return refit_error(REFIT_ERR_INVALID_ARG, "digest: unknown kernel %d", (int)impl);
-    refit_digest_key_t *k = aligned_alloc(64, (sizeof(*k) + 63) / 64 * 64);
+    /* The tables are derived from the job's digest key: kept out of core dumps. */
+    refit_digest_key_t *k = refit_secret_alloc(sizeof(*k));
     if (!k) return refit_error(REFIT_ERR_NO_MEMORY, "digest key tables");
     /* Domain-separated seeds from the key. */
     k->tid_seed = refit_hash64(key, 32, 0x6469676573742d74ULL);
@@ -80,7 +82,7 @@ refit_status_t refit_digest_key_create(const uint8_t key[32], refit_digest_key_t
 
 refit_digest_impl_t refit_digest_key_impl(const refit_digest_key_t *k) { return k->impl; }
 
-void refit_digest_key_destroy(refit_digest_key_t *k) { free(k); }
+void refit_digest_key_destroy(refit_digest_key_t *k) { refit_secret_free(k, sizeof(*k)); }
 
 uint64_t refit_digest_tensor_id(const refit_digest_key_t *k, const char *name)
 {

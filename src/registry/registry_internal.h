@@ -8,11 +8,17 @@
 
 #define KEY_MAX 256
 
+/* The keys derived from the job's secret, on pages of their own that core
+ * dumps leave out (refit_secret_alloc). */
+typedef struct {
+    uint8_t reg_key[32], keys[2][32];
+} registry_keys_t;
+
 struct refit_registry {
     const refit_kv_ops_t *ops;
     refit_kv_t *kv;
     char *url;
-    uint8_t reg_key[32], keys[2][32];
+    registry_keys_t *k;
     bool secure;
     char secret_source[160];
 };

@@ -24,8 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data/digest.h"
 #include "registry/backend.h"
 #include "registry/registry.h"
+#include "util/crypto.h"
 
 typedef struct {
     const char *name;
@@ -772,16 +774,18 @@ static void test_file_layout(void **state)
 
 /* ---- authentication (docs/security.md) --------------------------------------------- */
 
-/* A registry of the same job opened with another secret. */
+/* The test secret, as it was before the first open took it out of the
+ * environment (main). */
+static char *g_secret;
+
+/* A registry of the same job opened with another secret.  The next open
+ * takes the test secret back from the environment. */
 static refit_registry_t *open_with_secret(const backend_t *b, const char *job, const char *secret)
 {
-    char *old = getenv("REFIT_SECRET") ? strdup(getenv("REFIT_SECRET")) : NULL;
     setenv("REFIT_SECRET", secret, 1);
     refit_registry_t *r = NULL;
     REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r));
-    if (old) setenv("REFIT_SECRET", old, 1);
-    else unsetenv("REFIT_SECRET");
-    free(old);
+    setenv("REFIT_SECRET", g_secret, 1);
     return r;
 }
 
@@ -1085,8 +1089,9 @@ static void test_secret_sources(void **state)
     char job[32], path[PATH_MAX + 64];
     new_job(job);
     snprintf(path, sizeof(path), "%s/secret-%s", b->dir[0] ? b->dir : "/tmp", job);
-    char *saved = strdup(getenv("REFIT_SECRET"));
+    char *saved = strdup(g_secret);
     unsetenv("REFIT_SECRET");
+    refit_registry_forget_env_secret();
     refit_registry_t *r = NULL;
     refit_registry_auth_t auth = {path, false};
     /* Missing, too short, too open, not a regular file. */
@@ -1480,6 +1485,152 @@ static void test_redis_sigpipe(void **state)
     refit_registry_close(r);
 }
 
+/* ---- the secret in memory (issue 28) -------------------------------------- */
+
+/* Whether /proc/self/smaps marks the mapping holding addr "dd" (left out of core dumps). */
+static bool mapping_dontdump(const void *addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return false;
+    char line[512];
+    bool in = false, dd = false;
+    uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = a >= lo && a < hi;
+            continue;
+        }
+        if (in && !strncmp(line, "VmFlags:", 8)) {
+            dd = strstr(line, " dd") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return dd;
+}
+
+/* Whether the n bytes at s occur in /proc/self/environ (the initial environment block). */
+static bool in_proc_environ(const char *s, size_t n)
+{
+    static char buf[1 << 20];
+    int fd = open("/proc/self/environ", O_RDONLY);
+    if (fd < 0) return true;
+    ssize_t got = read(fd, buf, sizeof(buf));
+    close(fd);
+    return got < 0 || memmem(buf, (size_t)got, s, n) != NULL;
+}
+
+#define SCRUB_FAIL(code, ...)                          \
+    do {                                               \
+        fprintf(stderr, "secret child: " __VA_ARGS__); \
+        fprintf(stderr, "\n");                         \
+        return code;                                   \
+    } while (0)
+
+/* The child of test_secret_out_of_dumps, started with $REFIT_SECRET in its
+ * initial environment: opens a registry, then checks what a core dump or
+ * /proc would show. */
+static int secret_child(const char *url)
+{
+    char secret[128];
+    const char *env = getenv("REFIT_SECRET");
+    if (!env || strlen(env) >= sizeof(secret)) SCRUB_FAIL(10, "no usable REFIT_SECRET");
+    snprintf(secret, sizeof(secret), "%s", env);
+    size_t n = strlen(secret);
+    if (!in_proc_environ(secret, n)) SCRUB_FAIL(11, "the secret is not in /proc/self/environ to begin with");
+    refit_registry_t *r = NULL, *r2 = NULL;
+    if (refit_registry_open(url, "scrub", &r)) SCRUB_FAIL(12, "open: %s", refit_last_error());
+    if (refit_registry_put_manifest(r, "g", 0, "m", 1)) SCRUB_FAIL(12, "put: %s", refit_last_error());
+    if (getenv("REFIT_SECRET")) SCRUB_FAIL(2, "getenv(\"REFIT_SECRET\") still returns it after the open");
+    if (in_proc_environ(secret, n)) SCRUB_FAIL(3, "the secret's bytes are still in /proc/self/environ");
+    if (!mapping_dontdump(refit_registry_key(r, REFIT_KEY_CONNECTION)))
+        SCRUB_FAIL(4, "the derived keys are on pages a core dump includes (no dd in smaps VmFlags)");
+    refit_digest_key_t *dk = NULL;
+    if (refit_digest_key_create(refit_registry_key(r, REFIT_KEY_DIGEST), &dk) || !mapping_dontdump(dk))
+        SCRUB_FAIL(4, "the digest key's tables are on pages a core dump includes");
+    refit_digest_key_destroy(dk);
+    /* A second open in this process, and one in a forked child, still have the secret. */
+    if (refit_registry_open(url, "scrub", &r2)) SCRUB_FAIL(5, "second open: %s", refit_last_error());
+    if (strcmp(refit_registry_secret_source(r2), "$REFIT_SECRET"))
+        SCRUB_FAIL(5, "second open took its secret from %s", refit_registry_secret_source(r2));
+    void *buf = NULL;
+    size_t len = 0;
+    if (refit_registry_get_manifest(r2, "g", 0, &buf, &len) || len != 1)
+        SCRUB_FAIL(5, "second open does not authenticate: %s", refit_last_error());
+    free(buf);
+    if (memcmp(refit_registry_key(r, REFIT_KEY_CONNECTION), refit_registry_key(r2, REFIT_KEY_CONNECTION), 32))
+        SCRUB_FAIL(5, "second open derived other keys");
+    pid_t kid = fork();
+    if (kid == 0) {
+        refit_registry_t *r3 = NULL;
+        void *b3 = NULL;
+        size_t l3 = 0;
+        _exit(refit_registry_open(url, "scrub", &r3) || refit_registry_get_manifest(r3, "g", 0, &b3, &l3) ? 1 : 0);
+    }
+    int status = 1;
+    if (kid < 0 || waitpid(kid, &status, 0) != kid || !WIFEXITED(status) || WEXITSTATUS(status))
+        SCRUB_FAIL(6, "a forked child could not open the registry with the secret");
+    refit_registry_close(r2);
+    refit_registry_close(r);
+    return 0;
+}
+
+/* $REFIT_SECRET is taken out of the environment (getenv, and its bytes in
+ * the initial block /proc/PID/environ shows) at the first open, the derived
+ * keys and digest tables live on pages marked dontdump, and a second open
+ * (and a forked child) still authenticate.  Run in a child exec'ed with the
+ * secret in its initial environment.  Before: getenv still returned it (exit 2). */
+static void test_secret_out_of_dumps(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/refit-scrub-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char url[64], secret[64], sv[96], cv[96];
+    snprintf(url, sizeof(url), "file:%s", dir);
+    uint64_t rnd = 0;
+    assert_int_equal(refit_random_bytes(&rnd, sizeof(rnd)), REFIT_OK);
+    snprintf(secret, sizeof(secret), "scrub-test-secret-%016llx-end", (unsigned long long)rnd);
+    snprintf(sv, sizeof(sv), "REFIT_SECRET=%s", secret);
+    snprintf(cv, sizeof(cv), "REFIT_TEST_SECRET_CHILD=%s", url);
+    extern char **environ;
+    size_t ne = 0;
+    while (environ[ne]) ne++;
+    char **envp = calloc(ne + 3, sizeof(char *));
+    assert_non_null(envp);
+    size_t k = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (strncmp(environ[i], "REFIT_SECRET", 12) && strncmp(environ[i], "REFIT_TEST_SECRET_CHILD=", 24))
+            envp[k++] = environ[i];
+    envp[k++] = sv;
+    envp[k++] = cv;
+    int errp[2];
+    assert_int_equal(pipe(errp), 0);
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) {
+        dup2(errp[1], STDERR_FILENO);
+        close(errp[0]);
+        char *argv[] = {"test_registry", NULL};
+        execve("/proc/self/exe", argv, envp);
+        _exit(127);
+    }
+    close(errp[1]);
+    char said[1024] = "";
+    ssize_t got = 0, r;
+    double t0 = refit_now();
+    while ((size_t)got < sizeof(said) - 1 && (r = read(errp[0], said + got, sizeof(said) - 1 - (size_t)got)) > 0)
+        got += r;
+    close(errp[0]);
+    int status = 0;
+    assert_int_equal(waitpid(kid, &status, 0), kid);
+    assert_true(ms_since(t0) < 20000);
+    free(envp);
+    t_rm_tree(dir);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child exited %d: %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, said);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 #define BACKEND_TESTS(b)                                                                                          \
@@ -1496,6 +1647,9 @@ static void test_redis_sigpipe(void **state)
 
 int main(void)
 {
+    const char *child = getenv("REFIT_TEST_SECRET_CHILD");
+    if (child) return secret_child(child);
+    g_secret = strdup(getenv("REFIT_SECRET")); /* testutil sets one; opens take it out of the environment */
     const struct CMUnitTest file_tests[] = {
         BACKEND_TESTS(g_file),
         cmocka_unit_test_prestate(test_file_layout, &g_file),
@@ -1510,6 +1664,7 @@ int main(void)
     };
     const struct CMUnitTest misc_tests[] = {
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_secret_out_of_dumps),
     };
     int failed = cmocka_run_group_tests_name("registry misc", misc_tests, NULL, NULL);
     failed += cmocka_run_group_tests_name("registry file", file_tests, file_setup, file_teardown);
