@@ -204,7 +204,8 @@ static void *fill_worker(void *arg)
     return NULL;
 }
 
-/* P: row terms -> prefix sums.  Q: column sums gamma_j -> prefix sums of K[j] * gamma_j. */
+/* P: row terms -> prefix sums.  Q: column sums gamma_j -> prefix sums of K[j] * gamma_j, K[j] with its
+ * block's multiplier (one keyed hash per block the box's columns meet). */
 static void *finalize_worker(void *arg)
 {
     fill_job_t *J = arg;
@@ -221,12 +222,15 @@ static void *finalize_worker(void *arg)
             P[2 * r] = s0;
             P[2 * r + 1] = s1;
         }
-        uint32_t q0 = 0, q1 = 0;
+        uint32_t q0 = 0, q1 = 0, m[2] = {1, 1};
+        uint64_t blk = UINT64_MAX;
         Q[0] = Q[1] = 0;
         for (uint64_t t = 0; t < b->n; t++) {
-            size_t jj = (size_t)((b->c + t) & (KCOLS - 1));
-            q0 += (uint32_t)(int32_t)k->kc[0][jj] * Q[2 * (t + 1)];
-            q1 += (uint32_t)(int32_t)k->kc[1][jj] * Q[2 * (t + 1) + 1];
+            uint64_t j = b->c + t;
+            size_t jj = (size_t)(j & (KCOLS - 1));
+            if (j >> KBITS != blk) block_mult(k, blk = j >> KBITS, m);
+            q0 += m[0] * (uint32_t)(int32_t)k->kc[0][jj] * Q[2 * (t + 1)];
+            q1 += m[1] * (uint32_t)(int32_t)k->kc[1][jj] * Q[2 * (t + 1) + 1];
             Q[2 * (t + 1)] = q0;
             Q[2 * (t + 1) + 1] = q1;
         }

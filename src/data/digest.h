@@ -9,12 +9,16 @@
  * element, half an f32, two fp8 bytes); ndim 1 is one row.  Unit values are
  * the raw 16-bit patterns, little-endian, read as signed int16.  With a
  * 32-byte key, two independent lanes l = 0, 1 have
- *   column keys  K_l[j]    odd int16 (a table of 65536 per lane, j mod 65536),
+ *   column keys  K_l[j]    = m_l(j >> 16) * k_l[j mod 65536]  (mod 2^32), odd, where
+ *     k_l        a table of 65536 odd int16 per lane, and
+ *     m_l(b)     odd uint32 from a keyed mix of the block index b (m_l(0) = 1),
  *   row keys     r_l(t, i) odd uint32 from a keyed mix of (tensor id, row i),
  *   tensor id    t = a keyed 64-bit hash of the canonical name,
  * and the digest of a box B = rows [a,b) x units [c,d) of tensor t is
  *   D_l(B) = sum_{i in [a,b)} r_l(t,i) * sum_{j in [c,d)} K_l[j] * v_ij  (mod 2^32).
- * D is additive over any partition of a box.  Boxes whose column start or
+ * Column keys do not repeat along a row: units j and j + 65536 share k_l but
+ * not m_l.  Rows of at most 65,536 units have m_l = 1 throughout (digests as
+ * before the blocks were keyed).  D is additive over any partition of a box.  Boxes whose column start or
  * width is not a whole number of units, tensors whose rows are an odd number
  * of bytes, and tensors of ndim >= 3 are not digestible: they are reported
  * as unverifiable, never "verified".
@@ -39,11 +43,29 @@
  * Q[end] is fetched as P[end], the same value); entries are fetched once.
  * Padding (local bytes no placement covers) is part of no digest.
  *
- * Strength: every change of a single unit changes both lanes (odd keys are
- * invertible mod 2^32); other corruptions (swapped rows, several changed
- * units) escape both lanes with a small probability.  Linear and keyed
- * with a shared key, this guards against faults and bugs, not against
- * someone who knows the key or can read the tables: it is no MAC.
+ * Strength, against faults and bugs (someone without the key).  A change of
+ * one unit, by any d != 0, changes both lanes, always: r_l and K_l[j] are odd
+ * and 0 < |d| < 2^16, so r * K * d != 0 mod 2^32.  Two changed units of one
+ * row, d1 at j1 and d2 at j2, keep a lane only when d1 K[j1] + d2 K[j2] = 0
+ * mod 2^32: in one block of 65,536 units this needs d1 k[j1] = -d2 k[j2]
+ * exactly (both products are below 2^31), true for at most one of the 2^15
+ * odd values of k[j1], so at most 2^-15 per lane; in two blocks it is a
+ * condition on an odd 32-bit multiplier, at most 2^(v-31) per lane with 2^v
+ * the largest power of two dividing d1 (at most 2^-16).  So +d at j and -d at
+ * j + 65536 (the same 16-bit key k) are caught unless m_l(b) and m_l(b+1)
+ * agree in their low 32-v bits.  Swapping two units of a row keeps a lane
+ * only when their keys are equal (2^-15 in one block; across blocks as for
+ * pairs, d = the difference of the two units);
+ * swapping two rows only when (r_i - r_i')(s_i - s_i') = 0 mod 2^32 for their
+ * row keys and dot products s, about 2^(v-31) per lane with 2^v dividing
+ * s_i - s_i'.  Changes of many units keep a lane with a probability of about
+ * 2^(v-31), 2^v the largest power of two dividing all of them (bf16 sign
+ * flips: v = 15).  The lanes draw their keys from independent bits of keyed
+ * hashes, so a pattern keeps both with about the square of these figures.
+ * Linear and keyed with a key every process of the job holds, this guards
+ * against faults and bugs, not against someone who knows the key, or who can
+ * read tables together with the bytes they cover (and solve for the keys):
+ * it is no MAC.
  *
  * Ownership and threads: a key is immutable after creation and may be used
  * by any number of threads at once.  A plan copies what it needs from the
@@ -95,7 +117,8 @@ void refit_digest_key_destroy(refit_digest_key_t *k);
 uint64_t refit_digest_tensor_id(const refit_digest_key_t *k, const char *canonical_name);
 /* Row keys r_0(t,row), r_1(t,row): odd values. */
 refit_dsum_t refit_digest_row_key(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t row);
-/* sum_{j < n} K[first_unit + j] * v_j: n units (2n bytes, any alignment) at `units`. */
+/* sum_{j < n} K[first_unit + j] * v_j, K with its block multipliers: n units
+ * (2n bytes, any alignment) at `units`. */
 refit_dsum_t refit_digest_dot(const refit_digest_key_t *k, const void *units, uint64_t first_unit, uint64_t n);
 /* acc += r(t,row) * sum_{j < n} K[first_unit + j] * v_j: one row segment, e.g.
  * right after a copy loop wrote it, while it is in cache. */

@@ -12,13 +12,29 @@
 #error "the digest reads units and writes tables as little-endian host words"
 #endif
 
-#define KCOLS 65536u
+/* Units per column-key block: K_l[j] = m_l(j >> KBITS) * kc[l][j & (KCOLS - 1)]. */
+#define KBITS 16u
+#define KCOLS (1u << KBITS)
 
 struct refit_digest_key {
     int16_t kc[2][KCOLS]; /* column keys per lane (odd); lane 1 follows lane 0 (the kernel relies on it) */
-    uint64_t tid_seed, row_seed;
+    uint64_t tid_seed, row_seed, blk_seed;
     refit_digest_impl_t impl;
 };
+
+/* The block multipliers m_0(b), m_1(b) (odd): 1 for block 0, so rows of up to
+ * KCOLS units keep the digests they had before blocks were keyed, and the
+ * kernels skip the multiply there; a keyed mix of b for every other block. */
+static inline void block_mult(const refit_digest_key_t *k, uint64_t b, uint32_t m[2])
+{
+    if (b == 0) {
+        m[0] = m[1] = 1;
+        return;
+    }
+    uint64_t h = refit_mix64(k->blk_seed + b * 0x9e3779b97f4a7c15ULL);
+    m[0] = (uint32_t)h | 1;
+    m[1] = (uint32_t)(h >> 32) | 1;
+}
 
 static inline uint64_t row_hash(const refit_digest_key_t *k, uint64_t tid, uint64_t row)
 {

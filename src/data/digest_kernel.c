@@ -1,5 +1,17 @@
 /* The digest's kernel: keys, and the keyed dot product of a row segment with the column keys (see digest.h
- * for the mathematics), per lane a sum of int16 x int16 products mod 2^32.
+ * for the mathematics), per lane a sum of int16 x int16 products mod 2^32 within each block of KCOLS
+ * units, times the block's odd multiplier.
+ *
+ * A row segment is cut where it crosses a block boundary (unit 65536 * b);
+ * each piece is an int16 dot product against the 16-bit table, multiplied
+ * once by m_l(b) (block 0's multiplier is 1: no multiply).  So a unit costs
+ * what it did before blocks were keyed; a piece costs one keyed hash and
+ * one multiply, which only rows longer than a block, or segments that start
+ * past unit 65536, pay.  Multiplying the sum equals multiplying each key
+ * (mod 2^32 the product distributes over the sum), so any partition of a
+ * row into segments gives the same total, and the AVX2 kernel, which keeps
+ * a piece's sum in 8 vector lanes and multiplies every lane, agrees with
+ * the scalar one bit for bit.
  *
  * AVX2 computes 16 units per _mm256_madd_epi16 (pairwise products summed
  * into int32 lanes; its only overflow, 2 * (-32768)^2, wraps exactly as mod
@@ -11,6 +23,7 @@
 #include <string.h>
 
 #include "data/digest_internal.h"
+#include "util/crypto.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DIGEST_HAVE_AVX2 1
@@ -44,11 +57,13 @@ refit_status_t refit_digest_key_create_impl(const uint8_t key[32], refit_digest_
         return refit_error(REFIT_ERR_UNSUPPORTED, "digest: AVX2 kernel requested on a CPU or build without AVX2");
     else if (impl != REFIT_DIGEST_IMPL_SCALAR && impl != REFIT_DIGEST_IMPL_AVX2)
         return refit_error(REFIT_ERR_INVALID_ARG, "digest: unknown kernel %d", (int)impl);
-    refit_digest_key_t *k = aligned_alloc(64, (sizeof(*k) + 63) / 64 * 64);
+    /* The tables are derived from the job's digest key: kept out of core dumps. */
+    refit_digest_key_t *k = refit_secret_alloc(sizeof(*k));
     if (!k) return refit_error(REFIT_ERR_NO_MEMORY, "digest key tables");
     /* Domain-separated seeds from the key. */
     k->tid_seed = refit_hash64(key, 32, 0x6469676573742d74ULL);
     k->row_seed = refit_hash64(key, 32, 0x6469676573742d72ULL);
+    k->blk_seed = refit_hash64(key, 32, 0x6469676573742d62ULL);
     uint64_t cs = refit_hash64(key, 32, 0x6469676573742d63ULL);
     for (uint32_t j = 0; j < KCOLS; j++) {
         uint64_t x = refit_mix64(cs + (uint64_t)(j + 1) * 0x9e3779b97f4a7c15ULL);
@@ -67,7 +82,7 @@ refit_status_t refit_digest_key_create(const uint8_t key[32], refit_digest_key_t
 
 refit_digest_impl_t refit_digest_key_impl(const refit_digest_key_t *k) { return k->impl; }
 
-void refit_digest_key_destroy(refit_digest_key_t *k) { free(k); }
+void refit_digest_key_destroy(refit_digest_key_t *k) { refit_secret_free(k, sizeof(*k)); }
 
 uint64_t refit_digest_tensor_id(const refit_digest_key_t *k, const char *name)
 {
@@ -87,18 +102,33 @@ static inline uint32_t unit_at(const uint8_t *p, uint64_t t)
     return (uint32_t)(int32_t)(int16_t)(uint16_t)(p[2 * t] | (unsigned)p[2 * t + 1] << 8);
 }
 
-/* s += sum_{t<n} K[(j+t) mod 65536] * v_t, per lane. */
-static void dot_scalar(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t s[2])
+/* s += sum_{t<n} kc[jj+t] * v_t, per lane: one piece of a block (jj + n <= KCOLS), without its multiplier. */
+static void piece_scalar(const refit_digest_key_t *k, const uint8_t *p, size_t jj, uint64_t n, uint32_t s[2])
 {
     uint32_t a0 = 0, a1 = 0;
     for (uint64_t t = 0; t < n; t++) {
         uint32_t v = unit_at(p, t);
-        size_t jj = (size_t)((j + t) & (KCOLS - 1));
-        a0 += (uint32_t)(int32_t)k->kc[0][jj] * v;
-        a1 += (uint32_t)(int32_t)k->kc[1][jj] * v;
+        a0 += (uint32_t)(int32_t)k->kc[0][jj + t] * v;
+        a1 += (uint32_t)(int32_t)k->kc[1][jj + t] * v;
     }
     s[0] += a0;
     s[1] += a1;
+}
+
+/* s += sum_{t<n} K[j+t] * v_t, per lane (K with its block multipliers). */
+static void dot_scalar(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t s[2])
+{
+    while (n) {
+        uint64_t jj = j & (KCOLS - 1), len = REFIT_MIN(n, KCOLS - jj);
+        uint32_t a[2] = {0, 0}, m[2];
+        piece_scalar(k, p, (size_t)jj, len, a);
+        block_mult(k, j >> KBITS, m);
+        s[0] += m[0] * a[0];
+        s[1] += m[1] * a[1];
+        p += 2 * len;
+        j += len;
+        n -= len;
+    }
 }
 
 static void rows_scalar(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
@@ -190,20 +220,40 @@ AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint64_t len, __m
     *a1 = _mm256_add_epi32(s1, u1);
 }
 
+/* *a0, *a1 (int32 lanes) += the products of units [0,len) at p with
+ * kc[jj..jj+len) (jj + len <= KCOLS): one piece of a block, without its
+ * multiplier. */
+AVX2_INLINE void piece_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_t jj, uint64_t len, __m256i *a0,
+                            __m256i *a1)
+{
+    if (len >= 16) {
+        seg_avx2(k->kc[0] + jj, p, len, a0, a1);
+    } else {
+        uint32_t s[2] = {0, 0};
+        piece_scalar(k, p, (size_t)jj, len, s);
+        *a0 = _mm256_add_epi32(*a0, _mm256_setr_epi32((int32_t)s[0], 0, 0, 0, 0, 0, 0, 0));
+        *a1 = _mm256_add_epi32(*a1, _mm256_setr_epi32((int32_t)s[1], 0, 0, 0, 0, 0, 0, 0));
+    }
+}
+
 /* *a0, *a1 (int32 lanes) += the products of units [0,n) at p with
- * K[j..j+n) mod 65536; the lanes' sum is the dot product mod 2^32. */
+ * K[j..j+n); the lanes' sum is the dot product mod 2^32.  Pieces of block 0
+ * (multiplier 1) add straight into the accumulators; others are summed
+ * apart and every lane multiplied by the block's m_l. */
 AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, __m256i *a0,
                           __m256i *a1)
 {
     while (n) {
         uint64_t jj = j & (KCOLS - 1), len = REFIT_MIN(n, KCOLS - jj);
-        if (len >= 16) {
-            seg_avx2(k->kc[0] + jj, p, len, a0, a1);
+        if (j >> KBITS == 0) {
+            piece_avx2(k, p, jj, len, a0, a1);
         } else {
-            uint32_t s[2] = {0, 0};
-            dot_scalar(k, p, jj, len, s);
-            *a0 = _mm256_add_epi32(*a0, _mm256_setr_epi32((int32_t)s[0], 0, 0, 0, 0, 0, 0, 0));
-            *a1 = _mm256_add_epi32(*a1, _mm256_setr_epi32((int32_t)s[1], 0, 0, 0, 0, 0, 0, 0));
+            uint32_t m[2];
+            block_mult(k, j >> KBITS, m);
+            __m256i b0 = _mm256_setzero_si256(), b1 = _mm256_setzero_si256();
+            piece_avx2(k, p, jj, len, &b0, &b1);
+            *a0 = _mm256_add_epi32(*a0, _mm256_mullo_epi32(b0, _mm256_set1_epi32((int32_t)m[0])));
+            *a1 = _mm256_add_epi32(*a1, _mm256_mullo_epi32(b1, _mm256_set1_epi32((int32_t)m[1])));
         }
         p += 2 * len;
         j += len;

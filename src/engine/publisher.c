@@ -423,21 +423,27 @@ static refit_status_t check_epoch(refit_publisher_t *p, uint64_t version)
  * believed only when the registry has not lost its data within the last
  * lease lifetime: a reader whose lease vanished with the data may still be
  * reading (it finds out at its next renewal, or when it checks its lease
- * before committing, and then discards what it read). */
+ * before committing, and then discards what it read).  A wait fences once,
+ * for the first loss it sees: a store that keeps losing its data (an epoch
+ * key deleted every few ms) fenced every wait to its timeout before, and
+ * what protects a reader is its own check. */
 static refit_status_t wait_leases(refit_publisher_t *p, uint64_t version, int timeout_ms)
 {
     refit_status_t st;
     if ((st = check_epoch(p, version))) return st;
     if ((st = refit_registry_retire(p->reg, p->group, version))) return st;
-    double deadline = refit_now() + timeout_ms / 1e3;
+    double deadline = refit_now() + timeout_ms / 1e3, before = -1, fence_from = 0;
     bool said = false;
     for (;;) {
         uint32_t n = 0;
         if ((st = refit_registry_lease_count(p->reg, p->group, version, &n))) return st;
         if (n == 0 && (st = check_epoch(p, version))) return st;
         pthread_mutex_lock(&p->lock);
-        double since_loss = p->lost_at ? refit_now() - p->lost_at : 1e30;
+        double lost = p->lost_at;
         pthread_mutex_unlock(&p->lock);
+        if (before < 0) before = lost && refit_now() - lost < p->params.lease_ms / 1e3 ? 0 : lost;
+        if (!fence_from && lost != before) fence_from = lost;
+        double since_loss = fence_from ? refit_now() - fence_from : 1e30;
         bool fenced = since_loss < p->params.lease_ms / 1e3;
         if (n == 0 && !fenced) return REFIT_OK;
         if (n == 0 && !said) {

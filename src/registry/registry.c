@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -114,25 +115,84 @@ static refit_status_t read_secret_file(const char *path, uint8_t *buf, size_t *l
     return st;
 }
 
-/* Finds the secret (refit_registry_auth_t's order) and derives the keys. */
+/* $REFIT_SECRET, read once into the process's copy and taken out of the
+ * environment: a core dump or /proc/PID/environ no longer shows it, and a
+ * later open in this process (tests and tools open several registries)
+ * still finds it.  The environment keeps the bytes of a variable that was
+ * there at exec (the initial block /proc/PID/environ shows) or of a setenv
+ * (glibc never frees those), so they are overwritten before unsetenv.  A
+ * later setenv of another secret replaces the copy at the next open.
+ * Children exec'ed after that no longer inherit the variable: give them
+ * REFIT_SECRET_FILE (what refit demo does for its children). */
+typedef struct {
+    size_t len;
+    uint8_t bytes[MAX_SECRET];
+} env_secret_t;
+
+static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_env_lock = PTHREAD_MUTEX_INITIALIZER;
+static env_secret_t *g_env; /* NULL: out of memory at the first open */
+
+static void env_secret_init(void) { g_env = refit_secret_alloc(sizeof(*g_env)); }
+
+/* Copies the process's copy of $REFIT_SECRET (taking it from the
+ * environment first, if it is set there) into out; *len 0 when there is none. */
+static refit_status_t env_secret(uint8_t *out, size_t *len)
+{
+    pthread_once(&g_env_once, env_secret_init);
+    if (!g_env) return refit_error(REFIT_ERR_NO_MEMORY, "registry: a page for the secret");
+    refit_status_t st = REFIT_OK;
+    pthread_mutex_lock(&g_env_lock);
+    char *env = getenv("REFIT_SECRET");
+    if (env && env[0]) {
+        size_t n = strlen(env);
+        if (n < MIN_SECRET || n > MAX_SECRET) {
+            st = refit_error(REFIT_ERR_AUTH, "$REFIT_SECRET holds %zu characters; want %u..%u", n, MIN_SECRET,
+                             MAX_SECRET);
+            goto unlock;
+        }
+        memcpy(g_env->bytes, env, n);
+        g_env->len = n;
+        refit_wipe(env, n);
+        unsetenv("REFIT_SECRET");
+    }
+    memcpy(out, g_env->bytes, g_env->len);
+    *len = g_env->len;
+unlock:
+    pthread_mutex_unlock(&g_env_lock);
+    return st;
+}
+
+void refit_registry_forget_env_secret(void)
+{
+    pthread_once(&g_env_once, env_secret_init);
+    pthread_mutex_lock(&g_env_lock);
+    if (g_env) refit_wipe(g_env, sizeof(*g_env));
+    pthread_mutex_unlock(&g_env_lock);
+}
+
+/* Finds the secret (refit_registry_auth_t's order) and derives the keys
+ * into r->k.  The secret passes through a page that core dumps leave out. */
 static refit_status_t derive_keys(refit_registry_t *r, const char *job, const refit_registry_auth_t *auth)
 {
-    uint8_t secret[MAX_SECRET];
+    uint8_t *secret = refit_secret_alloc(MAX_SECRET);
+    r->k = refit_secret_alloc(sizeof(*r->k));
+    if (!secret || !r->k) {
+        refit_secret_free(secret, MAX_SECRET);
+        return refit_error(REFIT_ERR_NO_MEMORY, "registry: pages for the keys");
+    }
     size_t len = 0;
     refit_status_t st = REFIT_OK;
     const char *file = auth && auth->secret_file && auth->secret_file[0] ? auth->secret_file
                                                                          : getenv("REFIT_SECRET_FILE");
-    const char *env = getenv("REFIT_SECRET"), *insecure_env = getenv("REFIT_INSECURE");
+    const char *insecure_env = getenv("REFIT_INSECURE");
     bool insecure = (auth && auth->insecure) || (insecure_env && strcmp(insecure_env, "1") == 0);
     if (file && file[0]) {
-        if ((st = read_secret_file(file, secret, &len))) return st;
+        if ((st = read_secret_file(file, secret, &len))) goto wipe;
         snprintf(r->secret_source, sizeof(r->secret_source), "file %.140s", file);
-    } else if (env && env[0]) {
-        len = strlen(env);
-        if (len < MIN_SECRET || len > MAX_SECRET)
-            return refit_error(REFIT_ERR_AUTH, "$REFIT_SECRET holds %zu characters; want %u..%u", len, MIN_SECRET,
-                               MAX_SECRET);
-        memcpy(secret, env, len);
+    } else if ((st = env_secret(secret, &len))) {
+        goto wipe;
+    } else if (len) {
         snprintf(r->secret_source, sizeof(r->secret_source), "$REFIT_SECRET");
     } else if (insecure) {
         static bool warned;
@@ -145,15 +205,16 @@ static refit_status_t derive_keys(refit_registry_t *r, const char *job, const re
         len = 0;
         snprintf(r->secret_source, sizeof(r->secret_source), "insecure");
     } else if (r->ops->job_secret) {
-        if ((st = r->ops->job_secret(r->kv, secret))) return st;
+        if ((st = r->ops->job_secret(r->kv, secret))) goto wipe;
         len = 32;
         snprintf(r->secret_source, sizeof(r->secret_source), "job directory");
     } else {
-        return refit_error(REFIT_ERR_AUTH,
-                           "registry %s: no secret for job %s: set REFIT_SECRET_FILE to a file of at least %u random "
-                           "bytes (mode 0600) shared by the job's processes (or REFIT_SECRET, or the secret_file "
-                           "parameter); REFIT_INSECURE=1 runs without authentication",
-                           r->url, job, MIN_SECRET);
+        st = refit_error(REFIT_ERR_AUTH,
+                         "registry %s: no secret for job %s: set REFIT_SECRET_FILE to a file of at least %u random "
+                         "bytes (mode 0600) shared by the job's processes (or REFIT_SECRET, or the secret_file "
+                         "parameter); REFIT_INSECURE=1 runs without authentication",
+                         r->url, job, MIN_SECRET);
+        goto wipe;
     }
     r->secure = !insecure || len > 0;
     static const char salt[] = "refit secret v1";
@@ -161,15 +222,17 @@ static refit_status_t derive_keys(refit_registry_t *r, const char *job, const re
     static const char *const uses[] = {"registry", "connection", "digest"};
     for (int i = 0; i < 3; i++) {
         int n = snprintf(info, sizeof(info), "%s key for job %s", uses[i], job);
-        refit_hkdf(salt, sizeof(salt) - 1, secret, len, info, (size_t)n, i == 0 ? r->reg_key : r->keys[i - 1], 32);
+        refit_hkdf(salt, sizeof(salt) - 1, secret, len, info, (size_t)n, i == 0 ? r->k->reg_key : r->k->keys[i - 1],
+                   32);
     }
-    refit_wipe(secret, sizeof(secret));
-    return REFIT_OK;
+wipe:
+    refit_secret_free(secret, MAX_SECRET);
+    return st;
 }
 
 const uint8_t *refit_registry_key(const refit_registry_t *r, refit_key_use_t use)
 {
-    return r && (unsigned)use < 2 ? r->keys[use] : NULL;
+    return r && (unsigned)use < 2 ? r->k->keys[use] : NULL;
 }
 
 bool refit_registry_secure(const refit_registry_t *r) { return r && r->secure; }
@@ -226,6 +289,7 @@ refit_status_t refit_registry_open_auth(const char *url, const char *job, const 
     return REFIT_OK;
 
 close_kv:
+    refit_secret_free(r->k, sizeof(*r->k));
     ops->close(r->kv);
 free_url:
     free(r->url);
@@ -239,6 +303,7 @@ void refit_registry_close(refit_registry_t *r)
 {
     if (!r) return;
     r->ops->close(r->kv);
+    refit_secret_free(r->k, sizeof(*r->k));
     free(r->url);
     refit_wipe(r, sizeof(*r));
     free(r);
@@ -254,7 +319,7 @@ static void tag_of(const refit_registry_t *r, const char *key, const void *val, 
     uint8_t klen[2];
     size_t kl = strlen(key);
     refit_put_le(klen, kl, 2);
-    refit_hmac_init(&h, r->reg_key, sizeof(r->reg_key));
+    refit_hmac_init(&h, r->k->reg_key, sizeof(r->k->reg_key));
     refit_hmac_update(&h, klen, 2);
     refit_hmac_update(&h, key, kl);
     refit_hmac_update(&h, val, len);
@@ -282,6 +347,15 @@ refit_status_t refit_registry_put_signed(refit_registry_t *r, const char *key, c
     return registry_kv_put(r, key, val ? val : "", len, ttl_ms, false);
 }
 
+/* Whether value || tag (len bytes in all) carries this job's tag for key. */
+static bool value_authentic(const refit_registry_t *r, const char *key, const void *val, size_t len)
+{
+    uint8_t tag[TAG_LEN];
+    if (len < TAG_LEN) return false;
+    tag_of(r, key, val, len - TAG_LEN, tag);
+    return refit_ct_equal(tag, (const uint8_t *)val + len - TAG_LEN, TAG_LEN);
+}
+
 /* get_many, checking and stripping every tag.  A value whose tag is wrong
  * (written without this job's secret, or under another key) fails the call
  * with REFIT_ERR_AUTH, or, when forged != NULL, is logged, reported absent
@@ -294,13 +368,7 @@ refit_status_t registry_kv_get_many(refit_registry_t *r, const char *const *keys
     for (size_t i = 0; i < n; i++) {
         if (forged) forged[i] = 0;
         if (!vals[i]) continue;
-        uint8_t tag[TAG_LEN];
-        bool ok = lens[i] >= TAG_LEN;
-        if (ok) {
-            tag_of(r, keys[i], vals[i], lens[i] - TAG_LEN, tag);
-            ok = refit_ct_equal(tag, (uint8_t *)vals[i] + lens[i] - TAG_LEN, TAG_LEN);
-        }
-        if (ok) {
+        if (value_authentic(r, keys[i], vals[i], lens[i])) {
             lens[i] -= TAG_LEN;
             continue;
         }
@@ -335,6 +403,25 @@ refit_status_t registry_get_one(refit_registry_t *r, const char *key, void **val
     if (st) return st;
     *val = vals[0];
     *len = lens[0];
+    return REFIT_OK;
+}
+
+refit_status_t registry_get_checked(refit_registry_t *r, const char *key, void **val, size_t *len, bool *forged)
+{
+    const char *keys[1] = {key};
+    void *vals[1] = {NULL};
+    size_t lens[1] = {0};
+    refit_status_t st = r->ops->get_many(r->kv, keys, 1, vals, lens);
+    if (st) return st;
+    *forged = vals[0] && !value_authentic(r, key, vals[0], lens[0]);
+    if (*forged || !vals[0]) {
+        free(vals[0]);
+        *val = NULL;
+        *len = *forged ? lens[0] : 0;
+        return REFIT_OK;
+    }
+    *val = vals[0];
+    *len = lens[0] - TAG_LEN;
     return REFIT_OK;
 }
 

@@ -30,7 +30,12 @@ typedef struct refit_registry refit_registry_t;
  * REFIT_ERR_AUTH naming the key.  The secret is looked up in this order:
  *   secret_file, else $REFIT_SECRET_FILE: a regular file of at least 16
  *     bytes, owned by this user, not readable by group or others;
- *   $REFIT_SECRET: the secret itself (at least 16 characters);
+ *   $REFIT_SECRET: the secret itself (16..4096 characters).  The first open
+ *     that uses it copies it into the process's copy (pages left out of core
+ *     dumps) and removes it from the environment, its bytes overwritten;
+ *     later opens use that copy (or a new $REFIT_SECRET set meanwhile).
+ *     Processes exec'ed after that do not inherit it: pass them
+ *     REFIT_SECRET_FILE.  Not read when a secret file is given;
  *   insecure, else $REFIT_INSECURE=1: a fixed, public key: anyone who can
  *     write the registry or reach a listener is trusted (logged once);
  *   file: registries: DIR/<job>/.secret, 32 random bytes created (0600) by
@@ -38,11 +43,16 @@ typedef struct refit_registry refit_registry_t;
  *     job directory (0700, ours) shares it;
  *   otherwise (redis) REFIT_ERR_AUTH: a networked registry needs a secret.
  * Keys for other uses (transport connections, content digests) are derived
- * from the same secret (refit_registry_key). */
+ * from the same secret (refit_registry_key); the secret passes, and the keys
+ * live, on pages left out of core dumps (refit_secret_alloc). */
 typedef struct {
     const char *secret_file;
     bool insecure;
 } refit_registry_auth_t;
+
+/* Drops the process's copy of $REFIT_SECRET (tests: an open without a
+ * secret in the environment then finds none). */
+void refit_registry_forget_env_secret(void);
 
 /* Opens a registry for `job` (namespace; [A-Za-z0-9._-], 1..64 chars, not
  * starting with '.').  auth NULL: the environment and defaults above.

@@ -8,11 +8,17 @@
 
 #define KEY_MAX 256
 
+/* The keys derived from the job's secret, on pages of their own that core
+ * dumps leave out (refit_secret_alloc). */
+typedef struct {
+    uint8_t reg_key[32], keys[2][32];
+} registry_keys_t;
+
 struct refit_registry {
     const refit_kv_ops_t *ops;
     refit_kv_t *kv;
     char *url;
-    uint8_t reg_key[32], keys[2][32];
+    registry_keys_t *k;
     bool secure;
     char secret_source[160];
 };
@@ -25,6 +31,10 @@ refit_status_t registry_kv_put(refit_registry_t *r, const char *key, const void 
 refit_status_t registry_kv_get_many(refit_registry_t *r, const char *const *keys, size_t n, void **vals, size_t *lens,
                                     uint8_t *forged);
 refit_status_t registry_get_one(refit_registry_t *r, const char *key, void **val, size_t *len);
+/* One key, its tag checked without failing or logging: *val malloc'ed (tag
+ * stripped), or NULL when absent or not authentic; *forged says which, and
+ * then *len is the stored value's size. */
+refit_status_t registry_get_checked(refit_registry_t *r, const char *key, void **val, size_t *len, bool *forged);
 refit_status_t registry_is_present(refit_registry_t *r, const char *key, bool *present);
 refit_status_t registry_check_world(uint32_t world, const void *out);
 refit_status_t registry_get_ranks(refit_registry_t *r, const char *group, uint32_t world, const char *what,

@@ -5,6 +5,13 @@
  *   plain acquires), reserved u64 x 2; key "epoch" (outside every group):
  *   a random u64, created by the first user of the job.
  *
+ * The epoch never stops a job: a value that is not authentic or no epoch is
+ * replaced by a fresh one (logged at WARN, naming what was found), as an
+ * absent one is created; an epoch deleted and made again faster than it can
+ * be read is reported as a fresh value.  Each of these reads as "the store
+ * lost its data" to the publishers, which then fence (wait a lease lifetime
+ * before trusting "no leases"): the cautious side, never a failure.
+ *
  * Lease protocol.  acquire(v, r): (1) get retired(v) (and lease(v, r), to
  * know whether this is a renewal): present -> STALE (deleting the reader's
  * earlier lease, if any); (2) put lease(v, r) with ttl; (3) get retired(v)
@@ -41,6 +48,7 @@
 #define ACK_TTL_MS (60u * 60u * 1000u)
 #define LEASE_MAGIC "RFLS"
 #define LEASE_SIZE 40u
+#define EPOCH_TRIES 6 /* reads of a changing epoch, 1 + 2 + 4 + 8 + 16 ms apart */
 
 /* ---- leases ------------------------------------------------------------- */
 
@@ -63,38 +71,71 @@ refit_status_t refit_registry_retire(refit_registry_t *r, const char *group, uin
     return registry_kv_put(r, key, "retired", 7, RETIRED_TTL_MS, false);
 }
 
+/* The epoch's value when it is one: 8 bytes, not 0. */
+static bool decode_epoch(const void *val, size_t len, uint64_t *e)
+{
+    if (len != 8) return false;
+    *e = refit_get_le(val, 8);
+    return *e != 0;
+}
+
 refit_status_t refit_registry_epoch(refit_registry_t *r, uint64_t *epoch, bool *created)
 {
     if (!r || !epoch) return refit_error(REFIT_ERR_INVALID_ARG, "registry epoch: NULL argument");
-    for (int tries = 0; tries < 3; tries++) {
+    refit_status_t st;
+    uint64_t e = 0;
+    for (int tries = 0; tries < EPOCH_TRIES; tries++) {
+        if (tries) usleep(1000u << (tries - 1)); /* another process raced us: let it finish */
         void *val = NULL;
         size_t len = 0;
-        refit_status_t st = registry_get_one(r, "epoch", &val, &len);
-        if (st) return st;
-        if (val) {
-            bool ok = len == 8;
-            uint64_t e = ok ? refit_get_le(val, 8) : 0;
-            free(val);
-            if (!ok || e == 0) return refit_error(REFIT_ERR_CORRUPT, "registry %s: key epoch is not an epoch", r->url);
+        bool forged = false;
+        if ((st = registry_get_checked(r, "epoch", &val, &len, &forged))) return st;
+        bool ok = val && decode_epoch(val, len, &e), bad = forged || val;
+        free(val);
+        if (ok) {
             *epoch = e;
             if (created) *created = false;
             return REFIT_OK;
         }
-        uint8_t v[8];
-        uint64_t e = 0;
+        /* Absent (the store lost its data, or someone deleted the key), or
+         * a value that is no epoch: either way no authentic epoch is there,
+         * and a fresh one is what tells every user of the job "assume the
+         * store lost its data".  Refusing to go on instead stopped every
+         * publisher until an operator deleted the key. */
+        e = 0;
         while (!e)
             if ((st = refit_random_bytes(&e, sizeof(e)))) return st;
+        uint8_t v[8];
         refit_put_le(v, e, 8);
-        st = registry_kv_put(r, "epoch", v, sizeof(v), 0, true);
+        st = registry_kv_put(r, "epoch", v, sizeof(v), 0, !bad);
         if (!st) {
             *epoch = e;
             if (created) *created = true;
-            refit_log(REFIT_LOG_INFO, "registry %s: epoch %016" PRIx64 " made (pid %ld)", r->url, e, (long)getpid());
+            if (bad)
+                refit_log(REFIT_LOG_WARN,
+                          "registry %s: key epoch held %s (%zu bytes): replaced by a fresh epoch %016" PRIx64
+                          "; publishers treat it as a loss of the store's data",
+                          r->url,
+                          forged ? "a value not signed with this job's secret" : "a signed value that is no epoch", len,
+                          e);
+            else
+                refit_log(REFIT_LOG_INFO, "registry %s: epoch %016" PRIx64 " made (pid %ld)", r->url, e,
+                          (long)getpid());
             return REFIT_OK;
         }
         if (st != REFIT_ERR_BUSY) return st; /* else another process made it first: read it */
     }
-    return refit_error(REFIT_ERR_REGISTRY, "registry %s: the epoch key keeps changing", r->url);
+    /* Made and deleted again and again: no stable value to report.  A fresh
+     * one that is not stored differs from whatever the caller saw before, so
+     * it reads as a loss of the store's data (fencing: safe, and the caller
+     * goes on); the next call finds whatever is stored by then. */
+    *epoch = e;
+    if (created) *created = false;
+    refit_log(REFIT_LOG_WARN,
+              "registry %s: key epoch changed under %d reads: reporting a fresh epoch %016" PRIx64
+              " (a loss of the store's data)",
+              r->url, EPOCH_TRIES, e);
+    return REFIT_OK;
 }
 
 typedef struct {

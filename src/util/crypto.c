@@ -1,10 +1,12 @@
-/* SHA-256, HMAC, HKDF, constant-time compare, kernel randomness (see crypto.h).
+/* SHA-256, HMAC, HKDF, constant-time compare, kernel randomness, memory for secrets (see crypto.h).
  * Straight from FIPS 180-4 section 6.2 and RFCs 2104 / 5869. */
 #include "util/crypto.h"
 
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 static const uint32_t K256[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -189,4 +191,33 @@ void refit_wipe(void *p, size_t n)
 {
     volatile uint8_t *v = p;
     while (n--) *v++ = 0;
+}
+
+static size_t secret_bytes(size_t n)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return (REFIT_MAX(n, 1) + pg - 1) / pg * pg;
+}
+
+/* Pages of their own, so that MADV_DONTDUMP covers the secret and nothing
+ * else.  Not PR_SET_DUMPABLE = 0: it would also forbid same-user receivers
+ * to process_vm_readv a publisher's attached memory (transport/shm.c).  Not
+ * MADV_WIPEONFORK or DONTFORK: forked children (tests, tools) open
+ * registries with the process's copy of the secret. */
+void *refit_secret_alloc(size_t n)
+{
+    size_t len = secret_bytes(n);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    /* Linux >= 3.4; where it fails the pages are merely dumped, as malloc's are. */
+    (void)madvise(p, len, MADV_DONTDUMP);
+    return p;
+}
+
+void refit_secret_free(void *p, size_t n)
+{
+    if (!p) return;
+    size_t len = secret_bytes(n);
+    refit_wipe(p, len);
+    munmap(p, len);
 }

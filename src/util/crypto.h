@@ -44,4 +44,11 @@ refit_status_t refit_random_bytes(void *buf, size_t n);
 /* Overwrites n bytes with zeros in a way the compiler keeps. */
 void refit_wipe(void *p, size_t n);
 
+/* Memory for secrets and keys derived from them: n bytes (zeroed) on pages of
+ * their own, page-aligned, left out of core dumps (MADV_DONTDUMP).  NULL when
+ * out of memory.  refit_secret_free(p, n) (n as allocated) zeroes and unmaps
+ * them; NULL is accepted. */
+void *refit_secret_alloc(size_t n);
+void refit_secret_free(void *p, size_t n);
+
 #endif

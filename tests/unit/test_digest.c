@@ -46,7 +46,8 @@ static uint64_t rnd(void)
     return refit_mix64(rng_state);
 }
 
-/* K_l[j] recovered through the API: the dot of a single unit of value 1. */
+/* K_l[j] recovered through the API: the dot of a single unit of value 1
+ * (long_rows checks its structure, m_l(j >> 16) * k_l[j mod 65536]). */
 static uint32_t kcol(const refit_digest_key_t *k, int lane, uint64_t j)
 {
     uint8_t one[2] = {1, 0};
@@ -60,7 +61,7 @@ static refit_dsum_t naive_dot(const refit_digest_key_t *k, const uint8_t *p, uin
     for (uint64_t t = 0; t < n; t++) {
         int16_t v;
         memcpy(&v, p + 2 * t, 2);
-        for (int l = 0; l < 2; l++) d.lane[l] += kcol(k, l, (j + t) % 65536) * (uint32_t)(int32_t)v;
+        for (int l = 0; l < 2; l++) d.lane[l] += kcol(k, l, j + t) * (uint32_t)(int32_t)v;
     }
     return d;
 }
@@ -210,6 +211,117 @@ static void additivity(void **state)
     assert_false(dsum_eq(whole, moved));
     free(m);
     refit_digest_key_destroy(k);
+}
+
+/* Column keys do not repeat along a row (issue 28): unit j and unit j + 65536
+ * used to share a key, so +d at one and -d at the other of the same row kept
+ * both lanes for every key.  Now each 65,536-unit block b has its own odd
+ * multiplier m_l(b) (1 for block 0): K[j] = m(j >> 16) * K[j mod 65536]; the
+ * pair is caught for 200 of 200 random keys, by the receiver's box sums and
+ * by the publisher's table alike; scalar and AVX2 agree on long rows,
+ * segments that cross a block boundary and odd offsets; sums stay additive
+ * over cuts at and around the boundaries. */
+static uint32_t inv32(uint32_t a) /* inverse of odd a mod 2^32 (Newton) */
+{
+    uint32_t x = a;
+    for (int i = 0; i < 5; i++) x *= 2 - a * x;
+    return x;
+}
+
+static void long_rows(void **state)
+{
+    (void)state;
+    enum { U = 65536 + 6000, KEYS = 200 };
+    uint8_t *row = xmalloc(2 * U);
+    unsigned caught[2] = {0, 0}, same_key_old = 0;
+    for (int kn = 0; kn < KEYS; kn++) {
+        uint8_t raw[32];
+        for (int i = 0; i < 32; i++) raw[i] = (uint8_t)rnd();
+        for (int impl = 0; impl < 2; impl++) {
+            refit_digest_impl_t want = impl ? REFIT_DIGEST_IMPL_AVX2 : REFIT_DIGEST_IMPL_SCALAR;
+            if (impl && !have_avx2()) continue;
+            refit_digest_key_t *k = NULL;
+            REFIT_ASSERT_OK(refit_digest_key_create_impl(raw, want, &k));
+            for (size_t i = 0; i < 2 * U; i++) row[i] = (uint8_t)rnd();
+            /* +d at unit j, -d at unit j + 65536, no int16 wrap. */
+            uint64_t j = rnd() % (U - 65536), tid = rnd();
+            int16_t a = (int16_t)((int)(rnd() % 32001) - 16000), b = (int16_t)((int)(rnd() % 32001) - 16000);
+            int16_t d = (int16_t)(1 + rnd() % 16000);
+            if (rnd() & 1) d = (int16_t)-d;
+            memcpy(row + 2 * j, &a, 2);
+            memcpy(row + 2 * (j + 65536), &b, 2);
+            refit_dsum_t before = {{0, 0}}, after = {{0, 0}};
+            refit_digest_rows(k, tid, 7, 1, 0, row, 0, U, &before);
+            a = (int16_t)(a + d);
+            b = (int16_t)(b - d);
+            memcpy(row + 2 * j, &a, 2);
+            memcpy(row + 2 * (j + 65536), &b, 2);
+            refit_digest_rows(k, tid, 7, 1, 0, row, 0, U, &after);
+            caught[impl] += before.lane[0] != after.lane[0] && before.lane[1] != after.lane[1];
+            /* The keys' structure: one odd multiplier per block, 1 for block 0. */
+            if (kn < 20) {
+                for (int l = 0; l < 2; l++) {
+                    uint32_t k0 = kcol(k, l, 0);
+                    for (int t = 0; t < 50; t++) {
+                        uint64_t x = rnd() % 65536, blk = 1 + rnd() % 1000;
+                        uint32_t mb = kcol(k, l, blk << 16) * inv32(k0);
+                        assert_true(mb & 1);
+                        assert_int_equal(kcol(k, l, (blk << 16) + x), mb * kcol(k, l, x));
+                        same_key_old += kcol(k, l, x) == kcol(k, l, x + 65536);
+                        assert_true((uint32_t)(int32_t)(int16_t)kcol(k, l, x) == kcol(k, l, x));
+                    }
+                }
+            }
+            refit_digest_key_destroy(k);
+        }
+    }
+    if (caught[0] != KEYS || (have_avx2() && caught[1] != KEYS) || same_key_old)
+        fail_msg("+d at j, -d at j + 65536 caught for %u (scalar) and %u (avx2) of %d keys; K[j] == K[j + 65536] "
+                 "%u times",
+                 caught[0], caught[1], KEYS, same_key_old);
+    free(row);
+
+    /* Scalar == AVX2 == naive on long rows, across block boundaries, at odd
+     * starts and odd addresses; additive over cuts at and near boundaries. */
+    if (!have_avx2()) return;
+    refit_digest_key_t *ks = key_impl(11, REFIT_DIGEST_IMPL_SCALAR), *kv = key_impl(11, REFIT_DIGEST_IMPL_AVX2);
+    enum { N = 3 * 65536 + 100 };
+    uint8_t *buf = xmalloc(2 * N + 3);
+    for (size_t i = 0; i < 2 * N + 3; i++) buf[i] = (uint8_t)rnd();
+    const uint64_t firsts[] = {0,         1,     12345, 65536 - 17,    65536 - 16,
+                               65536 - 1, 65536, 65537, 2 * 65536 - 7, 5 * 65536 + 3};
+    const uint64_t lens[] = {1, 15, 16, 17, 31, 33, 65535, 65536, 65537, 70001, 140000, 2 * 65536 + 50};
+    for (size_t fi = 0; fi < REFIT_ARRAY_LEN(firsts); fi++)
+        for (size_t li = 0; li < REFIT_ARRAY_LEN(lens); li++)
+            for (unsigned mis = 0; mis < 2; mis++) {
+                uint64_t first = firsts[fi], n = lens[li];
+                const uint8_t *p = buf + mis;
+                refit_dsum_t x = refit_digest_dot(ks, p, first, n), y = refit_digest_dot(kv, p, first, n);
+                if (!dsum_eq(x, y))
+                    fail_msg("first %" PRIu64 " n %" PRIu64 " misalign %u: scalar %08x%08x avx2 %08x%08x", first, n,
+                             mis, x.lane[0], x.lane[1], y.lane[0], y.lane[1]);
+                if (n <= 70001 && li % 3 == 0) assert_true(dsum_eq(x, naive_dot(ks, p, first, n)));
+                refit_dsum_t r1 = {{0, 0}}, r2 = {{0, 0}}, parts = {{0, 0}};
+                uint64_t nr = n > 65536 ? 1 : 2;
+                refit_digest_rows(ks, 5, 3, nr, first, p, 2 * n, n, &r1);
+                refit_digest_rows(kv, 5, 3, nr, first, p, 2 * n, n, &r2);
+                assert_true(dsum_eq(r1, r2));
+                /* Cut each row at the next block boundary, one unit on either side, and at random. */
+                for (uint64_t i = 0; i < nr; i++) {
+                    uint64_t c = 0, bound = ((first >> 16) + 1) << 16;
+                    uint64_t cuts[4] = {bound - first - 1, bound - first, bound - first + 1, rnd() % (n + 1)};
+                    for (int q = 0; q < 4; q++) {
+                        uint64_t e = REFIT_MIN(REFIT_MAX(cuts[q], c), n);
+                        refit_digest_span(q % 2 ? kv : ks, 5, 3 + i, first + c, p + 2 * n * i + 2 * c, e - c, &parts);
+                        c = e;
+                    }
+                    refit_digest_span(kv, 5, 3 + i, first + c, p + 2 * n * i + 2 * c, n - c, &parts);
+                }
+                assert_true(dsum_eq(r1, parts));
+            }
+    free(buf);
+    refit_digest_key_destroy(ks);
+    refit_digest_key_destroy(kv);
 }
 
 /* ------------------------------------------------- hand-made manifests */
@@ -408,6 +520,75 @@ static void table_contents(void **state)
     free(t2);
     free(t8);
     free(offs);
+    free(arena);
+    refit_digest_key_destroy(k);
+    refit_manifest_destroy(m);
+}
+
+/* A box whose rows cross unit 65536 (an lm_head-like row of 140,000 units
+ * with its first 1000 cut off): P and Q hold the digests the kernel gives,
+ * with the right multiplier on each side of the boundary, for any thread
+ * count and either kernel; +d / -d 65,536 units apart in one row changes the
+ * publisher's totals and the receiver's own sum. */
+static void long_row_tables(void **state)
+{
+    (void)state;
+    const tspec_t ts[] = {{"wide", REFIT_DTYPE_BF16, 2, {3, 140000}}};
+    const bspec_t bs[] = {{0, {0, 1000}, {3, 139000}}};
+    refit_manifest_t *m = hand_manifest(0, ts, 1, bs, 1);
+    uint8_t *arena = hand_fill(m);
+    refit_digest_key_t *k = key_of(12);
+    const refit_placement_t *pl = &m->placements.data[0];
+    const uint8_t *base = arena + m->locals.data[pl->local].offset;
+    uint64_t tid = refit_digest_tensor_id(k, "wide"), n = 139000, stride = 2 * n;
+    uint8_t *t1 = table_of(k, m, arena, 1), *t2 = table_of(k, m, arena, 2);
+    uint64_t bytes = refit_digest_table_bytes(m);
+    assert_int_equal(bytes, 8 * (4 + 139001));
+    assert_memory_equal(t1, t2, bytes);
+    const uint8_t *P = t1, *Q = P + 8 * 4;
+    for (uint64_t x = 0; x <= 3; x++) {
+        refit_dsum_t want = {{0, 0}}, got;
+        refit_digest_rows(k, tid, 0, x, 1000, base, stride, n, &want);
+        memcpy(&got, P + 8 * x, 8);
+        assert_true(dsum_eq(want, got));
+    }
+    const uint64_t qs[] = {1, 2, 64535, 64536, 64537, 100000, 130072, 130073, 139000};
+    for (size_t i = 0; i < REFIT_ARRAY_LEN(qs); i++) {
+        refit_dsum_t want = {{0, 0}}, got;
+        refit_digest_rows(k, tid, 0, 3, 1000, base, stride, qs[i], &want);
+        memcpy(&got, Q + 8 * qs[i], 8);
+        assert_true(dsum_eq(want, got));
+    }
+    if (have_avx2()) {
+        refit_digest_key_t *ks = key_impl(12, REFIT_DIGEST_IMPL_SCALAR);
+        uint8_t *ts1 = table_of(ks, m, arena, 1);
+        assert_memory_equal(t1, ts1, bytes);
+        free(ts1);
+        refit_digest_key_destroy(ks);
+    }
+    refit_dsum_t local0, local1;
+    REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&arena, &local0, 2));
+    assert_memory_equal(&local0, P + 8 * 3, 8);
+    /* Row 1: canonical units 2000 and 2000 + 65536 set to known values, then
+     * +300 at the first and -300 at the second. */
+    uint8_t *u1 = arena + m->locals.data[pl->local].offset + stride + 2 * (2000 - 1000), *u2 = u1 + 2 * 65536;
+    int16_t v[4] = {1234, -777, 1234 + 300, -777 - 300};
+    memcpy(u1, &v[0], 2);
+    memcpy(u2, &v[1], 2);
+    uint8_t *before = table_of(k, m, arena, 2);
+    memcpy(u1, &v[2], 2);
+    memcpy(u2, &v[3], 2);
+    uint8_t *after = table_of(k, m, arena, 2);
+    REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&arena, &local1, 2));
+    refit_dsum_t pb, pa;
+    memcpy(&pb, before + 8 * 3, 8);
+    memcpy(&pa, after + 8 * 3, 8);
+    assert_true(pb.lane[0] != pa.lane[0] && pb.lane[1] != pa.lane[1]);
+    assert_memory_equal(&local1, &pa, 8);
+    free(before);
+    free(after);
+    free(t2);
+    free(t1);
     free(arena);
     refit_digest_key_destroy(k);
     refit_manifest_destroy(m);
@@ -918,10 +1099,11 @@ static void errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(key_properties), cmocka_unit_test(kernels_agree),    cmocka_unit_test(additivity),
-        cmocka_unit_test(table_contents), cmocka_unit_test(layout_pairs),     cmocka_unit_test(fp8_arenas),
-        cmocka_unit_test(stale_source),   cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases),
-        cmocka_unit_test(fetch_shape),    cmocka_unit_test(errors),
+        cmocka_unit_test(key_properties),   cmocka_unit_test(kernels_agree),      cmocka_unit_test(additivity),
+        cmocka_unit_test(long_rows),        cmocka_unit_test(table_contents),     cmocka_unit_test(long_row_tables),
+        cmocka_unit_test(layout_pairs),     cmocka_unit_test(fp8_arenas),         cmocka_unit_test(stale_source),
+        cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases), cmocka_unit_test(fetch_shape),
+        cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

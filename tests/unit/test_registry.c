@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -23,8 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data/digest.h"
 #include "registry/backend.h"
 #include "registry/registry.h"
+#include "util/crypto.h"
 
 typedef struct {
     const char *name;
@@ -771,16 +774,18 @@ static void test_file_layout(void **state)
 
 /* ---- authentication (docs/security.md) --------------------------------------------- */
 
-/* A registry of the same job opened with another secret. */
+/* The test secret, as it was before the first open took it out of the
+ * environment (main). */
+static char *g_secret;
+
+/* A registry of the same job opened with another secret.  The next open
+ * takes the test secret back from the environment. */
 static refit_registry_t *open_with_secret(const backend_t *b, const char *job, const char *secret)
 {
-    char *old = getenv("REFIT_SECRET") ? strdup(getenv("REFIT_SECRET")) : NULL;
     setenv("REFIT_SECRET", secret, 1);
     refit_registry_t *r = NULL;
     REFIT_ASSERT_OK(refit_registry_open(b->url, job, &r));
-    if (old) setenv("REFIT_SECRET", old, 1);
-    else unsetenv("REFIT_SECRET");
-    free(old);
+    setenv("REFIT_SECRET", g_secret, 1);
     return r;
 }
 
@@ -897,11 +902,184 @@ static void test_epoch(void **state)
     REFIT_ASSERT_OK(b->ops->del(kv, "epoch")); /* the store lost its data */
     REFIT_ASSERT_OK(refit_registry_epoch(r2, &e3, &created));
     assert_true(created && e3 != e1);
-    REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "12345678", 8, 0)); /* forged */
-    REFIT_ASSERT_ERR(refit_registry_epoch(r, &e3, NULL), REFIT_ERR_AUTH, "epoch");
+    /* Forged (no tag), or signed but no epoch: replaced by a fresh authentic
+     * epoch, as if the store had lost it -- before, every later call failed
+     * (REFIT_ERR_AUTH, REFIT_ERR_CORRUPT) until someone deleted the key. */
+    REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "12345678", 8, 0));
+    uint64_t e4 = 0, e5 = 0;
+    REFIT_ASSERT_OK(refit_registry_epoch(r, &e4, &created));
+    assert_true(created && e4 != e3 && e4 != refit_get_le((const uint8_t *)"12345678", 8));
+    REFIT_ASSERT_OK(refit_registry_epoch(r2, &e5, &created));
+    assert_false(created);
+    assert_true(e5 == e4);
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "epoch", "\0\0\0\0\0\0\0\0", 8, 0)); /* signed, zero */
+    REFIT_ASSERT_OK(refit_registry_epoch(r2, &e5, &created));
+    assert_true(created && e5 != 0 && e5 != e4);
+    REFIT_ASSERT_OK(refit_registry_put_signed(r, "epoch", "abc", 3, 0)); /* signed, 3 bytes */
+    REFIT_ASSERT_OK(refit_registry_epoch(r, &e4, &created));
+    assert_true(created && e4 != 0 && e4 != e5);
+    REFIT_ASSERT_OK(refit_registry_epoch(r2, &e5, &created));
+    assert_true(!created && e5 == e4);
     b->ops->close(kv);
     refit_registry_close(r2);
     refit_registry_close(r);
+}
+
+/* ---- a forged or deleted epoch does not stop a job (issue 28) ------------- */
+
+#define EPOCH_MODEL "tiny-moe"
+#define EPOCH_SRC "megatron:tp=1"
+#define EPOCH_DST "vllm:tp=1"
+
+/* A snapshot publisher in this process with short dead and lease times
+ * (fencing waits 300 ms, a staging arena's readers get 4 * 200 + 300 ms). */
+static refit_publisher_t *epoch_publisher(const backend_t *b, const char *job, void **base)
+{
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    pp.registry = b->url;
+    pp.job = job;
+    pp.transports = "shm";
+    pp.mode = REFIT_MODE_SNAPSHOT;
+    pp.heartbeat_ms = 50;
+    pp.dead_ms = 200;
+    pp.lease_ms = 300;
+    refit_publisher_t *p = NULL;
+    REFIT_ASSERT_OK(refit_publisher_create(&pp, t_manifest_named(EPOCH_MODEL, EPOCH_SRC, 0), &p));
+    REFIT_ASSERT_OK(refit_publisher_alloc(p, 0, base));
+    return p;
+}
+
+static refit_receiver_t *epoch_receiver(const backend_t *b, const char *job, void **base)
+{
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = b->url;
+    rp.job = job;
+    rp.transports = "shm";
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.lease_ms = 300;
+    rp.threads = 1;
+    refit_receiver_t *r = NULL;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(EPOCH_MODEL, EPOCH_DST, 0), &r));
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
+    return r;
+}
+
+static void epoch_publish(refit_publisher_t *p, const refit_manifest_t *m, void *base, uint64_t v)
+{
+    REFIT_ASSERT_OK(refit_truth_fill(m, &base, v));
+    REFIT_ASSERT_OK(refit_publisher_publish(p, v));
+}
+
+/* Pulls v (or the newest) and checks the receiver's memory is that version's truth. */
+static void epoch_pull(refit_receiver_t *r, const refit_manifest_t *dm, void *base, uint64_t v)
+{
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, v, 5000, &rep));
+    assert_int_equal(rep.version, v);
+    REFIT_ASSERT_OK(refit_truth_verify(dm, (const void *const *)&base, v, NULL));
+}
+
+/* A forged epoch value (no tag) before the first publish and again between
+ * publishes: the publisher publishes (its snapshot arenas reused: the wait
+ * fences once), a receiver commits each version, and the store ends with an
+ * authentic epoch.  Before: the first publish failed with REFIT_ERR_AUTH
+ * ("key epoch is not signed"), and so did every one after. */
+static void test_epoch_forged_publish(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    new_job(job);
+    refit_kv_t *kv = open_kv(b, job);
+    REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "forged!!", 8, 0));
+    void *pb = NULL, *rb = NULL;
+    refit_publisher_t *p = epoch_publisher(b, job, &pb);
+    refit_receiver_t *r = epoch_receiver(b, job, &rb);
+    refit_manifest_t *sm = t_manifest_named(EPOCH_MODEL, EPOCH_SRC, 0),
+                     *dm = t_manifest_named(EPOCH_MODEL, EPOCH_DST, 0);
+    epoch_publish(p, sm, pb, 1);
+    epoch_pull(r, dm, rb, 1);
+    for (uint64_t v = 2; v <= 4; v++) {
+        REFIT_ASSERT_OK(b->ops->put(kv, "epoch", "forged!!", 8, 0));
+        epoch_publish(p, sm, pb, v);
+        epoch_pull(r, dm, rb, v);
+    }
+    refit_registry_t *reg = open_job(b, job);
+    uint64_t e = 0, e2 = 0;
+    bool created = true;
+    REFIT_ASSERT_OK(refit_registry_epoch(reg, &e, &created));
+    assert_false(created);
+    REFIT_ASSERT_OK(refit_registry_epoch(reg, &e2, &created));
+    assert_true(e == e2 && !created);
+    refit_registry_close(reg);
+    refit_receiver_destroy(r);
+    refit_publisher_destroy(p);
+    refit_manifest_destroy(sm);
+    refit_manifest_destroy(dm);
+    b->ops->close(kv);
+}
+
+typedef struct {
+    const backend_t *b;
+    const char *job;
+    volatile int stop;
+    unsigned deletes;
+} epoch_deleter_t;
+
+static void *epoch_deleter(void *arg)
+{
+    epoch_deleter_t *d = arg;
+    refit_kv_t *kv = open_kv(d->b, d->job);
+    while (!d->stop) {
+        if (d->b->ops->del(kv, "epoch") == REFIT_OK) d->deletes++;
+        msleep(10);
+    }
+    d->b->ops->close(kv);
+    return NULL;
+}
+
+/* `epoch` deleted every 10 ms for 2.5 s while snapshot publishes (and pulls)
+ * go on: every publish succeeds, each fencing at most one lease lifetime
+ * (300 ms here); a receiver commits every version.  Before: the fence
+ * restarted at every new epoch, and the first publish that reused a staging
+ * arena failed after dead_ms * 4 + lease_ms with REFIT_ERR_TIMEOUT ("the
+ * registry lost its data"). */
+static void test_epoch_deleted_repeatedly(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    new_job(job);
+    void *pb = NULL, *rb = NULL;
+    refit_publisher_t *p = epoch_publisher(b, job, &pb);
+    refit_receiver_t *r = epoch_receiver(b, job, &rb);
+    refit_manifest_t *sm = t_manifest_named(EPOCH_MODEL, EPOCH_SRC, 0),
+                     *dm = t_manifest_named(EPOCH_MODEL, EPOCH_DST, 0);
+    epoch_publish(p, sm, pb, 1);
+    epoch_pull(r, dm, rb, 1);
+    epoch_deleter_t d = {b, job, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, epoch_deleter, &d), 0);
+    double t0 = refit_now();
+    uint64_t v = 1;
+    double slowest = 0;
+    while (ms_since(t0) < 2500) {
+        double t1 = refit_now();
+        v++;
+        epoch_publish(p, sm, pb, v);
+        slowest = REFIT_MAX(slowest, ms_since(t1));
+        epoch_pull(r, dm, rb, v);
+    }
+    d.stop = 1;
+    pthread_join(th, NULL);
+    print_message("epoch deleted %u times; %" PRIu64 " publishes, the slowest %.0f ms\n", d.deletes, v - 1, slowest);
+    assert_true(d.deletes > 50);
+    assert_true(v >= 4); /* versions 3 and on reused an arena: waited, fenced, succeeded */
+    assert_true(slowest < 4 * 200 + 300);
+    epoch_publish(p, sm, pb, v + 1);
+    epoch_pull(r, dm, rb, v + 1);
+    refit_receiver_destroy(r);
+    refit_publisher_destroy(p);
+    refit_manifest_destroy(sm);
+    refit_manifest_destroy(dm);
 }
 
 /* Where the secret comes from, and the checks on secret files. */
@@ -911,8 +1089,9 @@ static void test_secret_sources(void **state)
     char job[32], path[PATH_MAX + 64];
     new_job(job);
     snprintf(path, sizeof(path), "%s/secret-%s", b->dir[0] ? b->dir : "/tmp", job);
-    char *saved = strdup(getenv("REFIT_SECRET"));
+    char *saved = strdup(g_secret);
     unsetenv("REFIT_SECRET");
+    refit_registry_forget_env_secret();
     refit_registry_t *r = NULL;
     refit_registry_auth_t auth = {path, false};
     /* Missing, too short, too open, not a regular file. */
@@ -1306,6 +1485,152 @@ static void test_redis_sigpipe(void **state)
     refit_registry_close(r);
 }
 
+/* ---- the secret in memory (issue 28) -------------------------------------- */
+
+/* Whether /proc/self/smaps marks the mapping holding addr "dd" (left out of core dumps). */
+static bool mapping_dontdump(const void *addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return false;
+    char line[512];
+    bool in = false, dd = false;
+    uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = a >= lo && a < hi;
+            continue;
+        }
+        if (in && !strncmp(line, "VmFlags:", 8)) {
+            dd = strstr(line, " dd") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return dd;
+}
+
+/* Whether the n bytes at s occur in /proc/self/environ (the initial environment block). */
+static bool in_proc_environ(const char *s, size_t n)
+{
+    static char buf[1 << 20];
+    int fd = open("/proc/self/environ", O_RDONLY);
+    if (fd < 0) return true;
+    ssize_t got = read(fd, buf, sizeof(buf));
+    close(fd);
+    return got < 0 || memmem(buf, (size_t)got, s, n) != NULL;
+}
+
+#define SCRUB_FAIL(code, ...)                          \
+    do {                                               \
+        fprintf(stderr, "secret child: " __VA_ARGS__); \
+        fprintf(stderr, "\n");                         \
+        return code;                                   \
+    } while (0)
+
+/* The child of test_secret_out_of_dumps, started with $REFIT_SECRET in its
+ * initial environment: opens a registry, then checks what a core dump or
+ * /proc would show. */
+static int secret_child(const char *url)
+{
+    char secret[128];
+    const char *env = getenv("REFIT_SECRET");
+    if (!env || strlen(env) >= sizeof(secret)) SCRUB_FAIL(10, "no usable REFIT_SECRET");
+    snprintf(secret, sizeof(secret), "%s", env);
+    size_t n = strlen(secret);
+    if (!in_proc_environ(secret, n)) SCRUB_FAIL(11, "the secret is not in /proc/self/environ to begin with");
+    refit_registry_t *r = NULL, *r2 = NULL;
+    if (refit_registry_open(url, "scrub", &r)) SCRUB_FAIL(12, "open: %s", refit_last_error());
+    if (refit_registry_put_manifest(r, "g", 0, "m", 1)) SCRUB_FAIL(12, "put: %s", refit_last_error());
+    if (getenv("REFIT_SECRET")) SCRUB_FAIL(2, "getenv(\"REFIT_SECRET\") still returns it after the open");
+    if (in_proc_environ(secret, n)) SCRUB_FAIL(3, "the secret's bytes are still in /proc/self/environ");
+    if (!mapping_dontdump(refit_registry_key(r, REFIT_KEY_CONNECTION)))
+        SCRUB_FAIL(4, "the derived keys are on pages a core dump includes (no dd in smaps VmFlags)");
+    refit_digest_key_t *dk = NULL;
+    if (refit_digest_key_create(refit_registry_key(r, REFIT_KEY_DIGEST), &dk) || !mapping_dontdump(dk))
+        SCRUB_FAIL(4, "the digest key's tables are on pages a core dump includes");
+    refit_digest_key_destroy(dk);
+    /* A second open in this process, and one in a forked child, still have the secret. */
+    if (refit_registry_open(url, "scrub", &r2)) SCRUB_FAIL(5, "second open: %s", refit_last_error());
+    if (strcmp(refit_registry_secret_source(r2), "$REFIT_SECRET"))
+        SCRUB_FAIL(5, "second open took its secret from %s", refit_registry_secret_source(r2));
+    void *buf = NULL;
+    size_t len = 0;
+    if (refit_registry_get_manifest(r2, "g", 0, &buf, &len) || len != 1)
+        SCRUB_FAIL(5, "second open does not authenticate: %s", refit_last_error());
+    free(buf);
+    if (memcmp(refit_registry_key(r, REFIT_KEY_CONNECTION), refit_registry_key(r2, REFIT_KEY_CONNECTION), 32))
+        SCRUB_FAIL(5, "second open derived other keys");
+    pid_t kid = fork();
+    if (kid == 0) {
+        refit_registry_t *r3 = NULL;
+        void *b3 = NULL;
+        size_t l3 = 0;
+        _exit(refit_registry_open(url, "scrub", &r3) || refit_registry_get_manifest(r3, "g", 0, &b3, &l3) ? 1 : 0);
+    }
+    int status = 1;
+    if (kid < 0 || waitpid(kid, &status, 0) != kid || !WIFEXITED(status) || WEXITSTATUS(status))
+        SCRUB_FAIL(6, "a forked child could not open the registry with the secret");
+    refit_registry_close(r2);
+    refit_registry_close(r);
+    return 0;
+}
+
+/* $REFIT_SECRET is taken out of the environment (getenv, and its bytes in
+ * the initial block /proc/PID/environ shows) at the first open, the derived
+ * keys and digest tables live on pages marked dontdump, and a second open
+ * (and a forked child) still authenticate.  Run in a child exec'ed with the
+ * secret in its initial environment.  Before: getenv still returned it (exit 2). */
+static void test_secret_out_of_dumps(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/refit-scrub-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char url[64], secret[64], sv[96], cv[96];
+    snprintf(url, sizeof(url), "file:%s", dir);
+    uint64_t rnd = 0;
+    assert_int_equal(refit_random_bytes(&rnd, sizeof(rnd)), REFIT_OK);
+    snprintf(secret, sizeof(secret), "scrub-test-secret-%016llx-end", (unsigned long long)rnd);
+    snprintf(sv, sizeof(sv), "REFIT_SECRET=%s", secret);
+    snprintf(cv, sizeof(cv), "REFIT_TEST_SECRET_CHILD=%s", url);
+    extern char **environ;
+    size_t ne = 0;
+    while (environ[ne]) ne++;
+    char **envp = calloc(ne + 3, sizeof(char *));
+    assert_non_null(envp);
+    size_t k = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (strncmp(environ[i], "REFIT_SECRET", 12) && strncmp(environ[i], "REFIT_TEST_SECRET_CHILD=", 24))
+            envp[k++] = environ[i];
+    envp[k++] = sv;
+    envp[k++] = cv;
+    int errp[2];
+    assert_int_equal(pipe(errp), 0);
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) {
+        dup2(errp[1], STDERR_FILENO);
+        close(errp[0]);
+        char *argv[] = {"test_registry", NULL};
+        execve("/proc/self/exe", argv, envp);
+        _exit(127);
+    }
+    close(errp[1]);
+    char said[1024] = "";
+    ssize_t got = 0, r;
+    double t0 = refit_now();
+    while ((size_t)got < sizeof(said) - 1 && (r = read(errp[0], said + got, sizeof(said) - 1 - (size_t)got)) > 0)
+        got += r;
+    close(errp[0]);
+    int status = 0;
+    assert_int_equal(waitpid(kid, &status, 0), kid);
+    assert_true(ms_since(t0) < 20000);
+    free(envp);
+    t_rm_tree(dir);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child exited %d: %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, said);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 #define BACKEND_TESTS(b)                                                                                          \
@@ -1316,10 +1641,15 @@ static void test_redis_sigpipe(void **state)
         cmocka_unit_test_prestate(test_remove_source, &(b)), cmocka_unit_test_prestate(test_corrupt, &(b)),       \
         cmocka_unit_test_prestate(test_kv_put_new, &(b)), cmocka_unit_test_prestate(test_kv_put_new_race, &(b)),  \
         cmocka_unit_test_prestate(test_forged_entries, &(b)), cmocka_unit_test_prestate(test_fenced_lease, &(b)), \
-        cmocka_unit_test_prestate(test_epoch, &(b)), cmocka_unit_test_prestate(test_secret_sources, &(b))
+        cmocka_unit_test_prestate(test_epoch, &(b)), cmocka_unit_test_prestate(test_epoch_forged_publish, &(b)),  \
+        cmocka_unit_test_prestate(test_epoch_deleted_repeatedly, &(b)),                                           \
+        cmocka_unit_test_prestate(test_secret_sources, &(b))
 
 int main(void)
 {
+    const char *child = getenv("REFIT_TEST_SECRET_CHILD");
+    if (child) return secret_child(child);
+    g_secret = strdup(getenv("REFIT_SECRET")); /* testutil sets one; opens take it out of the environment */
     const struct CMUnitTest file_tests[] = {
         BACKEND_TESTS(g_file),
         cmocka_unit_test_prestate(test_file_layout, &g_file),
@@ -1334,6 +1664,7 @@ int main(void)
     };
     const struct CMUnitTest misc_tests[] = {
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_secret_out_of_dumps),
     };
     int failed = cmocka_run_group_tests_name("registry misc", misc_tests, NULL, NULL);
     failed += cmocka_run_group_tests_name("registry file", file_tests, file_setup, file_teardown);
