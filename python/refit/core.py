@@ -644,6 +644,8 @@ class PullReport:
     digest_bytes: int = 0  # bytes checked against the publishers' content digests
     unverified_bytes: int = 0  # bytes no digest covered (sources without digests, GPU memory)
     digest_ms: float = 0.0  # hashing, fetching and comparing digests (part of verify_ms)
+    stamp_ms: float = 0.0  # reading the sources' version stamps before and after (docs/security.md)
+    unstamped_sources: int = 0  # sources read without a version stamp (GPU publishers)
 
 
 @dataclass
@@ -694,7 +696,8 @@ class Receiver(_Endpoint):
         return PullReport(rep.version, rep.bytes, rep.sources, rep.planned, rep.manifests_read, rep.wait_ms,
                           rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
                           rep.transport.decode(), rep.lanes.decode(), rep.connect_ms, rep.delta_base,
-                          rep.digest_bytes, rep.unverified_bytes, rep.digest_ms)
+                          rep.digest_bytes, rep.unverified_bytes, rep.digest_ms, rep.stamp_ms,
+                          rep.unstamped_sources)
 
     def prepare(self, timeout_ms: int = 60000) -> float:
         """Gets ready for the first pull without moving bytes (refit_receiver_prepare): waits up to timeout_ms

@@ -138,6 +138,8 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_pull_report_t, digest_bytes),
     ABI_FIELD(refit_pull_report_t, unverified_bytes),
     ABI_FIELD(refit_pull_report_t, digest_ms),
+    ABI_FIELD(refit_pull_report_t, stamp_ms),
+    ABI_FIELD(refit_pull_report_t, unstamped_sources),
 
     ABI_STRUCT(refit_holder_stat_t),
     ABI_FIELD(refit_holder_stat_t, size),
