@@ -65,11 +65,11 @@ enum { RMA_OFF = 0, RMA_EMULATED = 2 };
  * the rest of the process (registry, shm, files, the receiver side). */
 #define UCX_FDS_PER_CONN 3
 #define UCX_FD_RESERVE_MIN 256
-#define UCX_NOFILE_MAX 65536u   /* the soft limit is raised toward the hard one, not past this */
-#define UCX_MAX_UNPROVEN 64     /* connections not yet authenticated, at most (a quarter of the total below it) */
-#define UCX_PACKED_SHARES 4     /* packed reply bytes across connections: at most this many max_queued */
-#define UCX_STUCK_S 2.0         /* a connection that completed no reply for this long is not reading */
-#define UCX_PARKED_CONNS 64     /* parked conditional requests in all: this many connections' max_parked */
+#define UCX_NOFILE_MAX 65536u /* the soft limit is raised toward the hard one, not past this */
+#define UCX_MAX_UNPROVEN 64   /* connections not yet authenticated, at most (a quarter of the total below it) */
+#define UCX_PACKED_SHARES 4   /* packed reply bytes across connections: at most this many max_queued */
+#define UCX_STUCK_S 2.0       /* a connection that completed no reply for this long is not reading */
+#define UCX_PARKED_CONNS 64   /* parked conditional requests in all: this many connections' max_parked */
 
 static inline const char *pub_status_str(int32_t s)
 {
@@ -206,7 +206,8 @@ struct conn {
     uint8_t nonce_c[NONCE_LEN], nonce_s[NONCE_LEN], token[TOKEN_LEN];
     uint64_t sending_bytes; /* reply bytes UCX is sending for it (capped by max_queued) */
     uint64_t packed_bytes;  /* of those, in buffers of our own (packed): counted in t->packed_bytes */
-    double progress_at;     /* when a reply of it last completed, or its first one left */
+    double progress_at;     /* when a data reply of it last completed, or its first one left */
+    double read_at;         /* when a data reply of it last completed (0: none yet) */
     unsigned parked;        /* its requests in t->parked */
 };
 
@@ -238,7 +239,7 @@ typedef struct {
     const uint64_t *word; /* in region w */
     const uint8_t *flag;
     uint64_t want;
-    double due; /* when it is answered PUB_NOT_READY */
+    double due;          /* when it is answered PUB_NOT_READY */
     pub_region_t *w, *r; /* the regions it names: unexpose takes it out */
     job_t *job;
 } parked_t;
@@ -279,8 +280,8 @@ struct refit_transport {
     _Atomic uint64_t notify_ns;       /* the last notify (refit_now_ns) */
     bool parked_stale;                /* a connection with parked requests failed */
     uint64_t packed_bytes;            /* packed reply bytes in flight, all connections */
-    job_t *sending;          /* replies UCX is sending */
-    char pub_error[256];     /* first failure of the progress thread */
+    job_t *sending;                   /* replies UCX is sending */
+    char pub_error[256];              /* first failure of the progress thread */
 
     /* Receiver side: guarded by rlock. */
     pthread_mutex_t rlock;

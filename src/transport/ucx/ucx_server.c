@@ -188,7 +188,7 @@ static void job_sent_cb(void *request, ucs_status_t status, void *user)
     job_t *j = user;
     refit_transport_t *t = j->conn->t;
     if (status != UCS_OK) j->conn->failed = true;
-    j->conn->progress_at = refit_now(); /* it reads its replies */
+    if (status == UCS_OK && j->type == AM_REQ) j->conn->progress_at = j->conn->read_at = refit_now(); /* it reads */
     ucx_job_free(t, j);
     ucp_request_free(request);
 }
@@ -396,7 +396,7 @@ enum { SERVED, WAITS, PARKED }; /* what serve_job did with a job */
  * packed replies and has completed none for UCX_STUCK_S is not reading
  * them, and is closed (the one holding most) so that its memory serves the
  * others, rather than hold every packed reply of every other connection up.
- * Once a round. */
+ * Once a round (at least every 100 ms while jobs wait: pub_thread). */
 static void close_stuck(refit_transport_t *t, const conn_t *c, double now)
 {
     conn_t *worst = NULL;
@@ -482,7 +482,13 @@ static int serve_job(refit_transport_t *t, job_t *j, bool *stuck_checked)
         bool packs = !(nr == 1 && runs[0].count == 1);
         if (d->status == PUB_OK && c->sending_bytes + total > t->o.max_queued)
             return WAITS; /* its earlier replies first */
-        if (d->status == PUB_OK && packs && t->packed_bytes + total > UCX_PACKED_SHARES * t->o.max_queued) {
+        /* Packed bytes are the memory a peer costs: 4 x max_queued in all,
+         * the second half only for connections that read their replies
+         * (one completed within UCX_STUCK_S), so that peers which never
+         * read cannot hold up those which do. */
+        uint64_t cap = UCX_PACKED_SHARES * t->o.max_queued;
+        if (!(c->read_at > 0 && now - c->read_at < UCX_STUCK_S)) cap /= 2;
+        if (d->status == PUB_OK && packs && t->packed_bytes + total > cap) {
             if (!*stuck_checked) close_stuck(t, c, now);
             *stuck_checked = true;
             return WAITS; /* the other connections' packed replies first */
@@ -527,7 +533,7 @@ static int serve_job(refit_transport_t *t, job_t *j, bool *stuck_checked)
         c->failed = true;
         ucx_job_free(t, j);
     } else if (req == NULL) {
-        c->progress_at = refit_now();
+        if (j->type == AM_REQ) c->progress_at = c->read_at = refit_now();
         ucx_job_free(t, j);
     } else {
         j->next = t->sending;
