@@ -988,8 +988,8 @@ static void unproven_connections_bounded(void **state)
     print_message("%d connections without HELLO in %.0f ms (%d not cut off): publisher descriptors %d -> %d of %ld, "
                   "heartbeat %d; pulls: before %.1f ms, over the connection made before %.1f ms (%s), over a new one "
                   "%.1f ms (%s)\n",
-                  FLOOD, t_ms_since(t0), alive, fds0, fds1, lim, hb1, ms0, ms_early, refit_status_name(st_early), ms_new,
-                  refit_status_name(st));
+                  FLOOD, t_ms_since(t0), alive, fds0, fds1, lim, hb1, ms0, ms_early, refit_status_name(st_early),
+                  ms_new, refit_status_name(st));
     assert_int_equal(lim, 1024);
     assert_true(hb1);
     assert_true(fds1 > 0 && fds1 < 1024 - 128);
@@ -1027,12 +1027,12 @@ static void reply_memory_bounded(void **state)
         uint64_t runs[8];
         int want;
     } reqs[] = {
-        {2, {0, 1u << 20, 0, 1, 512u << 10, 1u << 20, 0, 1}, PUB_OVERLAP},   /* rows that overlap */
-        {2, {0, 512, 4096, 100, 256, 512, 4096, 100}, PUB_OVERLAP},          /* interleaved rows that meet */
-        {2, {0, 1u << 20, 0, 1, 0, 1u << 20, 0, 1}, PUB_OVERLAP},            /* the same bytes twice */
-        {2, {0, 4u << 20, 0, 1, 0, 4u << 20, 0, 1}, PUB_RANGE},              /* twice the region */
-        {2, {0, 512, 4096, 100, 1024, 512, 4096, 100}, PUB_OK},              /* interleaved rows apart */
-        {2, {4096, 4096, 0, 1, 0, 4096, 0, 1}, PUB_OK},                      /* adjacent, out of order */
+        {2, {0, 1u << 20, 0, 1, 512u << 10, 1u << 20, 0, 1}, PUB_OVERLAP}, /* rows that overlap */
+        {2, {0, 512, 4096, 100, 256, 512, 4096, 100}, PUB_OVERLAP},        /* interleaved rows that meet */
+        {2, {0, 1u << 20, 0, 1, 0, 1u << 20, 0, 1}, PUB_OVERLAP},          /* the same bytes twice */
+        {2, {0, 4u << 20, 0, 1, 0, 4u << 20, 0, 1}, PUB_RANGE},            /* twice the region */
+        {2, {0, 512, 4096, 100, 1024, 512, 4096, 100}, PUB_OK},            /* interleaved rows apart */
+        {2, {4096, 4096, 0, 1, 0, 4096, 0, 1}, PUB_OK},                    /* adjacent, out of order */
     };
     for (size_t i = 0; i < sizeof(reqs) / sizeof(reqs[0]); i++) {
         r.nruns = reqs[i].nruns;
@@ -1168,6 +1168,145 @@ static void parked_requests_bounded(void **state)
     end_intact(&a, &v);
 }
 
+/* ---- the benchmark: legitimate pulls under each attack ------------------- */
+
+static int cmp_d(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Medians of `rounds` pulls from an attacked publisher and from one beside
+ * it that is not, interleaved (the same machine noise for both). */
+static void bench_pulls(const char *what, victim_t *calm, victim_t *hit, atk_t *a, int rounds)
+{
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create(NULL, &rt));
+    refit_peer_t *pc = NULL, *ph = NULL;
+    REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){calm->desc}, &calm->len, 1, &pc));
+    REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){hit->desc}, &hit->len, 1, &ph));
+    double u[64], l[64];
+    refit_status_t st;
+    for (int i = 0; i < rounds; i++) {
+        u[i] = legit_pull(rt, pc, calm, &st);
+        REFIT_ASSERT_OK(st);
+        atk_progress(a, 5); /* the attacker's worker lives on */
+        l[i] = legit_pull(rt, ph, hit, &st);
+        REFIT_ASSERT_OK(st);
+        atk_progress(a, 5);
+    }
+    qsort(u, (size_t)rounds, sizeof(double), cmp_d);
+    qsort(l, (size_t)rounds, sizeof(double), cmp_d);
+    print_message("BENCH %s: pull of 4.5 MiB (4 MiB whole + 1024 rows of 512 B), median of %d: unloaded %.2f ms, "
+                  "attacked %.2f ms (%.2fx); ranges %.2f-%.2f / %.2f-%.2f ms\n",
+                  what, rounds, u[rounds / 2], l[rounds / 2], l[rounds / 2] / u[rounds / 2], u[0], u[rounds - 1], l[0],
+                  l[rounds - 1]);
+    ops->disconnect(pc);
+    ops->disconnect(ph);
+    ops->destroy(rt);
+}
+
+/* REFIT_HOSTILE_BENCH=N: the attacks of the tests above at the findings'
+ * sizes (700 unproven connections under RLIMIT_NOFILE 1024; 4 key holders
+ * asking 1 GiB of overlapping runs each, unread, and 32 holding packed
+ * replies unread; 64 connections x 4,000 parked conditional requests). */
+static void bench_under_attack(void **state)
+{
+    (void)state;
+    int rounds = atoi(getenv("REFIT_HOSTILE_BENCH"));
+    if (rounds < 3) rounds = 3;
+    if (rounds > 64) rounds = 64;
+    const char *opts = "listen=127.0.0.1,auth_timeout=60";
+    const char *parts = getenv("REFIT_HOSTILE_BENCH_PARTS"); /* "fds,memory,parked" (the default: all) */
+    bool fds = !parts || strstr(parts, "fds"), memory = !parts || strstr(parts, "memory"),
+         parked = !parts || strstr(parts, "parked");
+    uint8_t zero[32] = {0};
+    static ucp_ep_h eps[700];
+    static ucs_status_t failed[700];
+
+    g_victim_nofile = 1024;
+    victim_t calm = victim_start(opts, NULL), hit;
+    g_victim_nofile = 0;
+    atk_t a;
+    if (fds) {
+        g_victim_nofile = 1024;
+        hit = victim_start(opts, NULL);
+        g_victim_nofile = 0;
+        atk_open(&a, hit.port);
+        for (int i = 0; i < 700; i++) {
+            eps[i] = atk_ep(&a, hit.port, &failed[i]);
+            for (int k = 0; k < 20; k++) ucp_worker_progress(a.w);
+        }
+        atk_progress(&a, 1000);
+        bench_pulls("700 connections without HELLO, RLIMIT_NOFILE 1024", &calm, &hit, &a, rounds);
+        atk_eps_close(&a, eps, 700);
+        atk_close(&a);
+        victim_stop(&hit);
+    }
+    w_req_t r;
+    if (memory) {
+        /* 4 key holders x one request of 256 runs of the whole region (1 GiB) */
+        hit = victim_start(opts, NULL);
+        atk_open(&a, hit.port);
+        a.hold_rndv = true;
+        r = (w_req_t){.magic = UCX_MAGIC, .nruns = 256, .region_id = hit.region_id, .pub_id = hit.pub_id};
+        static uint64_t all[256][4];
+        for (int i = 0; i < 256; i++) all[i][0] = 0, all[i][1] = WEIGHTS, all[i][2] = 0, all[i][3] = 1;
+        for (int i = 0; i < 4; i++) {
+            eps[i] = atk_ep(&a, hit.port, &failed[i]);
+            atk_progress(&a, 20);
+            assert_true(atk_handshake_ep(&a, eps[i], &failed[i], &hit, r.token));
+            r.seq = (uint32_t)(1 + i);
+            atk_send_ep(&a, eps[i], &r, sizeof(r), all, sizeof(all));
+        }
+        atk_progress(&a, 500);
+        print_message("BENCH 4 x 1 GiB of overlapping runs: status %d, publisher RSS %ld kB\n", a.data_status,
+                      victim_rss_kb(&hit));
+        bench_pulls("4 key holders x 1 GiB of overlapping runs, unread", &calm, &hit, &a, rounds);
+        /* and 32 more that hold max_queued of packed replies each, unread */
+        const uint64_t rows[4] = {0, 1u << 20, 2u << 20, 2};
+        r.nruns = 1;
+        for (int i = 4; i < 36; i++) {
+            eps[i] = atk_ep(&a, hit.port, &failed[i]);
+            atk_progress(&a, 20);
+            assert_true(atk_handshake_ep(&a, eps[i], &failed[i], &hit, r.token));
+            for (int k = 0; k < 128; k++) { /* 256 MiB of 2 MiB packed replies */
+                r.seq = (uint32_t)(100 + k);
+                atk_send_ep(&a, eps[i], &r, sizeof(r), rows, sizeof(rows));
+            }
+        }
+        atk_progress(&a, 3000);
+        print_message("BENCH 32 x 256 MiB of packed replies asked, unread: publisher RSS %ld kB\n",
+                      victim_rss_kb(&hit));
+        bench_pulls("32 key holders x 256 MiB of packed replies, unread", &calm, &hit, &a, rounds);
+        atk_eps_close(&a, eps, 36);
+        atk_close(&a);
+        victim_stop(&hit);
+    }
+    if (parked) {
+        /* 64 connections x 4,000 parked conditional requests */
+        hit = victim_start(opts, NULL);
+        atk_open(&a, hit.port);
+        r = (w_req_t){.magic = UCX_MAGIC, .nruns = 1, .region_id = hit.region_id, .pub_id = hit.pub_id};
+        r.wait_region = hit.flags_id, r.word = 77, r.flag_off = 8 + 5, r.wait_ms = 10000;
+        const uint64_t run[4] = {0, 64, 0, 1};
+        for (int i = 0; i < 64; i++) {
+            eps[i] = atk_ep(&a, hit.port, &failed[i]);
+            atk_progress(&a, 10);
+            assert_true(atk_handshake_ep(&a, eps[i], &failed[i], &hit, r.token));
+            for (int k = 0; k < 4000; k++) {
+                r.seq = (uint32_t)k;
+                atk_send_ep(&a, eps[i], &r, sizeof(r), run, sizeof(run));
+            }
+        }
+        bench_pulls("64 connections x 4,000 parked conditional requests", &calm, &hit, &a, rounds);
+        atk_eps_close(&a, eps, 64);
+        end_intact(&a, &hit);
+    }
+    (void)zero;
+    victim_stop(&calm);
+}
+
 /* A publisher restarted on the same port answers as another instance: the
  * receiver says so (a peer error, to try its next address or re-read the
  * registry), not that the secret is wrong. */
@@ -1253,6 +1392,10 @@ int main(void)
         cmocka_unit_test(reply_memory_bounded),
         cmocka_unit_test(parked_requests_bounded),
     };
+    if (getenv("REFIT_HOSTILE_BENCH")) {
+        const struct CMUnitTest bench[] = {cmocka_unit_test(bench_under_attack)};
+        return cmocka_run_group_tests(bench, NULL, NULL);
+    }
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 
