@@ -2,13 +2,17 @@
  * tries RMA reads and writes of a publisher's memory, unauthenticated HELLO
  * and REQ messages, a receiver or publisher with another key (a fake
  * publisher), a client that floods requests without reading the replies,
- * and listeners that would bind every interface.
+ * listeners that would bind every interface, and what peers may cost a
+ * publisher: descriptors (connections that never say HELLO), memory (key
+ * holders asking for replies they never read) and the progress thread's
+ * time (parked conditional requests).
  *
  * The publisher under attack is a forked child, so the test knows the
  * addresses of its globals (a "secret" outside any exposed region) as an
  * attacker who guessed them would.  The raw client speaks the wire format
  * of src/transport/ucx/ucx_internal.h, mirrored below. */
 #include "testutil.h"
+#include "plan/plan.h"
 #include "transport/transport.h"
 #include "util/crypto.h"
 
@@ -19,7 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,7 +39,16 @@ static const refit_transport_ops_t *ops = &refit_transport_ucx;
 
 #define UCX_MAGIC 0x58554652u
 enum { AM_HELLO = 17, AM_HELLO_REPLY = 18, AM_REQ = 19, AM_DATA = 20 };
-enum { PUB_OK = 0, PUB_NO_REGION = 1, PUB_RANGE = 2, PUB_AUTH = 5, PUB_CHALLENGE = 6, PUB_NOT_READY = 7 };
+enum {
+    PUB_OK = 0,
+    PUB_NO_REGION = 1,
+    PUB_RANGE = 2,
+    PUB_AUTH = 5,
+    PUB_CHALLENGE = 6,
+    PUB_NOT_READY = 7,
+    PUB_TOO_LARGE = 8,
+    PUB_OVERLAP = 9
+};
 
 typedef struct {
     uint32_t magic, version;
@@ -152,6 +168,30 @@ static void victim_main(const char *opts, const uint8_t *key, int cmd, int resp)
             }
             fprintf(out, "marked\n");
             fflush(out);
+        } else if (!strncmp(line, "fds", 3)) {
+            /* Its open descriptors, and whether it can still open what a
+             * heartbeat needs: a file written and renamed (the file
+             * registry's heartbeat) and 16 pipes (a registry connection, an
+             * shm segment, a checkpoint file...). */
+            int n = 0;
+            DIR *d = opendir("/proc/self/fd");
+            for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+            if (d) closedir(d);
+            char tmp[] = "/tmp/refit-heartbeat-XXXXXX", dst[64];
+            int hb = mkstemp(tmp);
+            bool ok = hb >= 0 && write(hb, "beat\n", 5) == 5;
+            if (hb >= 0) close(hb);
+            snprintf(dst, sizeof(dst), "%s.done", tmp);
+            ok = ok && rename(tmp, dst) == 0;
+            unlink(ok ? dst : tmp);
+            int pf[16][2], np = 0;
+            while (np < 16 && pipe(pf[np]) == 0) np++;
+            ok = ok && np == 16;
+            for (int i = 0; i < np; i++) close(pf[i][0]), close(pf[i][1]);
+            struct rlimit rl = {0, 0};
+            getrlimit(RLIMIT_NOFILE, &rl);
+            fprintf(out, "fds %d heartbeat=%d limit=%llu\n", n, ok, (unsigned long long)rl.rlim_cur);
+            fflush(out);
         } else if (!strncmp(line, "rss", 3)) {
             FILE *f = fopen("/proc/self/status", "r");
             char l[256];
@@ -189,6 +229,8 @@ static bool readline_t(int fd, char *buf, size_t cap, int timeout_ms)
     return false;
 }
 
+static rlim_t g_victim_nofile; /* non-zero: the victim's RLIMIT_NOFILE, soft and hard */
+
 static victim_t victim_start(const char *opts, const uint8_t *key)
 {
     int a[2], b[2];
@@ -199,6 +241,8 @@ static victim_t victim_start(const char *opts, const uint8_t *key)
     assert_true(v.pid >= 0);
     if (v.pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        struct rlimit rl = {g_victim_nofile, g_victim_nofile};
+        if (g_victim_nofile && setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(3);
         close(a[1]);
         close(b[0]);
         victim_main(opts, key, a[0], b[1]);
@@ -238,6 +282,15 @@ static long victim_rss_kb(victim_t *v)
     char line[64];
     if (write(v->cmd, "rss\n", 4) != 4 || !readline_t(v->resp, line, sizeof(line), 5000)) return -1;
     return atol(line + 4);
+}
+
+/* The victim's "fds N heartbeat=H limit=L". */
+static void victim_fds(victim_t *v, int *n, int *heartbeat, long *limit)
+{
+    char line[128];
+    *n = -1, *heartbeat = 0, *limit = -1;
+    if (write(v->cmd, "fds\n", 4) != 4 || !readline_t(v->resp, line, sizeof(line), 5000)) return;
+    if (sscanf(line, "fds %d heartbeat=%d limit=%ld", n, heartbeat, limit) != 3) *n = -1;
 }
 
 static void victim_stop(victim_t *v)
@@ -428,6 +481,16 @@ static void mac(const uint8_t key[32], const char *label, uint64_t pub_id, const
     refit_hmac_final(&h, out);
 }
 
+/* Progresses until a HELLO reply came (hello_status set) or ms passed. */
+static void atk_reply(atk_t *a, int ms)
+{
+    double t0 = refit_now();
+    while (a->hello_status == -1 && a->failed == UCS_OK && t_ms_since(t0) < ms) {
+        ucp_worker_progress(a->w);
+        usleep(100);
+    }
+}
+
 /* The whole handshake with `key`: the connection's token, or false. */
 static bool atk_handshake(atk_t *a, const victim_t *v, const uint8_t key[32], uint8_t token[16])
 {
@@ -436,7 +499,7 @@ static bool atk_handshake(atk_t *a, const victim_t *v, const uint8_t key[32], ui
     uint64_t id = v->region_id;
     a->hello_status = -1;
     if (atk_send(a, AM_HELLO, &h, sizeof(h), NULL, 0) != UCS_OK) return false;
-    atk_progress(a, 300);
+    atk_reply(a, 2000);
     if (a->hello_status != PUB_CHALLENGE) return false;
     uint8_t ns[16];
     memcpy(ns, a->hello.nonce, 16);
@@ -446,7 +509,7 @@ static bool atk_handshake(atk_t *a, const victim_t *v, const uint8_t key[32], ui
     mac(key, "refit ucx receiver proof", v->pub_id, h.nonce, ns, h.proof);
     a->hello_status = -1;
     if (atk_send(a, AM_HELLO, &h, sizeof(h), &id, 8) != UCS_OK) return false;
-    atk_progress(a, 300);
+    atk_reply(a, 2000);
     if (a->hello_status != PUB_OK) return false;
     uint8_t t[32];
     mac(key, "refit ucx token", v->pub_id, h.nonce, ns, t);
@@ -463,6 +526,123 @@ static void end_intact(atk_t *a, victim_t *v)
     victim_check(v, said, sizeof(said));
     assert_string_equal(said, "alive weights=1 secret=1");
     victim_stop(v);
+}
+
+/* ---- more attackers, and a legitimate receiver ----------------------------- */
+
+static void atk_ep_err(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    *(ucs_status_t *)arg = status;
+}
+
+/* Another endpoint of a's worker to the victim: many connections cost the
+ * attacker one context and one worker; replies on any of them land in a's
+ * callbacks. */
+static ucp_ep_h atk_ep(atk_t *a, uint16_t port, ucs_status_t *failed)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    *failed = UCS_OK;
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+                          .sockaddr = {(struct sockaddr *)&sa, sizeof(sa)},
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {atk_ep_err, failed}};
+    ucp_ep_h h = NULL;
+    if (ucp_ep_create(a->w, &ep, &h) != UCS_OK) *failed = UCS_ERR_UNREACHABLE;
+    return h;
+}
+
+static void atk_eps_close(atk_t *a, ucp_ep_h *eps, int n)
+{
+    void *reqs[64];
+    for (int i = 0; i < n;) {
+        int k = 0;
+        for (; k < 64 && i < n; i++) {
+            if (!eps[i]) continue;
+            ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+            void *r = ucp_ep_close_nbx(eps[i], &rp);
+            if (UCS_PTR_IS_PTR(r)) reqs[k++] = r;
+        }
+        double t0 = refit_now();
+        for (int j = 0; j < k; j++) {
+            while (ucp_request_check_status(reqs[j]) == UCS_INPROGRESS && t_ms_since(t0) < 2000)
+                ucp_worker_progress(a->w);
+            ucp_request_free(reqs[j]);
+        }
+    }
+}
+
+/* atk_handshake over endpoint ep of a's worker. */
+static bool atk_handshake_ep(atk_t *a, ucp_ep_h ep, const ucs_status_t *failed, const victim_t *v, uint8_t token[16])
+{
+    ucp_ep_h keep = a->ep;
+    a->ep = ep;
+    uint8_t zero[32] = {0};
+    bool ok = *failed == UCS_OK && atk_handshake(a, v, zero, token);
+    a->ep = keep;
+    return ok;
+}
+
+static ucs_status_t atk_send_ep(atk_t *a, ucp_ep_h ep, const void *hdr, size_t hl, const void *data, size_t len)
+{
+    ucp_ep_h keep = a->ep;
+    a->ep = ep;
+    ucs_status_t s = atk_send(a, AM_REQ, hdr, hl, data, len);
+    a->ep = keep;
+    return s;
+}
+
+/* A receiver's pull of the victim's weights, in the two shapes receivers
+ * ask in: the whole region (one run, zero copy) and 512-byte rows every
+ * 4 KiB (a strided plan region: packed replies).  Connects, pulls, checks
+ * every byte, disconnects; the pull's milliseconds, or -1 (st says why).
+ * peer: an already connected peer to use (then kept), or NULL. */
+static refit_plan_t *weights_plan(void)
+{
+    refit_plan_t *p = calloc(1, sizeof(*p));
+    assert_non_null(p);
+    p->nsrcs = 1;
+    p->src_bytes = calloc(1, sizeof(uint64_t));
+    assert_non_null(p->src_bytes);
+    refit_plan_region_t r[2] = {{.src = 0, .src_region = 0, .dst_region = 0, .run = WEIGHTS},
+                                {.src = 0, .src_region = 0, .dst_region = 1, .run = 512, .nloops = 1}};
+    r[1].count[0] = WEIGHTS / 4096;
+    r[1].src_stride[0] = 4096;
+    r[1].dst_stride[0] = 512;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(REFIT_VEC_PUSH(&p->regions, r[i]), 0);
+        p->src_bytes[0] += refit_plan_region_bytes(&r[i]);
+        p->stats.bytes_written += refit_plan_region_bytes(&r[i]);
+        p->stats.regions++;
+    }
+    return p;
+}
+
+static double legit_pull(refit_transport_t *rt, refit_peer_t *peer, const victim_t *v, refit_status_t *st)
+{
+    static unsigned char dst0[WEIGHTS], dst1[WEIGHTS / 8];
+    fill(g_weights, WEIGHTS, 7); /* the victim's bytes */
+    memset(dst0, 0, sizeof(dst0));
+    memset(dst1, 0, sizeof(dst1));
+    refit_peer_t *p = peer;
+    *st = p ? REFIT_OK : ops->connect(rt, (const void *const[]){v->desc}, &v->len, 1, &p);
+    if (*st) return -1;
+    refit_plan_t *plan = weights_plan();
+    refit_pull_ctl_t ctl = {.deadline = refit_now() + 30};
+    void *dst[2] = {dst0, dst1};
+    double t0 = refit_now();
+    *st = ops->pull(rt, &p, plan, dst, &ctl, NULL);
+    double ms = t_ms_since(t0);
+    refit_plan_destroy(plan);
+    if (!peer) ops->disconnect(p);
+    if (*st) return -1;
+    bool same = !memcmp(dst0, g_weights, WEIGHTS);
+    for (size_t k = 0; k < WEIGHTS / 4096 && same; k++) same = !memcmp(dst1 + 512 * k, g_weights + 4096 * k, 512);
+    if (!same) *st = REFIT_ERR_CORRUPT;
+    return same ? ms : -1;
 }
 
 /* ---- the tests ------------------------------------------------------------ */
@@ -762,6 +942,371 @@ static void idle_connections_closed(void **state)
     end_intact(&a, &v);
 }
 
+/* Connections that never say HELLO, against a publisher whose descriptor
+ * limit is 1024 (soft and hard: it cannot raise it): before, ~500 of them
+ * (two descriptors each, 1024 connections allowed) took every descriptor -
+ * "Too many open files", failed heartbeats, receivers refused.  Now at most
+ * a few dozen wait unproven (the oldest makes way for a new one): the
+ * publisher keeps descriptors to spare, a receiver connected before the
+ * flood keeps its connection and pulls, a new one connects and pulls, and a
+ * heartbeat's files and pipes still open. */
+static void unproven_connections_bounded(void **state)
+{
+    (void)state;
+    enum { FLOOD = 700 };
+    g_victim_nofile = 1024;
+    victim_t v = victim_start("listen=127.0.0.1,auth_timeout=30", NULL);
+    g_victim_nofile = 0;
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create(NULL, &rt));
+    refit_peer_t *early = NULL;
+    REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){v.desc}, &v.len, 1, &early));
+    refit_status_t st;
+    double ms0 = legit_pull(rt, early, &v, &st);
+    REFIT_ASSERT_OK(st);
+    int fds0, hb0;
+    long lim;
+    victim_fds(&v, &fds0, &hb0, &lim);
+
+    atk_t a;
+    atk_open(&a, v.port);
+    static ucp_ep_h eps[FLOOD];
+    static ucs_status_t failed[FLOOD];
+    double t0 = refit_now();
+    for (int i = 0; i < FLOOD; i++) {
+        eps[i] = atk_ep(&a, v.port, &failed[i]);
+        for (int k = 0; k < 20; k++) ucp_worker_progress(a.w);
+    }
+    atk_progress(&a, 1500);
+    int alive = 0;
+    for (int i = 0; i < FLOOD; i++) alive += failed[i] == UCS_OK;
+    int fds1, hb1;
+    victim_fds(&v, &fds1, &hb1, &lim);
+    double ms_early = legit_pull(rt, early, &v, &st);
+    refit_status_t st_early = st;
+    double ms_new = legit_pull(rt, NULL, &v, &st);
+    print_message("%d connections without HELLO in %.0f ms (%d not cut off): publisher descriptors %d -> %d of %ld, "
+                  "heartbeat %d; pulls: before %.1f ms, over the connection made before %.1f ms (%s), over a new one "
+                  "%.1f ms (%s)\n",
+                  FLOOD, t_ms_since(t0), alive, fds0, fds1, lim, hb1, ms0, ms_early, refit_status_name(st_early),
+                  ms_new, refit_status_name(st));
+    assert_int_equal(lim, 1024);
+    assert_true(hb1);
+    assert_true(fds1 > 0 && fds1 < 1024 - 128);
+    REFIT_ASSERT_OK(st_early); /* a proven connection is never displaced */
+    REFIT_ASSERT_OK(st);
+    assert_true(ms_early < 10000 && ms_new < 10000);
+    atk_eps_close(&a, eps, FLOOD);
+    ops->disconnect(early);
+    ops->destroy(rt);
+    end_intact(&a, &v);
+}
+
+/* Key holders (they pass the handshake) asking for replies they never
+ * read.  Before, the per-connection cap was looked at only once a reply was
+ * in flight, a reply could ask for the same bytes many times over (1 GiB of
+ * overlapping runs of a 58 MB region: the publisher grew from 70 MB to
+ * 4.2 GB with 4 connections), and N connections had N times the cap.  Now
+ * overlapping runs are refused (PUB_OVERLAP), as is a reply larger than its
+ * region (PUB_RANGE) or than max_queued (PUB_TOO_LARGE); 32 connections
+ * holding max_queued each keep at most 4 x max_queued packed; a receiver's
+ * packed pull still completes (the stuck holders are closed). */
+static void reply_memory_bounded(void **state)
+{
+    (void)state;
+    enum { HORDE = 32 };
+    victim_t v = victim_start("listen=127.0.0.1,max_queued=4M,rndv=64K", NULL);
+    long rss0 = victim_rss_kb(&v);
+    atk_t a;
+    atk_open(&a, v.port);
+    w_req_t r = {.magic = UCX_MAGIC, .region_id = v.region_id, .pub_id = v.pub_id};
+    uint8_t zero[32] = {0};
+    assert_true(atk_handshake(&a, &v, zero, r.token));
+    const struct {
+        uint32_t nruns;
+        uint64_t runs[8];
+        int want;
+    } reqs[] = {
+        {2, {0, 1u << 20, 0, 1, 512u << 10, 1u << 20, 0, 1}, PUB_OVERLAP}, /* rows that overlap */
+        {2, {0, 512, 4096, 100, 256, 512, 4096, 100}, PUB_OVERLAP},        /* interleaved rows that meet */
+        {2, {0, 1u << 20, 0, 1, 0, 1u << 20, 0, 1}, PUB_OVERLAP},          /* the same bytes twice */
+        {2, {0, 4u << 20, 0, 1, 0, 4u << 20, 0, 1}, PUB_RANGE},            /* twice the region */
+        {2, {0, 512, 4096, 100, 1024, 512, 4096, 100}, PUB_OK},            /* interleaved rows apart */
+        {2, {4096, 4096, 0, 1, 0, 4096, 0, 1}, PUB_OK},                    /* adjacent, out of order */
+    };
+    for (size_t i = 0; i < sizeof(reqs) / sizeof(reqs[0]); i++) {
+        r.nruns = reqs[i].nruns;
+        r.seq = (uint32_t)(1 + i);
+        a.data_status = -1;
+        assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), reqs[i].runs, r.nruns * 32), UCS_OK);
+        double t0 = refit_now();
+        while (a.data_status == -1 && t_ms_since(t0) < 3000) atk_progress(&a, 5);
+        print_message("runs {%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "} {%" PRIu64 " %" PRIu64 " %" PRIu64
+                      " %" PRIu64 "}: status %d\n",
+                      reqs[i].runs[0], reqs[i].runs[1], reqs[i].runs[2], reqs[i].runs[3], reqs[i].runs[4],
+                      reqs[i].runs[5], reqs[i].runs[6], reqs[i].runs[7], a.data_status);
+        assert_int_equal(a.data_status, reqs[i].want);
+    }
+
+    /* HORDE connections, each asking for max_queued packed (two replies of
+     * 2 MiB: two rows 2 MiB apart... packed) and never reading them. */
+    a.hold_rndv = true;
+    static ucp_ep_h eps[HORDE];
+    static ucs_status_t failed[HORDE];
+    uint8_t tokens[HORDE][16];
+    for (int i = 0; i < HORDE; i++) {
+        eps[i] = atk_ep(&a, v.port, &failed[i]);
+        atk_progress(&a, 20);
+        assert_true(atk_handshake_ep(&a, eps[i], &failed[i], &v, tokens[i]));
+    }
+    const uint64_t half[4] = {0, 1u << 20, 2u << 20, 2}; /* 2 MiB packed */
+    r.nruns = 1;
+    for (int i = 0; i < HORDE; i++)
+        for (int k = 0; k < 2; k++) {
+            memcpy(r.token, tokens[i], 16);
+            r.seq = (uint32_t)(100 + 2 * i + k);
+            atk_send_ep(&a, eps[i], &r, sizeof(r), half, sizeof(half));
+        }
+    atk_progress(&a, 1000);
+    long rss1 = victim_rss_kb(&v);
+    /* A receiver's pull, packed rows among them: the holders are closed once
+     * stuck (UCX_STUCK_S) and it completes. */
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create(NULL, &rt));
+    refit_status_t st;
+    double ms = legit_pull(rt, NULL, &v, &st);
+    long rss2 = victim_rss_kb(&v);
+    print_message("%d connections x 2 x 2 MiB packed, unread (max_queued 4M): publisher RSS %ld -> %ld kB, %d replies "
+                  "held; a receiver's pull %.0f ms (%s); RSS after %ld kB\n",
+                  HORDE, rss0, rss1, a.nheld, ms, refit_status_name(st), rss2);
+    assert_true(rss1 - rss0 < 48 * 1024); /* 4 x max_queued = 16 MiB packed, not 128 MiB */
+    REFIT_ASSERT_OK(st);
+    assert_true(ms < 20000);
+    ops->destroy(rt);
+    atk_eps_close(&a, eps, HORDE);
+    end_intact(&a, &v);
+
+    /* A reply larger than max_queued is refused whatever else is in flight
+     * (before, the first reply of a connection was exempt). */
+    v = victim_start("listen=127.0.0.1,max_queued=1M", NULL);
+    atk_open(&a, v.port);
+    r.region_id = v.region_id, r.pub_id = v.pub_id;
+    assert_true(atk_handshake(&a, &v, zero, r.token));
+    const uint64_t big[4] = {0, 2u << 20, 0, 1};
+    a.data_status = -1;
+    assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), big, sizeof(big)), UCS_OK);
+    double t0 = refit_now();
+    while (a.data_status == -1 && t_ms_since(t0) < 3000) atk_progress(&a, 5);
+    print_message("2 MiB asked of a publisher with max_queued=1M: status %d\n", a.data_status);
+    assert_int_equal(a.data_status, PUB_TOO_LARGE);
+    end_intact(&a, &v);
+}
+
+/* Conditional requests that wait (parked) are capped per connection
+ * (max_parked) and in all (64 x max_parked): the excess is answered "not
+ * ready" at once instead of waiting.  Before, a connection could park 4096
+ * and every round looked at every one: 64 connections x 4,000 (renewed
+ * every 10 s) slowed every pull from ~40 ms to ~1 s.  A receiver's pull
+ * while the caps are full completes (timing: the benchmark). */
+static void parked_requests_bounded(void **state)
+{
+    (void)state;
+    enum { HORDE = 64, PER = 256 }; /* the defaults: max_parked 256, 64 x 256 in all */
+    victim_t v = victim_start("listen=127.0.0.1", NULL);
+    atk_t a;
+    atk_open(&a, v.port);
+    w_req_t r = {.magic = UCX_MAGIC, .nruns = 1, .region_id = v.region_id, .pub_id = v.pub_id};
+    r.wait_region = v.flags_id, r.word_off = 0, r.word = 77, r.flag_off = 8 + 5, r.wait_ms = 10000;
+    uint8_t zero[32] = {0};
+    assert_true(atk_handshake(&a, &v, zero, r.token));
+    const uint64_t run[4] = {0, 64, 0, 1};
+    a.data_replies = 0;
+    for (int i = 0; i < PER + 2; i++) {
+        r.seq = (uint32_t)(1 + i);
+        assert_int_equal(atk_send(&a, AM_REQ, &r, sizeof(r), run, sizeof(run)), UCS_OK);
+    }
+    double t0 = refit_now();
+    while (a.data_replies < 2 && t_ms_since(t0) < 3000) atk_progress(&a, 5);
+    atk_progress(&a, 200);
+    print_message("%d conditional requests that cannot be met, max_parked %d: %d answered after %.0f ms (status %d)\n",
+                  PER + 2, PER, a.data_replies, t_ms_since(t0), a.data_status);
+    assert_int_equal(a.data_replies, 2);
+    assert_int_equal(a.data_status, PUB_NOT_READY);
+    assert_true(t_ms_since(t0) < 5000); /* not after their 10 s */
+
+    /* HORDE - 1 more connections with PER each fill the total (64 x 4). */
+    static ucp_ep_h eps[HORDE];
+    static ucs_status_t failed[HORDE];
+    uint8_t tok[16];
+    for (int i = 0; i < HORDE; i++) {
+        eps[i] = atk_ep(&a, v.port, &failed[i]);
+        atk_progress(&a, 10);
+        assert_true(atk_handshake_ep(&a, eps[i], &failed[i], &v, tok));
+        memcpy(r.token, tok, 16);
+        for (int k = 0; k < (i + 1 < HORDE ? PER : 1); k++) {
+            r.seq = (uint32_t)(1000 + i * PER + k);
+            atk_send_ep(&a, eps[i], &r, sizeof(r), run, sizeof(run));
+        }
+    }
+    a.data_replies = 0;
+    t0 = refit_now();
+    while (a.data_replies < 1 && t_ms_since(t0) < 3000) atk_progress(&a, 5);
+    print_message("%d x %d parked in all: one more from a connection with none parked: %d answered after %.0f ms\n",
+                  HORDE, PER, a.data_replies, t_ms_since(t0));
+    assert_int_equal(a.data_replies, 1);
+    assert_int_equal(a.data_status, PUB_NOT_READY);
+    assert_true(t_ms_since(t0) < 5000);
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create(NULL, &rt));
+    refit_status_t st;
+    double ms = legit_pull(rt, NULL, &v, &st);
+    print_message("a receiver's pull with %d requests parked: %.1f ms\n", HORDE * PER, ms);
+    REFIT_ASSERT_OK(st);
+    assert_true(ms < 10000);
+    ops->destroy(rt);
+    atk_eps_close(&a, eps, HORDE);
+    end_intact(&a, &v);
+}
+
+/* ---- the benchmark: legitimate pulls under each attack ------------------- */
+
+static int cmp_d(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Medians of `rounds` pulls from an attacked publisher and from one beside
+ * it that is not, interleaved (the same machine noise for both). */
+static void bench_pulls(const char *what, victim_t *calm, victim_t *hit, atk_t *a, int rounds)
+{
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create(NULL, &rt));
+    refit_peer_t *pc = NULL, *ph = NULL;
+    REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){calm->desc}, &calm->len, 1, &pc));
+    REFIT_ASSERT_OK(ops->connect(rt, (const void *const[]){hit->desc}, &hit->len, 1, &ph));
+    double u[64], l[64];
+    refit_status_t st;
+    for (int i = 0; i < rounds; i++) {
+        u[i] = legit_pull(rt, pc, calm, &st);
+        REFIT_ASSERT_OK(st);
+        atk_progress(a, 5); /* the attacker's worker lives on */
+        l[i] = legit_pull(rt, ph, hit, &st);
+        REFIT_ASSERT_OK(st);
+        atk_progress(a, 5);
+    }
+    qsort(u, (size_t)rounds, sizeof(double), cmp_d);
+    qsort(l, (size_t)rounds, sizeof(double), cmp_d);
+    print_message("BENCH %s: pull of 4.5 MiB (4 MiB whole + 1024 rows of 512 B), median of %d: unloaded %.2f ms, "
+                  "attacked %.2f ms (%.2fx); ranges %.2f-%.2f / %.2f-%.2f ms\n",
+                  what, rounds, u[rounds / 2], l[rounds / 2], l[rounds / 2] / u[rounds / 2], u[0], u[rounds - 1], l[0],
+                  l[rounds - 1]);
+    ops->disconnect(pc);
+    ops->disconnect(ph);
+    ops->destroy(rt);
+}
+
+/* REFIT_HOSTILE_BENCH=N: the attacks of the tests above at the findings'
+ * sizes (700 unproven connections under RLIMIT_NOFILE 1024; 4 key holders
+ * asking 1 GiB of overlapping runs each, unread, and 32 holding packed
+ * replies unread; 64 connections x 4,000 parked conditional requests). */
+static void bench_under_attack(void **state)
+{
+    (void)state;
+    int rounds = atoi(getenv("REFIT_HOSTILE_BENCH"));
+    if (rounds < 3) rounds = 3;
+    if (rounds > 64) rounds = 64;
+    const char *opts = "listen=127.0.0.1,auth_timeout=60";
+    const char *parts = getenv("REFIT_HOSTILE_BENCH_PARTS"); /* "fds,memory,parked" (the default: all) */
+    bool fds = !parts || strstr(parts, "fds"), memory = !parts || strstr(parts, "memory"),
+         parked = !parts || strstr(parts, "parked");
+    uint8_t zero[32] = {0};
+    static ucp_ep_h eps[700];
+    static ucs_status_t failed[700];
+
+    g_victim_nofile = 1024;
+    victim_t calm = victim_start(opts, NULL), hit;
+    g_victim_nofile = 0;
+    atk_t a;
+    if (fds) {
+        g_victim_nofile = 1024;
+        hit = victim_start(opts, NULL);
+        g_victim_nofile = 0;
+        atk_open(&a, hit.port);
+        for (int i = 0; i < 700; i++) {
+            eps[i] = atk_ep(&a, hit.port, &failed[i]);
+            for (int k = 0; k < 20; k++) ucp_worker_progress(a.w);
+        }
+        atk_progress(&a, 1000);
+        bench_pulls("700 connections without HELLO, RLIMIT_NOFILE 1024", &calm, &hit, &a, rounds);
+        atk_eps_close(&a, eps, 700);
+        atk_close(&a);
+        victim_stop(&hit);
+    }
+    w_req_t r;
+    if (memory) {
+        /* 4 key holders x one request of 256 runs of the whole region (1 GiB) */
+        hit = victim_start(opts, NULL);
+        atk_open(&a, hit.port);
+        a.hold_rndv = true;
+        r = (w_req_t){.magic = UCX_MAGIC, .nruns = 256, .region_id = hit.region_id, .pub_id = hit.pub_id};
+        static uint64_t all[256][4];
+        for (int i = 0; i < 256; i++) all[i][0] = 0, all[i][1] = WEIGHTS, all[i][2] = 0, all[i][3] = 1;
+        for (int i = 0; i < 4; i++) {
+            eps[i] = atk_ep(&a, hit.port, &failed[i]);
+            atk_progress(&a, 20);
+            assert_true(atk_handshake_ep(&a, eps[i], &failed[i], &hit, r.token));
+            r.seq = (uint32_t)(1 + i);
+            atk_send_ep(&a, eps[i], &r, sizeof(r), all, sizeof(all));
+        }
+        atk_progress(&a, 500);
+        print_message("BENCH 4 x 1 GiB of overlapping runs: status %d, publisher RSS %ld kB\n", a.data_status,
+                      victim_rss_kb(&hit));
+        bench_pulls("4 key holders x 1 GiB of overlapping runs, unread", &calm, &hit, &a, rounds);
+        /* and 32 more that hold max_queued of packed replies each, unread */
+        const uint64_t rows[4] = {0, 1u << 20, 2u << 20, 2};
+        r.nruns = 1;
+        for (int i = 4; i < 36; i++) {
+            eps[i] = atk_ep(&a, hit.port, &failed[i]);
+            atk_progress(&a, 20);
+            assert_true(atk_handshake_ep(&a, eps[i], &failed[i], &hit, r.token));
+            for (int k = 0; k < 128; k++) { /* 256 MiB of 2 MiB packed replies */
+                r.seq = (uint32_t)(100 + k);
+                atk_send_ep(&a, eps[i], &r, sizeof(r), rows, sizeof(rows));
+            }
+        }
+        atk_progress(&a, 3000);
+        print_message("BENCH 32 x 256 MiB of packed replies asked, unread: publisher RSS %ld kB\n",
+                      victim_rss_kb(&hit));
+        bench_pulls("32 key holders x 256 MiB of packed replies, unread", &calm, &hit, &a, rounds);
+        atk_eps_close(&a, eps, 36);
+        atk_close(&a);
+        victim_stop(&hit);
+    }
+    if (parked) {
+        /* 64 connections x 4,000 parked conditional requests */
+        hit = victim_start(opts, NULL);
+        atk_open(&a, hit.port);
+        r = (w_req_t){.magic = UCX_MAGIC, .nruns = 1, .region_id = hit.region_id, .pub_id = hit.pub_id};
+        r.wait_region = hit.flags_id, r.word = 77, r.flag_off = 8 + 5, r.wait_ms = 10000;
+        const uint64_t run[4] = {0, 64, 0, 1};
+        for (int i = 0; i < 64; i++) {
+            eps[i] = atk_ep(&a, hit.port, &failed[i]);
+            atk_progress(&a, 10);
+            assert_true(atk_handshake_ep(&a, eps[i], &failed[i], &hit, r.token));
+            for (int k = 0; k < 4000; k++) {
+                r.seq = (uint32_t)k;
+                atk_send_ep(&a, eps[i], &r, sizeof(r), run, sizeof(run));
+            }
+        }
+        bench_pulls("64 connections x 4,000 parked conditional requests", &calm, &hit, &a, rounds);
+        atk_eps_close(&a, eps, 64);
+        end_intact(&a, &hit);
+    }
+    (void)zero;
+    victim_stop(&calm);
+}
+
 /* A publisher restarted on the same port answers as another instance: the
  * receiver says so (a peer error, to try its next address or re-read the
  * registry), not that the secret is wrong. */
@@ -825,7 +1370,14 @@ static void listen_addresses(void **state)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
+    struct rlimit rl; /* the attackers' connections need descriptors too */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     setenv("UCX_LOG_LEVEL", "error", 0); /* the victim's "no handler for AM id" warnings are expected */
+    /* REFIT_TEST_FILTER=name (a cmocka pattern): only those tests */
+    if (getenv("REFIT_TEST_FILTER")) cmocka_set_test_filter(getenv("REFIT_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rma_refused),
         cmocka_unit_test(unauthenticated_requests),
@@ -836,7 +1388,14 @@ int main(void)
         cmocka_unit_test(listen_addresses),
         cmocka_unit_test(idle_connections_closed),
         cmocka_unit_test(restarted_publisher_is_another),
+        cmocka_unit_test(unproven_connections_bounded),
+        cmocka_unit_test(reply_memory_bounded),
+        cmocka_unit_test(parked_requests_bounded),
     };
+    if (getenv("REFIT_HOSTILE_BENCH")) {
+        const struct CMUnitTest bench[] = {cmocka_unit_test(bench_under_attack)};
+        return cmocka_run_group_tests(bench, NULL, NULL);
+    }
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 

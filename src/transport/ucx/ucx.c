@@ -94,6 +94,9 @@ static refit_status_t ucx_create(const char *options, refit_transport_t **out)
     t->next_region_id = 1;
     atomic_init(&t->stop, false);
     atomic_init(&t->waiters, 0);
+    atomic_init(&t->notified, false);
+    atomic_init(&t->notify_ns, 0);
+    t->parked_due = 1e300;
 
     if ((s = ucp_config_read(NULL, NULL, &cfg)) != UCS_OK) {
         st = ucx_err(REFIT_ERR_TRANSPORT, s, "reading the UCX configuration");
@@ -193,6 +196,8 @@ static void ucx_destroy(refit_transport_t *t)
         for (size_t i = 0; i < t->conns.len; i++) t->conns.data[i]->failed = true;
         for (size_t i = 0; i < t->jobs.len; i++) ucx_job_free(t, t->jobs.data[i]);
         t->jobs.len = 0;
+        for (size_t i = 0; i < t->parked.len; i++) ucx_job_free(t, t->parked.data[i].job);
+        t->parked.len = 0;
         double until = refit_now() + 2;
         do ucx_pub_round(t);
         while (t->conns.len && refit_now() < until);
@@ -202,6 +207,7 @@ static void ucx_destroy(refit_transport_t *t)
     REFIT_VEC_FREE(&t->regions);
     REFIT_VEC_FREE(&t->conns);
     REFIT_VEC_FREE(&t->jobs);
+    REFIT_VEC_FREE(&t->parked);
     if (t->pw) ucp_worker_destroy(t->pw);
     if (t->rw) ucp_worker_destroy(t->rw);
     if (t->wake_fd >= 0) close(t->wake_fd);
@@ -227,5 +233,5 @@ const refit_transport_ops_t refit_transport_ucx = {
     .disconnect = ucx_disconnect,
     .pull = ucx_pull,
     .set_key = ucx_set_key,
-    .notify = ucx_wake_thread,
+    .notify = ucx_notify,
 };

@@ -48,15 +48,28 @@ enum {
     PUB_BAD_ID = 4,
     PUB_AUTH = 5,
     PUB_CHALLENGE = 6,
-    PUB_NOT_READY = 7 /* a conditional request's condition did not hold in time */
+    PUB_NOT_READY = 7, /* a conditional request's condition did not hold in time, or too many wait */
+    PUB_TOO_LARGE = 8, /* the reply would pass the publisher's max_queued */
+    PUB_OVERLAP = 9    /* two runs of the request read the same bytes */
 };
 enum { RMA_OFF = 0, RMA_EMULATED = 2 };
 #define NONCE_LEN 16
 #define TOKEN_LEN 16
 #define UCX_MAX_REPLY (1ull << 30) /* bytes one request may ask for (the largest chunk option) */
 #define UCX_MAX_JOBS_PER_CONN 4096 /* requests a connection may have queued or in flight */
-#define UCX_MAX_CONNS 1024         /* connections a publisher keeps at once */
+#define UCX_MAX_CONNS 1024         /* connections a publisher keeps at once, at most (descriptors permitting) */
 #define UCX_AUTH_TIMEOUT_S 10.0    /* default auth_timeout: a connection not proven by then is closed */
+/* Descriptors (conn_limits in ucx_server.c): a connection over TCP holds 2
+ * (UCX's connection-manager socket and its data socket, measured with
+ * 1.13); 3 are counted.  A quarter of the limit, at least 256, is left to
+ * the rest of the process (registry, shm, files, the receiver side). */
+#define UCX_FDS_PER_CONN 3
+#define UCX_FD_RESERVE_MIN 256
+#define UCX_NOFILE_MAX 65536u /* the soft limit is raised toward the hard one, not past this */
+#define UCX_MAX_UNPROVEN 64   /* connections not yet authenticated, at most (a quarter of the total below it) */
+#define UCX_PACKED_SHARES 4   /* packed reply bytes across connections: at most this many max_queued */
+#define UCX_STUCK_S 2.0       /* a connection that completed no reply for this long is not reading */
+#define UCX_PARKED_CONNS 64   /* parked conditional requests in all: this many connections' max_parked */
 
 static inline const char *pub_status_str(int32_t s)
 {
@@ -67,6 +80,8 @@ static inline const char *pub_status_str(int32_t s)
     case PUB_BAD_ID: return "different publisher instance";
     case PUB_AUTH: return "the connection did not prove the job's secret";
     case PUB_NOT_READY: return "the bytes were not written in time (condition not met)";
+    case PUB_TOO_LARGE: return "the reply asked for is larger than the publisher's max_queued (ask in smaller chunks)";
+    case PUB_OVERLAP: return "the request's runs overlap (the same bytes asked for twice)";
     default: return "unknown error";
     }
 }
@@ -153,6 +168,7 @@ typedef struct {
     bool require_rdma;
     int method, rma;
     uint64_t max_queued;
+    unsigned max_parked; /* conditional requests one connection may have waiting */
     char tls[128], devices[128];
     uint64_t chunk, rndv, solo;
     unsigned inflight, spin_us;
@@ -189,6 +205,10 @@ struct conn {
     bool challenged, authed;
     uint8_t nonce_c[NONCE_LEN], nonce_s[NONCE_LEN], token[TOKEN_LEN];
     uint64_t sending_bytes; /* reply bytes UCX is sending for it (capped by max_queued) */
+    uint64_t packed_bytes;  /* of those, in buffers of our own (packed): counted in t->packed_bytes */
+    double progress_at;     /* when a data reply of it last completed, or its first one left */
+    double read_at;         /* when a data reply of it last completed (0: none yet) */
+    unsigned parked;        /* its requests in t->parked */
 };
 
 typedef struct job job_t;
@@ -205,10 +225,24 @@ struct job {
     req_hdr_t req;
     hello_hdr_t hello;
     uint64_t bytes; /* REQ: reply bytes counted in conn->sending_bytes */
+    uint64_t total; /* REQ: reply bytes, once checked (runs are checked once) */
+    bool checked;   /* REQ: its runs were found inside the region, apart, within the caps */
     double arrived; /* REQ: when it came (a condition waits from then) */
     uint32_t nitems;
     uint64_t items[]; /* REQ: 2 per run; HELLO: region ids, replaced by sizes */
 };
+
+/* A conditional request whose condition did not hold yet (t->parked):
+ * looked at again only when notify says memory changed, its wait ends,
+ * its connection fails, or (a writer that never notifies) every 5 ms. */
+typedef struct {
+    const uint64_t *word; /* in region w */
+    const uint8_t *flag;
+    uint64_t want;
+    double due;          /* when it is answered PUB_NOT_READY */
+    pub_region_t *w, *r; /* the regions it names: unexpose takes it out */
+    job_t *job;
+} parked_t;
 
 typedef struct pull pull_t;
 typedef struct hello_wait hello_wait_t;
@@ -238,9 +272,16 @@ struct refit_transport {
     REFIT_VEC(pub_region_t *) regions;
     uint64_t next_region_id;
     REFIT_VEC(conn_t *) conns;
-    REFIT_VEC(job_t *) jobs; /* received, not yet served */
-    job_t *sending;          /* replies UCX is sending */
-    char pub_error[256];     /* first failure of the progress thread */
+    unsigned max_conns, max_unproven; /* from the descriptor limit (conn_limits) */
+    REFIT_VEC(job_t *) jobs;          /* received, not yet served */
+    REFIT_VEC(parked_t) parked;       /* conditional requests waiting for their condition */
+    double parked_due;                /* the earliest due among them (or after which to poll) */
+    atomic_bool notified;             /* notify() since the last look at the parked ones */
+    _Atomic uint64_t notify_ns;       /* the last notify (refit_now_ns) */
+    bool parked_stale;                /* a connection with parked requests failed */
+    uint64_t packed_bytes;            /* packed reply bytes in flight, all connections */
+    job_t *sending;                   /* replies UCX is sending */
+    char pub_error[256];              /* first failure of the progress thread */
 
     /* Receiver side: guarded by rlock. */
     pthread_mutex_t rlock;
@@ -294,6 +335,7 @@ unsigned ucx_progress_all(ucp_worker_h w);
 void ucx_job_free(refit_transport_t *t, job_t *j);
 unsigned ucx_pub_round(refit_transport_t *t);
 void ucx_wake_thread(refit_transport_t *t);
+void ucx_notify(refit_transport_t *t);
 void ucx_region_release(refit_transport_t *t, pub_region_t *r);
 refit_status_t ucx_expose(refit_transport_t *t, void *base, uint64_t size, void **desc, size_t *len);
 void ucx_unexpose(refit_transport_t *t, void *base);

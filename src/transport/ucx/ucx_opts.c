@@ -89,6 +89,7 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
                       .connect_timeout = 10,
                       .stall_timeout = 30,
                       .max_queued = 256u << 20,
+                      .max_parked = 256,
                       .auth_timeout = UCX_AUTH_TIMEOUT_S};
     if (!s) return resolve_listen(o);
     char *dup = refit_strdup(s), *save = NULL;
@@ -131,6 +132,9 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
             else ok = false;
         } else if (!strcmp(kv, "max_queued")) {
             ok = parse_u64(v, &o->max_queued) && o->max_queued >= (1u << 20);
+        } else if (!strcmp(kv, "max_parked")) {
+            ok = parse_u64(v, &n) && n >= 1 && n <= UCX_MAX_JOBS_PER_CONN;
+            o->max_parked = (unsigned)n;
         } else if (!strcmp(kv, "require")) {
             if (!strcmp(v, "rdma")) o->require_rdma = true;
             else if (!strcmp(v, "none") || !*v) o->require_rdma = false;

@@ -1,6 +1,17 @@
 /* The ucx transport, publisher side: the listener and its progress thread,
  * connections (HELLO in two phases, then requests carrying their token),
- * the jobs that serve requests from exposed memory, expose/unexpose. */
+ * the jobs that serve requests from exposed memory, expose/unexpose.
+ *
+ * What a peer may cost the publisher is bounded (docs/ucx.md, "What a peer
+ * may cost"): descriptors by a connection cap derived from RLIMIT_NOFILE,
+ * with a small share for connections not yet proven, the oldest of which
+ * makes way for a new one; memory by max_queued per connection for every
+ * reply, a cap on packed (copied) reply bytes across connections, and
+ * requests that may not ask for more than their region nor for a byte
+ * twice; the progress thread's time by parked conditional requests that are
+ * capped and looked at only when something may have made them due. */
+
+#include <sys/resource.h>
 
 #include "transport/ucx/ucx_internal.h"
 
@@ -26,10 +37,38 @@ static void conn_close(conn_t *c)
     if (UCS_PTR_IS_PTR(r)) ucp_request_free(r); /* released when it completes */
 }
 
+/* A new connection.  Every entry of t->conns holds descriptors until the
+ * round frees it, so they all count against max_conns.  When the unproven
+ * share or the whole cap is full, the oldest connection that has not proven
+ * the key is cut off to make room (a proven one never is): refusing the new
+ * one instead would let a stranger who holds max_unproven idle connections
+ * (renewed every auth_timeout) keep every receiver out, while making way
+ * for it means a stranger must open connections faster than a receiver
+ * completes its handshake (one round trip) to keep it out. */
 static void conn_req_cb(ucp_conn_request_h creq, void *arg)
 {
     refit_transport_t *t = arg;
-    conn_t *c = t->conns.len < UCX_MAX_CONNS ? calloc(1, sizeof(*c)) : NULL;
+    size_t unproven = 0, gone = 0;
+    conn_t *oldest = NULL;
+    for (size_t i = 0; i < t->conns.len; i++) {
+        conn_t *o = t->conns.data[i];
+        if (o->failed || o->closed) gone++;
+        else if (!o->authed) {
+            unproven++;
+            if (!oldest || o->created < oldest->created) oldest = o;
+        }
+    }
+    if (oldest && (unproven >= t->max_unproven || t->conns.len - gone >= t->max_conns)) {
+        oldest->failed = true; /* closed by the round, after this callback */
+        gone++;
+        refit_log(REFIT_LOG_DEBUG, "ucx: %zu connections not proven yet (at most %u): closing the oldest", unproven,
+                  t->max_unproven);
+    }
+    /* Failed ones still hold their descriptors until the round closes and
+     * frees them: max_unproven more entries are allowed for those. */
+    conn_t *c = t->conns.len - gone < t->max_conns && t->conns.len < (size_t)t->max_conns + t->max_unproven
+                    ? calloc(1, sizeof(*c))
+                    : NULL;
     if (!c || REFIT_VEC_RESERVE(&t->conns, t->conns.len + 1)) {
         free(c);
         ucp_listener_reject(t->listener, creq);
@@ -134,6 +173,10 @@ void ucx_job_free(refit_transport_t *t, job_t *j)
         pthread_cond_broadcast(&t->cond);
     }
     j->conn->sending_bytes -= j->bytes;
+    if (j->pack) {
+        j->conn->packed_bytes -= j->bytes;
+        t->packed_bytes -= j->bytes;
+    }
     free(j->pack);
     conn_unref(j->conn);
     free(j);
@@ -145,6 +188,7 @@ static void job_sent_cb(void *request, ucs_status_t status, void *user)
     job_t *j = user;
     refit_transport_t *t = j->conn->t;
     if (status != UCS_OK) j->conn->failed = true;
+    if (status == UCS_OK && j->type == AM_REQ) j->conn->progress_at = j->conn->read_at = refit_now(); /* it reads */
     ucx_job_free(t, j);
     ucp_request_free(request);
 }
@@ -205,8 +249,9 @@ static void hello_reply(refit_transport_t *t, job_t *j, const void **buf, size_t
 
 /* A request's condition (req_hdr_t): PUB_OK when it holds or there is none,
  * PUB_NOT_READY when it does not (yet), PUB_NO_REGION / PUB_RANGE when it
- * names memory this publisher does not expose (the word 8-byte aligned). */
-static int32_t check_wait(refit_transport_t *t, const req_hdr_t *q)
+ * names memory this publisher does not expose (the word 8-byte aligned).
+ * *wr: the region it waits on. */
+static int32_t check_wait(refit_transport_t *t, const req_hdr_t *q, pub_region_t **wr)
 {
     if (!q->wait_ms) return PUB_OK;
     pub_region_t *w = region_of(t, q->wait_region);
@@ -214,6 +259,7 @@ static int32_t check_wait(refit_transport_t *t, const req_hdr_t *q)
     if (w->size < 8 || q->word_off > w->size - 8 || (uintptr_t)(w->base + q->word_off) % 8 || q->flag_off >= w->size ||
         q->wait_ms > UCX_MAX_WAIT_MS)
         return PUB_RANGE;
+    *wr = w;
     /* The writer marks the flag (release) after the bytes it guards, and
      * changes the word before it clears flags for other bytes: the word read
      * again after the flag rules out a flag of the next round. */
@@ -223,14 +269,106 @@ static int32_t check_wait(refit_transport_t *t, const req_hdr_t *q)
     return __atomic_load_n(word, __ATOMIC_ACQUIRE) == q->word ? PUB_OK : PUB_NOT_READY;
 }
 
+/* The same test on a parked request's cached addresses. */
+static bool parked_holds(const parked_t *p)
+{
+    return __atomic_load_n(p->word, __ATOMIC_ACQUIRE) == p->want && __atomic_load_n(p->flag, __ATOMIC_ACQUIRE) &&
+           __atomic_load_n(p->word, __ATOMIC_ACQUIRE) == p->want;
+}
+
+/* Whether two rows of runs[0..n) (each checked inside the region, its own
+ * rows apart) share a byte.  Runs are sorted by their first row; runs whose
+ * spans (first row to the end of the last) meet are then walked row by row
+ * in address order (a heap of each one's next row).  That costs at most a
+ * few steps per row of those runs, which packing them would cost anyway; a
+ * receiver's requests (adjacent rows, or strided runs one after the other)
+ * have no such runs and cost one sort of at most UCX_MAX_RUNS. */
+typedef struct {
+    uint64_t start, end; /* first row's offset, last row's end */
+    uint32_t i;
+} span_t;
+
+typedef struct {
+    uint64_t at; /* this row's offset */
+    uint64_t k;  /* its index in the run */
+    uint32_t i;
+} row_t;
+
+static void span_sort(span_t *v, uint32_t n)
+{
+    for (uint32_t a = 1; a < n; a++) /* n <= 256, nearly always sorted already */
+        for (uint32_t b = a; b > 0 && v[b - 1].start > v[b].start; b--) {
+            span_t x = v[b];
+            v[b] = v[b - 1];
+            v[b - 1] = x;
+        }
+}
+
+static void heap_down(row_t *h, uint32_t n, uint32_t i)
+{
+    for (;;) {
+        uint32_t m = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && h[l].at < h[m].at) m = l;
+        if (r < n && h[r].at < h[m].at) m = r;
+        if (m == i) return;
+        row_t x = h[i];
+        h[i] = h[m];
+        h[m] = x;
+        i = m;
+    }
+}
+
+static bool rows_meet(const wire_run_t *runs, const span_t *sp, uint32_t n)
+{
+    row_t h[UCX_MAX_RUNS];
+    for (uint32_t k = 0; k < n; k++) h[k] = (row_t){runs[sp[k].i].off, 0, sp[k].i};
+    for (uint32_t k = n / 2; k-- > 0;) heap_down(h, n, k);
+    uint64_t end = 0; /* the end of the rows walked so far */
+    bool first = true;
+    while (n) {
+        const wire_run_t *w = &runs[h[0].i];
+        if (!first && h[0].at < end) return true;
+        first = false;
+        if (h[0].at + w->len > end) end = h[0].at + w->len;
+        if (++h[0].k < w->count) h[0].at += w->stride;
+        else h[0] = h[--n];
+        heap_down(h, n, 0);
+    }
+    return false;
+}
+
+static bool runs_overlap(const wire_run_t *runs, uint32_t n)
+{
+    span_t sp[UCX_MAX_RUNS];
+    for (uint32_t i = 0; i < n; i++) /* checked: no overflow */
+        sp[i] = (span_t){runs[i].off, runs[i].off + (runs[i].count - 1) * runs[i].stride + runs[i].len, i};
+    span_sort(sp, n);
+    for (uint32_t a = 0; a < n;) {
+        uint32_t b = a + 1;
+        uint64_t end = sp[a].end;
+        for (; b < n && sp[b].start < end; b++)
+            if (sp[b].end > end) end = sp[b].end;
+        if (b - a > 1 && rows_meet(runs, sp + a, b - a)) return true;
+        a = b;
+    }
+    return false;
+}
+
 /* Checks a request: its connection authenticated with this token, this
- * publisher, an exposed region, runs inside it, at most UCX_MAX_REPLY bytes. */
-static int32_t check_req(refit_transport_t *t, const job_t *j, pub_region_t **region, uint64_t *total)
+ * publisher, an exposed region, runs inside it that do not overlap, a reply
+ * no larger than the region nor than max_queued.  The runs are checked once
+ * (a request that waits is looked at again). */
+static int32_t check_req(refit_transport_t *t, job_t *j, pub_region_t **region, uint64_t *total)
 {
     const conn_t *c = j->conn;
     if (!c->authed || !refit_ct_equal(c->token, j->req.token, TOKEN_LEN) || j->req.pub_id != t->pub_id) return PUB_AUTH;
     pub_region_t *r = region_of(t, j->req.region_id);
     if (!r) return PUB_NO_REGION;
+    *region = r;
+    if (j->checked) { /* region ids are never reused: the same region, the same size */
+        *total = j->total;
+        return PUB_OK;
+    }
     const wire_run_t *runs = (const wire_run_t *)j->items;
     uint64_t sum = 0;
     for (uint32_t i = 0; i < j->req.nruns; i++) {
@@ -243,14 +381,72 @@ static int32_t check_req(refit_transport_t *t, const job_t *j, pub_region_t **re
             !refit_add_u64(sum, bytes, &sum) || sum > UCX_MAX_REPLY)
             return PUB_RANGE;
     }
-    *region = r;
+    if (sum > r->size) return PUB_RANGE; /* bytes asked for more than once: runs_overlap would say so, later */
+    if (sum > t->o.max_queued) return PUB_TOO_LARGE;
+    if (j->req.nruns > 1 && runs_overlap(runs, j->req.nruns)) return PUB_OVERLAP;
+    j->checked = true;
+    j->total = sum;
     *total = sum;
     return PUB_OK;
 }
 
-/* Sends the reply of job j (lock held).  false: not now - its connection
- * already has max_queued bytes of replies in flight (the job stays queued). */
-static bool serve_job(refit_transport_t *t, job_t *j)
+enum { SERVED, WAITS, PARKED }; /* what serve_job did with a job */
+
+/* The cap on packed reply bytes stops c's reply: a connection that holds
+ * packed replies and has completed none for UCX_STUCK_S is not reading
+ * them, and is closed (the one holding most) so that its memory serves the
+ * others, rather than hold every packed reply of every other connection up.
+ * Once a round (at least every 100 ms while jobs wait: pub_thread). */
+static void close_stuck(refit_transport_t *t, const conn_t *c, double now)
+{
+    conn_t *worst = NULL;
+    for (size_t i = 0; i < t->conns.len; i++) {
+        conn_t *o = t->conns.data[i];
+        if (o != c && !o->failed && o->packed_bytes && now - o->progress_at > UCX_STUCK_S &&
+            (!worst || o->packed_bytes > worst->packed_bytes))
+            worst = o;
+    }
+    if (!worst) return;
+    worst->failed = true;
+    refit_log(REFIT_LOG_WARN,
+              "ucx: a connection has held %" PRIu64 " bytes of packed replies unread for %.1f s while others wait "
+              "(%" PRIu64 " bytes packed in all, at most %" PRIu64 "); closing it",
+              worst->packed_bytes, now - worst->progress_at, t->packed_bytes,
+              (uint64_t)UCX_PACKED_SHARES * t->o.max_queued);
+}
+
+/* Puts job j (its condition not met, its wait w not over) aside until
+ * notify, its due time or its connection's end; false when the caps on
+ * parked requests are reached (it is then answered PUB_NOT_READY at once). */
+static bool park(refit_transport_t *t, job_t *j, pub_region_t *w, pub_region_t *r)
+{
+    conn_t *c = j->conn;
+    if (c->parked >= t->o.max_parked || t->parked.len >= (size_t)UCX_PARKED_CONNS * t->o.max_parked) {
+        refit_log(REFIT_LOG_DEBUG, "ucx: %u conditional requests wait for this connection, %zu in all: refusing one",
+                  c->parked, t->parked.len);
+        return false;
+    }
+    parked_t p = {(const uint64_t *)(w->base + j->req.word_off),
+                  w->base + j->req.flag_off,
+                  j->req.word,
+                  j->arrived + j->req.wait_ms * 1e-3,
+                  w,
+                  r,
+                  j};
+    if (REFIT_VEC_PUSH(&t->parked, p)) return false;
+    c->parked++;
+    if (p.due < t->parked_due) t->parked_due = p.due;
+    double now = refit_now();
+    if (now - (double)atomic_load(&t->notify_ns) * 1e-9 > 1.0 && now + 0.005 < t->parked_due)
+        t->parked_due = now + 0.005; /* no notify lately: look again within 5 ms */
+    return true;
+}
+
+/* Serves job j (lock held): SERVED (answered, or dropped with its
+ * connection), WAITS (its connection already has max_queued bytes of
+ * replies in flight, or all connections the cap on packed bytes: it stays
+ * queued) or PARKED (in t->parked). */
+static int serve_job(refit_transport_t *t, job_t *j, bool *stuck_checked)
 {
     conn_t *c = j->conn;
     const void *buf = NULL;
@@ -259,7 +455,7 @@ static bool serve_job(refit_transport_t *t, job_t *j)
     uint32_t flags = 0;
     if (c->failed || c->closed || c->closing) {
         ucx_job_free(t, j);
-        return true;
+        return SERVED;
     }
     if (j->type == AM_HELLO) {
         hello_reply(t, j, &buf, &len);
@@ -270,21 +466,34 @@ static bool serve_job(refit_transport_t *t, job_t *j)
         *d = (data_hdr_t){j->req.seq, j->req.idx, j->req.gen, PUB_OK, 0};
         hdr = d;
         hlen = sizeof(*d);
-        pub_region_t *r = NULL;
+        pub_region_t *r = NULL, *w = NULL;
         uint64_t total = 0;
+        double now = refit_now();
         d->status = check_req(t, j, &r, &total);
-        if (d->status == PUB_OK) d->status = check_wait(t, &j->req);
-        if (d->status == PUB_NOT_READY && refit_now() - j->arrived < j->req.wait_ms * 1e-3)
-            return false; /* not written yet: asked again next round (pub_thread polls while jobs wait) */
+        if (d->status == PUB_OK) d->status = check_wait(t, &j->req, &w);
+        if (d->status == PUB_NOT_READY && now - j->arrived < j->req.wait_ms * 1e-3 && park(t, j, w, r))
+            return PARKED; /* not written yet */
         if (d->status == PUB_AUTH) {
             c->closing = true; /* a request without the handshake: cut off after the refusal */
             refit_log(REFIT_LOG_WARN, "ucx: a request without a valid connection token; connection closed");
         }
-        if (d->status == PUB_OK && c->sending_bytes && c->sending_bytes + total > t->o.max_queued)
-            return false; /* its earlier replies first */
         const wire_run_t *runs = (const wire_run_t *)j->items;
         uint32_t nr = j->req.nruns;
-        if (d->status == PUB_OK && nr == 1 && runs[0].count == 1) {
+        bool packs = !(nr == 1 && runs[0].count == 1);
+        if (d->status == PUB_OK && c->sending_bytes + total > t->o.max_queued)
+            return WAITS; /* its earlier replies first */
+        /* Packed bytes are the memory a peer costs: 4 x max_queued in all,
+         * the second half only for connections that read their replies
+         * (one completed within UCX_STUCK_S), so that peers which never
+         * read cannot hold up those which do. */
+        uint64_t cap = UCX_PACKED_SHARES * t->o.max_queued;
+        if (!(c->read_at > 0 && now - c->read_at < UCX_STUCK_S)) cap /= 2;
+        if (d->status == PUB_OK && packs && t->packed_bytes + total > cap) {
+            if (!*stuck_checked) close_stuck(t, c, now);
+            *stuck_checked = true;
+            return WAITS; /* the other connections' packed replies first */
+        }
+        if (d->status == PUB_OK && !packs) {
             buf = r->base + runs[0].off;
         } else if (d->status == PUB_OK) {
             j->pack = malloc(total);
@@ -297,6 +506,8 @@ static bool serve_job(refit_transport_t *t, job_t *j)
                         p += runs[i].len;
                     }
                 buf = j->pack;
+                c->packed_bytes += total;
+                t->packed_bytes += total;
             }
         }
         if (d->status == PUB_OK) {
@@ -305,6 +516,7 @@ static bool serve_job(refit_transport_t *t, job_t *j)
             j->region = r;
             r->inflight++;
             j->bytes = total;
+            if (!c->sending_bytes) c->progress_at = now; /* stuck from now if nothing completes */
             c->sending_bytes += total;
             if (j->req.flags & REQ_EAGER) flags |= UCP_AM_SEND_FLAG_EAGER;
             else if (t->o.rndv) flags |= total >= t->o.rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
@@ -321,19 +533,49 @@ static bool serve_job(refit_transport_t *t, job_t *j)
         c->failed = true;
         ucx_job_free(t, j);
     } else if (req == NULL) {
+        if (j->type == AM_REQ) c->progress_at = c->read_at = refit_now();
         ucx_job_free(t, j);
     } else {
         j->next = t->sending;
         if (t->sending) t->sending->prev = j;
         t->sending = j;
     }
-    return true;
+    return SERVED;
+}
+
+/* Parked requests that may be due go back to t->jobs: all of them are
+ * looked at after notify (memory changed), when the earliest wait ends, when
+ * a connection that has some failed, and every 5 ms while no notify came for
+ * a second (a writer that never notifies).  Otherwise a round costs nothing
+ * for them, however many wait. */
+static void unpark_due(refit_transport_t *t, double now)
+{
+    bool notified = atomic_exchange(&t->notified, false);
+    if (!t->parked.len || (!notified && !t->parked_stale && now < t->parked_due)) return;
+    bool poll = now - (double)atomic_load(&t->notify_ns) * 1e-9 > 1.0;
+    t->parked_stale = false;
+    t->parked_due = 1e300;
+    for (size_t i = 0; i < t->parked.len;) {
+        parked_t *p = &t->parked.data[i];
+        conn_t *c = p->job->conn;
+        if (c->failed || c->closed || c->closing || now >= p->due || parked_holds(p)) {
+            if (REFIT_VEC_PUSH(&t->jobs, p->job)) break; /* out of memory: next round */
+            c->parked--;
+            *p = t->parked.data[--t->parked.len];
+            continue;
+        }
+        if (p->due < t->parked_due) t->parked_due = p->due;
+        i++;
+    }
+    if (poll && t->parked.len && now + 0.005 < t->parked_due) t->parked_due = now + 0.005;
 }
 
 /* One round of publisher work (lock held): progress, serve jobs, close failed conns. */
 unsigned ucx_pub_round(refit_transport_t *t)
 {
     unsigned n = ucx_progress_all(t->pw);
+    unpark_due(t, refit_now());
+    bool stuck_checked = false;
     while (t->jobs.len) {
         /* serve in arrival order */
         size_t k = t->jobs.len;
@@ -343,8 +585,9 @@ unsigned ucx_pub_round(refit_transport_t *t)
         t->jobs.len = 0;
         size_t served = 0;
         for (size_t i = 0; i < k; i++) {
-            if (serve_job(t, v[i])) served++;
-            else REFIT_VEC_PUSH(&t->jobs, v[i]); /* cannot fail: the vector held k before */
+            int r = serve_job(t, v[i], &stuck_checked);
+            if (r == SERVED) served++;
+            else if (r == WAITS) REFIT_VEC_PUSH(&t->jobs, v[i]); /* cannot fail: the vector held k before */
         }
         free(v);
         n += (unsigned)served;
@@ -355,6 +598,7 @@ unsigned ucx_pub_round(refit_transport_t *t)
     for (size_t i = 0; i < t->conns.len;) {
         conn_t *c = t->conns.data[i];
         if (!c->authed && !c->failed && now - c->created > t->o.auth_timeout) c->failed = true; /* never proven */
+        if (c->failed && c->parked) t->parked_stale = true; /* its parked requests are dropped next round */
         if ((c->failed || (c->closing && c->refs == 0)) && !c->closed) conn_close(c), n++;
         if (c->closed && c->refs == 0) {
             t->conns.data[i] = t->conns.data[--t->conns.len];
@@ -386,13 +630,15 @@ static void *pub_thread(void *arg)
         if (n) idle_since = now;
         bool sleep = !n && now - idle_since >= t->o.spin_us * 1e-6;
         ucs_status_t s = sleep ? ucp_worker_arm(t->pw) : UCS_ERR_BUSY;
-        /* A job left queued waits for its connection's replies to drain (an
-         * event wakes us) or for its condition: the writer wakes us
-         * (refit_transport_ops_t.notify); with one of those, look again
-         * within 5 ms all the same (a writer that does not). */
+        /* A job left queued waits for replies to drain (an event wakes us);
+         * a parked one for its condition (the writer wakes us:
+         * refit_transport_ops_t.notify) or its due time (unpark_due sets
+         * parked_due 5 ms ahead for a writer that does not notify). */
         int timeout_ms = 100;
-        for (size_t i = 0; i < t->jobs.len && timeout_ms > 5; i++)
-            if (t->jobs.data[i]->type == AM_REQ && t->jobs.data[i]->req.wait_ms) timeout_ms = 5;
+        if (t->parked.len) {
+            double ms = (t->parked_due - now) * 1e3;
+            timeout_ms = ms <= 0 ? 0 : ms < 100 ? (int)ms + 1 : 100;
+        }
         pthread_mutex_unlock(&t->lock);
         if (atomic_load(&t->waiters)) usleep(20);
         if (s == UCS_OK) {
@@ -406,6 +652,13 @@ static void *pub_thread(void *arg)
         }
     }
     return NULL;
+}
+
+void ucx_notify(refit_transport_t *t)
+{
+    atomic_store(&t->notify_ns, refit_now_ns());
+    atomic_store(&t->notified, true);
+    ucx_wake_thread(t);
 }
 
 void ucx_wake_thread(refit_transport_t *t)
@@ -441,6 +694,47 @@ static void list_addrs(refit_transport_t *t, int family)
     freeifaddrs(ifa);
 }
 
+/* The connection caps from the descriptor limit: the soft limit is raised
+ * to the hard one first (at most UCX_NOFILE_MAX), because the common soft
+ * limit of 1024 let ~500 connections that never said HELLO take every
+ * descriptor (heartbeats and pulls then failed with EMFILE).  A quarter of
+ * the limit, at least UCX_FD_RESERVE_MIN, is left to the rest of the
+ * process; the rest is UCX_FDS_PER_CONN per connection, max_unproven of
+ * them held back for connections being closed (conn_req_cb). */
+static void conn_limits(refit_transport_t *t)
+{
+    struct rlimit rl;
+    uint64_t have = 1024;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        uint64_t hard = rl.rlim_max == RLIM_INFINITY ? UINT64_MAX : rl.rlim_max;
+        uint64_t want = hard < UCX_NOFILE_MAX ? hard : UCX_NOFILE_MAX;
+        have = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+        if (have < want) {
+            struct rlimit up = {(rlim_t)want, rl.rlim_max};
+            if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
+                refit_log(REFIT_LOG_INFO,
+                          "ucx: raised this process's descriptor limit (RLIMIT_NOFILE) from %" PRIu64 " to %" PRIu64
+                          " for the publisher's connections",
+                          have, want);
+                have = want;
+            } else {
+                refit_log(REFIT_LOG_INFO, "ucx: could not raise the descriptor limit from %" PRIu64 ": %s", have,
+                          strerror(errno));
+            }
+        }
+    }
+    if (have > UCX_NOFILE_MAX) have = UCX_NOFILE_MAX;
+    uint64_t reserve = have / 4 > UCX_FD_RESERVE_MIN ? have / 4 : UCX_FD_RESERVE_MIN;
+    uint64_t room = have > reserve ? (have - reserve) / UCX_FDS_PER_CONN : 0;
+    uint64_t unproven = room / 5 < UCX_MAX_UNPROVEN ? room / 5 : UCX_MAX_UNPROVEN;
+    t->max_unproven = unproven ? (unsigned)unproven : 1;
+    uint64_t conns = room > t->max_unproven ? room - t->max_unproven : 0;
+    t->max_conns = conns > UCX_MAX_CONNS ? UCX_MAX_CONNS : conns < 4 ? 4 : (unsigned)conns;
+    if (t->max_unproven > t->max_conns) t->max_unproven = t->max_conns;
+    refit_log(REFIT_LOG_INFO, "ucx: descriptor limit %" PRIu64 ": at most %u connections, %u of them not proven yet",
+              have, t->max_conns, t->max_unproven);
+}
+
 /* Starts the publisher side: worker, listener, thread (lock held). */
 static refit_status_t pub_start(refit_transport_t *t)
 {
@@ -469,6 +763,7 @@ static refit_status_t pub_start(refit_transport_t *t)
             return st;
     }
     if (!t->listener) {
+        conn_limits(t);
         struct sockaddr_storage ss;
         memset(&ss, 0, sizeof(ss));
         int family = strchr(t->o.listen_ip, ':') ? AF_INET6 : AF_INET;
@@ -594,6 +889,19 @@ void ucx_unexpose(refit_transport_t *t, void *base)
         pub_region_t *r = t->regions.data[i];
         if (r->base != base || r->dead) continue;
         r->dead = true;
+        /* Parked requests naming it hold its addresses: back to the queue,
+         * where they are refused (PUB_NO_REGION). */
+        for (size_t k = 0; k < t->parked.len;) {
+            parked_t *p = &t->parked.data[k];
+            if (p->w != r && p->r != r) {
+                k++;
+                continue;
+            }
+            p->job->conn->parked--;
+            if (REFIT_VEC_PUSH(&t->jobs, p->job)) ucx_job_free(t, p->job); /* its receiver times out */
+            *p = t->parked.data[--t->parked.len];
+        }
+        ucx_wake_thread(t);
         /* Replies still being sent read this memory: wait for them (the
          * progress thread runs while we wait); after 5 s force-close the
          * connections that hold them, which completes their sends. */
