@@ -1048,6 +1048,84 @@ static void test_file_permissions(void **state)
     REFIT_ASSERT_ERR(refit_registry_open(b->url, ".hidden", &r), REFIT_ERR_INVALID_ARG, "job name");
 }
 
+/* Checks of test_file_fifo, run in a child: 0 when every call refused the
+ * file that is not a regular file with REFIT_ERR_CORRUPT naming it, else the
+ * number of the check that failed. */
+static int fifo_checks(const backend_t *b, const char *job)
+{
+    char path[PATH_MAX + 128], *dir = path;
+    refit_registry_t *r = NULL;
+    if (refit_registry_open(b->url, job, &r)) return 1;
+    /* A key's value replaced by a FIFO: a receiver reading the manifest. */
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fsrc%%2F0%%2Fmanifest", b->dir, job);
+    if (unlink(path) != 0 || mkfifo(path, 0600) != 0) return 2;
+    void *buf = NULL;
+    size_t len = 0;
+    refit_status_t st = refit_registry_get_manifest(r, "g", 0, &buf, &len);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), "manifest is a FIFO")) return 3;
+    /* The job's epoch (every publisher reads it when it starts). */
+    snprintf(path, sizeof(path), "%s/%s/epoch", b->dir, job);
+    unlink(path);
+    if (mkfifo(path, 0600) != 0) return 4;
+    st = refit_registry_epoch(r, &(uint64_t){0}, NULL);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), "epoch is a FIFO")) return 5;
+    /* Listing reads every key it names. */
+    refit_kv_t *kv = NULL;
+    if (b->ops->open(b->rest, job, &kv)) return 6;
+    char **keys = NULL;
+    size_t n = 0;
+    st = b->ops->list(kv, "g/", &keys, &n);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), "FIFO")) return 7;
+    /* A symbolic link under a key's name is not followed (to another job's value, say). */
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fsrc%%2F0%%2Fmanifest", b->dir, job);
+    unlink(path);
+    if (symlink("epoch", path) != 0) return 8;
+    st = refit_registry_get_manifest(r, "g", 0, &buf, &len);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), "symbolic link")) return 9;
+    b->ops->close(kv);
+    refit_registry_close(r);
+    /* The job's .lock as a FIFO: opening the registry refuses it. */
+    char job2[40];
+    snprintf(job2, sizeof(job2), "%s-lock", job);
+    snprintf(dir, sizeof(path), "%s/%s", b->dir, job2);
+    if (mkdir(dir, 0700) != 0) return 10;
+    snprintf(path, sizeof(path), "%s/%s/.lock", b->dir, job2);
+    if (mkfifo(path, 0600) != 0) return 11;
+    st = b->ops->open(b->rest, job2, &kv);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), ".lock is a FIFO")) return 12;
+    return 0;
+}
+
+/* A FIFO (or a symbolic link) put in place of a value, the epoch or .lock:
+ * every call answers at once with REFIT_ERR_CORRUPT naming the file, where a
+ * blocking open() used to wait for a writer forever.  The checks run in a
+ * child the test kills after 5 s (each should take microseconds). */
+static void test_file_fifo(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    uint64_t e = 0;
+    REFIT_ASSERT_OK(refit_registry_epoch(r, &e, NULL));
+    refit_registry_close(r);
+    double t0 = refit_now();
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) _exit(fifo_checks(b, job));
+    int status = 0;
+    pid_t got = 0;
+    while ((got = waitpid(kid, &status, WNOHANG)) == 0 && t_ms_since(t0) < 5000) msleep(5);
+    if (got == 0) {
+        kill(kid, SIGKILL);
+        waitpid(kid, &status, 0);
+        fail_msg("the file registry still blocked on a FIFO after %.0f ms", t_ms_since(t0));
+    }
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0) fail_msg("FIFO check %d failed", WEXITSTATUS(status));
+    assert_true(t_ms_since(t0) < 2000);
+}
+
 /* ---- open errors ---------------------------------------------------------- */
 
 static void test_open_errors(void **state)
@@ -1324,6 +1402,7 @@ int main(void)
         BACKEND_TESTS(g_file),
         cmocka_unit_test_prestate(test_file_layout, &g_file),
         cmocka_unit_test_prestate(test_file_permissions, &g_file),
+        cmocka_unit_test_prestate(test_file_fifo, &g_file),
     };
     const struct CMUnitTest redis_tests[] = {
         BACKEND_TESTS(g_redis),
