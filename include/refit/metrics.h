@@ -44,8 +44,10 @@ extern "C" {
  * without the NUL (len may be NULL).  REFIT_ERR_NO_MEMORY. */
 REFIT_API refit_status_t refit_metrics_text(char **out, size_t *len);
 
-/* Writes the current metrics to `path` atomically ("%p": the process id).
- * REFIT_ERR_IO naming the file and the reason. */
+/* Writes the current metrics to `path` atomically ("%p": the process id):
+ * through an exclusive temporary of a random name in path's directory, never
+ * following a symbolic link, renamed over path.  REFIT_ERR_IO naming the
+ * file and the reason. */
 REFIT_API refit_status_t refit_metrics_write_file(const char *path);
 
 /* Starts the HTTP endpoint on `addr` (as REFIT_METRICS_ADDR; port 0 picks a

@@ -35,6 +35,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "io/file.h"
 #include "util/util.h"
 
 #define NBUCKETS 16
@@ -486,30 +487,23 @@ static char *expand_path(const char *path)
 refit_status_t refit_metrics_write_file(const char *path)
 {
     if (!path || !path[0]) return refit_error(REFIT_ERR_INVALID_ARG, "refit_metrics_write_file: no path");
-    char *text = NULL, *real = expand_path(path), *tmp = NULL;
+    char *text = NULL, *real = expand_path(path);
     size_t len = 0;
     refit_status_t st = refit_metrics_text(&text, &len);
-    if (!st && (!real || !(tmp = refit_asprintf("%s.tmp.%d", real, (int)getpid()))))
-        st = refit_error(REFIT_ERR_NO_MEMORY, "metrics file name");
-    if (!st) {
-        /* 0644: the node exporter usually runs as another user. */
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd < 0) st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, strerror(errno));
-        for (size_t off = 0; !st && off < len;) {
-            ssize_t n = write(fd, text + off, len - off);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0)
-                st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, n < 0 ? strerror(errno) : "short write");
-            else off += (size_t)n;
-        }
-        if (fd >= 0 && close(fd) != 0 && !st)
-            st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, strerror(errno));
-        if (!st && rename(tmp, real) != 0) st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", real, strerror(errno));
-        if (st && fd >= 0) unlink(tmp);
+    if (!st && !real) st = refit_error(REFIT_ERR_NO_MEMORY, "metrics file name");
+    /* An exclusive temporary of a random name, renamed into place (io/file.h):
+     * "<path>.tmp.<pid>" could be a link someone else put there.  The
+     * directory may be shared (a node exporter's textfile directory is often
+     * group-writable): whoever can write it can replace the file anyway, but
+     * can no longer make us write anywhere else.  0644: the node exporter
+     * usually runs as another user. */
+    refit_outfile_t o;
+    if (!st && !(st = refit_outfile_open(&o, real, 0644, false))) {
+        refit_outfile_write(&o, text, len);
+        st = refit_outfile_commit(&o, real);
     }
     free(text);
     free(real);
-    free(tmp);
     return st;
 }
 

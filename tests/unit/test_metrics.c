@@ -471,6 +471,44 @@ static void serve_errors(void **state)
     REFIT_ASSERT_ERR(refit_metrics_write_file("/nonexistent-dir/x.prom"), REFIT_ERR_IO, "/nonexistent-dir/x.prom");
 }
 
+/* The textfile is never written through a name someone else put in its way:
+ * a hard link to another file at the temporary name it used to use
+ * ("<path>.tmp.<pid>", opened O_TRUNC: the linked file was truncated and
+ * overwritten), a symbolic link at the final name (replaced, not followed). */
+static void textfile_not_through_links(void **state)
+{
+    (void)state;
+    static const char precious[] = "the victim's own bytes\n";
+    char victim[4400], path[4400], tmp[4500];
+    snprintf(victim, sizeof(victim), "%s/victim", g_dir);
+    snprintf(path, sizeof(path), "%s/links.prom", g_dir);
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(victim, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(precious, 1, sizeof(precious) - 1, f), sizeof(precious) - 1);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(link(victim, tmp), 0);
+    REFIT_ASSERT_OK(refit_metrics_write_file(path));
+    char *got = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_OK(refit_read_regular(victim, 4096, &got, &len));
+    assert_string_equal(got, precious);
+    free(got);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(symlink(victim, path), 0);
+    REFIT_ASSERT_OK(refit_metrics_write_file(path));
+    REFIT_ASSERT_OK(refit_read_regular(victim, 4096, &got, &len));
+    assert_string_equal(got, precious);
+    free(got);
+    struct stat sb;
+    assert_int_equal(lstat(path, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode));
+    assert_int_equal(sb.st_mode & 0777, 0644);
+    unlink(tmp);
+    unlink(path);
+    unlink(victim);
+}
+
 int main(void)
 {
     if (!mkdtemp(g_dir)) return 1;
@@ -484,6 +522,7 @@ int main(void)
         cmocka_unit_test(delta_ratios),
         cmocka_unit_test(label_values_escaped),
         cmocka_unit_test(serve_errors),
+        cmocka_unit_test(textfile_not_through_links),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     refit_metrics_stop();
