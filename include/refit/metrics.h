@@ -16,7 +16,8 @@
  *                            "%p" in PATH is replaced by the process id, so
  *                            that the ranks of one host write files of their own.
  *   REFIT_METRICS_ADDR=ADDR  at the first pull or publish, a minimal HTTP
- *                            server (one thread, one connection at a time)
+ *                            server (one thread, up to 16 connections of
+ *                            at most 3 s each)
  *                            answers GET /metrics on ADDR: "PORT" or ":PORT"
  *                            (127.0.0.1), "IP:PORT", "[IPv6]:PORT".  Like UCX
  *                            listeners (docs/security.md), it binds one named

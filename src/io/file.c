@@ -145,7 +145,9 @@ refit_status_t refit_outfile_open(refit_outfile_t *o, const char *path, unsigned
     if (!base[0] || strcmp(base, ".") == 0 || strcmp(base, "..") == 0 || strlen(base) > NAME_MAX)
         return refit_error(REFIT_ERR_INVALID_ARG, "%s does not end in a file name", path);
     o->name = refit_strdup(base);
-    o->dir = slash == path ? refit_strdup("/") : slash ? refit_asprintf("%.*s", (int)(slash - path), path) : refit_strdup(".");
+    o->dir = slash == path ? refit_strdup("/")
+             : slash       ? refit_asprintf("%.*s", (int)(slash - path), path)
+                           : refit_strdup(".");
     refit_status_t st = REFIT_OK;
     if (!o->name || !o->dir) {
         st = refit_error(REFIT_ERR_NO_MEMORY, "writing %s", path);

@@ -202,11 +202,9 @@ static void dump_not_through_links(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fifo_as_single_file),    cmocka_unit_test(fifo_as_index_or_shard),
+        cmocka_unit_test(device_and_directory),   cmocka_unit_test(regular_file_opens),
         cmocka_unit_test(dump_not_through_links),
-        cmocka_unit_test(fifo_as_single_file),
-        cmocka_unit_test(fifo_as_index_or_shard),
-        cmocka_unit_test(device_and_directory),
-        cmocka_unit_test(regular_file_opens),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
