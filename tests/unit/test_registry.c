@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1048,6 +1049,55 @@ static void test_file_permissions(void **state)
     REFIT_ASSERT_ERR(refit_registry_open(b->url, ".hidden", &r), REFIT_ERR_INVALID_ARG, "job name");
 }
 
+/* A child's answer: 0, or the number of the check that failed. */
+static int child_status(pid_t kid)
+{
+    int status = 0;
+    waitpid(kid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+/* With neither XDG_RUNTIME_DIR nor HOME (containers, env -i, su), the
+ * default registry is never under /tmp, where another user could create
+ * /tmp/refit-<uid> first: the home directory of the passwd entry, else
+ * none, and opening it says what to set. */
+static void test_default_registry_private(void **state)
+{
+    (void)state;
+    pid_t kid = fork();
+    if (kid == 0) {
+        unsetenv("REFIT_REGISTRY");
+        unsetenv("XDG_RUNTIME_DIR");
+        unsetenv("HOME");
+        struct passwd *pw = getpwuid(geteuid());
+        char want[4200];
+        snprintf(want, sizeof(want), "file:%s/.cache/refit/registry", pw ? pw->pw_dir : "?");
+        if (!pw || pw->pw_dir[0] != '/' || !strcmp(pw->pw_dir, "/")) _exit(0); /* nothing to compare with */
+        _exit(strcmp(refit_default_registry(), want) == 0 ? 0 : 1);
+    }
+    assert_int_equal(child_status(kid), 0);
+    if (geteuid() != 0) {
+        print_message("[  SKIPPED ] a user without a passwd entry needs root (setresuid)\n");
+        return;
+    }
+    kid = fork();
+    if (kid == 0) {
+        unsetenv("REFIT_REGISTRY");
+        unsetenv("XDG_RUNTIME_DIR");
+        unsetenv("HOME");
+        uid_t uid = 54321;
+        while (getpwuid(uid)) uid++;
+        if (setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) _exit(2);
+        const char *url = refit_default_registry();
+        if (strncmp(url, "file:/tmp", 9) == 0) _exit(3);
+        if (url[0]) _exit(4);
+        refit_registry_t *r = NULL;
+        refit_status_t st = refit_registry_open(url, "j", &r);
+        _exit(st == REFIT_ERR_INVALID_ARG && strstr(refit_last_error(), "set HOME") ? 0 : 5);
+    }
+    assert_int_equal(child_status(kid), 0);
+}
+
 /* Checks of test_file_fifo, run in a child: 0 when every call refused the
  * file that is not a regular file with REFIT_ERR_CORRUPT naming it, else the
  * number of the check that failed. */
@@ -1413,6 +1463,7 @@ int main(void)
     };
     const struct CMUnitTest misc_tests[] = {
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_default_registry_private),
     };
     int failed = cmocka_run_group_tests_name("registry misc", misc_tests, NULL, NULL);
     failed += cmocka_run_group_tests_name("registry file", file_tests, file_setup, file_teardown);
