@@ -19,11 +19,13 @@ target_compile_definitions(refit_tool_local PRIVATE _GNU_SOURCE)
 # refit_tool_pure: internal code with no state, built a second time for the
 # programs that link librefit.so (whose copy is not exported): the strict
 # JSON reader and the growable arrays it uses (src/util/json.c, util.c) and
-# random bytes (src/util/crypto.c).  The programs see it through
+# random bytes (src/util/crypto.c) and the shm socket directory refit picks
+# when not told (src/util/userdir.c, for `refit preflight`).  The programs see it through
 # tools/common/tool_pure.h only; tool_pure.c checks that header against the
 # library's (the one place besides refit_sim that is compiled with -I src).
 add_library(refit_tool_pure STATIC ${CMAKE_SOURCE_DIR}/tools/common/tool_pure.c ${CMAKE_SOURCE_DIR}/src/util/json.c
-            ${CMAKE_SOURCE_DIR}/src/util/util.c ${CMAKE_SOURCE_DIR}/src/util/crypto.c)
+            ${CMAKE_SOURCE_DIR}/src/util/util.c ${CMAKE_SOURCE_DIR}/src/util/crypto.c
+            ${CMAKE_SOURCE_DIR}/src/util/userdir.c)
 target_include_directories(refit_tool_pure PRIVATE ${CMAKE_SOURCE_DIR}/src PUBLIC ${CMAKE_SOURCE_DIR}/tools/common
                                                                                ${CMAKE_SOURCE_DIR}/include)
 target_compile_options(refit_tool_pure PRIVATE ${REFIT_WARNINGS} -fvisibility=hidden)

@@ -2,24 +2,26 @@
  * loopback pull over shm, GPUs and their peer access, memory limits, the plan. */
 #include "preflight.h"
 
-/* The socket directory the shm transport will use (shm.c: private_dir). */
-static void shm_dir(const pf_t *p, char *out, size_t n)
+/* The socket directory the shm transport will use (util/userdir.h, as
+ * shm.c); false when it is each job's own, named from the job's key. */
+static bool shm_dir(const pf_t *p, char *out, size_t n)
 {
     char *opt = pf_option(p->topts, "shm.dir");
-    const char *env = getenv("REFIT_RUNTIME_DIR"), *run = getenv("XDG_RUNTIME_DIR");
-    if (opt && opt[0]) snprintf(out, n, "%s", opt);
-    else if (env && env[0]) snprintf(out, n, "%s", env);
-    else if (run && run[0] == '/') snprintf(out, n, "%s/refit", run);
-    else snprintf(out, n, "/tmp/refit-%u", (unsigned)geteuid());
+    bool named = refit_runtime_dir(opt, out, n, NULL);
     free(opt);
+    return named;
 }
 
 void check_shm(pf_t *p, const char *tmpdir)
 {
     char dir[4096];
-    shm_dir(p, dir, sizeof(dir));
     struct stat sb;
-    if (lstat(dir, &sb) == 0) {
+    if (!shm_dir(p, dir, sizeof(dir))) {
+        pf_put(p, "shm runtime dir", PASS,
+               "no REFIT_RUNTIME_DIR or XDG_RUNTIME_DIR: each job's publishers use /tmp/refit-%u-<hex>, named from "
+               "the job's secret (made 0700 at the first publish, removed with the last)",
+               (unsigned)geteuid());
+    } else if (lstat(dir, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077)) {
             pf_put(p, "shm runtime dir", FAIL, "%s is %s of uid %u, mode %04o: shm publishers refuse it", dir,
                    S_ISDIR(sb.st_mode) ? "a directory" : "not a directory", (unsigned)sb.st_uid,

@@ -212,21 +212,11 @@ static int cmd_plan(int argc, char **argv)
             ok = false;
             break;
         }
-        if (dump) {
-            snprintf(path, sizeof(path), "%s/rank-%u", dump, r);
-            if (mkdir(dump, 0777) != 0 && errno != EEXIST) {
-                fprintf(stderr, "refit plan: cannot create %s: %s\n", dump, strerror(errno));
-                refit_manifest_destroy(dm);
-                ok = false;
-                break;
-            }
-            if (mkdir(path, 0777) != 0 && errno != EEXIST) {
-                fprintf(stderr, "refit plan: cannot create %s: %s\n", path, strerror(errno));
-                refit_manifest_destroy(dm);
-                ok = false;
-                break;
-            }
-            strncat(path, "/model.safetensors", sizeof(path) - strlen(path) - 1);
+        if (dump && (st = tool_dump_path(dump, r, path, sizeof(path)))) {
+            tool_fail(st, "plan --dump");
+            refit_manifest_destroy(dm);
+            ok = false;
+            break;
         }
         st = tool_local_run(&set, dm, execute, version, &params, dump ? path : NULL, &res);
         refit_manifest_destroy(dm);

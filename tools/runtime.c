@@ -406,13 +406,10 @@ int cmd_pull(int argc, char **argv)
     if (o.dump && o.device < 0) {
         /* The receiver's local tensors as DIR/rank-R/model.safetensors (as refit plan --dump). */
         char path[4096];
-        snprintf(path, sizeof(path), "%s/rank-%" PRIu64, o.dump, o.rank);
-        if ((mkdir(o.dump, 0777) != 0 && errno != EEXIST) || (mkdir(path, 0777) != 0 && errno != EEXIST)) {
-            fprintf(stderr, "refit pull: cannot create %s: %s\n", path, strerror(errno));
-            rc = 1;
+        if ((st = tool_dump_path(o.dump, o.rank, path, sizeof(path)))) {
+            rc = tool_fail(st, "pull --dump");
             goto out;
         }
-        strncat(path, "/model.safetensors", sizeof(path) - strlen(path) - 1);
         const void *bases[1] = {base};
         if ((st = refit_safetensors_write(path, m, bases))) {
             rc = tool_fail(st, "dump");

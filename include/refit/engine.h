@@ -44,8 +44,10 @@ typedef struct refit_receiver refit_receiver_t;
 typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_mode_t;
 
 /* Registry URL used when params leave it NULL: $REFIT_REGISTRY, else
- * "file:$XDG_RUNTIME_DIR/refit/registry", else "file:$HOME/.cache/refit/registry"
- * (never a world-writable directory; docs/security.md). */
+ * "file:$XDG_RUNTIME_DIR/refit/registry", else "file:$HOME/.cache/refit/registry",
+ * else the same under this user's home directory in the passwd database, else ""
+ * (never a world-writable directory such as /tmp; docs/security.md): opening ""
+ * fails with REFIT_ERR_INVALID_ARG saying what to set. */
 REFIT_API const char *refit_default_registry(void);
 
 /* A key equal for two ranks' manifests exactly when they hold the same

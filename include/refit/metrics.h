@@ -16,7 +16,8 @@
  *                            "%p" in PATH is replaced by the process id, so
  *                            that the ranks of one host write files of their own.
  *   REFIT_METRICS_ADDR=ADDR  at the first pull or publish, a minimal HTTP
- *                            server (one thread, one connection at a time)
+ *                            server (one thread, up to 16 connections of
+ *                            at most 3 s each)
  *                            answers GET /metrics on ADDR: "PORT" or ":PORT"
  *                            (127.0.0.1), "IP:PORT", "[IPv6]:PORT".  Like UCX
  *                            listeners (docs/security.md), it binds one named
@@ -44,8 +45,10 @@ extern "C" {
  * without the NUL (len may be NULL).  REFIT_ERR_NO_MEMORY. */
 REFIT_API refit_status_t refit_metrics_text(char **out, size_t *len);
 
-/* Writes the current metrics to `path` atomically ("%p": the process id).
- * REFIT_ERR_IO naming the file and the reason. */
+/* Writes the current metrics to `path` atomically ("%p": the process id):
+ * through an exclusive temporary of a random name in path's directory, never
+ * following a symbolic link, renamed over path.  REFIT_ERR_IO naming the
+ * file and the reason. */
 REFIT_API refit_status_t refit_metrics_write_file(const char *path);
 
 /* Starts the HTTP endpoint on `addr` (as REFIT_METRICS_ADDR; port 0 picks a

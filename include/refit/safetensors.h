@@ -18,8 +18,12 @@ extern "C" {
 #endif
 
 /* Writes every local tensor of m (bytes from region_bases) to `path`
- * (created or truncated; written to a temporary name and renamed).
- * REFIT_ERR_IO with the path and errno text on failure. */
+ * (created or replaced): written to an exclusive temporary of a random name
+ * in path's directory (never following a symbolic link) and renamed over
+ * path (a symbolic link there is replaced, not followed).  The directory must
+ * belong to this user and not be writable by group or others unless sticky:
+ * else REFIT_ERR_AUTH naming it (another user could swap the file).
+ * REFIT_ERR_IO with the path and errno text on other failures. */
 REFIT_API refit_status_t refit_safetensors_write(const char *path, const refit_manifest_t *m,
                                                  const void *const *region_bases);
 

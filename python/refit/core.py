@@ -533,6 +533,8 @@ class HfSource:
 
 
 def default_registry() -> str:
+    """The registry used when none is named; "" when there is nowhere private for one
+    (no REFIT_REGISTRY, XDG_RUNTIME_DIR, HOME or passwd home): opening it then fails, saying what to set."""
     return lib.refit_default_registry().decode()
 
 

@@ -7,21 +7,21 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "util/userdir.h"
 
 static char g_default_registry[4200];
 static pthread_once_t g_default_once = PTHREAD_ONCE_INIT;
 
-/* A directory only this user writes: the per-user runtime directory, the
- * home cache, or (neither set) a private directory under /tmp whose checks
- * the file registry makes (ours, 0700). */
+/* A directory only this user writes (util/userdir.h): the per-user runtime
+ * directory, the home cache; never a shared one such as /tmp, where another
+ * user could create ours first.  "" when there is none: opening it fails,
+ * saying what to set (registry.c). */
 static void default_registry_init(void)
 {
-    const char *run = getenv("XDG_RUNTIME_DIR"), *home = getenv("HOME");
-    if (run && run[0] == '/')
-        snprintf(g_default_registry, sizeof(g_default_registry), "file:%.4000s/refit/registry", run);
-    else if (home && home[0] == '/' && strcmp(home, "/") != 0)
-        snprintf(g_default_registry, sizeof(g_default_registry), "file:%.4000s/.cache/refit/registry", home);
-    else snprintf(g_default_registry, sizeof(g_default_registry), "file:/tmp/refit-%u/registry", (unsigned)geteuid());
+    char dir[4096];
+    if (refit_default_registry_dir(dir, sizeof(dir)))
+        snprintf(g_default_registry, sizeof(g_default_registry), "file:%.4000s", dir);
+    else g_default_registry[0] = '\0';
 }
 
 const char *refit_default_registry(void)

@@ -12,10 +12,13 @@
  * refit_metrics_series_dropped_total) and 16 (transport, lane) pairs per
  * endpoint (the rest are summed under lane="other").
  *
- * The HTTP endpoint is one thread that accepts one connection at a time,
- * reads at most 8 KiB of request with a 2 s timeout, answers GET /metrics
- * (and GET /) and closes: enough for a scraper, and nothing a stranger can
- * use to hold memory.  Label names avoid Prometheus's own target labels:
+ * The HTTP endpoint is one thread polling the listening socket and up to 16
+ * nonblocking connections; each reads at most 8 KiB of request, answers GET
+ * /metrics (and GET /) and closes, all within 3 s of its accept or it is
+ * closed (a per-socket timeout alone let a client sending a byte a second
+ * hold the only connection forever).  A 17th connection takes the oldest's
+ * slot, so slow clients cannot starve a scraper, and at most 16 x 8 KiB
+ * plus the answers in flight is what strangers can make us hold.  Label names avoid Prometheus's own target labels:
  * the job is `refit_job`, so a scrape's `job` stays the scrape job's. */
 #include "engine/metrics.h"
 
@@ -28,6 +31,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +39,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "io/file.h"
 #include "util/util.h"
 
 #define NBUCKETS 16
@@ -56,6 +61,9 @@ static const char *const g_pphase[P_NPHASES] = {"publish", "digest", "delta_enco
 #define MAX_LANES 16
 #define NSTATUS 64
 #define MAX_EPS 64
+#define MAX_CONNS 16          /* HTTP connections served at once */
+#define CONN_DEADLINE_MS 3000 /* for one connection, reading and writing together */
+#define REQ_MAX 8192          /* request bytes read */
 
 typedef struct {
     char *transport, *lane;
@@ -486,30 +494,23 @@ static char *expand_path(const char *path)
 refit_status_t refit_metrics_write_file(const char *path)
 {
     if (!path || !path[0]) return refit_error(REFIT_ERR_INVALID_ARG, "refit_metrics_write_file: no path");
-    char *text = NULL, *real = expand_path(path), *tmp = NULL;
+    char *text = NULL, *real = expand_path(path);
     size_t len = 0;
     refit_status_t st = refit_metrics_text(&text, &len);
-    if (!st && (!real || !(tmp = refit_asprintf("%s.tmp.%d", real, (int)getpid()))))
-        st = refit_error(REFIT_ERR_NO_MEMORY, "metrics file name");
-    if (!st) {
-        /* 0644: the node exporter usually runs as another user. */
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd < 0) st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, strerror(errno));
-        for (size_t off = 0; !st && off < len;) {
-            ssize_t n = write(fd, text + off, len - off);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0)
-                st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, n < 0 ? strerror(errno) : "short write");
-            else off += (size_t)n;
-        }
-        if (fd >= 0 && close(fd) != 0 && !st)
-            st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", tmp, strerror(errno));
-        if (!st && rename(tmp, real) != 0) st = refit_error(REFIT_ERR_IO, "metrics file %s: %s", real, strerror(errno));
-        if (st && fd >= 0) unlink(tmp);
+    if (!st && !real) st = refit_error(REFIT_ERR_NO_MEMORY, "metrics file name");
+    /* An exclusive temporary of a random name, renamed into place (io/file.h):
+     * "<path>.tmp.<pid>" could be a link someone else put there.  The
+     * directory may be shared (a node exporter's textfile directory is often
+     * group-writable): whoever can write it can replace the file anyway, but
+     * can no longer make us write anywhere else.  0644: the node exporter
+     * usually runs as another user. */
+    refit_outfile_t o;
+    if (!st && !(st = refit_outfile_open(&o, real, 0644, false))) {
+        refit_outfile_write(&o, text, len);
+        st = refit_outfile_commit(&o, real);
     }
     free(text);
     free(real);
-    free(tmp);
     return st;
 }
 
@@ -586,90 +587,162 @@ static refit_status_t parse_addr(const char *addr, struct sockaddr_storage *ss, 
     return REFIT_OK;
 }
 
-static void send_all(int c, const char *p, size_t n)
+/* The whole answer to one request (head and body), malloc'ed; NULL when
+ * out of memory. */
+static char *answer(const char *status, const char *type, const char *body, size_t len, size_t *out_len)
 {
-    while (n) {
-        ssize_t w = send(c, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
-        p += w;
-        n -= (size_t)w;
+    char *msg = refit_asprintf("HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                               status, type, len);
+    size_t hl = msg ? strlen(msg) : 0;
+    char *all = msg ? realloc(msg, hl + len + 1) : NULL;
+    if (!all) {
+        free(msg);
+        return NULL;
     }
+    memcpy(all + hl, body, len);
+    *out_len = hl + len;
+    return all;
 }
 
-static void reply(int c, const char *status, const char *type, const char *body, size_t len)
+static char *respond(char *req, size_t *out_len)
 {
-    char head[256];
-    int n = snprintf(head, sizeof(head),
-                     "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", status,
-                     type, len);
-    send_all(c, head, (size_t)n);
-    send_all(c, body, len);
-}
-
-static void serve_one(int c)
-{
-    struct timeval tv = {2, 0};
-    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    char req[8192];
-    size_t len = 0;
-    while (len < sizeof(req) - 1) {
-        ssize_t n = recv(c, req + len, sizeof(req) - 1 - len, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        len += (size_t)n;
-        req[len] = '\0';
-        if (strstr(req, "\r\n\r\n") || strstr(req, "\n\n")) break;
-    }
-    req[len] = '\0';
     char method[16], path[256];
     if (sscanf(req, "%15s %255s", method, path) != 2) {
         static const char msg[] = "bad request\n";
-        reply(c, "400 Bad Request", "text/plain", msg, sizeof(msg) - 1);
-        return;
+        return answer("400 Bad Request", "text/plain", msg, sizeof(msg) - 1, out_len);
     }
     char *q = strchr(path, '?');
     if (q) *q = '\0';
     if (strcmp(method, "GET")) {
         static const char msg[] = "only GET\n";
-        reply(c, "405 Method Not Allowed", "text/plain", msg, sizeof(msg) - 1);
-        return;
+        return answer("405 Method Not Allowed", "text/plain", msg, sizeof(msg) - 1, out_len);
     }
     if (strcmp(path, "/metrics") && strcmp(path, "/")) {
         static const char msg[] = "refit serves /metrics\n";
-        reply(c, "404 Not Found", "text/plain", msg, sizeof(msg) - 1);
-        return;
+        return answer("404 Not Found", "text/plain", msg, sizeof(msg) - 1, out_len);
     }
     char *text = NULL;
     size_t tlen = 0;
     if (refit_metrics_text(&text, &tlen)) {
         static const char msg[] = "out of memory\n";
-        reply(c, "500 Internal Server Error", "text/plain", msg, sizeof(msg) - 1);
-        return;
+        return answer("500 Internal Server Error", "text/plain", msg, sizeof(msg) - 1, out_len);
     }
-    reply(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", text, tlen);
+    char *all = answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", text, tlen, out_len);
     free(text);
+    return all;
+}
+
+/* One connection: reading its request until the blank line (at most
+ * REQ_MAX bytes), then writing the answer; closed at its deadline whatever
+ * it is doing, so a client that sends (or reads) a byte a second holds a
+ * slot CONN_DEADLINE_MS at most. */
+typedef struct {
+    int fd;
+    uint64_t deadline_ns;
+    size_t len; /* request bytes read */
+    char *out;  /* the answer, once the request is complete */
+    size_t out_len, sent;
+    char req[REQ_MAX + 1];
+} conn_t;
+
+static void conn_close(conn_t *c)
+{
+    close(c->fd);
+    free(c->out);
+    c->fd = -1;
+    c->out = NULL;
+}
+
+/* Reads what is there; answers once the request is complete.  false: done
+ * with (peer closed, error, answer sent). */
+static bool conn_read(conn_t *c)
+{
+    for (;;) {
+        ssize_t n = recv(c->fd, c->req + c->len, REQ_MAX - c->len, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+        if (n < 0) return false;
+        c->len += (size_t)n;
+        c->req[c->len] = '\0';
+        if (n == 0 || c->len == REQ_MAX || strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n")) break;
+    }
+    c->out = respond(c->req, &c->out_len);
+    return c->out != NULL;
+}
+
+/* Sends what the socket takes.  false: done with (all sent, or an error). */
+static bool conn_write(conn_t *c)
+{
+    while (c->sent < c->out_len) {
+        ssize_t w = send(c->fd, c->out + c->sent, c->out_len - c->sent, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+        if (w <= 0) return false;
+        c->sent += (size_t)w;
+    }
+    return false;
 }
 
 static void *serve_thread(void *arg)
 {
     (void)arg;
+    conn_t *conns = calloc(MAX_CONNS, sizeof(conn_t));
+    if (!conns) return NULL; /* no endpoint; refit_metrics_stop still joins */
+    for (int i = 0; i < MAX_CONNS; i++) conns[i].fd = -1;
     for (;;) {
-        struct pollfd p[2] = {{.fd = g_srv.fd, .events = POLLIN}, {.fd = g_srv.stop[0], .events = POLLIN}};
-        if (poll(p, 2, -1) < 0) {
+        struct pollfd p[2 + MAX_CONNS];
+        int idx[MAX_CONNS], np = 2;
+        p[0] = (struct pollfd){.fd = g_srv.fd, .events = POLLIN};
+        p[1] = (struct pollfd){.fd = g_srv.stop[0], .events = POLLIN};
+        uint64_t now = refit_now_ns(), next = UINT64_MAX;
+        for (int i = 0; i < MAX_CONNS; i++) {
+            conn_t *c = &conns[i];
+            if (c->fd < 0) continue;
+            if (now >= c->deadline_ns) {
+                conn_close(c);
+                continue;
+            }
+            if (c->deadline_ns < next) next = c->deadline_ns;
+            idx[np - 2] = i;
+            p[np++] = (struct pollfd){.fd = c->fd, .events = c->out ? POLLOUT : POLLIN};
+        }
+        int ms = next == UINT64_MAX ? -1 : (int)((next - now) / 1000000u + 1);
+        if (poll(p, (nfds_t)np, ms) < 0) {
             if (errno == EINTR) continue;
             break;
         }
         if (p[1].revents) break;
-        if (p[0].revents & POLLIN) {
-            int c = accept4(g_srv.fd, NULL, NULL, SOCK_CLOEXEC);
-            if (c >= 0) {
-                serve_one(c);
-                close(c);
+        for (int k = 2; k < np; k++) {
+            conn_t *c = &conns[idx[k - 2]];
+            if (!p[k].revents) continue;
+            bool more = c->out ? conn_write(c) : conn_read(c);
+            if (more && c->out && !(p[k].events & POLLOUT)) more = conn_write(c); /* answer at once */
+            if (!more) conn_close(c);
+        }
+        /* Every connection waiting (the listening socket is nonblocking):
+         * each takes a free slot, else the oldest connection's, so a crowd
+         * of slow clients cannot keep a scraper waiting. */
+        for (int fd;
+             (p[0].revents & POLLIN) && (fd = accept4(g_srv.fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;) {
+            int slot = 0;
+            for (int i = 0; i < MAX_CONNS; i++) {
+                if (conns[i].fd < 0) {
+                    slot = i;
+                    break;
+                }
+                if (conns[i].deadline_ns < conns[slot].deadline_ns) slot = i;
             }
+            if (conns[slot].fd >= 0) conn_close(&conns[slot]);
+            conn_t *c = &conns[slot];
+            memset(c, 0, offsetof(conn_t, req));
+            c->fd = fd;
+            c->req[0] = '\0';
+            c->deadline_ns = refit_now_ns() + (uint64_t)CONN_DEADLINE_MS * 1000000u;
         }
     }
+    for (int i = 0; i < MAX_CONNS; i++)
+        if (conns[i].fd >= 0) conn_close(&conns[i]);
+    free(conns);
     return NULL;
 }
 
@@ -685,13 +758,13 @@ refit_status_t refit_metrics_serve(const char *addr, char *bound, size_t n)
         pthread_mutex_unlock(&g_srv_lock);
         return refit_error(REFIT_ERR_BUSY, "this process already serves its metrics");
     }
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
     if (fd < 0) st = refit_error(REFIT_ERR_IO, "metrics socket: %s", strerror(errno));
     else {
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
         if (bind(fd, (struct sockaddr *)&ss, sl) != 0)
             st = refit_error(REFIT_ERR_IO, "metrics address %s: cannot bind: %s", addr, strerror(errno));
-        else if (listen(fd, 16) != 0)
+        else if (listen(fd, 64) != 0)
             st = refit_error(REFIT_ERR_IO, "metrics address %s: cannot listen: %s", addr, strerror(errno));
     }
     if (!st && pipe2(g_srv.stop, O_CLOEXEC) != 0) st = refit_error(REFIT_ERR_IO, "metrics: pipe: %s", strerror(errno));

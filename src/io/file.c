@@ -1,15 +1,26 @@
 /* Regular-file checks for checkpoint files (see file.h).  stat() first, so
  * that a FIFO or a device is never opened at all; O_NONBLOCK on the open
  * itself and fstat() after it, so that a path replaced between the two calls
- * cannot make open() wait for a writer or hand us a device. */
+ * cannot make open() wait for a writer or hand us a device.
+ *
+ * Output files (refit_outfile_*): a predictable temporary name ("<path>.tmp.
+ * <pid>") opened with fopen let anyone who can write the directory put a
+ * symbolic link there first and have us overwrite whatever it points to
+ * with our bytes.  So the temporary's name is random, it is created
+ * exclusively without following links, and every call names it relative to
+ * one descriptor of the directory. */
 #include "io/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "util/crypto.h"
 
 /* "a FIFO" etc. for a mode that is not a regular file. */
 static const char *kind_of(mode_t mode)
@@ -110,4 +121,115 @@ err:
     free(b);
     close(fd);
     return st;
+}
+
+/* ---- output files --------------------------------------------------------- */
+
+static void outfile_free(refit_outfile_t *o)
+{
+    if (o->fd >= 0) close(o->fd);
+    if (o->dirfd >= 0) close(o->dirfd);
+    free(o->dir);
+    free(o->name);
+    o->fd = o->dirfd = -1;
+    o->dir = o->name = NULL;
+}
+
+refit_status_t refit_outfile_open(refit_outfile_t *o, const char *path, unsigned mode, bool private_dir)
+{
+    memset(o, 0, sizeof(*o));
+    o->fd = o->dirfd = -1;
+    if (!path || !path[0]) return refit_error(REFIT_ERR_INVALID_ARG, "no file name to write");
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!base[0] || strcmp(base, ".") == 0 || strcmp(base, "..") == 0 || strlen(base) > NAME_MAX)
+        return refit_error(REFIT_ERR_INVALID_ARG, "%s does not end in a file name", path);
+    o->name = refit_strdup(base);
+    o->dir = slash == path ? refit_strdup("/")
+             : slash       ? refit_asprintf("%.*s", (int)(slash - path), path)
+                           : refit_strdup(".");
+    refit_status_t st = REFIT_OK;
+    if (!o->name || !o->dir) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "writing %s", path);
+        goto free_o;
+    }
+    o->dirfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (o->dirfd < 0) {
+        st = refit_error(REFIT_ERR_IO, "cannot write %s: directory %s: %s", path, o->dir, strerror(errno));
+        goto free_o;
+    }
+    struct stat sb;
+    if (fstat(o->dirfd, &sb) != 0) {
+        st = refit_error(REFIT_ERR_IO, "cannot write %s: directory %s: %s", path, o->dir, strerror(errno));
+        goto free_o;
+    }
+    if (private_dir && sb.st_uid != geteuid()) {
+        st = refit_error(REFIT_ERR_AUTH,
+                         "refusing to write %s: its directory %s belongs to uid %u, not to this user (uid %u), who "
+                         "could replace the file or point its name elsewhere; write into a directory of your own",
+                         path, o->dir, (unsigned)sb.st_uid, (unsigned)geteuid());
+        goto free_o;
+    }
+    if (private_dir && (sb.st_mode & 022) && !(sb.st_mode & S_ISVTX)) {
+        st = refit_error(REFIT_ERR_AUTH,
+                         "refusing to write %s: its directory %s is writable by group or others (mode %04o), who "
+                         "could replace the file; chmod go-w %s (or +t) or write into a directory of your own",
+                         path, o->dir, (unsigned)(sb.st_mode & 07777), o->dir);
+        goto free_o;
+    }
+    for (int tries = 0; o->fd < 0; tries++) {
+        uint8_t r[8];
+        if ((st = refit_random_bytes(r, sizeof(r)))) goto free_o;
+        snprintf(o->tmp, sizeof(o->tmp), ".%.60s.%02x%02x%02x%02x%02x%02x%02x%02x.tmp", base, r[0], r[1], r[2], r[3],
+                 r[4], r[5], r[6], r[7]);
+        o->fd = openat(o->dirfd, o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)mode);
+        if (o->fd < 0 && (errno != EEXIST || tries >= 10)) {
+            st = refit_error(REFIT_ERR_IO, "cannot create %s/%s: %s", o->dir, o->tmp, strerror(errno));
+            goto free_o;
+        }
+    }
+    return REFIT_OK;
+
+free_o:
+    outfile_free(o);
+    return st;
+}
+
+void refit_outfile_write(refit_outfile_t *o, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (!o->failed && len > 0) {
+        ssize_t n = write(o->fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            o->failed = true;
+            o->err = n < 0 ? errno : EIO;
+            break;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+refit_status_t refit_outfile_commit(refit_outfile_t *o, const char *path)
+{
+    refit_status_t st = REFIT_OK;
+    int fd = o->fd;
+    o->fd = -1;
+    if (close(fd) != 0 && !o->failed) {
+        o->failed = true;
+        o->err = errno;
+    }
+    if (o->failed) st = refit_error(REFIT_ERR_IO, "writing %s: %s", path, strerror(o->err));
+    else if (renameat(o->dirfd, o->tmp, o->dirfd, o->name) != 0)
+        st = refit_error(REFIT_ERR_IO, "writing %s: rename: %s", path, strerror(errno));
+    if (st) unlinkat(o->dirfd, o->tmp, 0);
+    outfile_free(o);
+    return st;
+}
+
+void refit_outfile_abort(refit_outfile_t *o)
+{
+    if (o->dirfd >= 0 && o->tmp[0]) unlinkat(o->dirfd, o->tmp, 0);
+    outfile_free(o);
 }

@@ -1,6 +1,8 @@
 /* safetensors writer: 8-byte little-endian header length, JSON header
  * (padded with spaces to a multiple of 8), then every tensor's bytes in
- * manifest order.  Written to "<path>.tmp.<pid>" and renamed into place. */
+ * manifest order.  Written to an exclusive temporary of a random name in the
+ * file's directory, which must be ours and closed to others (io/file.h:
+ * refit_outfile_*), and renamed into place. */
 #include "refit/safetensors.h"
 
 #include <errno.h>
@@ -8,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "io/file.h"
 #include "layout/manifest.h"
 
 static const char *st_dtype(refit_dtype_t d)
@@ -103,28 +106,21 @@ refit_status_t refit_safetensors_write(const char *path, const refit_manifest_t 
         free(h.buf);
         return refit_error(REFIT_ERR_NO_MEMORY, "safetensors header for %s", path);
     }
-    char *tmp = refit_asprintf("%s.tmp.%ld", path, (long)getpid());
-    FILE *f = tmp ? fopen(tmp, "wb") : NULL;
-    if (!f) {
-        st = tmp ? refit_error(REFIT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno))
-                 : refit_error(REFIT_ERR_NO_MEMORY, "path");
-        goto out;
-    }
+    /* Through an exclusive temporary in a directory only we can write: a
+     * predictable "<path>.tmp.<pid>" opened with fopen followed any symbolic
+     * link another user put there first. */
+    refit_outfile_t o;
+    if ((st = refit_outfile_open(&o, path, 0666, true))) goto out;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
-    bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(h.buf, 1, h.len, f) == h.len;
-    for (size_t i = 0; ok && i < m->locals.len; i++) {
+    refit_outfile_write(&o, len8, 8);
+    refit_outfile_write(&o, h.buf, h.len);
+    for (size_t i = 0; !o.failed && i < m->locals.len; i++) {
         const refit_local_t *l = &m->locals.data[i];
-        const unsigned char *p = (const unsigned char *)region_bases[l->region] + l->offset;
-        ok = fwrite(p, 1, l->nbytes, f) == l->nbytes;
+        refit_outfile_write(&o, (const unsigned char *)region_bases[l->region] + l->offset, l->nbytes);
     }
-    if (fclose(f) != 0) ok = false;
-    if (!ok || rename(tmp, path) != 0) {
-        st = refit_error(REFIT_ERR_IO, "writing %s: %s", path, strerror(errno));
-        unlink(tmp);
-    }
+    st = refit_outfile_commit(&o, path);
 out:
-    free(tmp);
     free(h.buf);
     return st;
 }

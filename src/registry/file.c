@@ -35,6 +35,11 @@
  * into place, so concurrent openers agree), 0600, refused if it is not a
  * regular file of ours that only we can read.
  *
+ * Every value, .lock and .secret is opened O_NONBLOCK | O_NOFOLLOW and
+ * must be a regular file (a FIFO would block open() past every timeout): any
+ * other kind under a key's name is REFIT_ERR_CORRUPT naming it.  Temporary
+ * files are created O_EXCL | O_NOFOLLOW.
+ *
  * Thread safety: `mu` serialises the operations of one object (they share
  * the lock file descriptor); `wait_mu` serialises waiters, so a blocked
  * wait never holds up a put. */
@@ -157,6 +162,25 @@ static refit_status_t io_error(const refit_kv_t *kv, const char *what, const cha
     return refit_error(REFIT_ERR_REGISTRY, "file registry %s/%s: %s: %s", kv->path, name, what, strerror(err));
 }
 
+static const char *kind_of(mode_t mode)
+{
+    if (S_ISLNK(mode)) return "a symbolic link";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a plain file";
+}
+
+/* A key's file that is not a regular file was put there by hand, not by a
+ * registry client: hostile or broken, refused as a corrupt value. */
+static refit_status_t not_regular(const refit_kv_t *kv, const char *name, mode_t mode)
+{
+    return refit_error(REFIT_ERR_CORRUPT, "file registry %s/%s is %s, not a regular file: not a registry value",
+                       kv->path, name, kind_of(mode));
+}
+
 static int write_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
@@ -222,9 +246,14 @@ static refit_status_t read_file(refit_kv_t *kv, const char *name, bool *present,
 {
     *present = false;
     *expired = false;
-    int fd = openat(kv->dirfd, name, O_RDONLY | O_CLOEXEC);
+    /* Anyone who can write the directory can put a FIFO, a device or a
+     * symbolic link under a key's name: a blocking open() of a FIFO waits for
+     * a writer forever (past every timeout), a device reads without end.  So
+     * never block, never follow, and read only regular files. */
+    int fd = openat(kv->dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
     if (fd < 0) {
         if (errno == ENOENT) return REFIT_OK;
+        if (errno == ELOOP) return not_regular(kv, name, S_IFLNK);
         return io_error(kv, "open", name, errno);
     }
     refit_status_t st = REFIT_OK;
@@ -232,6 +261,10 @@ static refit_status_t read_file(refit_kv_t *kv, const char *name, bool *present,
     uint8_t hdr[HDR_SIZE];
     if (fstat(fd, &sb) != 0) {
         st = io_error(kv, "fstat", name, errno);
+        goto close_fd;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = not_regular(kv, name, sb.st_mode);
         goto close_fd;
     }
     ssize_t got = read_full(fd, hdr, HDR_SIZE);
@@ -297,7 +330,7 @@ static refit_status_t write_temp(refit_kv_t *kv, const void *val, size_t len, ui
     int fd = -1;
     for (int tries = 0; fd < 0; tries++) {
         snprintf(tmp, 64, ".tmp.%ld.%lu", (long)getpid(), kv->tmp_seq++);
-        fd = openat(kv->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        fd = openat(kv->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0 && (errno != EEXIST || tries > 100)) return io_error(kv, "create", tmp, errno);
     }
     if (write_all(fd, hdr, HDR_SIZE) != 0 || write_all(fd, val, len) != 0) {
@@ -408,7 +441,7 @@ static refit_status_t file_job_secret(refit_kv_t *kv, uint8_t out[32])
         refit_status_t st = refit_random_bytes(secret, sizeof(secret));
         char tmp[64];
         snprintf(tmp, sizeof(tmp), ".tmp.secret.%ld.%lu", (long)getpid(), kv->tmp_seq++);
-        int w = st ? -1 : openat(kv->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        int w = st ? -1 : openat(kv->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (!st && w < 0) st = io_error(kv, "create", tmp, errno);
         if (!st) {
             /* Closed whether or not the write worked. */
@@ -450,9 +483,21 @@ static refit_status_t file_open(const char *rest, const char *job, refit_kv_t **
         goto close_kv;
     }
     if ((st = check_dir_fd(kv->dirfd, kv->path))) goto close_kv;
-    kv->lockfd = openat(kv->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    /* O_NONBLOCK: a FIFO in its place must not hold open() up either. */
+    kv->lockfd = openat(kv->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0600);
     if (kv->lockfd < 0) {
-        st = refit_error(REFIT_ERR_REGISTRY, "file registry %s: cannot create .lock: %s", kv->path, strerror(errno));
+        st = errno == ELOOP ? not_regular(kv, ".lock", S_IFLNK)
+                            : refit_error(REFIT_ERR_REGISTRY, "file registry %s: cannot create .lock: %s", kv->path,
+                                          strerror(errno));
+        goto close_kv;
+    }
+    struct stat lsb;
+    if (fstat(kv->lockfd, &lsb) != 0) {
+        st = refit_error(REFIT_ERR_REGISTRY, "file registry %s/.lock: fstat: %s", kv->path, strerror(errno));
+        goto close_kv;
+    }
+    if (!S_ISREG(lsb.st_mode)) {
+        st = not_regular(kv, ".lock", lsb.st_mode);
         goto close_kv;
     }
     kv->inofd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);

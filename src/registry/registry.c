@@ -247,6 +247,12 @@ refit_status_t refit_registry_open_auth(const char *url, const char *job, const 
                                         refit_registry_t **out)
 {
     if (!url || !out) return refit_error(REFIT_ERR_INVALID_ARG, "registry open: NULL url or out");
+    if (!url[0]) /* refit_default_registry() with nowhere private to put it */
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "no registry named, and none by default: REFIT_REGISTRY, XDG_RUNTIME_DIR and HOME are unset "
+                           "and this user has no home directory in the passwd database; name one (--registry "
+                           "file:DIR or redis://..., REFIT_REGISTRY) or set HOME (refit does not fall back to a "
+                           "directory under /tmp, which another local user could create first)");
     if (!job || !name_ok(job, 64, NULL))
         return refit_error(
             REFIT_ERR_INVALID_ARG,

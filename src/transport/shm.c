@@ -7,8 +7,10 @@
  *
  * Nothing a registry entry names is opened or read directly.  The first
  * expose starts a server on a unix socket in a private directory (ours,
- * 0700: $REFIT_RUNTIME_DIR, else $XDG_RUNTIME_DIR/refit, else
- * /tmp/refit-<uid>); a descriptor names only that socket (a random name),
+ * 0700: shm.dir=, $REFIT_RUNTIME_DIR, else $XDG_RUNTIME_DIR/refit, else the
+ * job's own /tmp/refit-<uid>-<hex> named from the job's key, util/userdir.h:
+ * a fixed /tmp/refit-<uid> could be created first by another user, which
+ * disabled shm for us); a descriptor names only that socket (a random name),
  * a random region id, the size and the host's boot id.  A receiver
  * connects, both sides check the other's credentials (SO_PEERCRED: the same
  * user), prove the job's connection key both ways (nonces and HMACs, as the
@@ -39,6 +41,7 @@
 #include <unistd.h>
 
 #include "transport/shm_internal.h"
+#include "util/userdir.h"
 
 void refit_boot_id(char out[40])
 {
@@ -75,29 +78,44 @@ uint64_t refit_proc_start_time(uint32_t pid)
 
 /* ---- the private directory and the socket --------------------------------- */
 
-static refit_status_t private_dir(const char *option, char out[PATH_MAX])
+/* Makes dir (0700) if missing (create) and checks it is ours and closed to
+ * others. */
+static refit_status_t check_private_dir(const char *dir, bool create)
 {
-    const char *env = getenv("REFIT_RUNTIME_DIR"), *run = getenv("XDG_RUNTIME_DIR");
-    if (option && option[0]) snprintf(out, PATH_MAX, "%.4000s", option);
-    else if (env && env[0]) snprintf(out, PATH_MAX, "%.4000s", env);
-    else if (run && run[0] == '/' && strlen(run) < PATH_MAX - 8) snprintf(out, PATH_MAX, "%.4000s/refit", run);
-    else snprintf(out, PATH_MAX, "/tmp/refit-%u", (unsigned)geteuid());
-    if (mkdir(out, 0700) != 0 && errno != EEXIST)
-        return refit_error(REFIT_ERR_TRANSPORT, "shm: cannot create %s: %s", out, strerror(errno));
+    if (create && mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return refit_error(REFIT_ERR_TRANSPORT, "shm: cannot create %s: %s", dir, strerror(errno));
     struct stat sb;
-    if (lstat(out, &sb) != 0) return refit_error(REFIT_ERR_TRANSPORT, "shm: %s: %s", out, strerror(errno));
+    if (lstat(dir, &sb) != 0) {
+        /* Not made yet, or gone with its publishers: the connect that
+         * follows fails as for any publisher gone (REFIT_ERR_PEER). */
+        if (!create && errno == ENOENT) return REFIT_OK;
+        return refit_error(REFIT_ERR_TRANSPORT, "shm: %s: %s", dir, strerror(errno));
+    }
     if (!S_ISDIR(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077))
         return refit_error(REFIT_ERR_AUTH,
                            "shm: %s must be a directory of this user (uid %u) that no one else may enter (mode "
                            "0700); it is %s of uid %u, mode %04o",
-                           out, (unsigned)geteuid(), S_ISDIR(sb.st_mode) ? "a directory" : "not a directory",
+                           dir, (unsigned)geteuid(), S_ISDIR(sb.st_mode) ? "a directory" : "not a directory",
                            (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777));
-    if (strlen(out) + 60 > sizeof(((struct sockaddr_un *)0)->sun_path))
+    if (strlen(dir) + 60 > sizeof(((struct sockaddr_un *)0)->sun_path))
         return refit_error(REFIT_ERR_INVALID_ARG, "shm: the socket directory %s is too long for a unix socket path",
-                           out);
+                           dir);
     return REFIT_OK;
 }
 
+/* The socket directory, ready for a socket (bind: create, or connect):
+ * named by configuration and checked at create, or the job's own
+ * (userdir.h), named once the job's key is set and made by the first
+ * publisher (a receiver only checks it: one that made it would leave it). */
+refit_status_t shm_dir_ready(refit_transport_t *t, bool create)
+{
+    if (!t->per_job_dir) return REFIT_OK;
+    if (!t->dir[0])
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "shm: no socket directory: set REFIT_RUNTIME_DIR or XDG_RUNTIME_DIR, or shm.dir= (without "
+                           "them a job's directory is named from its key, and this transport has none)");
+    return check_private_dir(t->dir, create);
+}
 /* sun_path of <dir>/<name>; false if it does not fit. */
 bool shm_sock_addr(struct sockaddr_un *sa, const char *dir, const char *name)
 {
@@ -200,7 +218,9 @@ static refit_status_t shm_create(const char *options, refit_transport_t **out)
         }
         dir = opt + 4;
     }
-    refit_status_t st = private_dir(dir, t->dir);
+    refit_status_t st = REFIT_OK;
+    if (refit_runtime_dir(dir, t->dir, sizeof(t->dir), NULL)) st = check_private_dir(t->dir, true);
+    else t->per_job_dir = true, t->dir[0] = '\0'; /* named by shm_set_key */
     if (st) {
         free(t);
         return st;
@@ -213,7 +233,9 @@ static refit_status_t shm_create(const char *options, refit_transport_t **out)
 
 static void shm_set_key(refit_transport_t *t, const uint8_t key[32])
 {
-    if (t && key) memcpy(t->key, key, sizeof(t->key));
+    if (!t || !key) return;
+    memcpy(t->key, key, sizeof(t->key));
+    if (t->per_job_dir) refit_job_runtime_dir(key, t->dir, sizeof(t->dir));
 }
 
 static void shm_destroy(refit_transport_t *t)
@@ -230,6 +252,10 @@ static void shm_destroy(refit_transport_t *t)
         close(t->stop[0]);
         close(t->stop[1]);
         unlink(t->sock_path);
+        /* The job's own directory goes with its last socket (rmdir fails
+         * while another publisher's is there; one that starts meanwhile
+         * makes it again: shm_server_start). */
+        if (t->per_job_dir) rmdir(t->dir);
     }
     for (size_t i = 0; i < t->allocs.len; i++) {
         munmap(t->allocs.data[i].base, t->allocs.data[i].size);

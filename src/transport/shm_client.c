@@ -55,6 +55,8 @@ static refit_status_t handshake(refit_transport_t *t, const char *sock, const ui
 {
     uint32_t n = peer->nregions;
     struct sockaddr_un sa;
+    refit_status_t dst = shm_dir_ready(t, false);
+    if (dst) return dst;
     if (!shm_sock_addr(&sa, t->dir, sock)) return refit_error(REFIT_ERR_INVALID_ARG, "shm: %s: path too long", t->dir);
     const char *path = sa.sun_path;
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);

@@ -84,6 +84,7 @@ struct refit_transport {
     REFIT_VEC(shm_export_t) exports;
     uint8_t key[32];
     char dir[PATH_MAX];
+    bool per_job_dir; /* dir is the job's own, named from the key (util/userdir.h) */
     /* the server (started by the first expose) */
     int lfd, stop[2];
     char sock[48];
@@ -110,6 +111,9 @@ struct refit_peer {
 
 /* shm.c: the socket and its messages */
 bool shm_sock_addr(struct sockaddr_un *sa, const char *dir, const char *name);
+/* The socket directory checked (and with create made) where it is the job's
+ * own (shm.c). */
+refit_status_t shm_dir_ready(refit_transport_t *t, bool create);
 void shm_mac(const refit_transport_t *t, const char *label, const uint8_t *nc, const uint8_t *ns,
              uint8_t out[REFIT_SHA256_LEN]);
 bool shm_peer_uid_ok(int fd, struct ucred *cred);

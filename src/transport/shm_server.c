@@ -176,13 +176,18 @@ refit_status_t shm_server_start(refit_transport_t *t)
     for (size_t i = 0; i < sizeof(rnd); i++)
         snprintf(t->sock + strlen(t->sock), sizeof(t->sock) - strlen(t->sock), "%02x", rnd[i]);
     struct sockaddr_un sa;
+    if ((st = shm_dir_ready(t, true))) return st;
     if (!shm_sock_addr(&sa, t->dir, t->sock))
         return refit_error(REFIT_ERR_INVALID_ARG, "shm: %s: path too long", t->dir);
     memcpy(t->sock_path, sa.sun_path, sizeof(sa.sun_path));
     t->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (t->lfd < 0) return refit_error(REFIT_ERR_TRANSPORT, "shm: socket: %s", strerror(errno));
-    if (bind(t->lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(t->lfd, 64) != 0) {
-        st = refit_error(REFIT_ERR_TRANSPORT, "shm: listening on %s: %s", t->sock_path, strerror(errno));
+    int rc = bind(t->lfd, (struct sockaddr *)&sa, sizeof(sa));
+    /* The job's directory removed by its last publisher just now: again. */
+    if (rc != 0 && errno == ENOENT && t->per_job_dir && !(st = shm_dir_ready(t, true)))
+        rc = bind(t->lfd, (struct sockaddr *)&sa, sizeof(sa));
+    if (rc != 0 || listen(t->lfd, 64) != 0) {
+        if (!st) st = refit_error(REFIT_ERR_TRANSPORT, "shm: listening on %s: %s", t->sock_path, strerror(errno));
         close(t->lfd);
         t->lfd = -1;
         return st;

@@ -75,6 +75,15 @@ expect "bad layout" 1 "" -- "$refit" simulate --model tiny-moe --src megatron:ep
 expect "no model" 2 "usage" -- "$refit" simulate --src megatron:ep=4 --dst vllm:tp=2
 expect "too many relay replicas" 1 "relay slots" -- "$refit" simulate --model tiny-moe --src megatron:ep=4 --dst vllm:tp=2 --replicas 17 --relays
 expect "cluster too small" 1 "the cluster has" -- "$refit" simulate --model tiny-moe --src megatron:ep=4 --dst vllm:tp=2 --cluster nodes=1
+# Cluster sizes past the simulator's bounds (nodes 4e9, gpus 1e8, dst_at 1e11 grew to gigabytes): named
+# errors at once (the field, its value, the bound); a fleet of the field's largest size (~100k GPUs) still runs.
+sim_tm=(timeout 30 "$refit" simulate --model tiny-moe --src megatron:ep=4 --dst vllm:tp=2)
+expect "bound: nodes" 1 "nodes = 4000000000 is more than the simulator's bound of 131072" -- "${sim_tm[@]}" --cluster '{"nodes": 4e9}'
+expect "bound: gpus" 1 "gpus = 100000000 is more than the simulator's bound of 1024" -- "${sim_tm[@]}" --cluster '{"gpus": 1e8}'
+expect "bound: dst_at" 1 "dst_at = 100000000000 is more than the simulator's bound of 131071" -- "${sim_tm[@]}" --cluster '{"dst_at": 1e11}'
+expect "bound: nodes x gpus" 1 "the cluster needs 1048576 GPUs (nodes 131072 x gpus 8" -- "${sim_tm[@]}" --cluster nodes=131072,gpus=8
+expect "bound: dst_gpus" 1 "bound of 131072 GPUs" -- "${sim_tm[@]}" --cluster dst_gpus=0/4000000000
+expect "bound: a 102400-GPU cluster runs" 0 "predicted refit" -- "${sim_tm[@]}" --cluster nodes=12800,gpus=8
 expect "presets" 0 "gb200-nvl72" -- "$refit" simulate --presets
 expect "json cluster file" 0 "predicted refit" -- "$refit" simulate --model tiny-moe --src megatron:ep=4 --dst vllm:tp=2 \
   --cluster "{\"gpus\": 4, \"nics\": 4, \"nic\": \"100Gb\"}"

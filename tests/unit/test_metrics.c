@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,6 +472,135 @@ static void serve_errors(void **state)
     REFIT_ASSERT_ERR(refit_metrics_write_file("/nonexistent-dir/x.prom"), REFIT_ERR_IO, "/nonexistent-dir/x.prom");
 }
 
+/* A TCP connection to addr ("IP:PORT"), connect and receive timeouts ms;
+ * -1 if it did not connect in time. */
+static int connect_to(const char *addr, int ms)
+{
+    char host[64];
+    snprintf(host, sizeof(host), "%s", addr);
+    char *colon = strrchr(host, ':');
+    assert_non_null(colon);
+    *colon = '\0';
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    assert_int_equal(inet_pton(AF_INET, host, &a.sin_addr), 1);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    /* connect() waits at most the send timeout (a full backlog drops SYNs). */
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+#define SLOW 20 /* more than the endpoint serves at once */
+static struct {
+    int fd[SLOW];
+    volatile bool stop;
+} g_slow;
+
+/* Each slow client sends one byte of a request every 250 ms. */
+static void *dribble(void *arg)
+{
+    (void)arg;
+    while (!g_slow.stop) {
+        for (int i = 0; i < SLOW; i++)
+            if (g_slow.fd[i] >= 0) send(g_slow.fd[i], "G", 1, MSG_NOSIGNAL);
+        t_msleep(250);
+    }
+    return NULL;
+}
+
+/* Clients sending a byte every 250 ms (more of them than the endpoint serves
+ * at once) neither keep scrapes from being answered (the endpoint served one
+ * connection at a time: 0 of 4 answered) nor hold a connection past its 3 s
+ * deadline. */
+static void slow_clients_do_not_starve(void **state)
+{
+    (void)state;
+    char bound[80];
+    REFIT_ASSERT_OK(refit_metrics_serve("127.0.0.1:0", bound, sizeof(bound)));
+    double t0 = refit_now();
+    int connected = 0;
+    for (int i = 0; i < SLOW; i++) connected += (g_slow.fd[i] = connect_to(bound, 200)) >= 0;
+    g_slow.stop = false;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, dribble, NULL), 0);
+    t_msleep(300);
+    int answered = 0;
+    for (int k = 0; k < 4; k++) {
+        double t1 = refit_now();
+        int fd = connect_to(bound, 1000);
+        if (fd < 0) continue;
+        const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+        char buf[64] = {0};
+        ssize_t n = -1;
+        if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1)
+            n = recv(fd, buf, sizeof(buf) - 1, MSG_WAITALL);
+        if (n > 0 && !strncmp(buf, "HTTP/1.1 200 OK\r\n", 17) && t_ms_since(t1) < 1000) answered++;
+        close(fd);
+    }
+    /* The slow clients still dribbling past their deadline: closed by then. */
+    while (t_ms_since(t0) < 3600) t_msleep(50);
+    g_slow.stop = true;
+    pthread_join(th, NULL);
+    int closed = 0;
+    for (int i = 0; i < SLOW; i++) {
+        char b[256];
+        ssize_t n;
+        if (g_slow.fd[i] < 0) continue;
+        while ((n = recv(g_slow.fd[i], b, sizeof(b), 0)) > 0) {
+        }
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) closed++;
+        close(g_slow.fd[i]);
+    }
+    refit_metrics_stop();
+    if (answered != 4 || connected != SLOW || closed != SLOW)
+        fail_msg("%d of 4 scrapes answered within 1 s; %d of %d slow clients connected, %d closed by their deadline",
+                 answered, connected, SLOW, closed);
+}
+
+/* The textfile is never written through a name someone else put in its way:
+ * a hard link to another file at the temporary name it used to use
+ * ("<path>.tmp.<pid>", opened O_TRUNC: the linked file was truncated and
+ * overwritten), a symbolic link at the final name (replaced, not followed). */
+static void textfile_not_through_links(void **state)
+{
+    (void)state;
+    static const char precious[] = "the victim's own bytes\n";
+    char victim[4400], path[4400], tmp[4500];
+    snprintf(victim, sizeof(victim), "%s/victim", g_dir);
+    snprintf(path, sizeof(path), "%s/links.prom", g_dir);
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(victim, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(precious, 1, sizeof(precious) - 1, f), sizeof(precious) - 1);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(link(victim, tmp), 0);
+    REFIT_ASSERT_OK(refit_metrics_write_file(path));
+    char *got = NULL;
+    size_t len = 0;
+    REFIT_ASSERT_OK(refit_read_regular(victim, 4096, &got, &len));
+    assert_string_equal(got, precious);
+    free(got);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(symlink(victim, path), 0);
+    REFIT_ASSERT_OK(refit_metrics_write_file(path));
+    REFIT_ASSERT_OK(refit_read_regular(victim, 4096, &got, &len));
+    assert_string_equal(got, precious);
+    free(got);
+    struct stat sb;
+    assert_int_equal(lstat(path, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode));
+    assert_int_equal(sb.st_mode & 0777, 0644);
+    unlink(tmp);
+    unlink(path);
+    unlink(victim);
+}
+
 int main(void)
 {
     if (!mkdtemp(g_dir)) return 1;
@@ -480,10 +610,9 @@ int main(void)
     snprintf(g_addr, sizeof(g_addr), "127.0.0.1:%d", t_free_port());
     setenv("REFIT_METRICS_ADDR", g_addr, 1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(pull_and_publish_match_reports),
-        cmocka_unit_test(delta_ratios),
-        cmocka_unit_test(label_values_escaped),
-        cmocka_unit_test(serve_errors),
+        cmocka_unit_test(pull_and_publish_match_reports), cmocka_unit_test(delta_ratios),
+        cmocka_unit_test(label_values_escaped),           cmocka_unit_test(serve_errors),
+        cmocka_unit_test(textfile_not_through_links),     cmocka_unit_test(slow_clients_do_not_starve),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     refit_metrics_stop();

@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1227,6 +1228,133 @@ static void test_file_permissions(void **state)
     REFIT_ASSERT_ERR(refit_registry_open(b->url, ".hidden", &r), REFIT_ERR_INVALID_ARG, "job name");
 }
 
+/* A child's answer: 0, or the number of the check that failed. */
+static int child_status(pid_t kid)
+{
+    int status = 0;
+    waitpid(kid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+/* With neither XDG_RUNTIME_DIR nor HOME (containers, env -i, su), the
+ * default registry is never under /tmp, where another user could create
+ * /tmp/refit-<uid> first: the home directory of the passwd entry, else
+ * none, and opening it says what to set. */
+static void test_default_registry_private(void **state)
+{
+    (void)state;
+    pid_t kid = fork();
+    if (kid == 0) {
+        unsetenv("REFIT_REGISTRY");
+        unsetenv("XDG_RUNTIME_DIR");
+        unsetenv("HOME");
+        struct passwd *pw = getpwuid(geteuid());
+        char want[4200];
+        snprintf(want, sizeof(want), "file:%s/.cache/refit/registry", pw ? pw->pw_dir : "?");
+        if (!pw || pw->pw_dir[0] != '/' || !strcmp(pw->pw_dir, "/")) _exit(0); /* nothing to compare with */
+        _exit(strcmp(refit_default_registry(), want) == 0 ? 0 : 1);
+    }
+    assert_int_equal(child_status(kid), 0);
+    if (geteuid() != 0) {
+        print_message("[  SKIPPED ] a user without a passwd entry needs root (setresuid)\n");
+        return;
+    }
+    kid = fork();
+    if (kid == 0) {
+        unsetenv("REFIT_REGISTRY");
+        unsetenv("XDG_RUNTIME_DIR");
+        unsetenv("HOME");
+        uid_t uid = 54321;
+        while (getpwuid(uid)) uid++;
+        if (setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) _exit(2);
+        const char *url = refit_default_registry();
+        if (strncmp(url, "file:/tmp", 9) == 0) _exit(3);
+        if (url[0]) _exit(4);
+        refit_registry_t *r = NULL;
+        refit_status_t st = refit_registry_open(url, "j", &r);
+        _exit(st == REFIT_ERR_INVALID_ARG && strstr(refit_last_error(), "set HOME") ? 0 : 5);
+    }
+    assert_int_equal(child_status(kid), 0);
+}
+
+/* Checks of test_file_fifo, run in a child: 0 when every call refused the
+ * file that is not a regular file with REFIT_ERR_CORRUPT naming it, else the
+ * number of the check that failed. */
+static int fifo_checks(const backend_t *b, const char *job)
+{
+    char path[PATH_MAX + 128], *dir = path;
+    refit_registry_t *r = NULL;
+    if (refit_registry_open(b->url, job, &r)) return 1;
+    /* A key's value replaced by a FIFO: a receiver reading the manifest. */
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fsrc%%2F0%%2Fmanifest", b->dir, job);
+    if (unlink(path) != 0 || mkfifo(path, 0600) != 0) return 2;
+    void *buf = NULL;
+    size_t len = 0;
+    refit_status_t st = refit_registry_get_manifest(r, "g", 0, &buf, &len);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), "manifest is a FIFO")) return 3;
+    /* The job's epoch (every publisher reads it when it starts). */
+    snprintf(path, sizeof(path), "%s/%s/epoch", b->dir, job);
+    unlink(path);
+    if (mkfifo(path, 0600) != 0) return 4;
+    st = refit_registry_epoch(r, &(uint64_t){0}, NULL);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), "epoch is a FIFO")) return 5;
+    /* Listing reads every key it names. */
+    refit_kv_t *kv = NULL;
+    if (b->ops->open(b->rest, job, &kv)) return 6;
+    char **keys = NULL;
+    size_t n = 0;
+    st = b->ops->list(kv, "g/", &keys, &n);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), "FIFO")) return 7;
+    /* A symbolic link under a key's name is not followed (to another job's value, say). */
+    snprintf(path, sizeof(path), "%s/%s/g%%2Fsrc%%2F0%%2Fmanifest", b->dir, job);
+    unlink(path);
+    if (symlink("epoch", path) != 0) return 8;
+    st = refit_registry_get_manifest(r, "g", 0, &buf, &len);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), "symbolic link")) return 9;
+    b->ops->close(kv);
+    refit_registry_close(r);
+    /* The job's .lock as a FIFO: opening the registry refuses it. */
+    char job2[40];
+    snprintf(job2, sizeof(job2), "%s-lock", job);
+    snprintf(dir, sizeof(path), "%s/%s", b->dir, job2);
+    if (mkdir(dir, 0700) != 0) return 10;
+    snprintf(path, sizeof(path), "%s/%s/.lock", b->dir, job2);
+    if (mkfifo(path, 0600) != 0) return 11;
+    st = b->ops->open(b->rest, job2, &kv);
+    if (st != REFIT_ERR_CORRUPT || !strstr(refit_last_error(), ".lock is a FIFO")) return 12;
+    return 0;
+}
+
+/* A FIFO (or a symbolic link) put in place of a value, the epoch or .lock:
+ * every call answers at once with REFIT_ERR_CORRUPT naming the file, where a
+ * blocking open() used to wait for a writer forever.  The checks run in a
+ * child the test kills after 5 s (each should take microseconds). */
+static void test_file_fifo(void **state)
+{
+    backend_t *b = need(state);
+    char job[32];
+    refit_registry_t *r = open_job(b, new_job(job));
+    REFIT_ASSERT_OK(refit_registry_put_manifest(r, "g", 0, "m", 1));
+    uint64_t e = 0;
+    REFIT_ASSERT_OK(refit_registry_epoch(r, &e, NULL));
+    refit_registry_close(r);
+    double t0 = refit_now();
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) _exit(fifo_checks(b, job));
+    int status = 0;
+    pid_t got = 0;
+    while ((got = waitpid(kid, &status, WNOHANG)) == 0 && t_ms_since(t0) < 5000) msleep(5);
+    if (got == 0) {
+        kill(kid, SIGKILL);
+        waitpid(kid, &status, 0);
+        fail_msg("the file registry still blocked on a FIFO after %.0f ms", t_ms_since(t0));
+    }
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0) fail_msg("FIFO check %d failed", WEXITSTATUS(status));
+    assert_true(t_ms_since(t0) < 2000);
+}
+
 /* ---- open errors ---------------------------------------------------------- */
 
 static void test_open_errors(void **state)
@@ -1654,6 +1782,7 @@ int main(void)
         BACKEND_TESTS(g_file),
         cmocka_unit_test_prestate(test_file_layout, &g_file),
         cmocka_unit_test_prestate(test_file_permissions, &g_file),
+        cmocka_unit_test_prestate(test_file_fifo, &g_file),
     };
     const struct CMUnitTest redis_tests[] = {
         BACKEND_TESTS(g_redis),
@@ -1665,6 +1794,7 @@ int main(void)
     const struct CMUnitTest misc_tests[] = {
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_secret_out_of_dumps),
+        cmocka_unit_test(test_default_registry_private),
     };
     int failed = cmocka_run_group_tests_name("registry misc", misc_tests, NULL, NULL);
     failed += cmocka_run_group_tests_name("registry file", file_tests, file_setup, file_teardown);

@@ -130,13 +130,81 @@ static void regular_file_opens(void **state)
     alarm(0);
 }
 
+/* The file at path holds exactly want (n bytes). */
+static void assert_holds(const char *path, const char *want, size_t n)
+{
+    char buf[256] = {0};
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    size_t got = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    assert_int_equal(got, n);
+    assert_memory_equal(buf, want, n);
+}
+
+/* refit_safetensors_write never writes through a name someone else put in
+ * its way: a symbolic link at the temporary name it used to use
+ * ("<path>.tmp.<pid>", opened with fopen, which followed it and overwrote the
+ * link's target), a link at the final name (replaced, not followed); and a
+ * directory others may write is refused, naming it. */
+static void dump_not_through_links(void **state)
+{
+    (void)state;
+    alarm(ALARM_S);
+    refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=2", 0);
+    uint64_t size = refit_manifest_region_size(m, 0);
+    void *arena = calloc(1, size);
+    assert_non_null(arena);
+    const void *bases[1] = {arena};
+    static const char precious[] = "the victim's own bytes\n";
+    char victim[512], dst[512], tmp[600];
+    FILE *f = fopen(path_in("victim", "file", victim), "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(precious, 1, sizeof(precious) - 1, f), sizeof(precious) - 1);
+    assert_int_equal(fclose(f), 0);
+    path_in("dump", "model.safetensors", dst);
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", dst, (long)getpid());
+    assert_int_equal(symlink(victim, tmp), 0);
+    REFIT_ASSERT_OK(refit_safetensors_write(dst, m, bases));
+    assert_holds(victim, precious, sizeof(precious) - 1);
+    refit_safetensors_t *st = NULL;
+    REFIT_ASSERT_OK(refit_safetensors_open(dst, &st));
+    assert_true(refit_safetensors_count(st) > 0);
+    refit_safetensors_close(st);
+    /* A link at the final name: replaced by the file. */
+    assert_int_equal(unlink(dst), 0);
+    assert_int_equal(symlink(victim, dst), 0);
+    REFIT_ASSERT_OK(refit_safetensors_write(dst, m, bases));
+    assert_holds(victim, precious, sizeof(precious) - 1);
+    struct stat sb;
+    assert_int_equal(lstat(dst, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode));
+    /* Only the dump and the planted link are left in the directory. */
+    char dir[512];
+    path_in("dump", NULL, dir);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "test \"$(ls -A '%s' | wc -l)\" = 2", dir);
+    assert_int_equal(system(cmd), 0);
+    /* A directory group and others may write: refused before anything is written. */
+    char open_dst[512];
+    path_in("open", "model.safetensors", open_dst);
+    char open_dir[512];
+    assert_int_equal(chmod(path_in("open", NULL, open_dir), 0777), 0);
+    REFIT_ASSERT_ERR(refit_safetensors_write(open_dst, m, bases), REFIT_ERR_AUTH, "writable by group or others");
+    assert_int_equal(lstat(open_dst, &sb), -1);
+    assert_int_equal(chmod(open_dir, 01777), 0); /* sticky, as /tmp, and ours: fine */
+    REFIT_ASSERT_OK(refit_safetensors_write(open_dst, m, bases));
+    free(arena);
+    refit_manifest_destroy(m);
+    alarm(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(fifo_as_single_file),
-        cmocka_unit_test(fifo_as_index_or_shard),
-        cmocka_unit_test(device_and_directory),
-        cmocka_unit_test(regular_file_opens),
+        cmocka_unit_test(fifo_as_single_file),    cmocka_unit_test(fifo_as_index_or_shard),
+        cmocka_unit_test(device_and_directory),   cmocka_unit_test(regular_file_opens),
+        cmocka_unit_test(dump_not_through_links),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -10,7 +10,9 @@
 #include "transport/transport.h"
 #include "util/crypto.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -448,6 +451,111 @@ static void dead_publisher_noticed(void **state)
     close(p[0]);
 }
 
+/* Checks of squatted_tmp_fallback, in a child with a /tmp of its own; 0 or
+ * the number of the check that failed (77: no mount namespace here). */
+static int squat_checks(void)
+{
+    if (unshare(CLONE_NEWNS) != 0) return 77;
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 || mount("tmpfs", "/tmp", "tmpfs", 0, "mode=1777") != 0)
+        return 77;
+    unsetenv("REFIT_RUNTIME_DIR");
+    unsetenv("XDG_RUNTIME_DIR");
+    /* Another user made the old fallback first. */
+    char squat[64];
+    snprintf(squat, sizeof(squat), "/tmp/refit-%u", (unsigned)geteuid());
+    if (mkdir(squat, 0777) != 0 || chmod(squat, 0777) != 0 || chown(squat, 65534, 65534) != 0) return 1;
+    uint8_t key[32], other[32];
+    memset(key, 0x42, sizeof(key));
+    memset(other, 0x17, sizeof(other));
+    refit_transport_t *pt = NULL, *rt = NULL, *xt = NULL;
+    if (ops->create(NULL, &pt) || ops->create(NULL, &rt) || ops->create(NULL, &xt)) return 2;
+    ops->set_key(pt, key);
+    ops->set_key(rt, key);
+    const uint64_t size = 1u << 16;
+    void *mem, *d;
+    size_t l;
+    if (ops->alloc(pt, size, &mem) || ops->expose(pt, mem, size, &d, &l)) return 3;
+    fill(mem, size, 5);
+    /* The job's directory: /tmp/refit-<uid>-<16 hex>, ours, 0700. */
+    char name[300] = "";
+    int n = 0;
+    DIR *dir = opendir("/tmp");
+    for (struct dirent *e; dir && (e = readdir(dir));)
+        if (!strncmp(e->d_name, squat + 5, strlen(squat) - 5) && e->d_name[strlen(squat) - 5] == '-')
+            n++, snprintf(name, sizeof(name), "/tmp/%s", e->d_name);
+    if (dir) closedir(dir);
+    struct stat sb;
+    if (n != 1 || strlen(name) != strlen(squat) + 17 || lstat(name, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
+        sb.st_uid != geteuid() || (sb.st_mode & 0777) != 0700)
+        return 4;
+    /* A receiver of the job finds the socket there and pulls the bytes. */
+    refit_peer_t *peer;
+    if (ops->connect(rt, (const void *const[]){d}, &l, 1, &peer)) return 5;
+    unsigned char *got = calloc(1, size);
+    refit_plan_t *plan = whole_plan(size);
+    refit_pull_ctl_t ctl = {.deadline = refit_now() + 10, .threads = 1};
+    if (ops->pull(rt, (refit_peer_t *const[]){peer}, plan, (void *const[]){got}, &ctl, NULL) ||
+        memcmp(got, mem, size) != 0)
+        return 6;
+    refit_plan_destroy(plan);
+    free(got);
+    ops->disconnect(peer);
+    /* Another job's key names another directory: no socket of ours there. */
+    ops->set_key(xt, other);
+    if (ops->connect(xt, (const void *const[]){d}, &l, 1, &peer) == REFIT_OK) return 7;
+    /* A transport without a key (as refit_transport_check opens them) cannot
+     * serve, and says what to set. */
+    refit_transport_t *nt = NULL;
+    void *d2;
+    size_t l2;
+    if (ops->create(NULL, &nt)) return 8;
+    if (ops->expose(nt, mem, size, &d2, &l2) != REFIT_ERR_INVALID_ARG ||
+        !strstr(refit_last_error(), "REFIT_RUNTIME_DIR"))
+        return 9;
+    ops->destroy(nt);
+    ops->unexpose(pt, mem);
+    ops->free(pt, mem, size);
+    free(d);
+    ops->destroy(xt);
+    ops->destroy(rt);
+    ops->destroy(pt);
+    /* The job's directory left with its last publisher. */
+    if (lstat(name, &sb) == 0) return 10;
+    return 0;
+}
+
+/* No XDG_RUNTIME_DIR or REFIT_RUNTIME_DIR (containers, batch jobs, su), and
+ * another user created /tmp/refit-<uid> first: shm still works (the job's
+ * own directory, named from its key, which they cannot guess), where the
+ * fixed fallback refused the squatted directory and disabled shm.  In a
+ * mount namespace with a /tmp of its own, so no other process sees it. */
+static void squatted_tmp_fallback(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("[  SKIPPED ] needs root (a private /tmp, another user's directory)\n");
+        return;
+    }
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) _exit(squat_checks());
+    int status = 0;
+    double t0 = refit_now();
+    pid_t got = 0;
+    while ((got = waitpid(kid, &status, WNOHANG)) == 0 && t_ms_since(t0) < 20000) t_msleep(10);
+    if (got == 0) {
+        kill(kid, SIGKILL);
+        waitpid(kid, &status, 0);
+        fail_msg("the squatted /tmp case did not finish in 20 s");
+    }
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+        print_message("[  SKIPPED ] no mount namespace here (unshare or mount refused)\n");
+        return;
+    }
+    if (WEXITSTATUS(status) != 0) fail_msg("squatted /tmp check %d failed", WEXITSTATUS(status));
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -469,7 +577,7 @@ int main(void)
         cmocka_unit_test(pulls_both_kinds),       cmocka_unit_test(many_regions_one_peer),
         cmocka_unit_test(memory_is_read_only),    cmocka_unit_test(wrong_key_refused),
         cmocka_unit_test(forged_descriptors),     cmocka_unit_test(other_user_refused),
-        cmocka_unit_test(dead_publisher_noticed),
+        cmocka_unit_test(dead_publisher_noticed), cmocka_unit_test(squatted_tmp_fallback),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -36,5 +36,14 @@ const char *tool_ucx_cuda_status(void);
 /* The program `name` beside this one (same directory as /proc/self/exe),
  * e.g. refit-bench finds refit; 0, or -1 when the path does not fit. */
 int tool_sibling(const char *name, char *out, size_t size);
+/* The file of `refit plan --dump DIR` / `refit pull --dump DIR` for a rank:
+ * DIR/rank-R/model.safetensors into out.  Creates DIR and DIR/rank-R where
+ * missing; DIR must belong to this user and not be writable by group or
+ * others unless sticky, and DIR/rank-R must be a directory of ours that only
+ * we can write, opened without following a symbolic link (another user
+ * could otherwise have the dump written into a directory of their choice).
+ * REFIT_ERR_AUTH naming the directory and what to do, REFIT_ERR_IO for
+ * mkdir/open errors, REFIT_ERR_INVALID_ARG when the path does not fit. */
+refit_status_t tool_dump_path(const char *dump, uint64_t rank, char *out, size_t size);
 
 #endif

@@ -7,6 +7,7 @@
 
 #include "util/crypto.h"
 #include "util/json.h"
+#include "util/userdir.h"
 #include "util/util.h"
 
 /* ISO C wants a translation unit to declare something of its own. */

@@ -8,8 +8,9 @@
  *
  * What is here and why it is not public: a strict JSON reader (the programs
  * read each other's JSON records; src/util/json.h documents it), the
- * kernel's random bytes (src/util/crypto.h) and URL redaction for messages
- * (src/util/util.h).  None belongs to the library's job of moving weights. */
+ * kernel's random bytes (src/util/crypto.h), URL redaction for messages
+ * (src/util/util.h) and the shm socket directory refit picks when not told
+ * (src/util/userdir.h: `refit preflight` reports it).  None belongs to the library's job of moving weights. */
 #ifndef REFIT_TOOL_PURE_H
 #define REFIT_TOOL_PURE_H
 
@@ -42,5 +43,10 @@ refit_status_t refit_random_bytes(void *buf, size_t n);
 
 /* A copy of a URL with any password replaced by "***", for messages; NULL on OOM. */
 char *refit_redact_url(const char *url);
+
+/* The shm socket directory named by configuration (src/util/userdir.h):
+ * option (shm.dir=), $REFIT_RUNTIME_DIR, $XDG_RUNTIME_DIR/refit; false when
+ * none: each job's own, named from its key. */
+bool refit_runtime_dir(const char *option, char *out, size_t n, const char **source);
 
 #endif

@@ -7,6 +7,7 @@
  * preamble, FCS and gap), and every second segment is acknowledged by a
  * 52 + l2 byte frame on the reverse path; over RDMA each mtu payload bytes
  * cost mtu + l2 (l2 26: InfiniBand LRH, BTH, ICRC, VCRC). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +111,7 @@ static int parse_list(const char *s, int32_t *list, uint32_t *n)
     while (*p) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > INT32_MAX || k >= SIM_MAX_PLACE) return -1;
+        if (end == p || v < 0 || v >= (long)SIM_MAX_GPUS || k >= SIM_MAX_PLACE) return -1;
         list[k++] = (int32_t)v;
         p = end;
         if (*p == '/' || *p == ':' || *p == ' ') p++;
@@ -120,19 +121,45 @@ static int parse_list(const char *s, int32_t *list, uint32_t *n)
     return 0;
 }
 
+/* A count of at most max: an error naming the field, the value and the bound. */
+static refit_status_t parse_count(const char *key, const char *val, uint32_t min, uint32_t max, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(val, &end, 10);
+    if (end == val || *end || val[0] == '-' || errno == ERANGE || v < min)
+        return refit_error(REFIT_ERR_INVALID_ARG, "cluster: bad value '%s' for %s (an integer %u..%u)", val, key, min,
+                           max);
+    if (v > max)
+        return refit_error(REFIT_ERR_INVALID_ARG, "cluster: %s = %s is more than the simulator's bound of %u", key, val,
+                           max);
+    *out = (uint32_t)v;
+    return REFIT_OK;
+}
+
 static refit_status_t set_key(sim_cluster_t *c, const char *key, const char *val)
 {
     int bad = 0;
+    if (!strcmp(key, "nodes")) return parse_count(key, val, 0, SIM_MAX_GPUS, &c->nodes);
+    if (!strcmp(key, "gpus")) return parse_count(key, val, 1, SIM_MAX_NODE_GPUS, &c->gpus);
+    if (!strcmp(key, "nics")) return parse_count(key, val, 1, SIM_MAX_NODE_GPUS, &c->nics);
+    if (!strcmp(key, "nvdomain")) return parse_count(key, val, 0, SIM_MAX_GPUS, &c->nvdomain);
+    if (!strcmp(key, "leaf")) return parse_count(key, val, 1, SIM_MAX_GPUS, &c->leaf);
+    if (!strcmp(key, "dst_at")) {
+        uint32_t at = 0;
+        if (!strcmp(val, "-1")) { /* the default: after the trainer */
+            c->dst_at = -1;
+            return REFIT_OK;
+        }
+        refit_status_t st = parse_count(key, val, 0, SIM_MAX_GPUS - 1, &at);
+        if (!st) c->dst_at = at;
+        return st;
+    }
     if (!strcmp(key, "name")) snprintf(c->name, sizeof(c->name), "%s", val);
-    else if (!strcmp(key, "nodes")) bad = parse_u32(val, &c->nodes);
-    else if (!strcmp(key, "gpus")) bad = parse_u32(val, &c->gpus) || !c->gpus;
-    else if (!strcmp(key, "nics")) bad = parse_u32(val, &c->nics) || !c->nics;
     else if (!strcmp(key, "nic")) bad = parse_rate(val, &c->nic) || c->nic <= 0;
     else if (!strcmp(key, "nvlink")) bad = parse_rate(val, &c->nvlink);
-    else if (!strcmp(key, "nvdomain")) bad = parse_u32(val, &c->nvdomain);
     else if (!strcmp(key, "pcie")) bad = parse_rate(val, &c->pcie);
     else if (!strcmp(key, "spine")) c->spine = atof(val), bad = !(c->spine >= 0);
-    else if (!strcmp(key, "leaf")) bad = parse_u32(val, &c->leaf) || !c->leaf;
     else if (!strcmp(key, "proto")) {
         if (!strcmp(val, "rdma")) c->proto = SIM_RDMA;
         else if (!strcmp(val, "tcp")) c->proto = SIM_TCP;
@@ -151,8 +178,12 @@ static refit_status_t set_key(sim_cluster_t *c, const char *key, const char *val
     else if (!strcmp(key, "apply_ns")) c->apply_ns = atof(val), bad = !(c->apply_ns >= 0);
     else if (!strcmp(key, "src_gpus")) bad = parse_list(val, c->src_gpu, &c->nsrc_gpu);
     else if (!strcmp(key, "dst_gpus")) bad = parse_list(val, c->dst_gpu, &c->ndst_gpu);
-    else if (!strcmp(key, "dst_at")) c->dst_at = atoll(val);
     else return refit_error(REFIT_ERR_INVALID_ARG, "cluster: unknown key '%s'", key);
+    if (bad && (!strcmp(key, "src_gpus") || !strcmp(key, "dst_gpus")))
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "cluster: bad value '%s' for %s (at most %d GPU indices, each below the simulator's "
+                           "bound of %u GPUs)",
+                           val, key, SIM_MAX_PLACE, SIM_MAX_GPUS);
     if (bad) return refit_error(REFIT_ERR_INVALID_ARG, "cluster: bad value '%s' for %s", val, key);
     return REFIT_OK;
 }

@@ -79,6 +79,14 @@ static refit_status_t build_links(sim_t *s)
         if (s->src_gpu[k] + 1 > maxg) maxg = s->src_gpu[k] + 1;
     for (uint32_t i = 0; i < s->nrx; i++)
         if (s->rx[i].gpu + 1 > maxg) maxg = s->rx[i].gpu + 1;
+    /* Placements (dst_at + receivers, src_gpus, dst_gpus) and nodes x gpus
+     * within the bound (sim.h): each GPU costs links. */
+    uint64_t need = (uint64_t)c->nodes * c->gpus > maxg ? (uint64_t)c->nodes * c->gpus : maxg;
+    if (need > SIM_MAX_GPUS)
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "the cluster needs %llu GPUs (nodes %u x gpus %u; GPUs placed up to index %u), more than "
+                           "the simulator's bound of %u",
+                           (unsigned long long)need, c->nodes, c->gpus, maxg ? maxg - 1 : 0, SIM_MAX_GPUS);
     s->nnode = (maxg + c->gpus - 1) / c->gpus;
     if (c->nodes > s->nnode) s->nnode = c->nodes;
     if (c->nodes && maxg > c->nodes * c->gpus)
@@ -291,6 +299,11 @@ static refit_status_t setup(sim_t *s)
     refit_status_t st = sim_plans_build(f->model, f->src, f->dst, f->only_rank, f->threads, &s->P);
     if (st) return st;
     if (!f->replicas) return refit_error(REFIT_ERR_INVALID_ARG, "no replicas");
+    if ((uint64_t)f->replicas * s->P.ndst > SIM_MAX_GPUS)
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "%u replicas of %u destination ranks: %llu receivers, more than the simulator's bound of %u "
+                           "GPUs",
+                           f->replicas, s->P.ndst, (unsigned long long)f->replicas * s->P.ndst, SIM_MAX_GPUS);
     s->nrx = f->replicas * s->P.ndst;
     s->chunk = f->chunk_kb ? (uint64_t)f->chunk_kb << 10 : 2u << 20;
     s->static_plan = f->transport && !strcmp(f->transport, "cuda_ipc");

@@ -40,6 +40,12 @@
 typedef enum { SIM_RDMA = 0, SIM_TCP = 1 } sim_proto_t;
 
 #define SIM_MAX_PLACE 4096
+/* Bounds of a described cluster, so that a typo (nodes=4e9) is an error
+ * naming the field, not gigabytes of links: about 1.7 KB of state per GPU.
+ * Ten times a node's GPUs of today's largest systems, and 131072 GPUs in all
+ * (the field's largest fleets are ~100k GPUs). */
+#define SIM_MAX_NODE_GPUS 1024u
+#define SIM_MAX_GPUS 131072u
 
 typedef struct {
     char name[64];
