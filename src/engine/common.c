@@ -32,6 +32,8 @@ const char *refit_default_registry(void)
     return g_default_registry;
 }
 
+const char *refit_registry_url_or_default(const char *url) { return url && url[0] ? url : refit_default_registry(); }
+
 static char *options_for(const char *options, const char *name)
 {
     /* "ucx.listen=a,shm.x=y,ucx.require=rdma" -> "listen=a,require=rdma" for ucx */

@@ -43,6 +43,9 @@ char *refit_options_for_device(const char *options, int device, uint32_t rank);
 const char *refit_transports_for_device(const char *names, int device);
 
 uint64_t refit_random_u64(void);
+/* url when it is set, else refit_default_registry() (looked up only then:
+ * the default is fixed at its first use in a process). */
+const char *refit_registry_url_or_default(const char *url);
 
 /* Flags every later record of this publisher carries (relays: the low 32
  * bits of the origin of the version they serve, so that readers skip a

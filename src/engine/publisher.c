@@ -149,7 +149,7 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     if ((st = refit_check_name("group", p->group))) goto err;
     {
         refit_registry_auth_t auth = {p->params.secret_file, p->params.insecure};
-        if ((st = refit_registry_open_auth(or_default(p->params.registry, refit_default_registry()),
+        if ((st = refit_registry_open_auth(refit_registry_url_or_default(p->params.registry),
                                            or_default(p->params.job, "default"), &auth, &p->reg)))
             goto err;
     }

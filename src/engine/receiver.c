@@ -83,7 +83,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     if ((st = refit_check_name("group", r->group)) || (st = refit_check_name("reader", r->reader))) goto err;
     {
         refit_registry_auth_t auth = {r->params.secret_file, r->params.insecure};
-        if ((st = refit_registry_open_auth(or_default(r->params.registry, refit_default_registry()),
+        if ((st = refit_registry_open_auth(refit_registry_url_or_default(r->params.registry),
                                            or_default(r->params.job, "default"), &auth, &r->reg)))
             goto err;
     }

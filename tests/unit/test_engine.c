@@ -1272,8 +1272,8 @@ static void lease_replayed_mid_read_refused(void **state)
     REFIT_ASSERT_OK(refit_kv_file_ops.get_many(kv, &key, 1, &lease, &len));
     assert_non_null(lease);
     REFIT_ASSERT_OK(refit_kv_file_ops.del(kv, key));
-    PUB_OK(&p, "wait 1 5000"); /* no lease: it returns at once */
-    PUB_OK(&p, "scribble 2");  /* the trainer writes its next step in place */
+    PUB_OK(&p, "wait 1 5000");                                      /* no lease: it returns at once */
+    PUB_OK(&p, "scribble 2");                                       /* the trainer writes its next step in place */
     REFIT_ASSERT_OK(refit_kv_file_ops.put(kv, key, lease, len, 0)); /* and the lease is back, token and tag */
     expect_victim(victim, resp, "REFIT_ERR_STALE usable=0 committed=0", "retired version 1");
     free(lease);
