@@ -213,7 +213,25 @@ refit_status_t refit_rx_check_stamps(pull_t *p, bool after)
     }
     refit_pull_report_t scratch = {0};
     void *bufs[1] = {buf};
-    if (n && (st = refit_rx_raw_pull(p, regs, n, bufs, &scratch))) {
+    if (n && (st = refit_rx_raw_pull(p, regs, n, bufs, &scratch)) && !after) {
+        /* Before: a source that died since it was last connected (a
+         * replica the transfer can do without) is left to the transfer's
+         * failover, as it was before stamps; the others are read one by one. */
+        uint32_t kept = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            refit_plan_region_t one = regs[i];
+            one.dst_offset = (uint64_t)kept * REFIT_STAMP_BYTES;
+            if (refit_rx_raw_pull(p, &one, 1, bufs, &scratch)) {
+                refit_log(REFIT_LOG_INFO, "%s: stamp of source rank %u %s: %s", r->reader, one.src, when,
+                          refit_last_error());
+                continue;
+            }
+            regs[kept++] = one;
+        }
+        n = kept;
+        st = REFIT_OK;
+    }
+    if (st) {
         refit_error_prefix("reading the version stamps %s: ", when);
         goto out;
     }
