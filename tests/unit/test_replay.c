@@ -26,6 +26,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "refit/fp8.h"
 #include "registry/backend.h"
 #include "registry/registry.h"
 #include "util/util.h"
@@ -117,6 +118,7 @@ typedef struct {
     bool delta;
     bool relay; /* the committed receiver serves as a relay (slot 0) */
     bool redis;
+    bool fp8; /* FP8 relays (group "fp8", one per rank of `dst`) feed FP8 receivers of vllm:tp=1 */
 } scenario_t;
 
 typedef struct {
@@ -129,6 +131,8 @@ typedef struct {
     refit_manifest_t *pm[MAX_PUBS];
     void *pbase[MAX_PUBS];
     uint64_t pver[MAX_PUBS];
+    refit_fp8_relay_t *x[MAX_PUBS];
+    uint32_t nx;
 } job_t;
 
 static void job_start(job_t *j, const scenario_t *sc)
@@ -188,6 +192,7 @@ static void job_start(job_t *j, const scenario_t *sc)
 
 static void job_stop(job_t *j)
 {
+    for (uint32_t k = 0; k < j->nx; k++) refit_fp8_relay_destroy(j->x[k]);
     for (uint32_t k = 0; k < j->world; k++) {
         refit_publisher_destroy(j->pub[k]);
         /* the publisher owns its manifest */
@@ -208,6 +213,17 @@ static void publish(job_t *j, uint32_t k, uint64_t v)
     j->pver[k] = v;
 }
 
+/* The FP8 arena of vllm:tp=1 rank 0 at version v, quantized here from the
+ * truth (the reference), and its manifest in *m unless m is NULL. */
+static unsigned char *fp8_reference(const job_t *j, uint64_t v, refit_manifest_t **m)
+{
+    refit_manifest_t *fm;
+    unsigned char *ref = t_fp8_arena(j->sc->model, "vllm:tp=1", 0, v, &fm);
+    if (m) *m = fm;
+    else refit_manifest_destroy(fm);
+    return ref;
+}
+
 static refit_receiver_t *receiver(const job_t *j, uint32_t rank, int slot, void **base)
 {
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
@@ -220,16 +236,64 @@ static refit_receiver_t *receiver(const job_t *j, uint32_t rank, int slot, void 
     rp.chunk_kb = 16;
     rp.relay_slot = slot;
     rp.relay_heartbeat_ms = 100;
+    refit_manifest_t *m = t_manifest_named(j->sc->model, j->sc->dst, rank);
+    if (j->sc->fp8 && slot == -2) { /* an FP8 receiver of the FP8 relays */
+        refit_manifest_destroy(m);
+        free(fp8_reference(j, 1, &m));
+        rp.group = "fp8";
+        rp.relay_slot = -1;
+    }
     refit_receiver_t *r;
-    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(j->sc->model, j->sc->dst, rank), &r));
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, m, &r));
     REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
     return r;
+}
+
+/* The FP8 relays of every rank of `dst` (bf16 receivers publishing FP8 arenas in group "fp8"). */
+static void fp8_relays_start(job_t *j)
+{
+    refit_manifest_t *m0 = t_manifest_named(j->sc->model, j->sc->dst, 0);
+    refit_manifest_identity_t id;
+    refit_manifest_identity(m0, &id);
+    refit_manifest_destroy(m0);
+    j->nx = id.world;
+    for (uint32_t k = 0; k < j->nx; k++) {
+        char reader[32];
+        snprintf(reader, sizeof(reader), "fp8relay%u", k);
+        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+        rp.registry = j->url;
+        rp.job = j->job;
+        rp.transports = "shm";
+        rp.secret_file = j->secret;
+        rp.reader = reader;
+        rp.lease_ms = 1000;
+        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+        pp.registry = j->url;
+        pp.job = j->job;
+        pp.group = "fp8";
+        pp.transports = "shm";
+        pp.secret_file = j->secret;
+        pp.heartbeat_ms = 100;
+        pp.dead_ms = 1500;
+        pp.lease_ms = 1000;
+        REFIT_ASSERT_OK(refit_fp8_relay_create(&rp, &pp, t_manifest_named(j->sc->model, j->sc->dst, k), &j->x[k]));
+    }
 }
 
 /* Whether base holds exactly the truth of version v (delta scenarios: the
  * delta truth) for destination rank `rank`. */
 static bool holds(const job_t *j, uint32_t rank, void *base, uint64_t v, uint64_t *wrong)
 {
+    if (j->sc->fp8) { /* the FP8 receiver's arena against a reference quantization */
+        refit_manifest_t *fm;
+        unsigned char *ref = fp8_reference(j, v, &fm);
+        uint64_t n = refit_manifest_region_size(fm, 0);
+        *wrong = 0;
+        for (uint64_t i = 0; i < n; i++) *wrong += ref[i] != ((unsigned char *)base)[i];
+        refit_manifest_destroy(fm);
+        free(ref);
+        return *wrong == 0;
+    }
     refit_manifest_t *m = t_manifest_named(j->sc->model, j->sc->dst, rank);
     refit_truth_report_t rep = REFIT_TRUTH_REPORT_INIT;
     refit_status_t st = j->sc->delta ? refit_truth_verify_delta(m, (const void *const *)&base, v, 0.02, &rep)
@@ -248,7 +312,7 @@ typedef struct {
 static void fresh_pull(const job_t *j, uint64_t min_ok, const char *what, tally_t *t)
 {
     void *base;
-    refit_receiver_t *r = receiver(j, 0, -1, &base);
+    refit_receiver_t *r = receiver(j, 0, j->sc->fp8 ? -2 : -1, &base);
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, REFIT_VERSION_NEWEST, 150, &rep);
     t->tries++;
@@ -321,17 +385,24 @@ static void run_scenario(const scenario_t *sc)
     job_t j;
     job_start(&j, sc);
     snap_t hist[3];
-    void *base;
-    refit_receiver_t *keep = receiver(&j, 0, sc->relay ? 0 : -1, &base);
+    void *base = NULL;
+    refit_receiver_t *keep = sc->fp8 ? NULL : receiver(&j, 0, sc->relay ? 0 : -1, &base);
+    if (sc->fp8) fp8_relays_start(&j);
     refit_registry_t *reg;
     refit_registry_auth_t auth = {j.secret, false};
     REFIT_ASSERT_OK(refit_registry_open_auth(j.url, j.job, &auth, &reg));
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     for (uint64_t v = 1; v <= 2; v++) {
         for (uint32_t k = 0; k < j.world; k++) publish(&j, k, v);
-        REFIT_ASSERT_OK(refit_receiver_pull(keep, v, 10000, &rep));
-        uint64_t wrong = 0;
-        assert_true(holds(&j, 0, base, v, &wrong));
+        for (uint32_t k = 0; k < j.nx; k++) {
+            refit_fp8_relay_report_t xr = REFIT_FP8_RELAY_REPORT_INIT;
+            REFIT_ASSERT_OK(refit_fp8_relay_step(j.x[k], v, 10000, &xr));
+        }
+        if (keep) {
+            REFIT_ASSERT_OK(refit_receiver_pull(keep, v, 10000, &rep));
+            uint64_t wrong = 0;
+            assert_true(holds(&j, 0, base, v, &wrong));
+        }
         /* The store as it is while a reader holds a lease on v. */
         uint64_t token = 0;
         REFIT_ASSERT_OK(refit_registry_lease_take(reg, "trainer", v, "intruder-seen-reader", 60000, &token));
@@ -342,6 +413,11 @@ static void run_scenario(const scenario_t *sc)
         /* Relays: all sources at 2 (complete) and a relay serving it; a
          * fresh receiver may commit 2 from either. */
         walk(&j, hist, 2, 2);
+    } else if (sc->fp8) {
+        /* The FP8 relays hold 2 (complete); the trainer's rank 0 moves on. */
+        publish(&j, 0, 3);
+        snap_take(&j.store, &hist[2]);
+        walk(&j, hist, 2, 2);
     } else {
         publish(&j, 0, 3);
         snap_take(&j.store, &hist[2]);
@@ -350,6 +426,7 @@ static void run_scenario(const scenario_t *sc)
     refit_receiver_destroy(keep);
     refit_registry_close(reg);
     for (size_t h = 0; h < (sc->relay ? 2u : 3u); h++) snap_free(&hist[h]);
+    (void)rep;
     job_stop(&j);
 }
 
@@ -429,6 +506,13 @@ static void replay_relays(void **state)
     run_scenario(&sc);
 }
 
+static void replay_fp8_relays(void **state)
+{
+    (void)state;
+    scenario_t sc = {"ep=2 fp8 relays", "tiny-fp8", "megatron:ep=2", "vllm:tp=2", REFIT_MODE_IN_PLACE, .fp8 = true};
+    run_scenario(&sc);
+}
+
 static void replay_ep_redis(void **state)
 {
     (void)state;
@@ -448,6 +532,7 @@ int main(void)
         cmocka_unit_test(replay_pp_snapshot),
         cmocka_unit_test(replay_tp_delta),
         cmocka_unit_test(replay_relays),
+        cmocka_unit_test(replay_fp8_relays),
         cmocka_unit_test(replay_ep_redis),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
