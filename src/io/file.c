@@ -22,9 +22,9 @@
 
 #include "util/crypto.h"
 
-/* "a FIFO" etc. for a mode that is not a regular file. */
-static const char *kind_of(mode_t mode)
+const char *refit_file_kind(unsigned mode)
 {
+    if (S_ISLNK(mode)) return "a symbolic link";
     if (S_ISFIFO(mode)) return "a FIFO";
     if (S_ISDIR(mode)) return "a directory";
     if (S_ISCHR(mode)) return "a character device";
@@ -35,7 +35,7 @@ static const char *kind_of(mode_t mode)
 
 static refit_status_t not_regular(const char *path, mode_t mode)
 {
-    return refit_error(REFIT_ERR_IO, "%s is %s, not a regular file", path, kind_of(mode));
+    return refit_error(REFIT_ERR_IO, "%s is %s, not a regular file", path, refit_file_kind(mode));
 }
 
 refit_status_t refit_open_regular(const char *path, int *fd_out, uint64_t *size)

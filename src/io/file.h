@@ -15,6 +15,9 @@
 
 #include "util/util.h"
 
+/* "a FIFO", "a symbolic link", ... for a mode that is not a regular file. */
+const char *refit_file_kind(unsigned mode);
+
 /* Opens path read-only (close-on-exec) if it is a regular file, following
  * symbolic links; *fd and *size (bytes) are written only on success.  Never
  * blocks on a FIFO: the file is checked before it is opened, and the open

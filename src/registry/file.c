@@ -56,6 +56,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io/file.h"
 #include "registry/backend.h"
 #include "util/crypto.h"
 
@@ -162,23 +163,12 @@ static refit_status_t io_error(const refit_kv_t *kv, const char *what, const cha
     return refit_error(REFIT_ERR_REGISTRY, "file registry %s/%s: %s: %s", kv->path, name, what, strerror(err));
 }
 
-static const char *kind_of(mode_t mode)
-{
-    if (S_ISLNK(mode)) return "a symbolic link";
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISDIR(mode)) return "a directory";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
-    if (S_ISSOCK(mode)) return "a socket";
-    return "not a plain file";
-}
-
 /* A key's file that is not a regular file was put there by hand, not by a
  * registry client: hostile or broken, refused as a corrupt value. */
 static refit_status_t not_regular(const refit_kv_t *kv, const char *name, mode_t mode)
 {
     return refit_error(REFIT_ERR_CORRUPT, "file registry %s/%s is %s, not a regular file: not a registry value",
-                       kv->path, name, kind_of(mode));
+                       kv->path, name, refit_file_kind(mode));
 }
 
 static int write_all(int fd, const void *buf, size_t len)
