@@ -1201,6 +1201,14 @@ static void bench_pulls(const char *what, victim_t *calm, victim_t *hit, atk_t *
                   "attacked %.2f ms (%.2fx); ranges %.2f-%.2f / %.2f-%.2f ms\n",
                   what, rounds, u[rounds / 2], l[rounds / 2], l[rounds / 2] / u[rounds / 2], u[0], u[rounds - 1], l[0],
                   l[rounds - 1]);
+    /* The same as one JSON line (bench/results/ucx-hostile/), with every round's time (sorted). */
+    print_message("BENCH_JSON {\"attack\":\"%s\",\"rounds\":%d,\"unloaded_ms_median\":%.3f,"
+                  "\"attacked_ms_median\":%.3f,\"ratio\":%.3f,\"unloaded_ms\":[",
+                  what, rounds, u[rounds / 2], l[rounds / 2], l[rounds / 2] / u[rounds / 2]);
+    for (int i = 0; i < rounds; i++) print_message("%s%.3f", i ? "," : "", u[i]);
+    print_message("],\"attacked_ms\":[");
+    for (int i = 0; i < rounds; i++) print_message("%s%.3f", i ? "," : "", l[i]);
+    print_message("]}\n");
     ops->disconnect(pc);
     ops->disconnect(ph);
     ops->destroy(rt);
