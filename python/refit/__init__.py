@@ -5,14 +5,17 @@ found through $REFIT_LIBRARY, the librefit.so next to this package, the build/ d
 (an editable install), or the system's loader path.  See docs/python.md.
 """
 from ._lib import lib as _clib, library_path
-from .core import (DTYPES, HfSource, HolderStat, Layout, Local, Manifest, Model, Placement, Plan, PlanStats,
-                   Publisher, PullReport, Receiver, RefitError, SafetensorsFile, Tensor, default_registry,
-                   torch_dtype, wrap_memory)
+from .core import (DTYPES, ArgumentTypeError, AuthError, DataError, EnvError, HfSource, HolderStat, InputError, Layout,
+                   Local, Manifest, Model, PeerError, Placement, Plan, PlanStats, Publisher, PullReport, Receiver,
+                   RefitError, RefitTimeout, ReplayError, SafetensorsFile, StaleError, Tensor, VerifyError,
+                   default_registry, error_class, torch_dtype, wrap_memory)
 from . import adapters, metrics
 
-__all__ = ["DTYPES", "HfSource", "HolderStat", "Layout", "Local", "Manifest", "Model", "Placement", "Plan",
-           "PlanStats", "Publisher", "PullReport", "Receiver", "RefitError", "SafetensorsFile", "Tensor", "adapters",
-           "default_registry", "features", "library_path", "metrics", "torch_dtype", "version", "wrap_memory"]
+__all__ = ["DTYPES", "ArgumentTypeError", "AuthError", "DataError", "EnvError", "HfSource", "HolderStat", "InputError",
+           "Layout", "Local", "Manifest", "Model", "PeerError", "Placement", "Plan", "PlanStats", "Publisher",
+           "PullReport", "Receiver", "RefitError", "RefitTimeout", "ReplayError", "SafetensorsFile", "StaleError",
+           "Tensor", "VerifyError", "adapters", "default_registry", "error_class", "features", "library_path",
+           "metrics", "torch_dtype", "version", "wrap_memory"]
 __version__ = "0.1.0"
 
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .core import Layout, Manifest, Model, Placement, RefitError, _dtype_name_of, dtype_size, torch_dtype
+from .core import Layout, Manifest, Model, Placement, RefitError, dtype_size, torch_dtype, _arg_error, _dtype_name_of
 
 ALIGN = 256
 
@@ -82,7 +82,7 @@ def _pack(manifest: Manifest, params: Dict[str, object], device=None) -> Binding
     import torch
     regions = manifest.regions()
     if len(regions) != 1:
-        raise RefitError(-1, f"an adapter manifest has one region (an arena), this one has {len(regions)}", "adapter")
+        raise _arg_error(f"an adapter manifest has one region (an arena), this one has {len(regions)}", "adapter")
     if device is None:
         devs = {p.device for p in params.values()}
         device = devs.pop() if len(devs) == 1 else torch.device("cpu")
@@ -157,7 +157,7 @@ def megatron(named_params, model: Model, layout: str, rank: int, **kw) -> Bindin
     Parameters must have the layout's dtypes: a bf16 model built without Float16Module keeps its norms in fp32 and
     is refused as mis-typed (wrap it, or cast, first); the binding never converts."""
     if not layout.startswith("megatron"):
-        raise RefitError(-1, f"megatron adapter needs a megatron layout, not {layout}", "adapter")
+        raise _arg_error(f"megatron adapter needs a megatron layout, not {layout}", "adapter")
     strip = kw.pop("strip", ("module.",))
     named = _named(named_params, strip)
     expected = {l.name for l in Layout(layout).manifest(model, rank).locals()}
@@ -187,7 +187,7 @@ def vllm(named_params, model: Model, layout: str, rank: int, **kw) -> Binding:
     model: without names= in the layout, a model whose experts are mlp.experts.routed_experts.* (vLLM 0.32) binds
     as names=routed; Binding.expert_names says which were found."""
     if not layout.startswith("vllm"):
-        raise RefitError(-1, f"vllm adapter needs a vllm layout, not {layout}", "adapter")
+        raise _arg_error(f"vllm adapter needs a vllm layout, not {layout}", "adapter")
     params = _named(named_params, kw.pop("strip", ("module.",)))
     names = vllm_expert_names(params)
     if names == "routed" and "names=" not in layout:

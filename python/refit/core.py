@@ -36,10 +36,78 @@ def _rebuild_error(cls, status, detail, call):
     return e
 
 
+# One class per family of status codes (include/refit/status.h groups them by how much they break), and one for
+# each status a caller is likely to handle on its own.  All are RefitError, so `except RefitError` catches every
+# failure; the input family is also a ValueError (a wrong type of argument also a TypeError), as Python expects.
+class InputError(RefitError, ValueError):
+    """The caller's input (-1..-19): arguments, files, manifests, geometries."""
+
+
+class ArgumentTypeError(InputError, TypeError):
+    """An argument of the wrong type (raised by the binding itself, status REFIT_ERR_INVALID_ARG)."""
+
+
+class DataError(RefitError):
+    """Planning and verification (-20..-39): the data does not add up."""
+
+
+class VerifyError(DataError):
+    """REFIT_ERR_VERIFY: bytes that do not match what their publishers published; nothing was committed."""
+
+
+class ReplayError(DataError):
+    """REFIT_ERR_REPLAY: a registry value names other bytes than its source holds (replayed, rolled back)."""
+
+
+class EnvError(RefitError):
+    """The environment (-40..-59): memory, I/O, peers, servers, time."""
+
+
+class RefitTimeout(EnvError):
+    """REFIT_ERR_TIMEOUT."""
+
+
+class PeerError(EnvError):
+    """REFIT_ERR_PEER: a peer process died or misbehaved."""
+
+
+class StaleError(EnvError):
+    """REFIT_ERR_STALE: the version or entry was replaced or retired."""
+
+
+class AuthError(EnvError):
+    """REFIT_ERR_AUTH: an entry or a peer did not prove the job's secret."""
+
+
+_BY_STATUS = {-23: VerifyError, -25: ReplayError, -42: RefitTimeout, -43: PeerError, -46: StaleError, -48: AuthError}
+
+
+def error_class(status: int) -> type:
+    """The exception class a failing call with this status raises."""
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
+    if -19 <= status <= -1:
+        return InputError
+    if -39 <= status <= -20:
+        return DataError
+    if -59 <= status <= -40:
+        return EnvError
+    return RefitError
+
+
 def _check(status: int, call: str = ""):
     if status != 0:
         detail = (lib.refit_last_error() or b"").decode(errors="replace")
-        raise RefitError(status, detail or lib.refit_status_message(status).decode(), call)
+        raise error_class(status)(status, detail or lib.refit_status_message(status).decode(), call)
+
+
+def _arg_error(detail: str, call: str) -> InputError:
+    """A bad argument caught by the binding itself (status REFIT_ERR_INVALID_ARG)."""
+    return InputError(-1, detail, call)
+
+
+def _type_error(detail: str, call: str) -> ArgumentTypeError:
+    return ArgumentTypeError(-1, detail, call)
 
 
 def _b(s: Optional[str]) -> Optional[bytes]:
@@ -58,7 +126,7 @@ def dtype_code(name) -> int:
         name = _dtype_name_of(name)
     code = lib.refit_dtype_parse(name.encode())
     if code == 0:
-        raise RefitError(-1, f"unknown dtype {name!r}", "refit_dtype_parse")
+        raise _arg_error(f"unknown dtype {name!r}", "refit_dtype_parse")
     return code
 
 
@@ -69,7 +137,7 @@ def _dtype_name_of(dt) -> str:
              "torch.int32": "i32", "torch.int64": "i64", "torch.uint8": "u8",
              "float16": "f16", "float32": "f32", "int32": "i32", "int64": "i64", "uint8": "u8"}
     if s not in table:
-        raise RefitError(-1, f"dtype {s} has no refit equivalent", "dtype")
+        raise _arg_error(f"dtype {s} has no refit equivalent", "dtype")
     return table[s]
 
 
@@ -105,7 +173,7 @@ def _tensor(ti: _lib.TensorInfo) -> Tensor:
 def _info(name: str, dtype: str, shape) -> Tuple[_lib.TensorInfo, bytes]:
     shape = tuple(int(x) for x in shape)
     if not 1 <= len(shape) <= _lib.MAX_DIMS:
-        raise RefitError(-1, f"{name}: {len(shape)} dims (1..{_lib.MAX_DIMS})", "tensor")
+        raise _arg_error(f"{name}: {len(shape)} dims (1..{_lib.MAX_DIMS})", "tensor")
     nb = name.encode()
     ti = _lib.TensorInfo(nb, dtype_code(dtype), len(shape), (C.c_uint64 * _lib.MAX_DIMS)(*shape))
     return ti, nb
@@ -354,16 +422,16 @@ def _addr(x) -> Tuple[int, int, int]:
         return x, -1, -1
     if isinstance(x, np.ndarray):
         if not x.flags["C_CONTIGUOUS"]:
-            raise RefitError(-1, "memory must be a C-contiguous array", "attach")
+            raise _arg_error("memory must be a C-contiguous array", "attach")
         return x.ctypes.data, x.nbytes, -1
     if hasattr(x, "data_ptr"):  # torch.Tensor
         if not x.is_contiguous():
-            raise RefitError(-1, "memory must be a contiguous tensor", "attach")
+            raise _arg_error("memory must be a contiguous tensor", "attach")
         dev = x.device.index if x.device.type == "cuda" else -1
         if x.device.type == "cuda" and dev is None:
             dev = 0
         return x.data_ptr(), x.numel() * x.element_size(), dev
-    raise RefitError(-1, f"cannot take memory from {type(x).__name__}", "attach")
+    raise _type_error(f"cannot take memory from {type(x).__name__}", "attach")
 
 
 def _bases(regions: Sequence):
@@ -550,11 +618,11 @@ class _Endpoint:
         addr, nbytes, dev = _addr(memory)
         size = self.manifest.regions()[region]
         if nbytes >= 0 and nbytes < size:
-            raise RefitError(-1, f"region {region} needs {size} bytes, the memory has {nbytes}", "attach")
+            raise _arg_error(f"region {region} needs {size} bytes, the memory has {nbytes}", "attach")
         if nbytes >= 0 and dev != self.device:
             where = "host memory" if self.device < 0 else f"CUDA device {self.device}"
-            raise RefitError(-1, f"region {region}: memory is on {'host' if dev < 0 else f'cuda:{dev}'}, "
-                                 f"the endpoint was created for {where}", "attach")
+            raise _arg_error(f"region {region}: memory is on {'host' if dev < 0 else f'cuda:{dev}'}, "
+                             f"the endpoint was created for {where}", "attach")
         _check(fn(self._h, region, addr), fn.__name__)
         self.memory[region] = memory
 
@@ -599,7 +667,7 @@ class Publisher(_Endpoint):
                  lease_ms: int = 0, no_digest: bool = False):
         super().__init__(manifest, device)
         if mode not in ("in-place", "snapshot"):
-            raise RefitError(-1, "mode is 'in-place' or 'snapshot'", "Publisher")
+            raise _arg_error("mode is 'in-place' or 'snapshot'", "Publisher")
         self._keep = [_b(registry), _b(job), _b(group), _b(transports), _b(transport_options)]
         self._secret = _b(secret_file)
         pp = _lib.PublisherParams(_lib.PUBLISHER_PARAMS_VERSION, *self._keep, 1 if mode == "snapshot" else 0,

@@ -25,7 +25,7 @@ failing worker ranks) and leave the rollout on its last good version.
 import time
 from typing import Optional
 
-from .core import Publisher, Receiver, RefitError
+from .core import Publisher, Receiver, RefitError, _arg_error
 
 
 class RefitWeightSynchronizer:
@@ -41,15 +41,15 @@ class RefitWeightSynchronizer:
         """role "trainer" with a refit.adapters Binding of this rank's parameters; role "rollout" with a vLLM LLM
         (its refit backend is initialized here) or a Binding of the rollout model's parameters."""
         if self.role is not None:
-            raise RefitError(-1, f"init_communicator: already initialized as {self.role}", "init_communicator")
+            raise _arg_error(f"init_communicator: already initialized as {self.role}", "init_communicator")
         if role == "trainer":
             if binding is None:
-                raise RefitError(-1, "a trainer needs binding= (refit.adapters.megatron(...))", "init_communicator")
+                raise _arg_error("a trainer needs binding= (refit.adapters.megatron(...))", "init_communicator")
             self._ep = Publisher(binding.manifest, registry=self.registry, job=self.job, group=self.group, **self.opts)
             binding.attach(self._ep)
         elif role == "rollout":
             if (binding is None) == (llm is None):
-                raise RefitError(-1, "a rollout needs exactly one of binding= and llm=", "init_communicator")
+                raise _arg_error("a rollout needs exactly one of binding= and llm=", "init_communicator")
             if llm is not None:
                 llm.collective_rpc("init_weight_transfer_engine", args=(
                     {"registry": self.registry, "job": self.job, "group": self.group, "timeout_ms": self.timeout_ms},))
@@ -59,12 +59,12 @@ class RefitWeightSynchronizer:
                                     **self.opts)
                 binding.attach(self._ep)
         else:
-            raise RefitError(-1, f"role is 'trainer' or 'rollout', not {role!r}", "init_communicator")
+            raise _arg_error(f"role is 'trainer' or 'rollout', not {role!r}", "init_communicator")
         self.role = role
 
     def _need(self):
         if self.role is None:
-            raise RefitError(-1, "call init_communicator first", "RefitWeightSynchronizer")
+            raise _arg_error("call init_communicator first", "RefitWeightSynchronizer")
 
     def sync_weights(self, version: int) -> dict:
         """trainer: publish `version` (after the previous version's readers are done); rollout: refit to it."""
@@ -72,7 +72,7 @@ class RefitWeightSynchronizer:
         t = time.perf_counter()
         if self.role == "trainer":
             if version <= self.version:
-                raise RefitError(-1, f"version {version} is not newer than {self.version}", "sync_weights")
+                raise _arg_error(f"version {version} is not newer than {self.version}", "sync_weights")
             if self.version:
                 self._ep.wait_readers(self.version, self.timeout_ms)
             self._ep.publish(version)

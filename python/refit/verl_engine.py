@@ -28,7 +28,7 @@ import asyncio
 import time
 from typing import Any, Optional
 
-from .core import Layout, Model, Publisher, Receiver, RefitError, torch_dtype
+from .core import DataError, Layout, Model, Publisher, Receiver, torch_dtype, _arg_error
 
 try:  # the real base class and registry when veRL is installed
     from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
@@ -72,7 +72,7 @@ class RefitCheckpointEngine(CheckpointEngine):
                  timeout_ms: int = 60000, secret_file: str = None, **unused):
         missing = [k for k, v in (("registry", registry), ("job", job), ("model", model)) if not v]
         if missing:
-            raise RefitError(-1, "the refit checkpoint engine needs engine_kwargs.refit." + ", .".join(missing),
+            raise _arg_error("the refit checkpoint engine needs engine_kwargs.refit." + ", .".join(missing),
                              "RefitCheckpointEngine")
         self.bucket_size, self.is_master = bucket_size, is_master
         self.opts = dict(registry=registry, job=job, group=group, transports=transports,
@@ -107,7 +107,7 @@ class RefitCheckpointEngine(CheckpointEngine):
 
     def init_process_group(self, role: str = None, rank: int = 0, **unused):
         if role not in ("publisher", "drain", "receiver"):
-            raise RefitError(-1, f"unknown role {role!r} for the refit checkpoint engine", "init_process_group")
+            raise _arg_error(f"unknown role {role!r} for the refit checkpoint engine", "init_process_group")
         self.role, self.rank = role, rank
 
     def finalize(self):
@@ -146,7 +146,7 @@ class RefitCheckpointEngine(CheckpointEngine):
             self._pub = self._endpoint(Publisher)
         version = int(global_steps) if global_steps is not None else self._published + 1
         if version <= self._published:
-            raise RefitError(-1, f"global_steps {version} is not newer than the last published version "
+            raise _arg_error(f"global_steps {version} is not newer than the last published version "
                                  f"{self._published}", "send_weights")
         if self._published:
             # in-place: the arena is what receivers read; wait until the last version's readers are done
@@ -169,7 +169,7 @@ class RefitCheckpointEngine(CheckpointEngine):
             problems.append(f"not sent ({len(lacking)}): " + ", ".join(lacking[:10]) + (" ..." if len(lacking) > 10
                                                                                          else ""))
         if problems:
-            raise RefitError(-20, f"send_weights(version {version}) of {self._refit_model().name}: nothing published: "
+            raise DataError(-20, f"send_weights(version {version}) of {self._refit_model().name}: nothing published: "
                                   + "; ".join(problems[:20]), "send_weights")
         t1 = time.perf_counter()
         self._pub.publish(version)

@@ -48,6 +48,39 @@ def test_errors_carry_name_and_detail():
     assert e.value.name == "REFIT_ERR_NOT_FOUND"
 
 
+def test_error_classes_follow_the_status_families():
+    import pickle
+    # every status the library names maps to its family (include/refit/status.h groups them)
+    for status in range(-1, -60, -1):
+        name = refit._clib.refit_status_name(status).decode()
+        if name == "REFIT_UNKNOWN":
+            continue
+        cls = refit.error_class(status)
+        family = (refit.InputError if status >= -19 else refit.DataError if status >= -39 else refit.EnvError)
+        assert issubclass(cls, family) and issubclass(cls, refit.RefitError), (status, name, cls)
+    assert refit.error_class(-25) is refit.ReplayError and refit.error_class(-23) is refit.VerifyError
+    assert refit.error_class(-42) is refit.RefitTimeout and refit.error_class(-48) is refit.AuthError
+    # a failing C call raises its family's class; the input family is a ValueError
+    with pytest.raises(ValueError) as e:
+        refit.Layout("vllm:tp=3").manifest(refit.Model("tiny-moe"), 0)
+    assert type(e.value) is refit.InputError and e.value.name == "REFIT_ERR_GEOMETRY"
+    # a wrong argument caught by the binding itself: ValueError, or TypeError for a wrong type
+    with pytest.raises(ValueError, match="C-contiguous"):
+        refit.core._addr(np.zeros((4, 4), np.uint8)[:, 1])
+    with pytest.raises(ValueError, match="unknown dtype"):
+        refit.core.dtype_code("no-such-dtype")
+    with pytest.raises(TypeError, match="cannot take memory from"):
+        refit.core._addr(object())
+    m = refit.Model("tiny-moe")
+    dst = refit.Layout("vllm:tp=2").manifest(m, 0)
+    out = [np.zeros(dst.regions()[0], np.uint8)]
+    with pytest.raises(refit.VerifyError) as e:
+        dst.truth_verify(out, 6)
+    assert isinstance(e.value, refit.DataError) and not isinstance(e.value, ValueError)
+    back = pickle.loads(pickle.dumps(e.value))  # crosses a Ray actor boundary intact
+    assert type(back) is refit.VerifyError and back.status == -23 and back.detail == e.value.detail
+
+
 def test_plan_stats_and_execute_numpy():
     m = refit.Model("tiny-moe")
     src_l = refit.Layout("megatron:tp=2,ep=2,etp=1")
