@@ -16,12 +16,15 @@ __all__ = ["DTYPES", "ArgumentTypeError", "AuthError", "DataError", "EnvError", 
            "PullReport", "Receiver", "RefitError", "RefitTimeout", "ReplayError", "SafetensorsFile", "StaleError",
            "Tensor", "VerifyError", "adapters", "default_registry", "error_class", "features", "library_path",
            "metrics", "torch_dtype", "version", "wrap_memory"]
-__version__ = "0.1.0"
 
 
 def version() -> str:
     """The version of the librefit.so this package loaded (refit_version())."""
     return _clib.refit_version(None, None, None).decode()
+
+
+# One version for the library, its headers, CMake and the wheel: include/refit/version.h (pyproject.toml reads it).
+__version__ = version()
 
 
 def features() -> list:
