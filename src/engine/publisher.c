@@ -75,8 +75,9 @@ struct refit_publisher {
     uint64_t dbytes;          /* table size */
     void *dtable[NBUF_SNAPSHOT];
     int dtable_owner[NBUF_SNAPSHOT];
-    double digest_ms;           /* filling the last version's table */
-    void *stamp[NBUF_SNAPSHOT]; /* version stamps (host memory only; NULL otherwise) */
+    double digest_ms;                /* filling the last version's table */
+    void *stamp[NBUF_SNAPSHOT];      /* version stamps (host memory only; NULL otherwise) */
+    uint64_t stamped[NBUF_SNAPSHOT]; /* the version each stamp names (0: none) */
     int stamp_owner[NBUF_SNAPSHOT];
     refit_version_record_t last_rec; /* under lock */
     bool have_rec;
@@ -597,6 +598,7 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
         p->digest_ms = (refit_now() - t0) * 1e3;
     }
     if (p->stamp[rec.buffer]) refit_stamp_set_version(p->stamp[rec.buffer], version);
+    p->stamped[rec.buffer] = version;
     pthread_mutex_lock(&p->lock);
     p->last_rec = rec;
     p->have_rec = true;
@@ -626,13 +628,16 @@ refit_status_t refit_publisher_wait_readers(refit_publisher_t *p, uint64_t versi
     /* In place, the caller rewrites its memory next: from now on no reader
      * may commit what it reads there (a reader whose lease vanished from the
      * registry sees the cleared stamp). */
-    if (!st && p->params.mode != REFIT_MODE_SNAPSHOT && version == p->last_version) refit_publisher_rewriting(p, 0);
+    if (!st && p->params.mode != REFIT_MODE_SNAPSHOT && p->stamped[0] && version >= p->stamped[0])
+        refit_publisher_rewriting(p, 0);
     return st;
 }
 
 void refit_publisher_rewriting(refit_publisher_t *p, uint32_t buffer)
 {
-    if (p && buffer < NBUF_SNAPSHOT && p->stamp[buffer]) refit_stamp_set_version(p->stamp[buffer], 0);
+    if (!p || buffer >= NBUF_SNAPSHOT) return;
+    if (p->stamp[buffer]) refit_stamp_set_version(p->stamp[buffer], 0);
+    p->stamped[buffer] = 0;
 }
 
 refit_status_t refit_publisher_wait_acks(refit_publisher_t *p, uint64_t version, uint32_t n, int timeout_ms)

@@ -8,6 +8,7 @@
  * carried them (relays, deltas, a torn read).  Tests add the synthetic
  * truth (REFIT_VERIFY_TRUTH): every byte checked against its formula. */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,7 +161,14 @@ static refit_status_t check_heads(pull_t *p, const uint64_t *head)
     else st = refit_registry_records(r->reg, r->group, r->world, now.recs, now.present);
     for (uint32_t k = 0; !st && k < r->world; k++) {
         if (head[k] <= p->v) continue;
-        uint64_t said = now.present[k] ? now.recs[k].version : 0;
+        if (!now.present[k]) {
+            st = refit_error(REFIT_ERR_STALE,
+                             "source rank %u has published version %" PRIu64
+                             " and its record is gone from the registry: version %" PRIu64 " not pulled",
+                             k, head[k], p->v);
+            break;
+        }
+        uint64_t said = now.recs[k].version;
         if (said < head[k])
             st = refit_error(REFIT_ERR_REPLAY,
                              "source rank %u has published version %" PRIu64 ", but the registry's record for it "
@@ -170,6 +178,27 @@ static refit_status_t check_heads(pull_t *p, const uint64_t *head)
     }
     refit_rx_snapshot_free(&now);
     return st;
+}
+
+/* Source k's buffer holds `now`, newer than the record read: a replayed
+ * record, unless the registry now shows that version too (the source moved
+ * on during this pull: a lease that lapsed, a store that lost it). */
+static refit_status_t moved_on(pull_t *p, uint32_t k, uint64_t now, const char *when)
+{
+    refit_receiver_t *r = p->r;
+    char detail[1024];
+    snprintf(detail, sizeof(detail), "%s", refit_last_error());
+    snapshot_t again;
+    refit_status_t st = refit_rx_snapshot_alloc(&again, r->world);
+    if (!st) st = refit_registry_records(r->reg, r->group, r->world, again.recs, again.present);
+    bool moved = !st && again.present[k] && again.recs[k].version >= now;
+    refit_rx_snapshot_free(&again);
+    if (moved)
+        return refit_error(REFIT_ERR_STALE,
+                           "%s: source rank %u moved on to version %" PRIu64 " during the pull of %" PRIu64
+                           " (its readers' leases lapsed or were lost): not committed",
+                           when, k, now, p->v);
+    return refit_error(REFIT_ERR_REPLAY, "%s", detail);
 }
 
 refit_status_t refit_rx_check_stamps(pull_t *p, bool after)
@@ -239,8 +268,10 @@ refit_status_t refit_rx_check_stamps(pull_t *p, bool after)
     for (uint32_t i = 0; i < n && !st; i++) {
         uint32_t k = regs[i].src;
         refit_stamp_t stamp;
-        if (!(st = refit_stamp_decode(buf + (size_t)i * REFIT_STAMP_BYTES, k, &stamp)))
-            st = refit_stamp_matches(&stamp, &s->recs[k], k, when);
+        if ((st = refit_stamp_decode(buf + (size_t)i * REFIT_STAMP_BYTES, k, &stamp))) break;
+        if ((st = refit_stamp_matches(&stamp, &s->recs[k], k, when)) == REFIT_ERR_REPLAY &&
+            stamp.version > s->recs[k].version)
+            st = moved_on(p, k, stamp.version, when);
         head[k] = stamp.head;
         newer |= stamp.head > p->v;
     }

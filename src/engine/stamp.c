@@ -23,6 +23,10 @@ static void store64(void *mem, unsigned off, uint64_t v)
     refit_put_le(le, v, 8);
     memcpy(&word, le, 8);
     __atomic_store_n((uint64_t *)(void *)((uint8_t *)mem + off), word, __ATOMIC_SEQ_CST);
+    /* A cleared stamp must be seen before any store that follows it (the
+     * buffer's rewrite): a seq_cst store alone does not order later plain
+     * stores on aarch64 (stlr), a full fence does. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 void refit_stamp_init(void *mem, uint64_t incarnation, uint64_t signature, uint32_t buffer)

@@ -69,7 +69,9 @@ refit_status_t refit_stamp_decode(const void *bytes, uint32_t rank, refit_stamp_
 /* Whether stamp s names exactly what record rec says: version, incarnation,
  * signature and buffer.  On a mismatch, REFIT_ERR_STALE when the buffer is
  * unstamped (being rewritten) or another incarnation holds it, else
- * REFIT_ERR_REPLAY; the detail names the rank and both sides. */
+ * REFIT_ERR_REPLAY; the detail names the rank and both sides.  (A receiver
+ * that finds a newer version than its record asks the registry again before
+ * it says REPLAY: receiver_verify.c.) */
 refit_status_t refit_stamp_matches(const refit_stamp_t *s, const refit_version_record_t *rec, uint32_t rank,
                                    const char *what);
 

@@ -44,7 +44,12 @@ static void conn_close(conn_t *c)
  * one instead would let a stranger who holds max_unproven idle connections
  * (renewed every auth_timeout) keep every receiver out, while making way
  * for it means a stranger must open connections faster than a receiver
- * completes its handshake (one round trip) to keep it out. */
+ * completes its handshake (one round trip) to keep it out.  Decided in the
+ * callback itself.  UCX 1.13's TCP connection manager can assert (and abort
+ * the process) under a flood of connections that are refused or cut off
+ * (tcp_sockcm_ep.c:416): refusing more of them (a minimum age before one is
+ * cut off) or deciding later (in the round) made it more frequent; this is
+ * the least frequent we found (docs/ucx.md). */
 static void conn_req_cb(ucp_conn_request_h creq, void *arg)
 {
     refit_transport_t *t = arg;
@@ -382,7 +387,10 @@ static int32_t check_req(refit_transport_t *t, job_t *j, pub_region_t **region, 
             return PUB_RANGE;
     }
     if (sum > r->size) return PUB_RANGE; /* bytes asked for more than once: runs_overlap would say so, later */
-    if (sum > t->o.max_queued) return PUB_TOO_LARGE;
+    /* A reply of one run is sent from the exposed memory itself; only a
+     * packed (copied) one costs the publisher memory, so only it is capped. */
+    bool packs = !(j->req.nruns == 1 && runs[0].count == 1);
+    if (packs && sum > t->o.max_queued) return PUB_TOO_LARGE;
     if (j->req.nruns > 1 && runs_overlap(runs, j->req.nruns)) return PUB_OVERLAP;
     j->checked = true;
     j->total = sum;
@@ -480,8 +488,8 @@ static int serve_job(refit_transport_t *t, job_t *j, bool *stuck_checked)
         const wire_run_t *runs = (const wire_run_t *)j->items;
         uint32_t nr = j->req.nruns;
         bool packs = !(nr == 1 && runs[0].count == 1);
-        if (d->status == PUB_OK && c->sending_bytes + total > t->o.max_queued)
-            return WAITS; /* its earlier replies first */
+        if (d->status == PUB_OK && (c->sending_bytes || packs) && c->sending_bytes + total > t->o.max_queued)
+            return WAITS; /* its earlier replies first (a single run larger than the cap goes alone) */
         /* Packed bytes are the memory a peer costs: 4 x max_queued in all,
          * the second half only for connections that read their replies
          * (one completed within UCX_STUCK_S), so that peers which never
