@@ -80,6 +80,11 @@ struct refit_publisher {
     uint64_t stamped[NBUF_SNAPSHOT]; /* the version each stamp names (0: none) */
     int stamp_owner[NBUF_SNAPSHOT];
     refit_version_record_t last_rec; /* under lock */
+    /* Held across "last_rec := v, write v's record" and across the heartbeat's
+     * re-announce (read last_rec, write it): a re-announce never writes an
+     * older record after a newer one (the stamps would then refuse every pull
+     * as a replay until the next publish). */
+    pthread_mutex_t rec_lock;
     bool have_rec;
     /* Fencing: the store's epoch when we last looked, and when we last saw
      * the registry lose our entries (0: never; under lock). */
@@ -138,6 +143,7 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     if (p->params.dead_ms < 2 * p->params.heartbeat_ms) p->params.dead_ms = 2 * p->params.heartbeat_ms;
     snprintf(p->group, sizeof(p->group), "%s", or_default(p->params.group, "trainer"));
     pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->rec_lock, NULL);
     pthread_cond_init(&p->cond, NULL);
     p->nregions = (uint32_t)m->regions.len;
     p->mem = calloc(p->nregions ? p->nregions : 1, sizeof(void *));
@@ -254,11 +260,13 @@ refit_status_t refit_publisher_attach(refit_publisher_t *p, uint32_t region, voi
 static refit_status_t reannounce(refit_publisher_t *p)
 {
     refit_status_t st = refit_registry_put_manifest(p->reg, p->group, p->m->rank, p->enc, p->enc_len);
+    pthread_mutex_lock(&p->rec_lock);
     pthread_mutex_lock(&p->lock);
     refit_version_record_t rec = p->last_rec;
     bool have = p->have_rec;
     pthread_mutex_unlock(&p->lock);
     if (!st && have) st = refit_registry_publish(p->reg, p->group, p->m->rank, &rec);
+    pthread_mutex_unlock(&p->rec_lock);
     return st;
 }
 
@@ -599,11 +607,14 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
     }
     if (p->stamp[rec.buffer]) refit_stamp_set_version(p->stamp[rec.buffer], version);
     p->stamped[rec.buffer] = version;
+    pthread_mutex_lock(&p->rec_lock);
     pthread_mutex_lock(&p->lock);
     p->last_rec = rec;
     p->have_rec = true;
     pthread_mutex_unlock(&p->lock);
-    if ((st = refit_registry_publish(p->reg, p->group, p->m->rank, &rec))) return st;
+    st = refit_registry_publish(p->reg, p->group, p->m->rank, &rec);
+    pthread_mutex_unlock(&p->rec_lock);
+    if (st) return st;
     p->last_version = version;
     for (uint32_t b = 0; b < NBUF_SNAPSHOT; b++)
         if (p->stamp[b]) refit_stamp_set_head(p->stamp[b], version);
@@ -692,6 +703,7 @@ void refit_publisher_destroy(refit_publisher_t *p)
     free(p->mem);
     free(p->mem_owner);
     pthread_mutex_destroy(&p->lock);
+    pthread_mutex_destroy(&p->rec_lock);
     pthread_cond_destroy(&p->cond);
     free(p);
 }
