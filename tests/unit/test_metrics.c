@@ -222,7 +222,7 @@ static void near(double got, double want, const char *what)
 }
 
 /* Sends `req` to the endpoint, returns the whole answer (malloc'ed). */
-static char *http(const char *addr, const char *req)
+static int connect_to(const char *addr, int ms)
 {
     char host[64];
     snprintf(host, sizeof(host), "%s", addr);
@@ -231,9 +231,23 @@ static char *http(const char *addr, const char *req)
     *colon = '\0';
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
     assert_int_equal(inet_pton(AF_INET, host, &a.sin_addr), 1);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(fd >= 0);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) fail_msg("connect %s: %s", addr, strerror(errno));
+    /* connect() waits at most the send timeout (a full backlog drops SYNs). */
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static char *http(const char *addr, const char *req)
+{
+    int fd = connect_to(addr, 10000);
+    if (fd < 0) fail_msg("connect %s: %s", addr, strerror(errno));
     assert_int_equal(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
     size_t cap = 1 << 20, len = 0;
     char *buf = malloc(cap);
@@ -474,27 +488,6 @@ static void serve_errors(void **state)
 
 /* A TCP connection to addr ("IP:PORT"), connect and receive timeouts ms;
  * -1 if it did not connect in time. */
-static int connect_to(const char *addr, int ms)
-{
-    char host[64];
-    snprintf(host, sizeof(host), "%s", addr);
-    char *colon = strrchr(host, ':');
-    assert_non_null(colon);
-    *colon = '\0';
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-    assert_int_equal(inet_pton(AF_INET, host, &a.sin_addr), 1);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(fd >= 0);
-    /* connect() waits at most the send timeout (a full backlog drops SYNs). */
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 #define SLOW 20 /* more than the endpoint serves at once */
 static struct {
