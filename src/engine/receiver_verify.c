@@ -150,16 +150,22 @@ out:
     return st;
 }
 
+/* The records the registry holds now: a second look at what a stamp said.
+ * Free *now with refit_rx_snapshot_free whatever this returns. */
+static refit_status_t records_now(pull_t *p, snapshot_t *now)
+{
+    refit_receiver_t *r = p->r;
+    if (refit_rx_snapshot_alloc(now, r->world)) return refit_error(REFIT_ERR_NO_MEMORY, "stamps");
+    return refit_registry_records(r->reg, r->group, r->world, now->recs, now->present);
+}
+
 /* A source whose stamp says it has published `head` > v, pulled as the
  * newest: the registry must show that too (else its record was put back). */
 static refit_status_t check_heads(pull_t *p, const uint64_t *head)
 {
-    refit_receiver_t *r = p->r;
     snapshot_t now;
-    refit_status_t st = refit_rx_snapshot_alloc(&now, r->world);
-    if (st) st = refit_error(REFIT_ERR_NO_MEMORY, "stamps");
-    else st = refit_registry_records(r->reg, r->group, r->world, now.recs, now.present);
-    for (uint32_t k = 0; !st && k < r->world; k++) {
+    refit_status_t st = records_now(p, &now);
+    for (uint32_t k = 0; !st && k < p->r->world; k++) {
         if (head[k] <= p->v) continue;
         if (!now.present[k]) {
             st = refit_error(REFIT_ERR_STALE,
@@ -185,13 +191,10 @@ static refit_status_t check_heads(pull_t *p, const uint64_t *head)
  * on during this pull: a lease that lapsed, a store that lost it). */
 static refit_status_t moved_on(pull_t *p, uint32_t k, uint64_t now, const char *when)
 {
-    refit_receiver_t *r = p->r;
     char detail[1024];
     snprintf(detail, sizeof(detail), "%s", refit_last_error());
     snapshot_t again;
-    refit_status_t st = refit_rx_snapshot_alloc(&again, r->world);
-    if (!st) st = refit_registry_records(r->reg, r->group, r->world, again.recs, again.present);
-    bool moved = !st && again.present[k] && again.recs[k].version >= now;
+    bool moved = !records_now(p, &again) && again.present[k] && again.recs[k].version >= now;
     refit_rx_snapshot_free(&again);
     if (moved)
         return refit_error(REFIT_ERR_STALE,
