@@ -308,3 +308,46 @@ done:
     free(tids);
     return st;
 }
+
+/* ------------------------------------------------------------ work lists */
+
+refit_status_t refit_digest_items(const refit_digest_key_t *k, const refit_manifest_t *m, const void *const *bases,
+                                  bool table, refit_digest_item_t **out, size_t *nout)
+{
+    if (!k || !m || !bases || !out || !nout) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_items: NULL argument");
+    if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_items: manifest is not finalized");
+    items_t items = {0};
+    uint64_t *tids = tensor_ids(k, m);
+    bool oom = !tids;
+    for (uint32_t i = 0; !oom && i < m->placements.len; i++) {
+        const refit_placement_t *p = &m->placements.data[i];
+        cbox_t b;
+        if (cbox_of(&m->canon.data[p->canon], p, &b) != REFIT_DIGEST_VERIFIABLE) continue;
+        if (!table && !cbox_full_rows(&b) && !cbox_all_rows(&b)) continue;
+        uint64_t stride;
+        const uint8_t *mem = box_memory(m, p, bases, &stride);
+        oom = push_items(&items, i, &b, tids[p->canon], mem, stride) != 0;
+    }
+    free(tids);
+    refit_digest_item_t *v = oom ? NULL : malloc(REFIT_MAX(items.len, 1) * sizeof(*v));
+    if (!v) {
+        REFIT_VEC_FREE(&items);
+        return refit_error(REFIT_ERR_NO_MEMORY, "digest: work list of %u placements", (unsigned)m->placements.len);
+    }
+    for (size_t i = 0; i < items.len; i++) {
+        const item_t *it = &items.data[i];
+        v[i] = (refit_digest_item_t){.p = it->p,
+                                     .stride = it->stride,
+                                     .tensor_id = it->tid,
+                                     .row = it->row,
+                                     .nrows = it->nrows,
+                                     .first_unit = it->j,
+                                     .n = it->n,
+                                     .rel = it->rel,
+                                     .pl = it->pl};
+    }
+    *out = v;
+    *nout = items.len;
+    REFIT_VEC_FREE(&items);
+    return REFIT_OK;
+}

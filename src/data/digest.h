@@ -129,6 +129,26 @@ void refit_digest_span(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t
 void refit_digest_rows(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t row, uint64_t nrows,
                        uint64_t first_unit, const void *p, uint64_t stride, uint64_t n, refit_dsum_t *acc);
 
+/* ---- Work lists: the passes over memory, for kernels outside this folder (GPU). ---- */
+
+/* Rows [row, row+nrows) x units [first_unit, first_unit+n) of the box of placement pl (canonical tensor
+ * tensor_id), row i at p + (i - row) * stride bytes; rel: the item's first row counted from the box's first. */
+typedef struct {
+    const uint8_t *p;
+    uint64_t stride, tensor_id, row, nrows, first_unit, n, rel;
+    uint32_t pl;
+} refit_digest_item_t;
+/* The items refit_digest_local (table false: the placements it digests) or refit_digest_table_fill (table
+ * true: every digestible placement) would hash, of about 512 KiB each, whole rows, in placement order;
+ * bases[r] is region r's address (any address space: only offsets are added).  *items is malloc'ed, the
+ * caller's (free); *n may be 0.  REFIT_ERR_INVALID_ARG, REFIT_ERR_NO_MEMORY. */
+refit_status_t refit_digest_items(const refit_digest_key_t *k, const refit_manifest_t *m, const void *const *bases,
+                                  bool table, refit_digest_item_t **items, size_t *n);
+/* The 16-bit column keys of lane `lane` (65536 int16, odd) and the seeds a kernel elsewhere needs to
+ * compute row keys and block multipliers exactly as this one does (data/digest_internal.h). */
+const int16_t *refit_digest_key_columns(const refit_digest_key_t *k, int lane);
+void refit_digest_key_seeds(const refit_digest_key_t *k, uint64_t *row_seed, uint64_t *blk_seed);
+
 /* ---- Publisher: the table of a manifest. ---- */
 
 /* Bytes of the table of a finalized manifest (0 if none of its placements

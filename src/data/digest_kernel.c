@@ -84,6 +84,14 @@ refit_digest_impl_t refit_digest_key_impl(const refit_digest_key_t *k) { return 
 
 void refit_digest_key_destroy(refit_digest_key_t *k) { refit_secret_free(k, sizeof(*k)); }
 
+const int16_t *refit_digest_key_columns(const refit_digest_key_t *k, int lane) { return k->kc[lane != 0]; }
+
+void refit_digest_key_seeds(const refit_digest_key_t *k, uint64_t *row_seed, uint64_t *blk_seed)
+{
+    *row_seed = k->row_seed;
+    *blk_seed = k->blk_seed;
+}
+
 uint64_t refit_digest_tensor_id(const refit_digest_key_t *k, const char *name)
 {
     return refit_hash64(name, strlen(name), k->tid_seed);

@@ -212,6 +212,7 @@ extern "C" refit_status_t refit_gpu_copy(void *dst, const void *src, uint64_t n)
 {
     refit_status_t st = REFIT_OK;
     CK(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
+    CK(cudaStreamSynchronize(0)); /* a device-to-device cudaMemcpy returns before it is done */
 out:
     return st;
 }

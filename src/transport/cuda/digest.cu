@@ -1,0 +1,485 @@
+/* Content digests of device memory: data/digest.h's definition computed by kernels, bit for bit the
+ * CPU's (the arithmetic is sums of products mod 2^32, so the order of the additions, and the atomics that
+ * make it, change nothing).
+ *
+ * Work: data/digest.c's items (whole rows of one placement, about 512 KiB) are cut here into tiles of at
+ * most TILE_ROWS rows by TILE_UNITS units that never cross a column-key block (65,536 units), so that a
+ * tile has one block multiplier m(b); one CUDA block per tile.  A thread takes 8 units (16 bytes) of a
+ * row at a time: one 16-byte load of data and two of keys where the tile is 16-byte aligned, else unit
+ * by unit.
+ *   Receiver (local): acc += r(t,i) m(b) * sum_u k[j+u] v_iu in registers; one atomic per lane per tile
+ *   into the placement's sum.
+ *   Publisher (table): the row dots into shared memory per row, the column sums r(t,i) v_ij into shared
+ *   memory per unit; per tile, atomics into the P slots (row terms) and Q slots (column sums) of the
+ *   table; then Q slots times K_j, a scan over the whole table (lanes apart) and, per P or Q array,
+ *   the scan minus its value at the array's first slot (wrapping arithmetic makes that exact), and the
+ *   check that each placement's P and Q totals agree (else its memory changed during the fill). */
+#include <cub/device/device_scan.cuh>
+
+#include "transport/cuda/gpu_internal.h"
+
+extern "C" {
+#include "data/digest.h"
+}
+
+#define TILE_ROWS 64u
+#define TILE_UNITS 2048u
+#define KCOLS_ 65536u
+#define GOLDEN 0x9e3779b97f4a7c15ULL
+
+typedef struct {
+    uint64_t p, stride; /* device address of the tile's first unit; bytes between rows */
+    uint64_t tid, row;  /* canonical tensor id, first row */
+    uint64_t j;         /* first unit (canonical column) */
+    uint64_t pslot;     /* table entry of P[rel + 1] of the tile's first row */
+    uint64_t qslot;     /* table entry of Q[t + 1] of the tile's first unit */
+    uint32_t nrows, n, pl, pad;
+} tile_t;
+
+typedef struct {
+    uint64_t pstart, nrows, qstart, n, c;
+} seg_t;
+
+typedef REFIT_VEC(tile_t) tiles_t;
+typedef REFIT_VEC(seg_t) segs_t;
+
+struct refit_gpu_digest {
+    int dev;
+    bool table;
+    cudaStream_t stream;
+    int16_t *kc;       /* 2 x 65536 column keys, lane 1 after lane 0 */
+    tile_t *tiles;     /* device */
+    uint64_t ntiles;
+    seg_t *segs;       /* device, table only: one per digestible placement */
+    uint64_t nsegs, entries;
+    uint32_t *out;     /* device: local sums (2 per placement) or the bad-placement flag */
+    uint32_t nplacements;
+    uint64_t row_seed, blk_seed;
+    void *scan_tmp;    /* table: CUB's scratch and the scanned copy */
+    size_t scan_tmp_bytes;
+    uint2 *scanned;
+};
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ULL;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dULL;
+    x ^= x >> 33;
+    return x;
+}
+
+__device__ __forceinline__ void block_mult(uint64_t blk_seed, uint64_t b, uint32_t m[2])
+{
+    if (b == 0) {
+        m[0] = m[1] = 1;
+        return;
+    }
+    uint64_t h = mix64(blk_seed + b * GOLDEN);
+    m[0] = (uint32_t)h | 1;
+    m[1] = (uint32_t)(h >> 32) | 1;
+}
+
+__device__ __forceinline__ uint32_t lo16(uint32_t w) { return (uint32_t)((int32_t)(w << 16) >> 16); }
+__device__ __forceinline__ uint32_t hi16(uint32_t w) { return (uint32_t)((int32_t)w >> 16); }
+
+/* The dots of 8 units already loaded (w) with the column keys at kidx (a multiple of 8). */
+__device__ __forceinline__ void chunk_of(uint4 w, const int16_t *kc, uint32_t kidx, uint32_t v[8], uint32_t d[2])
+{
+    uint4 a = __ldg((const uint4 *)(kc + kidx)), b = __ldg((const uint4 *)(kc + KCOLS_ + kidx));
+    uint32_t ws[4] = {w.x, w.y, w.z, w.w}, as[4] = {a.x, a.y, a.z, a.w}, bs[4] = {b.x, b.y, b.z, b.w};
+    d[0] = d[1] = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[2 * i] = lo16(ws[i]);
+        v[2 * i + 1] = hi16(ws[i]);
+        d[0] += lo16(as[i]) * v[2 * i] + hi16(as[i]) * v[2 * i + 1];
+        d[1] += lo16(bs[i]) * v[2 * i] + hi16(bs[i]) * v[2 * i + 1];
+    }
+}
+
+/* The 8 (or cnt < 8) units of one chunk, sign-extended, and their dots with the column keys. */
+__device__ __forceinline__ void chunk(const uint8_t *q, const int16_t *kc, uint32_t kidx, uint32_t cnt, bool vec,
+                                      uint32_t v[8], uint32_t d[2])
+{
+    d[0] = d[1] = 0;
+    if (vec && cnt == 8) {
+        chunk_of(__ldg((const uint4 *)q), kc, kidx, v, d);
+        return;
+    }
+    const uint16_t *u = (const uint16_t *)q;
+#pragma unroll
+    for (uint32_t i = 0; i < 8; i++) {
+        v[i] = 0;
+        if (i < cnt) {
+            v[i] = (uint32_t)(int32_t)(int16_t)u[i];
+            d[0] += (uint32_t)(int32_t)kc[kidx + i] * v[i];
+            d[1] += (uint32_t)(int32_t)kc[KCOLS_ + kidx + i] * v[i];
+        }
+    }
+}
+
+/* Receiver: acc += r(t,i) m(b) * dot(row i) per thread; one atomic per lane per tile into out[2 pl].  With
+ * COPY the tile is read from src_delta bytes further and written where it is hashed: copy and hash in
+ * one pass (the bytes hashed are the bytes written). */
+template <bool COPY>
+__global__ void __launch_bounds__(THREADS) local_tiles(const tile_t *tiles, const int16_t *kc, uint64_t row_seed,
+                                                       uint64_t blk_seed, int64_t src_delta, uint32_t *out)
+{
+    __shared__ uint32_t rk[TILE_ROWS][2];
+    __shared__ uint32_t red[THREADS / 32][2];
+    const tile_t s = tiles[blockIdx.x];
+    uint32_t m[2];
+    block_mult(blk_seed, s.j / KCOLS_, m);
+    for (uint32_t t = threadIdx.x; t < s.nrows; t += blockDim.x) {
+        uint64_t h = mix64((s.tid ^ row_seed) + (s.row + t) * GOLDEN);
+        rk[t][0] = ((uint32_t)h | 1) * m[0];
+        rk[t][1] = ((uint32_t)(h >> 32) | 1) * m[1];
+    }
+    __syncthreads();
+    uint8_t *base = (uint8_t *)s.p;
+    const uint32_t nch = (s.n + 7) / 8, total = s.nrows * nch, kbase = (uint32_t)(s.j % KCOLS_);
+    const bool vec = ((s.p | s.stride | (uint64_t)src_delta) & 15) == 0 && (kbase & 7) == 0;
+    uint32_t acc0 = 0, acc1 = 0;
+    uint32_t idx = threadIdx.x;
+    if (COPY && vec) /* two aligned chunks a step: both loads in flight before the stores */
+        for (; idx + blockDim.x < total; idx += 2 * blockDim.x) {
+            uint32_t ra = idx / nch, ua = (idx - ra * nch) * 8, i2 = idx + blockDim.x, rb = i2 / nch,
+                     ub = (i2 - rb * nch) * 8;
+            if (s.n - ua < 8 || s.n - ub < 8) break;
+            uint8_t *qa = base + ra * s.stride + 2 * (uint64_t)ua, *qb = base + rb * s.stride + 2 * (uint64_t)ub;
+            uint4 wa = __ldg((const uint4 *)(qa + src_delta)), wb = __ldg((const uint4 *)(qb + src_delta));
+            *(uint4 *)qa = wa;
+            *(uint4 *)qb = wb;
+            uint32_t v[8], d[2];
+            chunk_of(wa, kc, kbase + ua, v, d);
+            acc0 += rk[ra][0] * d[0];
+            acc1 += rk[ra][1] * d[1];
+            chunk_of(wb, kc, kbase + ub, v, d);
+            acc0 += rk[rb][0] * d[0];
+            acc1 += rk[rb][1] * d[1];
+        }
+    for (; idx < total; idx += blockDim.x) {
+        uint32_t row = idx / nch, u0 = (idx - row * nch) * 8, cnt = min(8u, s.n - u0), v[8], d[2];
+        uint8_t *q = base + row * s.stride + 2 * (uint64_t)u0;
+        if (COPY) {
+            if (vec && cnt == 8) *(uint4 *)q = __ldg((const uint4 *)(q + src_delta));
+            else
+                for (uint32_t i = 0; i < cnt; i++) ((uint16_t *)q)[i] = ((const uint16_t *)(q + src_delta))[i];
+        }
+        chunk(COPY ? q + src_delta : q, kc, kbase + u0, cnt, vec, v, d);
+        acc0 += rk[row][0] * d[0];
+        acc1 += rk[row][1] * d[1];
+    }
+    for (int o = 16; o; o >>= 1) {
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, o);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        red[threadIdx.x / 32][0] = acc0;
+        red[threadIdx.x / 32][1] = acc1;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t a0 = 0, a1 = 0;
+        for (uint32_t w = 0; w < blockDim.x / 32; w++) {
+            a0 += red[w][0];
+            a1 += red[w][1];
+        }
+        atomicAdd(&out[2 * s.pl], a0);
+        atomicAdd(&out[2 * s.pl + 1], a1);
+    }
+}
+
+/* Publisher: thread t keeps chunk column t % nch of rows t / nch, t / nch + per, ... (per = rows a pass
+ * covers), so its column sums r(t,i) v_ij stay in registers across rows; row dots go to shared memory;
+ * per tile, the row terms r m dot into the P slots and the column sums into the Q slots (atomics: a row
+ * wider than a tile, a placement of several items). */
+__global__ void __launch_bounds__(THREADS) table_tiles(const tile_t *tiles, const int16_t *kc, uint64_t row_seed,
+                                                       uint64_t blk_seed, uint32_t *tab)
+{
+    __shared__ uint32_t rk[TILE_ROWS][2], rd[TILE_ROWS][2];
+    __shared__ uint32_t g[TILE_UNITS][2];
+    const tile_t s = tiles[blockIdx.x];
+    uint32_t m[2];
+    block_mult(blk_seed, s.j / KCOLS_, m);
+    for (uint32_t t = threadIdx.x; t < s.nrows; t += blockDim.x) {
+        uint64_t h = mix64((s.tid ^ row_seed) + (s.row + t) * GOLDEN);
+        rk[t][0] = (uint32_t)h | 1;
+        rk[t][1] = (uint32_t)(h >> 32) | 1;
+        rd[t][0] = rd[t][1] = 0;
+    }
+    for (uint32_t u = threadIdx.x; u < s.n; u += blockDim.x) g[u][0] = g[u][1] = 0;
+    __syncthreads();
+    const uint8_t *base = (const uint8_t *)s.p;
+    const uint32_t nch = (s.n + 7) / 8, per = blockDim.x / nch, kbase = (uint32_t)(s.j % KCOLS_);
+    const bool vec = ((s.p | s.stride) & 15) == 0 && (kbase & 7) == 0;
+    const uint32_t ch = threadIdx.x % nch, u0 = ch * 8, cnt = min(8u, s.n - u0);
+    uint32_t g0[8] = {0}, g1[8] = {0};
+    if (threadIdx.x < per * nch) {
+        for (uint32_t row = threadIdx.x / nch; row < s.nrows; row += per) {
+            uint32_t v[8], d[2], r0 = rk[row][0], r1 = rk[row][1];
+            chunk(base + row * s.stride + 2 * (uint64_t)u0, kc, kbase + u0, cnt, vec, v, d);
+            atomicAdd(&rd[row][0], d[0]);
+            atomicAdd(&rd[row][1], d[1]);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                g0[i] += r0 * v[i];
+                g1[i] += r1 * v[i];
+            }
+        }
+        for (uint32_t i = 0; i < cnt; i++) {
+            atomicAdd(&g[u0 + i][0], g0[i]);
+            atomicAdd(&g[u0 + i][1], g1[i]);
+        }
+    }
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < s.nrows; t += blockDim.x) {
+        atomicAdd(&tab[2 * (s.pslot + t)], rk[t][0] * m[0] * rd[t][0]);
+        atomicAdd(&tab[2 * (s.pslot + t) + 1], rk[t][1] * m[1] * rd[t][1]);
+    }
+    for (uint32_t u = threadIdx.x; u < s.n; u += blockDim.x) {
+        atomicAdd(&tab[2 * (s.qslot + u)], g[u][0]);
+        atomicAdd(&tab[2 * (s.qslot + u) + 1], g[u][1]);
+    }
+}
+
+/* Q slots: column sums gamma_j -> K_j * gamma_j (K_j with its block's multiplier). */
+__global__ void q_keys(const seg_t *segs, const int16_t *kc, uint64_t blk_seed, uint32_t *tab)
+{
+    const seg_t s = segs[blockIdx.x];
+    for (uint64_t t = threadIdx.x; t < s.n; t += blockDim.x) {
+        uint64_t j = s.c + t, e = s.qstart + 1 + t;
+        uint32_t m[2];
+        block_mult(blk_seed, j / KCOLS_, m);
+        tab[2 * e] *= m[0] * (uint32_t)(int32_t)kc[j % KCOLS_];
+        tab[2 * e + 1] *= m[1] * (uint32_t)(int32_t)kc[KCOLS_ + j % KCOLS_];
+    }
+}
+
+struct add2 {
+    __device__ __forceinline__ uint2 operator()(const uint2 &a, const uint2 &b) const
+    {
+        return make_uint2(a.x + b.x, a.y + b.y);
+    }
+};
+
+/* Per placement: P and Q arrays = the scan minus the scan at their first slot (slot 0 holds 0); flags a
+ * placement whose totals differ. */
+__global__ void rebase(const seg_t *segs, const uint2 *scanned, uint2 *tab, uint32_t *bad)
+{
+    const seg_t s = segs[blockIdx.x];
+    const uint2 p0 = scanned[s.pstart], q0 = scanned[s.qstart];
+    for (uint64_t t = threadIdx.x; t <= s.nrows; t += blockDim.x) {
+        uint2 x = scanned[s.pstart + t];
+        tab[s.pstart + t] = make_uint2(x.x - p0.x, x.y - p0.y);
+    }
+    for (uint64_t t = threadIdx.x; t <= s.n; t += blockDim.x) {
+        uint2 x = scanned[s.qstart + t];
+        tab[s.qstart + t] = make_uint2(x.x - q0.x, x.y - q0.y);
+    }
+    if (threadIdx.x == 0) {
+        uint2 pe = scanned[s.pstart + s.nrows], qe = scanned[s.qstart + s.n];
+        if (pe.x - p0.x != qe.x - q0.x || pe.y - p0.y != qe.y - q0.y) atomicMin(bad, blockIdx.x);
+    }
+}
+
+/* ---- host side ------------------------------------------------------------ */
+
+/* Cuts item `it` into tiles (rows of TILE_ROWS, columns of TILE_UNITS not crossing a key block). */
+static int push_tiles(tiles_t *v, const refit_digest_item_t *it, uint64_t pbase, uint64_t qbase,
+                      uint64_t c)
+{
+    for (uint64_t r = 0; r < it->nrows; r += TILE_ROWS)
+        for (uint64_t u = 0; u < it->n;) {
+            uint64_t j = it->first_unit + u, len = REFIT_MIN(it->n - u, (uint64_t)TILE_UNITS);
+            len = REFIT_MIN(len, KCOLS_ - j % KCOLS_);
+            tile_t t = {.p = (uint64_t)(uintptr_t)(it->p + r * it->stride + 2 * u),
+                        .stride = it->stride,
+                        .tid = it->tensor_id,
+                        .row = it->row + r,
+                        .j = j,
+                        .pslot = pbase + 1 + it->rel + r,
+                        .qslot = qbase + 1 + (j - c),
+                        .nrows = (uint32_t)REFIT_MIN((uint64_t)TILE_ROWS, it->nrows - r),
+                        .n = (uint32_t)len,
+                        .pl = it->pl,
+                        .pad = 0};
+            if (REFIT_VEC_PUSH(v, t) < 0) return -1;
+            u += len;
+        }
+    return 0;
+}
+
+/* The table's P/Q segments of m (offsets in entries) and the tiles of its items. */
+static refit_status_t build_lists(const refit_manifest_t *m, const refit_digest_item_t *items, size_t nitems,
+                                  bool table, tiles_t *tiles, segs_t *segs)
+{
+    uint32_t np = refit_manifest_num_placements(m);
+    uint64_t *offs = (uint64_t *)malloc((np ? np : 1) * sizeof(uint64_t));
+    if (!offs) return refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: offsets");
+    refit_digest_table_offsets(m, offs);
+    /* Items are in placement order: at a placement's first, its box's rows from its last. */
+    uint64_t pbase = 0, qbase = 0;
+    for (size_t i = 0; i < nitems; i++) {
+        const refit_digest_item_t *it = &items[i];
+        if (i == 0 || items[i - 1].pl != it->pl) {
+            size_t last = i;
+            while (last + 1 < nitems && items[last + 1].pl == it->pl) last++;
+            uint64_t box_rows = items[last].rel + items[last].nrows;
+            pbase = table ? offs[it->pl] / 8 : 0;
+            qbase = pbase + box_rows + 1;
+            seg_t s = {.pstart = pbase, .nrows = box_rows, .qstart = qbase, .n = it->n, .c = it->first_unit};
+            if (table && REFIT_VEC_PUSH(segs, s) < 0) goto oom;
+        }
+        if (push_tiles(tiles, it, pbase, qbase, it->first_unit)) goto oom;
+    }
+    free(offs);
+    return REFIT_OK;
+oom:
+    free(offs);
+    return refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: work list");
+}
+
+extern "C" void refit_gpu_digest_destroy(refit_gpu_digest_t *g)
+{
+    if (!g) return;
+    devguard_t dg;
+    bool in = gpu_enter(g->dev, &dg) == REFIT_OK;
+    if (g->stream) cudaStreamDestroy(g->stream);
+    cudaFree(g->kc);
+    cudaFree(g->tiles);
+    cudaFree(g->segs);
+    cudaFree(g->out);
+    cudaFree(g->scan_tmp);
+    cudaFree(g->scanned);
+    if (in) gpu_leave(&dg);
+    free(g);
+}
+
+static refit_status_t upload(refit_gpu_digest_t *g, const refit_digest_key_t *k, const tile_t *tiles,
+                             const seg_t *segs)
+{
+    refit_status_t st = REFIT_OK;
+    CK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    CK(cudaMalloc(&g->kc, 2 * KCOLS_ * sizeof(int16_t)));
+    CK(cudaMemcpy(g->kc, refit_digest_key_columns(k, 0), KCOLS_ * sizeof(int16_t), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g->kc + KCOLS_, refit_digest_key_columns(k, 1), KCOLS_ * sizeof(int16_t), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&g->tiles, (g->ntiles ? g->ntiles : 1) * sizeof(tile_t)));
+    if (g->ntiles) CK(cudaMemcpy(g->tiles, tiles, g->ntiles * sizeof(tile_t), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&g->out, (g->table ? 1 : 2 * (size_t)(g->nplacements ? g->nplacements : 1)) * sizeof(uint32_t)));
+    if (!g->table) goto out;
+    CK(cudaMalloc(&g->segs, (g->nsegs ? g->nsegs : 1) * sizeof(seg_t)));
+    if (g->nsegs) CK(cudaMemcpy(g->segs, segs, g->nsegs * sizeof(seg_t), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&g->scanned, (g->entries ? g->entries : 1) * sizeof(uint2)));
+    CK(cub::DeviceScan::InclusiveScan(NULL, g->scan_tmp_bytes, (uint2 *)NULL, (uint2 *)NULL, add2(),
+                                      (int64_t)(g->entries ? g->entries : 1), g->stream));
+    CK(cudaMalloc(&g->scan_tmp, g->scan_tmp_bytes ? g->scan_tmp_bytes : 1));
+out:
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_digest_create(int dev, const refit_digest_key_t *k, const refit_manifest_t *m,
+                                                  void *const *bases, bool table, refit_gpu_digest_t **out)
+{
+    if (!k || !m || !bases || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_create: NULL argument");
+    refit_digest_item_t *items = NULL;
+    size_t nitems = 0;
+    refit_status_t st = refit_digest_items(k, m, (const void *const *)bases, table, &items, &nitems);
+    if (st) return st;
+    tiles_t tiles = {};
+    segs_t segs = {};
+    devguard_t dg = {-1};
+    refit_gpu_digest_t *g = (refit_gpu_digest_t *)calloc(1, sizeof(*g));
+    if (!g) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest");
+    if (!st) st = build_lists(m, items, nitems, table, &tiles, &segs);
+    if (!st && tiles.len > INT32_MAX) st = refit_error(REFIT_ERR_INVALID_ARG, "GPU digest: %zu tiles", tiles.len);
+    if (!st) st = gpu_enter(dev, &dg);
+    if (!st) {
+        g->dev = dev;
+        g->table = table;
+        g->ntiles = tiles.len;
+        g->nsegs = segs.len;
+        g->entries = refit_digest_table_bytes(m) / 8;
+        g->nplacements = refit_manifest_num_placements(m);
+        refit_digest_key_seeds(k, &g->row_seed, &g->blk_seed);
+        st = upload(g, k, tiles.data, segs.data);
+        gpu_leave(&dg);
+    }
+    free(items);
+    REFIT_VEC_FREE(&tiles);
+    REFIT_VEC_FREE(&segs);
+    if (st) {
+        refit_gpu_digest_destroy(g);
+        return st;
+    }
+    *out = g;
+    return REFIT_OK;
+}
+
+static refit_status_t local_run(refit_gpu_digest_t *g, int64_t src_delta, bool copy, void *sums)
+{
+    if (!g || !sums || g->table) return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_local_run: bad argument");
+    devguard_t dg;
+    refit_status_t st = gpu_enter(g->dev, &dg);
+    if (st) return st;
+    size_t bytes = 2 * (size_t)g->nplacements * sizeof(uint32_t);
+    CK(cudaMemsetAsync(g->out, 0, bytes ? bytes : 4, g->stream));
+    if (g->ntiles && copy)
+        local_tiles<true><<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed, g->blk_seed,
+                                                                          src_delta, g->out);
+    else if (g->ntiles)
+        local_tiles<false><<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed, g->blk_seed,
+                                                                           0, g->out);
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(sums, g->out, bytes, cudaMemcpyDeviceToHost, g->stream));
+    CK(cudaStreamSynchronize(g->stream));
+out:
+    gpu_leave(&dg);
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_digest_local_run(refit_gpu_digest_t *g, void *sums)
+{
+    return local_run(g, 0, false, sums);
+}
+
+extern "C" refit_status_t refit_gpu_digest_copy_run(refit_gpu_digest_t *g, int64_t src_delta, void *sums)
+{
+    return local_run(g, src_delta, true, sums);
+}
+
+extern "C" refit_status_t refit_gpu_digest_table_run(refit_gpu_digest_t *g, void *table)
+{
+    if (!g || !g->table || (!table && g->entries))
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_table_run: bad argument");
+    devguard_t dg;
+    refit_status_t st = gpu_enter(g->dev, &dg);
+    uint32_t bad = UINT32_MAX;
+    if (st) return st;
+    if (!g->entries) goto out;
+    CK(cudaMemsetAsync(table, 0, g->entries * 8, g->stream));
+    CK(cudaMemcpyAsync(g->out, &bad, 4, cudaMemcpyHostToDevice, g->stream));
+    if (g->ntiles) {
+        table_tiles<<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed, g->blk_seed,
+                                                                    (uint32_t *)table);
+        CK(cudaGetLastError());
+    }
+    q_keys<<<(unsigned)g->nsegs, THREADS, 0, g->stream>>>(g->segs, g->kc, g->blk_seed, (uint32_t *)table);
+    CK(cudaGetLastError());
+    CK(cub::DeviceScan::InclusiveScan(g->scan_tmp, g->scan_tmp_bytes, (const uint2 *)table, g->scanned, add2(),
+                                      (int64_t)g->entries, g->stream));
+    rebase<<<(unsigned)g->nsegs, THREADS, 0, g->stream>>>(g->segs, g->scanned, (uint2 *)table, g->out);
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(&bad, g->out, 4, cudaMemcpyDeviceToHost, g->stream));
+    CK(cudaStreamSynchronize(g->stream));
+    if (bad != UINT32_MAX)
+        st = refit_error(REFIT_ERR_INTERNAL,
+                         "GPU digest table: segment %u sums differently by rows and by columns: its memory changed "
+                         "during the fill",
+                         bad);
+out:
+    gpu_leave(&dg);
+    return st;
+}
