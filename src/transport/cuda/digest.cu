@@ -221,8 +221,14 @@ __global__ void __launch_bounds__(THREADS) table_tiles(const tile_t *tiles, cons
         for (uint32_t row = threadIdx.x / nch; row < s.nrows; row += per) {
             uint32_t v[8], d[2], r0 = rk[row][0], r1 = rk[row][1];
             chunk(base + row * s.stride + 2 * (uint64_t)u0, kc, kbase + u0, cnt, vec, v, d);
-            atomicAdd(&rd[row][0], d[0]);
-            atomicAdd(&rd[row][1], d[1]);
+            /* The lanes of this warp on the same row add their dots first (one shared atomic per row and
+             * warp instead of up to 32 on one address). */
+            uint32_t same = __match_any_sync(__activemask(), row);
+            uint32_t s0 = __reduce_add_sync(same, d[0]), s1 = __reduce_add_sync(same, d[1]);
+            if ((threadIdx.x & 31) == (uint32_t)(__ffs(same) - 1)) {
+                atomicAdd(&rd[row][0], s0);
+                atomicAdd(&rd[row][1], s1);
+            }
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 g0[i] += r0 * v[i];
