@@ -17,9 +17,9 @@
 
 #include "data/digest.h"
 #include "engine/engine.h"
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 #include "engine/memdom.h"
-#include "engine/relay.h"
+#include "engine/fleet/relay.h"
 #include "engine/stamp.h"
 #include "refit/delta.h"
 #include "refit/fp8.h"

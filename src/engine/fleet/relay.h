@@ -2,7 +2,7 @@
 #ifndef REFIT_ENGINE_RELAY_H
 #define REFIT_ENGINE_RELAY_H
 
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 
 #define REFIT_MAX_RELAYS 16
 

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/relay.h"
+#include "engine/fleet/relay.h"
 #include "engine/stamp.h"
 #include "engine/test_hooks.h"
 

@@ -66,7 +66,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 #include "plan/plan.h"
 
 uint64_t refit_fleet_origin(const refit_version_record_t *recs, const uint8_t *present, uint32_t world)

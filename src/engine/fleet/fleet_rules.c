@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 #include "plan/plan.h"
 
 bool refit_fleet_could_serve(const refit_fleet_sched_t *S, uint32_t h, const refit_fleet_chunk_t *c)
