@@ -280,9 +280,9 @@ REFIT_API const struct refit_fp8_target *refit_receiver_fp8_target(const refit_r
  *     of its transports writes GPU memory): one pull of the plan from the
  *     trainer ranks themselves;
  *   HOST_FLEET: the same memory, in chunks over every holder of the bytes:
- *     trainer ranks, their DP replicas and relays (a receiver that is a
- *     relay, a relay among the holders, a paced holder, or DP replicas over
- *     a network);
+ *     trainer ranks, their DP replicas and relays (a relay among the
+ *     holders, a paced holder, or over a network a receiver that is a relay
+ *     or bytes with two holders);
  *   GPU_DIRECT: GPU memory written by its transports (cuda_ipc), every
  *     source at once;
  *   GPU_FP8: an FP8 receiver (params.fp8): cuda_ipc quantizes the bf16
