@@ -63,8 +63,8 @@ refit_status_t refit_rx_transfer(pull_t *p)
          * as it was, one that failed while applying leaves it unusable:
          * either way the full transfer rewrites every byte, unless time is up. */
         if (st == REFIT_ERR_TIMEOUT || refit_now() > p->deadline) return st;
-        refit_log(REFIT_LOG_INFO, "%s: delta of version %" PRIu64 " not applied (%s); pulling in full", r->reader,
-                  p->v, refit_last_error());
+        refit_log(REFIT_LOG_INFO, "%s: delta of version %" PRIu64 " not applied (%s); pulling in full", r->reader, p->v,
+                  refit_last_error());
         rep->delta_base = rep->delta_units = rep->bytes = rep->requests = 0;
         rep->sources = 0;
     }

@@ -50,6 +50,10 @@ void refit_rx_append(char *buf, size_t size, const char *sep, const char *s)
 
 /* ---- the host path: every holder of the bytes ----------------------------- */
 
+/* While every holder is full, fleet_select looks again at least this often
+ * (seconds; a registry wait returns earlier when a record changes). */
+#define SELECT_POLL_S 0.02
+
 /* The holders of one fleet pull. */
 typedef struct {
     refit_fleet_holder_t *h;
@@ -137,7 +141,7 @@ static refit_status_t fleet_select(pull_t *p, holders_t *hs)
         if (left <= 0)
             return refit_error(REFIT_ERR_TIMEOUT, "every holder of version %" PRIu64 " stayed at %u readers", p->v,
                                cap);
-        refit_status_t st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.02) * 1e3) + 1);
+        refit_status_t st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, SELECT_POLL_S) * 1e3) + 1);
         if (st && st != REFIT_ERR_TIMEOUT) return st;
     }
 }

@@ -15,11 +15,11 @@
  * threads over shm, REFIT_FLEET_NET_WORKERS chunks in flight over a network:
  * holder_workers); a worker
  * claims the next chunk of its holder's share, and when that is done, free
- * chunks of a holder whose chunks take over 3x as long as its own:
+ * chunks of a holder whose chunks take over 3x as long as its own (REFIT_FLEET_SLOWER_RATIO):
  * equal holders serve equal bytes (egress balance), slow ones lose their
  * share to fast ones (work stealing).  A worker with
  * nothing left to claim re-reads a chunk another holder has had in flight for
- * more than 4x the mean chunk time (+100 ms): a slow source's tail is worked
+ * more than 4x the mean chunk time (+100 ms: REFIT_FLEET_REREAD_*): a slow source's tail is worked
  * around.  A holder that fails (its process died: process_vm_readv fails, the
  * peer breaks) is dropped and its chunk goes back to the queue, so a reader
  * fails over at once to the other holders of those bytes.  The pull fails only

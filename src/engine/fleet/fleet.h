@@ -192,6 +192,29 @@ typedef enum {
 refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding,
                                     bool defer_trainer);
 #define REFIT_FLEET_STICKY_MS 250
+
+/* The thresholds of the claim rules (fleet_rules.c), beside the grace above.
+ * A holder is clearly slower than another (its share may be taken, and it
+ * keeps one chunk in flight: held_back) when its seconds per byte are over
+ * REFIT_FLEET_SLOWER_RATIO times the other's once each has served
+ * REFIT_FLEET_SLOWER_CHUNKS chunks: CPU scheduling noise on a busy 2-core
+ * host stays under 3x, a link at a tenth of the speed does not. */
+#define REFIT_FLEET_SLOWER_RATIO 3.0
+#define REFIT_FLEET_SLOWER_CHUNKS 3
+/* ... or when a chunk of its has been in flight for over
+ * REFIT_FLEET_STUCK_RATIO times what the other would take for it, plus
+ * REFIT_FLEET_STUCK_S seconds (a stuck source is found before its first
+ * chunks are counted; the margin keeps tiny chunks out of it). */
+#define REFIT_FLEET_STUCK_RATIO 10.0
+#define REFIT_FLEET_STUCK_S 0.1
+/* A worker with nothing left to claim re-reads a chunk another holder has
+ * had in flight for over REFIT_FLEET_REREAD_RATIO times the mean chunk time
+ * plus REFIT_FLEET_REREAD_S seconds (a slow source's tail is worked around,
+ * an ordinary chunk's jitter is not); before any chunk is done the mean is
+ * taken as REFIT_FLEET_FIRST_MEAN_S (20 ms: a 2 MiB chunk over a slow link). */
+#define REFIT_FLEET_REREAD_RATIO 4.0
+#define REFIT_FLEET_REREAD_S 0.1
+#define REFIT_FLEET_FIRST_MEAN_S 0.02
 /* Whether a holder with `readers` load tokens takes one more (max_readers 0: no limit). */
 bool refit_fleet_room(uint32_t readers, uint32_t max_readers);
 
