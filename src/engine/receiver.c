@@ -100,8 +100,7 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     }
     /* The route (receiver_path.c); relays only on the host path, the one that reads and serves them. */
     if ((st = refit_rx_route(r, &r->route))) goto err;
-    if (r->route == REFIT_RX_PATH_HOST_FLEET && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays)))
-        goto err;
+    if (refit_rx_host_route(r) && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
     if (!r->params.no_digest &&
         ((st = refit_digest_key_create(refit_registry_key(r->reg, REFIT_KEY_DIGEST), &r->dkey)) ||
          !(r->dlocal = calloc(m->placements.len ? m->placements.len : 1, sizeof(refit_dsum_t))))) {
@@ -376,10 +375,10 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     bool made;
     if ((st = refit_rx_plan_for(&p, &made))) goto out;
     refit_relays_learn(r->relays, &r->ts); /* the host path: the relays there are now (NULL: none) */
-    bool host_path = r->route == REFIT_RX_PATH_HOST_FLEET;
     for (uint32_t k = 0; k < r->world; k++) {
         p.tix[k] = -1;
-        if (host_path || !refit_plan_source_bytes(p.cp->plan, k)) continue; /* the host path picks holders per pull */
+        if (refit_rx_host_route(r) || !refit_plan_source_bytes(p.cp->plan, k))
+            continue; /* the host path picks holders per pull */
         if ((st = refit_rx_connect_recorded(r, &p.s, k, &p.tix[k]))) goto out;
     }
     /* What the transports build on a first pull (cuda_ipc: its copy or FP8

@@ -167,8 +167,7 @@ static refit_status_t check_table(pull_t *p, uint32_t j, uint64_t *total)
 
 /* 3. The payloads of the chunks the plan reads from source region j
  * (neighbours merged), appended to *regs. */
-static refit_status_t payload_fetches(pull_t *p, uint32_t j, refit_plan_region_t **regs, size_t *nregs,
-                                      size_t *capregs)
+static refit_status_t payload_fetches(pull_t *p, uint32_t j, refit_plan_region_t **regs, size_t *nregs, size_t *capregs)
 {
     delta_src_t *d = &p->cp->dsrc[j];
     const refit_manifest_t *m = p->r->src[d->src].m;

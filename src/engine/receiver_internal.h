@@ -157,6 +157,8 @@ refit_status_t refit_rx_connect_recorded(refit_receiver_t *r, const snapshot_t *
 /* The route of receiver r at create (r->params, r->fp8 and r->ts set):
  * REFIT_ERR_UNSUPPORTED when none fits (an FP8 receiver without cuda_ipc). */
 refit_status_t refit_rx_route(const refit_receiver_t *r, refit_rx_path_t *out);
+/* Whether r's route is the host path (holders, relays; r->route HOST_FLEET). */
+static inline bool refit_rx_host_route(const refit_receiver_t *r) { return r->route == REFIT_RX_PATH_HOST_FLEET; }
 /* Steps 4 and 5 of a pull: the delta when the sources offer one, else (or
  * when it fails short of the deadline) the full transfer; p->rep->path
  * says which ran. */
