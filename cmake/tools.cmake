@@ -35,10 +35,10 @@ target_compile_definitions(refit_tool_pure PRIVATE _GNU_SOURCE)
 # tools/sim/sim.h, uses public types only; its sources are compiled against
 # the library's internal headers (-I src, private to this target), because a
 # model of the engine runs the engine's own scheduling rules
-# (src/engine/fleet_rules.c, built a second time here: pure functions of the
+# (src/engine/fleet/fleet_rules.c, built a second time here: pure functions of the
 # scheduling state, with time passed in).
 file(GLOB REFIT_SIM_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tools/sim/*.c)
-add_library(refit_sim STATIC ${REFIT_SIM_SOURCES} ${CMAKE_SOURCE_DIR}/src/engine/fleet_rules.c)
+add_library(refit_sim STATIC ${REFIT_SIM_SOURCES} ${CMAKE_SOURCE_DIR}/src/engine/fleet/fleet_rules.c)
 target_include_directories(refit_sim PRIVATE ${CMAKE_SOURCE_DIR}/src PUBLIC ${CMAKE_SOURCE_DIR}/tools/sim
                                                                          ${CMAKE_SOURCE_DIR}/include)
 target_compile_options(refit_sim PRIVATE ${REFIT_WARNINGS} -fvisibility=hidden)

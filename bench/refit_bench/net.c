@@ -7,7 +7,7 @@
  * Links, two ways:
  *   --net shm    every process on this host's shared memory; slow links are
  *                emulated with REFIT_TEST_THROTTLE (a per-reader pacing of one
- *                holder's chunks; see src/engine/fleet.c).
+ *                holder's chunks; see src/engine/fleet/fleet.c).
  *   --net netns  (fanout's default when root, iproute2 and UCX are here)
  *                every process is a node of its own: a network namespace on a
  *                veth port of one bridge, its egress and its ingress each

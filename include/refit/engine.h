@@ -272,6 +272,35 @@ REFIT_API const struct refit_fp8_target *refit_receiver_fp8_target(const refit_r
 
 #define REFIT_VERSION_NEWEST UINT64_MAX
 
+/* The way a pull's bytes came (refit_pull_report_t.path), decided by the
+ * receiver: at create from its params, its memory and its transports (the
+ * host path, or its GPU's), then per pull from what the sources offer (a
+ * delta) and, on the host path, from the holders it picked.
+ *   HOST_DIRECT: host memory (or a GPU receiver's pinned staging, when none
+ *     of its transports writes GPU memory): one pull of the plan from the
+ *     trainer ranks themselves;
+ *   HOST_FLEET: the same memory, in chunks over every holder of the bytes:
+ *     trainer ranks, their DP replicas and relays (a relay among the
+ *     holders, a paced holder, or over a network a receiver that is a relay
+ *     or bytes with two holders);
+ *   GPU_DIRECT: GPU memory written by its transports (cuda_ipc), every
+ *     source at once;
+ *   GPU_FP8: an FP8 receiver (params.fp8): cuda_ipc quantizes the bf16
+ *     sources into its FP8 arena;
+ *   DELTA: the delta from the version this memory held, applied in place;
+ *   NONE: no bytes moved (the pull failed before its transfer). */
+typedef enum {
+    REFIT_RX_PATH_NONE = 0,
+    REFIT_RX_PATH_HOST_DIRECT = 1,
+    REFIT_RX_PATH_HOST_FLEET = 2,
+    REFIT_RX_PATH_GPU_DIRECT = 3,
+    REFIT_RX_PATH_GPU_FP8 = 4,
+    REFIT_RX_PATH_DELTA = 5,
+} refit_rx_path_t;
+/* "none", "host_direct", "host_fleet", "gpu_direct", "gpu_fp8", "delta";
+ * "unknown" for a value not in the list.  A static string. */
+REFIT_API const char *refit_rx_path_name(refit_rx_path_t path);
+
 typedef struct {
     size_t size;             /* sizeof(refit_pull_report_t) as the caller compiled it: REFIT_PULL_REPORT_INIT */
     uint64_t version;        /* the version pulled */
@@ -308,6 +337,7 @@ typedef struct {
      * the registry and the leases alone). */
     double stamp_ms;
     uint32_t unstamped_sources;
+    uint32_t path; /* refit_rx_path_t: the way the bytes came (refit_rx_path_name) */
 } refit_pull_report_t;
 #ifdef __cplusplus
 #define REFIT_PULL_REPORT_INIT      \

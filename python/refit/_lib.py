@@ -55,7 +55,7 @@ class PullReportC(C.Structure):
                 ("begin_s", C.c_double), ("end_s", C.c_double), ("transfer_begin_s", C.c_double),
                 ("delta_base", C.c_uint64), ("delta_units", C.c_uint64), ("digest_bytes", C.c_uint64),
                 ("unverified_bytes", C.c_uint64), ("digest_ms", C.c_double), ("stamp_ms", C.c_double),
-                ("unstamped_sources", C.c_uint32)]
+                ("unstamped_sources", C.c_uint32), ("path", C.c_uint32)]
 
 
 class HolderStatC(C.Structure):
@@ -106,6 +106,7 @@ ST = C.c_int  # refit_status_t
 # name: (restype, argtypes)
 _API = {
     "refit_status_name": (C.c_char_p, [C.c_int]),
+    "refit_rx_path_name": (C.c_char_p, [C.c_int]),
     "refit_status_message": (C.c_char_p, [C.c_int]),
     "refit_last_error": (C.c_char_p, []),
     "refit_clear_error": (None, []),

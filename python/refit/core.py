@@ -716,6 +716,7 @@ class PullReport:
     digest_ms: float = 0.0  # hashing, fetching and comparing digests (part of verify_ms)
     stamp_ms: float = 0.0  # reading the sources' version stamps before and after (docs/security.md)
     unstamped_sources: int = 0  # sources read without a version stamp (GPU publishers)
+    path: str = "none"  # the way the bytes came: host_direct, host_fleet, gpu_direct, gpu_fp8, delta (refit_rx_path_t)
 
 
 @dataclass
@@ -767,7 +768,7 @@ class Receiver(_Endpoint):
                           rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
                           rep.transport.decode(), rep.lanes.decode(), rep.connect_ms, rep.delta_base,
                           rep.digest_bytes, rep.unverified_bytes, rep.digest_ms, rep.stamp_ms,
-                          rep.unstamped_sources)
+                          rep.unstamped_sources, lib.refit_rx_path_name(rep.path).decode())
 
     def prepare(self, timeout_ms: int = 60000) -> float:
         """Gets ready for the first pull without moving bytes (refit_receiver_prepare): waits up to timeout_ms

@@ -98,24 +98,9 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
         free(opts);
         if (st) goto err;
     }
-    /* The fleet path (chunks, holders, relays) runs in host memory: a GPU
-     * receiver takes it when none of its transports writes GPU memory, so
-     * that every pull goes through its pinned staging anyway (relays then
-     * serve from the staging). */
-    bool host_path = r->params.device < 0;
-    if (!host_path) {
-        host_path = true;
-        for (uint32_t t = 0; t < r->ts.n; t++)
-            if (refit_transport_caps(r->ts.ops[t]) & REFIT_TCAP_DEVICE_DST) host_path = false;
-    }
-    if (host_path && r->fp8) {
-        st = refit_error(REFIT_ERR_UNSUPPORTED,
-                         "an FP8 receiver quantizes on the GPU through cuda_ipc, which is not among "
-                         "its transports (\"%s\")",
-                         refit_transports_for_device(r->params.transports, r->params.device));
-        goto err;
-    }
-    if (host_path && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
+    /* The route (receiver_path.c); relays only on the host path, the one that reads and serves them. */
+    if ((st = refit_rx_route(r, &r->route))) goto err;
+    if (refit_rx_host_route(r) && (st = refit_relays_open(r->reg, r->group, m, &r->params, &r->relays))) goto err;
     if (!r->params.no_digest &&
         ((st = refit_digest_key_create(refit_registry_key(r->reg, REFIT_KEY_DIGEST), &r->dkey)) ||
          !(r->dlocal = calloc(m->placements.len ? m->placements.len : 1, sizeof(refit_dsum_t))))) {
@@ -309,21 +294,8 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     /* What the sources' memory says it holds, before a byte moves. */
     if ((st = refit_rx_check_stamps(&p, false))) goto out;
     double t2 = refit_now();
-    /* 4 and 5: the delta when the sources offer one, else (or when it fails) in full. */
-    bool delta_done = false;
-    if (refit_rx_delta_eligible(&p)) {
-        if (!(st = refit_rx_delta_pull(&p))) {
-            delta_done = true;
-        } else if (st == REFIT_ERR_TIMEOUT || refit_now() > deadline) {
-            goto out;
-        } else {
-            refit_log(REFIT_LOG_INFO, "%s: delta of version %" PRIu64 " not applied (%s); pulling in full", r->reader,
-                      v, refit_last_error());
-            rep->delta_base = rep->delta_units = rep->bytes = rep->requests = 0;
-            rep->sources = 0;
-        }
-    }
-    if (!delta_done && (st = refit_rx_full_transfer(&p))) goto out;
+    /* 4 and 5: the delta when the sources offer one, else (or when it fails) in full (receiver_path.c). */
+    if ((st = refit_rx_transfer(&p))) goto out;
     if ((st = recheck_sources(&p))) goto out;
     double t3 = refit_now();
     rep->transfer_ms = (t3 - t2) * 1e3;
@@ -402,10 +374,11 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     }
     bool made;
     if ((st = refit_rx_plan_for(&p, &made))) goto out;
-    refit_relays_learn(r->relays, &r->ts); /* the fleet path: the relays there are now (NULL: none) */
+    refit_relays_learn(r->relays, &r->ts); /* the host path: the relays there are now (NULL: none) */
     for (uint32_t k = 0; k < r->world; k++) {
         p.tix[k] = -1;
-        if (r->relays || !refit_plan_source_bytes(p.cp->plan, k)) continue; /* the fleet path picks holders per pull */
+        if (refit_rx_host_route(r) || !refit_plan_source_bytes(p.cp->plan, k))
+            continue; /* the host path picks holders per pull */
         if ((st = refit_rx_connect_recorded(r, &p.s, k, &p.tix[k]))) goto out;
     }
     /* What the transports build on a first pull (cuda_ipc: its copy or FP8

@@ -98,114 +98,118 @@ static refit_status_t push_region(refit_plan_region_t **regs, size_t *n, size_t 
     return REFIT_OK;
 }
 
-refit_status_t refit_rx_delta_pull(pull_t *p)
+/* Connects every source the deltas come from (host memory only: the deltas
+ * apply there); rep->sources, rep->connect_ms. */
+static refit_status_t delta_connect(pull_t *p)
 {
     refit_receiver_t *r = p->r;
-    refit_pull_report_t *rep = p->rep;
     cached_plan_t *cp = p->cp;
-    uint64_t v = p->v;
-    refit_status_t st;
     double tc = refit_now();
-    r->nholders = 0; /* not a fleet pull: no holders to report */
-    if ((st = delta_sources(r, cp))) return st;
     for (uint32_t k = 0; k < r->world; k++) p->tix[k] = -1;
-    rep->sources = 0;
+    p->rep->sources = 0;
     for (uint32_t j = 0; j < cp->ndsrc; j++) {
         uint32_t k = cp->dsrc[j].src;
         if (p->tix[k] >= 0) continue;
-        if ((st = refit_rx_connect_recorded(r, &p->s, k, &p->tix[k]))) return st;
+        refit_status_t st = refit_rx_connect_recorded(r, &p->s, k, &p->tix[k]);
+        if (st) return st;
         if (!(refit_transport_caps(r->ts.ops[p->tix[k]]) & REFIT_TCAP_HOST_DST))
             return refit_error(REFIT_ERR_TRANSPORT, "transport %s cannot write host memory",
                                r->ts.ops[p->tix[k]]->name);
-        rep->sources++;
+        p->rep->sources++;
     }
-    rep->connect_ms = (refit_now() - tc) * 1e3;
-    uint32_t nd = cp->ndsrc;
-    refit_plan_region_t *regs = NULL;
-    uint64_t *total = NULL;
-    void **bufs = calloc(nd, sizeof(void *));
-    size_t nregs = 0, capregs = 0;
-    if (!bufs) return refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
-    rep->transport[0] = rep->lanes[0] = '\0';
-    /* 1. Headers and chunk tables (their size follows from the region's). */
-    for (uint32_t j = 0; j < nd; j++) {
-        delta_src_t *d = &cp->dsrc[j];
-        if ((st = wire_reserve(d, refit_delta_table_bytes(r->src[d->src].m->regions.data[d->region])))) goto out;
-        bufs[j] = d->wire;
-    }
-    if (!(regs = calloc(nd, sizeof(*regs)))) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
-        goto out;
-    }
-    for (uint32_t j = 0; j < nd; j++) {
+    p->rep->connect_ms = (refit_now() - tc) * 1e3;
+    return REFIT_OK;
+}
+
+/* 1. Headers and chunk tables (their size follows from the region's), each
+ * into its source region's buffer (bufs[j]); regs: room for one fetch each. */
+static refit_status_t fetch_tables(pull_t *p, void **bufs, refit_plan_region_t *regs)
+{
+    refit_receiver_t *r = p->r;
+    cached_plan_t *cp = p->cp;
+    refit_status_t st;
+    for (uint32_t j = 0; j < cp->ndsrc; j++) {
         delta_src_t *d = &cp->dsrc[j];
         const refit_manifest_t *m = r->src[d->src].m;
+        if ((st = wire_reserve(d, refit_delta_table_bytes(m->regions.data[d->region])))) return st;
+        bufs[j] = d->wire;
         regs[j] = (refit_plan_region_t){.src = d->src,
                                         .src_region = (uint32_t)m->regions.len + d->region,
                                         .dst_region = j,
                                         .run = refit_delta_table_bytes(m->regions.data[d->region])};
     }
-    if ((st = refit_rx_raw_pull(p, regs, nd, bufs, rep))) goto out;
-    /* 2. Each must take `committed` to v, for this region's size. */
-    if (!(total = calloc(nd, sizeof(uint64_t)))) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
-        goto out;
+    return refit_rx_raw_pull(p, regs, cp->ndsrc, bufs, p->rep);
+}
+
+/* 2. Source region j's table must take `committed` to v, for this region's
+ * size; *total: the bytes of its delta (the buffer grown to them). */
+static refit_status_t check_table(pull_t *p, uint32_t j, uint64_t *total)
+{
+    refit_receiver_t *r = p->r;
+    delta_src_t *d = &p->cp->dsrc[j];
+    uint64_t rb = r->src[d->src].m->regions.data[d->region], tb = refit_delta_table_bytes(rb);
+    refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
+    refit_status_t st = refit_delta_info(d->wire, tb, &info);
+    if (st) {
+        refit_error_prefix("delta of source rank %u region %u", d->src, d->region);
+        return st;
     }
-    for (uint32_t j = 0; j < nd && !st; j++) {
-        delta_src_t *d = &cp->dsrc[j];
-        uint64_t rb = r->src[d->src].m->regions.data[d->region], tb = refit_delta_table_bytes(rb);
-        refit_delta_info_t info = REFIT_DELTA_INFO_INIT;
-        if ((st = refit_delta_info(d->wire, tb, &info))) {
-            refit_error_prefix("delta of source rank %u region %u", d->src, d->region);
-            break;
+    if (info.base_version != r->committed || info.version != p->v || info.region_bytes != rb ||
+        info.header_bytes != tb || info.total_bytes > tb + rb)
+        return refit_error(REFIT_ERR_STALE,
+                           "source rank %u region %u offers a delta from %" PRIu64 " to %" PRIu64 " (%" PRIu64
+                           " bytes of %" PRIu64 "); wanted %" PRIu64 " to %" PRIu64,
+                           d->src, d->region, info.base_version, info.version, info.total_bytes, info.region_bytes,
+                           r->committed, p->v);
+    *total = info.total_bytes;
+    return wire_reserve(d, *total);
+}
+
+/* 3. The payloads of the chunks the plan reads from source region j
+ * (neighbours merged), appended to *regs. */
+static refit_status_t payload_fetches(pull_t *p, uint32_t j, refit_plan_region_t **regs, size_t *nregs, size_t *capregs)
+{
+    delta_src_t *d = &p->cp->dsrc[j];
+    const refit_manifest_t *m = p->r->src[d->src].m;
+    uint64_t nch;
+    const uint8_t *need = refit_delta_index_need(d->ix, &nch);
+    uint64_t lo = 0, hi = 0;
+    refit_status_t st = REFIT_OK;
+    for (uint64_t c = 0; c <= nch && !st; c++) {
+        uint64_t off = 0, len = 0;
+        if (c < nch && need[c]) refit_delta_chunk_payload(d->wire, c, &off, &len);
+        if (len && off == hi && hi > lo) {
+            hi += len;
+            continue;
         }
-        if (info.base_version != r->committed || info.version != v || info.region_bytes != rb ||
-            info.header_bytes != tb || info.total_bytes > tb + rb) {
-            st = refit_error(REFIT_ERR_STALE,
-                             "source rank %u region %u offers a delta from %" PRIu64 " to %" PRIu64 " (%" PRIu64
-                             " bytes of %" PRIu64 "); wanted %" PRIu64 " to %" PRIu64,
-                             d->src, d->region, info.base_version, info.version, info.total_bytes, info.region_bytes,
-                             r->committed, v);
-            break;
-        }
-        total[j] = info.total_bytes;
-        if ((st = wire_reserve(d, total[j]))) break;
-        bufs[j] = d->wire;
-        /* 3. The payloads of the chunks the plan reads (neighbours merged). */
-        uint64_t nch;
-        const uint8_t *need = refit_delta_index_need(d->ix, &nch);
-        uint64_t lo = 0, hi = 0;
-        for (uint64_t c = 0; c <= nch && !st; c++) {
-            uint64_t off = 0, len = 0;
-            if (c < nch && need[c]) refit_delta_chunk_payload(d->wire, c, &off, &len);
-            if (len && off == hi && hi > lo) {
-                hi += len;
-                continue;
-            }
-            if (hi > lo) {
-                const refit_manifest_t *m = r->src[d->src].m;
-                st = push_region(&regs, &nregs, &capregs,
-                                 (refit_plan_region_t){.src = d->src,
-                                                       .src_region = (uint32_t)m->regions.len + d->region,
-                                                       .src_offset = lo,
-                                                       .dst_region = j,
-                                                       .dst_offset = lo,
-                                                       .run = hi - lo});
-            }
-            lo = off;
-            hi = off + len;
-        }
+        if (hi > lo)
+            st = push_region(regs, nregs, capregs,
+                             (refit_plan_region_t){.src = d->src,
+                                                   .src_region = (uint32_t)m->regions.len + d->region,
+                                                   .src_offset = lo,
+                                                   .dst_region = j,
+                                                   .dst_offset = lo,
+                                                   .run = hi - lo});
+        lo = off;
+        hi = off + len;
     }
-    if (!st && nregs) st = refit_rx_raw_pull(p, regs, nregs, bufs, rep);
-    /* 4. Apply: from here the memory holds a partial version until committed. */
-    if (!st) {
-        refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
-        r->usable = false;
-        r->stage_version = 0; /* the staging is being written too (GPU) */
-    }
+    return st;
+}
+
+/* 4. Apply: from here the memory holds a partial version until committed
+ * (GPU memory: the staging, then copied up). */
+static refit_status_t delta_apply(pull_t *p, const uint64_t *total)
+{
+    refit_receiver_t *r = p->r;
+    refit_pull_report_t *rep = p->rep;
+    cached_plan_t *cp = p->cp;
+    refit_status_t st = REFIT_OK;
+    refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
+    r->usable = false;
+    r->stage_version = 0; /* the staging is being written too (GPU) */
     bool gpu = r->params.device >= 0;
     void *const *dst = gpu ? r->stage : r->mem;
-    for (uint32_t j = 0; j < nd && !st; j++) {
+    for (uint32_t j = 0; j < cp->ndsrc && !st; j++) {
         refit_delta_apply_stats_t as = REFIT_DELTA_APPLY_STATS_INIT;
         st = refit_delta_apply_threads(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, dst, r->params.threads,
                                        &as);
@@ -221,7 +225,31 @@ refit_status_t refit_rx_delta_pull(pull_t *p)
         rep->delta_base = r->committed;
         refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(delta)");
     }
-out:
+    return st;
+}
+
+refit_status_t refit_rx_delta_pull(pull_t *p)
+{
+    refit_receiver_t *r = p->r;
+    cached_plan_t *cp = p->cp;
+    refit_status_t st;
+    r->nholders = 0; /* not a fleet pull: no holders to report */
+    if ((st = delta_sources(r, cp)) || (st = delta_connect(p))) return st;
+    uint32_t nd = cp->ndsrc;
+    size_t nregs = 0, capregs = nd;
+    void **bufs = calloc(nd, sizeof(void *));
+    refit_plan_region_t *regs = calloc(nd ? nd : 1, sizeof(*regs));
+    uint64_t *total = calloc(nd ? nd : 1, sizeof(uint64_t));
+    if (!bufs || !regs || !total) st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
+    p->rep->transport[0] = p->rep->lanes[0] = '\0';
+    if (!st) st = fetch_tables(p, bufs, regs);
+    for (uint32_t j = 0; j < nd && !st; j++) {
+        if ((st = check_table(p, j, &total[j]))) break;
+        bufs[j] = cp->dsrc[j].wire;
+        st = payload_fetches(p, j, &regs, &nregs, &capregs);
+    }
+    if (!st && nregs) st = refit_rx_raw_pull(p, regs, nregs, bufs, p->rep);
+    if (!st) st = delta_apply(p, total);
     free(total);
     free(regs);
     free(bufs);

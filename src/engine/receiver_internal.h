@@ -5,8 +5,11 @@
  *                        a complete version and lease it, (re)load manifests;
  *   receiver_plan.c      the plan cache (keyed by the manifests' signatures)
  *                        and the connections to sources;
- *   receiver_transfer.c  the full transfer: direct, or the fleet path (every
- *                        holder, in chunks), then the padding;
+ *   receiver_path.c      the receiver's path (refit_rx_path_t): its route at
+ *                        create, delta or full per pull;
+ *   receiver_transfer.c  the full transfer: the host path (every holder:
+ *                        direct, or in chunks) or the GPU path, then the
+ *                        padding;
  *   receiver_delta.c     the delta path: chunk tables, payloads, apply;
  *   receiver_verify.c    content digests and the synthetic truth;
  *   receiver.c           the public functions, the order of the stages, the
@@ -17,9 +20,9 @@
 
 #include "data/digest.h"
 #include "engine/engine.h"
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 #include "engine/memdom.h"
-#include "engine/relay.h"
+#include "engine/fleet/relay.h"
 #include "engine/stamp.h"
 #include "refit/delta.h"
 #include "refit/fp8.h"
@@ -80,7 +83,12 @@ struct refit_receiver {
     /* during a pull */
     uint64_t lease_version, lease_token;
     double lease_renewed;
-    /* fleet (relay.c, fleet.c): relays, and the holders of the last pull */
+    /* The full transfer's path, decided at create (refit_rx_route):
+     * HOST_FLEET names the host path (a pull runs direct when its holders
+     * qualify), GPU_DIRECT or GPU_FP8 the GPU path. */
+    refit_rx_path_t route;
+    /* the host path (fleet/relay.c, fleet/fleet.c): relays (NULL on the GPU
+     * path), and the holders of the last pull */
     refit_relays_t *relays;
     refit_holder_stat_t *holders;
     size_t nholders;
@@ -145,13 +153,25 @@ refit_status_t refit_rx_connect(refit_receiver_t *r, uint32_t k, uint32_t b, int
 /* Connects source k for the buffer its record names. */
 refit_status_t refit_rx_connect_recorded(refit_receiver_t *r, const snapshot_t *s, uint32_t k, int *tidx);
 
+/* receiver_path.c */
+/* The route of receiver r at create (r->params, r->fp8 and r->ts set):
+ * REFIT_ERR_UNSUPPORTED when none fits (an FP8 receiver without cuda_ipc). */
+refit_status_t refit_rx_route(const refit_receiver_t *r, refit_rx_path_t *out);
+/* Whether r's route is the host path (holders, relays; r->route HOST_FLEET). */
+static inline bool refit_rx_host_route(const refit_receiver_t *r) { return r->route == REFIT_RX_PATH_HOST_FLEET; }
+/* Steps 4 and 5 of a pull: the delta when the sources offer one, else (or
+ * when it fails short of the deadline) the full transfer; p->rep->path
+ * says which ran. */
+refit_status_t refit_rx_transfer(pull_t *p);
+
 /* receiver_transfer.c */
 /* The lease (and relay tokens) renewed at their pace: a transport's tick. */
 refit_status_t refit_rx_tick(void *user);
 /* Appends sep (if buf is not empty) and s to buf, truncating. */
 void refit_rx_append(char *buf, size_t size, const char *sep, const char *s);
-/* Steps 4 and 5 of a full pull: peers for the sources the plan reads (the
- * fleet path: every holder), then the transfer and the padding. */
+/* The full transfer on r->route's path: peers for the sources the plan
+ * reads (the host path: every holder), then the transfer and the padding;
+ * p->rep->path says which way the bytes came. */
 refit_status_t refit_rx_full_transfer(pull_t *p);
 /* Reads n byte ranges of sources' memory: regs[i] reads from source regs[i].src
  * (its region regs[i].src_region) into bufs[regs[i].dst_region], one

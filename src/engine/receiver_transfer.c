@@ -1,9 +1,18 @@
-/* Receivers, the full transfer: peers for the sources the plan reads, the
- * transfer (every transport, every source at once; or the fleet path: every
- * holder of the bytes, relays included, in chunks), then the padding.
+/* Receivers, the full transfer: the receiver's path (r->route, decided at
+ * create: receiver_path.c) connects and moves the bytes, the steps around it
+ * are the same for every path: the memory marked unusable, the padding, the
+ * copy up from the staging.
  *
+ * Two paths, each a connect and a move (rx_path_ops_t):
+ *   the host path: every holder of the bytes (trainer ranks, their DP
+ *     replicas, relays: fleet_select); the pull then runs as one direct pull
+ *     of the plan when the holders qualify (REFIT_RX_PATH_HOST_DIRECT), else
+ *     in chunks over all of them (REFIT_RX_PATH_HOST_FLEET): host_run;
+ *   the GPU path: the sources the plan reads, every transport, every source
+ *     at once (REFIT_RX_PATH_GPU_DIRECT; an FP8 receiver's transport
+ *     quantizes: REFIT_RX_PATH_GPU_FP8).
  * GPU memory that a transport cannot write is pulled into pinned host
- * staging and copied up region by region; the fleet path runs in host
+ * staging and copied up region by region; the host path runs in host
  * memory, so a GPU receiver on it always goes through its staging. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -39,7 +48,11 @@ void refit_rx_append(char *buf, size_t size, const char *sep, const char *s)
     buf[len + n] = '\0';
 }
 
-/* ---- fleet path (host memory): every holder of the bytes, in chunks ------- */
+/* ---- the host path: every holder of the bytes ----------------------------- */
+
+/* While every holder is full, fleet_select looks again at least this often
+ * (seconds; a registry wait returns earlier when a record changes). */
+#define SELECT_POLL_S 0.02
 
 /* The holders of one fleet pull. */
 typedef struct {
@@ -128,7 +141,7 @@ static refit_status_t fleet_select(pull_t *p, holders_t *hs)
         if (left <= 0)
             return refit_error(REFIT_ERR_TIMEOUT, "every holder of version %" PRIu64 " stayed at %u readers", p->v,
                                cap);
-        refit_status_t st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, 0.02) * 1e3) + 1);
+        refit_status_t st = refit_registry_wait(r->reg, (int)(REFIT_MIN(left, SELECT_POLL_S) * 1e3) + 1);
         if (st && st != REFIT_ERR_TIMEOUT) return st;
     }
 }
@@ -146,9 +159,55 @@ static void fleet_marked(void *user)
     refit_relays_marked(r->relays);
 }
 
-/* The chunked transfer over the holders into dst; on return the holders'
- * statistics are the receiver's (refit_receiver_holders), p->tix names the
- * trainer ranks read and *used the holders that served chunks. */
+/* The host path's decision, per pull: one direct pull when the holders
+ * qualify (refit_fleet_runs_direct), else chunks over every holder; a
+ * direct pull that a source's death broke is redone in chunks (where the
+ * dead one is found and dropped).  p->rep->path: the way that moved them. */
+static refit_status_t host_run(pull_t *p, const refit_fleet_xfer_t *fx, holders_t *hs, refit_pull_stats_t *stats)
+{
+    if (refit_fleet_runs_direct(fx, hs->h, hs->n)) {
+        p->rep->path = REFIT_RX_PATH_HOST_DIRECT;
+        refit_status_t st = refit_fleet_direct(fx, hs->h, hs->n, stats);
+        if (st != REFIT_ERR_PEER) return st;
+        refit_log(REFIT_LOG_INFO, "fleet: direct pull failed (%s); redoing it in chunks over every holder",
+                  refit_last_error());
+        refit_fleet_clear_counts(hs->h, hs->n);
+    }
+    p->rep->path = REFIT_RX_PATH_HOST_FLEET;
+    return refit_fleet_chunks(fx, hs->h, hs->n, stats);
+}
+
+/* The holders' statistics become the receiver's (refit_receiver_holders);
+ * p->tix names the trainer ranks read; returns the holders that served. */
+static uint32_t keep_holders(pull_t *p, const holders_t *hs)
+{
+    refit_receiver_t *r = p->r;
+    free(r->holders);
+    r->holders = calloc(hs->n ? hs->n : 1, sizeof(refit_holder_stat_t));
+    r->nholders = r->holders ? hs->n : 0;
+    uint32_t used = 0;
+    for (uint32_t k = 0; k < r->world; k++) p->tix[k] = -1;
+    for (uint32_t i = 0; i < hs->n; i++) {
+        const refit_fleet_holder_t *h = &hs->h[i];
+        if (r->holders) {
+            refit_holder_stat_t *o = &r->holders[i];
+            snprintf(o->name, sizeof(o->name), "%s", h->name);
+            o->bytes = h->bytes;
+            o->chunks = h->chunks;
+            o->steals = h->steals;
+            o->failed = h->failed;
+            o->early = h->early;
+            o->ahead = h->ahead;
+            o->late = h->late;
+        }
+        if (h->chunks) used++;
+        if (h->chunks && !h->mirror_dst) p->tix[h->id] = (int)h->transport; /* re-checked after */
+    }
+    return used;
+}
+
+/* The transfer over the holders into dst; the trainer serves what is left
+ * when every relay read failed. */
 static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs, refit_pull_stats_t *stats,
                                      uint32_t *used)
 {
@@ -175,43 +234,124 @@ static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs,
                             .origin = p->s.origin};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;
-    refit_status_t st = refit_fleet_transfer(&x, hs->h, hs->n, stats);
+    refit_status_t st = host_run(p, &x, hs, stats);
     if (st && !hs->with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
-        /* Every relay we had failed: the trainer serves what is left (the
-         * chunks already written stay). */
+        /* Failover: every relay we had failed; the trainer serves what is
+         * left (the chunks already written stay). */
         refit_log(REFIT_LOG_INFO, "relays failed (%s); reading version %" PRIu64 " from the trainer",
                   refit_last_error(), p->v);
         uint32_t before = hs->n;
         if (!(st = trainer_holders(p, hs))) {
             for (uint32_t i = 0; i < before; i++) hs->h[i].failed = true;
             memset(stats, 0, sizeof(*stats));
-            st = refit_fleet_transfer(&x, hs->h, hs->n, stats);
+            st = host_run(p, &x, hs, stats);
         }
     }
     free(keys);
     free(resume.done);
-    free(r->holders);
-    r->holders = calloc(hs->n ? hs->n : 1, sizeof(refit_holder_stat_t));
-    r->nholders = r->holders ? hs->n : 0;
-    *used = 0;
-    for (uint32_t k = 0; k < r->world; k++) p->tix[k] = -1;
-    for (uint32_t i = 0; i < hs->n; i++) {
-        const refit_fleet_holder_t *h = &hs->h[i];
-        if (r->holders) {
-            refit_holder_stat_t *o = &r->holders[i];
-            snprintf(o->name, sizeof(o->name), "%s", h->name);
-            o->bytes = h->bytes;
-            o->chunks = h->chunks;
-            o->steals = h->steals;
-            o->failed = h->failed;
-            o->early = h->early;
-            o->ahead = h->ahead;
-            o->late = h->late;
-        }
-        if (h->chunks) (*used)++;
-        if (h->chunks && !h->mirror_dst) p->tix[h->id] = (int)h->transport; /* re-checked after */
-    }
+    *used = keep_holders(p, hs);
     return st;
+}
+
+/* ---- the paths of a full transfer ------------------------------------------ */
+
+/* One full transfer: what the path and the steps around it share. */
+typedef struct {
+    holders_t hs;     /* the host path: the holders picked */
+    void *const *dst; /* where the bytes go: the memory, or its staging */
+    bool bounce;      /* through pinned host staging, then one copy per region */
+    refit_pull_stats_t stats;
+} xfer_t;
+
+/* A path: peers (or holders) for the sources the plan reads, then the move
+ * of the bytes into x->dst (which writes p->rep's transport, lanes, sources
+ * and path). */
+typedef struct {
+    refit_status_t (*connect)(pull_t *p, xfer_t *x);
+    refit_status_t (*move)(pull_t *p, xfer_t *x);
+    bool host_memory; /* its bytes land in host memory (a GPU receiver's: its staging) */
+} rx_path_ops_t;
+
+static refit_status_t host_connect(pull_t *p, xfer_t *x)
+{
+    refit_receiver_t *r = p->r;
+    for (uint32_t k = 0; k < r->world; k++) p->tix[k] = -1;
+    x->hs = (holders_t){.max = REFIT_MAX_RELAYS + r->world, .with_trainer = true};
+    if (!(x->hs.h = calloc(x->hs.max, sizeof(*x->hs.h)))) return refit_error(REFIT_ERR_NO_MEMORY, "holders");
+    return fleet_select(p, &x->hs);
+}
+
+static refit_status_t host_move(pull_t *p, xfer_t *x)
+{
+    refit_receiver_t *r = p->r;
+    refit_pull_report_t *rep = p->rep;
+    uint32_t used = 0;
+    refit_status_t st = fleet_transfer(p, x->dst, &x->hs, &x->stats, &used);
+    if (st) return st;
+    rep->sources = used;
+    snprintf(rep->transport, sizeof(rep->transport), "%s", r->ts.ops[0]->name);
+    refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", x->stats.lanes);
+    return REFIT_OK;
+}
+
+/* ---- the GPU path: every transport, every source at once ------------------ */
+
+static refit_status_t gpu_connect(pull_t *p, xfer_t *x)
+{
+    refit_receiver_t *r = p->r;
+    (void)x;
+    for (uint32_t k = 0; k < r->world; k++) {
+        p->tix[k] = -1;
+        if (!refit_plan_source_bytes(p->cp->plan, k)) continue;
+        refit_status_t st = refit_rx_connect_recorded(r, &p->s, k, &p->tix[k]);
+        if (st) return st;
+        p->rep->sources++;
+    }
+    return REFIT_OK;
+}
+
+static refit_status_t gpu_move(pull_t *p, xfer_t *x)
+{
+    refit_receiver_t *r = p->r;
+    refit_pull_report_t *rep = p->rep;
+    refit_pull_ctl_t ctl = {.deadline = p->deadline,
+                            .threads = r->params.threads,
+                            .tick = refit_rx_tick,
+                            .user = r,
+                            .fp8 = r->fp8,
+                            .fp8_bf16 = r->m};
+    rep->path = r->route;
+    for (uint32_t t = 0; t < r->ts.n; t++) {
+        bool any = false;
+        for (uint32_t k = 0; k < r->world; k++) {
+            p->peers[k] = p->tix[k] == (int)t ? r->src[k].peer[t][p->s.recs[k].buffer] : NULL;
+            any |= p->peers[k] != NULL;
+        }
+        if (!any) continue;
+        refit_pull_stats_t ts = {0};
+        refit_status_t st = r->ts.ops[t]->pull(r->ts.ctx[t], p->peers, p->cp->plan, x->dst, &ctl, &ts);
+        if (st) return st;
+        x->stats.bytes += ts.bytes;
+        x->stats.requests += ts.requests;
+        x->stats.launches += ts.launches;
+        refit_rx_append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
+        refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", ts.lanes);
+    }
+    return REFIT_OK;
+}
+
+static const rx_path_ops_t host_path = {host_connect, host_move, true};
+static const rx_path_ops_t gpu_path = {gpu_connect, gpu_move, false};
+
+/* The path of r->route (refit_rx_route: HOST_FLEET names the host path,
+ * whose pulls run direct when their holders qualify). */
+static const rx_path_ops_t *path_ops(refit_rx_path_t route)
+{
+    switch (route) {
+    case REFIT_RX_PATH_GPU_DIRECT:
+    case REFIT_RX_PATH_GPU_FP8: return &gpu_path;
+    default: return &host_path;
+    }
 }
 
 refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n, void *const *bufs,
@@ -251,51 +391,63 @@ refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n,
     return st;
 }
 
+/* Where the bytes go: GPU memory that a transport of the sources read cannot
+ * write, or any GPU memory on the host path, goes through pinned host
+ * staging (allocated on first use); host memory needs transports that write it. */
+static refit_status_t choose_dst(pull_t *p, const rx_path_ops_t *path, xfer_t *x)
+{
+    refit_receiver_t *r = p->r;
+    bool gpu = r->params.device >= 0;
+    x->bounce = gpu && path->host_memory;
+    for (uint32_t k = 0; k < r->world; k++)
+        if (p->tix[k] >= 0) {
+            unsigned caps = refit_transport_caps(r->ts.ops[p->tix[k]]);
+            if (gpu && !(caps & REFIT_TCAP_DEVICE_DST)) x->bounce = true;
+            if (!gpu && !(caps & REFIT_TCAP_HOST_DST))
+                return refit_error(REFIT_ERR_TRANSPORT, "transport %s cannot write host memory",
+                                   r->ts.ops[p->tix[k]]->name);
+        }
+    x->dst = r->mem;
+    if (!x->bounce) return REFIT_OK;
+    for (uint32_t i = 0; i < r->nregions; i++) {
+        refit_status_t st = r->stage[i] ? REFIT_OK : r->dom->staging_alloc(r->m->regions.data[i], &r->stage[i]);
+        if (st) return st;
+    }
+    x->dst = r->stage;
+    return REFIT_OK;
+}
+
+/* After the move: the padding (zeros, ours to write where the bytes went;
+ * an FP8 receiver's table wrote them), the copy up from the staging, the
+ * report's counts. */
+static refit_status_t finish(pull_t *p, xfer_t *x)
+{
+    refit_receiver_t *r = p->r;
+    refit_pull_report_t *rep = p->rep;
+    const refit_memdom_t *fd = x->bounce ? &refit_memdom_host : r->dom; /* the staging is host memory */
+    refit_status_t st;
+    if (!r->fp8 && (st = fd->fills(p->cp->plan, r->params.device, x->dst, &x->stats.launches))) return st;
+    for (uint32_t i = 0; x->bounce && i < r->nregions; i++)
+        if ((st = r->dom->copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) return st;
+    if (x->bounce) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
+    r->pull_staged = x->bounce;
+    rep->bytes = x->stats.bytes;
+    rep->requests = x->stats.requests;
+    rep->launches = x->stats.launches;
+    return REFIT_OK;
+}
+
 refit_status_t refit_rx_full_transfer(pull_t *p)
 {
     refit_receiver_t *r = p->r;
     refit_pull_report_t *rep = p->rep;
-    const refit_plan_t *plan = p->cp->plan;
-    refit_status_t st = REFIT_OK;
-    /* Peers for the sources this plan reads (the fleet path: every holder). */
+    const rx_path_ops_t *path = path_ops(r->route);
+    xfer_t x = {0};
     double tc = refit_now();
-    bool fleet = r->relays != NULL;
-    holders_t hs = {.max = REFIT_MAX_RELAYS + r->world, .with_trainer = true};
-    if (fleet) {
-        for (uint32_t k = 0; k < r->world; k++) p->tix[k] = -1;
-        if (!(hs.h = calloc(hs.max, sizeof(*hs.h)))) {
-            st = refit_error(REFIT_ERR_NO_MEMORY, "holders");
-            goto done;
-        }
-        if ((st = fleet_select(p, &hs))) goto done;
-    }
-    for (uint32_t k = 0; k < r->world && !fleet; k++) {
-        p->tix[k] = -1;
-        if (!refit_plan_source_bytes(plan, k)) continue;
-        if ((st = refit_rx_connect_recorded(r, &p->s, k, &p->tix[k]))) goto done;
-        rep->sources++;
-    }
+    refit_status_t st = path->connect(p, &x);
+    if (st) goto done;
     rep->connect_ms = (refit_now() - tc) * 1e3;
-    /* GPU memory and a transport that cannot write it: everything goes
-     * through pinned host staging, then one copy per region (the fleet path
-     * on a GPU receiver always does). */
-    bool gpu = r->params.device >= 0, bounce = gpu && fleet;
-    for (uint32_t k = 0; k < r->world; k++)
-        if (p->tix[k] >= 0) {
-            unsigned caps = refit_transport_caps(r->ts.ops[p->tix[k]]);
-            if (gpu && !(caps & REFIT_TCAP_DEVICE_DST)) bounce = true;
-            if (!gpu && !(caps & REFIT_TCAP_HOST_DST)) {
-                st = refit_error(REFIT_ERR_TRANSPORT, "transport %s cannot write host memory",
-                                 r->ts.ops[p->tix[k]]->name);
-                goto done;
-            }
-        }
-    void *const *dst = r->mem;
-    if (bounce) {
-        for (uint32_t i = 0; i < r->nregions; i++)
-            if (!r->stage[i] && (st = r->dom->staging_alloc(r->m->regions.data[i], &r->stage[i]))) goto done;
-        dst = r->stage;
-    }
+    if ((st = choose_dst(p, path, &x))) goto done;
     /* 5. Transfer: from here the memory holds a partial version until committed
      * (a relay stops serving first, and waits for its readers). */
     refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
@@ -305,48 +457,9 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
      * to the transfer, during which a test kills a process. */
     unsigned pause_ms = refit_test_pause_ms();
     if (pause_ms) usleep((useconds_t)pause_ms * 1000u);
-    refit_pull_ctl_t ctl = {.deadline = p->deadline,
-                            .threads = r->params.threads,
-                            .tick = refit_rx_tick,
-                            .user = r,
-                            .fp8 = r->fp8,
-                            .fp8_bf16 = r->m};
-    refit_pull_stats_t stats = {0};
     rep->transport[0] = rep->lanes[0] = '\0';
-    if (fleet) {
-        uint32_t used = 0;
-        if ((st = fleet_transfer(p, dst, &hs, &stats, &used))) goto done;
-        rep->sources = used;
-        snprintf(rep->transport, sizeof(rep->transport), "%s", r->ts.ops[0]->name);
-        refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", stats.lanes);
-    }
-    for (uint32_t t = 0; t < r->ts.n && !fleet; t++) {
-        bool any = false;
-        for (uint32_t k = 0; k < r->world; k++) {
-            p->peers[k] = p->tix[k] == (int)t ? r->src[k].peer[t][p->s.recs[k].buffer] : NULL;
-            any |= p->peers[k] != NULL;
-        }
-        if (!any) continue;
-        refit_pull_stats_t ts = {0};
-        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], p->peers, plan, dst, &ctl, &ts))) goto done;
-        stats.bytes += ts.bytes;
-        stats.requests += ts.requests;
-        stats.launches += ts.launches;
-        refit_rx_append(rep->transport, sizeof(rep->transport), "+", r->ts.ops[t]->name);
-        refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", ts.lanes);
-    }
-    /* Padding (zeros) is ours to write: where the bytes went (the staging is host memory). */
-    const refit_memdom_t *fd = bounce ? &refit_memdom_host : r->dom;
-    if (!r->fp8 && (st = fd->fills(plan, r->params.device, dst, &stats.launches)))
-        goto done; /* FP8: the table wrote them */
-    for (uint32_t i = 0; bounce && i < r->nregions; i++)
-        if ((st = r->dom->copy(r->mem[i], r->stage[i], r->m->regions.data[i]))) goto done;
-    if (bounce) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
-    r->pull_staged = bounce;
-    rep->bytes = stats.bytes;
-    rep->requests = stats.requests;
-    rep->launches = stats.launches;
+    if (!(st = path->move(p, &x))) st = finish(p, &x);
 done:
-    free(hs.h);
+    free(x.hs.h);
     return st;
 }

@@ -14,79 +14,65 @@
 
 #include "engine/receiver_internal.h"
 
-/* Checks this memory against the sources' content digests: hash it, fetch
- * the table entries the digest plan names (connecting sources the transfer
- * did not read: relays served it), compare.  REFIT_ERR_VERIFY names the
- * first tensor that differs.  Bytes no digest covers are counted as
- * unverified (and said once per plan at INFO). */
-refit_status_t refit_rx_digest_verify(pull_t *p)
+/* cp->dplan for the sources `usable` marks, made again when they changed
+ * (bytes no digest covers said at INFO, once per plan). */
+static refit_status_t digest_plan_for(refit_receiver_t *r, cached_plan_t *cp, const refit_manifest_t **srcs,
+                                      const uint8_t *usable)
+{
+    if (cp->dplan && memcmp(cp->dusable, usable, r->world) == 0) return REFIT_OK;
+    refit_digest_plan_destroy(cp->dplan);
+    free(cp->dusable);
+    cp->dplan = NULL;
+    cp->dusable = NULL;
+    uint8_t *keep = malloc(r->world ? r->world : 1);
+    if (!keep) return refit_error(REFIT_ERR_NO_MEMORY, "digests");
+    memcpy(keep, usable, r->world);
+    refit_status_t st = refit_digest_plan_create(srcs, r->world, usable, r->m, &cp->dplan);
+    if (st) {
+        free(keep);
+        return st;
+    }
+    cp->dusable = keep;
+    refit_digest_plan_stats_t ps;
+    refit_digest_plan_stats(cp->dplan, &ps);
+    if (ps.unverifiable_bytes)
+        refit_log(REFIT_LOG_INFO,
+                  "%s: %" PRIu64 " of %" PRIu64 " bytes cannot be checked against the "
+                  "sources' digests (sources without digests, or boxes no digest covers)",
+                  r->reader, ps.unverifiable_bytes, ps.bytes + ps.unverifiable_bytes);
+    return REFIT_OK;
+}
+
+/* The digest plan's fetches (*f, *nf), every source they name connected.
+ * The entries come from the sources the digest plan picks; one we cannot
+ * reach (a replica the transfer did not need) is left out and the plan made
+ * again without it, unless that leaves bytes unchecked that its digests
+ * would have covered (a dead trainer rank whose bytes came through a
+ * relay): REFIT_ERR_PEER rather than commit them. */
+static refit_status_t digest_sources(pull_t *p, const refit_manifest_t **srcs, uint8_t *usable,
+                                     const refit_digest_fetch_t **f, size_t *nf)
 {
     refit_receiver_t *r = p->r;
-    const snapshot_t *s = &p->s;
-    uint64_t v = p->v;
     cached_plan_t *cp = p->cp;
-    int *tix = p->tix;
-    refit_pull_report_t *rep = p->rep;
-    double t0 = refit_now();
-    refit_status_t st = REFIT_OK;
-    uint8_t *usable = calloc(r->world ? r->world : 1, 1);
-    if (!usable) return refit_error(REFIT_ERR_NO_MEMORY, "digests");
-    const refit_manifest_t **srcs = calloc(r->world ? r->world : 1, sizeof(void *));
-    if (!srcs) {
-        free(usable);
-        return refit_error(REFIT_ERR_NO_MEMORY, "digests");
-    }
-    for (uint32_t k = 0; k < r->world; k++) {
-        srcs[k] = r->src[k].m;
-        usable[k] = s->present[k] && s->alive[k] && s->recs[k].version == v && r->src[k].m &&
-                    s->recs[k].incarnation == r->src[k].incarnation && refit_rx_digest_region(r->src[k].m) >= 0;
-    }
-    /* The entries come from the sources the digest plan picks; one we cannot
-     * reach (a replica the transfer did not need) is left out and the plan
-     * made again without it. */
-    size_t nf = 0;
-    const refit_digest_fetch_t *f = NULL;
     uint64_t covered_unverifiable = UINT64_MAX; /* with every source that offers digests */
     uint32_t unreachable = UINT32_MAX;          /* a source dropped because it could not be reached */
-    for (uint32_t attempt = 0; attempt <= r->world && !st; attempt++) {
-        if (!cp->dplan || memcmp(cp->dusable, usable, r->world) != 0) {
-            refit_digest_plan_destroy(cp->dplan);
-            free(cp->dusable);
-            cp->dplan = NULL;
-            cp->dusable = NULL;
-            uint8_t *keep = malloc(r->world ? r->world : 1);
-            if (!keep) {
-                st = refit_error(REFIT_ERR_NO_MEMORY, "digests");
-                break;
-            }
-            memcpy(keep, usable, r->world);
-            if ((st = refit_digest_plan_create(srcs, r->world, usable, r->m, &cp->dplan))) {
-                free(keep);
-                break;
-            }
-            cp->dusable = keep;
-            refit_digest_plan_stats_t ps;
-            refit_digest_plan_stats(cp->dplan, &ps);
-            if (ps.unverifiable_bytes)
-                refit_log(REFIT_LOG_INFO,
-                          "%s: %" PRIu64 " of %" PRIu64 " bytes cannot be checked against the "
-                          "sources' digests (sources without digests, or boxes no digest covers)",
-                          r->reader, ps.unverifiable_bytes, ps.bytes + ps.unverifiable_bytes);
-        }
-        f = refit_digest_plan_fetches(cp->dplan, &nf);
+    refit_status_t st = REFIT_OK;
+    for (uint32_t attempt = 0; attempt <= r->world; attempt++) {
+        if ((st = digest_plan_for(r, cp, srcs, usable))) return st;
+        *f = refit_digest_plan_fetches(cp->dplan, nf);
         if (covered_unverifiable == UINT64_MAX) {
             refit_digest_plan_stats_t ps0;
             refit_digest_plan_stats(cp->dplan, &ps0);
             covered_unverifiable = ps0.unverifiable_bytes;
         }
         bool dropped = false;
-        for (size_t i = 0; i < nf; i++) {
-            uint32_t k = f[i].src;
-            if (tix[k] >= 0 || !usable[k]) continue;
-            if (refit_rx_connect(r, k, s->recs[k].buffer, &tix[k])) {
+        for (size_t i = 0; i < *nf; i++) {
+            uint32_t k = (*f)[i].src;
+            if (p->tix[k] >= 0 || !usable[k]) continue;
+            if (refit_rx_connect(r, k, p->s.recs[k].buffer, &p->tix[k])) {
                 refit_log(REFIT_LOG_INFO, "%s: digests of source rank %u unreachable (%s); using others", r->reader, k,
                           refit_last_error());
-                tix[k] = -1;
+                p->tix[k] = -1;
                 usable[k] = 0;
                 dropped = true;
                 unreachable = k;
@@ -94,28 +80,30 @@ refit_status_t refit_rx_digest_verify(pull_t *p)
         }
         if (!dropped) break;
     }
-    if (st) goto out;
-    if (unreachable != UINT32_MAX) {
-        /* Leaving out an unreachable source must not leave bytes unchecked
-         * that its digests would have covered (a dead trainer rank whose
-         * bytes came through a relay): fail rather than commit them. */
-        refit_digest_plan_stats_t ps1;
-        refit_digest_plan_stats(cp->dplan, &ps1);
-        if (ps1.unverifiable_bytes > covered_unverifiable) {
-            st = refit_error(REFIT_ERR_PEER,
-                             "%" PRIu64 " bytes of version %" PRIu64 " cannot be checked: the digests "
-                             "of source rank %u are unreachable",
-                             ps1.unverifiable_bytes - covered_unverifiable, v, unreachable);
-            goto out;
-        }
-    }
-    /* The entries: one 8-byte run each, from the source's digest region. */
+    if (unreachable == UINT32_MAX) return REFIT_OK;
+    refit_digest_plan_stats_t ps1;
+    refit_digest_plan_stats(cp->dplan, &ps1);
+    if (ps1.unverifiable_bytes > covered_unverifiable)
+        return refit_error(REFIT_ERR_PEER,
+                           "%" PRIu64 " bytes of version %" PRIu64 " cannot be checked: the digests "
+                           "of source rank %u are unreachable",
+                           ps1.unverifiable_bytes - covered_unverifiable, p->v, unreachable);
+    return REFIT_OK;
+}
+
+/* Fetches the entries (one 8-byte run each, from the source's digest
+ * region), hashes this memory and compares; the report's digest counts. */
+static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *f, size_t nf)
+{
+    refit_receiver_t *r = p->r;
+    refit_pull_report_t *rep = p->rep;
+    refit_status_t st = REFIT_OK;
     refit_plan_region_t *regs = calloc(nf ? nf : 1, sizeof(*regs));
     unsigned char *fetched = calloc(nf ? nf : 1, 8);
     if (!regs || !fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
     for (size_t i = 0; i < nf && !st; i++) {
         uint32_t k = f[i].src;
-        if (tix[k] < 0) {
+        if (p->tix[k] < 0) {
             st = refit_error(REFIT_ERR_PEER, "source rank %u holds digests this receiver needs and is unreachable", k);
             break;
         }
@@ -134,19 +122,42 @@ refit_status_t refit_rx_digest_verify(pull_t *p)
     void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
     if (!st && host) st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
     refit_digest_report_t dr = {0};
-    if (!st && host) st = refit_digest_check(cp->dplan, fetched, r->dlocal, &dr);
+    if (!st && host) st = refit_digest_check(p->cp->dplan, fetched, r->dlocal, &dr);
     if (st == REFIT_ERR_VERIFY)
-        refit_error_prefix("version %" PRIu64 " does not match what its publishers published: ", v);
+        refit_error_prefix("version %" PRIu64 " does not match what its publishers published: ", p->v);
     refit_digest_plan_stats_t ps;
-    refit_digest_plan_stats(cp->dplan, &ps);
+    refit_digest_plan_stats(p->cp->dplan, &ps);
     rep->digest_bytes = host ? dr.bytes : 0;
     rep->unverified_bytes = host ? ps.unverifiable_bytes : ps.bytes + ps.unverifiable_bytes;
     free(regs);
     free(fetched);
-out:
+    return st;
+}
+
+/* Checks this memory against the sources' content digests: hash it, fetch
+ * the table entries the digest plan names (connecting sources the transfer
+ * did not read: relays served it), compare.  REFIT_ERR_VERIFY names the
+ * first tensor that differs.  Bytes no digest covers are counted as
+ * unverified (and said once per plan at INFO). */
+refit_status_t refit_rx_digest_verify(pull_t *p)
+{
+    refit_receiver_t *r = p->r;
+    const snapshot_t *s = &p->s;
+    double t0 = refit_now();
+    uint8_t *usable = calloc(r->world ? r->world : 1, 1);
+    const refit_manifest_t **srcs = calloc(r->world ? r->world : 1, sizeof(void *));
+    refit_status_t st = usable && srcs ? REFIT_OK : refit_error(REFIT_ERR_NO_MEMORY, "digests");
+    for (uint32_t k = 0; !st && k < r->world; k++) {
+        srcs[k] = r->src[k].m;
+        usable[k] = s->present[k] && s->alive[k] && s->recs[k].version == p->v && r->src[k].m &&
+                    s->recs[k].incarnation == r->src[k].incarnation && refit_rx_digest_region(r->src[k].m) >= 0;
+    }
+    size_t nf = 0;
+    const refit_digest_fetch_t *f = NULL;
+    if (!st && !(st = digest_sources(p, srcs, usable, &f, &nf))) st = digest_fetch_check(p, f, nf);
     free(usable);
     free(srcs);
-    rep->digest_ms = (refit_now() - t0) * 1e3;
+    p->rep->digest_ms = (refit_now() - t0) * 1e3;
     return st;
 }
 

@@ -79,6 +79,14 @@ expect "pull from safetensors source" 0 "verified" -- env REFIT_REGISTRY="file:$
   --layout vllm:tp=2 --rank 1 --job st --verify --timeout-ms 20000 --dump "$tmp/pulled"
 kill "$stpub" 2>/dev/null; wait "$stpub" 2>/dev/null
 [ -s "$tmp/pulled/rank-1/model.safetensors" ] && ok "pull --dump" || bad "pull --dump wrote nothing"
+# pull --json: the pulled event names the receiver's path (host memory, one source over shm: direct)
+REFIT_REGISTRY="file:$tmp/reg" "$refit" publish --from-safetensors "$tmp/ck/rank-0" --model tiny-moe --hold-ms 20000 \
+  --job stj --acks 1 >"$tmp/stjpub.out" 2>&1 &
+stpub=$!
+REFIT_REGISTRY="file:$tmp/reg" "$refit" pull --model tiny-moe --layout vllm:tp=2 --rank 1 --job stj --verify \
+  --timeout-ms 20000 --json 2>/dev/null | grep '"event":"pulled"' >"$tmp/pull.json"
+kill "$stpub" 2>/dev/null; wait "$stpub" 2>/dev/null
+json_check "pull json path" "o['path']=='host_direct' and o['verified'] is True" "$tmp/pull.json"
 expect "publish from missing dir" 1 "neither model.safetensors.index.json" -- "$refit" publish --from-safetensors "$tmp/nope" --model tiny-moe
 expect "publish from wrong model" 1 "" -- "$refit" publish --from-safetensors "$tmp/ck/rank-0" --model tiny-dense
 

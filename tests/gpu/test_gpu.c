@@ -207,6 +207,11 @@ static void engine_case(const char *model, const char *src_spec, int src_dev, co
             assert_true(rep.bytes > 0);
             assert_true(rep.end_s >= rep.begin_s && rep.begin_s > 0);
             if (v > 1) assert_false(rep.planned);
+            /* The path: GPU memory a transport writes (cuda_ipc) is the GPU path; host memory,
+             * or GPU memory fed over shm (through its staging), the host path, direct over shm. */
+            if (dst_dev >= 0 && src_dev >= 0) assert_int_equal(rep.path, REFIT_RX_PATH_GPU_DIRECT);
+            else if (src_dev < 0) assert_int_equal(rep.path, REFIT_RX_PATH_HOST_DIRECT);
+            else assert_true(rep.path == REFIT_RX_PATH_HOST_DIRECT || rep.path == REFIT_RX_PATH_HOST_FLEET);
             if (v > 1 && expect_one_launch)
                 assert_true(rep.launches >= 1 && rep.launches <= 2); /* the copy, and fills if any */
             /* independent proof, outside the engine */
@@ -299,6 +304,8 @@ static void engine_delta_case(const char *model, const char *src_spec, const cha
         refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
         REFIT_ASSERT_OK(refit_receiver_pull(rx, v, 20000, &rep));
         if (v == 1) full = rep.bytes;
+        /* v1 in full through the staging (the host path over shm), then deltas applied there. */
+        assert_int_equal(rep.path, v == 1 ? REFIT_RX_PATH_HOST_DIRECT : REFIT_RX_PATH_DELTA);
         if (rep.delta_base != v - 1 || (v > 1 && rep.bytes * 5 >= full)) /* 2%: 4 bytes a change, whole chunks */
             FAIL("version %llu: %llu bytes (full %llu), delta from %llu, lanes %s", (unsigned long long)v,
                  (unsigned long long)rep.bytes, (unsigned long long)full, (unsigned long long)rep.delta_base,
@@ -351,6 +358,7 @@ static void gpu_relay_case(const char *model, const char *src_spec, const char *
         refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
         REFIT_ASSERT_OK(refit_receiver_pull(rx[0], v, 20000, &rep));
         REFIT_ASSERT_OK(refit_receiver_pull(rx[1], v, 20000, &rep));
+        assert_int_equal(rep.path, REFIT_RX_PATH_HOST_FLEET); /* a relay among its holders: chunks */
         refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
         size_t nh = 0;
         REFIT_ASSERT_OK(refit_receiver_holders(rx[1], hs, 8, &nh));

@@ -228,6 +228,7 @@ static void engine_case(const char *model, const char *src_spec, const char *dst
             REFIT_ASSERT_OK(refit_receiver_pull(rx[k], v, 20000, &rep));
             assert_int_equal(rep.version, v);
             assert_true(strstr(rep.lanes, "fp8") != NULL);
+            assert_int_equal(rep.path, REFIT_RX_PATH_GPU_FP8);
             const refit_fp8_target_t *t = refit_receiver_fp8_target(rx[k]);
             refit_manifest_t *bf = t_manifest_named(model, dst_spec, k);
             uint64_t nf = refit_fp8_target_bytes(t);

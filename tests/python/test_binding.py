@@ -254,7 +254,8 @@ def test_publish_pull_across_processes(tmp_path, kind):
             assert rep.planned == (kind != "alloc")
             assert rep.manifests_read == 0 if kind == "alloc" else rep.manifests_read in (2, 3), rep.manifests_read
             assert rep.delta_base == 0
-            hs = r.holders()  # host memory: the fleet path, trainer ranks as holders
+            assert rep.path == "host_direct", rep.path  # host memory, the trainer ranks alone over shm: direct
+            hs = r.holders()  # host memory: the host path, trainer ranks as holders
             assert hs and all(h.name.startswith("trainer:") and not h.failed for h in hs), hs
             assert sum(h.bytes for h in hs) >= rep.bytes
             views = r.tensors()
@@ -263,12 +264,12 @@ def test_publish_pull_across_processes(tmp_path, kind):
             rep = r.pull(2, timeout_ms=60000)
             assert not rep.planned and r.committed == 2 and r.usable
             if kind == "delta":  # version 2 as a delta from 1: a few percent of the bytes
-                assert rep.delta_base == 1 and rep.bytes * 10 < full
+                assert rep.delta_base == 1 and rep.bytes * 10 < full and rep.path == "delta", rep.path
                 man.truth_verify([mem], 2, frac)
                 with pytest.raises(refit.RefitError):  # not the full truth of 2: only 2% changed
                     man.truth_verify([mem], 2)
             else:
-                assert rep.delta_base == 0
+                assert rep.delta_base == 0 and rep.path == "host_direct", rep.path
                 man.truth_verify([mem], 2)
             with pytest.raises(refit.RefitError) as e:
                 r.pull(3, timeout_ms=300)

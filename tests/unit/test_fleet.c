@@ -1,4 +1,4 @@
-/* The fleet's scheduling rules (src/engine/fleet_rules.c) on their own: no
+/* The fleet's scheduling rules (src/engine/fleet/fleet_rules.c) on their own: no
  * transports, no threads, and a clock of the test's own (the `now` every rule
  * takes), so that shares, steals from slower holders, re-reads of overdue
  * chunks and failover are checked at exact times. */
@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 
 #define NC 8
 #define CHUNK 1000

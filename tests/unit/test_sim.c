@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 #include "sim.h"
 
 static sim_path_t path2(uint32_t a, double wa, uint32_t b, double wb)

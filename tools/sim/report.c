@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 #include "sim.h"
 
 static const char *kind_name(sim_link_kind_t k)

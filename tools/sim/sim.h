@@ -23,7 +23,7 @@
  * command; not part of librefit's API.  This header, its interface, uses
  * only the public API's types.  Its sources are the one part of the programs
  * compiled against the library's internal headers (src/): a model of the
- * engine has to run the engine's own scheduling rules (src/engine/fleet.h,
+ * engine has to run the engine's own scheduling rules (src/engine/fleet/fleet.h,
  * fleet_rules.c, built into refit_sim), which are not a stable interface to
  * export (docs/architecture.md). */
 #ifndef REFIT_SIM_H

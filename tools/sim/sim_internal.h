@@ -2,8 +2,8 @@
 #ifndef REFIT_SIM_INTERNAL_H
 #define REFIT_SIM_INTERNAL_H
 
-#include "engine/fleet.h"
-#include "engine/relay.h"
+#include "engine/fleet/fleet.h"
+#include "engine/fleet/relay.h"
 #include "refit/delta.h"
 #include "sim.h"
 #include "util/util.h"

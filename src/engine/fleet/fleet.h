@@ -192,6 +192,29 @@ typedef enum {
 refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding,
                                     bool defer_trainer);
 #define REFIT_FLEET_STICKY_MS 250
+
+/* The thresholds of the claim rules (fleet_rules.c), beside the grace above.
+ * A holder is clearly slower than another (its share may be taken, and it
+ * keeps one chunk in flight: held_back) when its seconds per byte are over
+ * REFIT_FLEET_SLOWER_RATIO times the other's once each has served
+ * REFIT_FLEET_SLOWER_CHUNKS chunks: CPU scheduling noise on a busy 2-core
+ * host stays under 3x, a link at a tenth of the speed does not. */
+#define REFIT_FLEET_SLOWER_RATIO 3.0
+#define REFIT_FLEET_SLOWER_CHUNKS 3
+/* ... or when a chunk of its has been in flight for over
+ * REFIT_FLEET_STUCK_RATIO times what the other would take for it, plus
+ * REFIT_FLEET_STUCK_S seconds (a stuck source is found before its first
+ * chunks are counted; the margin keeps tiny chunks out of it). */
+#define REFIT_FLEET_STUCK_RATIO 10.0
+#define REFIT_FLEET_STUCK_S 0.1
+/* A worker with nothing left to claim re-reads a chunk another holder has
+ * had in flight for over REFIT_FLEET_REREAD_RATIO times the mean chunk time
+ * plus REFIT_FLEET_REREAD_S seconds (a slow source's tail is worked around,
+ * an ordinary chunk's jitter is not); before any chunk is done the mean is
+ * taken as REFIT_FLEET_FIRST_MEAN_S (20 ms: a 2 MiB chunk over a slow link). */
+#define REFIT_FLEET_REREAD_RATIO 4.0
+#define REFIT_FLEET_REREAD_S 0.1
+#define REFIT_FLEET_FIRST_MEAN_S 0.02
 /* Whether a holder with `readers` load tokens takes one more (max_readers 0: no limit). */
 bool refit_fleet_room(uint32_t readers, uint32_t max_readers);
 
@@ -199,7 +222,30 @@ uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
 /* A hash of the incarnations of the trainer ranks whose records are present
  * (recs[k], present[k], k < world): which publishers a version's bytes are. */
 uint64_t refit_fleet_origin(const refit_version_record_t *recs, const uint8_t *present, uint32_t world);
-refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
-                                    refit_pull_stats_t *stats);
+
+/* ---- the two ways a fleet pull moves bytes (fleet.c) ------------------------
+ * The receiver (receiver_transfer.c, its host path) asks which applies and
+ * calls it: the answer is its pull's path (REFIT_RX_PATH_HOST_DIRECT or
+ * REFIT_RX_PATH_HOST_FLEET). */
+/* Whether the pull over these holders runs as one direct pull of the plan
+ * (refit_fleet_direct_ok with x's transport and whether x's receiver is a relay). */
+bool refit_fleet_runs_direct(const refit_fleet_xfer_t *x, const refit_fleet_holder_t *h, uint32_t nh);
+/* One pull of the plan from the trainer ranks themselves (with x->threads
+ * copy threads; over UCX from every source at once); the holders count one
+ * chunk per planned source.  REFIT_ERR_INTERNAL when !refit_fleet_runs_direct;
+ * else the transport's error (REFIT_ERR_PEER: a source died; the caller then
+ * redoes the plan in chunks, where the dead one is found and dropped). */
+refit_status_t refit_fleet_direct(const refit_fleet_xfer_t *x, refit_fleet_holder_t *h, uint32_t nh,
+                                  refit_pull_stats_t *stats);
+/* The chunked transfer over every holder: shares, stealing, re-reads,
+ * failover, relays followed by their progress, ours marked (fleet.c's top
+ * comment).  REFIT_ERR_MISSING_SOURCE when some bytes have no connected
+ * holder; REFIT_ERR_PEER when chunks were left with no live holder;
+ * REFIT_ERR_TIMEOUT; x->tick's error. */
+refit_status_t refit_fleet_chunks(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
+                                  refit_pull_stats_t *stats);
+/* Zeroes the holders' transfer counts (bytes, chunks, busy time, lanes): a
+ * failed direct pull's, before the chunks redo it. */
+void refit_fleet_clear_counts(refit_fleet_holder_t *h, uint32_t nh);
 
 #endif

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 #include "plan/plan.h"
 
 bool refit_fleet_could_serve(const refit_fleet_sched_t *S, uint32_t h, const refit_fleet_chunk_t *c)
@@ -124,18 +124,21 @@ static double per_byte(const refit_fleet_sched_t *S, uint32_t h)
     return H->bytes ? H->busy_s / (double)H->bytes : 0;
 }
 
-/* Whether holder v is clearly slower than holder h: over 3x the seconds per
- * byte (after 3 chunks each), or a chunk in flight for over 10x what h
- * would take for it (+100 ms).  CPU scheduling noise on a busy 2-core host
+/* Whether holder v is clearly slower than holder h: over
+ * REFIT_FLEET_SLOWER_RATIO (3x) the seconds per byte (after
+ * REFIT_FLEET_SLOWER_CHUNKS chunks each), or a chunk in flight for over
+ * REFIT_FLEET_STUCK_RATIO (10x) what h would take for it
+ * (+REFIT_FLEET_STUCK_S, 100 ms; fleet.h).  CPU scheduling noise on a busy 2-core host
  * stays under that; a link at a tenth of the speed, or a stuck source, not. */
 static bool slower(const refit_fleet_sched_t *S, uint32_t v, uint32_t h, double now)
 {
     double mine = per_byte(S, h);
-    if (S->h[h].chunks < 3 || mine <= 0) return false;
-    if (S->h[v].chunks >= 3 && per_byte(S, v) > 3.0 * mine) return true;
+    if (S->h[h].chunks < REFIT_FLEET_SLOWER_CHUNKS || mine <= 0) return false;
+    if (S->h[v].chunks >= REFIT_FLEET_SLOWER_CHUNKS && per_byte(S, v) > REFIT_FLEET_SLOWER_RATIO * mine) return true;
     for (size_t i = 0; i < S->nc; i++) {
         const refit_fleet_chunk_t *c = &S->c[i];
-        if (c->state == REFIT_CHUNK_BUSY && c->owner == v && now - c->start > 10.0 * mine * (double)c->bytes + 0.1)
+        if (c->state == REFIT_CHUNK_BUSY && c->owner == v &&
+            now - c->start > REFIT_FLEET_STUCK_RATIO * mine * (double)c->bytes + REFIT_FLEET_STUCK_S)
             return true;
     }
     return false;
@@ -161,7 +164,7 @@ static bool held_back(const refit_fleet_sched_t *S, uint32_t h, double now)
  * flight (held_back). */
 refit_fleet_chunk_t *refit_fleet_claim(refit_fleet_sched_t *S, uint32_t h, double now, bool *none_left)
 {
-    double mean = S->time_n ? S->time_sum / (double)S->time_n : 0.02;
+    double mean = S->time_n ? S->time_sum / (double)S->time_n : REFIT_FLEET_FIRST_MEAN_S;
     refit_fleet_chunk_t *take = NULL, *steal = NULL;
     bool any = false;
     if (held_back(S, h, now)) {
@@ -200,7 +203,7 @@ refit_fleet_chunk_t *refit_fleet_claim(refit_fleet_sched_t *S, uint32_t h, doubl
     for (size_t i = 0; i < S->nc && !steal; i++) {
         refit_fleet_chunk_t *c = &S->c[i];
         if (c->state == REFIT_CHUNK_BUSY && !c->dup && c->owner != h && !S->h[c->owner].failed &&
-            refit_fleet_can_serve(S, h, c) && now - c->start > 4 * mean + 0.1)
+            refit_fleet_can_serve(S, h, c) && now - c->start > REFIT_FLEET_REREAD_RATIO * mean + REFIT_FLEET_REREAD_S)
             steal = c;
     }
     if (steal) {

@@ -1,137 +1,17 @@
-/* Relays: a receiver that committed a version serves it to receivers of the
- * same layout and rank.
- *
- * Registry: relay slot S of receiver rank K of source group G is a source
- * group of its own, "G.relay.rK.sS", with one rank (0) whose manifest is the
- * receiver's (rank field set to 0), whose memory is the receiver's memory
- * (exposed by the receiver's transports: shm reads it with process_vm_readv)
- * and whose version record names the version committed.  A relay is an
- * ordinary in-place publisher: heartbeat, leases, retire.  Before the
- * receiver writes its memory again it retires its version and waits (bounded
- * by the lease ttl) for its readers to release their leases; a reader that
- * finds the version retired skips that relay.
- *
- * Chunk level: the relay's manifest has one more region, its progress
- * (fleet.h; attribute "refit.progress" names it).  When the receiver pulls in
- * chunks, the relay publishes the version as soon as the transfer starts and
- * the transfer marks chunks written as it goes (fleet.c); readers follow.  A
- * pull that fails clears the progress and retires the version.  A direct
- * pull (fleet.c) publishes at the commit, as a whole.
- *
- * Load: with max_readers set, a reader takes a relay (or the trainer, counted
- * per receiver rank) only while fewer than max_readers readers hold a load
- * token on it (a lease under "<group>.load", short ttl, renewed during the
- * pull).  Trainer tokens
- * are taken only when no relay holds the version, so the trainer feeds the
- * first max_readers receivers and relays feed the rest: a tree. */
+/* Relays, reading (relay.c's top comment): the relays of our rank whose
+ * layout mirrors ours (checked once per layout: mirrors_ours), found
+ * holding a version from the same trainer records, with room for a reader
+ * (load tokens), leased and connected as holders (refit_relays_find); their
+ * leases and tokens renewed during the pull and their stamps checked after
+ * it (refit_relays_holds). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/relay.h"
+#include "engine/fleet/relay_internal.h"
 #include "engine/stamp.h"
 #include "engine/test_hooks.h"
-
-#define LOAD_TTL_MS 1500
-
-typedef struct {
-    refit_manifest_t *m; /* fetched when first read (its transport descriptors); NULL before */
-    bool known;          /* signature / incarnation: a layout that mirrors ours (checked, or seen checked) */
-    uint64_t signature, incarnation;
-    refit_peer_t *peer[REFIT_MAX_TRANSPORTS];
-    bool leased, loaded;
-    uint64_t version, token; /* the version leased, and the lease's token (fencing) */
-    int progress_region;     /* of its manifest (relay_key), -1: none */
-} relay_src_t;
-
-struct refit_relays {
-    refit_registry_t *reg;
-    char group[104];
-    uint32_t rank;
-    int slot;
-    uint64_t key; /* mirror key of this receiver's layout */
-    const refit_manifest_t *mine;
-    refit_receiver_params_t params;
-    refit_publisher_t *pub;
-    refit_progress_hdr_t *progress; /* our progress region (publisher memory) */
-    uint64_t serving;               /* version published (partial or whole), 0: none */
-    bool partial;                   /* `serving` is still being received */
-    relay_src_t src[REFIT_MAX_RELAYS];
-    /* Relay manifest signatures already checked to mirror our layout, and
-     * their progress region: every relay of our rank publishes the same
-     * layout, so one check serves them all and a relay is fetched only when
-     * it is read (each manifest is MBs: fetching, authenticating and decoding
-     * every relay's cost a first pull ~30 ms of CPU per relay). */
-    uint64_t mirror_sig[REFIT_MAX_RELAYS];
-    int mirror_progress[REFIT_MAX_RELAYS];
-    uint32_t nmirror;
-    uint32_t fetches;       /* relay manifests fetched, ever */
-    uint32_t mirrors_alive; /* other relays of our layout alive at the last look (refit_relays_mirrors_alive) */
-    bool trainer_loaded;
-    uint64_t trainer_version;
-    double renewed;
-    int upstream; /* refit_relays_upstream */
-};
-
-static void relay_group(const refit_relays_t *R, uint32_t slot, char *buf, size_t n)
-{
-    snprintf(buf, n, "%.40s.relay.r%u.s%u", R->group, R->rank, slot);
-}
-
-static void load_group(const char *g, char *buf, size_t n) { snprintf(buf, n, "%.56s.load", g); }
-
-refit_status_t refit_relays_open(refit_registry_t *reg, const char *group, const refit_manifest_t *mine,
-                                 const refit_receiver_params_t *params, refit_relays_t **out)
-{
-    refit_relays_t *R = calloc(1, sizeof(*R));
-    if (!R) return refit_error(REFIT_ERR_NO_MEMORY, "relays");
-    R->reg = reg;
-    snprintf(R->group, sizeof(R->group), "%s", group);
-    R->rank = mine->rank;
-    R->slot = params->relay_slot;
-    R->upstream = REFIT_RELAYS_NONE;
-    R->mine = mine;
-    R->params = *params;
-    R->key = refit_fleet_mirror_key(mine);
-    if (R->slot >= REFIT_MAX_RELAYS) {
-        free(R);
-        return refit_error(REFIT_ERR_INVALID_ARG, "relay slot %d (at most %d)", params->relay_slot,
-                           REFIT_MAX_RELAYS - 1);
-    }
-    *out = R;
-    return REFIT_OK;
-}
-
-static void drop(refit_relays_t *R, const refit_tset_t *ts, relay_src_t *s)
-{
-    for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++)
-        if (s->peer[t]) {
-            ts->ops[t]->disconnect(s->peer[t]);
-            s->peer[t] = NULL;
-        }
-    refit_manifest_destroy(s->m);
-    s->m = NULL;
-    s->known = false;
-    s->signature = s->incarnation = 0;
-    (void)R;
-}
-
-void refit_relays_reset(refit_relays_t *R, const refit_tset_t *ts)
-{
-    if (!R) return;
-    for (int i = 0; i < REFIT_MAX_RELAYS; i++) drop(R, ts, &R->src[i]);
-}
-
-void refit_relays_close(refit_relays_t *R, const refit_tset_t *ts)
-{
-    if (!R) return;
-    for (int i = 0; i < REFIT_MAX_RELAYS; i++) drop(R, ts, &R->src[i]);
-    refit_publisher_destroy(R->pub);
-    free(R);
-}
-
-/* ---- serving --------------------------------------------------------------- */
 
 /* The relay's progress region (its last, named by an attribute), -1: none. */
 static int progress_region_of(const refit_manifest_t *m)
@@ -203,145 +83,6 @@ static bool mirrors_ours(refit_relays_t *R, const char *g, uint64_t signature, i
     return true;
 }
 
-void refit_relays_withdraw(refit_relays_t *R, int timeout_ms)
-{
-    if (!R || !R->pub || !R->serving) return;
-    __atomic_store_n(&R->progress->version, 0, __ATOMIC_RELEASE); /* readers following us stop */
-    if (refit_publisher_wait_readers(R->pub, R->serving, timeout_ms)) {
-        /* This memory must take the next version: readers still on this one
-         * lose their leases, so none of them commits what it reads from now
-         * on (each checks its lease after its transfer). */
-        char g[104];
-        uint32_t n = 0;
-        relay_group(R, (uint32_t)R->slot, g, sizeof(g));
-        refit_status_t st = refit_registry_lease_revoke(R->reg, g, R->serving, &n);
-        refit_log(REFIT_LOG_WARN, "relay %s slot %d: readers of version %" PRIu64 " stayed past %d ms; %s", R->group,
-                  R->slot, R->serving, timeout_ms, st ? refit_last_error() : "their leases are revoked");
-        (void)n;
-    }
-    refit_publisher_rewriting(R->pub, 0); /* whether or not its readers left: the memory changes next */
-    R->serving = 0;
-    R->partial = false;
-}
-
-/* Creates the relay's publisher on first use: the receiver's manifest as rank
- * 0 of the relay group, plus the progress region. */
-static refit_status_t ensure_pub(refit_relays_t *R, void *const *mem)
-{
-    refit_status_t st;
-    if (R->pub) return REFIT_OK;
-    void *enc = NULL;
-    size_t len = 0;
-    refit_manifest_t *copy = NULL;
-    if ((st = refit_manifest_encode(R->mine, &enc, &len))) return st;
-    st = refit_manifest_decode(enc, len, &copy);
-    free(enc);
-    if (st) return st;
-    copy->rank = 0; /* rank 0 of the relay's own group; the layout's rank stays in the placements */
-    uint32_t pr = (uint32_t)copy->regions.len;
-    if (REFIT_VEC_PUSH(&copy->regions, (uint64_t)REFIT_PROGRESS_BYTES) ||
-        refit_manifest_set_attr(copy, "refit.progress", &pr, sizeof(pr))) {
-        refit_manifest_destroy(copy);
-        return refit_error(REFIT_ERR_NO_MEMORY, "relay manifest");
-    }
-    copy->signature = refit_manifest_compute_signature(copy);
-    char g[104];
-    relay_group(R, (uint32_t)R->slot, g, sizeof(g));
-    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
-    pp.registry = R->params.registry;
-    pp.job = R->params.job;
-    pp.group = g;
-    pp.transports = R->params.transports;
-    pp.transport_options = R->params.transport_options;
-    pp.heartbeat_ms = R->params.relay_heartbeat_ms;
-    pp.dead_ms = R->params.relay_heartbeat_ms ? R->params.relay_heartbeat_ms * 4 : 0;
-    pp.secret_file = R->params.secret_file;
-    pp.insecure = R->params.insecure;
-    pp.lease_ms = R->params.lease_ms;
-    pp.no_digest = true; /* its readers check the trainer's digests: the bytes are the same canonical bytes */
-    if ((st = refit_publisher_create(&pp, copy, &R->pub))) {
-        refit_manifest_destroy(copy);
-        return st;
-    }
-    void *p = NULL;
-    for (uint32_t i = 0; i < pr && !st; i++) st = refit_publisher_attach(R->pub, i, mem[i]);
-    if (st || (st = refit_publisher_alloc(R->pub, pr, &p))) {
-        refit_publisher_destroy(R->pub);
-        R->pub = NULL;
-        return st;
-    }
-    R->progress = p;
-    return REFIT_OK;
-}
-
-refit_progress_hdr_t *refit_relays_progress(refit_relays_t *R, void *const *mem)
-{
-    if (!R || R->slot < 0) return NULL;
-    if (ensure_pub(R, mem)) {
-        refit_log(REFIT_LOG_WARN, "relay %s slot %d: %s (serving whole versions only)", R->group, R->slot,
-                  refit_last_error());
-        return NULL;
-    }
-    return R->progress;
-}
-
-void refit_relays_announce(refit_relays_t *R, uint64_t v)
-{
-    if (!R || !R->pub) return;
-    if (R->partial && R->serving == v) return; /* a retry of the same pull (its chunks written so far stay) */
-    refit_publisher_stamp(R->pub, (uint32_t)R->progress->origin);
-    if (refit_publisher_publish(R->pub, v)) { /* e.g. v again after a failed pull: served once complete */
-        refit_log(REFIT_LOG_DEBUG, "relay %s slot %d: not serving %" PRIu64 " while receiving it: %s", R->group,
-                  R->slot, v, refit_last_error());
-        __atomic_store_n(&R->progress->version, 0, __ATOMIC_RELEASE);
-        return;
-    }
-    R->serving = v;
-    R->partial = true;
-}
-
-void refit_relays_marked(refit_relays_t *R)
-{
-    if (R && R->pub) refit_publisher_notify(R->pub);
-}
-
-void refit_relays_abort(refit_relays_t *R)
-{
-    if (!R || !R->pub || !R->partial) return;
-    __atomic_store_n(&R->progress->version, 0, __ATOMIC_RELEASE);
-    /* Retire it (readers of the chunks written keep them); the next pull
-     * waits for their leases before writing (withdraw). */
-    refit_status_t st = refit_publisher_wait_readers(R->pub, R->serving, 0);
-    if (st && st != REFIT_ERR_TIMEOUT)
-        refit_log(REFIT_LOG_WARN, "relay %s slot %d: retiring %" PRIu64 ": %s", R->group, R->slot, R->serving,
-                  refit_last_error());
-    R->partial = false;
-}
-
-refit_status_t refit_relays_serve(refit_relays_t *R, void *const *mem, uint64_t v, uint64_t origin)
-{
-    refit_status_t st;
-    if (!R || R->slot < 0) return REFIT_OK;
-    if ((st = ensure_pub(R, mem))) return st;
-    refit_progress_hdr_t *hd = R->progress;
-    if (R->partial && R->serving == v && hd->origin == origin) { /* published when the transfer started */
-        __atomic_store_n(&hd->complete, 1, __ATOMIC_RELEASE);
-        R->partial = false;
-        return REFIT_OK;
-    }
-    __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
-    hd->magic = REFIT_PROGRESS_MAGIC;
-    hd->nchunks = hd->chunk_bytes = hd->plan_src = hd->plan_dst = 0;
-    hd->complete = 1;
-    hd->origin = origin;
-    refit_publisher_stamp(R->pub, (uint32_t)origin);
-    __atomic_store_n(&hd->version, v, __ATOMIC_RELEASE);
-    if ((st = refit_publisher_publish(R->pub, v))) return st;
-    R->serving = v;
-    return REFIT_OK;
-}
-
-/* ---- reading from relays ---------------------------------------------------- */
 
 /* Takes a load token on `g` for v if fewer than cap readers hold one (cap 0: no limit). */
 static bool take_token(refit_relays_t *R, const char *g, uint64_t v, const char *reader, uint32_t cap)
@@ -458,7 +199,7 @@ static bool learn_slot(refit_relays_t *R, const refit_tset_t *ts, relay_src_t *s
                        const refit_version_record_t *rec)
 {
     if (s->known && s->signature == rec->signature && s->incarnation == rec->incarnation) return true;
-    drop(R, ts, s);
+    refit_relay_src_drop(ts, s);
     int pr;
     refit_manifest_t *m;
     if (!mirrors_ours(R, g, rec->signature, &pr, &m)) return false;
@@ -644,5 +385,3 @@ void refit_relays_release_as(refit_relays_t *R, const char *reader)
     }
     R->trainer_loaded = false;
 }
-
-bool refit_relays_serving(const refit_relays_t *R) { return R && R->pub && R->serving; }

@@ -15,11 +15,11 @@
  * threads over shm, REFIT_FLEET_NET_WORKERS chunks in flight over a network:
  * holder_workers); a worker
  * claims the next chunk of its holder's share, and when that is done, free
- * chunks of a holder whose chunks take over 3x as long as its own:
+ * chunks of a holder whose chunks take over 3x as long as its own (REFIT_FLEET_SLOWER_RATIO):
  * equal holders serve equal bytes (egress balance), slow ones lose their
  * share to fast ones (work stealing).  A worker with
  * nothing left to claim re-reads a chunk another holder has had in flight for
- * more than 4x the mean chunk time (+100 ms): a slow source's tail is worked
+ * more than 4x the mean chunk time (+100 ms: REFIT_FLEET_REREAD_*): a slow source's tail is worked
  * around.  A holder that fails (its process died: process_vm_readv fails, the
  * peer breaks) is dropped and its chunk goes back to the queue, so a reader
  * fails over at once to the other holders of those bytes.  The pull fails only
@@ -42,9 +42,12 @@
  * already balanced DP replicas by bytes; without a second holder there is no
  * one to steal from or fail over to -- so the plan runs as one pull (with the
  * receiver's copy threads; over UCX from every source at once).  Over a
- * network a relay (its readers follow its chunks) always pulls in chunks.  If that pull fails
- * because a source died, the whole plan is redone in chunks over every holder,
- * where the dead one is found and dropped: failover as above, just later.
+ * network a relay (its readers follow its chunks) always pulls in chunks.  The
+ * receiver asks (refit_fleet_runs_direct) and calls refit_fleet_direct or
+ * refit_fleet_chunks: that is its pull's path.  If a direct pull fails
+ * because a source died, the receiver redoes the whole plan in chunks over
+ * every holder, where the dead one is found and dropped: failover as above,
+ * just later.
  *
  * Duplicate reads write identical bytes (one version, immutable while
  * leased); every worker is joined before the transfer returns.  Transports
@@ -66,7 +69,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 #include "plan/plan.h"
 
 uint64_t refit_fleet_origin(const refit_version_record_t *recs, const uint8_t *present, uint32_t world)
@@ -102,6 +105,7 @@ typedef struct {
     uint64_t origin;   /* see refit_fleet_xfer_t */
     uint64_t launches; /* GPU kernel launches of the chunk pulls (cuda_ipc) */
     bool finished;
+    bool ran; /* the workers ran (their arrays could be allocated) */
     unsigned active;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -359,16 +363,51 @@ static unsigned holder_workers(const refit_fleet_xfer_t *x, const refit_fleet_ho
     return x->workers ? x->workers : 2;
 }
 
-/* A direct pull (see the top of this file): REFIT_OK, the pull's error, or
- * REFIT_ERR_UNSUPPORTED (nothing done) when the holders do not qualify. */
-static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holder_t *h, uint32_t nh,
-                                  refit_pull_stats_t *stats)
+bool refit_fleet_runs_direct(const refit_fleet_xfer_t *x, const refit_fleet_holder_t *h, uint32_t nh)
+{
+    if (!nh) return false;
+    bool net = x->ts->ops[h[0].transport] != &refit_transport_shm;
+    return refit_fleet_direct_ok(h, nh, net, x->progress != NULL, x->plan);
+}
+
+void refit_fleet_clear_counts(refit_fleet_holder_t *h, uint32_t nh)
+{
+    for (uint32_t i = 0; i < nh; i++) {
+        h[i].bytes = 0;
+        h[i].chunks = 0;
+        h[i].busy_s = 0;
+        h[i].lanes[0] = '\0';
+    }
+}
+
+/* A direct pull's counts: each planned source's holder served its bytes as one chunk. */
+static void direct_counts(const refit_fleet_xfer_t *x, refit_fleet_holder_t *h, const int *of, double dt,
+                          const refit_pull_stats_t *ps, refit_pull_stats_t *stats)
 {
     size_t nplan = refit_plan_num_sources(x->plan);
-    if (!nh) return REFIT_ERR_UNSUPPORTED;
+    for (uint32_t s = 0; s < nplan; s++) {
+        if (of[s] < 0) continue;
+        refit_fleet_holder_t *H = &h[of[s]];
+        H->bytes += refit_plan_source_bytes(x->plan, s);
+        H->chunks++; /* a direct pull counts as one chunk per source */
+        H->busy_s = dt;
+        snprintf(H->lanes, sizeof(H->lanes), "%.63s", ps->lanes);
+    }
+    if (stats) {
+        stats->bytes += ps->bytes;
+        stats->requests += ps->requests;
+        stats->launches += ps->launches;
+        snprintf(stats->lanes, sizeof(stats->lanes), "%s", ps->lanes);
+    }
+}
+
+refit_status_t refit_fleet_direct(const refit_fleet_xfer_t *x, refit_fleet_holder_t *h, uint32_t nh,
+                                  refit_pull_stats_t *stats)
+{
+    if (!refit_fleet_runs_direct(x, h, nh))
+        return refit_error(REFIT_ERR_INTERNAL, "fleet: a direct pull over holders that do not qualify for one");
+    size_t nplan = refit_plan_num_sources(x->plan);
     uint32_t t = h[0].transport;
-    bool net = x->ts->ops[t] != &refit_transport_shm;
-    if (!refit_fleet_direct_ok(h, nh, net, x->progress != NULL, x->plan)) return REFIT_ERR_UNSUPPORTED;
     refit_peer_t **peers = calloc(nplan ? nplan : 1, sizeof(void *));
     int *of = calloc(nplan ? nplan : 1, sizeof(int));
     if (!peers || !of) {
@@ -376,94 +415,54 @@ static refit_status_t direct_pull(const refit_fleet_xfer_t *x, refit_fleet_holde
         free(of);
         return refit_error(REFIT_ERR_NO_MEMORY, "direct pull");
     }
-    refit_status_t st = REFIT_OK;
-    for (uint32_t s = 0; s < nplan && !st; s++) {
-        of[s] = -1;
-        if (!refit_plan_source_bytes(x->plan, s)) continue;
-        if ((of[s] = refit_fleet_direct_holder(h, nh, s)) < 0) st = REFIT_ERR_UNSUPPORTED;
-        else peers[s] = h[of[s]].peer;
+    for (uint32_t s = 0; s < nplan; s++) { /* refit_fleet_direct_ok found a holder for each */
+        of[s] = refit_plan_source_bytes(x->plan, s) ? refit_fleet_direct_holder(h, nh, s) : -1;
+        if (of[s] >= 0) peers[s] = h[of[s]].peer;
     }
-    if (!st) {
-        refit_pull_ctl_t ctl = {.deadline = x->deadline, .threads = x->threads, .tick = x->tick, .user = x->user};
-        refit_pull_stats_t ps = {0};
-        double t0 = refit_now();
-        st = x->ts->ops[t]->pull(x->ts->ctx[t], peers, x->plan, x->dst, &ctl, &ps);
-        double dt = refit_now() - t0;
-        for (uint32_t s = 0; !st && s < nplan; s++) {
-            if (of[s] < 0) continue;
-            refit_fleet_holder_t *H = &h[of[s]];
-            H->bytes += refit_plan_source_bytes(x->plan, s);
-            H->chunks++; /* a direct pull counts as one chunk per source */
-            H->busy_s = dt;
-            snprintf(H->lanes, sizeof(H->lanes), "%.63s", ps.lanes);
-        }
-        if (!st && stats) {
-            stats->bytes += ps.bytes;
-            stats->requests += ps.requests;
-            stats->launches += ps.launches;
-            snprintf(stats->lanes, sizeof(stats->lanes), "%s", ps.lanes);
-        }
-    }
+    refit_pull_ctl_t ctl = {.deadline = x->deadline, .threads = x->threads, .tick = x->tick, .user = x->user};
+    refit_pull_stats_t ps = {0};
+    double t0 = refit_now();
+    refit_status_t st = x->ts->ops[t]->pull(x->ts->ctx[t], peers, x->plan, x->dst, &ctl, &ps);
+    if (!st) direct_counts(x, h, of, refit_now() - t0, &ps, stats);
     free(peers);
     free(of);
     return st;
 }
 
-refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
-                                    refit_pull_stats_t *stats)
+/* Chunks a failed try of the same plan left in place are marked done (not
+ * read again); returns how many. */
+static size_t resume_chunks(sched_t *S, const refit_fleet_resume_t *resume)
 {
-    refit_status_t st = direct_pull(x, holders, nh, stats);
-    if (st != REFIT_ERR_UNSUPPORTED && st != REFIT_ERR_PEER) return st;
-    if (st == REFIT_ERR_PEER) {
-        refit_log(REFIT_LOG_INFO, "fleet: direct pull failed (%s); redoing it in chunks over every holder",
-                  refit_last_error());
-        for (uint32_t h = 0; h < nh; h++) {
-            holders[h].bytes = 0;
-            holders[h].chunks = 0;
-            holders[h].busy_s = 0;
-            holders[h].lanes[0] = '\0';
-        }
-    }
-    st = REFIT_OK;
-    sched_t S;
-    memset(&S, 0, sizeof(S));
-    S.ts = x->ts;
-    S.k.h = holders;
-    S.k.nh = nh;
-    S.dst = x->dst;
-    S.deadline = x->deadline;
-    S.k.nplan = refit_plan_num_sources(x->plan);
-    refit_plan_key(x->plan, &S.key);
-    S.version = x->version;
-    S.k.plan_keys = x->plan_keys;
-    uint64_t chunk = x->chunk_bytes ? x->chunk_bytes : (2u << 20);
-    S.chunk = chunk;
-    if ((st = refit_fleet_sched_chunks(&S.k, x->plan, chunk))) return st;
-    /* Chunks a failed try of the same plan left in place are not read again. */
     size_t resumed = 0;
-    if (x->resume && x->resume->done && x->resume->n == S.k.nc)
-        for (size_t i = 0; i < S.k.nc; i++)
-            if (x->resume->done[i]) S.k.c[i].state = REFIT_CHUNK_DONE, S.k.done++, resumed++;
+    if (resume && resume->done && resume->n == S->k.nc)
+        for (size_t i = 0; i < S->k.nc; i++)
+            if (resume->done[i]) S->k.c[i].state = REFIT_CHUNK_DONE, S->k.done++, resumed++;
     if (resumed)
-        refit_log(REFIT_LOG_INFO, "fleet: %zu of %zu chunks already in place from the try before", resumed, S.k.nc);
-    /* Every chunk needs some holder from the start. */
-    for (size_t i = 0; i < S.k.nc; i++) {
-        if (S.k.c[i].state == REFIT_CHUNK_DONE) continue;
+        refit_log(REFIT_LOG_INFO, "fleet: %zu of %zu chunks already in place from the try before", resumed, S->k.nc);
+    return resumed;
+}
+
+/* Every chunk left needs some holder from the start. */
+static refit_status_t check_coverage(const sched_t *S)
+{
+    for (size_t i = 0; i < S->k.nc; i++) {
+        if (S->k.c[i].state == REFIT_CHUNK_DONE) continue;
         bool ok = false;
-        for (uint32_t h = 0; h < nh && !ok; h++) ok = refit_fleet_could_serve(&S.k, h, &S.k.c[i]);
-        if (!ok) {
-            refit_fleet_sched_free(&S.k);
+        for (uint32_t h = 0; h < S->k.nh && !ok; h++) ok = refit_fleet_could_serve(&S->k, h, &S->k.c[i]);
+        if (!ok)
             return refit_error(REFIT_ERR_MISSING_SOURCE, "no connected holder serves plan source %u's bytes",
-                               S.k.c[i].planned);
-        }
+                               S->k.c[i].planned);
     }
-    refit_fleet_share(&S.k, x->seed);
-    /* Partial relays start with nothing known written. */
-    if (!(S.k.avail = calloc(nh ? nh : 1, sizeof(uint8_t *)))) {
-        refit_fleet_sched_free(&S.k);
-        return refit_error(REFIT_ERR_NO_MEMORY, "holders");
-    }
-    S.origin = x->origin;
+    return REFIT_OK;
+}
+
+/* Partial relays start with nothing known written; a relay without a
+ * progress region, or one we cannot follow, is left out. */
+static refit_status_t follow_relays(sched_t *S)
+{
+    uint32_t nh = S->k.nh;
+    refit_fleet_holder_t *holders = S->k.h;
+    if (!(S->k.avail = calloc(nh ? nh : 1, sizeof(uint8_t *)))) return refit_error(REFIT_ERR_NO_MEMORY, "holders");
     for (uint32_t h = 0; h < nh; h++) {
         holders[h].partial = holders[h].mirror_dst && holders[h].progress_region >= 0;
         if (holders[h].mirror_dst && holders[h].progress_region < 0 && !holders[h].failed) {
@@ -471,100 +470,162 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
             holders[h].failed = true;
             snprintf(holders[h].error, sizeof(holders[h].error), "a relay without a progress region");
         }
-        if (holders[h].partial && !(S.k.avail[h] = calloc(S.k.nc ? S.k.nc : 1, 1))) {
+        if (holders[h].partial && !(S->k.avail[h] = calloc(S->k.nc ? S->k.nc : 1, 1))) {
             /* Without a map of what it has, a relay still receiving cannot be
              * read safely: leave it out (the other holders serve). */
             holders[h].failed = true;
             snprintf(holders[h].error, sizeof(holders[h].error), "no memory to follow its progress");
         }
     }
-    /* We are a relay: readers may follow us chunk by chunk from now on. */
-    if (x->progress && S.k.nc <= REFIT_PROGRESS_MAX_CHUNKS) {
-        refit_progress_hdr_t *hd = x->progress;
-        /* A retry of the same transfer (resumed) keeps its progress as it
-         * is, so that readers following it see no gap. */
-        bool same = __atomic_load_n(&hd->version, __ATOMIC_ACQUIRE) == x->version && resumed &&
-                    hd->magic == REFIT_PROGRESS_MAGIC && hd->plan_src == S.key.src && hd->plan_dst == S.key.dst &&
-                    hd->chunk_bytes == chunk && hd->nchunks == S.k.nc && !hd->complete;
-        if (!same) {
-            __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
-            memset(hd + 1, 0, S.k.nc);
-            hd->magic = REFIT_PROGRESS_MAGIC;
-            hd->plan_src = S.key.src;
-            hd->plan_dst = S.key.dst;
-            hd->chunk_bytes = chunk;
-            hd->nchunks = S.k.nc;
-            hd->complete = 0;
-        }
-        for (size_t i = 0; i < S.k.nc; i++)
-            if (S.k.c[i].state == REFIT_CHUNK_DONE) __atomic_store_n((uint8_t *)(hd + 1) + i, 1, __ATOMIC_RELEASE);
-        hd->origin = x->origin;
-        __atomic_store_n(&hd->version, x->version, __ATOMIC_RELEASE);
-        S.progress = hd;
-        S.marked = x->marked;
-        S.user = x->user;
-        if (x->announce) x->announce(x->user);
+    return REFIT_OK;
+}
+
+/* The scheduler's state for a chunked transfer: chunks cut, resumed chunks
+ * marked, coverage checked, shares dealt, relays to follow.  On failure
+ * S->k is freed. */
+static refit_status_t sched_setup(sched_t *S, const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
+                                  size_t *resumed)
+{
+    memset(S, 0, sizeof(*S));
+    S->ts = x->ts;
+    S->k.h = holders;
+    S->k.nh = nh;
+    S->dst = x->dst;
+    S->deadline = x->deadline;
+    S->k.nplan = refit_plan_num_sources(x->plan);
+    refit_plan_key(x->plan, &S->key);
+    S->version = x->version;
+    S->k.plan_keys = x->plan_keys;
+    S->origin = x->origin;
+    S->chunk = x->chunk_bytes ? x->chunk_bytes : (2u << 20);
+    refit_status_t st = refit_fleet_sched_chunks(&S->k, x->plan, S->chunk);
+    if (st) return st;
+    *resumed = resume_chunks(S, x->resume);
+    if ((st = check_coverage(S))) {
+        refit_fleet_sched_free(&S->k);
+        return st;
     }
-    pthread_mutex_init(&S.lock, NULL);
-    pthread_cond_init(&S.cond, NULL);
-    for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_init(&S.serial[t], NULL);
-    size_t nw = 0;
-    for (uint32_t h = 0; h < nh; h++) nw += holder_workers(x, &holders[h]);
-    pthread_t *th = calloc(nw ? nw : 1, sizeof(pthread_t));
-    worker_arg_t *wa = calloc(nw ? nw : 1, sizeof(worker_arg_t));
-    bool *started = calloc(nw ? nw : 1, sizeof(bool));
-    if (!th || !wa || !started) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "workers");
-        goto out;
+    refit_fleet_share(&S->k, x->seed);
+    if ((st = follow_relays(S))) refit_fleet_sched_free(&S->k);
+    return st;
+}
+
+/* We are a relay: readers may follow us chunk by chunk from now on. */
+static void progress_start(sched_t *S, const refit_fleet_xfer_t *x, size_t resumed)
+{
+    if (!x->progress || S->k.nc > REFIT_PROGRESS_MAX_CHUNKS) return;
+    refit_progress_hdr_t *hd = x->progress;
+    /* A retry of the same transfer (resumed) keeps its progress as it
+     * is, so that readers following it see no gap. */
+    bool same = __atomic_load_n(&hd->version, __ATOMIC_ACQUIRE) == x->version && resumed &&
+                hd->magic == REFIT_PROGRESS_MAGIC && hd->plan_src == S->key.src && hd->plan_dst == S->key.dst &&
+                hd->chunk_bytes == S->chunk && hd->nchunks == S->k.nc && !hd->complete;
+    if (!same) {
+        __atomic_store_n(&hd->version, 0, __ATOMIC_RELEASE);
+        memset(hd + 1, 0, S->k.nc);
+        hd->magic = REFIT_PROGRESS_MAGIC;
+        hd->plan_src = S->key.src;
+        hd->plan_dst = S->key.dst;
+        hd->chunk_bytes = S->chunk;
+        hd->nchunks = S->k.nc;
+        hd->complete = 0;
     }
-    pthread_mutex_lock(&S.lock);
-    for (uint32_t h = 0, w = 0; h < nh; h++)
-        for (unsigned k = holder_workers(x, &holders[h]); k > 0; k--, w++) {
-            if (holders[h].failed || !holders[h].peer) continue;
-            wa[w] = (worker_arg_t){&S, h};
-            if (pthread_create(&th[w], NULL, worker_main, &wa[w]) == 0) {
-                started[w] = true;
-                S.active++;
-            }
-        }
-    /* The calling thread renews leases (tick) while the workers run. */
-    while (S.active > 0 && S.k.done < S.k.nc) {
+    for (size_t i = 0; i < S->k.nc; i++)
+        if (S->k.c[i].state == REFIT_CHUNK_DONE) __atomic_store_n((uint8_t *)(hd + 1) + i, 1, __ATOMIC_RELEASE);
+    hd->origin = x->origin;
+    __atomic_store_n(&hd->version, x->version, __ATOMIC_RELEASE);
+    S->progress = hd;
+    S->marked = x->marked;
+    S->user = x->user;
+    if (x->announce) x->announce(x->user);
+}
+
+/* The calling thread renews leases (tick) while the workers run, until
+ * every chunk is done, no worker is left, the deadline passes or tick
+ * fails (its error).  Lock held. */
+static refit_status_t supervise(sched_t *S, const refit_fleet_xfer_t *x)
+{
+    while (S->active > 0 && S->k.done < S->k.nc) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20000000;
         if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&S.cond, &S.lock, &ts);
+        pthread_cond_timedwait(&S->cond, &S->lock, &ts);
         if (x->tick) {
-            pthread_mutex_unlock(&S.lock);
-            refit_status_t ts2 = x->tick(x->user);
-            pthread_mutex_lock(&S.lock);
-            if (ts2) {
-                st = ts2;
-                break;
+            pthread_mutex_unlock(&S->lock);
+            refit_status_t st = x->tick(x->user);
+            pthread_mutex_lock(&S->lock);
+            if (st) return st;
+        }
+        if (refit_now() > S->deadline) break;
+    }
+    return REFIT_OK;
+}
+
+/* Starts the holders' workers, supervises them and joins them; *left: the
+ * chunks not done when they were told to stop. */
+static refit_status_t run_workers(sched_t *S, const refit_fleet_xfer_t *x, size_t *left)
+{
+    refit_fleet_holder_t *holders = S->k.h;
+    size_t nw = 0;
+    for (uint32_t h = 0; h < S->k.nh; h++) nw += holder_workers(x, &holders[h]);
+    pthread_t *th = calloc(nw ? nw : 1, sizeof(pthread_t));
+    worker_arg_t *wa = calloc(nw ? nw : 1, sizeof(worker_arg_t));
+    bool *started = calloc(nw ? nw : 1, sizeof(bool));
+    refit_status_t st = REFIT_OK;
+    *left = 0;
+    if (!th || !wa || !started) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "workers");
+        goto out;
+    }
+    S->ran = true;
+    pthread_mutex_lock(&S->lock);
+    for (uint32_t h = 0, w = 0; h < S->k.nh; h++)
+        for (unsigned k = holder_workers(x, &holders[h]); k > 0; k--, w++) {
+            if (holders[h].failed || !holders[h].peer) continue;
+            wa[w] = (worker_arg_t){S, h};
+            if (pthread_create(&th[w], NULL, worker_main, &wa[w]) == 0) {
+                started[w] = true;
+                S->active++;
             }
         }
-        if (refit_now() > S.deadline) break;
-    }
-    S.finished = true;
-    bool complete = S.k.done == S.k.nc;
-    size_t left = S.k.nc - S.k.done;
-    pthread_cond_broadcast(&S.cond);
-    pthread_mutex_unlock(&S.lock);
+    st = supervise(S, x);
+    S->finished = true;
+    *left = S->k.nc - S->k.done;
+    pthread_cond_broadcast(&S->cond);
+    pthread_mutex_unlock(&S->lock);
     for (size_t w = 0; w < nw; w++)
         if (started[w]) pthread_join(th[w], NULL);
-    if (!st && !complete) {
-        char why[600] = "";
-        size_t pos = 0;
-        for (uint32_t h = 0; h < nh && pos < sizeof(why) - 1; h++)
-            if (holders[h].failed)
-                pos += (size_t)snprintf(why + pos, sizeof(why) - pos, "%s%s: %s", pos ? "; " : "", holders[h].name,
-                                        holders[h].error);
-        if (refit_now() > S.deadline)
-            st = refit_error(REFIT_ERR_TIMEOUT, "%zu of %zu chunks not transferred by the deadline%s%s", left, S.k.nc,
-                             why[0] ? "; " : "", why);
-        else st = refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S.k.nc, why);
-    }
-    for (uint32_t h = 0; h < nh; h++)
+out:
+    free(th);
+    free(wa);
+    free(started);
+    return st;
+}
+
+/* Chunks left after the workers stopped: the deadline passed, or no live
+ * holder was left (the failed holders' errors say why). */
+static refit_status_t chunks_left_error(const sched_t *S, size_t left)
+{
+    const refit_fleet_holder_t *holders = S->k.h;
+    char why[600] = "";
+    size_t pos = 0;
+    for (uint32_t h = 0; h < S->k.nh && pos < sizeof(why) - 1; h++)
+        if (holders[h].failed)
+            pos += (size_t)snprintf(why + pos, sizeof(why) - pos, "%s%s: %s", pos ? "; " : "", holders[h].name,
+                                    holders[h].error);
+    if (refit_now() > S->deadline)
+        return refit_error(REFIT_ERR_TIMEOUT, "%zu of %zu chunks not transferred by the deadline%s%s", left, S->k.nc,
+                           why[0] ? "; " : "", why);
+    return refit_error(REFIT_ERR_PEER, "%zu of %zu chunks have no live holder left (%s)", left, S->k.nc, why);
+}
+
+/* After the workers: each holder's part logged, what is in place kept for
+ * a try after this one, and (success) the statistics. */
+static void chunks_finish(const sched_t *S, const refit_fleet_xfer_t *x, bool ok, refit_pull_stats_t *stats)
+{
+    const refit_fleet_holder_t *holders = S->k.h;
+    for (uint32_t h = 0; h < S->k.nh; h++)
         refit_log(REFIT_LOG_DEBUG,
                   "fleet: %s: %u chunks (%u from others' shares, %u re-read, %u while it was receiving, %u asked "
                   "ahead, %u late, %u idle progress reads), %" PRIu64 " bytes, %.1f ms busy%s%s",
@@ -572,27 +633,39 @@ refit_status_t refit_fleet_transfer(const refit_fleet_xfer_t *x, refit_fleet_hol
                   holders[h].ahead, holders[h].late, holders[h].waits, holders[h].bytes, holders[h].busy_s * 1e3,
                   holders[h].failed ? ", failed: " : "", holders[h].failed ? holders[h].error : "");
     if (x->resume) { /* what is in place now, for a try after this one */
-        uint8_t *d = x->resume->n == S.k.nc ? x->resume->done : realloc(x->resume->done, S.k.nc ? S.k.nc : 1);
+        uint8_t *d = x->resume->n == S->k.nc ? x->resume->done : realloc(x->resume->done, S->k.nc ? S->k.nc : 1);
         if (d) {
-            for (size_t i = 0; i < S.k.nc; i++) d[i] = S.k.c[i].state == REFIT_CHUNK_DONE;
+            for (size_t i = 0; i < S->k.nc; i++) d[i] = S->k.c[i].state == REFIT_CHUNK_DONE;
             x->resume->done = d;
-            x->resume->n = S.k.nc;
+            x->resume->n = S->k.nc;
         }
     }
-    if (!st && stats) {
-        for (size_t i = 0; i < S.k.nc; i++) stats->bytes += S.k.c[i].bytes; /* a resumed try's included: same pull */
-        stats->requests += S.k.nc;
-        stats->launches += S.launches;
-        for (uint32_t h = 0; h < nh; h++)
-            if (holders[h].chunks && !strstr(stats->lanes, holders[h].lanes)) {
-                size_t l = strlen(stats->lanes);
-                snprintf(stats->lanes + l, sizeof(stats->lanes) - l, "%s%s", l ? " " : "", holders[h].lanes);
-            }
-    }
-out:
-    free(th);
-    free(wa);
-    free(started);
+    if (!ok || !stats) return;
+    for (size_t i = 0; i < S->k.nc; i++) stats->bytes += S->k.c[i].bytes; /* a resumed try's included: same pull */
+    stats->requests += S->k.nc;
+    stats->launches += S->launches;
+    for (uint32_t h = 0; h < S->k.nh; h++)
+        if (holders[h].chunks && !strstr(stats->lanes, holders[h].lanes)) {
+            size_t l = strlen(stats->lanes);
+            snprintf(stats->lanes + l, sizeof(stats->lanes) - l, "%s%s", l ? " " : "", holders[h].lanes);
+        }
+}
+
+refit_status_t refit_fleet_chunks(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
+                                  refit_pull_stats_t *stats)
+{
+    sched_t S;
+    size_t resumed = 0;
+    refit_status_t st = sched_setup(&S, x, holders, nh, &resumed);
+    if (st) return st;
+    progress_start(&S, x, resumed);
+    pthread_mutex_init(&S.lock, NULL);
+    pthread_cond_init(&S.cond, NULL);
+    for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_init(&S.serial[t], NULL);
+    size_t left = 0;
+    st = run_workers(&S, x, &left);
+    if (!st && left) st = chunks_left_error(&S, left);
+    if (S.ran) chunks_finish(&S, x, !st, stats);
     pthread_mutex_destroy(&S.lock);
     pthread_cond_destroy(&S.cond);
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_destroy(&S.serial[t]);

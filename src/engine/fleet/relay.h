@@ -2,7 +2,7 @@
 #ifndef REFIT_ENGINE_RELAY_H
 #define REFIT_ENGINE_RELAY_H
 
-#include "engine/fleet.h"
+#include "engine/fleet/fleet.h"
 
 #define REFIT_MAX_RELAYS 16
 
@@ -15,7 +15,7 @@ void refit_relays_close(refit_relays_t *R, const refit_tset_t *ts);
  * (up to timeout_ms) for its readers. */
 void refit_relays_withdraw(refit_relays_t *R, int timeout_ms);
 /* The relay's progress region for a chunked transfer (NULL: not a relay, or
- * it could not be set up); refit_fleet_transfer fills it. */
+ * it could not be set up); refit_fleet_chunks fills it. */
 refit_progress_hdr_t *refit_relays_progress(refit_relays_t *R, void *const *mem);
 /* The progress is valid for v: publish v while it is being received. */
 void refit_relays_announce(refit_relays_t *R, uint64_t v);

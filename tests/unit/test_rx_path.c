@@ -1,0 +1,202 @@
+/* The receiver's path (refit_rx_path_t): every path a pull takes on this
+ * machine's memory, each checked in the pull report and by the bytes (the
+ * synthetic truth, verified independently of the pull).  Publishers and
+ * receivers share this process (shm reads its own memory); a file registry.
+ * The GPU paths (gpu_direct, gpu_fp8) are checked in tests/gpu. */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SRC "tiny-moe", "megatron:ep=2"
+#define DST "tiny-moe", "vllm:tp=2"
+
+typedef struct {
+    char dir[64], url[96], job[32];
+    refit_publisher_t *pub[2];
+    refit_manifest_t *pm[2]; /* the publishers' manifests (owned by them) */
+    void *pbase[2];
+    double delta; /* > 0: delta publishers, their truth changing this share per version */
+} bench_t;
+
+static void bench_start(bench_t *b, double delta)
+{
+    static int seq;
+    memset(b, 0, sizeof(*b));
+    snprintf(b->dir, sizeof(b->dir), "/tmp/refit-rxpath-XXXXXX");
+    assert_non_null(mkdtemp(b->dir));
+    snprintf(b->url, sizeof(b->url), "file:%s", b->dir);
+    snprintf(b->job, sizeof(b->job), "rxpath%d-%d", (int)getpid(), ++seq);
+    b->delta = delta;
+    for (uint32_t k = 0; k < 2; k++) {
+        refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+        pp.registry = b->url;
+        pp.job = b->job;
+        pp.transports = "shm";
+        pp.mode = REFIT_MODE_IN_PLACE;
+        pp.delta = delta > 0;
+        b->pm[k] = t_manifest_named(SRC, k);
+        REFIT_ASSERT_OK(refit_publisher_create(&pp, b->pm[k], &b->pub[k]));
+        REFIT_ASSERT_OK(refit_publisher_alloc(b->pub[k], 0, &b->pbase[k]));
+    }
+}
+
+static void bench_publish(bench_t *b, uint64_t v)
+{
+    for (uint32_t k = 0; k < 2; k++) {
+        if (b->delta > 0) REFIT_ASSERT_OK(refit_truth_fill_delta(b->pm[k], &b->pbase[k], v, b->delta));
+        else REFIT_ASSERT_OK(refit_truth_fill(b->pm[k], &b->pbase[k], v));
+        REFIT_ASSERT_OK(refit_publisher_publish(b->pub[k], v));
+    }
+}
+
+static void bench_stop(bench_t *b)
+{
+    for (uint32_t k = 0; k < 2; k++) refit_publisher_destroy(b->pub[k]);
+    t_rm_tree(b->dir);
+}
+
+static refit_receiver_t *rx(const bench_t *b, const char *reader, int relay_slot, void **base)
+{
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = b->url;
+    rp.job = b->job;
+    rp.transports = "shm";
+    rp.reader = reader;
+    rp.relay_slot = relay_slot;
+    rp.relay_heartbeat_ms = 100;
+    rp.threads = 2;
+    rp.chunk_kb = 16; /* many chunks even for a tiny model */
+    refit_receiver_t *r;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(DST, 1), &r));
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, base));
+    return r;
+}
+
+/* The pull's path, its name, and the bytes: the truth of v (delta: the delta truth). */
+static void expect_pull(refit_receiver_t *r, const bench_t *b, void *base, uint64_t v, refit_rx_path_t want)
+{
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    REFIT_ASSERT_OK(refit_receiver_pull(r, v, 10000, &rep));
+    if (rep.path != (uint32_t)want)
+        fail_msg("version %llu came the %s way, not %s (lanes: %s)", (unsigned long long)v,
+                 refit_rx_path_name((refit_rx_path_t)rep.path), refit_rx_path_name(want), rep.lanes);
+    assert_int_equal(rep.version, v);
+    assert_true(rep.bytes > 0);
+    refit_manifest_t *m = t_manifest_named(DST, 1);
+    if (b->delta > 0) REFIT_ASSERT_OK(refit_truth_verify_delta(m, (const void *const *)&base, v, b->delta, NULL));
+    else REFIT_ASSERT_OK(refit_truth_verify(m, (const void *const *)&base, v, NULL));
+    refit_manifest_destroy(m);
+}
+
+static void path_names(void **state)
+{
+    (void)state;
+    assert_string_equal(refit_rx_path_name(REFIT_RX_PATH_NONE), "none");
+    assert_string_equal(refit_rx_path_name(REFIT_RX_PATH_HOST_DIRECT), "host_direct");
+    assert_string_equal(refit_rx_path_name(REFIT_RX_PATH_HOST_FLEET), "host_fleet");
+    assert_string_equal(refit_rx_path_name(REFIT_RX_PATH_GPU_DIRECT), "gpu_direct");
+    assert_string_equal(refit_rx_path_name(REFIT_RX_PATH_GPU_FP8), "gpu_fp8");
+    assert_string_equal(refit_rx_path_name(REFIT_RX_PATH_DELTA), "delta");
+    assert_string_equal(refit_rx_path_name((refit_rx_path_t)99), "unknown");
+}
+
+/* Host memory, the trainer ranks alone: one direct pull of the plan. */
+static void host_direct(void **state)
+{
+    (void)state;
+    bench_t b;
+    bench_start(&b, 0);
+    void *base;
+    refit_receiver_t *r = rx(&b, "direct", -1, &base);
+    for (uint64_t v = 1; v <= 2; v++) {
+        bench_publish(&b, v);
+        expect_pull(r, &b, base, v, REFIT_RX_PATH_HOST_DIRECT);
+        for (uint32_t k = 0; k < 2; k++) REFIT_ASSERT_OK(refit_publisher_wait_readers(b.pub[k], v, 5000));
+    }
+    refit_receiver_destroy(r);
+    bench_stop(&b);
+}
+
+/* A receiver that finds a relay among the holders of the version reads in
+ * chunks (the relay itself pulled direct: over shm a relay publishes at its
+ * commit, over a network it would pull in chunks for its readers to follow). */
+static void host_fleet(void **state)
+{
+    (void)state;
+    bench_t b;
+    bench_start(&b, 0);
+    void *rbase, *base;
+    refit_receiver_t *relay = rx(&b, "relay", 0, &rbase);
+    bench_publish(&b, 1);
+    expect_pull(relay, &b, rbase, 1, REFIT_RX_PATH_HOST_DIRECT);
+    refit_receiver_t *r = rx(&b, "reader", -1, &base);
+    expect_pull(r, &b, base, 1, REFIT_RX_PATH_HOST_FLEET);
+    refit_holder_stat_t hs[8];
+    for (int i = 0; i < 8; i++) hs[i].size = sizeof(hs[i]);
+    size_t n = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &n));
+    bool relay_read = false;
+    for (size_t i = 0; i < n; i++) relay_read |= !strncmp(hs[i].name, "relay:", 6);
+    assert_true(relay_read); /* the relay was among the holders */
+    refit_receiver_destroy(r);
+    refit_receiver_destroy(relay);
+    bench_stop(&b);
+}
+
+/* The sources offer a delta from what the memory holds: it is applied; a
+ * receiver that wants none pulls the same version in full. */
+static void delta(void **state)
+{
+    (void)state;
+    bench_t b;
+    bench_start(&b, 0.02);
+    void *base, *nbase;
+    refit_receiver_t *r = rx(&b, "delta", -1, &base);
+    bench_publish(&b, 1);
+    expect_pull(r, &b, base, 1, REFIT_RX_PATH_HOST_DIRECT); /* nothing to take a delta from */
+    for (uint32_t k = 0; k < 2; k++) REFIT_ASSERT_OK(refit_publisher_wait_readers(b.pub[k], 1, 5000));
+    bench_publish(&b, 2);
+    expect_pull(r, &b, base, 2, REFIT_RX_PATH_DELTA);
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = b.url;
+    rp.job = b.job;
+    rp.transports = "shm";
+    rp.reader = "nodelta";
+    rp.no_delta = true;
+    refit_receiver_t *rn;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(DST, 1), &rn));
+    REFIT_ASSERT_OK(refit_receiver_alloc(rn, 0, &nbase));
+    expect_pull(rn, &b, nbase, 2, REFIT_RX_PATH_HOST_DIRECT);
+    refit_receiver_destroy(rn);
+    refit_receiver_destroy(r);
+    bench_stop(&b);
+}
+
+/* A pull that moved nothing (no version by the deadline) says so. */
+static void none_moved(void **state)
+{
+    (void)state;
+    bench_t b;
+    bench_start(&b, 0);
+    void *base;
+    refit_receiver_t *r = rx(&b, "early", -1, &base);
+    bench_publish(&b, 1);
+    expect_pull(r, &b, base, 1, REFIT_RX_PATH_HOST_DIRECT);
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, 2, 200, &rep), REFIT_ERR_TIMEOUT, NULL);
+    assert_int_equal(rep.path, REFIT_RX_PATH_NONE);
+    refit_receiver_destroy(r);
+    bench_stop(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(path_names), cmocka_unit_test(host_direct), cmocka_unit_test(host_fleet),
+        cmocka_unit_test(delta),      cmocka_unit_test(none_moved),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
