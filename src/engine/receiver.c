@@ -413,14 +413,14 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     bool have_mem = true;
     for (uint32_t i = 0; i < r->nregions; i++) have_mem = have_mem && r->mem[i];
     for (uint32_t t = 0; t < r->ts.n && have_mem; t++) {
-        if (!r->ts.ops[t]->warm) continue;
+        if (!r->ts.ops[t]->warm && !r->fp8) continue;
         bool any = false;
         for (uint32_t k = 0; k < r->world; k++) {
             p.peers[k] = p.tix[k] == (int)t ? r->src[k].peer[t][p.s.recs[k].buffer] : NULL;
             any |= p.peers[k] != NULL;
         }
-        refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .fp8 = r->fp8, .fp8_bf16 = r->m};
-        if (any && (st = r->ts.ops[t]->warm(r->ts.ctx[t], p.peers, p.cp->plan, r->mem, &ctl))) goto out;
+        refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads};
+        if (any && (st = refit_rx_transport_pull(r, t, p.peers, p.cp->plan, r->mem, &ctl, NULL, true))) goto out;
     }
     if (prepare_ms) *prepare_ms = (refit_now() - t0) * 1e3;
 out:

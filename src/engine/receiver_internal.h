@@ -167,6 +167,14 @@ bool refit_rx_delta_eligible(const pull_t *p);
  * in hand and sound. */
 refit_status_t refit_rx_delta_pull(pull_t *p);
 
+/* receiver_transfer.c: pulls plan into dst through transport t (r->ts), or
+ * with warm builds what its first pull would (moving nothing).  An FP8
+ * receiver takes the transport's FP8 extension (REFIT_TEXT_FP8) and is
+ * refused (REFIT_ERR_UNSUPPORTED) by a transport without one. */
+refit_status_t refit_rx_transport_pull(refit_receiver_t *r, uint32_t t, refit_peer_t *const *peers,
+                                      const refit_plan_t *plan, void *const *dst, const refit_pull_ctl_t *ctl,
+                                      refit_pull_stats_t *stats, bool warm);
+
 /* receiver_verify.c */
 /* The sources' content digests against this memory (REFIT_ERR_VERIFY names
  * the first tensor that differs). */

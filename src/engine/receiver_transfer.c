@@ -149,6 +149,26 @@ static void fleet_marked(void *user)
 /* The chunked transfer over the holders into dst; on return the holders'
  * statistics are the receiver's (refit_receiver_holders), p->tix names the
  * trainer ranks read and *used the holders that served chunks. */
+refit_status_t refit_rx_transport_pull(refit_receiver_t *r, uint32_t t, refit_peer_t *const *peers,
+                                      const refit_plan_t *plan, void *const *dst, const refit_pull_ctl_t *ctl,
+                                      refit_pull_stats_t *stats, bool warm)
+{
+    const refit_transport_ops_t *ops = r->ts.ops[t];
+    void *ctx = r->ts.ctx[t];
+    if (r->fp8) {
+        const refit_transport_fp8_t *x = refit_transport_fp8(ops);
+        if (!x)
+            return refit_error(REFIT_ERR_UNSUPPORTED,
+                               "an FP8 receiver quantizes while it pulls, which transport %s cannot do (cuda_ipc can): "
+                               "serve every source of an FP8 receiver through cuda_ipc",
+                               ops->name);
+        refit_pull_fp8_t f = {.target = r->fp8, .bf16 = r->m};
+        return warm ? x->warm(ctx, peers, plan, dst, ctl, &f) : x->pull(ctx, peers, plan, dst, ctl, &f, stats);
+    }
+    if (warm) return ops->warm ? ops->warm(ctx, peers, plan, dst, ctl) : REFIT_OK;
+    return ops->pull(ctx, peers, plan, dst, ctl, stats);
+}
+
 static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs, refit_pull_stats_t *stats,
                                      uint32_t *used)
 {
@@ -305,12 +325,7 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
      * to the transfer, during which a test kills a process. */
     unsigned pause_ms = refit_test_pause_ms();
     if (pause_ms) usleep((useconds_t)pause_ms * 1000u);
-    refit_pull_ctl_t ctl = {.deadline = p->deadline,
-                            .threads = r->params.threads,
-                            .tick = refit_rx_tick,
-                            .user = r,
-                            .fp8 = r->fp8,
-                            .fp8_bf16 = r->m};
+    refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
     refit_pull_stats_t stats = {0};
     rep->transport[0] = rep->lanes[0] = '\0';
     if (fleet) {
@@ -328,7 +343,7 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
         }
         if (!any) continue;
         refit_pull_stats_t ts = {0};
-        if ((st = r->ts.ops[t]->pull(r->ts.ctx[t], p->peers, plan, dst, &ctl, &ts))) goto done;
+        if ((st = refit_rx_transport_pull(r, t, p->peers, plan, dst, &ctl, &ts, false))) goto done;
         stats.bytes += ts.bytes;
         stats.requests += ts.requests;
         stats.launches += ts.launches;

@@ -274,7 +274,6 @@ refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
                         void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
 {
     (void)t;
-    if (ctl && ctl->fp8) return refit_error(REFIT_ERR_UNSUPPORTED, "shm: FP8 quantize-on-copy is cuda_ipc's");
     size_t nsrc = refit_plan_num_sources(plan);
     uint8_t *only = calloc(nsrc ? nsrc : 1, 1);
     const void **flat = NULL;
