@@ -337,11 +337,11 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         (st = refit_relays_holds(r->relays, &r->ts, r->reader)))
         goto out;
     /* 7. Verify: the sources' digests, then (tests) the synthetic truth. */
-    if (r->dkey && (st = refit_rx_digest_verify(&p))) goto out;
+    if (r->dkey && (st = refit_rx_verify(r, v, &refit_rx_digests, &p))) goto out;
     /* ... and after the last byte the commit depends on (data, deltas,
      * digest entries): nothing in a source's buffer changed in between. */
     if ((st = refit_rx_check_stamps(&p, true))) goto out;
-    if (r->params.verify == REFIT_VERIFY_TRUTH && (st = refit_rx_truth_verify(r, v))) goto out;
+    if (r->params.verify == REFIT_VERIFY_TRUTH && (st = refit_rx_verify(r, v, &refit_verify_truth, NULL))) goto out;
     rep->verify_ms = (refit_now() - t3) * 1e3;
     st = commit(&p);
     committed = true;

@@ -23,6 +23,7 @@
 #include "engine/stamp.h"
 #include "refit/delta.h"
 #include "refit/fp8.h"
+#include "verify/verify.h"
 
 #define PLAN_CACHE 4
 #define MAX_BUFFERS 2
@@ -186,7 +187,10 @@ refit_status_t refit_rx_digest_verify(pull_t *p);
  * NEWEST pull also refuses a version older than one a source has published
  * while the registry still shows the older record (REFIT_ERR_REPLAY). */
 refit_status_t refit_rx_check_stamps(pull_t *p, bool after);
-/* The synthetic truth of version v (REFIT_VERIFY_TRUTH, tests). */
-refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v);
+/* The digest check as a verifier (verify/verify.h; user: the pull_t). */
+extern const refit_verifier_t refit_rx_digests;
+/* Runs `check` (refit_rx_digests, refit_verify_truth for REFIT_VERIFY_TRUTH)
+ * on this receiver's memory holding version v. */
+refit_status_t refit_rx_verify(refit_receiver_t *r, uint64_t v, const refit_verifier_t *check, void *user);
 
 #endif
