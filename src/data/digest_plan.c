@@ -295,8 +295,8 @@ static void log_unverifiable(const refit_manifest_t *dst, const refit_digest_pla
         snprintf(why, sizeof(why), " (usable source boxes hold %" PRIu64 " of %" PRIu64 " elements)", vols[p->canon],
                  numel);
     refit_log(REFIT_LOG_INFO, "digest: %s %s (destination %s rank %u placement %u) is unverifiable: %s%s", t->name,
-              refit_box_format(&P->boxes[i], box, sizeof(box)), dst->layout, dst->rank, i,
-              refit_digest_reason_name(r), why);
+              refit_box_format(&P->boxes[i], box, sizeof(box)), dst->layout, dst->rank, i, refit_digest_reason_name(r),
+              why);
 }
 
 static void log_summary(const refit_manifest_t *dst, const refit_digest_plan_t *P)

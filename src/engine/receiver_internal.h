@@ -173,8 +173,8 @@ refit_status_t refit_rx_delta_pull(pull_t *p);
  * receiver takes the transport's FP8 extension (REFIT_TEXT_FP8) and is
  * refused (REFIT_ERR_UNSUPPORTED) by a transport without one. */
 refit_status_t refit_rx_transport_pull(refit_receiver_t *r, uint32_t t, refit_peer_t *const *peers,
-                                      const refit_plan_t *plan, void *const *dst, const refit_pull_ctl_t *ctl,
-                                      refit_pull_stats_t *stats, bool warm);
+                                       const refit_plan_t *plan, void *const *dst, const refit_pull_ctl_t *ctl,
+                                       refit_pull_stats_t *stats, bool warm);
 
 /* receiver_verify.c */
 /* The sources' content digests against this memory (REFIT_ERR_VERIFY names

@@ -150,8 +150,8 @@ static void fleet_marked(void *user)
  * statistics are the receiver's (refit_receiver_holders), p->tix names the
  * trainer ranks read and *used the holders that served chunks. */
 refit_status_t refit_rx_transport_pull(refit_receiver_t *r, uint32_t t, refit_peer_t *const *peers,
-                                      const refit_plan_t *plan, void *const *dst, const refit_pull_ctl_t *ctl,
-                                      refit_pull_stats_t *stats, bool warm)
+                                       const refit_plan_t *plan, void *const *dst, const refit_pull_ctl_t *ctl,
+                                       refit_pull_stats_t *stats, bool warm)
 {
     const refit_transport_ops_t *ops = r->ts.ops[t];
     void *ctx = r->ts.ctx[t];

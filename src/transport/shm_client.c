@@ -121,8 +121,7 @@ static refit_status_t map_region(shm_region_t *r, const grant_t *g, int rfd, uin
         (uint64_t)sb.st_size < end)
         return refit_error(REFIT_ERR_CORRUPT, "shm: region %u's memory from %s is smaller than announced", i, path);
     r->map_len = skew + g->size;
-    r->map_base =
-        mmap(NULL, r->map_len ? r->map_len : 1, PROT_READ, MAP_SHARED | MAP_POPULATE, rfd, (off_t)aligned);
+    r->map_base = mmap(NULL, r->map_len ? r->map_len : 1, PROT_READ, MAP_SHARED | MAP_POPULATE, rfd, (off_t)aligned);
     if (r->map_base == MAP_FAILED) {
         r->map_base = NULL;
         return refit_error(REFIT_ERR_TRANSPORT, "shm: mapping region %u from %s: %s", i, path, strerror(errno));

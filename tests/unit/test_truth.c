@@ -130,7 +130,8 @@ static void as_a_verifier(void **state)
     const refit_verifier_t *v = &refit_verify_truth;
     assert_string_equal(v->name, "truth");
     fixture_t f = make("tiny-dense", "vllm:tp=2", 1, 6);
-    refit_verify_mem_t mem = {.m = f.m, .device = -1, .bases = (const void *const *)&f.arena, .version = 6, .fraction = 1};
+    refit_verify_mem_t mem = {
+        .m = f.m, .device = -1, .bases = (const void *const *)&f.arena, .version = 6, .fraction = 1};
     REFIT_ASSERT_OK(v->check(NULL, &mem));
     mem.fraction = 0.25; /* the truth of a delta step (refit_truth_value_delta): not what was filled */
     REFIT_ASSERT_ERR(v->check(NULL, &mem), REFIT_ERR_VERIFY, "version 6");

@@ -381,7 +381,8 @@ static refit_status_t batch_run(ipc_pull_t *x)
         int turn = turns ? refit_gpu_turn_take(x->dev, 0, 2.0) : -1;
         double t1 = refit_now();
         if (small && small_order != 1)
-            st = refit_gpu_batch_launch(small, slots, &x->launches, &x->uploads); /* its own stream: beside the copies */
+            st = refit_gpu_batch_launch(small, slots, &x->launches,
+                                        &x->uploads); /* its own stream: beside the copies */
         if (!st && x->memcpy_used) {
             if (small && small_order == 2) st = refit_gpu_batch_after(g, small);
             if (!st) st = refit_gpu_batch_copy(g, slots, min_copy, &x->copies);
@@ -417,8 +418,7 @@ static void describe(const ipc_pull_t *x, refit_pull_stats_t *stats)
                  src_dev, dst_dev, dev, launches, launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
     else if (x->memcpy_used)
         snprintf(stats->lanes, sizeof(stats->lanes),
-                 "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64
-                 " kernel launch%s",
+                 "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64 " kernel launch%s",
                  src_dev, dst_dev, dev, x->copies, launches, launches == 1 ? "" : "es");
     else
         snprintf(stats->lanes, sizeof(stats->lanes),

@@ -221,10 +221,7 @@ static void ucx_destroy(refit_transport_t *t)
 }
 
 /* Extensions: conditional pulls (ucx_pull.c). */
-static const void *ucx_ext(refit_transport_ext_kind_t kind)
-{
-    return kind == REFIT_TEXT_WAIT ? &ucx_wait_ext : NULL;
-}
+static const void *ucx_ext(refit_transport_ext_kind_t kind) { return kind == REFIT_TEXT_WAIT ? &ucx_wait_ext : NULL; }
 
 const refit_transport_ops_t refit_transport_ucx = {
     .name = "ucx",

@@ -384,9 +384,10 @@ static refit_status_t check_region(const pull_t *pl, const refit_plan_region_t *
         return refit_error(REFIT_ERR_CORRUPT, "ucx: the plan reads past region %u of source %u (publisher %s)",
                            r->src_region, r->src, p->name);
     if (!p->ep || p->broken)
-        return refit_error(REFIT_ERR_PEER, "ucx: source %u (publisher %s) failed in an earlier pull; reconnect",
-                           r->src, p->name);
-    if (p->failed != UCS_OK) return ucx_err(REFIT_ERR_PEER, p->failed, "source %u (publisher %s) failed", r->src, p->name);
+        return refit_error(REFIT_ERR_PEER, "ucx: source %u (publisher %s) failed in an earlier pull; reconnect", r->src,
+                           p->name);
+    if (p->failed != UCS_OK)
+        return ucx_err(REFIT_ERR_PEER, p->failed, "source %u (publisher %s) failed", r->src, p->name);
     if (w && (p->use_get || w->region >= p->nregions || w->ms > UCX_MAX_WAIT_MS))
         return refit_error(p->use_get ? REFIT_ERR_UNSUPPORTED : REFIT_ERR_INVALID_ARG,
                            "ucx: a conditional pull from publisher %s %s", p->name,
@@ -492,8 +493,7 @@ static refit_status_t reap_slots(pull_t *pl, double now)
                                pub_status_str(s->pub_status));
         if (s->status != UCS_OK) {
             ucs_status_t why = pp->peer->failed != UCS_OK ? pp->peer->failed : s->status;
-            return ucx_err(ucx_status_code(why), why, "pulling from publisher %s (source %u)", pp->peer->name,
-                           pp->src);
+            return ucx_err(ucx_status_code(why), why, "pulling from publisher %s (source %u)", pp->peer->name, pp->src);
         }
         if (s->staged) scatter(s, s->stage);
         pp->bytes += s->bytes;
@@ -516,11 +516,11 @@ static refit_status_t check_peers(const pull_t *pl, double now)
     for (size_t k = 0; k < pl->npps; k++) {
         const pull_peer_t *pp = &pl->pps[k];
         if (pp->peer->failed != UCS_OK)
-            return ucx_err(REFIT_ERR_PEER, pp->peer->failed, "publisher %s (source %u) failed mid-pull",
-                           pp->peer->name, pp->src);
+            return ucx_err(REFIT_ERR_PEER, pp->peer->failed, "publisher %s (source %u) failed mid-pull", pp->peer->name,
+                           pp->src);
         if (pp->busy && now - pp->last_data > pl->t->o.stall_timeout)
-            return refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) sent nothing for %.0f s",
-                               pp->peer->name, pp->src, pl->t->o.stall_timeout);
+            return refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) sent nothing for %.0f s", pp->peer->name,
+                               pp->src, pl->t->o.stall_timeout);
     }
     return REFIT_OK;
 }
