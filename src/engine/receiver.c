@@ -413,7 +413,7 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     bool have_mem = true;
     for (uint32_t i = 0; i < r->nregions; i++) have_mem = have_mem && r->mem[i];
     for (uint32_t t = 0; t < r->ts.n && have_mem; t++) {
-        if (!r->ts.ops[t]->warm && !r->fp8) continue;
+        if (r->fp8 ? !refit_transport_fp8(r->ts.ops[t]) : !r->ts.ops[t]->warm) continue; /* nothing to build */
         bool any = false;
         for (uint32_t k = 0; k < r->world; k++) {
             p.peers[k] = p.tix[k] == (int)t ? r->src[k].peer[t][p.s.recs[k].buffer] : NULL;
