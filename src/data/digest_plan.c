@@ -237,8 +237,9 @@ oom:
     return REFIT_DIGEST_VERIFIABLE;
 }
 
-refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, size_t nsrcs, const uint8_t *usable,
-                                        const refit_manifest_t *dst, refit_digest_plan_t **out)
+/* The arguments' checks: finalized manifests of one model. */
+static refit_status_t check_inputs(const refit_manifest_t *const *srcs, size_t nsrcs, const refit_manifest_t *dst,
+                                   refit_digest_plan_t **out)
 {
     if (!dst || !out || (!srcs && nsrcs))
         return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_plan_create: NULL argument");
@@ -254,15 +255,16 @@ refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, siz
                                "destination %s",
                                s, m->layout, m->rank, m->model, dst->model);
     }
-    refit_status_t st = REFIT_OK;
-    cands_t cands = {0};
-    rawterms_t raw = {0};
+    return REFIT_OK;
+}
+
+/* An empty plan for dst's n placements and ncanon canonical tensors (their
+ * names copied); NULL when out of memory. */
+static refit_digest_plan_t *plan_alloc(const refit_manifest_t *dst)
+{
     uint32_t ncanon = (uint32_t)dst->canon.len, n = (uint32_t)dst->placements.len;
-    uint32_t *start = calloc(ncanon + 1, sizeof(*start));
-    uint8_t *part = calloc(REFIT_MAX(ncanon, 1), sizeof(*part));
-    uint64_t *vols = calloc(REFIT_MAX(ncanon, 1), sizeof(*vols));
     refit_digest_plan_t *P = calloc(1, sizeof(*P));
-    if (!start || !part || !vols || !P) goto oom;
+    if (!P) return NULL;
     P->n = n;
     P->ncanon = ncanon;
     P->reason = calloc(REFIT_MAX(n, 1), 1);
@@ -271,13 +273,80 @@ refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, siz
     P->boxes = calloc(REFIT_MAX(n, 1), sizeof(*P->boxes));
     P->term_start = calloc((size_t)n + 1, sizeof(*P->term_start));
     P->names = calloc(REFIT_MAX(ncanon, 1), sizeof(*P->names));
-    if (!P->reason || !P->bytes || !P->canon || !P->boxes || !P->term_start || !P->names) goto oom;
-    for (uint32_t c = 0; c < ncanon; c++)
-        if (!(P->names[c] = refit_strdup(dst->canon.data[c].name))) goto oom;
+    bool ok = P->reason && P->bytes && P->canon && P->boxes && P->term_start && P->names;
+    for (uint32_t c = 0; ok && c < ncanon; c++) ok = (P->names[c] = refit_strdup(dst->canon.data[c].name)) != NULL;
+    if (ok) return P;
+    refit_digest_plan_destroy(P);
+    return NULL;
+}
 
+/* Says at INFO why placement i (reason r) is unverifiable. */
+static void log_unverifiable(const refit_manifest_t *dst, const refit_digest_plan_t *P, uint32_t i,
+                             refit_digest_reason_t r, const uint8_t *part, const uint64_t *vols)
+{
+    const refit_placement_t *p = &dst->placements.data[i];
+    const refit_tdesc_t *t = &dst->canon.data[p->canon];
+    char box[160], why[96] = "";
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < t->ndim; d++) numel *= t->shape[d];
+    if (r == REFIT_DIGEST_UNV_NO_PARTITION && part[p->canon] == PART_OVERLAP)
+        snprintf(why, sizeof(why), " (usable source boxes overlap)");
+    else if (r == REFIT_DIGEST_UNV_NO_PARTITION)
+        snprintf(why, sizeof(why), " (usable source boxes hold %" PRIu64 " of %" PRIu64 " elements)", vols[p->canon],
+                 numel);
+    refit_log(REFIT_LOG_INFO, "digest: %s %s (destination %s rank %u placement %u) is unverifiable: %s%s", t->name,
+              refit_box_format(&P->boxes[i], box, sizeof(box)), dst->layout, dst->rank, i, refit_digest_reason_name(r),
+              why);
+}
+
+static void log_summary(const refit_manifest_t *dst, const refit_digest_plan_t *P)
+{
+    refit_log(REFIT_LOG_INFO,
+              "digest: %s rank %u: %" PRIu64 " of %" PRIu64 " placements (%" PRIu64 " of %" PRIu64
+              " bytes) unverifiable: ndim %" PRIu64 ", odd bytes %" PRIu64 ", cut both %" PRIu64
+              ", no partition %" PRIu64 ", source box %" PRIu64,
+              dst->layout, dst->rank, P->stats.placements - P->stats.verifiable, P->stats.placements,
+              P->stats.unverifiable_bytes, P->stats.bytes, P->stats.unverifiable[1], P->stats.unverifiable[2],
+              P->stats.unverifiable[3], P->stats.unverifiable[4], P->stats.unverifiable[5]);
+}
+
+/* Each entry of raw fetched once, sorted by source and offset; the terms
+ * point at their fetch.  false: out of memory. */
+static bool build_fetches(refit_digest_plan_t *P, const rawterms_t *raw)
+{
+    P->fetches = malloc(REFIT_MAX(raw->len, 1) * sizeof(*P->fetches));
+    P->terms = malloc(REFIT_MAX(raw->len, 1) * sizeof(*P->terms));
+    if (!P->fetches || !P->terms) return false;
+    for (size_t i = 0; i < raw->len; i++) P->fetches[i] = (refit_digest_fetch_t){raw->data[i].src, raw->data[i].off};
+    if (raw->len) qsort(P->fetches, raw->len, sizeof(*P->fetches), cmp_fetch);
+    size_t nf = 0;
+    for (size_t i = 0; i < raw->len; i++)
+        if (nf == 0 || cmp_fetch(&P->fetches[nf - 1], &P->fetches[i])) P->fetches[nf++] = P->fetches[i];
+    P->nfetches = nf;
+    for (size_t i = 0; i < raw->len; i++) {
+        refit_digest_fetch_t key = {raw->data[i].src, raw->data[i].off};
+        const refit_digest_fetch_t *f = bsearch(&key, P->fetches, nf, sizeof(key), cmp_fetch);
+        P->terms[i] = (term_t){(uint32_t)(f - P->fetches), raw->data[i].sign};
+    }
+    P->stats.fetches = nf;
+    return true;
+}
+
+refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, size_t nsrcs, const uint8_t *usable,
+                                        const refit_manifest_t *dst, refit_digest_plan_t **out)
+{
+    refit_status_t st = check_inputs(srcs, nsrcs, dst, out);
+    if (st) return st;
+    cands_t cands = {0};
+    rawterms_t raw = {0};
+    uint32_t ncanon = (uint32_t)dst->canon.len, n = (uint32_t)dst->placements.len;
+    uint32_t *start = calloc(ncanon + 1, sizeof(*start));
+    uint8_t *part = calloc(REFIT_MAX(ncanon, 1), sizeof(*part));
+    uint64_t *vols = calloc(REFIT_MAX(ncanon, 1), sizeof(*vols));
+    refit_digest_plan_t *P = plan_alloc(dst);
+    if (!start || !part || !vols || !P) goto oom;
     if ((st = gather(srcs, nsrcs, usable, dst, &cands))) goto fail;
     if ((st = dedupe_and_partition(dst, cands.data, &cands.len, start, part, vols))) goto fail;
-
     unsigned logged = 0;
     for (uint32_t i = 0; i < n; i++) {
         const refit_placement_t *p = &dst->placements.data[i];
@@ -298,45 +367,10 @@ refit_status_t refit_digest_plan_create(const refit_manifest_t *const *srcs, siz
         }
         P->stats.unverifiable[r]++;
         P->stats.unverifiable_bytes += P->bytes[i];
-        if (logged++ < LOG_UNVERIFIABLE_MAX) {
-            char box[160], why[96] = "";
-            uint64_t numel = 1;
-            for (uint32_t d = 0; d < t->ndim; d++) numel *= t->shape[d];
-            if (r == REFIT_DIGEST_UNV_NO_PARTITION && part[p->canon] == PART_OVERLAP)
-                snprintf(why, sizeof(why), " (usable source boxes overlap)");
-            else if (r == REFIT_DIGEST_UNV_NO_PARTITION)
-                snprintf(why, sizeof(why), " (usable source boxes hold %" PRIu64 " of %" PRIu64 " elements)",
-                         vols[p->canon], numel);
-            refit_log(REFIT_LOG_INFO, "digest: %s %s (destination %s rank %u placement %u) is unverifiable: %s%s",
-                      t->name, refit_box_format(&P->boxes[i], box, sizeof(box)), dst->layout, dst->rank, i,
-                      refit_digest_reason_name(r), why);
-        }
+        if (logged++ < LOG_UNVERIFIABLE_MAX) log_unverifiable(dst, P, i, r, part, vols);
     }
-    if (logged)
-        refit_log(REFIT_LOG_INFO,
-                  "digest: %s rank %u: %" PRIu64 " of %" PRIu64 " placements (%" PRIu64 " of %" PRIu64
-                  " bytes) unverifiable: ndim %" PRIu64 ", odd bytes %" PRIu64 ", cut both %" PRIu64
-                  ", no partition %" PRIu64 ", source box %" PRIu64,
-                  dst->layout, dst->rank, P->stats.placements - P->stats.verifiable, P->stats.placements,
-                  P->stats.unverifiable_bytes, P->stats.bytes, P->stats.unverifiable[1], P->stats.unverifiable[2],
-                  P->stats.unverifiable[3], P->stats.unverifiable[4], P->stats.unverifiable[5]);
-
-    /* Each entry fetched once, sorted by source and offset. */
-    P->fetches = malloc(REFIT_MAX(raw.len, 1) * sizeof(*P->fetches));
-    P->terms = malloc(REFIT_MAX(raw.len, 1) * sizeof(*P->terms));
-    if (!P->fetches || !P->terms) goto oom;
-    for (size_t i = 0; i < raw.len; i++) P->fetches[i] = (refit_digest_fetch_t){raw.data[i].src, raw.data[i].off};
-    if (raw.len) qsort(P->fetches, raw.len, sizeof(*P->fetches), cmp_fetch);
-    size_t nf = 0;
-    for (size_t i = 0; i < raw.len; i++)
-        if (nf == 0 || cmp_fetch(&P->fetches[nf - 1], &P->fetches[i])) P->fetches[nf++] = P->fetches[i];
-    P->nfetches = nf;
-    for (size_t i = 0; i < raw.len; i++) {
-        refit_digest_fetch_t key = {raw.data[i].src, raw.data[i].off};
-        const refit_digest_fetch_t *f = bsearch(&key, P->fetches, nf, sizeof(key), cmp_fetch);
-        P->terms[i] = (term_t){(uint32_t)(f - P->fetches), raw.data[i].sign};
-    }
-    P->stats.fetches = nf;
+    if (logged) log_summary(dst, P);
+    if (!build_fetches(P, &raw)) goto oom;
     *out = P;
     P = NULL;
     goto done;

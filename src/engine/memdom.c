@@ -6,7 +6,6 @@
 
 #include "engine/memdom.h"
 #include "plan/plan.h"
-#include "refit/truth.h"
 
 static refit_status_t host_alloc(int dev, uint64_t size, void **out)
 {
@@ -42,13 +41,6 @@ static refit_status_t host_fills(const refit_plan_t *plan, int dev, void *const 
     return st;
 }
 
-static refit_status_t host_truth_verify(const refit_manifest_t *m, int dev, const void *const *bases, uint64_t version,
-                                        double fraction)
-{
-    (void)dev;
-    return refit_truth_verify_delta(m, bases, version, fraction, NULL);
-}
-
 const refit_memdom_t refit_memdom_host = {
     .name = "host",
     .alloc = host_alloc,
@@ -57,7 +49,6 @@ const refit_memdom_t refit_memdom_host = {
     .staging_alloc = host_staging_alloc,
     .staging_free = host_free,
     .fills = host_fills,
-    .truth_verify = host_truth_verify,
 };
 
 refit_status_t refit_memdom_for(int device, const refit_memdom_t **out)

@@ -552,8 +552,10 @@ void refit_publisher_stamp(refit_publisher_t *p, uint32_t flags)
 
 void refit_publisher_notify(refit_publisher_t *p)
 {
-    for (uint32_t i = 0; p && i < p->ts.n; i++)
-        if (p->ts.ops[i]->notify && p->ts.ctx[i]) p->ts.ops[i]->notify(p->ts.ctx[i]);
+    for (uint32_t i = 0; p && i < p->ts.n; i++) {
+        const refit_transport_wait_t *w = refit_transport_wait(p->ts.ops[i]); /* only conditional pulls wait */
+        if (w && p->ts.ctx[i]) w->notify(p->ts.ctx[i]);
+    }
 }
 
 double refit_publisher_digest_ms(const refit_publisher_t *p) { return p ? p->digest_ms : 0; }

@@ -309,11 +309,11 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
         (st = refit_relays_holds(r->relays, &r->ts, r->reader)))
         goto out;
     /* 7. Verify: the sources' digests, then (tests) the synthetic truth. */
-    if (r->dkey && (st = refit_rx_digest_verify(&p))) goto out;
+    if (r->dkey && (st = refit_rx_verify(r, v, &refit_rx_digests, &p))) goto out;
     /* ... and after the last byte the commit depends on (data, deltas,
      * digest entries): nothing in a source's buffer changed in between. */
     if ((st = refit_rx_check_stamps(&p, true))) goto out;
-    if (r->params.verify == REFIT_VERIFY_TRUTH && (st = refit_rx_truth_verify(r, v))) goto out;
+    if (r->params.verify == REFIT_VERIFY_TRUTH && (st = refit_rx_verify(r, v, &refit_verify_truth, NULL))) goto out;
     rep->verify_ms = (refit_now() - t3) * 1e3;
     st = commit(&p);
     committed = true;
@@ -386,14 +386,14 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
     bool have_mem = true;
     for (uint32_t i = 0; i < r->nregions; i++) have_mem = have_mem && r->mem[i];
     for (uint32_t t = 0; t < r->ts.n && have_mem; t++) {
-        if (!r->ts.ops[t]->warm) continue;
+        if (r->fp8 ? !refit_transport_fp8(r->ts.ops[t]) : !r->ts.ops[t]->warm) continue; /* nothing to build */
         bool any = false;
         for (uint32_t k = 0; k < r->world; k++) {
             p.peers[k] = p.tix[k] == (int)t ? r->src[k].peer[t][p.s.recs[k].buffer] : NULL;
             any |= p.peers[k] != NULL;
         }
-        refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads, .fp8 = r->fp8, .fp8_bf16 = r->m};
-        if (any && (st = r->ts.ops[t]->warm(r->ts.ctx[t], p.peers, p.cp->plan, r->mem, &ctl))) goto out;
+        refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads};
+        if (any && (st = refit_rx_transport_pull(r, t, p.peers, p.cp->plan, r->mem, &ctl, NULL, true))) goto out;
     }
     if (prepare_ms) *prepare_ms = (refit_now() - t0) * 1e3;
 out:

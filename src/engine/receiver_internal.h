@@ -26,6 +26,7 @@
 #include "engine/stamp.h"
 #include "refit/delta.h"
 #include "refit/fp8.h"
+#include "verify/verify.h"
 
 #define PLAN_CACHE 4
 #define MAX_BUFFERS 2
@@ -187,6 +188,14 @@ bool refit_rx_delta_eligible(const pull_t *p);
  * in hand and sound. */
 refit_status_t refit_rx_delta_pull(pull_t *p);
 
+/* receiver_transfer.c: pulls plan into dst through transport t (r->ts), or
+ * with warm builds what its first pull would (moving nothing).  An FP8
+ * receiver takes the transport's FP8 extension (REFIT_TEXT_FP8) and is
+ * refused (REFIT_ERR_UNSUPPORTED) by a transport without one. */
+refit_status_t refit_rx_transport_pull(refit_receiver_t *r, uint32_t t, refit_peer_t *const *peers,
+                                       const refit_plan_t *plan, void *const *dst, const refit_pull_ctl_t *ctl,
+                                       refit_pull_stats_t *stats, bool warm);
+
 /* receiver_verify.c */
 /* The sources' content digests against this memory (REFIT_ERR_VERIFY names
  * the first tensor that differs). */
@@ -198,7 +207,10 @@ refit_status_t refit_rx_digest_verify(pull_t *p);
  * NEWEST pull also refuses a version older than one a source has published
  * while the registry still shows the older record (REFIT_ERR_REPLAY). */
 refit_status_t refit_rx_check_stamps(pull_t *p, bool after);
-/* The synthetic truth of version v (REFIT_VERIFY_TRUTH, tests). */
-refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v);
+/* The digest check as a verifier (verify/verify.h; user: the pull_t). */
+extern const refit_verifier_t refit_rx_digests;
+/* Runs `check` (refit_rx_digests, refit_verify_truth for REFIT_VERIFY_TRUTH)
+ * on this receiver's memory holding version v. */
+refit_status_t refit_rx_verify(refit_receiver_t *r, uint64_t v, const refit_verifier_t *check, void *user);
 
 #endif

@@ -310,16 +310,33 @@ static refit_status_t gpu_connect(pull_t *p, xfer_t *x)
     return REFIT_OK;
 }
 
+/* Transport t's pull (or warm) for this receiver: an FP8 receiver's through
+ * the transport's FP8 extension (refused, naming the transport, without it). */
+refit_status_t refit_rx_transport_pull(refit_receiver_t *r, uint32_t t, refit_peer_t *const *peers,
+                                       const refit_plan_t *plan, void *const *dst, const refit_pull_ctl_t *ctl,
+                                       refit_pull_stats_t *stats, bool warm)
+{
+    const refit_transport_ops_t *ops = r->ts.ops[t];
+    void *ctx = r->ts.ctx[t];
+    if (r->fp8) {
+        const refit_transport_fp8_t *x = refit_transport_fp8(ops);
+        if (!x)
+            return refit_error(REFIT_ERR_UNSUPPORTED,
+                               "an FP8 receiver quantizes while it pulls, which transport %s cannot do (cuda_ipc can): "
+                               "serve every source of an FP8 receiver through cuda_ipc",
+                               ops->name);
+        refit_pull_fp8_t f = {.target = r->fp8, .bf16 = r->m};
+        return warm ? x->warm(ctx, peers, plan, dst, ctl, &f) : x->pull(ctx, peers, plan, dst, ctl, &f, stats);
+    }
+    if (warm) return ops->warm ? ops->warm(ctx, peers, plan, dst, ctl) : REFIT_OK;
+    return ops->pull(ctx, peers, plan, dst, ctl, stats);
+}
+
 static refit_status_t gpu_move(pull_t *p, xfer_t *x)
 {
     refit_receiver_t *r = p->r;
     refit_pull_report_t *rep = p->rep;
-    refit_pull_ctl_t ctl = {.deadline = p->deadline,
-                            .threads = r->params.threads,
-                            .tick = refit_rx_tick,
-                            .user = r,
-                            .fp8 = r->fp8,
-                            .fp8_bf16 = r->m};
+    refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
     rep->path = r->route;
     for (uint32_t t = 0; t < r->ts.n; t++) {
         bool any = false;
@@ -329,7 +346,7 @@ static refit_status_t gpu_move(pull_t *p, xfer_t *x)
         }
         if (!any) continue;
         refit_pull_stats_t ts = {0};
-        refit_status_t st = r->ts.ops[t]->pull(r->ts.ctx[t], p->peers, p->cp->plan, x->dst, &ctl, &ts);
+        refit_status_t st = refit_rx_transport_pull(r, t, p->peers, p->cp->plan, x->dst, &ctl, &ts, false);
         if (st) return st;
         x->stats.bytes += ts.bytes;
         x->stats.requests += ts.requests;

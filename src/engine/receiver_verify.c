@@ -299,10 +299,21 @@ out:
     return st;
 }
 
-refit_status_t refit_rx_truth_verify(refit_receiver_t *r, uint64_t v)
+static refit_status_t digests_check(void *user, const refit_verify_mem_t *mem)
 {
-    if (r->fp8)
-        return r->dom->fp8_truth_verify ? r->dom->fp8_truth_verify(r->m, r->fp8, r->params.device, r->mem[0], v)
-                                        : refit_error(REFIT_ERR_UNSUPPORTED, "FP8 verification needs a GPU");
-    return r->dom->truth_verify(r->m, r->params.device, (const void *const *)r->mem, v, r->params.truth_fraction);
+    (void)mem; /* the pull's receiver memory, which the pull names too */
+    return refit_rx_digest_verify(user);
+}
+
+const refit_verifier_t refit_rx_digests = {.name = "digests", .check = digests_check};
+
+refit_status_t refit_rx_verify(refit_receiver_t *r, uint64_t v, const refit_verifier_t *check, void *user)
+{
+    refit_verify_mem_t mem = {.m = r->m,
+                              .fp8 = r->fp8,
+                              .device = r->params.device,
+                              .bases = (const void *const *)r->mem,
+                              .version = v,
+                              .fraction = r->params.truth_fraction};
+    return check->check(user, &mem);
 }

@@ -1,8 +1,8 @@
 /* Memory domains: where a publisher's or a receiver's regions live (host
  * memory, or one GPU's) and the few operations the engine needs on that
  * memory beyond what transports do: allocate it, copy it to and from host
- * memory, stage it in host memory, write a plan's padding into it, check the
- * synthetic truth in it.
+ * memory, stage it in host memory, write a plan's padding into it.  Checking
+ * what it holds is verification's (verify/verify.h), not the domain's.
  *
  * The engine holds one domain per publisher or receiver and never includes
  * a device header: the host domain is src/engine/memdom.c, the CUDA domain
@@ -14,8 +14,6 @@
 
 #include <stdint.h>
 
-#include "refit/fp8.h"
-#include "refit/manifest.h"
 #include "refit/plan.h"
 #include "refit/status.h"
 
@@ -38,15 +36,6 @@ typedef struct refit_memdom {
     /* Writes the plan's padding (zeros) into bases, this domain's memory on
      * dev; adds the kernel launches it took to *launches. */
     refit_status_t (*fills)(const refit_plan_t *plan, int dev, void *const *bases, uint64_t *launches);
-    /* Checks the synthetic truth of `version` in bases (a sample of
-     * `fraction` of the bytes where the domain can sample; else all). */
-    refit_status_t (*truth_verify)(const refit_manifest_t *m, int dev, const void *const *bases, uint64_t version,
-                                   double fraction);
-    /* The same for an FP8 receiver's arena (refit/fp8.h): the target of the
-     * bf16 manifest m, quantized from the truth; NULL where FP8 receivers
-     * cannot be (they quantize on a GPU). */
-    refit_status_t (*fp8_truth_verify)(const refit_manifest_t *m, const refit_fp8_target_t *t, int dev,
-                                       const void *arena, uint64_t version);
 } refit_memdom_t;
 
 #ifdef REFIT_HAVE_CUDA

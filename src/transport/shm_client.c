@@ -51,55 +51,128 @@ static int pidfd_of(pid_t pid)
 
 /* Connects to the publisher's socket and runs the handshake; on success the
  * peer holds the publisher's pid (from the kernel) and mapped regions. */
+/* Connects to the publisher's socket at sa (fd: the socket, open on return
+ * whatever the status) and pins the identity of the process there, which
+ * must run as this user. */
+static refit_status_t dial(const struct sockaddr_un *sa, refit_peer_t *peer, int *fd, struct ucred *cred)
+{
+    const char *path = sa->sun_path;
+    *fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (*fd < 0) return refit_error(REFIT_ERR_TRANSPORT, "shm: socket: %s", strerror(errno));
+    shm_set_timeouts(*fd);
+    if (connect(*fd, (const struct sockaddr *)sa, sizeof(*sa)) != 0)
+        return refit_error(errno == ENOENT || errno == ECONNREFUSED ? REFIT_ERR_PEER : REFIT_ERR_TRANSPORT,
+                           "shm: connecting to the publisher at %s: %s", path, strerror(errno));
+    if (!shm_peer_uid_ok(*fd, cred))
+        return refit_error(REFIT_ERR_AUTH, "shm: the process at %s runs as uid %u, not as this user (uid %u)", path,
+                           (unsigned)cred->uid, (unsigned)geteuid());
+    /* Pin the peer's identity now, while its socket is connected to us: a
+     * pidfd opened after a long handshake could name a recycled pid. */
+    peer->pid = (uint32_t)cred->pid;
+    peer->start_time = refit_proc_start_time(peer->pid);
+    peer->pidfd = pidfd_of(cred->pid);
+    return REFIT_OK;
+}
+
+/* Our hello and the publisher's challenge: its proof of the job's secret
+ * checked; *hello and *ch hold both nonces for our proof. */
+static refit_status_t publisher_proof(refit_transport_t *t, int fd, const char *path, pid_t pid, msg_hello_t *hello,
+                                      msg_challenge_t *ch)
+{
+    *hello = (msg_hello_t){SHM_MAGIC, MSG_HELLO, {0}};
+    refit_status_t st = refit_random_bytes(hello->nonce, sizeof(hello->nonce));
+    if (st) return st;
+    if (!shm_send_msg(fd, hello, sizeof(*hello), NULL, 0) ||
+        shm_recv_msg(fd, ch, sizeof(*ch), NULL, 0, NULL) != (ssize_t)sizeof(*ch) || ch->magic != SHM_MAGIC ||
+        ch->type != MSG_CHALLENGE)
+        return refit_error(REFIT_ERR_PEER, "shm: the publisher at %s did not answer: %s", path, strerror(errno));
+    uint8_t want[REFIT_SHA256_LEN];
+    shm_mac(t, "refit shm publisher proof", hello->nonce, ch->nonce, want);
+    if (!refit_ct_equal(want, ch->proof, sizeof(want)))
+        return refit_error(REFIT_ERR_AUTH,
+                           "shm: the process at %s (pid %d) did not prove the job's secret: not a "
+                           "publisher of this job",
+                           path, (int)pid);
+    return REFIT_OK;
+}
+
+/* The grant's descriptors beyond the first message's (SHM_FDS_PER_MSG a message). */
+static refit_status_t more_fds(int fd, const char *path, int *fds, size_t *nfds, uint32_t total)
+{
+    while (*nfds < total) {
+        uint32_t hdr[3];
+        size_t k = 0;
+        ssize_t got = shm_recv_msg(fd, hdr, sizeof(hdr), fds + *nfds, total - *nfds, &k);
+        *nfds += k;
+        if (got != (ssize_t)sizeof(hdr) || hdr[0] != SHM_MAGIC || hdr[1] != MSG_FDS || hdr[2] != k || k == 0)
+            return refit_error(REFIT_ERR_CORRUPT, "shm: malformed descriptors from the publisher at %s (%zu of %u): %s",
+                               path, *nfds, total, got < 0 ? strerror(errno) : "bad message");
+    }
+    return REFIT_OK;
+}
+
+/* Maps region i's memory (descriptor rfd) as granted by g, read-only. */
+static refit_status_t map_region(shm_region_t *r, const grant_t *g, int rfd, uint32_t i, const char *path)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    struct stat sb;
+    uint64_t aligned = g->offset / (uint64_t)page * (uint64_t)page, skew = g->offset - aligned, end;
+    if (fstat(rfd, &sb) != 0 || !S_ISREG(sb.st_mode) || !refit_add_u64(g->offset, g->size, &end) ||
+        (uint64_t)sb.st_size < end)
+        return refit_error(REFIT_ERR_CORRUPT, "shm: region %u's memory from %s is smaller than announced", i, path);
+    r->map_len = skew + g->size;
+    r->map_base = mmap(NULL, r->map_len ? r->map_len : 1, PROT_READ, MAP_SHARED | MAP_POPULATE, rfd, (off_t)aligned);
+    if (r->map_base == MAP_FAILED) {
+        r->map_base = NULL;
+        return refit_error(REFIT_ERR_TRANSPORT, "shm: mapping region %u from %s: %s", i, path, strerror(errno));
+    }
+    r->map = (const unsigned char *)r->map_base + skew;
+    return REFIT_OK;
+}
+
+/* The grants (after the grant header in buf): each region read in place
+ * (process_vm_readv) or mapped from the next descriptor. */
+static refit_status_t take_grants(refit_peer_t *peer, const unsigned char *grants, const int *fds, size_t nfds,
+                                  const char *path)
+{
+    size_t fi = 0;
+    for (uint32_t i = 0; i < peer->nregions; i++) {
+        grant_t g;
+        memcpy(&g, grants + i * sizeof(grant_t), sizeof(g));
+        shm_region_t *r = &peer->regions[i];
+        if (g.kind == 0 || g.size != r->size)
+            return refit_error(REFIT_ERR_STALE, "shm: region %u of the publisher at %s is %s", i, path,
+                               g.kind == 0 ? "no longer exposed" : "of a different size");
+        if ((g.kind != SHM_PVM && g.kind != SHM_MEMFD) || (g.kind == SHM_MEMFD && fi >= nfds))
+            return refit_error(REFIT_ERR_CORRUPT, "shm: region %u from the publisher at %s: %s", i, path,
+                               g.kind == SHM_MEMFD ? "no memory descriptor sent for it" : "unknown kind");
+        r->kind = g.kind;
+        if (g.kind == SHM_PVM) {
+            r->addr = g.addr;
+            continue;
+        }
+        refit_status_t st = map_region(r, &g, fds[fi++], i, path);
+        if (st) return st;
+    }
+    return REFIT_OK;
+}
+
 static refit_status_t handshake(refit_transport_t *t, const char *sock, const uint64_t *ids, refit_peer_t *peer)
 {
     uint32_t n = peer->nregions;
     struct sockaddr_un sa;
-    refit_status_t dst = shm_dir_ready(t, false);
-    if (dst) return dst;
+    refit_status_t st = shm_dir_ready(t, false);
+    if (st) return st;
     if (!shm_sock_addr(&sa, t->dir, sock)) return refit_error(REFIT_ERR_INVALID_ARG, "shm: %s: path too long", t->dir);
     const char *path = sa.sun_path;
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (fd < 0) return refit_error(REFIT_ERR_TRANSPORT, "shm: socket: %s", strerror(errno));
-    refit_status_t st = REFIT_OK;
+    int fd = -1;
     unsigned char *buf = NULL;
     int *fds = NULL;
     size_t nfds = 0;
-    shm_set_timeouts(fd);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        st = refit_error(errno == ENOENT || errno == ECONNREFUSED ? REFIT_ERR_PEER : REFIT_ERR_TRANSPORT,
-                         "shm: connecting to the publisher at %s: %s", path, strerror(errno));
-        goto out;
-    }
     struct ucred cred;
-    if (!shm_peer_uid_ok(fd, &cred)) {
-        st = refit_error(REFIT_ERR_AUTH, "shm: the process at %s runs as uid %u, not as this user (uid %u)", path,
-                         (unsigned)cred.uid, (unsigned)geteuid());
-        goto out;
-    }
-    /* Pin the peer's identity now, while its socket is connected to us: a
-     * pidfd opened after a long handshake could name a recycled pid. */
-    peer->pid = (uint32_t)cred.pid;
-    peer->start_time = refit_proc_start_time(peer->pid);
-    peer->pidfd = pidfd_of(cred.pid);
-    msg_hello_t hello = {SHM_MAGIC, MSG_HELLO, {0}};
+    msg_hello_t hello;
     msg_challenge_t ch;
-    if ((st = refit_random_bytes(hello.nonce, sizeof(hello.nonce)))) goto out;
-    if (!shm_send_msg(fd, &hello, sizeof(hello), NULL, 0) ||
-        shm_recv_msg(fd, &ch, sizeof(ch), NULL, 0, NULL) != (ssize_t)sizeof(ch) || ch.magic != SHM_MAGIC ||
-        ch.type != MSG_CHALLENGE) {
-        st = refit_error(REFIT_ERR_PEER, "shm: the publisher at %s did not answer: %s", path, strerror(errno));
-        goto out;
-    }
-    uint8_t want[REFIT_SHA256_LEN];
-    shm_mac(t, "refit shm publisher proof", hello.nonce, ch.nonce, want);
-    if (!refit_ct_equal(want, ch.proof, sizeof(want))) {
-        st = refit_error(REFIT_ERR_AUTH,
-                         "shm: the process at %s (pid %d) did not prove the job's secret: not a "
-                         "publisher of this job",
-                         path, (int)cred.pid);
-        goto out;
-    }
+    if ((st = dial(&sa, peer, &fd, &cred)) || (st = publisher_proof(t, fd, path, cred.pid, &hello, &ch))) goto out;
     size_t alen = sizeof(msg_auth_t) + n * 8ull, glen = sizeof(msg_grant_t) + n * sizeof(grant_t);
     buf = malloc(alen > glen ? alen : glen);
     fds = calloc(n ? n : 1, sizeof(int));
@@ -127,61 +200,12 @@ static refit_status_t handshake(refit_transport_t *t, const char *sock, const ui
         st = refit_error(REFIT_ERR_CORRUPT, "shm: malformed answer from the publisher at %s", path);
         goto out;
     }
-    while (nfds < gh.nfds) {
-        uint32_t hdr[3];
-        size_t k = 0;
-        got = shm_recv_msg(fd, hdr, sizeof(hdr), fds + nfds, gh.nfds - nfds, &k);
-        nfds += k;
-        if (got != (ssize_t)sizeof(hdr) || hdr[0] != SHM_MAGIC || hdr[1] != MSG_FDS || hdr[2] != k || k == 0) {
-            st = refit_error(REFIT_ERR_CORRUPT, "shm: malformed descriptors from the publisher at %s (%zu of %u): %s",
-                             path, nfds, gh.nfds, got < 0 ? strerror(errno) : "bad message");
-            goto out;
-        }
-    }
-    long page = sysconf(_SC_PAGESIZE);
-    size_t fi = 0;
-    for (uint32_t i = 0; i < n && !st; i++) {
-        grant_t g;
-        memcpy(&g, buf + sizeof(gh) + i * sizeof(grant_t), sizeof(g));
-        shm_region_t *r = &peer->regions[i];
-        if (g.kind == 0 || g.size != r->size) {
-            st = refit_error(REFIT_ERR_STALE, "shm: region %u of the publisher at %s is %s", i, path,
-                             g.kind == 0 ? "no longer exposed" : "of a different size");
-            break;
-        }
-        if ((g.kind != SHM_PVM && g.kind != SHM_MEMFD) || (g.kind == SHM_MEMFD && fi >= nfds)) {
-            st = refit_error(REFIT_ERR_CORRUPT, "shm: region %u from the publisher at %s: %s", i, path,
-                             g.kind == SHM_MEMFD ? "no memory descriptor sent for it" : "unknown kind");
-            break;
-        }
-        r->kind = g.kind;
-        if (g.kind == SHM_PVM) {
-            r->addr = g.addr;
-            continue;
-        }
-        int rfd = fds[fi++];
-        struct stat sb;
-        uint64_t aligned = g.offset / (uint64_t)page * (uint64_t)page, skew = g.offset - aligned, end;
-        if (fstat(rfd, &sb) != 0 || !S_ISREG(sb.st_mode) || !refit_add_u64(g.offset, g.size, &end) ||
-            (uint64_t)sb.st_size < end) {
-            st = refit_error(REFIT_ERR_CORRUPT, "shm: region %u's memory from %s is smaller than announced", i, path);
-            break;
-        }
-        r->map_len = skew + g.size;
-        r->map_base = mmap(NULL, r->map_len ? r->map_len : 1, PROT_READ, MAP_SHARED | MAP_POPULATE, rfd,
-                           (off_t)aligned);
-        if (r->map_base == MAP_FAILED) {
-            r->map_base = NULL;
-            st = refit_error(REFIT_ERR_TRANSPORT, "shm: mapping region %u from %s: %s", i, path, strerror(errno));
-            break;
-        }
-        r->map = (const unsigned char *)r->map_base + skew;
-    }
+    if (!(st = more_fds(fd, path, fds, &nfds, gh.nfds))) st = take_grants(peer, buf + sizeof(gh), fds, nfds, path);
 out:
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
     free(fds);
     free(buf);
-    close(fd);
+    if (fd >= 0) close(fd);
     return st;
 }
 
@@ -274,7 +298,6 @@ refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
                         void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
 {
     (void)t;
-    if (ctl && ctl->fp8) return refit_error(REFIT_ERR_UNSUPPORTED, "shm: FP8 quantize-on-copy is cuda_ipc's");
     size_t nsrc = refit_plan_num_sources(plan);
     uint8_t *only = calloc(nsrc ? nsrc : 1, 1);
     const void **flat = NULL;

@@ -10,7 +10,13 @@
  * receiver, or process_vm_readv for memory that is not shared), ucx
  * (network, through UCX) and cuda_ipc (same host, GPU memory: CUDA IPC
  * handles and a batched copy kernel).  Each optional dependency lives in its own file;
- * everything else talks to it through this table. */
+ * everything else talks to it through this table.
+ *
+ * The table is what every transport does; what only some do are extensions,
+ * asked for by kind (refit_transport_ext): FP8 quantize-on-copy (cuda_ipc)
+ * and conditional pulls (ucx, for relays read ahead).  A transport knows
+ * nothing of an extension it does not have; the caller that needs one asks
+ * and refuses with REFIT_ERR_UNSUPPORTED. */
 #ifndef REFIT_TRANSPORT_H
 #define REFIT_TRANSPORT_H
 
@@ -35,25 +41,6 @@ typedef struct {
      * and to notice dead sources). */
     refit_status_t (*tick)(void *user);
     void *user;
-    /* Quantize-on-copy (cuda_ipc, GPU destinations only): the plan's
-     * destination is fp8_bf16 (the receiver's bf16 manifest), but dst_bases[0]
-     * is the arena of its FP8 target fp8 (refit/fp8.h): the pull writes e4m3
-     * weights, their scales, the kept tensors and the padding
-     * (plan/fp8_table.h).  Other transports refuse it (REFIT_ERR_UNSUPPORTED). */
-    const struct refit_fp8_target *fp8;
-    const refit_manifest_t *fp8_bf16;
-    /* A conditional pull (transports with REFIT_TCAP_WAIT; ms 0: none): the
-     * source answers each request only once, in its own memory, the 8-byte
-     * word at word_off of its region `region` (a source region index) equals
-     * `word` and the byte at flag_off of that region is non-zero, waiting up
-     * to `ms` for it; a request still waiting then fails the pull with
-     * REFIT_ERR_BUSY.  A relay's progress (engine/fleet.h) is such a pair:
-     * the version it receives and a chunk's mark, so a reader asks for a
-     * chunk before it is written and gets it one link's latency after. */
-    struct {
-        uint32_t region, ms;
-        uint64_t word_off, word, flag_off;
-    } wait;
 } refit_pull_ctl_t;
 
 /* What memory a transport handles.  0 means host memory only (shm, ucx). */
@@ -63,7 +50,59 @@ typedef struct {
 #define REFIT_TCAP_DEVICE_DST 8u /* pulls into GPU memory */
 #define REFIT_TCAP_HOST (REFIT_TCAP_HOST_SRC | REFIT_TCAP_HOST_DST)
 #define REFIT_TCAP_CONCURRENT 16u /* pull may run in several threads at once (a fleet's holders in parallel) */
-#define REFIT_TCAP_WAIT 32u       /* conditional pulls (refit_pull_ctl_t.wait) */
+
+/* Extensions: what a transport can do beyond the generic pull, asked for by
+ * kind (refit_transport_ext).  A transport without one answers NULL and
+ * knows nothing of it; the caller that needs it refuses with
+ * REFIT_ERR_UNSUPPORTED, naming the transport.  Each kind has a table of its
+ * own below. */
+typedef enum {
+    REFIT_TEXT_FP8 = 1,  /* refit_transport_fp8_t (cuda_ipc) */
+    REFIT_TEXT_WAIT = 2, /* refit_transport_wait_t (ucx) */
+} refit_transport_ext_kind_t;
+
+/* Quantize-on-copy: the plan's destination is bf16 (the receiver's bf16
+ * manifest), but dst_bases[0] is the arena of its FP8 target (refit/fp8.h):
+ * the pull writes e4m3 weights, their scales, the kept tensors and the
+ * padding (plan/fp8_table.h).  GPU destinations only, every source of the
+ * plan through this transport. */
+typedef struct {
+    const struct refit_fp8_target *target;
+    const refit_manifest_t *bf16;
+} refit_pull_fp8_t;
+
+typedef struct {
+    /* As the generic pull and warm, converting as fp8 says. */
+    refit_status_t (*pull)(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                           void *const *dst_bases, const refit_pull_ctl_t *ctl, const refit_pull_fp8_t *fp8,
+                           refit_pull_stats_t *stats);
+    refit_status_t (*warm)(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                           void *const *dst_bases, const refit_pull_ctl_t *ctl, const refit_pull_fp8_t *fp8);
+} refit_transport_fp8_t;
+
+/* A conditional pull: the source answers each request only once, in its own
+ * memory, the 8-byte word at word_off of its region `region` (a source
+ * region index) equals `word` and the byte at flag_off of that region is
+ * non-zero, waiting up to `ms` (> 0) for it; a request still waiting then
+ * fails the pull with REFIT_ERR_BUSY.  A relay's progress (engine/fleet.h)
+ * is such a pair: the version it receives and a chunk's mark, so a reader
+ * asks for a chunk before it is written and gets it one link's latency
+ * after. */
+typedef struct {
+    uint32_t region, ms;
+    uint64_t word_off, word, flag_off;
+} refit_pull_wait_t;
+
+typedef struct {
+    /* As the generic pull, every request carrying the condition w. */
+    refit_status_t (*pull)(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                           void *const *dst_bases, const refit_pull_ctl_t *ctl, const refit_pull_wait_t *w,
+                           refit_pull_stats_t *stats);
+    /* Memory this process exposes has changed (a relay marked a chunk
+     * written): look at waiting conditional requests now.  Without the call
+     * a transport looks within a millisecond anyway. */
+    void (*notify)(refit_transport_t *t);
+} refit_transport_wait_t;
 
 typedef struct {
     const char *name;
@@ -98,15 +137,30 @@ typedef struct {
      * table on the GPU), moving nothing; for refit_receiver_prepare. */
     refit_status_t (*warm)(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                            void *const *dst_bases, const refit_pull_ctl_t *ctl);
-    /* Optional (REFIT_TCAP_WAIT): memory this process exposes has changed
-     * (a relay marked a chunk written): look at waiting conditional requests
-     * now.  Without it a transport looks within a millisecond anyway. */
-    void (*notify)(refit_transport_t *t);
+    /* Optional: the table of extension `kind` (refit_transport_ext_kind_t),
+     * or NULL where this transport has none of that kind.  NULL: none. */
+    const void *(*ext)(refit_transport_ext_kind_t kind);
 } refit_transport_ops_t;
 
 static inline unsigned refit_transport_caps(const refit_transport_ops_t *ops)
 {
     return ops->caps ? ops->caps : REFIT_TCAP_HOST;
+}
+
+/* The transport's extension of `kind`, or NULL. */
+static inline const void *refit_transport_ext(const refit_transport_ops_t *ops, refit_transport_ext_kind_t kind)
+{
+    return ops && ops->ext ? ops->ext(kind) : NULL;
+}
+
+static inline const refit_transport_fp8_t *refit_transport_fp8(const refit_transport_ops_t *ops)
+{
+    return (const refit_transport_fp8_t *)refit_transport_ext(ops, REFIT_TEXT_FP8);
+}
+
+static inline const refit_transport_wait_t *refit_transport_wait(const refit_transport_ops_t *ops)
+{
+    return (const refit_transport_wait_t *)refit_transport_ext(ops, REFIT_TEXT_WAIT);
 }
 
 extern const refit_transport_ops_t refit_transport_shm;

@@ -223,6 +223,18 @@ static int raw_fd(const char *sock, uint64_t id, const uint8_t key[32], uint32_t
  * even through a fresh open of /proc/self/fd/N, no resizing (which would
  * crash the publisher).  The previous code opened /proc/PID/fd/N by the
  * numbers in the descriptor. */
+/* shm has no extensions: an FP8 receiver or a conditional reader asks and is
+ * told no (the caller refuses), instead of shm refusing inside its pull. */
+static void no_extensions(void **state)
+{
+    (void)state;
+    assert_null(refit_transport_ext(&refit_transport_shm, REFIT_TEXT_FP8));
+    assert_null(refit_transport_ext(&refit_transport_shm, REFIT_TEXT_WAIT));
+    assert_null(refit_transport_fp8(&refit_transport_shm));
+    assert_null(refit_transport_wait(&refit_transport_shm));
+    assert_null(refit_transport_ext(&refit_transport_shm, (refit_transport_ext_kind_t)99));
+}
+
 static void memory_is_read_only(void **state)
 {
     (void)state;
@@ -578,6 +590,7 @@ int main(void)
         cmocka_unit_test(memory_is_read_only),    cmocka_unit_test(wrong_key_refused),
         cmocka_unit_test(forged_descriptors),     cmocka_unit_test(other_user_refused),
         cmocka_unit_test(dead_publisher_noticed), cmocka_unit_test(squatted_tmp_fallback),
+        cmocka_unit_test(no_extensions),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

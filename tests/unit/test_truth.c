@@ -3,6 +3,7 @@
  * a flipped byte, a stale version, a shifted or transposed copy and dirty
  * padding, naming the element. */
 #include "testutil.h"
+#include "verify/verify.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -120,6 +121,43 @@ static void roundtrip_and_corruptions(void **state)
     destroy(&f);
 }
 
+/* The truth as a verifier (verify/verify.h), as a receiver runs it: host
+ * memory checked (a whole step's truth or a delta step's), a stale version and a flipped byte
+ * caught, an FP8 arena on the host and GPU memory without a GPU refused. */
+static void as_a_verifier(void **state)
+{
+    (void)state;
+    const refit_verifier_t *v = &refit_verify_truth;
+    assert_string_equal(v->name, "truth");
+    fixture_t f = make("tiny-dense", "vllm:tp=2", 1, 6);
+    refit_verify_mem_t mem = {
+        .m = f.m, .device = -1, .bases = (const void *const *)&f.arena, .version = 6, .fraction = 1};
+    REFIT_ASSERT_OK(v->check(NULL, &mem));
+    mem.fraction = 0.25; /* the truth of a delta step (refit_truth_value_delta): not what was filled */
+    REFIT_ASSERT_ERR(v->check(NULL, &mem), REFIT_ERR_VERIFY, "version 6");
+    REFIT_ASSERT_OK(refit_truth_fill_delta(f.m, &f.arena, 6, 0.25));
+    REFIT_ASSERT_OK(v->check(NULL, &mem));
+    REFIT_ASSERT_OK(refit_truth_fill(f.m, &f.arena, 6));
+    mem.fraction = 1;
+    mem.version = 5;
+    REFIT_ASSERT_ERR(v->check(NULL, &mem), REFIT_ERR_VERIFY, "version 5");
+    mem.version = 6;
+    refit_tensor_info_t t;
+    unsigned char *p = (unsigned char *)f.arena + local_offset(f.m, "model.layers.1.mlp.down_proj.weight", &t) + 10;
+    *p ^= 1;
+    REFIT_ASSERT_ERR(v->check(NULL, &mem), REFIT_ERR_VERIFY, "down_proj");
+    *p ^= 1;
+    mem.fp8 = (const refit_fp8_target_t *)&mem; /* any non-NULL target: refused before it is read */
+    REFIT_ASSERT_ERR(v->check(NULL, &mem), REFIT_ERR_UNSUPPORTED, "FP8 verification needs a GPU");
+    mem.fp8 = NULL;
+    if (refit_gpu_count() == 0) {
+        mem.device = 0;
+        assert_int_not_equal(v->check(NULL, &mem), REFIT_OK);
+    }
+    REFIT_ASSERT_ERR(v->check(NULL, NULL), REFIT_ERR_INVALID_ARG, "NULL");
+    destroy(&f);
+}
+
 static void transposed_copy_is_caught(void **state)
 {
     (void)state;
@@ -165,6 +203,7 @@ int main(void)
         cmocka_unit_test(values),
         cmocka_unit_test(roundtrip_and_corruptions),
         cmocka_unit_test(transposed_copy_is_caught),
+        cmocka_unit_test(as_a_verifier),
         cmocka_unit_test(same_values_in_every_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

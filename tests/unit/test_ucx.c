@@ -696,6 +696,65 @@ static void deadline_and_tick(void **state)
     assert_int_equal(nn_finish(&c, 10), 0);
 }
 
+/* Conditional pulls, the ucx transport's REFIT_TEXT_WAIT extension (it has
+ * no FP8 one): a request is served only once the publisher's flag region
+ * holds the word and the flag, else the pull fails BUSY after the wait; a
+ * notify after the flag is set serves it. */
+static void conditional_pull(void **state)
+{
+    (void)state;
+    assert_null(refit_transport_fp8(ops));
+    const refit_transport_wait_t *x = refit_transport_wait(ops);
+    assert_non_null(x);
+    assert_ptr_equal(refit_transport_ext(ops, REFIT_TEXT_WAIT), x);
+    pub_t a;
+    uint64_t as[] = {1u << 16, 64};
+    pub_open(&a, "listen=127.0.0.1,tls=tcp", 2, as, 3);
+    memset(a.base[1], 0, 64);
+    refit_transport_t *rt;
+    REFIT_ASSERT_OK(ops->create("tls=tcp", &rt));
+    refit_peer_t *peer = pub_connect(rt, &a);
+    refit_plan_t *plan = plan_new(1);
+    plan_add(plan, R(0, 0, 0, 0, 0, as[0]));
+    unsigned char *dst = big_alloc(as[0]);
+    refit_pull_ctl_t ctl = {.deadline = refit_now() + 30};
+    refit_pull_wait_t w = {.region = 1, .ms = 100, .word_off = 0, .word = 7, .flag_off = 8 + 3};
+    refit_peer_t *const peers[] = {peer};
+    void *const dsts[] = {dst};
+    double t0 = refit_now();
+    REFIT_ASSERT_ERR(x->pull(rt, peers, plan, dsts, &ctl, &w, NULL), REFIT_ERR_BUSY, "");
+    assert_true(refit_now() - t0 >= 0.09 && refit_now() - t0 < 5);
+    uint64_t word = 7;
+    memcpy(a.base[1], &word, sizeof(word)); /* the word alone is not enough */
+    REFIT_ASSERT_ERR(x->pull(rt, peers, plan, dsts, &ctl, &w, NULL), REFIT_ERR_BUSY, "");
+    ((unsigned char *)a.base[1])[8 + 3] = 1;
+    x->notify(a.t);
+    memset(dst, 0, as[0]);
+    refit_pull_stats_t st = {0};
+    REFIT_ASSERT_OK(x->pull(rt, peers, plan, dsts, &ctl, &w, &st));
+    assert_int_equal(st.bytes, as[0]);
+    assert_memory_equal(dst, a.base[0], as[0]);
+    /* Conditions that cannot be: no wait, a region the source lacks, too long. */
+    w.ms = 0;
+    REFIT_ASSERT_ERR(x->pull(rt, peers, plan, dsts, &ctl, &w, NULL), REFIT_ERR_INVALID_ARG, "ms 0");
+    REFIT_ASSERT_ERR(x->pull(rt, peers, plan, dsts, &ctl, NULL, NULL), REFIT_ERR_INVALID_ARG, "ms 0");
+    w = (refit_pull_wait_t){.region = 2, .ms = 100, .word = 7, .flag_off = 11};
+    REFIT_ASSERT_ERR(x->pull(rt, peers, plan, dsts, &ctl, &w, NULL), REFIT_ERR_INVALID_ARG, "does not have");
+    w.region = 1;
+    w.ms = 60000;
+    REFIT_ASSERT_ERR(x->pull(rt, peers, plan, dsts, &ctl, &w, NULL), REFIT_ERR_INVALID_ARG, "waits too long");
+    /* The generic pull carries no condition. */
+    memset(a.base[1], 0, 64);
+    memset(dst, 0, as[0]);
+    REFIT_ASSERT_OK(ops->pull(rt, peers, plan, dsts, &ctl, NULL));
+    assert_memory_equal(dst, a.base[0], as[0]);
+    ops->disconnect(peer);
+    ops->destroy(rt);
+    big_free(dst, as[0]);
+    refit_plan_destroy(plan);
+    pub_close(&a);
+}
+
 /* require=rdma over TCP-only lanes fails loudly at connect. */
 static void require_rdma_on_tcp(void **state)
 {
@@ -938,6 +997,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(publisher_killed),
         cmocka_unit_test(publisher_destroyed),
         cmocka_unit_test(deadline_and_tick),
+        cmocka_unit_test(conditional_pull),
         cmocka_unit_test(unexpose_during_pull),
         cmocka_unit_test(require_rdma_on_tcp),
         cmocka_unit_test(bad_inputs),

@@ -164,7 +164,7 @@ static void victim_main(const char *opts, const uint8_t *key, int cmd, int resp)
             if (sscanf(line + 4, "%llu %u", &w, &f) == 2 && f < 56) {
                 __atomic_store_n(&g_flags[0], (uint64_t)w, __ATOMIC_RELEASE);
                 __atomic_store_n((unsigned char *)g_flags + 8 + f, 1, __ATOMIC_RELEASE);
-                ops->notify(t); /* as a relay's transfer does after marking a chunk */
+                refit_transport_wait(ops)->notify(t); /* as a relay's transfer does after marking a chunk */
             }
             fprintf(out, "marked\n");
             fflush(out);

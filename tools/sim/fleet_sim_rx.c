@@ -263,7 +263,7 @@ static void refresh_done(sim_t *s, rx_t *r, uint32_t w)
     } else {
         bool news = false;
         bool same = q->S.c && q->S.nc == r->S.nc && q->plan == r->plan;
-        H->waitable = same && s->net_transport; /* conditional requests: UCX's REFIT_TCAP_WAIT */
+        H->waitable = same && s->net_transport; /* conditional requests: UCX's REFIT_TEXT_WAIT extension */
         for (size_t i = 0; same && i < r->S.nc; i++)
             if (q->S.c[i].state == REFIT_CHUNK_DONE && !r->S.avail[W->h][i]) r->S.avail[W->h][i] = 1, news = true;
         if (!news) H->waits++;

@@ -134,18 +134,25 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
     peers[h] = H->peer;
     struct refit_plan one = refit_plan_view(regs, n, sb, S->k.nh);
     refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
-    if (ahead) { /* served once the relay has marked the chunk written in its progress for our version */
-        ctl.wait.region = (uint32_t)H->progress_region;
-        ctl.wait.ms = REFIT_FLEET_WAIT_MS;
-        ctl.wait.word_off = offsetof(refit_progress_hdr_t, version);
-        ctl.wait.word = S->version;
-        ctl.wait.flag_off = sizeof(refit_progress_hdr_t) + (uint64_t)(ahead - S->k.c);
-    }
     const refit_transport_ops_t *ops = S->ts->ops[H->transport];
+    void *ctx = S->ts->ctx[H->transport];
+    const refit_transport_wait_t *cond = ahead ? refit_transport_wait(ops) : NULL;
+    /* ahead: served once the relay has marked the chunk written in its progress for our version */
+    refit_pull_wait_t w = {.region = (uint32_t)H->progress_region,
+                           .ms = REFIT_FLEET_WAIT_MS,
+                           .word_off = offsetof(refit_progress_hdr_t, version),
+                           .word = S->version,
+                           .flag_off = sizeof(refit_progress_hdr_t) + (uint64_t)(ahead ? ahead - S->k.c : 0)};
     bool serial = !(refit_transport_caps(ops) & REFIT_TCAP_CONCURRENT);
-    if (serial) pthread_mutex_lock(&S->serial[H->transport]);
-    refit_status_t st = ops->pull(S->ts->ctx[H->transport], peers, &one, dst, &ctl, ps);
-    if (serial) pthread_mutex_unlock(&S->serial[H->transport]);
+    refit_status_t st = REFIT_OK;
+    if (ahead && !cond)
+        st = refit_error(REFIT_ERR_UNSUPPORTED, "reading ahead from %s needs conditional pulls, which %s has not",
+                         H->name, ops->name);
+    if (!st) {
+        if (serial) pthread_mutex_lock(&S->serial[H->transport]);
+        st = cond ? cond->pull(ctx, peers, &one, dst, &ctl, &w, ps) : ops->pull(ctx, peers, &one, dst, &ctl, ps);
+        if (serial) pthread_mutex_unlock(&S->serial[H->transport]);
+    }
     free(sb);
     free(peers);
     return st;
@@ -224,7 +231,7 @@ static void refresh(sched_t *S, uint32_t h)
         bool same = hd.plan_src == S->key.src && hd.plan_dst == S->key.dst && hd.chunk_bytes == S->chunk &&
                     hd.nchunks == S->k.nc;
         bool news = false;
-        H->waitable = same && (refit_transport_caps(S->ts->ops[H->transport]) & REFIT_TCAP_WAIT);
+        H->waitable = same && refit_transport_wait(S->ts->ops[H->transport]) != NULL;
         for (size_t i = 0; same && i < S->k.nc; i++)
             if (buf[sizeof(hd) + i] && !S->k.avail[h][i]) S->k.avail[h][i] = 1, news = true;
         if (!news) H->waits++;

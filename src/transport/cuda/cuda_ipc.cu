@@ -312,6 +312,13 @@ err:
     return st;
 }
 
+/* Extensions: quantize-on-copy for FP8 receivers (cuda_ipc_pull.cu); no
+ * conditional pulls. */
+static const void *ipc_ext(refit_transport_ext_kind_t kind)
+{
+    return kind == REFIT_TEXT_FP8 ? &cuda_ipc_fp8_ext : NULL;
+}
+
 extern "C" const refit_transport_ops_t refit_transport_cuda_ipc = {
     "cuda_ipc",    REFIT_TCAP_DEVICE_SRC | REFIT_TCAP_DEVICE_DST | REFIT_TCAP_HOST_DST,
     ipc_create,    ipc_destroy,
@@ -319,5 +326,5 @@ extern "C" const refit_transport_ops_t refit_transport_cuda_ipc = {
     ipc_expose,    ipc_unexpose,
     ipc_connect,   ipc_disconnect,
     cuda_ipc_pull, NULL, /* set_key: IPC handles are opened by CUDA, not over a connection (docs/security.md) */
-    cuda_ipc_warm, NULL, /* notify: no conditional pulls */
+    cuda_ipc_warm, ipc_ext,
 };

@@ -148,10 +148,12 @@ static inline get_range_fn get_range(void)
     return fn;
 }
 
-/* cuda_ipc_pull.cu: the transport's pull() and warm(). */
+/* cuda_ipc_pull.cu: the transport's pull() and warm(), and its FP8
+ * extension (REFIT_TEXT_FP8: the same with quantize-on-copy). */
 refit_status_t cuda_ipc_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                              void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats);
 refit_status_t cuda_ipc_warm(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                              void *const *dst_bases, const refit_pull_ctl_t *ctl);
+extern "C" const refit_transport_fp8_t cuda_ipc_fp8_ext;
 
 #endif

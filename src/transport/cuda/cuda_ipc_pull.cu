@@ -55,9 +55,9 @@ static refit_status_t kernel_part(const refit_batch_t *b, uint64_t min_bytes, re
 }
 
 /* The cached table for (plan, sources, device, access width) - a batch, or
- * with ctl->fp8 a quantize-on-copy table - built on first use. */
+ * with fp8 a quantize-on-copy table - built on first use. */
 static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, const uint8_t *only, size_t nsrc,
-                               int dev, uint32_t max_shift, bool local, const refit_pull_ctl_t *ctl,
+                               int dev, uint32_t max_shift, bool local, const refit_pull_fp8_t *fp8,
                                exec_entry_t **entry)
 {
     refit_plan_key_t key;
@@ -66,7 +66,7 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
     refit_plan_regions(plan, &nreg);
     uint64_t oh = 0x6f6e6c79;
     for (size_t s = 0; s < nsrc; s++) oh = refit_mix64(oh ^ (only[s] + 2 * s));
-    const void *target = ctl ? ctl->fp8 : NULL;
+    const void *target = fp8 ? fp8->target : NULL;
     exec_entry_t *victim = &t->exec[0];
     for (int i = 0; i < EXEC_CACHE; i++) {
         exec_entry_t *e = &t->exec[i];
@@ -89,7 +89,7 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
     refit_status_t st;
     if (target) {
         refit_fp8_table_t x;
-        if ((st = refit_fp8_table_build(plan, ctl->fp8_bf16, ctl->fp8, &o, &x))) return st;
+        if ((st = refit_fp8_table_build(plan, fp8->bf16, fp8->target, &o, &x))) return st;
         st = refit_gpu_fp8_create(dev, &x, &f);
         refit_fp8_table_free(&x);
     } else {
@@ -228,148 +228,167 @@ static refit_status_t fp8_run(refit_transport_t *t, refit_gpu_fp8_t *f, refit_pe
     bool turns = t->turns == 1 || (t->turns == -1 && local);
     int turn = turns ? refit_gpu_turn_take(dev, 0, 2.0) : -1;
     refit_status_t st = refit_gpu_fp8_launch(f, slots, launches, uploads);
-    refit_status_t s2 = refit_gpu_fp8_wait(f, st ? NULL : ctl->tick, ctl->user,
-                                           st ? 0 : ctl->deadline); /* never mid-flight */
+    refit_status_t s2 = refit_gpu_fp8_wait(f, st || !ctl ? NULL : ctl->tick, ctl ? ctl->user : NULL,
+                                           st || !ctl ? 0 : ctl->deadline); /* never mid-flight */
     if (!st) st = s2;
     refit_gpu_turn_give(turn);
     free(slots);
     return st;
 }
 
-/* A pull, or with warm its preparation only (the checks, the device, peer
- * access and the cached table), moving nothing. */
-static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
-                                   void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats,
-                                   bool warm)
+/* One pull (or warm) in progress: its arguments and what it found out. */
+typedef struct {
+    refit_transport_t *t;
+    refit_peer_t *const *peers;
+    const refit_plan_t *plan;
+    void *const *dst_bases;
+    const refit_pull_ctl_t *ctl;
+    const refit_pull_fp8_t *fp8; /* NULL: a plain copy */
+    size_t nsrc;
+    uint8_t *only;     /* [nsrc]: sources read through this transport */
+    uint64_t *dst_end; /* [ndst]: the end of what the plan writes in each destination region */
+    uint32_t ndst;
+    int dev, src_dev, dst_dev; /* where the work runs, the sources' GPU, the destination's GPU */
+    bool host_dst, memcpy_used;
+    uint64_t bytes, launches, uploads, copies;
+    exec_entry_t *ex;
+} ipc_pull_t;
+
+/* The sources this transport reads (x->only) and the plan's checks: every
+ * region inside its source region; with FP8, every source through us. */
+static refit_status_t check_plan(ipc_pull_t *x)
 {
-    refit_status_t st = REFIT_OK;
-    size_t nsrc = refit_plan_num_sources(plan), n;
-    const refit_plan_region_t *regs = refit_plan_regions(plan, &n);
-    uint8_t *only = (uint8_t *)calloc(nsrc ? nsrc : 1, 1);
-    uint64_t *dst_end = NULL, *slots = NULL, bytes = 0, launches = 0, uploads = 0, copies = 0;
-    bool memcpy_used = false;
-    uint32_t ndst = 0;
-    int dev = -1, src_dev = -1, dst_dev = -1;
-    bool host_dst = false;
-    refit_gpu_batch_t *g = NULL;
-    exec_entry_t *ex = NULL;
-    if (!only) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
-    for (size_t s = 0; s < nsrc; s++)
-        if (peers[s]) {
-            only[s] = 1;
-            if (dev < 0) dev = peers[s]->dev;
-            if (src_dev < 0) src_dev = peers[s]->src_dev;
+    size_t n;
+    const refit_plan_region_t *regs = refit_plan_regions(x->plan, &n);
+    x->only = (uint8_t *)calloc(x->nsrc ? x->nsrc : 1, 1);
+    if (!x->only) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
+    for (size_t s = 0; s < x->nsrc; s++)
+        if (x->peers[s]) {
+            x->only[s] = 1;
+            if (x->dev < 0) x->dev = x->peers[s]->dev;
+            if (x->src_dev < 0) x->src_dev = x->peers[s]->src_dev;
         }
     for (size_t i = 0; i < n; i++)
-        if (regs[i].dst_region + 1 > ndst) ndst = regs[i].dst_region + 1;
-    dst_end = (uint64_t *)calloc(ndst ? ndst : 1, sizeof(uint64_t));
-    if (!dst_end) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
-        goto out;
-    }
+        if (regs[i].dst_region + 1 > x->ndst) x->ndst = regs[i].dst_region + 1;
+    x->dst_end = (uint64_t *)calloc(x->ndst ? x->ndst : 1, sizeof(uint64_t));
+    if (!x->dst_end) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
     for (size_t i = 0; i < n; i++) {
-        if (!only[regs[i].src] && ctl && ctl->fp8) { /* a block fed by two transports cannot be quantized by one */
-            st = refit_error(REFIT_ERR_UNSUPPORTED,
-                             "cuda_ipc: FP8 quantize-on-copy needs every source through cuda_ipc "
-                             "(source %u is not)",
-                             regs[i].src);
-            goto out;
-        }
-        if (!only[regs[i].src]) continue;
-        const refit_peer_t *p = peers[regs[i].src];
-        if (regs[i].src_region >= p->n || refit_region_src_end(&regs[i]) > p->regions[regs[i].src_region].size) {
-            st = refit_error(REFIT_ERR_CORRUPT, "cuda_ipc: the plan reads past region %u of source %u",
-                             regs[i].src_region, regs[i].src);
-            goto out;
-        }
+        if (!x->only[regs[i].src] && x->fp8) /* a block fed by two transports cannot be quantized by one */
+            return refit_error(REFIT_ERR_UNSUPPORTED,
+                               "cuda_ipc: FP8 quantize-on-copy needs every source through cuda_ipc "
+                               "(source %u is not)",
+                               regs[i].src);
+        if (!x->only[regs[i].src]) continue;
+        const refit_peer_t *p = x->peers[regs[i].src];
+        if (regs[i].src_region >= p->n || refit_region_src_end(&regs[i]) > p->regions[regs[i].src_region].size)
+            return refit_error(REFIT_ERR_CORRUPT, "cuda_ipc: the plan reads past region %u of source %u",
+                               regs[i].src_region, regs[i].src);
         uint64_t e = refit_region_dst_end(&regs[i]);
-        if (e > dst_end[regs[i].dst_region]) dst_end[regs[i].dst_region] = e;
-        bytes += refit_plan_region_bytes(&regs[i]);
+        if (e > x->dst_end[regs[i].dst_region]) x->dst_end[regs[i].dst_region] = e;
+        x->bytes += refit_plan_region_bytes(&regs[i]);
     }
-    /* Where the kernel runs: the destination's device; for host memory, the
-     * device the handles were opened on (the memory is registered, mapped). */
+    return REFIT_OK;
+}
+
+/* Where the kernel runs: the destination's device; for host memory, the
+ * device the handles were opened on (the memory is registered, mapped).
+ * Then peer access and the cached table (x->ex). */
+static refit_status_t place(ipc_pull_t *x)
+{
+    refit_status_t st;
+    uint64_t align = 0;
+    if (x->fp8 && (x->ndst != 1 || pointer_device(x->dst_bases[0]) < 0))
+        return refit_error(REFIT_ERR_UNSUPPORTED, "cuda_ipc: FP8 quantize-on-copy writes one region of GPU memory");
+    for (uint32_t r = 0; r < x->ndst; r++) {
+        if (!x->dst_end[r]) continue;
+        int d = pointer_device(x->dst_bases[r]);
+        if (d < 0) {
+            x->host_dst = true;
+            if ((st = ensure_registered(x->t, x->dst_bases[r], x->dst_end[r]))) return st;
+        } else {
+            x->dst_dev = d;
+        }
+        align |= (uint64_t)(uintptr_t)x->dst_bases[r];
+    }
+    for (size_t s = 0; s < x->nsrc; s++)
+        for (uint32_t r = 0; x->only[s] && r < x->peers[s]->n; r++)
+            align |= (uint64_t)(uintptr_t)x->peers[s]->regions[r].ptr;
+    /* dev is where the handles were opened: the source's GPU with exec=src
+     * (or for host destinations), else the destination's. */
+    if (!x->host_dst && !x->t->exec_src && x->dst_dev >= 0) x->dev = x->dst_dev;
+    if (x->dev < 0) return refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: no device to run the copy on");
+    if (!x->host_dst && x->dst_dev >= 0 && (st = enable_peer(x->t, x->dev, x->dst_dev))) return st;
+    if (x->src_dev >= 0 && (st = enable_peer(x->t, x->dev, x->src_dev))) return st;
+    bool local = !x->host_dst && x->src_dev == x->dev && x->dst_dev == x->dev; /* copies inside one GPU */
+    return get_exec(x->t, x->plan, x->only, x->nsrc, x->dev, align_shift(align), local, x->fp8, &x->ex);
+}
+
+/* The batch's slot table: every source region's address, then the
+ * destination regions'. */
+static uint64_t *batch_slots(const ipc_pull_t *x, const refit_batch_t *b)
+{
+    uint64_t *slots = (uint64_t *)calloc(b->nslots ? b->nslots : 1, sizeof(uint64_t));
+    if (!slots) return NULL;
+    for (size_t s = 0; s < x->nsrc; s++)
+        for (uint32_t k = b->src_slot_base[s]; x->only[s] && k < b->src_slot_base[s + 1]; k++) {
+            uint32_t r = k - b->src_slot_base[s];
+            slots[k] = r < x->peers[s]->n ? (uint64_t)(uintptr_t)x->peers[s]->regions[r].ptr : 0;
+        }
+    for (uint32_t k = b->dst_slot_base; k < b->nslots; k++)
+        slots[k] = (uint64_t)(uintptr_t)x->dst_bases[k - b->dst_slot_base];
+    return slots;
+}
+
+/* copy=auto's small regions as a kernel of their own (once per table). */
+static refit_status_t ensure_small(ipc_pull_t *x, const refit_batch_t *b, uint64_t min_copy)
+{
+    exec_entry_t *ex = x->ex;
+    if (ex->small_built) return REFIT_OK;
+    refit_batch_t kb;
+    refit_status_t st = kernel_part(b, min_copy, &kb);
+    if (st) return st;
+    if (kb.n && !(st = refit_gpu_batch_create(x->dev, &kb, &ex->small))) refit_gpu_batch_local(ex->small);
+    refit_batch_free(&kb);
+    if (!st) ex->small_built = true;
+    return st;
+}
+
+/* The batch table's run: one launch, or on one GPU (copy=auto) the runtime's
+ * device-to-device copies with the small regions' kernel beside them (see
+ * the notes at COPY_MIN_BYTES), under the GPU's turn; then the wait. */
+static refit_status_t batch_run(ipc_pull_t *x)
+{
+    refit_transport_t *t = x->t;
+    refit_gpu_batch_t *g = x->ex->batch;
+    const refit_batch_t *b = refit_gpu_batch_table(g);
+    const refit_pull_ctl_t *ctl = x->ctl;
+    uint64_t *slots = batch_slots(x, b);
+    if (!slots) return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
+    refit_status_t st = REFIT_OK;
+    bool local = !x->host_dst && x->src_dev == x->dev && x->dst_dev == x->dev;
+    if (local) refit_gpu_batch_local(g);
+    x->memcpy_used = local && t->copy_mode != 1;
+    uint64_t min_copy = t->copy_mode == 2 ? 0 : COPY_MIN_BYTES;
+    if (x->memcpy_used && min_copy && (st = ensure_small(x, b, min_copy))) goto out;
     {
-        uint64_t align = 0;
-        if (ctl && ctl->fp8 && (ndst != 1 || pointer_device(dst_bases[0]) < 0)) {
-            st = refit_error(REFIT_ERR_UNSUPPORTED, "cuda_ipc: FP8 quantize-on-copy writes one region of GPU memory");
-            goto out;
-        }
-        for (uint32_t r = 0; r < ndst; r++) {
-            if (!dst_end[r]) continue;
-            int d = pointer_device(dst_bases[r]);
-            if (d < 0) {
-                host_dst = true;
-                if ((st = ensure_registered(t, dst_bases[r], dst_end[r]))) goto out;
-            } else {
-                dst_dev = d;
-            }
-            align |= (uint64_t)(uintptr_t)dst_bases[r];
-        }
-        for (size_t s = 0; s < nsrc; s++)
-            for (uint32_t r = 0; only[s] && r < peers[s]->n; r++)
-                align |= (uint64_t)(uintptr_t)peers[s]->regions[r].ptr;
-        /* dev is where the handles were opened: the source's GPU with
-         * exec=src (or for host destinations), else the destination's. */
-        if (!host_dst && !t->exec_src && dst_dev >= 0) dev = dst_dev;
-        if (dev < 0) {
-            st = refit_error(REFIT_ERR_TRANSPORT, "cuda_ipc: no device to run the copy on");
-            goto out;
-        }
-        if (!host_dst && dst_dev >= 0 && (st = enable_peer(t, dev, dst_dev))) goto out;
-        if (src_dev >= 0 && (st = enable_peer(t, dev, src_dev))) goto out;
-        bool local = !host_dst && src_dev == dev && dst_dev == dev; /* copies inside one GPU */
-        if ((st = get_exec(t, plan, only, nsrc, dev, align_shift(align), local, ctl, &ex))) goto out;
-        g = ex->batch;
-        if (warm) goto out;
-    }
-    if (ex->fp8) {
-        bool local = src_dev == dev && dst_dev == dev;
-        if ((st = fp8_run(t, ex->fp8, peers, only, nsrc, dst_bases[0], dev, local, ctl, &launches, &uploads))) goto out;
-    } else {
-        const refit_batch_t *b = refit_gpu_batch_table(g);
-        slots = (uint64_t *)calloc(b->nslots ? b->nslots : 1, sizeof(uint64_t));
-        if (!slots) {
-            st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
-            goto out;
-        }
-        for (size_t s = 0; s < nsrc; s++)
-            for (uint32_t k = b->src_slot_base[s]; only[s] && k < b->src_slot_base[s + 1]; k++) {
-                uint32_t r = k - b->src_slot_base[s];
-                slots[k] = r < peers[s]->n ? (uint64_t)(uintptr_t)peers[s]->regions[r].ptr : 0;
-            }
-        for (uint32_t k = b->dst_slot_base; k < b->nslots; k++)
-            slots[k] = (uint64_t)(uintptr_t)dst_bases[k - b->dst_slot_base];
-        /* Local (source, destination and kernel on one GPU): copy=auto takes
-         * the runtime's device-to-device copies (see the notes at the top). */
-        bool local = !host_dst && src_dev == dev && dst_dev == dev;
-        if (local) refit_gpu_batch_local(g);
-        memcpy_used = local && t->copy_mode != 1;
-        uint64_t min_copy = t->copy_mode == 2 ? 0 : COPY_MIN_BYTES;
-        if (memcpy_used && min_copy && !ex->small_built) { /* copy=auto: the small regions as a kernel of their own */
-            refit_batch_t kb;
-            if ((st = kernel_part(b, min_copy, &kb))) goto out;
-            if (kb.n && !(st = refit_gpu_batch_create(dev, &kb, &ex->small))) refit_gpu_batch_local(ex->small);
-            refit_batch_free(&kb);
-            if (st) goto out;
-            ex->small_built = true;
-        }
-        refit_gpu_batch_t *small = memcpy_used && min_copy ? ex->small : NULL;
+        refit_gpu_batch_t *small = x->memcpy_used && min_copy ? x->ex->small : NULL;
         bool turns = t->turns == 1 || (t->turns == -1 && local);
         /* REFIT_CUDA_SMALL=after|before (diagnostics): the small regions' kernel
          * after or before the copies instead of beside them */
         const char *order = small ? getenv("REFIT_CUDA_SMALL") : NULL;
         int small_order = order ? (!strcmp(order, "after") ? 1 : !strcmp(order, "before") ? 2 : 0) : 0;
         double t0 = refit_now();
-        int turn = turns ? refit_gpu_turn_take(dev, 0, 2.0) : -1;
+        int turn = turns ? refit_gpu_turn_take(x->dev, 0, 2.0) : -1;
         double t1 = refit_now();
         if (small && small_order != 1)
-            st = refit_gpu_batch_launch(small, slots, &launches, &uploads); /* its own stream: runs beside the copies */
-        if (!st && memcpy_used) {
+            st = refit_gpu_batch_launch(small, slots, &x->launches,
+                                        &x->uploads); /* its own stream: beside the copies */
+        if (!st && x->memcpy_used) {
             if (small && small_order == 2) st = refit_gpu_batch_after(g, small);
-            if (!st) st = refit_gpu_batch_copy(g, slots, min_copy, &copies);
+            if (!st) st = refit_gpu_batch_copy(g, slots, min_copy, &x->copies);
             if (!st && small && small_order == 1 && !(st = refit_gpu_batch_after(small, g)))
-                st = refit_gpu_batch_launch(small, slots, &launches, &uploads);
-        } else if (!st) st = refit_gpu_batch_launch(g, slots, &launches, &uploads);
+                st = refit_gpu_batch_launch(small, slots, &x->launches, &x->uploads);
+        } else if (!st) st = refit_gpu_batch_launch(g, slots, &x->launches, &x->uploads);
         double t2 = refit_now();
         if (!st) st = refit_gpu_batch_wait(g, ctl ? ctl->tick : NULL, ctl ? ctl->user : NULL, ctl ? ctl->deadline : 0);
         if (small) {
@@ -378,54 +397,115 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
         }
         refit_gpu_turn_give(turn);
         if (!st && refit_gpu_trace_path())
-            trace_pull(t, peers, nsrc, only, dst_bases, ndst, memcpy_used ? g : NULL, memcpy_used ? small : g,
-                       small_order, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (refit_now() - t1) * 1e3);
-        if (st) goto out;
+            trace_pull(t, x->peers, x->nsrc, x->only, x->dst_bases, x->ndst, x->memcpy_used ? g : NULL,
+                       x->memcpy_used ? small : g, small_order, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
+                       (refit_now() - t1) * 1e3);
     }
-    for (size_t s = 0; s < nsrc; s++)
-        if (only[s] && refit_proc_start_time(peers[s]->pid) != peers[s]->start_time) {
+out:
+    free(slots);
+    return st;
+}
+
+/* What carried the bytes, in stats->lanes. */
+static void describe(const ipc_pull_t *x, refit_pull_stats_t *stats)
+{
+    int src_dev = x->src_dev, dst_dev = x->dst_dev, dev = x->dev;
+    uint64_t launches = x->launches, uploads = x->uploads;
+    if (x->ex->fp8)
+        snprintf(stats->lanes, sizeof(stats->lanes),
+                 "cuda_ipc:fp8 quantize-on-copy GPU%d->GPU%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64
+                 " upload%s)",
+                 src_dev, dst_dev, dev, launches, launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
+    else if (x->memcpy_used)
+        snprintf(stats->lanes, sizeof(stats->lanes),
+                 "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64 " kernel launch%s",
+                 src_dev, dst_dev, dev, x->copies, launches, launches == 1 ? "" : "es");
+    else
+        snprintf(stats->lanes, sizeof(stats->lanes),
+                 "cuda_ipc:%s GPU%d->%s%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
+                 x->host_dst ? "mapped-host"
+                             : (src_dev == dst_dev ? "local"
+                                : dev == dst_dev   ? "p2p-pull"
+                                                   : "p2p-push"),
+                 src_dev, x->host_dst ? "host" : "GPU", x->host_dst ? -1 : dst_dev, dev, launches,
+                 launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
+}
+
+/* A pull, or with warm its preparation only (the checks, the device, peer
+ * access and the cached table), moving nothing; quantized as fp8 says where
+ * it is not NULL. */
+static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                                   void *const *dst_bases, const refit_pull_ctl_t *ctl, const refit_pull_fp8_t *fp8,
+                                   refit_pull_stats_t *stats, bool warm)
+{
+    ipc_pull_t x;
+    memset(&x, 0, sizeof(x));
+    x.t = t;
+    x.peers = peers;
+    x.plan = plan;
+    x.dst_bases = dst_bases;
+    x.ctl = ctl;
+    x.fp8 = fp8;
+    x.nsrc = refit_plan_num_sources(plan);
+    x.dev = x.src_dev = x.dst_dev = -1;
+    refit_status_t st = check_plan(&x);
+    if (st || (st = place(&x)) || warm) goto out;
+    if (x.ex->fp8) {
+        bool local = x.src_dev == x.dev && x.dst_dev == x.dev;
+        st = fp8_run(t, x.ex->fp8, peers, x.only, x.nsrc, dst_bases[0], x.dev, local, ctl, &x.launches, &x.uploads);
+    } else {
+        st = batch_run(&x);
+    }
+    if (st) goto out;
+    for (size_t s = 0; s < x.nsrc; s++)
+        if (x.only[s] && refit_proc_start_time(peers[s]->pid) != peers[s]->start_time) {
             st = refit_error(REFIT_ERR_PEER, "cuda_ipc: source process %u died during the transfer", peers[s]->pid);
             goto out;
         }
     if (stats) {
-        stats->bytes += bytes;
-        stats->requests += launches + uploads + copies;
-        stats->launches += launches + copies;
-        if (ex->fp8)
-            snprintf(stats->lanes, sizeof(stats->lanes),
-                     "cuda_ipc:fp8 quantize-on-copy GPU%d->GPU%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64
-                     " upload%s)",
-                     src_dev, dst_dev, dev, launches, launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
-        else if (memcpy_used)
-            snprintf(stats->lanes, sizeof(stats->lanes),
-                     "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64
-                     " kernel launch%s",
-                     src_dev, dst_dev, dev, copies, launches, launches == 1 ? "" : "es");
-        else
-            snprintf(stats->lanes, sizeof(stats->lanes),
-                     "cuda_ipc:%s GPU%d->%s%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
-                     host_dst ? "mapped-host"
-                              : (src_dev == dst_dev ? "local"
-                                 : dev == dst_dev   ? "p2p-pull"
-                                                    : "p2p-push"),
-                     src_dev, host_dst ? "host" : "GPU", host_dst ? -1 : dst_dev, dev, launches,
-                     launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
+        stats->bytes += x.bytes;
+        stats->requests += x.launches + x.uploads + x.copies;
+        stats->launches += x.launches + x.copies;
+        describe(&x, stats);
     }
 out:
-    free(only);
-    free(dst_end);
-    free(slots);
+    free(x.only);
+    free(x.dst_end);
     return st;
 }
 
 refit_status_t cuda_ipc_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                              void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
 {
-    return pull_or_warm(t, peers, plan, dst_bases, ctl, stats, false);
+    return pull_or_warm(t, peers, plan, dst_bases, ctl, NULL, stats, false);
 }
 
 refit_status_t cuda_ipc_warm(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                              void *const *dst_bases, const refit_pull_ctl_t *ctl)
 {
-    return pull_or_warm(t, peers, plan, dst_bases, ctl, NULL, true);
+    return pull_or_warm(t, peers, plan, dst_bases, ctl, NULL, NULL, true);
 }
+
+static refit_status_t fp8_args(const refit_pull_fp8_t *fp8)
+{
+    if (!fp8 || !fp8->target || !fp8->bf16)
+        return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: an FP8 pull without its target or bf16 manifest");
+    return REFIT_OK;
+}
+
+static refit_status_t fp8_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                               void *const *dst_bases, const refit_pull_ctl_t *ctl, const refit_pull_fp8_t *fp8,
+                               refit_pull_stats_t *stats)
+{
+    refit_status_t st = fp8_args(fp8);
+    return st ? st : pull_or_warm(t, peers, plan, dst_bases, ctl, fp8, stats, false);
+}
+
+static refit_status_t fp8_warm(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                               void *const *dst_bases, const refit_pull_ctl_t *ctl, const refit_pull_fp8_t *fp8)
+{
+    refit_status_t st = fp8_args(fp8);
+    return st ? st : pull_or_warm(t, peers, plan, dst_bases, ctl, fp8, NULL, true);
+}
+
+extern "C" const refit_transport_fp8_t cuda_ipc_fp8_ext = {fp8_pull, fp8_warm};

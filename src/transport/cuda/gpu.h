@@ -2,8 +2,8 @@
  *
  * Plain C types only: the tools and the GPU tests include this header and
  * call these functions under #ifdef REFIT_HAVE_CUDA; the engine reaches them
- * only through the CUDA memory domain (memdom.cu, transport/memdom.h) and the
- * cuda_ipc transport; nothing outside this folder includes a CUDA header.
+ * only through the CUDA memory domain (memdom.cu, transport/memdom.h), the
+ * GPU truth (verify_truth.cu, verify/verify.h) and the cuda_ipc transport; nothing outside this folder includes a CUDA header.
  * Every function saves and restores the calling thread's current device. */
 #ifndef REFIT_GPU_H
 #define REFIT_GPU_H

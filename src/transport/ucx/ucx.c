@@ -220,9 +220,12 @@ static void ucx_destroy(refit_transport_t *t)
     free(t);
 }
 
+/* Extensions: conditional pulls (ucx_pull.c). */
+static const void *ucx_ext(refit_transport_ext_kind_t kind) { return kind == REFIT_TEXT_WAIT ? &ucx_wait_ext : NULL; }
+
 const refit_transport_ops_t refit_transport_ucx = {
     .name = "ucx",
-    .caps = REFIT_TCAP_HOST | REFIT_TCAP_CONCURRENT | REFIT_TCAP_WAIT,
+    .caps = REFIT_TCAP_HOST | REFIT_TCAP_CONCURRENT,
     .create = ucx_create,
     .destroy = ucx_destroy,
     .alloc = NULL,
@@ -233,5 +236,5 @@ const refit_transport_ops_t refit_transport_ucx = {
     .disconnect = ucx_disconnect,
     .pull = ucx_pull,
     .set_key = ucx_set_key,
-    .notify = ucx_notify,
+    .ext = ucx_ext,
 };

@@ -176,40 +176,87 @@ static void peer_free(refit_peer_t *p)
     free(p);
 }
 
-/* Tries one address: endpoint, HELLO, reply. */
-static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire_addr_t *a, uint16_t port, double until)
+/* The socket address of descriptor address a at port. */
+static refit_status_t sock_addr(const wire_addr_t *a, uint16_t port, struct sockaddr_storage *ss, socklen_t *sl)
 {
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof(ss));
-    socklen_t sl;
+    memset(ss, 0, sizeof(*ss));
     if (a->family == AF_INET) {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
         s4->sin_family = AF_INET;
         s4->sin_port = htons(port);
         memcpy(&s4->sin_addr, a->addr, 4);
-        sl = sizeof(*s4);
+        *sl = sizeof(*s4);
     } else if (a->family == AF_INET6) {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
         s6->sin6_family = AF_INET6;
         s6->sin6_port = htons(port);
         memcpy(&s6->sin6_addr, a->addr, 16);
-        sl = sizeof(*s6);
+        *sl = sizeof(*s6);
     } else {
         return refit_error(REFIT_ERR_CORRUPT, "ucx: descriptor address family %u", a->family);
     }
-    addr_str(a, port, p->name, sizeof(p->name));
-    p->failed = UCS_OK;
-    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-                          .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-                          .sockaddr = {(const struct sockaddr *)&ss, sl},
-                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                          .err_handler = {peer_err_cb, p}};
-    ucs_status_t s = ucp_ep_create(t->rw, &ep, &p->ep);
-    if (s != UCS_OK) {
-        p->ep = NULL;
-        return ucx_err(REFIT_ERR_TRANSPORT, s, "connecting to publisher %s", p->name);
+    return REFIT_OK;
+}
+
+/* Sends HELLO h (with the region ids in phase 2) and waits for its reply
+ * in w (w->done), its send's completion, a failure or `until`. */
+static refit_status_t send_hello(refit_transport_t *t, refit_peer_t *p, const hello_hdr_t *h, const uint64_t *ids,
+                                 hello_wait_t *w, double until)
+{
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
+    void *req = ucp_am_send_nbx(p->ep, AM_HELLO, h, sizeof(*h), ids, (size_t)h->nregions * 8, &rp);
+    if (UCS_PTR_IS_ERR(req))
+        return ucx_err(REFIT_ERR_TRANSPORT, UCS_PTR_STATUS(req), "saying hello to publisher %s", p->name);
+    while (!w->done && p->failed == UCS_OK && refit_now() < until) ucx_rwait(t, until, 0.001);
+    if (req) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && p->failed == UCS_OK && refit_now() < until)
+            ucx_rwait(t, until, 0.001);
+        ucp_request_free(req); /* if still in flight, closing the endpoint below completes it */
     }
+    return REFIT_OK;
+}
+
+/* What the reply w to HELLO phase `phase` (h) says: REFIT_OK to go on (phase
+ * 1: the publisher proved the key; phase 2: it granted the regions). */
+static refit_status_t hello_verdict(refit_transport_t *t, const refit_peer_t *p, const hello_hdr_t *h,
+                                    const hello_wait_t *w, uint32_t phase)
+{
+    uint8_t want[REFIT_SHA256_LEN];
+    bool proven = false;
+    if (w->done && phase == 1 && w->status == PUB_CHALLENGE) {
+        ucx_conn_mac(t, "refit ucx publisher proof", p->pub_id, h->nonce, w->nonce, want);
+        proven = refit_ct_equal(want, w->proof, sizeof(want));
+    }
+    if (!w->done && p->failed != UCS_OK) return ucx_err(REFIT_ERR_PEER, p->failed, "publisher %s", p->name);
+    if (!w->done)
+        return refit_error(REFIT_ERR_TIMEOUT, "ucx: publisher %s did not answer within the connect timeout", p->name);
+    if (phase == 1 && proven) return REFIT_OK;
+    if (phase == 1 && w->status == PUB_CHALLENGE && w->pub_id != p->pub_id)
+        /* another instance answers there (the publisher restarted on this port): try the next address */
+        return refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)",
+                           p->name);
+    if (phase == 1)
+        return refit_error(REFIT_ERR_AUTH,
+                           "ucx: %s did not prove the job's secret (%s): not a publisher of this job, "
+                           "or one with another secret",
+                           p->name, w->status == PUB_CHALLENGE ? "wrong proof" : pub_status_str(w->status));
+    if (w->status == PUB_BAD_ID) /* another publisher answered there: try the next address */
+        return refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)",
+                           p->name);
+    if (w->status == PUB_AUTH)
+        return refit_error(REFIT_ERR_AUTH, "ucx: publisher %s refused our proof of the job's secret", p->name);
+    if (w->status != PUB_OK)
+        return refit_error(REFIT_ERR_PEER, "ucx: publisher %s: %s", p->name, pub_status_str(w->status));
+    return REFIT_OK;
+}
+
+/* The two phases of HELLO on p's new endpoint.  Phase 1: our nonce; the
+ * publisher proves the key over both nonces.  Phase 2: we prove it; then,
+ * and only then, it answers about regions (their sizes, checked), and both
+ * sides derive the connection's token. */
+static refit_status_t hello(refit_transport_t *t, refit_peer_t *p, double until)
+{
     uint64_t *ids = calloc(p->nregions ? p->nregions : 1, 8), *sizes = calloc(p->nregions ? p->nregions : 1, 8);
     refit_status_t st = REFIT_OK;
     if (!ids || !sizes) {
@@ -217,8 +264,6 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
         goto out;
     }
     for (uint32_t i = 0; i < p->nregions; i++) ids[i] = p->regions[i].id;
-    /* Phase 1: our nonce; the publisher proves the key over both nonces.
-     * Phase 2: we prove it; then, and only then, it answers about regions. */
     hello_wait_t w = {.nregions = p->nregions, .sizes = sizes, .ep = p->ep};
     hello_hdr_t h = {.magic = UCX_MAGIC, .nregions = p->nregions, .pub_id = p->pub_id};
     if ((st = refit_random_bytes(h.nonce, NONCE_LEN))) goto out;
@@ -229,45 +274,7 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
         h.phase = phase;
         h.nregions = phase == 1 ? 0 : p->nregions; /* region ids only once the key is proven */
         if (phase == 2) ucx_conn_mac(t, "refit ucx receiver proof", p->pub_id, h.nonce, w.nonce, h.proof);
-        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                  .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
-        void *req = ucp_am_send_nbx(p->ep, AM_HELLO, &h, sizeof(h), ids, (size_t)h.nregions * 8, &rp);
-        if (UCS_PTR_IS_ERR(req)) {
-            st = ucx_err(REFIT_ERR_TRANSPORT, UCS_PTR_STATUS(req), "saying hello to publisher %s", p->name);
-            break;
-        }
-        while (!w.done && p->failed == UCS_OK && refit_now() < until) ucx_rwait(t, until, 0.001);
-        if (req) {
-            while (ucp_request_check_status(req) == UCS_INPROGRESS && p->failed == UCS_OK && refit_now() < until)
-                ucx_rwait(t, until, 0.001);
-            ucp_request_free(req); /* if still in flight, closing the endpoint below completes it */
-        }
-        uint8_t want[REFIT_SHA256_LEN];
-        bool proven = false;
-        if (w.done && phase == 1 && w.status == PUB_CHALLENGE) {
-            ucx_conn_mac(t, "refit ucx publisher proof", p->pub_id, h.nonce, w.nonce, want);
-            proven = refit_ct_equal(want, w.proof, sizeof(want));
-        }
-        if (!w.done && p->failed != UCS_OK) st = ucx_err(REFIT_ERR_PEER, p->failed, "publisher %s", p->name);
-        else if (!w.done)
-            st = refit_error(REFIT_ERR_TIMEOUT, "ucx: publisher %s did not answer within the connect timeout", p->name);
-        else if (phase == 1 && proven) continue;
-        else if (phase == 1 && w.status == PUB_CHALLENGE && w.pub_id != p->pub_id)
-            /* another instance answers there (the publisher restarted on this port): try the next address */
-            st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)",
-                             p->name);
-        else if (phase == 1)
-            st = refit_error(REFIT_ERR_AUTH,
-                             "ucx: %s did not prove the job's secret (%s): not a publisher of this job, "
-                             "or one with another secret",
-                             p->name, w.status == PUB_CHALLENGE ? "wrong proof" : pub_status_str(w.status));
-        else if (w.status == PUB_BAD_ID) /* another publisher answered there: try the next address */
-            st = refit_error(REFIT_ERR_PEER, "ucx: %s is another publisher (instance changed or address reused)",
-                             p->name);
-        else if (w.status == PUB_AUTH)
-            st = refit_error(REFIT_ERR_AUTH, "ucx: publisher %s refused our proof of the job's secret", p->name);
-        else if (w.status != PUB_OK)
-            st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s: %s", p->name, pub_status_str(w.status));
+        if (!(st = send_hello(t, p, &h, ids, &w, until))) st = hello_verdict(t, p, &h, &w, phase);
     }
     if (!st) {
         uint8_t tok[REFIT_SHA256_LEN];
@@ -282,7 +289,30 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
 out:
     free(ids);
     free(sizes);
-    if (st) {
+    return st;
+}
+
+/* Tries one address: endpoint, HELLO, reply. */
+static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire_addr_t *a, uint16_t port, double until)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    refit_status_t st = sock_addr(a, port, &ss, &sl);
+    if (st) return st;
+    addr_str(a, port, p->name, sizeof(p->name));
+    p->failed = UCS_OK;
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+                          .sockaddr = {(const struct sockaddr *)&ss, sl},
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {peer_err_cb, p}};
+    ucs_status_t s = ucp_ep_create(t->rw, &ep, &p->ep);
+    if (s != UCS_OK) {
+        p->ep = NULL;
+        return ucx_err(REFIT_ERR_TRANSPORT, s, "connecting to publisher %s", p->name);
+    }
+    if ((st = hello(t, p, until))) {
         if (p->failed != UCS_OK || st == REFIT_ERR_TIMEOUT) ucx_ep_force_close(t, p->ep);
         else ep_close(t, p->ep);
         p->ep = NULL;
@@ -290,13 +320,13 @@ out:
     return st;
 }
 
-refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs, const size_t *lens, uint32_t nregions,
-                           refit_peer_t **out)
+/* A peer of nregions regions from their descriptors (one publisher's);
+ * *h0 and *addrs0: region 0's header and addresses. */
+static refit_status_t peer_from_descs(refit_transport_t *t, const void *const *descs, const size_t *lens,
+                                      uint32_t nregions, refit_peer_t **out, wire_desc_t *h0,
+                                      const wire_addr_t **addrs0)
 {
     refit_status_t st = REFIT_OK;
-    if (!t || !out || (nregions && (!descs || !lens)))
-        return refit_error(REFIT_ERR_INVALID_ARG, "ucx: connect: NULL argument");
-    if (nregions == 0) return refit_error(REFIT_ERR_INVALID_ARG, "ucx: connect: no regions");
     refit_peer_t *p = calloc(1, sizeof(*p));
     if (!p || !(p->regions = calloc(nregions, sizeof(*p->regions)))) {
         free(p);
@@ -304,61 +334,65 @@ refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs, const
     }
     p->t = t;
     p->nregions = nregions;
-    wire_desc_t h0;
-    const wire_addr_t *addrs0 = NULL;
-    for (uint32_t i = 0; i < nregions; i++) {
+    for (uint32_t i = 0; i < nregions && !st; i++) {
         wire_desc_t h;
         const wire_addr_t *addrs = NULL;
         const void *rkey = NULL;
         if ((st = parse_desc(descs[i], lens[i], &h, &addrs, &rkey))) {
             refit_error_prefix("region %u: ", i);
-            goto fail;
+            break;
         }
         if (i == 0) {
-            h0 = h;
-            addrs0 = addrs;
+            *h0 = h;
+            *addrs0 = addrs;
             p->pub_id = h.pub_id;
-        } else if (h.pub_id != h0.pub_id) {
+        } else if (h.pub_id != h0->pub_id) {
             st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: region %u belongs to another publisher than region 0", i);
-            goto fail;
+            break;
         }
         p->regions[i].id = h.region_id;
         p->regions[i].size = h.size;
         p->regions[i].base = h.base;
-        if (h.rkey_len) {
-            if (!(p->regions[i].rkey_buf = malloc(h.rkey_len))) {
-                st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: connect");
-                goto fail;
-            }
-            memcpy(p->regions[i].rkey_buf, rkey, h.rkey_len);
-            p->regions[i].rkey_len = h.rkey_len;
+        if (!h.rkey_len) continue;
+        if (!(p->regions[i].rkey_buf = malloc(h.rkey_len))) {
+            st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: connect");
+            break;
         }
+        memcpy(p->regions[i].rkey_buf, rkey, h.rkey_len);
+        p->regions[i].rkey_len = h.rkey_len;
     }
-    pthread_mutex_lock(&t->rlock);
-    if (!t->rw) {
-        if ((st = ucx_make_worker_in(t, t->ctx, &t->rw, &t->rw_efd, "refit-recv")) ||
-            (st = ucx_set_am(t->rw, AM_HELLO_REPLY, am_hello_reply_cb, t)) ||
-            (st = ucx_set_am(t->rw, AM_DATA, ucx_am_data_cb, t))) {
-            if (t->rw) ucp_worker_destroy(t->rw);
-            t->rw = NULL;
-            pthread_mutex_unlock(&t->rlock);
-            goto fail;
-        }
+    if (st) peer_free(p);
+    else *out = p;
+    return st;
+}
+
+/* The receive worker, made on the first connect.  rlock held. */
+static refit_status_t ensure_worker(refit_transport_t *t)
+{
+    refit_status_t st = REFIT_OK;
+    if (t->rw) return REFIT_OK;
+    if ((st = ucx_make_worker_in(t, t->ctx, &t->rw, &t->rw_efd, "refit-recv")) ||
+        (st = ucx_set_am(t->rw, AM_HELLO_REPLY, am_hello_reply_cb, t)) ||
+        (st = ucx_set_am(t->rw, AM_DATA, ucx_am_data_cb, t))) {
+        if (t->rw) ucp_worker_destroy(t->rw);
+        t->rw = NULL;
     }
-    if (REFIT_VEC_RESERVE(&t->peers, t->peers.len + 1)) {
-        pthread_mutex_unlock(&t->rlock);
-        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: connect");
-        goto fail;
-    }
+    return st;
+}
+
+/* Each of the publisher's addresses in turn until one answers as the right
+ * publisher; the error names every address tried.  rlock held. */
+static refit_status_t reach(refit_transport_t *t, refit_peer_t *p, const wire_desc_t *h0, const wire_addr_t *addrs0)
+{
     double until = refit_now() + t->o.connect_timeout;
     char tried[512] = "";
     size_t tl = 0;
-    st = REFIT_ERR_TRANSPORT;
-    for (uint16_t k = 0; k < h0.naddrs && st; k++) {
+    refit_status_t st = REFIT_ERR_TRANSPORT;
+    for (uint16_t k = 0; k < h0->naddrs && st; k++) {
         /* Each address gets its share of what is left (at least 1 s), so
          * one that drops packets cannot use up the whole budget. */
-        double left = until - refit_now(), share = left / (h0.naddrs - k);
-        st = try_addr(t, p, &addrs0[k], h0.port, refit_now() + (share < 1 ? REFIT_MIN(1.0, left) : share));
+        double left = until - refit_now(), share = left / (h0->naddrs - k);
+        st = try_addr(t, p, &addrs0[k], h0->port, refit_now() + (share < 1 ? REFIT_MIN(1.0, left) : share));
         if (st == REFIT_ERR_STALE || st == REFIT_ERR_AUTH) break; /* reached it; it is not the right one */
         if (st) {
             int w = snprintf(tried + tl, sizeof(tried) - tl, "%s%s: %s", tl ? "; " : "", p->name, refit_last_error());
@@ -368,39 +402,60 @@ refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs, const
     }
     if (st && st != REFIT_ERR_STALE && st != REFIT_ERR_AUTH)
         st = refit_error(st == REFIT_ERR_TIMEOUT ? REFIT_ERR_TIMEOUT : REFIT_ERR_PEER,
-                         "ucx: cannot reach the publisher at any of its %u addresses (%s)", h0.naddrs, tried);
-    if (!st) {
-        read_lanes(p);
-        if (t->o.require_rdma && !p->rdma) {
-            st = refit_error(REFIT_ERR_TRANSPORT,
-                             "ucx: require=rdma, but UCX connected publisher %s over %s only (no RDMA lane; "
-                             "check the RDMA devices, UCX_TLS and UCX_NET_DEVICES)",
-                             p->name, p->lanes[0] ? p->lanes : "unknown lanes");
+                         "ucx: cannot reach the publisher at any of its %u addresses (%s)", h0->naddrs, tried);
+    return st;
+}
+
+/* A connected peer's lanes (require=rdma checked) and remote keys (needed
+ * with method=get); on failure its endpoint is closed.  rlock held. */
+static refit_status_t after_connect(refit_transport_t *t, refit_peer_t *p)
+{
+    refit_status_t st = REFIT_OK;
+    read_lanes(p);
+    if (t->o.require_rdma && !p->rdma) {
+        st = refit_error(REFIT_ERR_TRANSPORT,
+                         "ucx: require=rdma, but UCX connected publisher %s over %s only (no RDMA lane; "
+                         "check the RDMA devices, UCX_TLS and UCX_NET_DEVICES)",
+                         p->name, p->lanes[0] ? p->lanes : "unknown lanes");
+        ep_close(t, p->ep);
+        p->ep = NULL;
+    }
+    for (uint32_t i = 0; !st && i < p->nregions; i++) {
+        if (!p->regions[i].rkey_len) continue;
+        ucs_status_t s = ucp_ep_rkey_unpack(p->ep, p->regions[i].rkey_buf, &p->regions[i].rkey);
+        if (s == UCS_OK) continue;
+        p->regions[i].rkey = NULL;
+        if (p->use_get) {
+            st = ucx_err(REFIT_ERR_TRANSPORT, s, "unpacking the remote key of region %u of publisher %s", i, p->name);
             ep_close(t, p->ep);
             p->ep = NULL;
         }
     }
-    for (uint32_t i = 0; !st && i < nregions; i++) {
-        if (!p->regions[i].rkey_len) continue;
-        ucs_status_t s = ucp_ep_rkey_unpack(p->ep, p->regions[i].rkey_buf, &p->regions[i].rkey);
-        if (s != UCS_OK) {
-            p->regions[i].rkey = NULL;
-            if (p->use_get) {
-                st = ucx_err(REFIT_ERR_TRANSPORT, s, "unpacking the remote key of region %u of publisher %s", i,
-                             p->name);
-                ep_close(t, p->ep);
-                p->ep = NULL;
-            }
-        }
-    }
-    if (!st) t->peers.data[t->peers.len++] = p;
+    return st;
+}
+
+refit_status_t ucx_connect(refit_transport_t *t, const void *const *descs, const size_t *lens, uint32_t nregions,
+                           refit_peer_t **out)
+{
+    if (!t || !out || (nregions && (!descs || !lens)))
+        return refit_error(REFIT_ERR_INVALID_ARG, "ucx: connect: NULL argument");
+    if (nregions == 0) return refit_error(REFIT_ERR_INVALID_ARG, "ucx: connect: no regions");
+    refit_peer_t *p = NULL;
+    wire_desc_t h0;
+    const wire_addr_t *addrs0 = NULL;
+    refit_status_t st = peer_from_descs(t, descs, lens, nregions, &p, &h0, &addrs0);
+    if (st) return st;
+    pthread_mutex_lock(&t->rlock);
+    if (!(st = ensure_worker(t)) && REFIT_VEC_RESERVE(&t->peers, t->peers.len + 1))
+        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: connect");
+    if (!st && !(st = reach(t, p, &h0, addrs0)) && !(st = after_connect(t, p))) t->peers.data[t->peers.len++] = p;
     pthread_mutex_unlock(&t->rlock);
-    if (st) goto fail;
+    if (st) {
+        peer_free(p);
+        return st;
+    }
     *out = p;
     return REFIT_OK;
-fail:
-    peer_free(p);
-    return st;
 }
 
 void ucx_disconnect(refit_peer_t *p)

@@ -132,7 +132,7 @@ typedef struct {
     uint64_t region_id;
     uint64_t pub_id;
     uint8_t token[TOKEN_LEN]; /* the connection's token (derived from both nonces under the key) */
-    /* The condition (refit_pull_ctl_t.wait; wait_ms 0: none): serve once the
+    /* The condition (refit_pull_wait_t; wait_ms 0: none): serve once the
      * word at word_off of region wait_region equals `word` and the byte at
      * flag_off is non-zero, or answer PUB_NOT_READY after wait_ms (at most
      * UCX_MAX_WAIT_MS). */
@@ -360,5 +360,8 @@ void ucx_pwait(refit_transport_t *t, pull_t *pl, double until, double spin_s);
 static inline void ucx_rwait(refit_transport_t *t, double until, double spin_s) { ucx_pwait(t, NULL, until, spin_s); }
 refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
                         void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats);
+/* The conditional pulls (REFIT_TEXT_WAIT): pulls whose requests carry the
+ * condition (req_hdr_t's wait fields), and ucx_notify. */
+extern const refit_transport_wait_t ucx_wait_ext;
 
 #endif

@@ -77,6 +77,101 @@ static refit_status_t resolve_listen(ucx_opts_t *o)
     return REFIT_OK;
 }
 
+/* listen=IP, IP:PORT, [IPv6]:PORT or :PORT, or an interface's name
+ * (resolve_listen); false: a bad value.  *vp is left at the address part
+ * (what an error message shows). */
+static bool parse_listen(char **vp, ucx_opts_t *o)
+{
+    char *v = *vp, *port = NULL;
+    uint64_t n = 0;
+    bool ok = true;
+    if (*v == '[') {
+        char *e = strchr(v, ']');
+        if (!e) ok = false;
+        else {
+            *e = 0;
+            port = e[1] == ':' ? e + 2 : NULL;
+            *vp = ++v;
+        }
+    } else if (strchr(v, ':') == strrchr(v, ':') && strchr(v, ':')) {
+        port = strchr(v, ':');
+        *port++ = 0;
+    }
+    if (ok && *v) snprintf(o->listen_ip, sizeof(o->listen_ip), "%s", v);
+    if (ok && port) ok = parse_u64(port, &n) && n <= 65535, o->listen_port = (uint16_t)n;
+    unsigned char tmp[16];
+    /* An address, or the name of an interface (resolve_listen). */
+    if (ok && inet_pton(AF_INET, o->listen_ip, tmp) != 1 && inet_pton(AF_INET6, o->listen_ip, tmp) != 1 &&
+        (strlen(o->listen_ip) >= IF_NAMESIZE || !if_nametoindex(o->listen_ip)))
+        ok = false;
+    return ok;
+}
+
+/* The options that name a mode or a list; false: kv is none of them.  *ok:
+ * whether v is a value of kv. */
+static bool parse_mode(const char *kv, const char *v, ucx_opts_t *o, bool *ok)
+{
+    if (!strcmp(kv, "rma")) {
+        if (!strcmp(v, "off")) o->rma = RMA_OFF;
+        else if (!strcmp(v, "emulated")) o->rma = RMA_EMULATED;
+        else *ok = false;
+    } else if (!strcmp(kv, "require")) {
+        if (!strcmp(v, "rdma")) o->require_rdma = true;
+        else if (!strcmp(v, "none") || !*v) o->require_rdma = false;
+        else *ok = false;
+    } else if (!strcmp(kv, "method")) {
+        if (!strcmp(v, "auto")) o->method = METHOD_AUTO;
+        else if (!strcmp(v, "am")) o->method = METHOD_AM;
+        else if (!strcmp(v, "get")) o->method = METHOD_GET;
+        else *ok = false;
+    } else if (!strcmp(kv, "tls")) {
+        copy_list(o->tls, sizeof(o->tls), v);
+    } else if (!strcmp(kv, "devices")) {
+        copy_list(o->devices, sizeof(o->devices), v);
+    } else if (!strcmp(kv, "tcp_eager")) {
+        *ok = !strcmp(v, "0") || !strcmp(v, "1");
+        o->tcp_eager = !strcmp(v, "1");
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* The options that are numbers (sizes, counts, seconds); as parse_mode. */
+static bool parse_number(const char *kv, const char *v, ucx_opts_t *o, bool *ok)
+{
+    uint64_t n = 0;
+    if (!strcmp(kv, "max_queued")) {
+        *ok = parse_u64(v, &o->max_queued) && o->max_queued >= (1u << 20);
+    } else if (!strcmp(kv, "max_parked")) {
+        *ok = parse_u64(v, &n) && n >= 1 && n <= UCX_MAX_JOBS_PER_CONN;
+        o->max_parked = (unsigned)n;
+    } else if (!strcmp(kv, "chunk")) {
+        *ok = parse_u64(v, &o->chunk) && o->chunk >= 4096 && o->chunk <= (1ull << 30);
+    } else if (!strcmp(kv, "solo")) {
+        *ok = parse_u64(v, &o->solo) && o->solo > 0;
+    } else if (!strcmp(kv, "rndv")) {
+        if (!strcmp(v, "auto")) o->rndv = 0; /* UCX chooses */
+        else *ok = parse_u64(v, &o->rndv) && o->rndv > 0;
+    } else if (!strcmp(kv, "inflight")) {
+        *ok = parse_u64(v, &n) && n >= 1 && n <= 1024;
+        o->inflight = (unsigned)n;
+    } else if (!strcmp(kv, "spin_us")) {
+        *ok = parse_u64(v, &n) && n <= 10000000;
+        o->spin_us = (unsigned)n;
+    } else if (!strcmp(kv, "connect_timeout") || !strcmp(kv, "stall_timeout") || !strcmp(kv, "auth_timeout")) {
+        char *end;
+        double d = strtod(v, &end);
+        *ok = end != v && !*end && d > 0 && d < 1e6;
+        if (kv[0] == 'c') o->connect_timeout = d;
+        else if (kv[0] == 'a') o->auth_timeout = d;
+        else o->stall_timeout = d;
+    } else {
+        return false;
+    }
+    return true;
+}
+
 refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
 {
     *o = (ucx_opts_t){.listen_ip = "127.0.0.1",
@@ -102,76 +197,10 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
             break;
         }
         *v++ = 0;
-        uint64_t n = 0;
         bool ok = true;
         if (!strcmp(kv, "listen")) {
-            /* IP, IP:PORT, [IPv6]:PORT or :PORT */
-            char *port = NULL;
-            if (*v == '[') {
-                char *e = strchr(v, ']');
-                if (!e) ok = false;
-                else {
-                    *e = 0;
-                    port = e[1] == ':' ? e + 2 : NULL;
-                    v++;
-                }
-            } else if (strchr(v, ':') == strrchr(v, ':') && strchr(v, ':')) {
-                port = strchr(v, ':');
-                *port++ = 0;
-            }
-            if (ok && *v) snprintf(o->listen_ip, sizeof(o->listen_ip), "%s", v);
-            if (ok && port) ok = parse_u64(port, &n) && n <= 65535, o->listen_port = (uint16_t)n;
-            unsigned char tmp[16];
-            /* An address, or the name of an interface (resolve_listen). */
-            if (ok && inet_pton(AF_INET, o->listen_ip, tmp) != 1 && inet_pton(AF_INET6, o->listen_ip, tmp) != 1 &&
-                (strlen(o->listen_ip) >= IF_NAMESIZE || !if_nametoindex(o->listen_ip)))
-                ok = false;
-        } else if (!strcmp(kv, "rma")) {
-            if (!strcmp(v, "off")) o->rma = RMA_OFF;
-            else if (!strcmp(v, "emulated")) o->rma = RMA_EMULATED;
-            else ok = false;
-        } else if (!strcmp(kv, "max_queued")) {
-            ok = parse_u64(v, &o->max_queued) && o->max_queued >= (1u << 20);
-        } else if (!strcmp(kv, "max_parked")) {
-            ok = parse_u64(v, &n) && n >= 1 && n <= UCX_MAX_JOBS_PER_CONN;
-            o->max_parked = (unsigned)n;
-        } else if (!strcmp(kv, "require")) {
-            if (!strcmp(v, "rdma")) o->require_rdma = true;
-            else if (!strcmp(v, "none") || !*v) o->require_rdma = false;
-            else ok = false;
-        } else if (!strcmp(kv, "method")) {
-            if (!strcmp(v, "auto")) o->method = METHOD_AUTO;
-            else if (!strcmp(v, "am")) o->method = METHOD_AM;
-            else if (!strcmp(v, "get")) o->method = METHOD_GET;
-            else ok = false;
-        } else if (!strcmp(kv, "tls")) {
-            copy_list(o->tls, sizeof(o->tls), v);
-        } else if (!strcmp(kv, "devices")) {
-            copy_list(o->devices, sizeof(o->devices), v);
-        } else if (!strcmp(kv, "chunk")) {
-            ok = parse_u64(v, &o->chunk) && o->chunk >= 4096 && o->chunk <= (1ull << 30);
-        } else if (!strcmp(kv, "solo")) {
-            ok = parse_u64(v, &o->solo) && o->solo > 0;
-        } else if (!strcmp(kv, "rndv")) {
-            if (!strcmp(v, "auto")) o->rndv = 0; /* UCX chooses */
-            else ok = parse_u64(v, &o->rndv) && o->rndv > 0;
-        } else if (!strcmp(kv, "tcp_eager")) {
-            ok = !strcmp(v, "0") || !strcmp(v, "1");
-            o->tcp_eager = !strcmp(v, "1");
-        } else if (!strcmp(kv, "inflight")) {
-            ok = parse_u64(v, &n) && n >= 1 && n <= 1024;
-            o->inflight = (unsigned)n;
-        } else if (!strcmp(kv, "spin_us")) {
-            ok = parse_u64(v, &n) && n <= 10000000;
-            o->spin_us = (unsigned)n;
-        } else if (!strcmp(kv, "connect_timeout") || !strcmp(kv, "stall_timeout") || !strcmp(kv, "auth_timeout")) {
-            char *end;
-            double d = strtod(v, &end);
-            ok = end != v && !*end && d > 0 && d < 1e6;
-            if (kv[0] == 'c') o->connect_timeout = d;
-            else if (kv[0] == 'a') o->auth_timeout = d;
-            else o->stall_timeout = d;
-        } else {
+            ok = parse_listen(&v, o);
+        } else if (!parse_mode(kv, v, o, &ok) && !parse_number(kv, v, o, &ok)) {
             st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: unknown option '%s'", kv);
             break;
         }

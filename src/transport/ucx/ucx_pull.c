@@ -67,7 +67,12 @@ struct pull {
     uint64_t requests;
     int wake_fd; /* eventfd: another thread completed one of our slots */
     double idle_since;
-    const refit_pull_ctl_t *ctl; /* its wait: every request carries the condition */
+    const refit_pull_ctl_t *ctl;
+    const refit_pull_wait_t *wait; /* NULL, or the condition every request carries */
+    size_t *idx;                   /* the regions of every peer (pps[k].regs point into it) */
+    uint64_t total;                /* bytes the plan reads through this pull */
+    unsigned per;                  /* slots per peer: pps[k]'s are slots[k * per, (k + 1) * per) */
+    uint64_t window;               /* bytes in flight per peer, at most */
 };
 
 /* ucx_rwait for a pull's thread: its own completions end the wait too, and it
@@ -326,13 +331,13 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
                          .pub_id = p->pub_id,
                          .flags = p->tcp_only && pl->t->o.tcp_eager ? REQ_EAGER : 0};
     memcpy(s->hdr.token, p->token, TOKEN_LEN);
-    if (pl->ctl && pl->ctl->wait.ms) {
-        const refit_pull_ctl_t *c = pl->ctl;
-        s->hdr.wait_region = p->regions[c->wait.region].id;
-        s->hdr.word_off = c->wait.word_off;
-        s->hdr.word = c->wait.word;
-        s->hdr.flag_off = c->wait.flag_off;
-        s->hdr.wait_ms = c->wait.ms;
+    if (pl->wait) {
+        const refit_pull_wait_t *c = pl->wait;
+        s->hdr.wait_region = p->regions[c->region].id;
+        s->hdr.word_off = c->word_off;
+        s->hdr.word = c->word;
+        s->hdr.flag_off = c->flag_off;
+        s->hdr.wait_ms = c->ms;
     }
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                               UCP_OP_ATTR_FIELD_FLAGS,
@@ -368,286 +373,328 @@ static void close_failed(refit_transport_t *t, pull_t *pl)
     }
 }
 
-refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
-                        void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
-{
-    if (!t || !peers || !plan || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "ucx: pull: NULL argument");
-    if (ctl && ctl->fp8) return refit_error(REFIT_ERR_UNSUPPORTED, "ucx: FP8 quantize-on-copy is cuda_ipc's");
-    refit_status_t st = REFIT_OK;
-    size_t nsrc = refit_plan_num_sources(plan), nregs;
-    const refit_plan_region_t *regs = refit_plan_regions(plan, &nregs);
-    pull_t pl = {.t = t, .regs = regs, .dst_bases = dst_bases, .wake_fd = -1, .ctl = ctl};
-    size_t *idx = NULL;
-    uint64_t total = 0;
 
-    pthread_mutex_lock(&t->rlock);
-    /* Peers of this pull, their regions, checks. */
-    pl.pps = calloc(nsrc ? nsrc : 1, sizeof(*pl.pps));
-    idx = calloc(nregs ? nregs : 1, sizeof(*idx));
-    if (!pl.pps || !idx) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
-        goto out;
-    }
+/* What region r of the plan needs of its peer p before the pull starts. */
+static refit_status_t check_region(const pull_t *pl, const refit_plan_region_t *r, const refit_peer_t *p)
+{
+    const refit_pull_wait_t *w = pl->wait;
+    if (p->t != pl->t)
+        return refit_error(REFIT_ERR_INVALID_ARG, "ucx: pull: source %u was connected by another transport", r->src);
+    if (r->src_region >= p->nregions || refit_region_src_end(r) > p->regions[r->src_region].size)
+        return refit_error(REFIT_ERR_CORRUPT, "ucx: the plan reads past region %u of source %u (publisher %s)",
+                           r->src_region, r->src, p->name);
+    if (!p->ep || p->broken)
+        return refit_error(REFIT_ERR_PEER, "ucx: source %u (publisher %s) failed in an earlier pull; reconnect", r->src,
+                           p->name);
+    if (p->failed != UCS_OK)
+        return ucx_err(REFIT_ERR_PEER, p->failed, "source %u (publisher %s) failed", r->src, p->name);
+    if (w && (p->use_get || w->region >= p->nregions || w->ms > UCX_MAX_WAIT_MS))
+        return refit_error(p->use_get ? REFIT_ERR_UNSUPPORTED : REFIT_ERR_INVALID_ARG,
+                           "ucx: a conditional pull from publisher %s %s", p->name,
+                           p->use_get ? "needs requests (method=am), not gets"
+                                      : "names a region it does not have, or waits too long");
+    if (p->use_get && !p->regions[r->src_region].rkey)
+        return refit_error(REFIT_ERR_TRANSPORT, "ucx: no remote key for region %u of publisher %s (method=get)",
+                           r->src_region, p->name);
+    return REFIT_OK;
+}
+
+/* The pull's peers (pl->pps): the plan's region indices grouped by source,
+ * in plan order, after every region's checks. */
+static refit_status_t group_by_source(pull_t *pl, refit_peer_t *const *peers, size_t nsrc, size_t nregs)
+{
+    const refit_plan_region_t *regs = pl->regs;
+    pl->pps = calloc(nsrc ? nsrc : 1, sizeof(*pl->pps));
+    pl->idx = calloc(nregs ? nregs : 1, sizeof(*pl->idx));
     size_t *count = calloc(nsrc ? nsrc : 1, sizeof(size_t));
-    if (!count) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
-        goto out;
+    refit_status_t st = REFIT_OK;
+    if (!pl->pps || !pl->idx || !count) {
+        free(count);
+        return refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
     }
-    for (size_t i = 0; i < nregs; i++) {
+    for (size_t i = 0; i < nregs && !st; i++) {
         const refit_plan_region_t *r = &regs[i];
         if (r->src >= nsrc || !peers[r->src]) continue;
-        const refit_peer_t *p = peers[r->src];
-        if (p->t != t) {
-            st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: pull: source %u was connected by another transport", r->src);
-            break;
-        }
-        if (r->src_region >= p->nregions || refit_region_src_end(r) > p->regions[r->src_region].size) {
-            st = refit_error(REFIT_ERR_CORRUPT, "ucx: the plan reads past region %u of source %u (publisher %s)",
-                             r->src_region, r->src, p->name);
-            break;
-        }
-        if (!p->ep || p->broken) {
-            st = refit_error(REFIT_ERR_PEER, "ucx: source %u (publisher %s) failed in an earlier pull; reconnect",
-                             r->src, p->name);
-            break;
-        }
-        if (p->failed != UCS_OK) {
-            st = ucx_err(REFIT_ERR_PEER, p->failed, "source %u (publisher %s) failed", r->src, p->name);
-            break;
-        }
-        if (ctl && ctl->wait.ms && (p->use_get || ctl->wait.region >= p->nregions || ctl->wait.ms > UCX_MAX_WAIT_MS)) {
-            st = refit_error(p->use_get ? REFIT_ERR_UNSUPPORTED : REFIT_ERR_INVALID_ARG,
-                             "ucx: a conditional pull from publisher %s %s", p->name,
-                             p->use_get ? "needs requests (method=am), not gets"
-                                        : "names a region it does not have, or waits too long");
-            break;
-        }
-        if (p->use_get && !p->regions[r->src_region].rkey) {
-            st = refit_error(REFIT_ERR_TRANSPORT, "ucx: no remote key for region %u of publisher %s (method=get)",
-                             r->src_region, p->name);
-            break;
-        }
-        if (refit_plan_region_bytes(r) == 0) continue;
+        if ((st = check_region(pl, r, peers[r->src])) || refit_plan_region_bytes(r) == 0) continue;
         count[r->src]++;
-        total += refit_plan_region_bytes(r);
+        pl->total += refit_plan_region_bytes(r);
     }
-    if (st) {
-        free(count);
-        goto out;
-    }
-    /* Group region indices by source, in plan order. */
     size_t at = 0;
-    for (size_t s = 0; s < nsrc; s++) {
+    for (size_t s = 0; s < nsrc && !st; s++) {
         if (!count[s]) continue;
-        pull_peer_t *pp = &pl.pps[pl.npps++];
+        pull_peer_t *pp = &pl->pps[pl->npps++];
         pp->peer = peers[s];
         pp->src = (uint32_t)s;
-        pp->regs = idx + at;
+        pp->regs = pl->idx + at;
         at += count[s];
     }
     free(count);
+    if (st) return st;
     for (size_t i = 0, k = 0; i < nregs; i++) {
         const refit_plan_region_t *r = &regs[i];
         if (r->src >= nsrc || !peers[r->src] || refit_plan_region_bytes(r) == 0) continue;
-        while (pl.pps[k].src != r->src) k = (k + 1) % pl.npps;
-        pl.pps[k].regs[pl.pps[k].nregs++] = i;
+        while (pl->pps[k].src != r->src) k = (k + 1) % pl->npps;
+        pl->pps[k].regs[pl->pps[k].nregs++] = i;
     }
-    for (size_t k = 0; k < pl.npps; k++) pl.pps[k].rows = refit_region_rows(&regs[pl.pps[k].regs[0]]);
+    for (size_t k = 0; k < pl->npps; k++) pl->pps[k].rows = refit_region_rows(&regs[pl->pps[k].regs[0]]);
+    return REFIT_OK;
+}
 
-    /* Per peer: up to inflight * chunk bytes in flight, in at most 4 *
-     * inflight requests (short solo runs make small requests). */
-    unsigned per = t->o.inflight * 4 > 256 ? 256 : t->o.inflight * 4;
-    uint64_t window = (uint64_t)t->o.inflight * t->o.chunk;
-    pl.nslots = pl.npps * per;
-    pl.slots = calloc(pl.nslots ? pl.nslots : 1, sizeof(slot_t));
-    pl.done = calloc(pl.nslots ? pl.nslots : 1, sizeof(uint32_t));
-    if (!pl.slots || !pl.done) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
-        goto out;
+/* Per peer: up to inflight * chunk bytes in flight, in at most 4 * inflight
+ * requests (short solo runs make small requests); the pull becomes one of
+ * the transport's active ones.  rlock held. */
+static refit_status_t start_slots(pull_t *pl)
+{
+    refit_transport_t *t = pl->t;
+    pl->per = t->o.inflight * 4 > 256 ? 256 : t->o.inflight * 4;
+    pl->window = (uint64_t)t->o.inflight * t->o.chunk;
+    pl->nslots = pl->npps * pl->per;
+    pl->slots = calloc(pl->nslots ? pl->nslots : 1, sizeof(slot_t));
+    pl->done = calloc(pl->nslots ? pl->nslots : 1, sizeof(uint32_t));
+    if (!pl->slots || !pl->done) return refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
+    for (size_t i = 0; i < pl->nslots; i++) {
+        pl->slots[i].idx = (uint32_t)i;
+        pl->slots[i].pp = &pl->pps[i / pl->per];
+        pl->slots[i].pl = pl;
     }
-    for (size_t i = 0; i < pl.nslots; i++) {
-        pl.slots[i].idx = (uint32_t)i;
-        pl.slots[i].pp = &pl.pps[i / per];
-        pl.slots[i].pl = &pl;
-    }
-    if (REFIT_VEC_RESERVE(&t->active, t->active.len + 1)) {
-        st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
-        goto out;
-    }
-    pl.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    pl.seq = ++t->pull_seq;
-    t->active.data[t->active.len++] = &pl;
+    if (REFIT_VEC_RESERVE(&t->active, t->active.len + 1)) return refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull");
+    pl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pl->seq = ++t->pull_seq;
+    t->active.data[t->active.len++] = pl;
+    return REFIT_OK;
+}
 
-    double deadline = ctl && ctl->deadline > 0 ? ctl->deadline : 0;
+/* Fills every peer's window with free slots. */
+static refit_status_t fill_windows(pull_t *pl)
+{
+    for (size_t i = 0; i < pl->nslots; i++) {
+        slot_t *s = &pl->slots[i];
+        pull_peer_t *pp = s->pp;
+        if (s->state != SLOT_FREE || pp->exhausted || pp->inflight_bytes >= pl->window) continue;
+        if (!s->runs && !(s->runs = malloc(UCX_MAX_RUNS * (sizeof(run_t) + sizeof(wire_run_t)))))
+            return refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull: request %zu's run list", i);
+        s->wire = (wire_run_t *)(s->runs + UCX_MAX_RUNS);
+        if (next_request(pl, pp, s)) issue(pl, s);
+        else pp->exhausted = true;
+    }
+    return REFIT_OK;
+}
+
+/* Completed slots: scatter, account; then those whose request send has
+ * completed are free again. */
+static refit_status_t reap_slots(pull_t *pl, double now)
+{
+    while (pl->ndone) {
+        slot_t *s = &pl->slots[pl->done[--pl->ndone]];
+        pull_peer_t *pp = s->pp;
+        if (s->pub_status != PUB_OK)
+            return refit_error(s->pub_status == PUB_NOT_READY ? REFIT_ERR_BUSY : REFIT_ERR_PEER,
+                               "ucx: publisher %s (source %u): %s", pp->peer->name, pp->src,
+                               pub_status_str(s->pub_status));
+        if (s->status != UCS_OK) {
+            ucs_status_t why = pp->peer->failed != UCS_OK ? pp->peer->failed : s->status;
+            return ucx_err(ucx_status_code(why), why, "pulling from publisher %s (source %u)", pp->peer->name, pp->src);
+        }
+        if (s->staged) scatter(s, s->stage);
+        pp->bytes += s->bytes;
+        pp->inflight_bytes -= s->bytes;
+        pp->last_data = now;
+        s->state = SLOT_PARKED;
+    }
+    for (size_t i = 0; i < pl->nslots; i++) {
+        slot_t *s = &pl->slots[i];
+        if (s->state != SLOT_PARKED || s->send_pending) continue;
+        s->state = SLOT_FREE;
+        s->pp->busy--;
+    }
+    return REFIT_OK;
+}
+
+/* A peer that failed, or stalled past stall_timeout, fails the pull. */
+static refit_status_t check_peers(const pull_t *pl, double now)
+{
+    for (size_t k = 0; k < pl->npps; k++) {
+        const pull_peer_t *pp = &pl->pps[k];
+        if (pp->peer->failed != UCS_OK)
+            return ucx_err(REFIT_ERR_PEER, pp->peer->failed, "publisher %s (source %u) failed mid-pull", pp->peer->name,
+                           pp->src);
+        if (pp->busy && now - pp->last_data > pl->t->o.stall_timeout)
+            return refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) sent nothing for %.0f s", pp->peer->name,
+                               pp->src, pl->t->o.stall_timeout);
+    }
+    return REFIT_OK;
+}
+
+/* The pull's deadline and tick (the tick without rlock: it may wait on the
+ * registry, and other pulls go on meanwhile). */
+static refit_status_t deadline_and_tick(pull_t *pl, double now, double deadline, double *next_tick)
+{
+    const refit_pull_ctl_t *ctl = pl->ctl;
+    if (deadline && now > deadline) {
+        uint64_t got = 0;
+        for (size_t k = 0; k < pl->npps; k++) got += pl->pps[k].bytes;
+        return refit_error(REFIT_ERR_TIMEOUT, "ucx: pull deadline passed with %" PRIu64 " of %" PRIu64 " bytes moved",
+                           got, pl->total);
+    }
+    if (!ctl || !ctl->tick || now < *next_tick) return REFIT_OK;
+    *next_tick = now + 0.05;
+    pthread_mutex_unlock(&pl->t->rlock);
+    refit_status_t ts = ctl->tick(ctl->user);
+    pthread_mutex_lock(&pl->t->rlock);
+    if (ts) refit_error_prefix("ucx: pull aborted by its tick: ");
+    return ts;
+}
+
+/* Requests and replies until every peer's regions are in, or a failure. */
+static refit_status_t run_pull(pull_t *pl)
+{
+    refit_transport_t *t = pl->t;
+    refit_status_t st = REFIT_OK;
+    double deadline = pl->ctl && pl->ctl->deadline > 0 ? pl->ctl->deadline : 0;
     double now = refit_now(), next_tick = now + 0.05;
-    for (size_t k = 0; k < pl.npps; k++) pl.pps[k].last_data = now;
+    for (size_t k = 0; k < pl->npps; k++) pl->pps[k].last_data = now;
     for (;;) {
         /* Another pull sharing a peer may have closed it while this one
          * slept or ticked without the lock. */
-        for (size_t k = 0; k < pl.npps && !st; k++)
-            if ((pl.pps[k].busy || !pl.pps[k].exhausted) && (!pl.pps[k].peer->ep || pl.pps[k].peer->broken))
-                st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) failed in another pull",
-                                 pl.pps[k].peer->name, pl.pps[k].src);
-        if (st) break;
-        /* Fill every peer's window with free slots. */
-        for (size_t i = 0; i < pl.nslots; i++) {
-            slot_t *s = &pl.slots[i];
-            pull_peer_t *pp = s->pp;
-            if (s->state != SLOT_FREE || pp->exhausted || pp->inflight_bytes >= window) continue;
-            if (!s->runs && !(s->runs = malloc(UCX_MAX_RUNS * (sizeof(run_t) + sizeof(wire_run_t))))) {
-                st = refit_error(REFIT_ERR_NO_MEMORY, "ucx: pull: request %zu's run list", i);
-                break;
-            }
-            s->wire = (wire_run_t *)(s->runs + UCX_MAX_RUNS);
-            if (next_request(&pl, pp, s)) issue(&pl, s);
-            else pp->exhausted = true;
-        }
-        if (st) break;
+        for (size_t k = 0; k < pl->npps; k++)
+            if ((pl->pps[k].busy || !pl->pps[k].exhausted) && (!pl->pps[k].peer->ep || pl->pps[k].peer->broken))
+                return refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) failed in another pull",
+                                   pl->pps[k].peer->name, pl->pps[k].src);
+        if ((st = fill_windows(pl))) return st;
         bool busy = false;
-        for (size_t k = 0; k < pl.npps; k++) busy |= pl.pps[k].busy > 0;
-        if (!busy) break;
-        ucx_pwait(t, &pl, deadline ? deadline : refit_now() + 1, t->o.spin_us * 1e-6);
+        for (size_t k = 0; k < pl->npps; k++) busy |= pl->pps[k].busy > 0;
+        if (!busy) return REFIT_OK;
+        ucx_pwait(t, pl, deadline ? deadline : refit_now() + 1, t->o.spin_us * 1e-6);
         now = refit_now();
-        /* Completed slots: scatter, account, refill. */
-        while (pl.ndone && !st) {
-            slot_t *s = &pl.slots[pl.done[--pl.ndone]];
-            pull_peer_t *pp = s->pp;
-            if (s->pub_status != PUB_OK) {
-                st = refit_error(s->pub_status == PUB_NOT_READY ? REFIT_ERR_BUSY : REFIT_ERR_PEER,
-                                 "ucx: publisher %s (source %u): %s", pp->peer->name, pp->src,
-                                 pub_status_str(s->pub_status));
-                break;
-            }
-            if (s->status != UCS_OK) {
-                ucs_status_t why = pp->peer->failed != UCS_OK ? pp->peer->failed : s->status;
-                st = ucx_err(ucx_status_code(why), why, "pulling from publisher %s (source %u)", pp->peer->name,
-                             pp->src);
-                break;
-            }
-            if (s->staged) scatter(s, s->stage);
-            pp->bytes += s->bytes;
-            pp->inflight_bytes -= s->bytes;
-            pp->last_data = now;
-            s->state = SLOT_PARKED;
-        }
-        if (st) break;
-        /* Slots whose request send has completed are free again. */
-        for (size_t i = 0; i < pl.nslots; i++) {
-            slot_t *s = &pl.slots[i];
-            if (s->state != SLOT_PARKED || s->send_pending) continue;
-            s->state = SLOT_FREE;
-            s->pp->busy--;
-        }
-        for (size_t k = 0; k < pl.npps && !st; k++) {
-            pull_peer_t *pp = &pl.pps[k];
-            if (pp->peer->failed != UCS_OK) {
-                st = ucx_err(REFIT_ERR_PEER, pp->peer->failed, "publisher %s (source %u) failed mid-pull",
-                             pp->peer->name, pp->src);
-            } else if (pp->busy && now - pp->last_data > t->o.stall_timeout) {
-                st = refit_error(REFIT_ERR_PEER, "ucx: publisher %s (source %u) sent nothing for %.0f s",
-                                 pp->peer->name, pp->src, t->o.stall_timeout);
-            }
-        }
-        if (st) break;
-        if (deadline && now > deadline) {
-            uint64_t got = 0;
-            for (size_t k = 0; k < pl.npps; k++) got += pl.pps[k].bytes;
-            st = refit_error(REFIT_ERR_TIMEOUT, "ucx: pull deadline passed with %" PRIu64 " of %" PRIu64 " bytes moved",
-                             got, total);
-            break;
-        }
-        if (ctl && ctl->tick && now >= next_tick) {
-            next_tick = now + 0.05;
-            pthread_mutex_unlock(&t->rlock); /* a tick may wait on the registry: other pulls go on */
-            refit_status_t ts = ctl->tick(ctl->user);
-            pthread_mutex_lock(&t->rlock);
-            if (ts) {
-                st = ts;
-                refit_error_prefix("ucx: pull aborted by its tick: ");
-                break;
-            }
-        }
+        if ((st = reap_slots(pl, now)) || (st = check_peers(pl, now)) ||
+            (st = deadline_and_tick(pl, now, deadline, &next_tick)))
+            return st;
     }
-    if (st) {
-        /* Drain: let UCX finish (or cancel) everything that may touch the
-         * slots or the destination before returning.  Failed peers are
-         * closed at once (that completes their requests); the replies of
-         * live ones get a second, then their endpoints are closed too. */
-        close_failed(t, &pl);
-        /* A conditional request's answer may take its wait. */
-        double until = refit_now() + 1 + (ctl ? ctl->wait.ms * 1e-3 : 0);
-        bool any;
-        do {
-            any = false;
-            for (size_t i = 0; i < pl.nslots; i++) any |= slot_busy(&pl.slots[i]);
-            if (any) ucx_pwait(t, &pl, until, 0.0005);
-        } while (any && refit_now() < until);
-        if (any) {
-            for (size_t k = 0; k < pl.npps; k++) {
-                refit_peer_t *p = pl.pps[k].peer;
-                bool mine = false;
-                for (size_t i = k * per; i < (k + 1) * per; i++) mine |= slot_busy(&pl.slots[i]);
-                if (mine && p->ep) {
-                    ucx_ep_force_close(t, p->ep);
-                    p->ep = NULL;
-                    p->broken = true;
-                }
-            }
-            until = refit_now() + 2;
-            do {
-                any = false;
-                for (size_t i = 0; i < pl.nslots; i++) any |= slot_busy(&pl.slots[i]);
-                if (any) ucx_progress_all(t->rw);
-            } while (any && refit_now() < until);
-        }
-        if (any) {
-            /* UCX still holds requests pointing into the slots: leak them
-             * rather than let a callback write into freed memory (the
-             * slots forget this pull, which is about to end, and late
-             * replies no longer find it). */
-            for (size_t i = 0; i < pl.nslots; i++) pl.slots[i].pl = NULL;
-            for (size_t i = 0; i < t->active.len; i++)
-                if (t->active.data[i] == &pl) {
-                    t->active.data[i] = t->active.data[--t->active.len];
-                    break;
-                }
-            pl.nslots = 0;
-            pl.slots = NULL;
-            pl.done = NULL;
-        }
-        close_failed(t, &pl);
-    } else if (stats) {
-        stats->bytes += total;
-        stats->requests += pl.requests;
-        size_t used = strlen(stats->lanes);
-        for (size_t k = 0; k < pl.npps; k++) {
-            const refit_peer_t *p = pl.pps[k].peer;
-            char one[200];
-            snprintf(one, sizeof(one), "ucx:%s %s", p->lanes[0] ? p->lanes : "?",
-                     p->use_get                      ? "get"
-                     : p->tcp_only && t->o.tcp_eager ? "am, eager"
-                                                     : "am");
-            if (strstr(stats->lanes, one)) continue;
-            int w = snprintf(stats->lanes + used, sizeof(stats->lanes) - used, "%s%s", used ? ", " : "", one);
-            if (w > 0 && (size_t)w < sizeof(stats->lanes) - used) used += (size_t)w;
-        }
-    }
-out:
+}
+
+/* Takes the pull out of the transport's active ones (late replies no longer
+ * find it). */
+static void deactivate(pull_t *pl)
+{
+    refit_transport_t *t = pl->t;
     for (size_t i = 0; i < t->active.len; i++)
-        if (t->active.data[i] == &pl) {
+        if (t->active.data[i] == pl) {
             t->active.data[i] = t->active.data[--t->active.len];
             break;
         }
-    if (pl.wake_fd >= 0) close(pl.wake_fd);
-    if (pl.slots)
-        for (size_t i = 0; i < pl.nslots; i++) {
-            free(pl.slots[i].stage);
-            free(pl.slots[i].runs);
+}
+
+static bool any_busy(const pull_t *pl, size_t from, size_t to)
+{
+    bool any = false;
+    for (size_t i = from; i < to; i++) any |= slot_busy(&pl->slots[i]);
+    return any;
+}
+
+/* After a failure: lets UCX finish (or cancel) everything that may touch the
+ * slots or the destination before the pull returns.  Failed peers are closed
+ * at once (that completes their requests); the replies of live ones get a
+ * second (and a conditional request's its wait), then their endpoints are
+ * closed too. */
+static void drain(pull_t *pl)
+{
+    refit_transport_t *t = pl->t;
+    close_failed(t, pl);
+    double until = refit_now() + 1 + (pl->wait ? pl->wait->ms * 1e-3 : 0);
+    bool any;
+    while ((any = any_busy(pl, 0, pl->nslots)) && refit_now() < until) ucx_pwait(t, pl, until, 0.0005);
+    if (any) {
+        for (size_t k = 0; k < pl->npps; k++) {
+            refit_peer_t *p = pl->pps[k].peer;
+            if (p->ep && any_busy(pl, k * pl->per, (k + 1) * pl->per)) {
+                ucx_ep_force_close(t, p->ep);
+                p->ep = NULL;
+                p->broken = true;
+            }
         }
-    free(pl.slots);
-    free(pl.done);
-    free(pl.pps);
-    free(idx);
+        until = refit_now() + 2;
+        while ((any = any_busy(pl, 0, pl->nslots)) && refit_now() < until) ucx_progress_all(t->rw);
+    }
+    if (any) {
+        /* UCX still holds requests pointing into the slots: leak them rather
+         * than let a callback write into freed memory (the slots forget this
+         * pull, which is about to end, and late replies no longer find it). */
+        for (size_t i = 0; i < pl->nslots; i++) pl->slots[i].pl = NULL;
+        deactivate(pl);
+        pl->nslots = 0;
+        pl->slots = NULL;
+        pl->done = NULL;
+    }
+    close_failed(t, pl);
+}
+
+/* A successful pull's bytes, requests and lanes, added to stats. */
+static void add_stats(const pull_t *pl, refit_pull_stats_t *stats)
+{
+    stats->bytes += pl->total;
+    stats->requests += pl->requests;
+    size_t used = strlen(stats->lanes);
+    for (size_t k = 0; k < pl->npps; k++) {
+        const refit_peer_t *p = pl->pps[k].peer;
+        char one[200];
+        snprintf(one, sizeof(one), "ucx:%s %s", p->lanes[0] ? p->lanes : "?",
+                 p->use_get                          ? "get"
+                 : p->tcp_only && pl->t->o.tcp_eager ? "am, eager"
+                                                     : "am");
+        if (strstr(stats->lanes, one)) continue;
+        int w = snprintf(stats->lanes + used, sizeof(stats->lanes) - used, "%s%s", used ? ", " : "", one);
+        if (w > 0 && (size_t)w < sizeof(stats->lanes) - used) used += (size_t)w;
+    }
+}
+
+/* Takes the pull out of the transport's active ones and frees what it holds. */
+static void pull_end(pull_t *pl)
+{
+    deactivate(pl);
+    if (pl->wake_fd >= 0) close(pl->wake_fd);
+    if (pl->slots)
+        for (size_t i = 0; i < pl->nslots; i++) {
+            free(pl->slots[i].stage);
+            free(pl->slots[i].runs);
+        }
+    free(pl->slots);
+    free(pl->done);
+    free(pl->pps);
+    free(pl->idx);
+}
+
+/* A pull, conditional where w is not NULL. */
+static refit_status_t pull_with(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                                void *const *dst_bases, const refit_pull_ctl_t *ctl, const refit_pull_wait_t *w,
+                                refit_pull_stats_t *stats)
+{
+    if (!t || !peers || !plan || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "ucx: pull: NULL argument");
+    size_t nsrc = refit_plan_num_sources(plan), nregs;
+    const refit_plan_region_t *regs = refit_plan_regions(plan, &nregs);
+    pull_t pl = {.t = t, .regs = regs, .dst_bases = dst_bases, .wake_fd = -1, .ctl = ctl, .wait = w};
+    pthread_mutex_lock(&t->rlock);
+    refit_status_t st = group_by_source(&pl, peers, nsrc, nregs);
+    if (!st && !(st = start_slots(&pl))) {
+        if ((st = run_pull(&pl))) drain(&pl);
+        else if (stats) add_stats(&pl, stats);
+    }
+    pull_end(&pl);
     pthread_mutex_unlock(&t->rlock);
     return st;
 }
+
+refit_status_t ucx_pull(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                        void *const *dst_bases, const refit_pull_ctl_t *ctl, refit_pull_stats_t *stats)
+{
+    return pull_with(t, peers, plan, dst_bases, ctl, NULL, stats);
+}
+
+static refit_status_t ucx_pull_wait(refit_transport_t *t, refit_peer_t *const *peers, const refit_plan_t *plan,
+                                    void *const *dst_bases, const refit_pull_ctl_t *ctl, const refit_pull_wait_t *w,
+                                    refit_pull_stats_t *stats)
+{
+    if (!w || !w->ms) return refit_error(REFIT_ERR_INVALID_ARG, "ucx: a conditional pull without a wait (ms 0)");
+    return pull_with(t, peers, plan, dst_bases, ctl, w, stats);
+}
+
+const refit_transport_wait_t ucx_wait_ext = {.pull = ucx_pull_wait, .notify = ucx_notify};

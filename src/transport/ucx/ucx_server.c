@@ -640,7 +640,7 @@ static void *pub_thread(void *arg)
         ucs_status_t s = sleep ? ucp_worker_arm(t->pw) : UCS_ERR_BUSY;
         /* A job left queued waits for replies to drain (an event wakes us);
          * a parked one for its condition (the writer wakes us:
-         * refit_transport_ops_t.notify) or its due time (unpark_due sets
+         * refit_transport_wait_t.notify) or its due time (unpark_due sets
          * parked_due 5 ms ahead for a writer that does not notify). */
         int timeout_ms = 100;
         if (t->parked.len) {
