@@ -18,17 +18,17 @@ extern "C" {
 #endif
 
 /* X(ID, NAME): the settings, in docs/env.md's order. */
-#define REFIT_ENV_SETTINGS(X)                                                                                          \
-    X(REGISTRY, "REFIT_REGISTRY")                                                                                      \
-    X(SECRET, "REFIT_SECRET")                                                                                          \
-    X(SECRET_FILE, "REFIT_SECRET_FILE")                                                                                \
-    X(INSECURE, "REFIT_INSECURE")                                                                                      \
-    X(REDIS_PASSWORD, "REFIT_REDIS_PASSWORD")                                                                          \
-    X(REDIS_PASSWORD_FILE, "REFIT_REDIS_PASSWORD_FILE")                                                                \
-    X(METRICS_FILE, "REFIT_METRICS_FILE")                                                                              \
-    X(METRICS_ADDR, "REFIT_METRICS_ADDR")                                                                              \
-    X(RUNTIME_DIR, "REFIT_RUNTIME_DIR")                                                                                \
-    X(XDG_RUNTIME_DIR, "XDG_RUNTIME_DIR")                                                                              \
+#define REFIT_ENV_SETTINGS(X)                           \
+    X(REGISTRY, "REFIT_REGISTRY")                       \
+    X(SECRET, "REFIT_SECRET")                           \
+    X(SECRET_FILE, "REFIT_SECRET_FILE")                 \
+    X(INSECURE, "REFIT_INSECURE")                       \
+    X(REDIS_PASSWORD, "REFIT_REDIS_PASSWORD")           \
+    X(REDIS_PASSWORD_FILE, "REFIT_REDIS_PASSWORD_FILE") \
+    X(METRICS_FILE, "REFIT_METRICS_FILE")               \
+    X(METRICS_ADDR, "REFIT_METRICS_ADDR")               \
+    X(RUNTIME_DIR, "REFIT_RUNTIME_DIR")                 \
+    X(XDG_RUNTIME_DIR, "XDG_RUNTIME_DIR")               \
     X(HOME, "HOME")
 
 typedef enum {

@@ -189,6 +189,6 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
     if (!st && o->rma == RMA_EMULATED && !(unsafe && !strcmp(unsafe, "1")))
         st = refit_error(REFIT_ERR_INVALID_ARG,
                          "ucx: rma=emulated lets any peer that reaches this process read and write any address in it "
-                         "(UCX serves RMA in software); it exists for tests: the test flavour of the library with REFIT_UNSAFE_RMA=1");
+                         "(UCX serves RMA in software); it exists for tests: librefit-test with REFIT_UNSAFE_RMA=1");
     return st ? st : resolve_listen(o);
 }
