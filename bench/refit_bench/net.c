@@ -622,5 +622,11 @@ char *nb_throttle_all(const char *kind, uint32_t n, double mbps, uint32_t slow, 
         double r = i == slow ? slow_mbps : mbps;
         if (r > 0) pos += (size_t)snprintf(buf + pos, sizeof(buf) - pos, "%s%s:%u=%g", pos ? "," : "", kind, i, r);
     }
+    if (buf[0] && !nb_paced_links) {
+        fprintf(stderr, "refit bench: links emulated by pacing (REFIT_TEST_THROTTLE) need the test flavour of the "
+                        "library: this refit-bench links the shipped librefit, which has no test hooks; use --net "
+                        "netns, or the refit-bench of a build tree (linked against librefit-test)\n");
+        exit(2);
+    }
     return buf[0] ? buf : NULL;
 }

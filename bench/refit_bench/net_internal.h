@@ -104,7 +104,13 @@ bool nb_netns_up(nb_opts_t *o, uint32_t nodes, double mbps, char *why, size_t n)
 bool nb_node_rate(const nb_opts_t *o, uint32_t node, double mbps);
 bool nb_publish_all(child_t *pubs, uint32_t n, uint64_t v);
 bool nb_start_publishers(const nb_opts_t *o, child_t *pubs, uint32_t n, const char *throttle, uint64_t version);
+/* The REFIT_TEST_THROTTLE list pacing n holders of kind at mbps (holder slow
+ * at slow_mbps), NULL for none.  Exits 2, saying why, when this refit-bench
+ * links the shipped library, which has no pacing (flavour.c). */
 char *nb_throttle_all(const char *kind, uint32_t n, double mbps, uint32_t slow, double slow_mbps);
+/* Whether this refit-bench links the test flavour of the library (its
+ * emulated links need REFIT_TEST_THROTTLE): flavour.c, compiled per program. */
+extern const bool nb_paced_links;
 child_t nb_spawn(const nb_opts_t *o, const role_t *r);
 const char *child_topts(void);
 const char *nb_reply(child_t *c, int timeout_ms, char *buf, size_t n);

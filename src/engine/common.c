@@ -26,7 +26,7 @@ static void default_registry_init(void)
 
 const char *refit_default_registry(void)
 {
-    const char *env = getenv("REFIT_REGISTRY");
+    const char *env = refit_env(REFIT_ENV_REGISTRY);
     if (env && env[0]) return env;
     pthread_once(&g_default_once, default_registry_init);
     return g_default_registry;

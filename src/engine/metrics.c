@@ -829,9 +829,9 @@ static bool g_file_warned;
 
 static void read_env(void)
 {
-    const char *f = getenv("REFIT_METRICS_FILE");
+    const char *f = refit_env(REFIT_ENV_METRICS_FILE);
     if (f && f[0]) g_file = refit_strdup(f);
-    const char *a = getenv("REFIT_METRICS_ADDR");
+    const char *a = refit_env(REFIT_ENV_METRICS_ADDR);
     if (a && a[0]) {
         char bound[80];
         refit_status_t st = refit_metrics_serve(a, bound, sizeof(bound));

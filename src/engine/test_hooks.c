@@ -1,11 +1,14 @@
-/* The test hooks (test_hooks.h), read from the environment.  This file is
- * compiled only with REFIT_TEST_HOOKS (CMakeLists.txt leaves it out of the
- * library otherwise). */
+/* The test hooks (test_hooks.h).  Compiled twice: into the test flavour with
+ * REFIT_TEST_HOOKS, reading the environment, and into the shipped library
+ * without it, where each hook is a constant "off" and no variable name is
+ * compiled in.  The one file of src/ besides util/env.c that calls getenv. */
 #include "engine/test_hooks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef REFIT_TEST_HOOKS
 
 double refit_test_throttle(const char *kind, uint32_t index)
 {
@@ -29,3 +32,22 @@ unsigned refit_test_pause_ms(void)
 }
 
 bool refit_test_corrupt_delta(void) { return getenv("REFIT_TEST_CORRUPT_DELTA") != NULL; }
+
+const char *refit_test_unsafe_rma(void) { return getenv("REFIT_UNSAFE_RMA"); }
+
+#else /* the shipped library: every hook off */
+
+double refit_test_throttle(const char *kind, uint32_t index)
+{
+    (void)kind;
+    (void)index;
+    return 0;
+}
+
+unsigned refit_test_pause_ms(void) { return 0; }
+
+bool refit_test_corrupt_delta(void) { return false; }
+
+const char *refit_test_unsafe_rma(void) { return NULL; }
+
+#endif

@@ -1,20 +1,29 @@
-/* The test suite's hooks into the engine, in one place.
+/* The test suite's hooks into the library, in one place.
  *
  * Tests (and the benchmarks that emulate links on one host) steer the engine
  * through environment variables: REFIT_TEST_THROTTLE paces holders,
  * REFIT_TEST_PAUSE_MS pauses a receiver once it has committed to a transfer,
- * REFIT_TEST_CORRUPT_DELTA makes a delta publisher offer broken deltas
- * (docs/runtime.md, "Fault injection").  They are compiled into the library
- * only when CMake's REFIT_TEST_HOOKS is on (by default, when the tests are
- * built); otherwise every hook below is a constant "off" and the library
- * holds no REFIT_TEST_ name at all (the ctest no_test_hooks checks). */
+ * REFIT_TEST_CORRUPT_DELTA makes a delta publisher offer broken deltas,
+ * REFIT_UNSAFE_RMA=1 lets the UCX transport take rma=emulated (docs/env.md,
+ * "Test flavour only").
+ *
+ * The library is built in two flavours from the same objects; only
+ * test_hooks.c is compiled twice (CMakeLists.txt): the shipped librefit
+ * (refit_shared, refit_static: what is installed and what the wheel carries)
+ * with REFIT_TEST_HOOKS undefined, where every hook below answers "off" and no
+ * REFIT_TEST_ name is compiled in, and the test flavour (refit_test_shared,
+ * refit_test_static: librefit-test) with it, which the unit tests and the
+ * build tree's refit-bench link.  ctest installed_no_hooks checks both.
+ *
+ * The hooks read the environment at each call (tests change it between
+ * calls); they are called where a holder, a transfer or a publish begins,
+ * never per byte. */
 #ifndef REFIT_ENGINE_TEST_HOOKS_H
 #define REFIT_ENGINE_TEST_HOOKS_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#ifdef REFIT_TEST_HOOKS
 /* REFIT_TEST_THROTTLE="trainer:1=50,relay:0=10" (MB/s): the emulated link
  * rate of holder kind:index in bytes/s, 0 for none. */
 double refit_test_throttle(const char *kind, uint32_t index);
@@ -23,15 +32,8 @@ double refit_test_throttle(const char *kind, uint32_t index);
 unsigned refit_test_pause_ms(void);
 /* REFIT_TEST_CORRUPT_DELTA: whether a delta publisher corrupts what it offers. */
 bool refit_test_corrupt_delta(void);
-#else
-static inline double refit_test_throttle(const char *kind, uint32_t index)
-{
-    (void)kind;
-    (void)index;
-    return 0;
-}
-static inline unsigned refit_test_pause_ms(void) { return 0; }
-static inline bool refit_test_corrupt_delta(void) { return false; }
-#endif
+/* REFIT_UNSAFE_RMA: its value (the UCX transport accepts rma=emulated only
+ * for "1"); NULL when unset and always in the shipped flavour. */
+const char *refit_test_unsafe_rma(void);
 
 #endif

@@ -143,7 +143,7 @@ static refit_status_t env_secret(uint8_t *out, size_t *len)
     if (!g_env) return refit_error(REFIT_ERR_NO_MEMORY, "registry: a page for the secret");
     refit_status_t st = REFIT_OK;
     pthread_mutex_lock(&g_env_lock);
-    char *env = getenv("REFIT_SECRET");
+    char *env = refit_env(REFIT_ENV_SECRET);
     if (env && env[0]) {
         size_t n = strlen(env);
         if (n < MIN_SECRET || n > MAX_SECRET) {
@@ -184,8 +184,8 @@ static refit_status_t derive_keys(refit_registry_t *r, const char *job, const re
     size_t len = 0;
     refit_status_t st = REFIT_OK;
     const char *file = auth && auth->secret_file && auth->secret_file[0] ? auth->secret_file
-                                                                         : getenv("REFIT_SECRET_FILE");
-    const char *insecure_env = getenv("REFIT_INSECURE");
+                                                                         : refit_env(REFIT_ENV_SECRET_FILE);
+    const char *insecure_env = refit_env(REFIT_ENV_INSECURE);
     bool insecure = (auth && auth->insecure) || (insecure_env && strcmp(insecure_env, "1") == 0);
     if (file && file[0]) {
         if ((st = read_secret_file(file, secret, &len))) goto wipe;

@@ -1,5 +1,7 @@
 /* Logging: silent unless REFIT_LOG_LEVEL or refit_log_set_level() asks. The
- * level is read from the environment once, lazily. */
+ * level is parsed from the environment's (util/env.h: read once) on first
+ * use; the level itself is one atomic int, so threads that log while another
+ * sets it see one value or the other. */
 #include "util/util.h"
 
 #include <stdio.h>
@@ -20,8 +22,9 @@ static void default_sink(refit_log_level_t level, const char *line, void *user)
 
 refit_log_level_t refit_log_get_level(void)
 {
-    if (g_level < 0) {
-        const char *env = getenv("REFIT_LOG_LEVEL");
+    int now = __atomic_load_n(&g_level, __ATOMIC_RELAXED);
+    if (now < 0) {
+        const char *env = refit_diag()->log_level;
         int level = REFIT_LOG_OFF;
         if (env) {
             static const char *names[] = {"off", "error", "warn", "info", "debug", "trace"};
@@ -29,12 +32,13 @@ refit_log_level_t refit_log_get_level(void)
                 if (strcasecmp(env, names[i]) == 0) level = i;
             if (env[0] >= '0' && env[0] <= '5' && env[1] == '\0') level = env[0] - '0';
         }
-        g_level = level;
+        /* only if still unread: a refit_log_set_level() meanwhile wins */
+        if (__atomic_compare_exchange_n(&g_level, &now, level, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) now = level;
     }
-    return (refit_log_level_t)g_level;
+    return (refit_log_level_t)now;
 }
 
-void refit_log_set_level(refit_log_level_t level) { g_level = (int)level; }
+void refit_log_set_level(refit_log_level_t level) { __atomic_store_n(&g_level, (int)level, __ATOMIC_RELAXED); }
 
 void refit_log_set_sink(refit_log_sink_t sink, void *user)
 {

@@ -11,12 +11,13 @@
 #include <unistd.h>
 
 #include "util/crypto.h"
+#include "util/env.h"
 
 static bool absolute(const char *p) { return p && p[0] == '/'; }
 
 bool refit_runtime_dir(const char *option, char *out, size_t n, const char **source)
 {
-    const char *env = getenv("REFIT_RUNTIME_DIR"), *run = getenv("XDG_RUNTIME_DIR"), *src = NULL;
+    const char *env = refit_env(REFIT_ENV_RUNTIME_DIR), *run = refit_env(REFIT_ENV_XDG_RUNTIME_DIR), *src = NULL;
     if (option && option[0]) src = "shm.dir", snprintf(out, n, "%s", option);
     else if (env && env[0]) src = "REFIT_RUNTIME_DIR", snprintf(out, n, "%s", env);
     else if (absolute(run)) src = "XDG_RUNTIME_DIR", snprintf(out, n, "%s/refit", run);
@@ -35,7 +36,7 @@ void refit_job_runtime_dir(const uint8_t key[32], char *out, size_t n)
 
 bool refit_default_registry_dir(char *out, size_t n)
 {
-    const char *run = getenv("XDG_RUNTIME_DIR"), *home = getenv("HOME");
+    const char *run = refit_env(REFIT_ENV_XDG_RUNTIME_DIR), *home = refit_env(REFIT_ENV_HOME);
     if (absolute(run)) {
         snprintf(out, n, "%s/refit/registry", run);
         return true;

@@ -5,6 +5,7 @@
 
 #include "refit/status.h"
 #include "refit/version.h"
+#include "util/env.h" /* refit_env, refit_diag: the environment, read in one place */
 
 #include <stdbool.h>
 #include <stddef.h>

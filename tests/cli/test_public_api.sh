@@ -10,13 +10,16 @@
 # internal header (only include/refit/* and files of tools/common/, their own
 # folder or tools/sim/sim.h).  The two parts compiled against src/ on
 # purpose, refit_tool_pure (tools/common/tool_pure.c) and refit_sim
-# (tools/sim/), are named in cmake/tools.cmake.
-# Usage: test_public_api.sh LIBREFIT_SO SOURCE_DIR COMPILE_COMMANDS_JSON PROGRAM...
+# (tools/sim/), are named in cmake/tools.cmake.  refit-bench is linked twice
+# (the build tree's against the test flavour librefit-test.so.0, the installed
+# one against librefit.so.0): both flavours export the same symbols.
+# Usage: test_public_api.sh LIBREFIT_SO LIBREFIT_TEST_SO SOURCE_DIR COMPILE_COMMANDS_JSON PROGRAM...
 set -u
 so="$1"
-root="$2"
-commands="$3"
-shift 3
+testso="$2"
+root="$3"
+commands="$4"
+shift 4
 fail=0
 
 # Include paths into src/ in the compile commands of the programs' own objects.
@@ -24,7 +27,7 @@ python3 - "$root" "$commands" <<'PY' || fail=1
 import json, os, re, sys
 root, commands = sys.argv[1], sys.argv[2]
 src = os.path.realpath(os.path.join(root, "src"))
-targets = ["refit", "refit-bench", "refit_tool_common", "refit_tool_local"]
+targets = ["refit", "refit-bench", "refit_bench_obj", "refit_bench_shipped", "refit_tool_common", "refit_tool_local"]
 seen = {t: 0 for t in targets}
 bad = 0
 for e in json.load(open(commands)):
@@ -67,9 +70,15 @@ done
 
 exported=$(nm -D --defined-only "$so" | awk '{print $3}' | sort -u)
 [ "$(echo "$exported" | grep -c '^refit_')" -gt 50 ] || { echo "FAIL: $so exports too few refit_ symbols"; exit 1; }
+texported=$(nm -D --defined-only "$testso" | awk '{print $3}' | sort -u)
+if [ "$exported" != "$texported" ]; then
+    echo "FAIL: the two flavours export different symbols (< $(basename "$so"), > $(basename "$testso")):"
+    diff <(echo "$exported") <(echo "$texported") | head -20; fail=1
+fi
 for prog in "$@"; do
     name=$(basename "$prog")
-    readelf -d "$prog" | grep -q 'NEEDED.*\[librefit\.so\.0\]' || { echo "FAIL: $name does not link librefit.so.0"; fail=1; }
+    readelf -d "$prog" | grep -qE 'NEEDED.*\[librefit(-test)?\.so\.0\]' ||
+        { echo "FAIL: $name does not link librefit.so.0 (or librefit-test.so.0)"; fail=1; }
     # the library's own entry points, if linked in statically, would be defined here
     own=$(nm --defined-only "$prog" | awk '{print $3}' | grep -xE 'refit_(plan_create|receiver_create|publisher_create|manifest_encode|model_open)' || true)
     [ -z "$own" ] || { echo "FAIL: $name contains the library's code: $own"; fail=1; }

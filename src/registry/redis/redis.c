@@ -257,7 +257,7 @@ static void redis_close(refit_kv_t *kv);
  * file of ours that no one else may read; one line) or $REFIT_REDIS_PASSWORD. */
 static refit_status_t env_password(refit_kv_t *kv)
 {
-    const char *file = getenv("REFIT_REDIS_PASSWORD_FILE"), *pw = getenv("REFIT_REDIS_PASSWORD");
+    const char *file = refit_env(REFIT_ENV_REDIS_PASSWORD_FILE), *pw = refit_env(REFIT_ENV_REDIS_PASSWORD);
     if (file && file[0]) {
         int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         struct stat sb;

@@ -375,7 +375,7 @@ static refit_status_t batch_run(ipc_pull_t *x)
         bool turns = t->turns == 1 || (t->turns == -1 && local);
         /* REFIT_CUDA_SMALL=after|before (diagnostics): the small regions' kernel
          * after or before the copies instead of beside them */
-        const char *order = small ? getenv("REFIT_CUDA_SMALL") : NULL;
+        const char *order = small ? refit_diag()->cuda_small : NULL;
         int small_order = order ? (!strcmp(order, "after") ? 1 : !strcmp(order, "before") ? 2 : 0) : 0;
         double t0 = refit_now();
         int turn = turns ? refit_gpu_turn_take(x->dev, 0, 2.0) : -1;

@@ -300,14 +300,8 @@ struct refit_gpu_batch {
 /* REFIT_CUDA_TRACE=FILE: per-copy GPU times of local pulls appended to FILE. */
 extern "C" const char *refit_gpu_trace_path(void)
 {
-    static const char *path;
-    static bool got;
-    if (!got) {
-        const char *e = getenv("REFIT_CUDA_TRACE");
-        path = e && *e ? e : NULL;
-        got = true;
-    }
-    return path;
+    const char *e = refit_diag()->cuda_trace; /* read once, under pthread_once (util/env.h) */
+    return e && *e ? e : NULL;
 }
 
 /* Records a timing event on x's stream before an operation (bytes 0: the

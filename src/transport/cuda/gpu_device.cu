@@ -156,14 +156,8 @@ out:
 
 static uint64_t alloc_round(void)
 {
-    static uint64_t r;
-    static bool got;
-    if (!got) {
-        const char *e = getenv("REFIT_CUDA_ALLOC_ROUND");
-        r = e && *e ? strtoull(e, NULL, 0) : ALLOC_ROUND;
-        got = true;
-    }
-    return r;
+    const char *e = refit_diag()->cuda_alloc_round; /* read once, under pthread_once (util/env.h) */
+    return e && *e ? strtoull(e, NULL, 0) : ALLOC_ROUND;
 }
 
 extern "C" refit_status_t refit_gpu_alloc(int dev, uint64_t size, void **out)

@@ -3,6 +3,8 @@
 
 #include "transport/ucx/ucx_internal.h"
 
+#include "engine/test_hooks.h" /* REFIT_UNSAFE_RMA: the test flavour only */
+
 /* ------------------------------------------------------------------------ */
 /* Options                                                                   */
 
@@ -212,10 +214,10 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
     free(dup);
     if (!st && o->method == METHOD_GET && o->rma == RMA_OFF)
         st = refit_error(REFIT_ERR_INVALID_ARG, "ucx: method=get needs rma=emulated (tests only)");
-    const char *unsafe = getenv("REFIT_UNSAFE_RMA");
+    const char *unsafe = refit_test_unsafe_rma();
     if (!st && o->rma == RMA_EMULATED && !(unsafe && !strcmp(unsafe, "1")))
         st = refit_error(REFIT_ERR_INVALID_ARG,
                          "ucx: rma=emulated lets any peer that reaches this process read and write any address in it "
-                         "(UCX serves RMA in software); it exists for tests and needs REFIT_UNSAFE_RMA=1");
+                         "(UCX serves RMA in software); it exists for tests: librefit-test with REFIT_UNSAFE_RMA=1");
     return st ? st : resolve_listen(o);
 }
