@@ -94,11 +94,6 @@ typedef struct {
     }
 #endif
 
-typedef struct {
-    uint64_t src; /* combination of every source's signature, in order */
-    uint64_t dst; /* the destination's signature */
-} refit_plan_key_t;
-
 /* Plans the destination from the sources (all finalized; a NULL entry in srcs
  * stands for a missing rank and is reported as REFIT_ERR_MISSING_SOURCE if any
  * destination byte would need it, which is always when none other holds them).
@@ -124,10 +119,6 @@ REFIT_API uint64_t refit_plan_source_bytes(const refit_plan_t *plan, uint32_t sr
 REFIT_API uint64_t refit_region_src_end(const refit_plan_region_t *r);
 REFIT_API uint64_t refit_region_dst_end(const refit_plan_region_t *r);
 REFIT_API size_t refit_plan_num_sources(const refit_plan_t *plan);
-REFIT_API void refit_plan_key(const refit_plan_t *plan, refit_plan_key_t *out);
-/* The key a plan for these manifests would have, without planning. */
-REFIT_API void refit_plan_key_of(const refit_manifest_t *const *srcs, size_t nsrcs, const refit_manifest_t *dst,
-                                 refit_plan_key_t *out);
 
 /* Bytes a region moves (run * product of counts). */
 REFIT_API uint64_t refit_plan_region_bytes(const refit_plan_region_t *r);

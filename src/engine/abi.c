@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 #define ABI_STRUCT(type)             \
     {                                \

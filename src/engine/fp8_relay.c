@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "refit/fp8.h"
+#include "refit/experimental/fp8.h"
 
 struct refit_fp8_relay {
     refit_receiver_t *rx;

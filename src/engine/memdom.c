@@ -6,7 +6,7 @@
 
 #include "engine/memdom.h"
 #include "plan/plan.h"
-#include "refit/truth.h"
+#include "refit/experimental/truth.h"
 
 static refit_status_t host_alloc(int dev, uint64_t size, void **out)
 {

@@ -42,7 +42,7 @@
 #include "engine/metrics.h"
 #include "engine/stamp.h"
 #include "engine/test_hooks.h"
-#include "refit/delta.h"
+#include "refit/experimental/delta.h"
 
 #define NBUF_SNAPSHOT 2
 

@@ -17,12 +17,13 @@
 
 #include "data/digest.h"
 #include "engine/engine.h"
+#include "refit/experimental/fleet.h"
 #include "engine/fleet.h"
 #include "engine/memdom.h"
 #include "engine/relay.h"
 #include "engine/stamp.h"
-#include "refit/delta.h"
-#include "refit/fp8.h"
+#include "refit/experimental/delta.h"
+#include "refit/experimental/fp8.h"
 
 #define PLAN_CACHE 4
 #define MAX_BUFFERS 2

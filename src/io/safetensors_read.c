@@ -2,7 +2,7 @@
  * mapped read-only and described as an hf-layout manifest, one region per
  * shard).  Every header is validated completely before use; the file is
  * untrusted input (tests/fuzz/fuzz_safetensors.c). */
-#include "refit/safetensors.h"
+#include "refit/experimental/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

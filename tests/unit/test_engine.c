@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "refit/fp8.h"
+#include "refit/experimental/fp8.h"
 #include "registry/backend.h"
 #include "registry/registry.h"
 #include "util/util.h"
