@@ -125,8 +125,10 @@ typedef struct {
     }
 #endif
 /* rp: the bf16 side (host memory; its group is the trainer's); pp: the FP8
- * side, pp->group naming another group.  Takes ownership of bf16 (even on
- * failure).  REFIT_ERR_GEOMETRY when the layout cuts FP8 blocks. */
+ * side, pp->group naming another group (both read by size, as for
+ * refit_receiver_create and refit_publisher_create).  On success the relay
+ * owns bf16; on failure the caller keeps it (as for every create function).
+ * REFIT_ERR_GEOMETRY when the layout cuts FP8 blocks. */
 REFIT_API refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const refit_publisher_params_t *pp,
                                                 refit_manifest_t *bf16, refit_fp8_relay_t **out);
 /* Pulls `version` (or REFIT_VERSION_NEWEST) in bf16, quantizes, publishes
