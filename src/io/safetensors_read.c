@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "io/file.h"
+#include "refit/engine.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -277,7 +278,7 @@ int64_t refit_safetensors_find(const refit_safetensors_t *f, const char *name)
 
 /* ---- the hf source ---- */
 
-#define HF_MAX_SHARDS 64
+#define HF_MAX_SHARDS REFIT_MAX_REGIONS /* one region per shard */
 #define HF_MAX_INDEX_BYTES (64u << 20) /* real indexes: a few MB */
 
 struct refit_hf_source {
@@ -313,7 +314,7 @@ static refit_status_t add_shard(refit_hf_source_t *s, const char *dir, const cha
     if (strchr(file, '/') || !strcmp(file, "..") || !*file)
         return refit_error(REFIT_ERR_CORRUPT, "index names shard \"%s\", not a file of the directory", file);
     if (s->n == HF_MAX_SHARDS)
-        return refit_error(REFIT_ERR_UNSUPPORTED, "more than %d shards (a publisher has at most 64 regions)",
+        return refit_error(REFIT_ERR_UNSUPPORTED, "more than %u shards (a publisher has at most REFIT_MAX_REGIONS regions)",
                            HF_MAX_SHARDS);
     char *p = refit_asprintf("%s/%s", dir, file);
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "path");
