@@ -139,10 +139,10 @@ typedef struct {
     const char *group;             /* source group; NULL: "trainer" */
     const char *transports;        /* transports to expose memory through, e.g. "shm,ucx"; NULL: every built-in one */
     const char *transport_options; /* e.g. "ucx.listen=10.77.0.1"; NULL: defaults */
-    refit_publish_mode_t mode; /* 0: REFIT_MODE_IN_PLACE */
-    uint32_t heartbeat_ms; /* 0: 200 */
-    uint32_t dead_ms;      /* a rank silent this long is dead; 0: 2000; at least 2 * heartbeat_ms */
-    int device;            /* CUDA device of the memory (refit_publisher_alloc allocates there
+    refit_publish_mode_t mode;     /* 0: REFIT_MODE_IN_PLACE */
+    uint32_t heartbeat_ms;         /* 0: 200 */
+    uint32_t dead_ms;              /* a rank silent this long is dead; 0: 2000; at least 2 * heartbeat_ms */
+    int device;                    /* CUDA device of the memory (refit_publisher_alloc allocates there
                                       through a GPU transport: cuda_ipc), -1: host memory */
     /* Delta refit (host memory).  The publisher keeps a copy of what it last
      * published (one more copy of its regions) and, with each version, the
@@ -167,8 +167,10 @@ typedef struct {
 /* The end of the first layout's last field: the smallest size accepted. */
 #define REFIT_PUBLISHER_PARAMS_SIZE_1 (offsetof(refit_publisher_params_t, no_digest) + sizeof(bool))
 /* Designated initializers in declaration order: C99 and C++20. */
-#define REFIT_PUBLISHER_PARAMS_INIT \
-    {.size = sizeof(refit_publisher_params_t), .mode = REFIT_MODE_IN_PLACE, .device = -1}
+#define REFIT_PUBLISHER_PARAMS_INIT                                                         \
+    {                                                                                       \
+        .size = sizeof(refit_publisher_params_t), .mode = REFIT_MODE_IN_PLACE, .device = -1 \
+    }
 
 /* Creates a publisher for the rank `manifest` describes (finalized, at most
  * REFIT_MAX_REGIONS regions).  On success the publisher owns the manifest;
@@ -240,7 +242,7 @@ typedef struct {
     uint32_t lease_ms;                  /* lease ttl, renewed during pulls; 0: 10000 */
     unsigned threads;                   /* copy threads for shm; 0: one per CPU */
     refit_verify_mode_t verify;         /* 0: REFIT_VERIFY_NONE (content digests still apply: no_digest) */
-    int device; /* CUDA device of the receiver's memory, -1: host.  With a device,
+    int device;                         /* CUDA device of the receiver's memory, -1: host.  With a device,
                                       refit_receiver_alloc allocates GPU memory, attached memory must
                                       be on that device, padding is written and the truth verified by
                                       kernels; transports that cannot write GPU memory (shm, ucx) go
@@ -288,8 +290,10 @@ typedef struct {
 /* The end of the first layout's last field: the smallest size accepted. */
 #define REFIT_RECEIVER_PARAMS_SIZE_1 (offsetof(refit_receiver_params_t, fp8) + sizeof(bool))
 /* Designated initializers in declaration order: C99 and C++20. */
-#define REFIT_RECEIVER_PARAMS_INIT \
-    {.size = sizeof(refit_receiver_params_t), .verify = REFIT_VERIFY_NONE, .device = -1, .relay_slot = -1}
+#define REFIT_RECEIVER_PARAMS_INIT                                                                           \
+    {                                                                                                        \
+        .size = sizeof(refit_receiver_params_t), .verify = REFIT_VERIFY_NONE, .device = -1, .relay_slot = -1 \
+    }
 
 /* Creates a receiver for the rank `manifest` describes (finalized).  On
  * success the receiver owns the manifest; on failure the caller keeps it.

@@ -69,7 +69,10 @@ typedef struct {
 } refit_plan_params_t;
 /* The end of the first layout's last field: the smallest size accepted. */
 #define REFIT_PLAN_PARAMS_SIZE_1 (offsetof(refit_plan_params_t, no_coalesce) + sizeof(bool))
-#define REFIT_PLAN_PARAMS_INIT {.size = sizeof(refit_plan_params_t)}
+#define REFIT_PLAN_PARAMS_INIT              \
+    {                                       \
+        .size = sizeof(refit_plan_params_t) \
+    }
 
 typedef struct {
     size_t size;              /* sizeof(refit_plan_stats_t) as the caller compiled it: REFIT_PLAN_STATS_INIT

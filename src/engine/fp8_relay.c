@@ -34,7 +34,8 @@ static refit_status_t relay_params(const refit_receiver_params_t *rp, const refi
     const char *rg = rin->group && rin->group[0] ? rin->group : "trainer";
     if (!pin->group || !pin->group[0] || !strcmp(pin->group, rg))
         return refit_error(REFIT_ERR_INVALID_ARG, "an FP8 relay publishes into a group of its own (not \"%s\")", rg);
-    if (rin->device >= 0 || pin->device >= 0) return refit_error(REFIT_ERR_UNSUPPORTED, "FP8 relays quantize in host memory");
+    if (rin->device >= 0 || pin->device >= 0)
+        return refit_error(REFIT_ERR_UNSUPPORTED, "FP8 relays quantize in host memory");
     return REFIT_OK;
 }
 

@@ -55,8 +55,8 @@ struct refit_publisher {
     refit_tset_t ts;
     refit_source_info_t info;
     uint32_t nregions;
-    void **mem;                     /* the caller's view: region bases (alloc'ed or attached) */
-    int *mem_owner;                 /* transport index that allocated mem[r], or -1 */
+    void **mem;                                    /* the caller's view: region bases (alloc'ed or attached) */
+    int *mem_owner;                                /* transport index that allocated mem[r], or -1 */
     void *stage[NBUF_SNAPSHOT][REFIT_MAX_REGIONS]; /* snapshot staging arenas */
     int stage_owner[NBUF_SNAPSHOT][REFIT_MAX_REGIONS];
     uint64_t stage_version[NBUF_SNAPSHOT];
@@ -65,7 +65,7 @@ struct refit_publisher {
     uint64_t last_version;
     void *enc; /* the encoded manifest, kept to re-announce */
     size_t enc_len;
-    refit_delta_encoder_t *denc;     /* delta mode */
+    refit_delta_encoder_t *denc;                    /* delta mode */
     void *darena[NBUF_SNAPSHOT][REFIT_MAX_REGIONS]; /* delta arenas, per buffer and region */
     int darena_owner[NBUF_SNAPSHOT][REFIT_MAX_REGIONS];
     uint64_t dcap[REFIT_MAX_REGIONS];
@@ -111,7 +111,8 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
         return st;
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "the publisher's manifest is not finalized");
     if (m->regions.len > REFIT_MAX_REGIONS)
-        return refit_error(REFIT_ERR_INVALID_ARG, "the publisher's manifest has %zu regions; at most %u (REFIT_MAX_REGIONS)",
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "the publisher's manifest has %zu regions; at most %u (REFIT_MAX_REGIONS)",
                            (size_t)m->regions.len, REFIT_MAX_REGIONS);
     refit_publisher_t *p = calloc(1, sizeof(*p));
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "publisher");

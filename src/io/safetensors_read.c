@@ -279,7 +279,7 @@ int64_t refit_safetensors_find(const refit_safetensors_t *f, const char *name)
 /* ---- the hf source ---- */
 
 #define HF_MAX_SHARDS REFIT_MAX_REGIONS /* one region per shard */
-#define HF_MAX_INDEX_BYTES (64u << 20) /* real indexes: a few MB */
+#define HF_MAX_INDEX_BYTES (64u << 20)  /* real indexes: a few MB */
 
 struct refit_hf_source {
     uint32_t n;
@@ -314,8 +314,8 @@ static refit_status_t add_shard(refit_hf_source_t *s, const char *dir, const cha
     if (strchr(file, '/') || !strcmp(file, "..") || !*file)
         return refit_error(REFIT_ERR_CORRUPT, "index names shard \"%s\", not a file of the directory", file);
     if (s->n == HF_MAX_SHARDS)
-        return refit_error(REFIT_ERR_UNSUPPORTED, "more than %u shards (a publisher has at most REFIT_MAX_REGIONS regions)",
-                           HF_MAX_SHARDS);
+        return refit_error(REFIT_ERR_UNSUPPORTED,
+                           "more than %u shards (a publisher has at most REFIT_MAX_REGIONS regions)", HF_MAX_SHARDS);
     char *p = refit_asprintf("%s/%s", dir, file);
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "path");
     refit_status_t st = refit_safetensors_open(p, &s->f[s->n]);
