@@ -18,7 +18,7 @@
 
 #include "data/digest.h"
 #include "layout/manifest.h"
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 #include "util/util.h"
 
 #define CHECK(expr)                                                                             \

@@ -19,7 +19,7 @@
 
 #include "tool.h"
 #include "tool_local.h"
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 int cmd_preflight(int argc, char **argv); /* tools/preflight.c */
 

@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 #ifdef __cplusplus
 extern "C" {

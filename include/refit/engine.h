@@ -26,11 +26,24 @@
  *
  * Threads: a publisher runs a heartbeat thread of its own; both objects may be
  * used from one thread at a time.  Every wait is bounded by a timeout.
+ *
+ * Timeouts (every `int timeout_ms` here): > 0 waits up to that many
+ * milliseconds; 0 or negative does not wait (checks once: a version already
+ * complete is pulled, readers already gone are seen); there is no "wait
+ * forever".
+ *
+ * Ownership: refit_publisher_create and refit_receiver_create take the
+ * manifest they are given on success (destroy frees it) and leave it to the
+ * caller on failure (the caller destroys it); the strings a params structure
+ * points at are copied or read during create only, and the params structure
+ * itself may be reused or freed once create returned.  Outputs are written
+ * only on success.
  */
 #ifndef REFIT_ENGINE_H
 #define REFIT_ENGINE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "refit/manifest.h"
 
@@ -50,12 +63,6 @@ typedef enum { REFIT_MODE_IN_PLACE = 0, REFIT_MODE_SNAPSHOT = 1 } refit_publish_
  * fails with REFIT_ERR_INVALID_ARG saying what to set. */
 REFIT_API const char *refit_default_registry(void);
 
-/* A key equal for two ranks' manifests exactly when they hold the same
- * bytes at the same offsets (data-parallel replicas of one rank): the
- * manifest's signature with the rank left out.  The fleet's relays pair
- * receivers by it. */
-REFIT_API uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
-
 /* Sized outputs: the structures the library fills for the caller
  * (refit_pull_report_t, refit_holder_stat_t, refit_publish_delta_t,
  * refit_fp8_relay_report_t, refit_plan_stats_t, refit_truth_report_t,
@@ -68,6 +75,23 @@ REFIT_API uint64_t refit_fleet_mirror_key(const refit_manifest_t *m);
  * does not know (a newer program) keep the caller's values.  A size smaller
  * than the structure's first sized version is refused with
  * REFIT_ERR_INVALID_ARG naming the structure. */
+
+/* Params with a size: the structures a caller fills for the library
+ * (refit_publisher_params_t, refit_receiver_params_t, refit_plan_params_t)
+ * begin with `size`, the sizeof of the structure as the caller compiled it;
+ * their _INIT macros set it and every default by name, so C callers write
+ *
+ *     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+ *     rp.job = "run-7";
+ *
+ * The library reads the first min(size, its own sizeof) bytes and takes the
+ * fields past them as 0: a field added in a later release means its default
+ * when it is 0, so a program built against older headers keeps working with
+ * a newer library.  A size smaller than the structure's first layout
+ * (REFIT_*_PARAMS_SIZE_1) or larger than the library's own sizeof (a program
+ * built against newer headers than the library it runs with) is refused with
+ * REFIT_ERR_INVALID_ARG naming the structure.  A NULL params pointer means
+ * every default. */
 
 /* sizeof the public structure named `name` (every structure of
  * refit_abi_layout: "refit_pull_report_t", "refit_publisher_params_t", ...),
@@ -97,22 +121,28 @@ REFIT_API const refit_abi_field_t *refit_abi_layout(size_t *count);
  * (or $REFIT_INSECURE=1) is set, which uses a public key: anyone who can
  * write the registry or reach a listener is then trusted. */
 
-/* Version 2 added `device`; version-1 callers get host memory.  Version 3
- * added delta refit (delta .. delta_threads); older callers publish in full.
- * Version 4 added authentication and fencing (secret_file .. no_digest);
- * older callers get the defaults. */
-#define REFIT_PUBLISHER_PARAMS_VERSION 4
+/* The most memory regions a publisher's manifest may have (refit_publisher_create
+ * refuses more with REFIT_ERR_INVALID_ARG), and the most a relay (a receiver
+ * with relay_slot >= 0) serves.  511: a publisher exposes per buffer its
+ * regions, as many delta arenas (delta mode), a digest table and a version
+ * stamp, 2 * 511 + 2 = 1024 regions, the most one shm connection maps.  The
+ * vLLM backend makes one region per directly bound parameter (about 435 for
+ * Qwen3-30B-A3B on CUDA). */
+#define REFIT_MAX_REGIONS 511u
+
+/* Publisher params (sized: above).  Every field's 0 / NULL is its default,
+ * except `device` (0 is GPU 0; host memory is -1, as in the _INIT macro). */
 typedef struct {
-    unsigned version;              /* REFIT_PUBLISHER_PARAMS_VERSION */
+    size_t size;                   /* sizeof(refit_publisher_params_t): REFIT_PUBLISHER_PARAMS_INIT */
     const char *registry;          /* "file:DIR" or "redis://HOST:PORT"; NULL: refit_default_registry() */
     const char *job;               /* namespace shared by publishers and receivers; NULL: "default" */
     const char *group;             /* source group; NULL: "trainer" */
     const char *transports;        /* transports to expose memory through, e.g. "shm,ucx"; NULL: every built-in one */
     const char *transport_options; /* e.g. "ucx.listen=10.77.0.1"; NULL: defaults */
-    refit_publish_mode_t mode;
-    uint32_t heartbeat_ms; /* 0: 200 */
-    uint32_t dead_ms;      /* a rank silent this long is dead; 0: 2000 */
-    int device;            /* CUDA device of the memory (refit_publisher_alloc allocates there
+    refit_publish_mode_t mode;     /* 0: REFIT_MODE_IN_PLACE */
+    uint32_t heartbeat_ms;         /* 0: 200 */
+    uint32_t dead_ms;              /* a rank silent this long is dead; 0: 2000; at least 2 * heartbeat_ms */
+    int device;                    /* CUDA device of the memory (refit_publisher_alloc allocates there
                                       through a GPU transport: cuda_ipc), -1: host memory */
     /* Delta refit (host memory).  The publisher keeps a copy of what it last
      * published (one more copy of its regions) and, with each version, the
@@ -121,10 +151,10 @@ typedef struct {
      * like its memory.  A receiver whose memory holds exactly the previous
      * version (same publisher incarnation) fetches the parts of the delta its
      * plan reads and applies them in place; any other receiver pulls in full. */
-    bool delta;
+    bool delta;              /* false: publish in full only */
     uint32_t delta_max_pct;  /* a version whose delta exceeds this share of a region's bytes is offered
                                       in full only; 0: 10 (sparse costs 4 bytes per changed 2-byte unit, so
-                                      10% holds up to about 5% of elements changed) */
+                                      10% holds up to about 5% of elements changed); above 100: 100 */
     unsigned delta_threads;  /* encoding threads at publish; 0: 4, at most one per CPU */
     const char *secret_file; /* the job's secret (above); NULL: from the environment or the registry */
     bool insecure;           /* no secret: public key (above) */
@@ -134,15 +164,20 @@ typedef struct {
     bool no_digest;          /* true: publish no content digests (receivers cannot verify this rank's
                                       bytes and say so); false: digest tables computed at each publish */
 } refit_publisher_params_t;
-#define REFIT_PUBLISHER_PARAMS_INIT                                                                               \
-    {                                                                                                             \
-        REFIT_PUBLISHER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, REFIT_MODE_IN_PLACE, 0, 0, -1, false, 0, 0, \
-            NULL, false, 0, false                                                                                 \
+/* The end of the first layout's last field: the smallest size accepted. */
+#define REFIT_PUBLISHER_PARAMS_SIZE_1 (offsetof(refit_publisher_params_t, no_digest) + sizeof(bool))
+/* Designated initializers in declaration order: C99 and C++20. */
+#define REFIT_PUBLISHER_PARAMS_INIT                                                         \
+    {                                                                                       \
+        .size = sizeof(refit_publisher_params_t), .mode = REFIT_MODE_IN_PLACE, .device = -1 \
     }
 
-/* Creates a publisher for the rank `manifest` describes (finalized).  On
- * success the publisher owns the manifest.  Opens the registry (errors as
- * refit_registry_open: REFIT_ERR_REGISTRY, REFIT_ERR_UNSUPPORTED). */
+/* Creates a publisher for the rank `manifest` describes (finalized, at most
+ * REFIT_MAX_REGIONS regions).  On success the publisher owns the manifest;
+ * on failure the caller keeps it.  params NULL: every default.  Opens the
+ * registry (REFIT_ERR_REGISTRY, REFIT_ERR_AUTH, REFIT_ERR_UNSUPPORTED);
+ * REFIT_ERR_INVALID_ARG for params of a wrong size or a manifest that is
+ * not finalized or has too many regions. */
 REFIT_API refit_status_t refit_publisher_create(const refit_publisher_params_t *params, refit_manifest_t *manifest,
                                                 refit_publisher_t **out);
 /* Memory for region r that every transport reads well (shared memory for
@@ -195,23 +230,19 @@ REFIT_API void refit_publisher_destroy(refit_publisher_t *p);
 
 typedef enum { REFIT_VERIFY_NONE = 0, REFIT_VERIFY_TRUTH = 1 } refit_verify_mode_t;
 
-/* Version 2 added `device`; version-1 callers get host memory.  Version 3
- * added the fleet fields (relay_slot .. relay_heartbeat_ms); older callers
- * get no relay, no reader limit, default chunks.  Version 4 added
- * `no_delta` and `truth_fraction`; older callers take deltas where offered.
- * Version 5 added authentication and digests (secret_file .. no_digest).
- * Version 6 added `fp8`; older callers get bf16 memory. */
-#define REFIT_RECEIVER_PARAMS_VERSION 6
+/* Receiver params (sized: above).  Every field's 0 / NULL is its default,
+ * except `device` and `relay_slot` (0 is GPU 0 and relay slot 0; host memory
+ * and no relay are -1, as in the _INIT macro). */
 typedef struct {
-    unsigned version;                   /* REFIT_RECEIVER_PARAMS_VERSION */
+    size_t size;                        /* sizeof(refit_receiver_params_t): REFIT_RECEIVER_PARAMS_INIT */
     const char *registry, *job, *group; /* as for publishers */
     const char *transports;             /* preference order, e.g. "shm,ucx"; NULL: "shm,ucx" */
     const char *transport_options;      /* e.g. "ucx.require=rdma" */
     const char *reader;                 /* lease holder name; NULL: "<host>:<pid>:r<rank>" */
     uint32_t lease_ms;                  /* lease ttl, renewed during pulls; 0: 10000 */
     unsigned threads;                   /* copy threads for shm; 0: one per CPU */
-    refit_verify_mode_t verify;
-    int device; /* CUDA device of the receiver's memory, -1: host.  With a device,
+    refit_verify_mode_t verify;         /* 0: REFIT_VERIFY_NONE (content digests still apply: no_digest) */
+    int device;                         /* CUDA device of the receiver's memory, -1: host.  With a device,
                                       refit_receiver_alloc allocates GPU memory, attached memory must
                                       be on that device, padding is written and the truth verified by
                                       kernels; transports that cannot write GPU memory (shm, ucx) go
@@ -238,10 +269,10 @@ typedef struct {
      * back to a full pull within the same call, except a timeout or a failure
      * after the pull's deadline (then the error is returned, the memory marked
      * unusable if the apply had begun).  true: always pull in full. */
-    bool no_delta;
+    bool no_delta;           /* false: take deltas where offered */
     double truth_fraction;   /* REFIT_VERIFY_TRUTH against refit_truth_fill_delta(fraction): the share of
-                                      elements that change per version (host memory); 0: 1 (every element,
-                                      refit_truth_fill) */
+                                      elements that change per version (host memory); 0, or outside (0, 1):
+                                      1 (every element, refit_truth_fill) */
     const char *secret_file; /* the job's secret (above); NULL: from the environment or the registry */
     bool insecure;           /* no secret: public key (above) */
     bool no_digest;          /* true: do not check the pulled bytes against the sources' content digests
@@ -256,20 +287,24 @@ typedef struct {
                                       against the truth quantized by the same GPU code, whose arithmetic
                                       tests/gpu/test_gpu_fp8.c checks against the CPU quantizer) */
 } refit_receiver_params_t;
-#define REFIT_RECEIVER_PARAMS_INIT                                                                                   \
-    {                                                                                                                \
-        REFIT_RECEIVER_PARAMS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, REFIT_VERIFY_NONE, -1, -1, 0, 0, 0, \
-            false, 0, NULL, false, false, false                                                                      \
+/* The end of the first layout's last field: the smallest size accepted. */
+#define REFIT_RECEIVER_PARAMS_SIZE_1 (offsetof(refit_receiver_params_t, fp8) + sizeof(bool))
+/* Designated initializers in declaration order: C99 and C++20. */
+#define REFIT_RECEIVER_PARAMS_INIT                                                                           \
+    {                                                                                                        \
+        .size = sizeof(refit_receiver_params_t), .verify = REFIT_VERIFY_NONE, .device = -1, .relay_slot = -1 \
     }
 
+/* Creates a receiver for the rank `manifest` describes (finalized).  On
+ * success the receiver owns the manifest; on failure the caller keeps it.
+ * params NULL: every default.  REFIT_ERR_INVALID_ARG for params of a wrong
+ * size or a manifest not finalized; REFIT_ERR_UNSUPPORTED for a combination
+ * this build or memory cannot do (the detail says which); registry and
+ * transport errors as for publishers. */
 REFIT_API refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *manifest,
                                                refit_receiver_t **out);
 REFIT_API refit_status_t refit_receiver_alloc(refit_receiver_t *r, uint32_t region, void **base);
 REFIT_API refit_status_t refit_receiver_attach(refit_receiver_t *r, uint32_t region, void *base);
-/* An FP8 receiver's target (params.fp8): its tensors, offsets and sizes in
- * region 0; NULL for a bf16 receiver.  Owned by the receiver. */
-REFIT_API const struct refit_fp8_target *refit_receiver_fp8_target(const refit_receiver_t *r);
-
 #define REFIT_VERSION_NEWEST UINT64_MAX
 
 /* The way a pull's bytes came (refit_pull_report_t.path), decided by the
@@ -416,49 +451,6 @@ REFIT_API uint64_t refit_receiver_committed(const refit_receiver_t *r);
 /* False while the memory holds a partially written version. */
 REFIT_API bool refit_receiver_usable(const refit_receiver_t *r);
 REFIT_API void refit_receiver_destroy(refit_receiver_t *r);
-
-/* ---- FP8 relays ------------------------------------------------------------
- * A receiver whose engine serves an FP8 checkpoint holds block-quantized
- * weights (refit/fp8.h).  An FP8 relay runs where the bf16 bytes are cheap
- * to read (next to the trainer, over shm): it pulls one bf16 vLLM rank as a
- * receiver, quantizes each version into an FP8 arena and publishes it as
- * that rank of the layout "<bf16 layout>+fp8" (refit_fp8_target_manifest) in
- * a group of its own.  FP8 receivers are ordinary receivers of that group
- * with FP8 manifests: they plan and pull like any other, across FP8 layouts
- * too (blocks are canonical blocks), and the wire carries fp8 bytes and
- * scales.  One relay per bf16 rank of the FP8 layout's world. */
-typedef struct refit_fp8_relay refit_fp8_relay_t;
-typedef struct {
-    size_t size; /* sizeof(refit_fp8_relay_report_t) as the caller compiled it: REFIT_FP8_RELAY_REPORT_INIT */
-    uint64_t version;
-    uint64_t bf16_bytes, fp8_bytes;                /* pulled, published */
-    double pull_ms, wait_ms, stage_ms, publish_ms; /* wait: for the FP8 readers of the previous version (in place) */
-} refit_fp8_relay_report_t;
-#ifdef __cplusplus
-#define REFIT_FP8_RELAY_REPORT_INIT      \
-    {                                    \
-        sizeof(refit_fp8_relay_report_t) \
-    }
-#else
-#define REFIT_FP8_RELAY_REPORT_INIT              \
-    {                                            \
-        .size = sizeof(refit_fp8_relay_report_t) \
-    }
-#endif
-/* rp: the bf16 side (host memory; its group is the trainer's); pp: the FP8
- * side, pp->group naming another group.  Takes ownership of bf16 (even on
- * failure).  REFIT_ERR_GEOMETRY when the layout cuts FP8 blocks. */
-REFIT_API refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const refit_publisher_params_t *pp,
-                                                refit_manifest_t *bf16, refit_fp8_relay_t **out);
-/* Pulls `version` (or REFIT_VERSION_NEWEST) in bf16, quantizes, publishes
- * the same version number in FP8.  In in-place mode it first waits (up to
- * timeout_ms) for the readers of the FP8 version it published last; if they
- * stay, the step fails with REFIT_ERR_TIMEOUT, and the next step (for that
- * version or NEWEST) publishes the version it had pulled, without pulling,
- * and returns; a newer version waits for the step after. */
-REFIT_API refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int timeout_ms,
-                                              refit_fp8_relay_report_t *rep);
-REFIT_API void refit_fp8_relay_destroy(refit_fp8_relay_t *x);
 
 #ifdef __cplusplus
 }

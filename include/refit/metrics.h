@@ -61,9 +61,6 @@ REFIT_API refit_status_t refit_metrics_serve(const char *addr, char *bound, size
 /* Stops the endpoint (waits for its thread); no-op when none runs. */
 REFIT_API void refit_metrics_stop(void);
 
-/* Forgets every value (for tests and for processes that start a new job). */
-REFIT_API void refit_metrics_reset(void);
-
 #ifdef __cplusplus
 }
 #endif

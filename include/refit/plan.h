@@ -27,6 +27,7 @@
 #define REFIT_PLAN_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "refit/manifest.h"
 
@@ -54,19 +55,23 @@ typedef struct {
 
 #define REFIT_PLAN_FILL UINT32_MAX
 
-#define REFIT_PLAN_PARAMS_VERSION 1
+/* Plan params, sized as refit/engine.h says (the caller's sizeof in `size`;
+ * the library reads what fits and takes the rest as 0).  Every field's 0 is
+ * its default. */
 typedef struct {
-    unsigned version;      /* REFIT_PLAN_PARAMS_VERSION */
+    size_t size;           /* sizeof(refit_plan_params_t): REFIT_PLAN_PARAMS_INIT */
     uint64_t split_bytes;  /* replicated pieces above this are split across replicas;
                                0 = default (4 MiB); UINT64_MAX = never split */
     uint32_t balance_seed; /* rotates ties between replicas, so that different destination
-                               ranks start on different replicas; default: the destination rank */
+                               ranks start on different replicas; read only with use_seed */
     bool use_seed;         /* false: seed = destination rank */
     bool no_coalesce;      /* true: keep one region per piece (for tests and inspection) */
 } refit_plan_params_t;
-#define REFIT_PLAN_PARAMS_INIT                        \
-    {                                                 \
-        REFIT_PLAN_PARAMS_VERSION, 0, 0, false, false \
+/* The end of the first layout's last field: the smallest size accepted. */
+#define REFIT_PLAN_PARAMS_SIZE_1 (offsetof(refit_plan_params_t, no_coalesce) + sizeof(bool))
+#define REFIT_PLAN_PARAMS_INIT              \
+    {                                       \
+        .size = sizeof(refit_plan_params_t) \
     }
 
 typedef struct {
@@ -94,17 +99,14 @@ typedef struct {
     }
 #endif
 
-typedef struct {
-    uint64_t src; /* combination of every source's signature, in order */
-    uint64_t dst; /* the destination's signature */
-} refit_plan_key_t;
-
 /* Plans the destination from the sources (all finalized; a NULL entry in srcs
  * stands for a missing rank and is reported as REFIT_ERR_MISSING_SOURCE if any
  * destination byte would need it, which is always when none other holds them).
  * Sources must describe the same model as dst (REFIT_ERR_IDENTITY), and
  * every canonical tensor they share must agree in dtype and shape
- * (REFIT_ERR_MISMATCH).  params may be NULL for defaults. */
+ * (REFIT_ERR_MISMATCH).  params may be NULL for defaults; REFIT_ERR_INVALID_ARG
+ * for params of a wrong size (refit/engine.h: params with a size).  The
+ * manifests stay the caller's. */
 REFIT_API refit_status_t refit_plan_create(const refit_manifest_t *const *srcs, size_t nsrcs,
                                            const refit_manifest_t *dst, const refit_plan_params_t *params,
                                            refit_plan_t **out);
@@ -124,10 +126,6 @@ REFIT_API uint64_t refit_plan_source_bytes(const refit_plan_t *plan, uint32_t sr
 REFIT_API uint64_t refit_region_src_end(const refit_plan_region_t *r);
 REFIT_API uint64_t refit_region_dst_end(const refit_plan_region_t *r);
 REFIT_API size_t refit_plan_num_sources(const refit_plan_t *plan);
-REFIT_API void refit_plan_key(const refit_plan_t *plan, refit_plan_key_t *out);
-/* The key a plan for these manifests would have, without planning. */
-REFIT_API void refit_plan_key_of(const refit_manifest_t *const *srcs, size_t nsrcs, const refit_manifest_t *dst,
-                                 refit_plan_key_t *out);
 
 /* Bytes a region moves (run * product of counts). */
 REFIT_API uint64_t refit_plan_region_bytes(const refit_plan_region_t *r);

@@ -5,6 +5,13 @@
  * serve them.  Start with refit/model.h (what a model is), refit/layout.h
  * (how a framework shards it), refit/manifest.h (what one rank holds) and
  * refit/plan.h (the byte plan between two layouts).
+ *
+ * This header includes the stable set: the declarations under the ABI
+ * promise (version node REFIT_1 of src/refit.map; docs/api.md).  What
+ * refit's own tools and tests use besides (delta codec, FP8 targets and
+ * relays, the synthetic truth, safetensors, GPU and host probes, partial
+ * selection, plan keys) is in refit/experimental/, with no ABI promise:
+ * refit/experimental/all.h includes all of it.
  */
 #ifndef REFIT_REFIT_H
 #define REFIT_REFIT_H
@@ -16,14 +23,7 @@
 #include "refit/manifest.h"
 #include "refit/layout.h"
 #include "refit/plan.h"
-#include "refit/truth.h"
-#include "refit/safetensors.h"
 #include "refit/engine.h"
-#include "refit/delta.h"
-#include "refit/select.h"
-#include "refit/fp8.h"
-#include "refit/gpu.h"
-#include "refit/probe.h"
 #include "refit/metrics.h"
 
 #endif

@@ -28,7 +28,7 @@ class PlacementC(C.Structure):
 
 
 class PublisherParams(C.Structure):
-    _fields_ = [("version", C.c_uint), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
+    _fields_ = [("size", C.c_size_t), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
                 ("transports", C.c_char_p), ("transport_options", C.c_char_p), ("mode", C.c_int),
                 ("heartbeat_ms", C.c_uint32), ("dead_ms", C.c_uint32), ("device", C.c_int),
                 ("delta", C.c_bool), ("delta_max_pct", C.c_uint32), ("delta_threads", C.c_uint),
@@ -37,7 +37,7 @@ class PublisherParams(C.Structure):
 
 
 class ReceiverParams(C.Structure):
-    _fields_ = [("version", C.c_uint), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
+    _fields_ = [("size", C.c_size_t), ("registry", C.c_char_p), ("job", C.c_char_p), ("group", C.c_char_p),
                 ("transports", C.c_char_p), ("transport_options", C.c_char_p), ("reader", C.c_char_p),
                 ("lease_ms", C.c_uint32), ("threads", C.c_uint), ("verify", C.c_int), ("device", C.c_int),
                 ("relay_slot", C.c_int), ("max_readers", C.c_uint32), ("chunk_kb", C.c_uint32),
@@ -65,7 +65,7 @@ class HolderStatC(C.Structure):
 
 
 class PlanParams(C.Structure):
-    _fields_ = [("version", C.c_uint), ("split_bytes", C.c_uint64), ("balance_seed", C.c_uint32),
+    _fields_ = [("size", C.c_size_t), ("split_bytes", C.c_uint64), ("balance_seed", C.c_uint32),
                 ("use_seed", C.c_bool), ("no_coalesce", C.c_bool)]
 
 
@@ -94,9 +94,28 @@ STRUCTS = {"refit_tensor_info_t": TensorInfo, "refit_manifest_identity_t": Ident
            "refit_plan_stats_t": PlanStatsC, "refit_truth_report_t": TruthReport,
            "refit_abi_field_t": AbiField}
 
-PUBLISHER_PARAMS_VERSION = 4
-RECEIVER_PARAMS_VERSION = 6
-PLAN_PARAMS_VERSION = 1
+# The structures that begin with their own sizeof (refit/engine.h: params with a size, and sized outputs).
+SIZED = (PublisherParams, ReceiverParams, PlanParams, PullReportC, HolderStatC, PlanStatsC, TruthReport)
+
+
+def make(cls, **fields):
+    """An instance of the ctypes structure `cls` built by field name: `size` (for the sized ones) is
+    ctypes.sizeof(cls), every other field is named, the rest are 0 / NULL.  A name that is not a field of
+    cls raises TypeError (ctypes itself would silently set a Python attribute)."""
+    names = {f for f, *_ in cls._fields_}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {', '.join(unknown)}")
+    if cls in SIZED:
+        if "size" in fields:
+            raise TypeError(f"{cls.__name__}.size is set from ctypes.sizeof")
+        fields["size"] = C.sizeof(cls)
+    out = cls()
+    for name, value in fields.items():
+        setattr(out, name, value)
+    return out
+
+
 VERSION_NEWEST = (1 << 64) - 1
 
 P = C.c_void_p

@@ -10,7 +10,7 @@ the parameters by name, shape and dtype; every difference is collected and raise
 (missing, unexpected, mis-shaped / wrong dtype).  Names are compared after stripping wrapper prefixes
 ("module." of DDP / Float16Module wrappers).
 
-Memory: the engine reads and writes memory regions, not tensors, and a publisher has at most 64 regions.  The
+Memory: the engine reads and writes memory regions, not tensors, and a publisher has at most REFIT_MAX_REGIONS (511) regions.  The
 adapter therefore packs the parameters into one arena tensor laid out as the manifest says (the scheme's own
 offsets, 256-byte aligned) and makes every parameter a view into it (param.data = view; the values are copied
 once).  The parameters keep their identity (optimizers, hooks and modules still hold the same Parameter

@@ -2,7 +2,7 @@
 publishers and receivers.  Every failing C call raises RefitError carrying the
 status name (REFIT_ERR_...) and the library's detail (refit_last_error)."""
 import ctypes as C
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -175,7 +175,8 @@ def _info(name: str, dtype: str, shape) -> Tuple[_lib.TensorInfo, bytes]:
     if not 1 <= len(shape) <= _lib.MAX_DIMS:
         raise _arg_error(f"{name}: {len(shape)} dims (1..{_lib.MAX_DIMS})", "tensor")
     nb = name.encode()
-    ti = _lib.TensorInfo(nb, dtype_code(dtype), len(shape), (C.c_uint64 * _lib.MAX_DIMS)(*shape))
+    ti = _lib.make(_lib.TensorInfo, name=nb, dtype=dtype_code(dtype), ndim=len(shape),
+                   shape=(C.c_uint64 * _lib.MAX_DIMS)(*shape))
     return ti, nb
 
 
@@ -287,7 +288,7 @@ class Manifest:
 
     @classmethod
     def build(cls, model: str, layout: str, rank: int = 0, world: int = 1) -> "Manifest":
-        ident = _lib.Identity(model.encode(), layout.encode(), rank, world)
+        ident = _lib.make(_lib.Identity, model=model.encode(), layout=layout.encode(), rank=rank, world=world)
         h = C.c_void_p()
         _check(lib.refit_manifest_create(C.byref(ident), C.byref(h)), "refit_manifest_create")
         m = cls(h)
@@ -328,7 +329,8 @@ class Manifest:
         c = self._canon_ids[canonical] if isinstance(canonical, str) else canonical
         lo = self._local_ids[local] if isinstance(local, str) else local
         U = C.c_uint64 * _lib.MAX_DIMS
-        p = _lib.PlacementC(c, lo, len(extent), U(*canon_offset), U(*extent), U(*local_offset))
+        p = _lib.make(_lib.PlacementC, canon=c, local=lo, ndim=len(extent), canon_offset=U(*canon_offset),
+                      extent=U(*extent), local_offset=U(*local_offset))
         _check(lib.refit_manifest_add_placement(self._h, C.byref(p)), f"add_placement({canonical} -> {local})")
 
     def finalize(self) -> "Manifest":
@@ -404,7 +406,7 @@ class Manifest:
         _check(lib.refit_truth_fill_delta(self._h, _bases(regions), version, fraction), "refit_truth_fill")
 
     def truth_verify(self, regions: Sequence, version: int, fraction: float = 1.0) -> dict:
-        rep = _lib.TruthReport(C.sizeof(_lib.TruthReport))
+        rep = _lib.make(_lib.TruthReport)
         _check(lib.refit_truth_verify_delta(self._h, _bases(regions), version, fraction, C.byref(rep)),
                "refit_truth_verify")
         return {"elements_checked": rep.elements_checked, "bytes_checked": rep.bytes_checked}
@@ -492,7 +494,7 @@ class Plan:
     def __init__(self, sources: Sequence[Optional[Manifest]], dest: Manifest, split_bytes: int = 0):
         self._srcs, self._dst = list(sources), dest
         arr = (C.c_void_p * max(1, len(sources)))(*[s._h if s is not None else None for s in sources])
-        params = _lib.PlanParams(_lib.PLAN_PARAMS_VERSION, split_bytes, 0, False, False)
+        params = _lib.make(_lib.PlanParams, split_bytes=split_bytes)
         h = C.c_void_p()
         _check(lib.refit_plan_create(arr, len(sources), dest._h, C.byref(params), C.byref(h)), "refit_plan_create")
         self._h = h
@@ -503,7 +505,7 @@ class Plan:
             self._h = None
 
     def stats(self) -> PlanStats:
-        s = _lib.PlanStatsC(C.sizeof(_lib.PlanStatsC))
+        s = _lib.make(_lib.PlanStatsC)
         _check(lib.refit_plan_stats(self._h, C.byref(s)), "refit_plan_stats")
         return PlanStats(s.bytes_written, s.bytes_read, s.bytes_redundant, s.bytes_fill, s.regions, s.fills,
                          s.pieces, s.sources_used, s.plan_ms,
@@ -670,9 +672,11 @@ class Publisher(_Endpoint):
             raise _arg_error("mode is 'in-place' or 'snapshot'", "Publisher")
         self._keep = [_b(registry), _b(job), _b(group), _b(transports), _b(transport_options)]
         self._secret = _b(secret_file)
-        pp = _lib.PublisherParams(_lib.PUBLISHER_PARAMS_VERSION, *self._keep, 1 if mode == "snapshot" else 0,
-                                  heartbeat_ms, dead_ms, device, delta, delta_max_pct, delta_threads, self._secret,
-                                  insecure, lease_ms, no_digest)
+        pp = _lib.make(_lib.PublisherParams, **dict(zip(("registry", "job", "group", "transports",
+                                                          "transport_options"), self._keep)),
+                       mode=1 if mode == "snapshot" else 0, heartbeat_ms=heartbeat_ms, dead_ms=dead_ms, device=device,
+                       delta=delta, delta_max_pct=delta_max_pct, delta_threads=delta_threads,
+                       secret_file=self._secret, insecure=insecure, lease_ms=lease_ms, no_digest=no_digest)
         h = C.c_void_p()
         _check(lib.refit_publisher_create(C.byref(pp), manifest._h, C.byref(h)), "refit_publisher_create")
         self._h = h
@@ -745,9 +749,12 @@ class Receiver(_Endpoint):
         super().__init__(manifest, device)
         self._keep = [_b(registry), _b(job), _b(group), _b(transports), _b(transport_options), _b(reader)]
         self._secret = _b(secret_file)
-        rp = _lib.ReceiverParams(_lib.RECEIVER_PARAMS_VERSION, *self._keep, lease_ms, threads, 1 if verify else 0,
-                                 device, relay_slot, max_readers, chunk_kb, 0, no_delta, truth_fraction,
-                                 self._secret, insecure, no_digest)
+        rp = _lib.make(_lib.ReceiverParams, **dict(zip(("registry", "job", "group", "transports",
+                                                         "transport_options", "reader"), self._keep)),
+                       lease_ms=lease_ms, threads=threads, verify=1 if verify else 0, device=device,
+                       relay_slot=relay_slot, max_readers=max_readers, chunk_kb=chunk_kb, no_delta=no_delta,
+                       truth_fraction=truth_fraction, secret_file=self._secret, insecure=insecure,
+                       no_digest=no_digest)
         h = C.c_void_p()
         _check(lib.refit_receiver_create(C.byref(rp), manifest._h, C.byref(h)), "refit_receiver_create")
         self._h = h
@@ -761,14 +768,13 @@ class Receiver(_Endpoint):
 
     def pull(self, version: Optional[int] = None, timeout_ms: int = 60000) -> PullReport:
         """Pulls `version` (None: the newest complete one newer than the committed one)."""
-        rep = _lib.PullReportC(C.sizeof(_lib.PullReportC))
+        rep = _lib.make(_lib.PullReportC)
         v = _lib.VERSION_NEWEST if version is None else version
         _check(lib.refit_receiver_pull(self._h, v, timeout_ms, C.byref(rep)), f"pull({version})")
-        return PullReport(rep.version, rep.bytes, rep.sources, rep.planned, rep.manifests_read, rep.wait_ms,
-                          rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
-                          rep.transport.decode(), rep.lanes.decode(), rep.connect_ms, rep.delta_base,
-                          rep.digest_bytes, rep.unverified_bytes, rep.digest_ms, rep.stamp_ms,
-                          rep.unstamped_sources, lib.refit_rx_path_name(rep.path).decode())
+        return PullReport(**{f.name: getattr(rep, f.name) for f in fields(PullReport)
+                             if f.name not in ("transport", "lanes", "path")},
+                          transport=rep.transport.decode(), lanes=rep.lanes.decode(),
+                          path=lib.refit_rx_path_name(rep.path).decode())
 
     def prepare(self, timeout_ms: int = 60000) -> float:
         """Gets ready for the first pull without moving bytes (refit_receiver_prepare): waits up to timeout_ms
@@ -785,7 +791,8 @@ class Receiver(_Endpoint):
         out = (_lib.HolderStatC * max(n.value, 1))()
         out[0].size = C.sizeof(_lib.HolderStatC)
         _check(lib.refit_receiver_holders(self._h, out, len(out), C.byref(n)), "holders")
-        return [HolderStat(h.name.decode(), h.bytes, h.chunks, h.steals, bool(h.failed), h.early, h.ahead, h.late)
+        return [HolderStat(name=h.name.decode(), bytes=h.bytes, chunks=h.chunks, steals=h.steals,
+                           failed=bool(h.failed), early=h.early, ahead=h.ahead, late=h.late)
                 for h in out[:min(n.value, len(out))]]
 
     @property

@@ -1,6 +1,6 @@
 /* Delta refit: encoding at the source, plan-guided application at the
  * destination.  See refit/delta.h for the format. */
-#include "refit/delta.h"
+#include "refit/experimental/delta.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

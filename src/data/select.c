@@ -1,5 +1,5 @@
 /* Partial refit: narrowing a manifest to whole local tensors. */
-#include "refit/select.h"
+#include "refit/experimental/select.h"
 
 #include <fnmatch.h>
 #include <stdio.h>

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 #define ABI_STRUCT(type)             \
     {                                \
@@ -46,7 +46,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_placement_t, local_offset),
 
     ABI_STRUCT(refit_plan_params_t),
-    ABI_FIELD(refit_plan_params_t, version),
+    ABI_FIELD(refit_plan_params_t, size),
     ABI_FIELD(refit_plan_params_t, split_bytes),
     ABI_FIELD(refit_plan_params_t, balance_seed),
     ABI_FIELD(refit_plan_params_t, use_seed),
@@ -71,7 +71,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_truth_report_t, mismatches),
 
     ABI_STRUCT(refit_publisher_params_t),
-    ABI_FIELD(refit_publisher_params_t, version),
+    ABI_FIELD(refit_publisher_params_t, size),
     ABI_FIELD(refit_publisher_params_t, registry),
     ABI_FIELD(refit_publisher_params_t, job),
     ABI_FIELD(refit_publisher_params_t, group),
@@ -90,7 +90,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_publisher_params_t, no_digest),
 
     ABI_STRUCT(refit_receiver_params_t),
-    ABI_FIELD(refit_receiver_params_t, version),
+    ABI_FIELD(refit_receiver_params_t, size),
     ABI_FIELD(refit_receiver_params_t, registry),
     ABI_FIELD(refit_receiver_params_t, job),
     ABI_FIELD(refit_receiver_params_t, group),

@@ -5,7 +5,7 @@
 #include "layout/manifest.h"
 #include "refit/engine.h"
 #include "plan/plan.h"
-#include "refit/truth.h"
+#include "refit/experimental/truth.h"
 #include "registry/registry.h"
 #include "transport/transport.h"
 

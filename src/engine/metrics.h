@@ -5,7 +5,7 @@
 #define REFIT_ENGINE_METRICS_H
 
 #include "refit/engine.h"
-#include "refit/metrics.h"
+#include "refit/experimental/metrics.h"
 
 /* A pull ended with `st`; rep is the report the pull filled (on failure
  * only the status is counted).  job NULL: "default". */

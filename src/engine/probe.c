@@ -1,7 +1,7 @@
 /* include/refit/probe.h, the transports' part: which are built in, and
  * whether a set of them opens with given options (as a publisher's would). */
 #include "engine/engine.h"
-#include "refit/probe.h"
+#include "refit/experimental/probe.h"
 
 bool refit_transport_built(const char *name) { return name && refit_transport_find(name) != NULL; }
 

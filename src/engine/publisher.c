@@ -42,7 +42,7 @@
 #include "engine/metrics.h"
 #include "engine/stamp.h"
 #include "engine/test_hooks.h"
-#include "refit/delta.h"
+#include "refit/experimental/delta.h"
 
 #define NBUF_SNAPSHOT 2
 
@@ -55,20 +55,20 @@ struct refit_publisher {
     refit_tset_t ts;
     refit_source_info_t info;
     uint32_t nregions;
-    void **mem;                     /* the caller's view: region bases (alloc'ed or attached) */
-    int *mem_owner;                 /* transport index that allocated mem[r], or -1 */
-    void *stage[NBUF_SNAPSHOT][64]; /* snapshot staging arenas (region < 64) */
-    int stage_owner[NBUF_SNAPSHOT][64];
+    void **mem;                                    /* the caller's view: region bases (alloc'ed or attached) */
+    int *mem_owner;                                /* transport index that allocated mem[r], or -1 */
+    void *stage[NBUF_SNAPSHOT][REFIT_MAX_REGIONS]; /* snapshot staging arenas */
+    int stage_owner[NBUF_SNAPSHOT][REFIT_MAX_REGIONS];
     uint64_t stage_version[NBUF_SNAPSHOT];
     uint32_t next_buffer;
     bool announced;
     uint64_t last_version;
     void *enc; /* the encoded manifest, kept to re-announce */
     size_t enc_len;
-    refit_delta_encoder_t *denc;     /* delta mode */
-    void *darena[NBUF_SNAPSHOT][64]; /* delta arenas, per buffer and region */
-    int darena_owner[NBUF_SNAPSHOT][64];
-    uint64_t dcap[64];
+    refit_delta_encoder_t *denc;                    /* delta mode */
+    void *darena[NBUF_SNAPSHOT][REFIT_MAX_REGIONS]; /* delta arenas, per buffer and region */
+    int darena_owner[NBUF_SNAPSHOT][REFIT_MAX_REGIONS];
+    uint64_t dcap[REFIT_MAX_REGIONS];
     refit_publish_delta_t last_delta;
     uint32_t rec_flags;       /* refit_publisher_stamp */
     refit_digest_key_t *dkey; /* content digests: NULL when off */
@@ -103,23 +103,20 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
                                       refit_publisher_t **out)
 {
     refit_status_t st;
-    refit_publisher_params_t defaults = REFIT_PUBLISHER_PARAMS_INIT;
+    const refit_publisher_params_t defaults = REFIT_PUBLISHER_PARAMS_INIT;
+    refit_publisher_params_t in;
     if (!m || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_publisher_create: NULL argument");
-    if (params && (params->version < 1 || params->version > REFIT_PUBLISHER_PARAMS_VERSION))
-        return refit_error(REFIT_ERR_UNSUPPORTED, "publisher params version %u (this library knows 1..%u)",
-                           params->version, REFIT_PUBLISHER_PARAMS_VERSION);
+    if ((st = refit_params_in(&in, sizeof(in), params ? params : &defaults, REFIT_PUBLISHER_PARAMS_SIZE_1,
+                              "refit_publisher_params_t")))
+        return st;
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "the publisher's manifest is not finalized");
-    if (m->regions.len > 64) return refit_error(REFIT_ERR_INVALID_ARG, "a manifest may have at most 64 regions");
+    if (m->regions.len > REFIT_MAX_REGIONS)
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "the publisher's manifest has %zu regions; at most %u (REFIT_MAX_REGIONS)",
+                           (size_t)m->regions.len, REFIT_MAX_REGIONS);
     refit_publisher_t *p = calloc(1, sizeof(*p));
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "publisher");
-    p->params = defaults;
-    if (params) /* version 1 ends before `device`, version 2 before `delta`, version 3 before `secret_file` */
-        memcpy(&p->params, params,
-               params->version == 1   ? offsetof(refit_publisher_params_t, device)
-               : params->version == 2 ? offsetof(refit_publisher_params_t, delta)
-               : params->version == 3 ? offsetof(refit_publisher_params_t, secret_file)
-                                      : sizeof(refit_publisher_params_t));
-    p->params.version = REFIT_PUBLISHER_PARAMS_VERSION;
+    p->params = in;
     if ((st = refit_memdom_for(p->params.device, &p->dom))) {
         free(p);
         return st;
@@ -509,8 +506,8 @@ static void corrupt_for_test(refit_publisher_t *p, uint32_t b)
 static uint64_t offer_delta(refit_publisher_t *p, uint32_t b, uint64_t version)
 {
     uint64_t base = refit_delta_encoder_version(p->denc);
-    void *deltas[64] = {0};
-    size_t lens[64] = {0};
+    void *deltas[REFIT_MAX_REGIONS] = {0};
+    size_t lens[REFIT_MAX_REGIONS] = {0};
     refit_publish_delta_t *ld = &p->last_delta;
     memset(ld, 0, sizeof(*ld));
     ld->version = version;

@@ -25,24 +25,16 @@ static const char *or_default(const char *s, const char *d) { return s && s[0] ?
 refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refit_manifest_t *m, refit_receiver_t **out)
 {
     refit_status_t st;
-    refit_receiver_params_t defaults = REFIT_RECEIVER_PARAMS_INIT;
+    const refit_receiver_params_t defaults = REFIT_RECEIVER_PARAMS_INIT;
+    refit_receiver_params_t in;
     if (!m || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_receiver_create: NULL argument");
-    if (params && (params->version < 1 || params->version > REFIT_RECEIVER_PARAMS_VERSION))
-        return refit_error(REFIT_ERR_UNSUPPORTED, "receiver params version %u (this library knows 1..%u)",
-                           params->version, REFIT_RECEIVER_PARAMS_VERSION);
+    if ((st = refit_params_in(&in, sizeof(in), params ? params : &defaults, REFIT_RECEIVER_PARAMS_SIZE_1,
+                              "refit_receiver_params_t")))
+        return st;
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "the receiver's manifest is not finalized");
     refit_receiver_t *r = calloc(1, sizeof(*r));
     if (!r) return refit_error(REFIT_ERR_NO_MEMORY, "receiver");
-    r->params = defaults;
-    if (params) /* version 1 ends before `device` */
-        memcpy(&r->params, params,
-               params->version == 1   ? offsetof(refit_receiver_params_t, device)
-               : params->version == 2 ? offsetof(refit_receiver_params_t, relay_slot)
-               : params->version == 3 ? offsetof(refit_receiver_params_t, no_delta)
-               : params->version == 4 ? offsetof(refit_receiver_params_t, secret_file)
-               : params->version == 5 ? offsetof(refit_receiver_params_t, fp8)
-                                      : sizeof(refit_receiver_params_t));
-    r->params.version = REFIT_RECEIVER_PARAMS_VERSION;
+    r->params = in;
     if ((st = refit_memdom_for(r->params.device, &r->dom))) {
         free(r);
         return st;

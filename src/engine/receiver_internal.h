@@ -20,12 +20,13 @@
 
 #include "data/digest.h"
 #include "engine/engine.h"
+#include "refit/experimental/fleet.h"
 #include "engine/fleet/fleet.h"
 #include "engine/memdom.h"
 #include "engine/fleet/relay.h"
 #include "engine/stamp.h"
-#include "refit/delta.h"
-#include "refit/fp8.h"
+#include "refit/experimental/delta.h"
+#include "refit/experimental/fp8.h"
 #include "verify/verify.h"
 
 #define PLAN_CACHE 4

@@ -3,7 +3,7 @@
  * manifest order.  Written to an exclusive temporary of a random name in the
  * file's directory, which must be ours and closed to others (io/file.h:
  * refit_outfile_*), and renamed into place. */
-#include "refit/safetensors.h"
+#include "refit/experimental/safetensors.h"
 
 #include <errno.h>
 #include <stdio.h>

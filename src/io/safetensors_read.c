@@ -2,7 +2,7 @@
  * mapped read-only and described as an hf-layout manifest, one region per
  * shard).  Every header is validated completely before use; the file is
  * untrusted input (tests/fuzz/fuzz_safetensors.c). */
-#include "refit/safetensors.h"
+#include "refit/experimental/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "io/file.h"
+#include "refit/engine.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -277,8 +278,8 @@ int64_t refit_safetensors_find(const refit_safetensors_t *f, const char *name)
 
 /* ---- the hf source ---- */
 
-#define HF_MAX_SHARDS 64
-#define HF_MAX_INDEX_BYTES (64u << 20) /* real indexes: a few MB */
+#define HF_MAX_SHARDS REFIT_MAX_REGIONS /* one region per shard */
+#define HF_MAX_INDEX_BYTES (64u << 20)  /* real indexes: a few MB */
 
 struct refit_hf_source {
     uint32_t n;
@@ -313,8 +314,8 @@ static refit_status_t add_shard(refit_hf_source_t *s, const char *dir, const cha
     if (strchr(file, '/') || !strcmp(file, "..") || !*file)
         return refit_error(REFIT_ERR_CORRUPT, "index names shard \"%s\", not a file of the directory", file);
     if (s->n == HF_MAX_SHARDS)
-        return refit_error(REFIT_ERR_UNSUPPORTED, "more than %d shards (a publisher has at most 64 regions)",
-                           HF_MAX_SHARDS);
+        return refit_error(REFIT_ERR_UNSUPPORTED,
+                           "more than %u shards (a publisher has at most REFIT_MAX_REGIONS regions)", HF_MAX_SHARDS);
     char *p = refit_asprintf("%s/%s", dir, file);
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "path");
     refit_status_t st = refit_safetensors_open(p, &s->f[s->n]);

@@ -19,7 +19,7 @@
 #define REFIT_PLAN_FP8_TABLE_H
 
 #include "plan/batch.h"
-#include "refit/fp8.h"
+#include "refit/experimental/fp8.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -460,11 +460,11 @@ refit_status_t refit_plan_create(const refit_manifest_t *const *srcs, size_t nsr
     if (!dst || !out || (nsrcs && !srcs)) return refit_error(REFIT_ERR_INVALID_ARG, "refit_plan_create: NULL argument");
     if (!dst->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "the destination manifest is not finalized");
     if (nsrcs > UINT32_MAX - 1) return refit_error(REFIT_ERR_INVALID_ARG, "too many sources");
-    refit_plan_params_t defaults = REFIT_PLAN_PARAMS_INIT;
-    if (params && params->version != REFIT_PLAN_PARAMS_VERSION)
-        return refit_error(REFIT_ERR_UNSUPPORTED, "plan params version %u (this library knows %u)", params->version,
-                           REFIT_PLAN_PARAMS_VERSION);
-    planner_t P = {.srcs = srcs, .nsrcs = nsrcs, .dst = dst, .params = params ? *params : defaults};
+    const refit_plan_params_t defaults = REFIT_PLAN_PARAMS_INIT;
+    planner_t P = {.srcs = srcs, .nsrcs = nsrcs, .dst = dst};
+    if ((st = refit_params_in(&P.params, sizeof(P.params), params ? params : &defaults, REFIT_PLAN_PARAMS_SIZE_1,
+                              "refit_plan_params_t")))
+        return st;
     P.seed = P.params.use_seed ? P.params.balance_seed : dst->rank;
     P.plan = calloc(1, sizeof(refit_plan_t));
     P.load = calloc(nsrcs ? nsrcs : 1, sizeof(uint64_t));

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "layout/manifest.h"
-#include "refit/plan.h"
+#include "refit/experimental/plan.h"
 
 struct refit_plan {
     REFIT_VEC(refit_plan_region_t) regions;

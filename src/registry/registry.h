@@ -18,7 +18,7 @@
 #ifndef REFIT_REGISTRY_H
 #define REFIT_REGISTRY_H
 
-#include "refit/probe.h" /* the exported part: connect, secure, secret_source, probe, close */
+#include "refit/experimental/probe.h" /* the exported part: connect, secure, secret_source, probe, close */
 #include "util/util.h"
 
 typedef struct refit_registry refit_registry_t;

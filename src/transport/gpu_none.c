@@ -1,7 +1,7 @@
 /* include/refit/gpu.h in builds without CUDA: no devices.
  * With CUDA, src/transport/cuda/ defines these functions instead. */
 #ifndef REFIT_HAVE_CUDA
-#include "refit/gpu.h"
+#include "refit/experimental/gpu.h"
 #include "util/util.h"
 
 int refit_gpu_count(void) { return 0; }

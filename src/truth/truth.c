@@ -2,7 +2,7 @@
  * stored.  Filling and verifying walk each placement row by row: the
  * canonical flat index and the local element index both advance by one along
  * the innermost dimension. */
-#include "refit/truth.h"
+#include "refit/experimental/truth.h"
 
 #include <inttypes.h>
 #include <string.h>

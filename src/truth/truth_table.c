@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "layout/manifest.h"
-#include "refit/truth.h"
+#include "refit/experimental/truth.h"
 
 static int push(refit_truth_table_t *t, size_t *cap, const refit_truth_box_t *b)
 {

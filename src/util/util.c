@@ -16,6 +16,21 @@ refit_status_t refit_out_check(size_t size, size_t min, const char *name)
                        size, min, name);
 }
 
+refit_status_t refit_params_in(void *dst, size_t dst_size, const void *params, size_t first, const char *name)
+{
+    size_t size;
+    memcpy(&size, params, sizeof(size));
+    if (size < first || size > dst_size)
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "%s: size is %zu, this library takes %zu to %zu (set it to sizeof(%s): start from "
+                           "its _INIT macro; a program built against newer headers than this library gives more)",
+                           name, size, first, dst_size, name);
+    memset(dst, 0, dst_size);
+    memcpy(dst, params, size);
+    memcpy(dst, &dst_size, sizeof(dst_size));
+    return REFIT_OK;
+}
+
 void refit_out_write(void *out, size_t out_size, const void *full, size_t full_size)
 {
     size_t n = REFIT_MIN(out_size, full_size);

@@ -38,6 +38,14 @@ refit_status_t refit_out_check(size_t size, size_t min, const char *name);
 /* The end of a field: a sized output's minimum is the end of the last field of its first sized version. */
 #define REFIT_END_OF(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 void refit_out_write(void *out, size_t out_size, const void *full, size_t full_size);
+/* Sized inputs (params, refit/engine.h): copies the caller's structure
+ * `params`, whose first field is its `size_t size`, into the library's `dst`
+ * (dst_size bytes): the first min(size, dst_size) bytes, zeros after (a field
+ * the caller's headers did not have is 0: its default); dst->size becomes
+ * dst_size.  REFIT_ERR_INVALID_ARG naming the structure, dst untouched, for a
+ * size below `first` (the end of its first layout) or above dst_size.  The one
+ * place params are read by size. */
+refit_status_t refit_params_in(void *dst, size_t dst_size, const void *params, size_t first, const char *name);
 
 /* Checked arithmetic: false on overflow. */
 static inline bool refit_mul_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }

@@ -2,7 +2,7 @@
  * for a receiver's memory wherever it lives. */
 #include "verify/verify.h"
 
-#include "refit/truth.h"
+#include "refit/experimental/truth.h"
 
 static refit_status_t truth_check(void *user, const refit_verify_mem_t *mem)
 {

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "refit/fp8.h"
+#include "refit/experimental/fp8.h"
 #include "refit/manifest.h"
 #include "refit/status.h"
 

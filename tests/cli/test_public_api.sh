@@ -68,7 +68,7 @@ done
 [ "$nsrc" -gt 20 ] || { echo "FAIL: only $nsrc source files found under $root/tools and bench/refit_bench"; fail=1; }
 [ "$fail" -ne 0 ] || echo "ok: $nsrc source files include only public headers and their own"
 
-exported=$(nm -D --defined-only "$so" | awk '{print $3}' | sort -u)
+exported=$(nm -D --defined-only "$so" | awk '{print $3}' | sed 's/@.*//' | sort -u) # names without their version node (refit_x@@REFIT_1)
 [ "$(echo "$exported" | grep -c '^refit_')" -gt 50 ] || { echo "FAIL: $so exports too few refit_ symbols"; exit 1; }
 texported=$(nm -D --defined-only "$testso" | awk '{print $3}' | sort -u)
 if [ "$exported" != "$texported" ]; then
@@ -82,7 +82,7 @@ for prog in "$@"; do
     # the library's own entry points, if linked in statically, would be defined here
     own=$(nm --defined-only "$prog" | awk '{print $3}' | grep -xE 'refit_(plan_create|receiver_create|publisher_create|manifest_encode|model_open)' || true)
     [ -z "$own" ] || { echo "FAIL: $name contains the library's code: $own"; fail=1; }
-    missing=$(nm -u "$prog" | awk '{print $2}' | grep '^refit_' | sort -u | comm -23 - <(echo "$exported"))
+    missing=$(nm -u "$prog" | awk '{print $2}' | sed 's/@.*//' | grep '^refit_' | sort -u | comm -23 - <(echo "$exported"))
     if [ -n "$missing" ]; then
         echo "FAIL: $name uses refit symbols librefit.so does not export:"; echo "$missing"; fail=1
     fi

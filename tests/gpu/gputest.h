@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 #define FAIL(...)                                              \
     do {                                                       \

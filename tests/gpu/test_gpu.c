@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 #include "layout/manifest.h"
 #include "plan/batch.h"
 #include "tool_local.h"

@@ -20,8 +20,8 @@
 
 #include "layout/manifest.h"
 #include "plan/fp8_table.h"
-#include "refit/fp8.h"
-#include "refit/refit.h"
+#include "refit/experimental/fp8.h"
+#include "refit/experimental/all.h"
 #include "util/util.h"
 #ifdef REFIT_HAVE_CUDA
 #include "data/fp8_hd.h"

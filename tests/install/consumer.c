@@ -4,6 +4,7 @@
  * against the model's size, moves the bytes of version 3 with the plan and
  * verifies every one.  Exits 0 only if all of that holds. */
 #include <refit/refit.h>
+#include <refit/experimental/truth.h> /* the synthetic truth: experimental, installed all the same */
 
 #include <stdio.h>
 #include <stdlib.h>

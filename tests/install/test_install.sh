@@ -29,10 +29,12 @@ libdir=$(dirname "$so")
 soname=$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = "librefit.so.0" ] || fail "SONAME is '$soname'"
 # Every exported function or variable carries the refit_ prefix (none of the
-# internals); refit_now and refit_version are among them.
-syms=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}')
-grep -qx refit_now <<<"$syms" || fail "refit_now is not exported"
-grep -qx refit_version <<<"$syms" || fail "refit_version is not exported"
+# internals); refit_now and refit_version are among them, under the stable
+# version node (src/refit.map; docs/api.md).
+vsyms=$(nm -D --defined-only "$so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}')
+grep -qx 'refit_now@@REFIT_1' <<<"$vsyms" || fail "refit_now is not exported as refit_now@@REFIT_1"
+grep -qx 'refit_version@@REFIT_1' <<<"$vsyms" || fail "refit_version is not exported as refit_version@@REFIT_1"
+syms=$(sed 's/@.*//' <<<"$vsyms")
 stray=$(echo "$syms" | grep -v '^refit_' | grep -v '^_init$\|^_fini$' || true)
 [ -z "$stray" ] || fail "exported without the refit_ prefix: ${stray:0:400}"
 version=$(sed -n 's/^#define REFIT_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$prefix/include/refit/version.h" | paste -sd.)

@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "refit/fp8.h"
+#include "refit/experimental/fp8.h"
 #include "registry/backend.h"
 #include "registry/registry.h"
 #include "util/util.h"
@@ -1884,11 +1884,13 @@ static void fp8_relays(void **state)
     pp.job = g.job;
     pp.group = "fp8";
     refit_fp8_relay_t *bad;
-    REFIT_ASSERT_ERR(refit_fp8_relay_create(&rp, &pp, t_manifest_named("tiny-fp8", "vllm:tp=4", 1), &bad),
-                     REFIT_ERR_GEOMETRY, "block grid");
+    refit_manifest_t *kept = t_manifest_named("tiny-fp8", "vllm:tp=4", 1); /* the caller's on failure */
+    REFIT_ASSERT_ERR(refit_fp8_relay_create(&rp, &pp, kept, &bad), REFIT_ERR_GEOMETRY, "block grid");
+    refit_manifest_destroy(kept);
     pp.group = NULL;
-    REFIT_ASSERT_ERR(refit_fp8_relay_create(&rp, &pp, t_manifest_named("tiny-fp8", "vllm:tp=2", 0), &bad),
-                     REFIT_ERR_INVALID_ARG, "group of its own");
+    kept = t_manifest_named("tiny-fp8", "vllm:tp=2", 0);
+    REFIT_ASSERT_ERR(refit_fp8_relay_create(&rp, &pp, kept, &bad), REFIT_ERR_INVALID_ARG, "group of its own");
+    refit_manifest_destroy(kept);
     refit_receiver_destroy(r1);
     refit_receiver_destroy(r2);
     for (uint32_t k = 0; k < 2; k++) refit_fp8_relay_destroy(x[k]);

@@ -240,11 +240,14 @@ static void mismatches_and_identity(void **state)
     REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, NULL, &plan), REFIT_ERR_IDENTITY,
                      "describes model other-model, the destination m");
     assert_null(plan);
-    /* Params of an unknown version are refused. */
+    /* Params of a size the library does not know are refused, naming the structure. */
     refit_plan_params_t p = REFIT_PLAN_PARAMS_INIT;
-    p.version = 99;
+    p.size = sizeof(p) + 8;
     REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, &p, &plan),
-                     REFIT_ERR_UNSUPPORTED, "version 99");
+                     REFIT_ERR_INVALID_ARG, "refit_plan_params_t: size is");
+    p.size = REFIT_PLAN_PARAMS_SIZE_1 - 1;
+    REFIT_ASSERT_ERR(refit_plan_create((const refit_manifest_t *const[]){src}, 1, dst, &p, &plan),
+                     REFIT_ERR_INVALID_ARG, "refit_plan_params_t: size is");
     refit_manifest_destroy(src);
     refit_manifest_destroy(dst);
     /* Built-in models with different vocab sizes: tiny-dense vs tiny-moe are different models. */

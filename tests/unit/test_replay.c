@@ -26,7 +26,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "refit/fp8.h"
+#include "refit/experimental/fp8.h"
 #include "registry/backend.h"
 #include "registry/registry.h"
 #include "util/util.h"

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "refit/safetensors.h"
+#include "refit/experimental/safetensors.h"
 
 #define ALARM_S 30
 

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 /* Asserts a refit call succeeded, printing the last-error detail if not. */
 #define REFIT_ASSERT_OK(expr)                                                                             \

@@ -12,7 +12,7 @@
 #include <stdio.h>
 
 #include "tool_pure.h" /* refit_json_*: the reader, built into refit_tool_pure */
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 #define TOOL_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define TOOL_PRINTF(f, a) __attribute__((format(printf, f, a)))

@@ -9,7 +9,7 @@
 #ifndef REFIT_TOOL_LOCAL_H
 #define REFIT_TOOL_LOCAL_H
 
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 typedef struct {
     uint32_t n; /* ranks */

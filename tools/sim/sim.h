@@ -33,7 +33,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "refit/refit.h"
+#include "refit/experimental/all.h"
 
 /* ---- the cluster ------------------------------------------------------------ */
 

@@ -4,7 +4,7 @@
 
 #include "engine/fleet/fleet.h"
 #include "engine/fleet/relay.h"
-#include "refit/delta.h"
+#include "refit/experimental/delta.h"
 #include "sim.h"
 #include "util/util.h"
 

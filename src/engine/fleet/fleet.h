@@ -3,6 +3,8 @@
 #define REFIT_ENGINE_FLEET_H
 
 #include "engine/engine.h"
+#include "refit/experimental/fleet.h"
+#include "refit/experimental/plan.h"
 
 /* A relay's progress region (chunk-level availability): exposed like its
  * other memory, written by the relay's own transfer, read by its readers with

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "refit/fp8.h"
+#include "refit/experimental/fp8.h"
 
 struct refit_fp8_relay {
     refit_receiver_t *rx;
@@ -20,43 +20,68 @@ struct refit_fp8_relay {
     uint64_t published;
     bool in_place;
     unsigned threads;
+    refit_manifest_t *bf16; /* the caller's, owned once made (the receiver holds a copy) */
 };
+
+/* The caller's params read by size (refit/engine.h), then checked. */
+static refit_status_t relay_params(const refit_receiver_params_t *rp, const refit_publisher_params_t *pp,
+                                   refit_receiver_params_t *rin, refit_publisher_params_t *pin)
+{
+    refit_status_t st;
+    if ((st = refit_params_in(rin, sizeof(*rin), rp, REFIT_RECEIVER_PARAMS_SIZE_1, "refit_receiver_params_t")) ||
+        (st = refit_params_in(pin, sizeof(*pin), pp, REFIT_PUBLISHER_PARAMS_SIZE_1, "refit_publisher_params_t")))
+        return st;
+    const char *rg = rin->group && rin->group[0] ? rin->group : "trainer";
+    if (!pin->group || !pin->group[0] || !strcmp(pin->group, rg))
+        return refit_error(REFIT_ERR_INVALID_ARG, "an FP8 relay publishes into a group of its own (not \"%s\")", rg);
+    if (rin->device >= 0 || pin->device >= 0)
+        return refit_error(REFIT_ERR_UNSUPPORTED, "FP8 relays quantize in host memory");
+    return REFIT_OK;
+}
+
+/* A copy of m (its encoding decoded), for the relay's receiver: the caller's
+ * manifest stays the caller's until the relay is made. */
+static refit_status_t manifest_copy(const refit_manifest_t *m, refit_manifest_t **out)
+{
+    void *enc = NULL;
+    size_t len = 0;
+    refit_status_t st = refit_manifest_encode(m, &enc, &len);
+    if (!st) st = refit_manifest_decode(enc, len, out);
+    free(enc);
+    return st;
+}
 
 refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const refit_publisher_params_t *pp,
                                       refit_manifest_t *bf16, refit_fp8_relay_t **out)
 {
-    refit_status_t st = REFIT_OK;
-    const char *rg = rp && rp->group && rp->group[0] ? rp->group : "trainer";
-    if (!rp || !pp || !bf16 || !out) st = refit_error(REFIT_ERR_INVALID_ARG, "refit_fp8_relay_create: NULL argument");
-    else if (!pp->group || !pp->group[0] || !strcmp(pp->group, rg))
-        st = refit_error(REFIT_ERR_INVALID_ARG, "an FP8 relay publishes into a group of its own (not \"%s\")", rg);
-    else if (rp->device >= 0 || pp->device >= 0)
-        st = refit_error(REFIT_ERR_UNSUPPORTED, "FP8 relays quantize in host memory");
-    refit_fp8_relay_t *x = st ? NULL : calloc(1, sizeof(*x));
-    if (!st && !x) st = refit_error(REFIT_ERR_NO_MEMORY, "fp8 relay");
-    if (st) { /* the manifest is ours even so */
-        refit_manifest_destroy(bf16);
-        return st;
-    }
-    refit_manifest_t *fm = NULL;
+    refit_status_t st;
+    refit_receiver_params_t rin;
+    refit_publisher_params_t pin;
+    if (!rp || !pp || !bf16 || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_fp8_relay_create: NULL argument");
+    if ((st = relay_params(rp, pp, &rin, &pin))) return st;
+    refit_fp8_relay_t *x = calloc(1, sizeof(*x));
+    if (!x) return refit_error(REFIT_ERR_NO_MEMORY, "fp8 relay");
+    refit_manifest_t *fm = NULL, *mine = NULL;
     if ((st = refit_fp8_target_create(bf16, &x->target))) goto err;
     if ((st = refit_fp8_target_manifest(x->target, bf16, &fm))) goto err;
     x->image_bytes = refit_manifest_region_size(bf16, 0);
     x->arena_bytes = refit_fp8_target_bytes(x->target);
-    x->in_place = pp->mode == REFIT_MODE_IN_PLACE;
-    x->threads = rp->threads;
-    if ((st = refit_receiver_create(rp, bf16, &x->rx))) goto err;
-    bf16 = NULL; /* the receiver owns it */
+    x->in_place = pin.mode == REFIT_MODE_IN_PLACE;
+    x->threads = rin.threads;
+    if ((st = manifest_copy(bf16, &mine))) goto err;
+    if ((st = refit_receiver_create(&rin, mine, &x->rx))) goto err;
+    mine = NULL; /* the receiver owns it */
     if ((st = refit_receiver_alloc(x->rx, 0, &x->image))) goto err;
-    if ((st = refit_publisher_create(pp, fm, &x->tx))) goto err;
+    if ((st = refit_publisher_create(&pin, fm, &x->tx))) goto err;
     fm = NULL;
     if ((st = refit_publisher_alloc(x->tx, 0, &x->arena))) goto err;
+    x->bf16 = bf16; /* ours from here on */
     *out = x;
     return REFIT_OK;
 err:
     refit_error_prefix("FP8 relay");
     refit_manifest_destroy(fm);
-    if (!x->rx) refit_manifest_destroy(bf16);
+    refit_manifest_destroy(mine);
     refit_fp8_relay_destroy(x);
     return st;
 }
@@ -115,5 +140,6 @@ void refit_fp8_relay_destroy(refit_fp8_relay_t *x)
     refit_publisher_destroy(x->tx);
     refit_receiver_destroy(x->rx);
     refit_fp8_target_destroy(x->target);
+    refit_manifest_destroy(x->bf16);
     free(x);
 }

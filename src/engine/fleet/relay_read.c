@@ -117,9 +117,9 @@ static refit_status_t connect_relay(refit_relays_t *R, const refit_tset_t *ts, r
             *tidx = t;
             return REFIT_OK;
         }
-        const void *descs[64];
-        size_t lens[64];
-        bool have = n <= 64;
+        const void *descs[REFIT_MAX_REGIONS + 1]; /* its regions and its stamp */
+        size_t lens[REFIT_MAX_REGIONS + 1];
+        bool have = n <= REFIT_MAX_REGIONS + 1;
         for (uint32_t i = 0; i < n && have; i++) {
             char key[96];
             refit_desc_key(key, sizeof(key), ts->ops[t]->name, i, 0);

@@ -17,6 +17,7 @@ extern "C" {
 #include "transport/cuda/fp8_gpu.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu.h"
+#include "refit/experimental/plan.h"
 #include "transport/transport.h"
 }
 

@@ -13,10 +13,10 @@
 #include <stdio.h>
 
 #include "plan/batch.h"
-#include "refit/gpu.h" /* refit_gpu_count, _info, _can_access_peer, truth fill and verify */
+#include "refit/experimental/gpu.h" /* refit_gpu_count, _info, _can_access_peer, truth fill and verify */
 #include "refit/manifest.h"
 #include "refit/plan.h"
-#include "refit/truth.h"
+#include "refit/experimental/truth.h"
 
 #ifdef __cplusplus
 extern "C" {

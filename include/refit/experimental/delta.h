@@ -1,5 +1,5 @@
 /*
- * refit/delta.h - delta refit: send only what changed since the last version.
+ * refit/experimental/delta.h - delta refit: send only what changed since the last version.
  *
  * A publisher keeps a copy of what it last published (refit_delta_encoder_t)
  * and, per memory region, encodes the difference between that copy and the
@@ -19,6 +19,10 @@
  * Bit-exactness: a delta names its base version; applying it to memory that
  * holds any other version is refused (REFIT_ERR_STALE): the caller then does
  * a full refit.
+ *
+ * EXPERIMENTAL (docs/api.md): no ABI promise.  Exported for refit's own tools
+ * and tests (version node REFIT_EXPERIMENTAL of src/refit.map); a release may
+ * change or remove any declaration here without a new soname.
  */
 #ifndef REFIT_DELTA_H
 #define REFIT_DELTA_H

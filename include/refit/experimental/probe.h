@@ -1,5 +1,5 @@
 /*
- * refit/probe.h - checks of a host before a job starts (what `refit
+ * refit/experimental/probe.h - checks of a host before a job starts (what `refit
  * preflight` asks the library): is a transport built in, do the transports
  * open with these options, does the registry open with this secret, and how
  * long do its round trips take.
@@ -7,6 +7,10 @@
  * Every function may be called from any thread; a registry handle is used by
  * one thread at a time.  Errors are the library's statuses with the detail in
  * refit_last_error().
+ *
+ * EXPERIMENTAL (docs/api.md): no ABI promise.  Exported for refit's own tools
+ * and tests (version node REFIT_EXPERIMENTAL of src/refit.map); a release may
+ * change or remove any declaration here without a new soname.
  */
 #ifndef REFIT_PROBE_H
 #define REFIT_PROBE_H

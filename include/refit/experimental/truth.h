@@ -1,5 +1,5 @@
 /*
- * refit/truth.h - the synthetic truth.
+ * refit/experimental/truth.h - the synthetic truth.
  *
  * Every element of every canonical tensor has a deterministic value computed
  * from (tensor name, element index in the canonical tensor, version), so any
@@ -9,6 +9,10 @@
  * low mantissa bit) and between consecutive versions (the version's parity is
  * in the next bit), and depend on the tensor name through a hash, so a
  * transposed, shifted or stale copy is caught.
+ *
+ * EXPERIMENTAL (docs/api.md): no ABI promise.  Exported for refit's own tools
+ * and tests (version node REFIT_EXPERIMENTAL of src/refit.map); a release may
+ * change or remove any declaration here without a new soname.
  */
 #ifndef REFIT_TRUTH_H
 #define REFIT_TRUTH_H

@@ -1,5 +1,5 @@
 /*
- * refit/gpu.h - the CUDA devices this library sees, and the synthetic truth
+ * refit/experimental/gpu.h - the CUDA devices this library sees, and the synthetic truth
  * in their memory.
  *
  * Every function here exists in every build: without CUDA (refit_features()
@@ -7,6 +7,10 @@
  * false and the others return REFIT_ERR_UNSUPPORTED.  Each may be called from
  * any thread; each saves and restores the calling thread's current device.
  * Outputs are written only on success.
+ *
+ * EXPERIMENTAL (docs/api.md): no ABI promise.  Exported for refit's own tools
+ * and tests (version node REFIT_EXPERIMENTAL of src/refit.map); a release may
+ * change or remove any declaration here without a new soname.
  */
 #ifndef REFIT_GPU_PUBLIC_H
 #define REFIT_GPU_PUBLIC_H
@@ -16,7 +20,7 @@
 
 #include "refit/manifest.h"
 #include "refit/status.h"
-#include "refit/truth.h"
+#include "refit/experimental/truth.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,5 +1,5 @@
 /*
- * refit/fp8.h - FP8 targets: block-quantized e4m3 linear weights.
+ * refit/experimental/fp8.h - FP8 targets: block-quantized e4m3 linear weights.
  *
  * A receiver whose engine serves an FP8 checkpoint (Qwen3-30B-A3B-FP8,
  * DeepSeek-V3) stores each linear weight as float8 e4m3 (fn: finite, max 448)
@@ -22,10 +22,15 @@
  * Quantizer (per block): amax = max |x|; scale = amax / 448 (fp32; 1 when
  * amax is 0); q = e4m3(x / scale) rounded to nearest, ties to even, saturated
  * at 448; weight_scale_inv = scale.
+ *
+ * EXPERIMENTAL (docs/api.md): no ABI promise.  Exported for refit's own tools
+ * and tests (version node REFIT_EXPERIMENTAL of src/refit.map); a release may
+ * change or remove any declaration here without a new soname.
  */
 #ifndef REFIT_FP8_H
 #define REFIT_FP8_H
 
+#include "refit/engine.h"
 #include "refit/manifest.h"
 
 #ifdef __cplusplus
@@ -77,7 +82,7 @@ REFIT_API uint32_t refit_fp8_target_num_quantized(const refit_fp8_target_t *t);
  * [.., ceil(R/128), ceil(C/128)] with the same boxes on the block grid; the
  * rest as in the bf16 manifest.  A stage that publishes its FP8 arena under
  * this manifest and a receiver that holds it plan between them like any two
- * layouts (refit_fp8_relay_* in refit/engine.h). */
+ * layouts (refit_fp8_relay_*, below). */
 REFIT_API refit_status_t refit_fp8_target_manifest(const refit_fp8_target_t *t, const refit_manifest_t *bf16,
                                                    refit_manifest_t **out);
 
@@ -86,6 +91,55 @@ REFIT_API refit_status_t refit_fp8_target_manifest(const refit_fp8_target_t *t, 
  * one per CPU. */
 REFIT_API refit_status_t refit_fp8_stage(const refit_fp8_target_t *t, const void *bf16_image, void *fp8_arena,
                                          unsigned threads);
+
+/* An FP8 receiver's target (params.fp8): its tensors, offsets and sizes in
+ * region 0; NULL for a bf16 receiver.  Owned by the receiver. */
+REFIT_API const struct refit_fp8_target *refit_receiver_fp8_target(const refit_receiver_t *r);
+
+/* ---- FP8 relays ------------------------------------------------------------
+ * A receiver whose engine serves an FP8 checkpoint holds block-quantized
+ * weights (refit/fp8.h).  An FP8 relay runs where the bf16 bytes are cheap
+ * to read (next to the trainer, over shm): it pulls one bf16 vLLM rank as a
+ * receiver, quantizes each version into an FP8 arena and publishes it as
+ * that rank of the layout "<bf16 layout>+fp8" (refit_fp8_target_manifest) in
+ * a group of its own.  FP8 receivers are ordinary receivers of that group
+ * with FP8 manifests: they plan and pull like any other, across FP8 layouts
+ * too (blocks are canonical blocks), and the wire carries fp8 bytes and
+ * scales.  One relay per bf16 rank of the FP8 layout's world. */
+typedef struct refit_fp8_relay refit_fp8_relay_t;
+typedef struct {
+    size_t size; /* sizeof(refit_fp8_relay_report_t) as the caller compiled it: REFIT_FP8_RELAY_REPORT_INIT */
+    uint64_t version;
+    uint64_t bf16_bytes, fp8_bytes;                /* pulled, published */
+    double pull_ms, wait_ms, stage_ms, publish_ms; /* wait: for the FP8 readers of the previous version (in place) */
+} refit_fp8_relay_report_t;
+#ifdef __cplusplus
+#define REFIT_FP8_RELAY_REPORT_INIT      \
+    {                                    \
+        sizeof(refit_fp8_relay_report_t) \
+    }
+#else
+#define REFIT_FP8_RELAY_REPORT_INIT              \
+    {                                            \
+        .size = sizeof(refit_fp8_relay_report_t) \
+    }
+#endif
+/* rp: the bf16 side (host memory; its group is the trainer's); pp: the FP8
+ * side, pp->group naming another group (both read by size, as for
+ * refit_receiver_create and refit_publisher_create).  On success the relay
+ * owns bf16; on failure the caller keeps it (as for every create function).
+ * REFIT_ERR_GEOMETRY when the layout cuts FP8 blocks. */
+REFIT_API refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const refit_publisher_params_t *pp,
+                                                refit_manifest_t *bf16, refit_fp8_relay_t **out);
+/* Pulls `version` (or REFIT_VERSION_NEWEST) in bf16, quantizes, publishes
+ * the same version number in FP8.  In in-place mode it first waits (up to
+ * timeout_ms) for the readers of the FP8 version it published last; if they
+ * stay, the step fails with REFIT_ERR_TIMEOUT, and the next step (for that
+ * version or NEWEST) publishes the version it had pulled, without pulling,
+ * and returns; a newer version waits for the step after. */
+REFIT_API refit_status_t refit_fp8_relay_step(refit_fp8_relay_t *x, uint64_t version, int timeout_ms,
+                                              refit_fp8_relay_report_t *rep);
+REFIT_API void refit_fp8_relay_destroy(refit_fp8_relay_t *x);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,15 @@
 /*
- * refit/safetensors.h - safetensors files: writing a rank's local tensors,
+ * refit/experimental/safetensors.h - safetensors files: writing a rank's local tensors,
  * reading (validating) files, and Hugging Face checkpoint directories as an
  * "hf" source for a publisher (cold start from disk).
  *
  * The file is the real format: an 8-byte little-endian header length, a JSON
  * header mapping each tensor name to {"dtype","shape","data_offsets"}, then
  * the data.  Names are the local tensor names of the manifest.
+ *
+ * EXPERIMENTAL (docs/api.md): no ABI promise.  Exported for refit's own tools
+ * and tests (version node REFIT_EXPERIMENTAL of src/refit.map); a release may
+ * change or remove any declaration here without a new soname.
  */
 #ifndef REFIT_SAFETENSORS_H
 #define REFIT_SAFETENSORS_H

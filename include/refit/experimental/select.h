@@ -1,5 +1,5 @@
 /*
- * refit/select.h - partial refit: pull only some tensors.
+ * refit/experimental/select.h - partial refit: pull only some tensors.
  *
  * A receiver narrows its manifest to the local tensors that hold any of the
  * canonical tensors it names, and plans, pulls and verifies with the narrowed
@@ -12,6 +12,10 @@
  *   a glob (fnmatch):  "model.layers.3.*", "*.self_attn.*", "lm_head.weight"
  *   layer:N           = "model.layers.N.*"
  *   expert:E          = "model.layers.*.mlp.experts.E.*"
+ *
+ * EXPERIMENTAL (docs/api.md): no ABI promise.  Exported for refit's own tools
+ * and tests (version node REFIT_EXPERIMENTAL of src/refit.map); a release may
+ * change or remove any declaration here without a new soname.
  */
 #ifndef REFIT_SELECT_H
 #define REFIT_SELECT_H
