@@ -70,7 +70,7 @@ done
 
 exported=$(nm -D --defined-only "$so" | awk '{print $3}' | sed 's/@.*//' | sort -u) # names without their version node (refit_x@@REFIT_1)
 [ "$(echo "$exported" | grep -c '^refit_')" -gt 50 ] || { echo "FAIL: $so exports too few refit_ symbols"; exit 1; }
-texported=$(nm -D --defined-only "$testso" | awk '{print $3}' | sort -u)
+texported=$(nm -D --defined-only "$testso" | awk '{print $3}' | sed 's/@.*//' | sort -u)
 if [ "$exported" != "$texported" ]; then
     echo "FAIL: the two flavours export different symbols (< $(basename "$so"), > $(basename "$testso")):"
     diff <(echo "$exported") <(echo "$texported") | head -20; fail=1
