@@ -1,11 +1,12 @@
 # How the Python wheel's librefit.so differs from the system build's (python/pyproject.toml turns both on;
 # scripts/build.sh leaves them off and links the system's shared hiredis and UCX, as before).
 #
-#   REFIT_UCX_WHEEL=ON      build against UCX's own Python wheel (libucx-cu12 / libucx-cu13, found by importing
-#                           `libucx` with the build's Python) instead of the system's UCX, and look for libucp at
-#                           run time next to the installed package ($ORIGIN/../libucx/lib; refit/_lib.py also
-#                           calls libucx.load_library() first).  UCX finds its transport modules relative to
-#                           the libucs it loaded, so they come from the same wheel.
+#   REFIT_UCX_WHEEL=ON      build against the headers of UCX's own Python wheel (libucx-cu12 / libucx-cu13, found
+#                           by importing `libucx` with the build's Python) instead of the system's UCX, and open
+#                           libucp at run time (dlopen, src/transport/ucx/ucx_dl.h: no DT_NEEDED on it), found
+#                           as the one libucx.load_library() loaded (refit/_lib.py calls it first) or next to
+#                           the installed package ($ORIGIN/../libucx/lib).  UCX finds its transport modules
+#                           relative to the libucs it loaded, so they come from the same wheel.
 #   REFIT_HIREDIS_STATIC=ON link hiredis's archive (libhiredis.a) into the library, its symbols hidden, so the
 #                           wheel needs no libhiredis.so.
 # docs/install.md says what the wheel carries and needs.
@@ -38,6 +39,18 @@ function(refit_ucx_wheel_pkgconfig)
   endforeach()
   set(ENV{PKG_CONFIG_PATH} "${pcdir}:$ENV{PKG_CONFIG_PATH}")
   message(STATUS "refit: UCX from its Python wheel at ${root}")
+endfunction()
+
+# After refit_optional(UCX ...): the wheel's library opens libucp at run time (src/transport/ucx/ucx_dl.h) rather
+# than naming it as a DT_NEEDED library, which would put the wheel outside every manylinux policy; UCX's headers
+# still come from the imported target.
+function(refit_ucx_wheel_dlopen)
+  if(NOT REFIT_UCX_WHEEL OR NOT TARGET PkgConfig::REFIT_PC_UCX)
+    return()
+  endif()
+  set_target_properties(PkgConfig::REFIT_PC_UCX PROPERTIES INTERFACE_LINK_LIBRARIES "${CMAKE_DL_LIBS}"
+                        INTERFACE_LINK_OPTIONS "" INTERFACE_LINK_DIRECTORIES "")
+  set_property(TARGET PkgConfig::REFIT_PC_UCX APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS REFIT_UCX_DLOPEN)
 endfunction()
 
 # After refit_optional(REDIS ...): the imported target keeps hiredis's include directories and flags and links
