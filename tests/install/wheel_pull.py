@@ -9,6 +9,7 @@ reshard); every byte is compared with what the receiver computes on its own (Man
   the pull must be TCP ones
 and finally that the process mapped UCX from the libucx wheel and no libucp or libhiredis of the system.
 Usage: python wheel_pull.py VENV REDIS_PORT TMPDIR"""
+import ctypes
 import os
 import subprocess
 import sys
@@ -78,6 +79,11 @@ def check_maps(venv):
     system = sorted(p for p in paths if "hiredis" in p or (p.startswith("/usr/lib") and "/libuc" in p))
     assert not system, f"system libraries mapped: {system}"
     print(f"UCX from {ucp[0]}; no system libucp/libucs/libhiredis mapped")
+    try:  # the CPU case the wheel must survive: libucx-cu12's CUDA modules without a CUDA driver
+        ctypes.CDLL("libcuda.so.1")
+        print("a CUDA driver is present")
+    except OSError:
+        print("no CUDA driver here: UCX skipped its cuda modules and the pulls worked")
 
 
 def main():
