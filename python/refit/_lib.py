@@ -237,6 +237,21 @@ def _candidates():
     yield "librefit.so"
 
 
+def _preload_ucx(path):
+    """The wheel's librefit.so is linked against libucp from UCX's own wheel (libucx-cu12 or -cu13, a dependency of
+    the refit wheel): load that first, as the libucx package asks of the libraries built against it (it honours
+    RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY).  The library's RUNPATH ($ORIGIN/../libucx/lib) finds it too where both
+    lie in one site-packages.  Other libraries (a system or build-tree librefit.so) keep the UCX they were built
+    with."""
+    if os.path.dirname(os.path.abspath(path)) != os.path.dirname(os.path.abspath(__file__)):
+        return
+    try:
+        import libucx
+    except ImportError:
+        return  # a wheel built against the system's UCX, or without UCX
+    libucx.load_library()
+
+
 def _load():
     tried = []
     for path in _candidates():
@@ -244,6 +259,7 @@ def _load():
             tried.append(path + " (missing)")
             continue
         try:
+            _preload_ucx(path)
             lib = C.CDLL(path)
         except OSError as e:
             tried.append(f"{path} ({e})")

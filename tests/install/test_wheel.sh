@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package as a user gets it: builds the wheel from python/ (pip,
 # scikit-build-core, the library compiled from this checkout), checks that it
-# carries librefit.so, installs it into a fresh venv (numpy from PyPI) and,
+# carries librefit.so, installs it into a fresh venv (numpy and libucx-cu12 from PyPI) and,
 # from outside the checkout with no REFIT_* variables, plans tiny-dense from
 # megatron tp=2 to hf, moves version 5's bytes with the plan and verifies
 # them, and checks that a wrong version fails verification.

@@ -90,6 +90,7 @@ static refit_status_t ucx_create(const char *options, refit_transport_t **out)
     pthread_mutex_init(&t->rlock, NULL);
     pthread_cond_init(&t->cond, NULL);
     if ((st = ucx_parse_opts(options, &t->o))) goto fail;
+    if ((st = ucx_dl_load())) goto fail;
     t->pub_id = ucx_random_id();
     t->next_region_id = 1;
     atomic_init(&t->stop, false);

@@ -29,6 +29,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include "transport/ucx/ucx_dl.h"
+
 #include "transport/transport.h"
 #include "util/crypto.h"
 
