@@ -194,7 +194,7 @@ int main(int argc, char **argv)
     double f1 = best_fill(k, sm, sarena, table, 1, reps), f2 = best_fill(k, sm, sarena, table, 2, reps);
 
     printf("{\n  \"bench\": \"digest\",\n%s  \"model\": \"%s\",\n  \"kernel\": \"%s\",\n  \"reps\": %d,\n", host,
-           model_name, refit_digest_key_impl(k) == REFIT_DIGEST_IMPL_AVX2 ? "avx2" : "scalar", reps);
+           model_name, refit_digest_impl_name(refit_digest_key_impl(k)), reps);
     printf("  \"receiver\": {\"layout\": \"vllm:tp=2\", \"rank\": 0, \"placements\": %zu, \"rows\": %" PRIu64
            ", \"placed_bytes\": %" PRIu64 ", \"region_bytes\": %" PRIu64 ",\n",
            dm->placements.len, rows, placed, region);

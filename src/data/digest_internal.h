@@ -50,6 +50,23 @@ void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, ui
 void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0, uint32_t r1,
                         uint32_t *g0, uint32_t *g1, uint32_t s[2]);
 
+/* The AVX-512 (F + BW) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
+ * Call them only when digest_cpu_has_avx512() (CPUID and the OS's ZMM state, XGETBV). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DIGEST_HAVE_AVX512 1
+bool digest_cpu_has_avx512(void);
+void digest_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                        const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2]);
+void digest_copy_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                             uint8_t *d, uint64_t dstride, const uint8_t *p, uint64_t sstride, uint64_t n,
+                             uint32_t acc[2]);
+void digest_dot_avx512(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t s[2]);
+void digest_pub_row_avx512(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
+                           uint32_t r1, uint32_t *g0, uint32_t *g1, uint32_t s[2]);
+#else
+#define DIGEST_HAVE_AVX512 0
+#endif
+
 /* A placement's box in canonical units: rows [a, a+nrows), units [c, c+n)
  * of a tensor of R rows by U units. */
 typedef struct {
