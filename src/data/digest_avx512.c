@@ -39,6 +39,17 @@ bool digest_cpu_has_avx512(void)
     return (b & bit_AVX512F) && (b & bit_AVX512BW);
 }
 
+/* The sum of the 16 lanes mod 2^32, in vector adds (GCC's _mm512_reduce_add_epi32 adds in signed int, which
+ * the undefined-behaviour sanitizer rightly flags when it wraps). */
+AVX512_INLINE uint32_t hsum512(__m512i v)
+{
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return (uint32_t)_mm_cvtsi128_si32(s);
+}
+
 AVX512_INLINE __mmask32 mask_units(uint64_t r) { return r >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << r) - 1); }
 
 /* *a0, *a1 (int32 lanes) += the products of units [0,len) at p with the column keys at k0 (lane 1's are
@@ -116,8 +127,8 @@ AVX512_INLINE void rows_body512(const refit_digest_key_t *k, uint64_t tid, uint6
         t0 = _mm512_add_epi32(t0, _mm512_mullo_epi32(a0, _mm512_set1_epi32((int32_t)((uint32_t)h | 1))));
         t1 = _mm512_add_epi32(t1, _mm512_mullo_epi32(a1, _mm512_set1_epi32((int32_t)((uint32_t)(h >> 32) | 1))));
     }
-    acc[0] += (uint32_t)_mm512_reduce_add_epi32(t0);
-    acc[1] += (uint32_t)_mm512_reduce_add_epi32(t1);
+    acc[0] += hsum512(t0);
+    acc[1] += hsum512(t1);
 }
 
 AVX512 void digest_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
@@ -137,8 +148,8 @@ AVX512 void digest_dot_avx512(const refit_digest_key_t *k, const uint8_t *p, uin
 {
     __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
     dot512(k, p, NULL, false, j, n, &a0, &a1);
-    s[0] += (uint32_t)_mm512_reduce_add_epi32(a0);
-    s[1] += (uint32_t)_mm512_reduce_add_epi32(a1);
+    s[0] += hsum512(a0);
+    s[1] += hsum512(a1);
 }
 
 /* One publisher row: its dot into s, and r * v_t added into g0[t], g1[t] (16 units a step, sign-extended to

@@ -84,11 +84,11 @@ static void dots_agree(void **state)
     refit_digest_key_t *keys[NIMPL];
     keys_all(1, keys);
     enum { N = 160 };
-    uint8_t *buf = malloc(3 * (2 * N + 8));
+    uint8_t *buf = malloc(3 * (2 * N + 16));
     assert_non_null(buf);
     const uint64_t starts[] = {0, 1, 31, 32, 65536 - 160, 65536 - 33, 65536 - 1, 65536, 2 * 65536 + 17};
     for (int pattern = 0; pattern < 4; pattern++) {
-        fill_units(buf, 3 * (2 * N + 8), pattern);
+        fill_units(buf, 3 * (2 * N + 16), pattern);
         for (size_t si = 0; si < REFIT_ARRAY_LEN(starts); si++)
             for (unsigned mis = 0; mis < 4; mis++)
                 for (uint64_t n = 0; n <= N; n++) {
