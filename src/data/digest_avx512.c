@@ -8,9 +8,11 @@
  *
  * The fused copy stores the very register it hashes: the copied bytes and the hashed bytes are the same
  * load, so copy+hash costs one read of src and one write of dst, the traffic of a memcpy, and the sums
- * equal a copy followed by refit_digest_rows over dst.  Plain stores: the destination is what the receiver
- * (or the inference engine) reads next, and streaming stores did not measure faster here (see
- * bench/results/digest-fused/README.md).
+ * equal a copy followed by refit_digest_rows over dst.  Calls that copy at least DIGEST_STREAM_BYTES use
+ * streaming stores (as glibc's memcpy does for large copies): a plain store first reads the destination's
+ * line (read-for-ownership), a third stream of memory traffic that the copy does not need; in interleaved
+ * runs on 512 MiB (2048-unit rows) streaming measured about 0.9x a row-by-row memcpy, plain stores about
+ * 1.06x (bench/results/digest-fused/README.md).  Smaller calls keep plain stores, leaving dst in cache.
  *
  * One always-inline body serves hashing alone and copy+hash: `store` is a constant at every call, so the
  * compiler emits two loops without a branch inside. */
@@ -52,17 +54,46 @@ AVX512_INLINE uint32_t hsum512(__m512i v)
 
 AVX512_INLINE __mmask32 mask_units(uint64_t r) { return r >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << r) - 1); }
 
+/* Up to 32 units, masked: *s0, *s1 += their products with the keys at k0, copied to d when store. */
+AVX512_INLINE void step_masked(const int16_t *k0, const uint8_t *p, uint8_t *d, int store, uint64_t r, __m512i *s0,
+                               __m512i *s1)
+{
+    __mmask32 m = mask_units(r);
+    __m512i v = _mm512_maskz_loadu_epi16(m, p);
+    if (store) _mm512_mask_storeu_epi16(d, m, v);
+    *s0 = _mm512_add_epi32(*s0, _mm512_madd_epi16(v, _mm512_maskz_loadu_epi16(m, k0)));
+    *s1 = _mm512_add_epi32(*s1, _mm512_madd_epi16(v, _mm512_maskz_loadu_epi16(m, k0 + KCOLS)));
+}
+
 /* *a0, *a1 (int32 lanes) += the products of units [0,len) at p with the column keys at k0 (lane 1's are
- * KCOLS entries further; jj + len <= KCOLS), and, when store, the units copied to d. */
-AVX512_INLINE void seg512(const int16_t *k0, const uint8_t *p, uint8_t *d, bool store, uint64_t len, __m512i *a0,
+ * KCOLS entries further; jj + len <= KCOLS), and the units copied to d when store is STORE_PLAIN or
+ * STORE_STREAM.  Streaming first copies a masked head up to d's next 64-byte boundary (d even: units can
+ * reach it), then stores whole lines with _mm512_stream_si512. */
+AVX512_INLINE void seg512(const int16_t *k0, const uint8_t *p, uint8_t *d, int store, uint64_t len, __m512i *a0,
                           __m512i *a1)
 {
     __m512i s0 = *a0, s1 = *a1, u0 = _mm512_setzero_si512(), u1 = _mm512_setzero_si512();
+    bool stream = false;
+    if (store == STORE_STREAM && len >= 256 && !((uintptr_t)d & 1)) {
+        uint64_t h = ((0 - (uintptr_t)d) & 63) / 2;
+        if (h) {
+            step_masked(k0, p, d, store, h, &s0, &s1);
+            p += 2 * h;
+            d += 2 * h;
+            k0 += h;
+            len -= h;
+        }
+        stream = true;
+    }
     const uint8_t *end2 = p + 2 * (len & ~(uint64_t)63);
     for (; p < end2; p += 128, k0 += 64) {
         _mm_prefetch((const char *)p + PREFETCH_BYTES_512, _MM_HINT_T0);
         __m512i v = _mm512_loadu_si512((const void *)p), w = _mm512_loadu_si512((const void *)(p + 64));
-        if (store) {
+        if (stream) {
+            _mm512_stream_si512((void *)d, v);
+            _mm512_stream_si512((void *)(d + 64), w);
+            d += 128;
+        } else if (store) {
             _mm512_storeu_si512((void *)d, v);
             _mm512_storeu_si512((void *)(d + 64), w);
             d += 128;
@@ -73,14 +104,8 @@ AVX512_INLINE void seg512(const int16_t *k0, const uint8_t *p, uint8_t *d, bool 
         u1 = _mm512_add_epi32(u1, _mm512_madd_epi16(w, _mm512_loadu_si512((const void *)(k0 + KCOLS + 32))));
     }
     for (uint64_t rest = len & 63; rest; rest -= REFIT_MIN(rest, 32)) {
-        __mmask32 m = mask_units(rest);
-        __m512i v = _mm512_maskz_loadu_epi16(m, p);
-        if (store) {
-            _mm512_mask_storeu_epi16(d, m, v);
-            d += 64;
-        }
-        s0 = _mm512_add_epi32(s0, _mm512_madd_epi16(v, _mm512_maskz_loadu_epi16(m, k0)));
-        s1 = _mm512_add_epi32(s1, _mm512_madd_epi16(v, _mm512_maskz_loadu_epi16(m, k0 + KCOLS)));
+        step_masked(k0, p, d, store, rest, &s0, &s1);
+        if (store) d += 64;
         p += 64;
         k0 += 32;
     }
@@ -91,7 +116,7 @@ AVX512_INLINE void seg512(const int16_t *k0, const uint8_t *p, uint8_t *d, bool 
 /* *a0, *a1 += the products of units [0,n) at p with K[j..j+n) (copied to d when store): pieces of block 0
  * (multiplier 1) add straight into the accumulators, others are summed apart and every lane multiplied by
  * the block's m_l (the sum distributes), as dot_avx2 does. */
-AVX512_INLINE void dot512(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, bool store, uint64_t j,
+AVX512_INLINE void dot512(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t j,
                           uint64_t n, __m512i *a0, __m512i *a1)
 {
     while (n) {
@@ -116,7 +141,7 @@ AVX512_INLINE void dot512(const refit_digest_key_t *k, const uint8_t *p, uint8_t
 /* acc += D of nrows rows (src row i at p + i * sstride), copied to d + i * dstride when store.  A row's dot
  * stays in vector lanes and is multiplied there by the row key (the lanes' sum is linear). */
 AVX512_INLINE void rows_body512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
-                                uint8_t *d, uint64_t dstride, bool store, const uint8_t *p, uint64_t sstride,
+                                uint8_t *d, uint64_t dstride, int store, const uint8_t *p, uint64_t sstride,
                                 uint64_t n, uint32_t acc[2])
 {
     __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
@@ -134,20 +159,25 @@ AVX512_INLINE void rows_body512(const refit_digest_key_t *k, uint64_t tid, uint6
 AVX512 void digest_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
                                const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2])
 {
-    rows_body512(k, tid, row, nrows, j, NULL, 0, false, p, stride, n, acc);
+    rows_body512(k, tid, row, nrows, j, NULL, 0, STORE_NONE, p, stride, n, acc);
 }
 
 AVX512 void digest_copy_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows,
                                     uint64_t j, uint8_t *d, uint64_t dstride, const uint8_t *p, uint64_t sstride,
                                     uint64_t n, uint32_t acc[2])
 {
-    rows_body512(k, tid, row, nrows, j, d, dstride, true, p, sstride, n, acc);
+    if (nrows * n * 2 >= DIGEST_STREAM_BYTES) {
+        rows_body512(k, tid, row, nrows, j, d, dstride, STORE_STREAM, p, sstride, n, acc);
+        _mm_sfence(); /* the streamed lines are ordered before whatever the caller stores next */
+    } else {
+        rows_body512(k, tid, row, nrows, j, d, dstride, STORE_PLAIN, p, sstride, n, acc);
+    }
 }
 
 AVX512 void digest_dot_avx512(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t s[2])
 {
     __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
-    dot512(k, p, NULL, false, j, n, &a0, &a1);
+    dot512(k, p, NULL, STORE_NONE, j, n, &a0, &a1);
     s[0] += hsum512(a0);
     s[1] += hsum512(a1);
 }

@@ -50,6 +50,13 @@ void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, ui
 void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0, uint32_t r1,
                         uint32_t *g0, uint32_t *g1, uint32_t s[2]);
 
+/* Fused copies of at least this many bytes in one call stream their stores past the caches (AVX-512 and
+ * AVX2; see digest_avx512.c): a quarter of a Zen 4 core's L2, so a copy that would evict most of it anyway. */
+#define DIGEST_STREAM_BYTES (256u << 10)
+
+/* How a fused kernel stores: not at all (hash only), plain stores, or streaming past the caches. */
+enum { STORE_NONE = 0, STORE_PLAIN = 1, STORE_STREAM = 2 };
+
 /* The AVX-512 (F + BW) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
  * Call them only when digest_cpu_has_avx512() (CPUID and the OS's ZMM state, XGETBV). */
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -249,16 +249,40 @@ AVX2_INLINE uint32_t hsum_avx2(__m256i v)
  * constant distance) keeps every load micro-fused into its madd.  When store
  * (a constant at every call), each register hashed is also stored at d: the
  * fused copy; the tail's overlapping step stores its 16 units again, the
- * same bytes (src and dst do not overlap). */
-AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint8_t *d, bool store, uint64_t len, __m256i *a0,
+ * same bytes (src and dst do not overlap).  STORE_STREAM (long pieces, d
+ * even) copies a scalar head up to d's next 32-byte boundary, then streams
+ * the main loop's stores past the caches (digest_avx512.c says why). */
+AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint8_t *d, int store, uint64_t len, __m256i *a0,
                           __m256i *a1)
 {
     __m256i s0 = *a0, s1 = *a1, u0 = _mm256_setzero_si256(), u1 = _mm256_setzero_si256();
+    bool stream = false;
+    if (store == STORE_STREAM && len >= 256 && !((uintptr_t)d & 1)) {
+        uint64_t h = ((0 - (uintptr_t)d) & 31) / 2;
+        uint32_t x0 = 0, x1 = 0;
+        memcpy(d, p, 2 * h);
+        for (uint64_t t = 0; t < h; t++) {
+            uint32_t v = unit_at(p, t);
+            x0 += (uint32_t)(int32_t)k0[t] * v;
+            x1 += (uint32_t)(int32_t)k0[KCOLS + t] * v;
+        }
+        s0 = _mm256_add_epi32(s0, _mm256_setr_epi32((int32_t)x0, 0, 0, 0, 0, 0, 0, 0));
+        s1 = _mm256_add_epi32(s1, _mm256_setr_epi32((int32_t)x1, 0, 0, 0, 0, 0, 0, 0));
+        p += 2 * h;
+        d += 2 * h;
+        k0 += h;
+        len -= h;
+        stream = true;
+    }
     const uint8_t *end2 = p + 2 * (len & ~(uint64_t)31);
     for (; p < end2; p += 64, k0 += 32) {
         _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
         __m256i v = _mm256_loadu_si256((const __m256i *)p), w = _mm256_loadu_si256((const __m256i *)(p + 32));
-        if (store) {
+        if (stream) {
+            _mm256_stream_si256((__m256i *)d, v);
+            _mm256_stream_si256((__m256i *)(d + 32), w);
+            d += 64;
+        } else if (store) {
             _mm256_storeu_si256((__m256i *)d, v);
             _mm256_storeu_si256((__m256i *)(d + 32), w);
             d += 64;
@@ -299,7 +323,7 @@ AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint8_t *d, bool 
 /* *a0, *a1 (int32 lanes) += the products of units [0,len) at p with
  * kc[jj..jj+len) (jj + len <= KCOLS): one piece of a block, without its
  * multiplier. */
-AVX2_INLINE void piece_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, bool store, uint64_t jj,
+AVX2_INLINE void piece_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t jj,
                             uint64_t len, __m256i *a0, __m256i *a1)
 {
     if (len >= 16) {
@@ -317,7 +341,7 @@ AVX2_INLINE void piece_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8
  * K[j..j+n); the lanes' sum is the dot product mod 2^32.  Pieces of block 0
  * (multiplier 1) add straight into the accumulators; others are summed
  * apart and every lane multiplied by the block's m_l. */
-AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, bool store, uint64_t j,
+AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t j,
                           uint64_t n, __m256i *a0, __m256i *a1)
 {
     while (n) {
@@ -342,14 +366,14 @@ AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t
 AVX2 static void dot_total_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t s[2])
 {
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-    dot_avx2(k, p, NULL, false, j, n, &a0, &a1);
+    dot_avx2(k, p, NULL, STORE_NONE, j, n, &a0, &a1);
     s[0] += hsum_avx2(a0);
     s[1] += hsum_avx2(a1);
 }
 
 /* acc += D of nrows rows (src row i at p + i * sstride), copied to d + i * dstride when store. */
 AVX2_INLINE void rows_body_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
-                                uint8_t *d, uint64_t dstride, bool store, const uint8_t *p, uint64_t sstride,
+                                uint8_t *d, uint64_t dstride, int store, const uint8_t *p, uint64_t sstride,
                                 uint64_t n, uint32_t acc[2])
 {
     __m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256();
@@ -367,21 +391,26 @@ AVX2_INLINE void rows_body_avx2(const refit_digest_key_t *k, uint64_t tid, uint6
 AVX2 static void rows_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
                            const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2])
 {
-    rows_body_avx2(k, tid, row, nrows, j, NULL, 0, false, p, stride, n, acc);
+    rows_body_avx2(k, tid, row, nrows, j, NULL, 0, STORE_NONE, p, stride, n, acc);
 }
 
 AVX2 static void copy_rows_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
                                 uint8_t *d, uint64_t dstride, const uint8_t *p, uint64_t sstride, uint64_t n,
                                 uint32_t acc[2])
 {
-    rows_body_avx2(k, tid, row, nrows, j, d, dstride, true, p, sstride, n, acc);
+    if (nrows * n * 2 >= DIGEST_STREAM_BYTES) {
+        rows_body_avx2(k, tid, row, nrows, j, d, dstride, STORE_STREAM, p, sstride, n, acc);
+        _mm_sfence();
+    } else {
+        rows_body_avx2(k, tid, row, nrows, j, d, dstride, STORE_PLAIN, p, sstride, n, acc);
+    }
 }
 
 AVX2 static void pub_row_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
                               uint32_t r1, uint32_t *g0, uint32_t *g1, uint32_t s[2])
 {
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-    dot_avx2(k, p, NULL, false, j, n, &a0, &a1);
+    dot_avx2(k, p, NULL, STORE_NONE, j, n, &a0, &a1);
     s[0] += hsum_avx2(a0);
     s[1] += hsum_avx2(a1);
     __m256i rv0 = _mm256_set1_epi32((int32_t)r0), rv1 = _mm256_set1_epi32((int32_t)r1);

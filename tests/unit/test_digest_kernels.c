@@ -2,7 +2,7 @@
  * dots, row sums and fused copy+hash sums, and the fused copy writes exactly the bytes memcpy would (and
  * nothing around them), on random and adversarial shapes: n = 0 and 1, odd tails, unaligned (odd) source and
  * destination addresses, rows crossing the 65,536-unit key blocks, first_unit past 0, large and odd strides,
- * the int16 extremes; a row cut into pieces copied by different kernels adds up to the whole.  Kernels the
+ * the int16 extremes, calls large enough for streaming stores (aligned, unaligned and odd destinations); a row cut into pieces copied by different kernels adds up to the whole.  Kernels the
  * CPU lacks are skipped (printed); the scalar one is also checked against a naive sum. */
 #include "testutil.h"
 
@@ -176,6 +176,11 @@ static void copy_rows_agree(void **state)
         {1, 140000, 1000, 0, 0, 3, 2, 0},       {2, 70001, 65536 - 3, 5, 7, 1, 1, 1},
         {3, 100, 12, 1u << 20, (1u << 20) + 1, 2, 3, 0}, {0, 100, 0, 0, 0, 0, 0, 0},
         {1, 2 * 65536 + 50, 65536 - 17, 0, 0, 0, 3, 2},
+        /* Calls of at least 256 KiB stream their stores: dst unaligned but even (a head first), odd (plain
+         * stores), aligned; many rows of 1000 units each with its own head; rows too short to stream. */
+        {4, 40000, 7, 2, 6, 0, 2, 0},           {4, 40001, 65536 - 100, 0, 1, 1, 1, 3},
+        {3, 70001, 65536 - 3, 64, 64, 3, 0, 1}, {300, 1000, 5, 0, 0, 0, 4, 2},
+        {300, 1001, 65536 - 500, 3, 2, 1, 2, 0}, {700, 250, 0, 0, 2, 0, 2, 3},
     };
     for (size_t i = 0; i < REFIT_ARRAY_LEN(big); i++) copy_case(keys, &big[i]);
     for (int r = 0; r < 300; r++) {
