@@ -19,7 +19,14 @@
  * for bit.  The receiver's box digest keeps the per-row dot products in
  * vector lanes and multiplies them by the row key there (sum over lanes is
  * linear), so a row costs no horizontal sum; the publisher needs each row's
- * total (P) and each column's row-weighted sum (Q), one pass over the rows. */
+ * total (P) and each column's row-weighted sum (Q), one pass over the rows.
+ *
+ * The fused copy (refit_digest_copy_rows) is the receiver's row kernel with
+ * a store of every register it hashes (AVX2; the scalar kernel memcpys a
+ * row in L1-sized chunks and hashes each chunk just written), so a copy
+ * path gets its sums without a second pass over memory.  The AVX-512
+ * kernels (digest_avx512.c) follow the same structure; the kernel a key
+ * uses is fixed when it is created (AUTO: the widest the CPU and OS allow). */
 #include <string.h>
 
 #include "data/digest_internal.h"
