@@ -19,18 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "digest_common.h"
 #include "data/digest_internal.h"
 #include "refit/refit.h"
 #include "util/util.h"
-
-#define CHECK(expr)                                                                             \
-    do {                                                                                        \
-        refit_status_t st_ = (expr);                                                            \
-        if (st_) {                                                                              \
-            fprintf(stderr, "%s: %s: %s\n", #expr, refit_status_name(st_), refit_last_error()); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 
 #define MAX_ROUNDS 64
 #define NKERNELS 3
@@ -59,16 +51,6 @@ static void *xalloc(uint64_t bytes)
         exit(1);
     }
     return p;
-}
-
-static refit_manifest_t *manifest(const refit_model_t *model, const char *spec, uint32_t rank)
-{
-    refit_layout_t *l;
-    refit_manifest_t *m;
-    CHECK(refit_layout_parse(spec, &l));
-    CHECK(refit_layout_manifest(l, model, rank, &m));
-    refit_layout_destroy(l);
-    return m;
 }
 
 static uint8_t *arena_of(const refit_manifest_t *m)
@@ -248,26 +230,6 @@ static void print_variant(const bench_t *B, int v, int base, uint64_t bytes, int
            variant_name(v, buf, sizeof(buf)), median(B->t[v], rounds) * 1e3, vmin(B->t[v], rounds) * 1e3,
            vmax(B->t[v], rounds) * 1e3, (double)bytes / median(B->t[v], rounds) / 1e9, variant_name(base, rb, sizeof(rb)),
            median(r, rounds), vmin(r, rounds), vmax(r, rounds), last ? "" : ",");
-}
-
-static void host_json(char *buf, size_t size)
-{
-    char model[128] = "unknown", line[256];
-    double load = -1;
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof(line), f))
-        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-            snprintf(model, sizeof(model), "%s", strchr(line, ':') + 2);
-            model[strcspn(model, "\n\"")] = '\0';
-            break;
-        }
-    if (f) fclose(f);
-    if ((f = fopen("/proc/loadavg", "r"))) {
-        if (fscanf(f, "%lf", &load) != 1) load = -1;
-        fclose(f);
-    }
-    snprintf(buf, size, "  \"host\": {\"cpu\": \"%s\", \"cpus\": %ld, \"loadavg_1min_at_start\": %.2f},\n", model,
-             sysconf(_SC_NPROCESSORS_ONLN), load);
 }
 
 static void report(const bench_t *B, int rounds, const char *host, const char *auto_kernel)
