@@ -204,4 +204,42 @@ AVX512 void digest_pub_row_avx512(const refit_digest_key_t *k, const uint8_t *p,
         _mm512_mask_storeu_epi32(g1 + t, m, _mm512_add_epi32(x1, _mm512_mullo_epi32(v, rv1)));
     }
 }
+
+/* x + ra * va + rb * vb, per int32 lane (mod 2^32). */
+AVX512_INLINE __m512i cols2(__m512i x, __m512i va, __m512i vb, __m512i ra, __m512i rb)
+{
+    return _mm512_add_epi32(x, _mm512_add_epi32(_mm512_mullo_epi32(va, ra), _mm512_mullo_epi32(vb, rb)));
+}
+
+/* Two rows: each row's dot, then one pass over g0, g1 adding both rows' r * v_t (the column sums are loaded
+ * and stored once for two rows, half the traffic of two digest_pub_row_avx512 calls). */
+AVX512 void digest_pub_rows2_avx512(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j,
+                                    uint64_t n, const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0,
+                                    uint32_t *g1, uint32_t sa[2], uint32_t sb[2])
+{
+    digest_dot_avx512(k, pa, j, n, sa);
+    digest_dot_avx512(k, pb, j, n, sb);
+    __m512i a0 = _mm512_set1_epi32((int32_t)ra[0]), a1 = _mm512_set1_epi32((int32_t)ra[1]);
+    __m512i b0 = _mm512_set1_epi32((int32_t)rb[0]), b1 = _mm512_set1_epi32((int32_t)rb[1]);
+    uint64_t t = 0;
+    for (; t + 16 <= n; t += 16) {
+        __m512i va = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(pa + 2 * t)));
+        __m512i vb = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(pb + 2 * t)));
+        __m512i x0 = _mm512_loadu_si512((const void *)(g0 + t)), x1 = _mm512_loadu_si512((const void *)(g1 + t));
+        x0 = cols2(x0, va, vb, a0, b0);
+        x1 = cols2(x1, va, vb, a1, b1);
+        _mm512_storeu_si512((void *)(g0 + t), x0);
+        _mm512_storeu_si512((void *)(g1 + t), x1);
+    }
+    if (t < n) {
+        __mmask16 m = (__mmask16)((1u << (n - t)) - 1);
+        __m512i va = _mm512_cvtepi16_epi32(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16(m, pa + 2 * t)));
+        __m512i vb = _mm512_cvtepi16_epi32(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16(m, pb + 2 * t)));
+        __m512i x0 = _mm512_maskz_loadu_epi32(m, g0 + t), x1 = _mm512_maskz_loadu_epi32(m, g1 + t);
+        x0 = cols2(x0, va, vb, a0, b0);
+        x1 = cols2(x1, va, vb, a1, b1);
+        _mm512_mask_storeu_epi32(g0 + t, m, x0);
+        _mm512_mask_storeu_epi32(g1 + t, m, x1);
+    }
+}
 #endif

@@ -49,6 +49,11 @@ void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, ui
 /* One publisher row: its dot (lanes, into s) and r * v_t added into the column sums g0, g1. */
 void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0, uint32_t r1,
                         uint32_t *g0, uint32_t *g1, uint32_t s[2]);
+/* Two publisher rows at once (pa with row keys ra, pb with rb): their dots into sa, sb and both rows' terms
+ * added into g0, g1 in one pass over the column sums (the same results as two digest_pub_row_any calls). */
+void digest_pub_rows2_any(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j, uint64_t n,
+                          const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1, uint32_t sa[2],
+                          uint32_t sb[2]);
 
 /* Fused copies of at least this many bytes in one call stream their stores past the caches (AVX-512 and
  * AVX2; see digest_avx512.c): a quarter of a Zen 4 core's L2, so a copy that would evict most of it anyway. */
@@ -70,6 +75,9 @@ void digest_copy_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t
 void digest_dot_avx512(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t s[2]);
 void digest_pub_row_avx512(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
                            uint32_t r1, uint32_t *g0, uint32_t *g1, uint32_t s[2]);
+void digest_pub_rows2_avx512(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j, uint64_t n,
+                             const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1, uint32_t sa[2],
+                             uint32_t sb[2]);
 #else
 #define DIGEST_HAVE_AVX512 0
 #endif

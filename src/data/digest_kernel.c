@@ -474,6 +474,20 @@ void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t 
     pub_row_scalar(k, p, j, n, r0, r1, g0, g1, s);
 }
 
+void digest_pub_rows2_any(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j, uint64_t n,
+                          const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1, uint32_t sa[2],
+                          uint32_t sb[2])
+{
+#if DIGEST_HAVE_AVX512
+    if (k->impl == REFIT_DIGEST_IMPL_AVX512) {
+        digest_pub_rows2_avx512(k, pa, pb, j, n, ra, rb, g0, g1, sa, sb);
+        return;
+    }
+#endif
+    digest_pub_row_any(k, pa, j, n, ra[0], ra[1], g0, g1, sa);
+    digest_pub_row_any(k, pb, j, n, rb[0], rb[1], g0, g1, sb);
+}
+
 refit_dsum_t refit_digest_dot(const refit_digest_key_t *k, const void *units, uint64_t first_unit, uint64_t n)
 {
     refit_dsum_t d = {{0, 0}};
