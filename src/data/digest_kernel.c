@@ -434,6 +434,33 @@ AVX2 static void pub_row_avx2(const refit_digest_key_t *k, const uint8_t *p, uin
         g1[t] += r1 * v;
     }
 }
+
+/* Two publisher rows: both dots, then both rows' terms added into g0, g1 in one pass (as
+ * digest_pub_rows2_avx512). */
+AVX2 static void pub_rows2_avx2(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j,
+                                uint64_t n, const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1,
+                                uint32_t sa[2], uint32_t sb[2])
+{
+    dot_total_avx2(k, pa, j, n, sa);
+    dot_total_avx2(k, pb, j, n, sb);
+    __m256i a0 = _mm256_set1_epi32((int32_t)ra[0]), a1 = _mm256_set1_epi32((int32_t)ra[1]);
+    __m256i b0 = _mm256_set1_epi32((int32_t)rb[0]), b1 = _mm256_set1_epi32((int32_t)rb[1]);
+    uint64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256i va = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(pa + 2 * t)));
+        __m256i vb = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(pb + 2 * t)));
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(g0 + t)), x1 = _mm256_loadu_si256((const __m256i *)(g1 + t));
+        x0 = _mm256_add_epi32(x0, _mm256_add_epi32(_mm256_mullo_epi32(va, a0), _mm256_mullo_epi32(vb, b0)));
+        x1 = _mm256_add_epi32(x1, _mm256_add_epi32(_mm256_mullo_epi32(va, a1), _mm256_mullo_epi32(vb, b1)));
+        _mm256_storeu_si256((__m256i *)(g0 + t), x0);
+        _mm256_storeu_si256((__m256i *)(g1 + t), x1);
+    }
+    for (; t < n; t++) {
+        uint32_t va = unit_at(pa, t), vb = unit_at(pb, t);
+        g0[t] += ra[0] * va + rb[0] * vb;
+        g1[t] += ra[1] * va + rb[1] * vb;
+    }
+}
 #endif
 
 /* ------------------------------------------------------- low-level API */
@@ -481,6 +508,12 @@ void digest_pub_rows2_any(const refit_digest_key_t *k, const uint8_t *pa, const 
 #if DIGEST_HAVE_AVX512
     if (k->impl == REFIT_DIGEST_IMPL_AVX512) {
         digest_pub_rows2_avx512(k, pa, pb, j, n, ra, rb, g0, g1, sa, sb);
+        return;
+    }
+#endif
+#if DIGEST_HAVE_AVX2
+    if (k->impl == REFIT_DIGEST_IMPL_AVX2) {
+        pub_rows2_avx2(k, pa, pb, j, n, ra, rb, g0, g1, sa, sb);
         return;
     }
 #endif
