@@ -12,7 +12,7 @@
  * streaming stores (as glibc's memcpy does for large copies): a plain store first reads the destination's
  * line (read-for-ownership), a third stream of memory traffic that the copy does not need; in interleaved
  * runs on 512 MiB (2048-unit rows) streaming measured about 0.9x a row-by-row memcpy, plain stores about
- * 1.06x (bench/results/digest-fused/README.md).  Smaller calls keep plain stores, leaving dst in cache.
+ * 1.06x (docs/digest.md).  Smaller calls keep plain stores, leaving dst in cache.
  *
  * One always-inline body serves hashing alone and copy+hash: `store` is a constant at every call, so the
  * compiler emits two loops without a branch inside. */
