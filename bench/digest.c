@@ -16,51 +16,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "digest_common.h"
 #include "data/digest.h"
 #include "layout/manifest.h"
 #include "refit/experimental/all.h"
 #include "util/util.h"
-
-#define CHECK(expr)                                                                             \
-    do {                                                                                        \
-        refit_status_t st_ = (expr);                                                            \
-        if (st_) {                                                                              \
-            fprintf(stderr, "%s: %s: %s\n", #expr, refit_status_name(st_), refit_last_error()); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
-
-/* The host: CPU model, online CPUs and the load average when the run began
- * (other processes share the machines these figures come from). */
-static void host_json(char *buf, size_t size)
-{
-    char model[128] = "unknown", line[256];
-    double load = -1;
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof(line), f))
-        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-            snprintf(model, sizeof(model), "%s", strchr(line, ':') + 2);
-            model[strcspn(model, "\n\"")] = '\0';
-            break;
-        }
-    if (f) fclose(f);
-    if ((f = fopen("/proc/loadavg", "r"))) {
-        if (fscanf(f, "%lf", &load) != 1) load = -1;
-        fclose(f);
-    }
-    snprintf(buf, size, "  \"host\": {\"cpu\": \"%s\", \"cpus\": %ld, \"loadavg_1min_at_start\": %.2f},\n", model,
-             sysconf(_SC_NPROCESSORS_ONLN), load);
-}
-
-static refit_manifest_t *manifest(const refit_model_t *model, const char *spec, uint32_t rank)
-{
-    refit_layout_t *l;
-    refit_manifest_t *m;
-    CHECK(refit_layout_parse(spec, &l));
-    CHECK(refit_layout_manifest(l, model, rank, &m));
-    refit_layout_destroy(l);
-    return m;
-}
 
 static void *arena_of(const refit_manifest_t *m)
 {
@@ -194,7 +154,7 @@ int main(int argc, char **argv)
     double f1 = best_fill(k, sm, sarena, table, 1, reps), f2 = best_fill(k, sm, sarena, table, 2, reps);
 
     printf("{\n  \"bench\": \"digest\",\n%s  \"model\": \"%s\",\n  \"kernel\": \"%s\",\n  \"reps\": %d,\n", host,
-           model_name, refit_digest_key_impl(k) == REFIT_DIGEST_IMPL_AVX2 ? "avx2" : "scalar", reps);
+           model_name, refit_digest_impl_name(refit_digest_key_impl(k)), reps);
     printf("  \"receiver\": {\"layout\": \"vllm:tp=2\", \"rank\": 0, \"placements\": %zu, \"rows\": %" PRIu64
            ", \"placed_bytes\": %" PRIu64 ", \"region_bytes\": %" PRIu64 ",\n",
            dm->placements.len, rows, placed, region);

@@ -181,12 +181,22 @@ static void *fill_worker(void *arg)
         memset(g, 0, it->n * 2 * sizeof(uint32_t));
         uint32_t *P = J->table + J->offs[it->pl] / 4;
         uint32_t *Q = P + 2 * (J->boxes[it->pl].nrows + 1);
-        for (uint64_t r = 0; r < it->nrows; r++) {
+        for (uint64_t r = 0; r < it->nrows; r += 2) {
             uint64_t h = row_hash(J->k, it->tid, it->row + r);
-            uint32_t r0 = (uint32_t)h | 1, r1 = (uint32_t)(h >> 32) | 1, s[2] = {0, 0};
-            digest_pub_row_any(J->k, it->p + r * it->stride, it->j, it->n, r0, r1, g0, g1, s);
-            P[2 * (it->rel + r + 1)] = r0 * s[0];
-            P[2 * (it->rel + r + 1) + 1] = r1 * s[1];
+            uint32_t ra[2] = {(uint32_t)h | 1, (uint32_t)(h >> 32) | 1}, sa[2] = {0, 0}, sb[2] = {0, 0};
+            uint32_t *Pr = P + 2 * (it->rel + r + 1);
+            if (r + 1 < it->nrows) {
+                h = row_hash(J->k, it->tid, it->row + r + 1);
+                uint32_t rb[2] = {(uint32_t)h | 1, (uint32_t)(h >> 32) | 1};
+                digest_pub_rows2_any(J->k, it->p + r * it->stride, it->p + (r + 1) * it->stride, it->j, it->n, ra,
+                                     rb, g0, g1, sa, sb);
+                Pr[2] = rb[0] * sb[0];
+                Pr[3] = rb[1] * sb[1];
+            } else {
+                digest_pub_row_any(J->k, it->p + r * it->stride, it->j, it->n, ra[0], ra[1], g0, g1, sa);
+            }
+            Pr[0] = ra[0] * sa[0];
+            Pr[1] = ra[1] * sa[1];
         }
         if (it->whole) {
             for (uint64_t t = 0; t < it->n; t++) {

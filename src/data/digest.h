@@ -93,9 +93,10 @@ typedef struct {
 
 /* Which kernel a key uses.  Both give identical results. */
 typedef enum {
-    REFIT_DIGEST_IMPL_AUTO = 0,   /* AVX2 when the CPU has it, else scalar */
+    REFIT_DIGEST_IMPL_AUTO = 0,   /* AVX-512 when the CPU and OS have it, else AVX2 when the CPU has it, else scalar */
     REFIT_DIGEST_IMPL_SCALAR = 1, /* portable C */
     REFIT_DIGEST_IMPL_AVX2 = 2,   /* x86-64 AVX2 (_mm256_madd_epi16) */
+    REFIT_DIGEST_IMPL_AVX512 = 3, /* x86-64 AVX-512 F + BW (_mm512_madd_epi16, masked tails) */
 } refit_digest_impl_t;
 
 /* Derives the column-key tables and seeds from a 32-byte key (about 256 KiB).
@@ -103,11 +104,13 @@ typedef enum {
  * REFIT_ERR_INVALID_ARG for NULL arguments, REFIT_ERR_NO_MEMORY. */
 refit_status_t refit_digest_key_create(const uint8_t key[32], refit_digest_key_t **out);
 /* The same with a chosen kernel (tests, benchmarks): REFIT_ERR_UNSUPPORTED
- * for AVX2 on a CPU or build without it; REFIT_ERR_INVALID_ARG for an
- * unknown impl. */
+ * for AVX2 or AVX-512 on a CPU, OS (no ZMM state) or build without it;
+ * REFIT_ERR_INVALID_ARG for an unknown impl. */
 refit_status_t refit_digest_key_create_impl(const uint8_t key[32], refit_digest_impl_t impl, refit_digest_key_t **out);
-/* The kernel the key resolved to (SCALAR or AVX2, never AUTO). */
+/* The kernel the key resolved to (SCALAR, AVX2 or AVX512, never AUTO). */
 refit_digest_impl_t refit_digest_key_impl(const refit_digest_key_t *k);
+/* "scalar", "avx2", "avx512" ("auto" for AUTO, "?" for others). */
+const char *refit_digest_impl_name(refit_digest_impl_t impl);
 /* NULL is accepted. */
 void refit_digest_key_destroy(refit_digest_key_t *k);
 
@@ -128,6 +131,19 @@ void refit_digest_span(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t
  * row i at p + (i - row) * stride bytes: a strided copy region in one call. */
 void refit_digest_rows(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t row, uint64_t nrows,
                        uint64_t first_unit, const void *p, uint64_t stride, uint64_t n, refit_dsum_t *acc);
+/* Copy and hash in one pass: copies nrows rows of n units (2n bytes each)
+ * from src (row i at src + i * src_stride bytes) to dst (row i at dst + i *
+ * dst_stride) and adds D(rows [row, row+nrows) x units [first_unit,
+ * first_unit+n)) of the copied bytes to acc; bit for bit the result of the
+ * copies followed by refit_digest_rows over dst, with every kernel.  Any
+ * alignment and strides; src and dst must not overlap (memcpy's rule);
+ * nrows or n 0 copies nothing and leaves acc.  A region that covers only a
+ * piece of each row (the plan cuts rows across sources and regions) adds
+ * exactly its share: D is additive, so the calls for the pieces of a box, in
+ * any order and with any kernels, sum to D(box). */
+void refit_digest_copy_rows(const refit_digest_key_t *k, uint64_t tensor_id, uint64_t row, uint64_t nrows,
+                            uint64_t first_unit, void *dst, uint64_t dst_stride, const void *src, uint64_t src_stride,
+                            uint64_t n, refit_dsum_t *acc);
 
 /* ---- Work lists: the passes over memory, for kernels outside this folder (GPU). ---- */
 

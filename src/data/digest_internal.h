@@ -49,6 +49,38 @@ void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, ui
 /* One publisher row: its dot (lanes, into s) and r * v_t added into the column sums g0, g1. */
 void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0, uint32_t r1,
                         uint32_t *g0, uint32_t *g1, uint32_t s[2]);
+/* Two publisher rows at once (pa with row keys ra, pb with rb): their dots into sa, sb and both rows' terms
+ * added into g0, g1 in one pass over the column sums (the same results as two digest_pub_row_any calls). */
+void digest_pub_rows2_any(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j, uint64_t n,
+                          const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1, uint32_t sa[2],
+                          uint32_t sb[2]);
+
+/* Fused copies of at least this many bytes in one call stream their stores past the caches (AVX-512 and
+ * AVX2; see digest_avx512.c): a quarter of a Zen 4 core's L2, so a copy that would evict most of it anyway. */
+#define DIGEST_STREAM_BYTES (256u << 10)
+
+/* How a fused kernel stores: not at all (hash only), plain stores, or streaming past the caches. */
+enum { STORE_NONE = 0, STORE_PLAIN = 1, STORE_STREAM = 2 };
+
+/* The AVX-512 (F + BW) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
+ * Call them only when digest_cpu_has_avx512() (CPUID and the OS's ZMM state, XGETBV). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DIGEST_HAVE_AVX512 1
+bool digest_cpu_has_avx512(void);
+void digest_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                        const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2]);
+void digest_copy_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                             uint8_t *d, uint64_t dstride, const uint8_t *p, uint64_t sstride, uint64_t n,
+                             uint32_t acc[2]);
+void digest_dot_avx512(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t s[2]);
+void digest_pub_row_avx512(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
+                           uint32_t r1, uint32_t *g0, uint32_t *g1, uint32_t s[2]);
+void digest_pub_rows2_avx512(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j, uint64_t n,
+                             const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1, uint32_t sa[2],
+                             uint32_t sb[2]);
+#else
+#define DIGEST_HAVE_AVX512 0
+#endif
 
 /* A placement's box in canonical units: rows [a, a+nrows), units [c, c+n)
  * of a tensor of R rows by U units. */

@@ -19,7 +19,14 @@
  * for bit.  The receiver's box digest keeps the per-row dot products in
  * vector lanes and multiplies them by the row key there (sum over lanes is
  * linear), so a row costs no horizontal sum; the publisher needs each row's
- * total (P) and each column's row-weighted sum (Q), one pass over the rows. */
+ * total (P) and each column's row-weighted sum (Q), one pass over the rows.
+ *
+ * The fused copy (refit_digest_copy_rows) is the receiver's row kernel with
+ * a store of every register it hashes (AVX2; the scalar kernel memcpys a
+ * row in L1-sized chunks and hashes each chunk just written), so a copy
+ * path gets its sums without a second pass over memory.  The AVX-512
+ * kernels (digest_avx512.c) follow the same structure; the kernel a key
+ * uses is fixed when it is created (AUTO: the widest the CPU and OS allow). */
 #include <string.h>
 
 #include "data/digest_internal.h"
@@ -49,14 +56,52 @@ static bool cpu_has_avx2(void)
 #endif
 }
 
+static bool cpu_has_avx512(void)
+{
+#if DIGEST_HAVE_AVX512
+    return digest_cpu_has_avx512();
+#else
+    return false;
+#endif
+}
+
+const char *refit_digest_impl_name(refit_digest_impl_t impl)
+{
+    switch (impl) {
+    case REFIT_DIGEST_IMPL_AUTO: return "auto";
+    case REFIT_DIGEST_IMPL_SCALAR: return "scalar";
+    case REFIT_DIGEST_IMPL_AVX2: return "avx2";
+    case REFIT_DIGEST_IMPL_AVX512: return "avx512";
+    }
+    return "?";
+}
+
+/* AUTO: the widest kernel the CPU and OS allow; a forced kernel the CPU lacks is refused, never downgraded. */
+static refit_status_t resolve_impl(refit_digest_impl_t *impl)
+{
+    switch (*impl) {
+    case REFIT_DIGEST_IMPL_AUTO:
+        *impl = cpu_has_avx512() ? REFIT_DIGEST_IMPL_AVX512
+                : cpu_has_avx2() ? REFIT_DIGEST_IMPL_AVX2
+                                 : REFIT_DIGEST_IMPL_SCALAR;
+        return REFIT_OK;
+    case REFIT_DIGEST_IMPL_SCALAR: return REFIT_OK;
+    case REFIT_DIGEST_IMPL_AVX2:
+        if (cpu_has_avx2()) return REFIT_OK;
+        return refit_error(REFIT_ERR_UNSUPPORTED, "digest: AVX2 kernel requested on a CPU or build without AVX2");
+    case REFIT_DIGEST_IMPL_AVX512:
+        if (cpu_has_avx512()) return REFIT_OK;
+        return refit_error(REFIT_ERR_UNSUPPORTED,
+                           "digest: AVX-512 kernel requested on a CPU, OS or build without AVX-512 F+BW and ZMM state");
+    }
+    return refit_error(REFIT_ERR_INVALID_ARG, "digest: unknown kernel %d", (int)*impl);
+}
+
 refit_status_t refit_digest_key_create_impl(const uint8_t key[32], refit_digest_impl_t impl, refit_digest_key_t **out)
 {
     if (!key || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_key_create: NULL argument");
-    if (impl == REFIT_DIGEST_IMPL_AUTO) impl = cpu_has_avx2() ? REFIT_DIGEST_IMPL_AVX2 : REFIT_DIGEST_IMPL_SCALAR;
-    else if (impl == REFIT_DIGEST_IMPL_AVX2 && !cpu_has_avx2())
-        return refit_error(REFIT_ERR_UNSUPPORTED, "digest: AVX2 kernel requested on a CPU or build without AVX2");
-    else if (impl != REFIT_DIGEST_IMPL_SCALAR && impl != REFIT_DIGEST_IMPL_AVX2)
-        return refit_error(REFIT_ERR_INVALID_ARG, "digest: unknown kernel %d", (int)impl);
+    refit_status_t st = resolve_impl(&impl);
+    if (st) return st;
     /* The tables are derived from the job's digest key: kept out of core dumps. */
     refit_digest_key_t *k = refit_secret_alloc(sizeof(*k));
     if (!k) return refit_error(REFIT_ERR_NO_MEMORY, "digest key tables");
@@ -151,6 +196,30 @@ static void rows_scalar(const refit_digest_key_t *k, uint64_t tid, uint64_t row,
     }
 }
 
+/* Copy+hash without vectors: each row in chunks small enough to stay in L1
+ * between the memcpy and the dot over the bytes just written (the hash reads
+ * them from cache, not from memory again). */
+#define SCALAR_COPY_CHUNK 2048u
+
+static void copy_rows_scalar(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                             uint8_t *d, uint64_t dstride, const uint8_t *p, uint64_t sstride, uint64_t n,
+                             uint32_t acc[2])
+{
+    for (uint64_t i = 0; i < nrows; i++) {
+        uint32_t s[2] = {0, 0};
+        uint8_t *di = d + i * dstride;
+        const uint8_t *pi = p + i * sstride;
+        for (uint64_t c = 0, len; c < n; c += len) {
+            len = REFIT_MIN(n - c, SCALAR_COPY_CHUNK);
+            memcpy(di + 2 * c, pi + 2 * c, 2 * len);
+            dot_scalar(k, di + 2 * c, j + c, len, s);
+        }
+        uint64_t h = row_hash(k, tid, row + i);
+        acc[0] += ((uint32_t)h | 1) * s[0];
+        acc[1] += ((uint32_t)(h >> 32) | 1) * s[1];
+    }
+}
+
 /* One publisher row: returns the row's dot (lanes) and adds r * v_t into
  * g0[t], g1[t]. */
 static void pub_row_scalar(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
@@ -192,14 +261,47 @@ AVX2_INLINE uint32_t hsum_avx2(__m256i v)
 /* *a0, *a1 (int32 lanes) += the products of units [0,len) at p with the
  * column keys at k0 (lane 1's are KCOLS entries further); 16 <= len and the
  * keys do not wrap.  Plain base + displacement addressing (lane 1's keys at a
- * constant distance) keeps every load micro-fused into its madd. */
-AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint64_t len, __m256i *a0, __m256i *a1)
+ * constant distance) keeps every load micro-fused into its madd.  When store
+ * (a constant at every call), each register hashed is also stored at d: the
+ * fused copy; the tail's overlapping step stores its 16 units again, the
+ * same bytes (src and dst do not overlap).  STORE_STREAM (long pieces, d
+ * even) copies a scalar head up to d's next 32-byte boundary, then streams
+ * the main loop's stores past the caches (digest_avx512.c says why). */
+AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint8_t *d, int store, uint64_t len, __m256i *a0,
+                          __m256i *a1)
 {
     __m256i s0 = *a0, s1 = *a1, u0 = _mm256_setzero_si256(), u1 = _mm256_setzero_si256();
+    bool stream = false;
+    if (store == STORE_STREAM && len >= 256 && !((uintptr_t)d & 1)) {
+        uint64_t h = ((0 - (uintptr_t)d) & 31) / 2;
+        uint32_t x0 = 0, x1 = 0;
+        memcpy(d, p, 2 * h);
+        for (uint64_t t = 0; t < h; t++) {
+            uint32_t v = unit_at(p, t);
+            x0 += (uint32_t)(int32_t)k0[t] * v;
+            x1 += (uint32_t)(int32_t)k0[KCOLS + t] * v;
+        }
+        s0 = _mm256_add_epi32(s0, _mm256_setr_epi32((int32_t)x0, 0, 0, 0, 0, 0, 0, 0));
+        s1 = _mm256_add_epi32(s1, _mm256_setr_epi32((int32_t)x1, 0, 0, 0, 0, 0, 0, 0));
+        p += 2 * h;
+        d += 2 * h;
+        k0 += h;
+        len -= h;
+        stream = true;
+    }
     const uint8_t *end2 = p + 2 * (len & ~(uint64_t)31);
     for (; p < end2; p += 64, k0 += 32) {
         _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
         __m256i v = _mm256_loadu_si256((const __m256i *)p), w = _mm256_loadu_si256((const __m256i *)(p + 32));
+        if (stream) {
+            _mm256_stream_si256((__m256i *)d, v);
+            _mm256_stream_si256((__m256i *)(d + 32), w);
+            d += 64;
+        } else if (store) {
+            _mm256_storeu_si256((__m256i *)d, v);
+            _mm256_storeu_si256((__m256i *)(d + 32), w);
+            d += 64;
+        }
         s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)k0)));
         s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)(k0 + KCOLS))));
         u0 = _mm256_add_epi32(u0, _mm256_madd_epi16(w, _mm256_loadu_si256((const __m256i *)(k0 + 16))));
@@ -208,6 +310,10 @@ AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint64_t len, __m
     uint64_t rest = len & 31;
     if (rest >= 16) {
         __m256i v = _mm256_loadu_si256((const __m256i *)p);
+        if (store) {
+            _mm256_storeu_si256((__m256i *)d, v);
+            d += 32;
+        }
         s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)k0)));
         s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)(k0 + KCOLS))));
         p += 32;
@@ -219,6 +325,7 @@ AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint64_t len, __m
          * counted masked to zero (reads stay inside the row). */
         __m256i m = _mm256_loadu_si256((const __m256i *)(g_tail_mask + rest));
         __m256i v = _mm256_loadu_si256((const __m256i *)(p - 2 * (16 - rest)));
+        if (store) _mm256_storeu_si256((__m256i *)(d - 2 * (16 - rest)), v);
         const int16_t *kb = k0 - (16 - rest);
         u0 = _mm256_add_epi32(u0, _mm256_madd_epi16(v, _mm256_and_si256(m, _mm256_loadu_si256((const __m256i *)kb))));
         u1 = _mm256_add_epi32(
@@ -231,13 +338,14 @@ AVX2_INLINE void seg_avx2(const int16_t *k0, const uint8_t *p, uint64_t len, __m
 /* *a0, *a1 (int32 lanes) += the products of units [0,len) at p with
  * kc[jj..jj+len) (jj + len <= KCOLS): one piece of a block, without its
  * multiplier. */
-AVX2_INLINE void piece_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_t jj, uint64_t len, __m256i *a0,
-                            __m256i *a1)
+AVX2_INLINE void piece_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t jj,
+                            uint64_t len, __m256i *a0, __m256i *a1)
 {
     if (len >= 16) {
-        seg_avx2(k->kc[0] + jj, p, len, a0, a1);
+        seg_avx2(k->kc[0] + jj, p, d, store, len, a0, a1);
     } else {
         uint32_t s[2] = {0, 0};
+        if (store) memcpy(d, p, 2 * len);
         piece_scalar(k, p, (size_t)jj, len, s);
         *a0 = _mm256_add_epi32(*a0, _mm256_setr_epi32((int32_t)s[0], 0, 0, 0, 0, 0, 0, 0));
         *a1 = _mm256_add_epi32(*a1, _mm256_setr_epi32((int32_t)s[1], 0, 0, 0, 0, 0, 0, 0));
@@ -248,22 +356,23 @@ AVX2_INLINE void piece_avx2(const refit_digest_key_t *k, const uint8_t *p, uint6
  * K[j..j+n); the lanes' sum is the dot product mod 2^32.  Pieces of block 0
  * (multiplier 1) add straight into the accumulators; others are summed
  * apart and every lane multiplied by the block's m_l. */
-AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, __m256i *a0,
-                          __m256i *a1)
+AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t j,
+                          uint64_t n, __m256i *a0, __m256i *a1)
 {
     while (n) {
         uint64_t jj = j & (KCOLS - 1), len = REFIT_MIN(n, KCOLS - jj);
         if (j >> KBITS == 0) {
-            piece_avx2(k, p, jj, len, a0, a1);
+            piece_avx2(k, p, d, store, jj, len, a0, a1);
         } else {
             uint32_t m[2];
             block_mult(k, j >> KBITS, m);
             __m256i b0 = _mm256_setzero_si256(), b1 = _mm256_setzero_si256();
-            piece_avx2(k, p, jj, len, &b0, &b1);
+            piece_avx2(k, p, d, store, jj, len, &b0, &b1);
             *a0 = _mm256_add_epi32(*a0, _mm256_mullo_epi32(b0, _mm256_set1_epi32((int32_t)m[0])));
             *a1 = _mm256_add_epi32(*a1, _mm256_mullo_epi32(b1, _mm256_set1_epi32((int32_t)m[1])));
         }
         p += 2 * len;
+        if (store) d += 2 * len;
         j += len;
         n -= len;
     }
@@ -272,18 +381,20 @@ AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_
 AVX2 static void dot_total_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t s[2])
 {
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-    dot_avx2(k, p, j, n, &a0, &a1);
+    dot_avx2(k, p, NULL, STORE_NONE, j, n, &a0, &a1);
     s[0] += hsum_avx2(a0);
     s[1] += hsum_avx2(a1);
 }
 
-AVX2 static void rows_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
-                           const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2])
+/* acc += D of nrows rows (src row i at p + i * sstride), copied to d + i * dstride when store. */
+AVX2_INLINE void rows_body_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                                uint8_t *d, uint64_t dstride, int store, const uint8_t *p, uint64_t sstride,
+                                uint64_t n, uint32_t acc[2])
 {
     __m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256();
     for (uint64_t i = 0; i < nrows; i++) {
         __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-        dot_avx2(k, p + i * stride, j, n, &a0, &a1);
+        dot_avx2(k, p + i * sstride, store ? d + i * dstride : NULL, store, j, n, &a0, &a1);
         uint64_t h = row_hash(k, tid, row + i);
         t0 = _mm256_add_epi32(t0, _mm256_mullo_epi32(a0, _mm256_set1_epi32((int32_t)((uint32_t)h | 1))));
         t1 = _mm256_add_epi32(t1, _mm256_mullo_epi32(a1, _mm256_set1_epi32((int32_t)((uint32_t)(h >> 32) | 1))));
@@ -292,11 +403,29 @@ AVX2 static void rows_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t r
     acc[1] += hsum_avx2(t1);
 }
 
+AVX2 static void rows_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                           const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2])
+{
+    rows_body_avx2(k, tid, row, nrows, j, NULL, 0, STORE_NONE, p, stride, n, acc);
+}
+
+AVX2 static void copy_rows_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                                uint8_t *d, uint64_t dstride, const uint8_t *p, uint64_t sstride, uint64_t n,
+                                uint32_t acc[2])
+{
+    if (nrows * n * 2 >= DIGEST_STREAM_BYTES) {
+        rows_body_avx2(k, tid, row, nrows, j, d, dstride, STORE_STREAM, p, sstride, n, acc);
+        _mm_sfence();
+    } else {
+        rows_body_avx2(k, tid, row, nrows, j, d, dstride, STORE_PLAIN, p, sstride, n, acc);
+    }
+}
+
 AVX2 static void pub_row_avx2(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0,
                               uint32_t r1, uint32_t *g0, uint32_t *g1, uint32_t s[2])
 {
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-    dot_avx2(k, p, j, n, &a0, &a1);
+    dot_avx2(k, p, NULL, STORE_NONE, j, n, &a0, &a1);
     s[0] += hsum_avx2(a0);
     s[1] += hsum_avx2(a1);
     __m256i rv0 = _mm256_set1_epi32((int32_t)r0), rv1 = _mm256_set1_epi32((int32_t)r1);
@@ -313,6 +442,33 @@ AVX2 static void pub_row_avx2(const refit_digest_key_t *k, const uint8_t *p, uin
         g1[t] += r1 * v;
     }
 }
+
+/* Two publisher rows: both dots, then both rows' terms added into g0, g1 in one pass (as
+ * digest_pub_rows2_avx512). */
+AVX2 static void pub_rows2_avx2(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j,
+                                uint64_t n, const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1,
+                                uint32_t sa[2], uint32_t sb[2])
+{
+    dot_total_avx2(k, pa, j, n, sa);
+    dot_total_avx2(k, pb, j, n, sb);
+    __m256i a0 = _mm256_set1_epi32((int32_t)ra[0]), a1 = _mm256_set1_epi32((int32_t)ra[1]);
+    __m256i b0 = _mm256_set1_epi32((int32_t)rb[0]), b1 = _mm256_set1_epi32((int32_t)rb[1]);
+    uint64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256i va = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(pa + 2 * t)));
+        __m256i vb = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(pb + 2 * t)));
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(g0 + t)), x1 = _mm256_loadu_si256((const __m256i *)(g1 + t));
+        x0 = _mm256_add_epi32(x0, _mm256_add_epi32(_mm256_mullo_epi32(va, a0), _mm256_mullo_epi32(vb, b0)));
+        x1 = _mm256_add_epi32(x1, _mm256_add_epi32(_mm256_mullo_epi32(va, a1), _mm256_mullo_epi32(vb, b1)));
+        _mm256_storeu_si256((__m256i *)(g0 + t), x0);
+        _mm256_storeu_si256((__m256i *)(g1 + t), x1);
+    }
+    for (; t < n; t++) {
+        uint32_t va = unit_at(pa, t), vb = unit_at(pb, t);
+        g0[t] += ra[0] * va + rb[0] * vb;
+        g1[t] += ra[1] * va + rb[1] * vb;
+    }
+}
 #endif
 
 /* ------------------------------------------------------- low-level API */
@@ -320,6 +476,12 @@ AVX2 static void pub_row_avx2(const refit_digest_key_t *k, const uint8_t *p, uin
 void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
                      const uint8_t *p, uint64_t stride, uint64_t n, uint32_t acc[2])
 {
+#if DIGEST_HAVE_AVX512
+    if (k->impl == REFIT_DIGEST_IMPL_AVX512) {
+        digest_rows_avx512(k, tid, row, nrows, j, p, stride, n, acc);
+        return;
+    }
+#endif
 #if DIGEST_HAVE_AVX2
     if (k->impl == REFIT_DIGEST_IMPL_AVX2) {
         rows_avx2(k, tid, row, nrows, j, p, stride, n, acc);
@@ -332,6 +494,12 @@ void digest_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, ui
 void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t j, uint64_t n, uint32_t r0, uint32_t r1,
                         uint32_t *g0, uint32_t *g1, uint32_t s[2])
 {
+#if DIGEST_HAVE_AVX512
+    if (k->impl == REFIT_DIGEST_IMPL_AVX512) {
+        digest_pub_row_avx512(k, p, j, n, r0, r1, g0, g1, s);
+        return;
+    }
+#endif
 #if DIGEST_HAVE_AVX2
     if (k->impl == REFIT_DIGEST_IMPL_AVX2) {
         pub_row_avx2(k, p, j, n, r0, r1, g0, g1, s);
@@ -341,9 +509,35 @@ void digest_pub_row_any(const refit_digest_key_t *k, const uint8_t *p, uint64_t 
     pub_row_scalar(k, p, j, n, r0, r1, g0, g1, s);
 }
 
+void digest_pub_rows2_any(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j, uint64_t n,
+                          const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1, uint32_t sa[2],
+                          uint32_t sb[2])
+{
+#if DIGEST_HAVE_AVX512
+    if (k->impl == REFIT_DIGEST_IMPL_AVX512) {
+        digest_pub_rows2_avx512(k, pa, pb, j, n, ra, rb, g0, g1, sa, sb);
+        return;
+    }
+#endif
+#if DIGEST_HAVE_AVX2
+    if (k->impl == REFIT_DIGEST_IMPL_AVX2) {
+        pub_rows2_avx2(k, pa, pb, j, n, ra, rb, g0, g1, sa, sb);
+        return;
+    }
+#endif
+    digest_pub_row_any(k, pa, j, n, ra[0], ra[1], g0, g1, sa);
+    digest_pub_row_any(k, pb, j, n, rb[0], rb[1], g0, g1, sb);
+}
+
 refit_dsum_t refit_digest_dot(const refit_digest_key_t *k, const void *units, uint64_t first_unit, uint64_t n)
 {
     refit_dsum_t d = {{0, 0}};
+#if DIGEST_HAVE_AVX512
+    if (k->impl == REFIT_DIGEST_IMPL_AVX512) {
+        digest_dot_avx512(k, units, first_unit, n, d.lane);
+        return d;
+    }
+#endif
 #if DIGEST_HAVE_AVX2
     if (k->impl == REFIT_DIGEST_IMPL_AVX2) {
         dot_total_avx2(k, units, first_unit, n, d.lane);
@@ -364,4 +558,24 @@ void refit_digest_rows(const refit_digest_key_t *k, uint64_t tid, uint64_t row, 
                        const void *p, uint64_t stride, uint64_t n, refit_dsum_t *acc)
 {
     digest_rows_any(k, tid, row, nrows, first_unit, p, stride, n, acc->lane);
+}
+
+void refit_digest_copy_rows(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t first_unit,
+                            void *dst, uint64_t dst_stride, const void *src, uint64_t src_stride, uint64_t n,
+                            refit_dsum_t *acc)
+{
+    if (!nrows || !n) return;
+#if DIGEST_HAVE_AVX512
+    if (k->impl == REFIT_DIGEST_IMPL_AVX512) {
+        digest_copy_rows_avx512(k, tid, row, nrows, first_unit, dst, dst_stride, src, src_stride, n, acc->lane);
+        return;
+    }
+#endif
+#if DIGEST_HAVE_AVX2
+    if (k->impl == REFIT_DIGEST_IMPL_AVX2) {
+        copy_rows_avx2(k, tid, row, nrows, first_unit, dst, dst_stride, src, src_stride, n, acc->lane);
+        return;
+    }
+#endif
+    copy_rows_scalar(k, tid, row, nrows, first_unit, dst, dst_stride, src, src_stride, n, acc->lane);
 }

@@ -1,4 +1,6 @@
 /* Content digests (src/data/digest.h): the AVX2 kernel equals the scalar one
+ * (AVX-512 and the fused copy: test_digest_kernels.c; every kernel's publisher
+ * tables here)
  * and a naive reference bit for bit; digests add up over any split of a box;
  * publisher tables hold the prefix sums they claim; end to end over real
  * layout pairs (synthetic sources, real plans, real copies; FP8 arenas too)
@@ -30,14 +32,15 @@ static refit_digest_key_t *key_impl(uint8_t seed, refit_digest_impl_t impl)
 }
 static refit_digest_key_t *key_of(uint8_t seed) { return key_impl(seed, REFIT_DIGEST_IMPL_AUTO); }
 
-static bool have_avx2(void)
+static bool have_impl(refit_digest_impl_t impl)
 {
     uint8_t raw[32] = {0};
     refit_digest_key_t *k = NULL;
-    refit_status_t st = refit_digest_key_create_impl(raw, REFIT_DIGEST_IMPL_AVX2, &k);
+    refit_status_t st = refit_digest_key_create_impl(raw, impl, &k);
     refit_digest_key_destroy(k);
     return st == REFIT_OK;
 }
+static bool have_avx2(void) { return have_impl(REFIT_DIGEST_IMPL_AVX2); }
 
 static uint64_t rng_state = 0x1234567;
 static uint64_t rnd(void)
@@ -506,8 +509,10 @@ static void table_contents(void **state)
     uint8_t *t2 = table_of(k, m, arena, 2), *t8 = table_of(k, m, arena, 8);
     assert_memory_equal(t1, t2, bytes);
     assert_memory_equal(t1, t8, bytes);
-    if (have_avx2()) {
-        refit_digest_key_t *ks = key_impl(5, REFIT_DIGEST_IMPL_SCALAR);
+    /* Every kernel's publisher rows and receiver sums equal AUTO's. */
+    for (refit_digest_impl_t im = REFIT_DIGEST_IMPL_SCALAR; im <= REFIT_DIGEST_IMPL_AVX512; im++) {
+        if (!have_impl(im)) continue;
+        refit_digest_key_t *ks = key_impl(5, im);
         uint8_t *ts1 = table_of(ks, m, arena, 3);
         assert_memory_equal(t1, ts1, bytes);
         refit_dsum_t ls[4];
@@ -559,8 +564,9 @@ static void long_row_tables(void **state)
         memcpy(&got, Q + 8 * qs[i], 8);
         assert_true(dsum_eq(want, got));
     }
-    if (have_avx2()) {
-        refit_digest_key_t *ks = key_impl(12, REFIT_DIGEST_IMPL_SCALAR);
+    for (refit_digest_impl_t im = REFIT_DIGEST_IMPL_SCALAR; im <= REFIT_DIGEST_IMPL_AVX512; im++) {
+        if (!have_impl(im)) continue;
+        refit_digest_key_t *ks = key_impl(12, im);
         uint8_t *ts1 = table_of(ks, m, arena, 1);
         assert_memory_equal(t1, ts1, bytes);
         free(ts1);
