@@ -22,6 +22,7 @@
 #include "digest_common.h"
 #include "data/digest_internal.h"
 #include "refit/refit.h"
+#include "refit/experimental/truth.h"
 #include "util/util.h"
 
 #define MAX_ROUNDS 64
