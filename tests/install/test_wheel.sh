@@ -30,7 +30,7 @@ assert not missing, f"missing from the wheel: {missing}"
 ep = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
 assert ep, "no entry_points.txt"
 text = zipfile.ZipFile(sys.argv[1]).read(ep[0]).decode()
-assert "vllm.general_plugins" in text and "refit.vllm_plugin:register" in text, text
+assert "vllm.general_plugins" in text and "refit.vllm.plugin:register" in text, text
 print("wheel:", len(names), "files, librefit.so included, vllm.general_plugins entry point present")
 PY
 
