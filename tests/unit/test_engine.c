@@ -6,27 +6,27 @@
 #include "testutil.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "refit/fp8.h"
 #include "registry/backend.h"
+#include "tool_proc.h"
 #include "registry/registry.h"
 #include "util/util.h"
 
+/* Every child process of these tests runs on tools/common's process harness
+ * (tool_proc.h): forked with a pipe each way, dying with the test, its lines
+ * read and its end awaited with a bound. */
+
 /* ---- publisher processes, driven line by line over pipes ----------------- */
 
-typedef struct {
-    pid_t pid;
-    int cmd, resp;
-} pub_t;
+typedef tool_proc_t pub_t; /* to_child: commands; from_child: one answer line per command */
 
 typedef struct {
     const char *model, *layout, *registry, *job, *transports, *topts;
@@ -36,8 +36,15 @@ typedef struct {
     double delta; /* > 0: a delta publisher, its truth changing this share of elements per version */
 } pubcfg_t;
 
-static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
+typedef struct {
+    const pubcfg_t *c;
+    uint32_t rank;
+} pub_arg_t;
+
+static int pub_main(void *arg, int cmd, int resp)
 {
+    const pubcfg_t *c = ((const pub_arg_t *)arg)->c;
+    uint32_t rank = ((const pub_arg_t *)arg)->rank;
     refit_manifest_t *m = t_manifest_named(c->model, c->layout, rank);
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
     pp.registry = c->registry;
@@ -51,12 +58,12 @@ static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
     pp.delta_threads = 2;
     refit_publisher_t *p;
     void *base;
-    if (refit_publisher_create(&pp, m, &p)) _exit(3);
+    if (refit_publisher_create(&pp, m, &p)) return 3;
     if (c->attach) {
         base = malloc(refit_manifest_region_size(m, 0));
-        if (!base || refit_publisher_attach(p, 0, base)) _exit(3);
+        if (!base || refit_publisher_attach(p, 0, base)) return 3;
     } else if (refit_publisher_alloc(p, 0, &base)) {
-        _exit(3);
+        return 3;
     }
     FILE *in = fdopen(cmd, "r");
     char line[256];
@@ -74,7 +81,7 @@ static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
                 int len = snprintf(out, sizeof(out), "REFIT_OK base=%llu bytes=%llu of=%llu\n",
                                    (unsigned long long)d.base_version, (unsigned long long)d.bytes,
                                    (unsigned long long)d.region_bytes);
-                if (write(resp, out, (size_t)len) != len) _exit(4);
+                if (write(resp, out, (size_t)len) != len) return 4;
                 continue;
             }
         } else if (sscanf(line, "scribble %llu", &v) == 1) {
@@ -86,30 +93,18 @@ static void child_main(const pubcfg_t *c, uint32_t rank, int cmd, int resp)
         }
         char out[600];
         int len = snprintf(out, sizeof(out), "%s %s\n", refit_status_name(st), st ? refit_last_error() : "");
-        if (write(resp, out, (size_t)len) != len) _exit(4);
+        if (write(resp, out, (size_t)len) != len) return 4;
     }
     refit_publisher_destroy(p);
-    _exit(0);
+    return 0;
 }
 
 static pub_t pub_start(const pubcfg_t *c, uint32_t rank)
 {
-    int a[2], b[2];
-    assert_int_equal(pipe(a), 0);
-    assert_int_equal(pipe(b), 0);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(1);
-        close(a[1]);
-        close(b[0]);
-        child_main(c, rank, a[0], b[1]);
-    }
-    close(a[0]);
-    close(b[1]);
-    return (pub_t){pid, a[1], b[0]};
+    pub_arg_t arg = {c, rank};
+    pub_t p;
+    assert_int_equal(tool_proc_fork(&p, pub_main, &arg, true), 0);
+    return p;
 }
 
 static const char *pub_read(pub_t *p);
@@ -123,7 +118,7 @@ static const char *pub_cmd(pub_t *p, const char *fmt, ...)
     int n = vsnprintf(cmd, sizeof(cmd), fmt, ap);
     va_end(ap);
     cmd[n++] = '\n';
-    assert_int_equal(write(p->cmd, cmd, (size_t)n), n);
+    assert_int_equal(write(p->to_child, cmd, (size_t)n), n);
     return pub_read(p);
 }
 
@@ -131,17 +126,7 @@ static const char *pub_cmd(pub_t *p, const char *fmt, ...)
 static const char *pub_read(pub_t *p)
 {
     static char reply[600];
-    size_t len = 0;
-    double t0 = refit_now();
-    while (len < sizeof(reply) - 1 && t_ms_since(t0) < 30000) {
-        struct pollfd pfd = {p->resp, POLLIN, 0};
-        if (poll(&pfd, 1, 100) <= 0) continue;
-        ssize_t got = read(p->resp, reply + len, 1);
-        if (got <= 0) break;
-        if (reply[len++] == '\n') break;
-    }
-    reply[len] = '\0';
-    return reply;
+    return tool_proc_line(p, 30000, reply, sizeof(reply));
 }
 
 #define PUB_OK(p, ...)                                                      \
@@ -150,38 +135,46 @@ static const char *pub_read(pub_t *p)
         if (strncmp(r_, "REFIT_OK", 8)) fail_msg("publisher said: %s", r_); \
     } while (0)
 
+/* Asks the publisher to quit (killed after 10 s); reaps it, closes its pipes. */
 static void pub_stop(pub_t *p)
 {
-    if (p->pid <= 0) return;
-    if (write(p->cmd, "quit\n", 5) != 5) kill(p->pid, SIGKILL);
-    double t0 = refit_now();
-    int status;
-    while (waitpid(p->pid, &status, WNOHANG) == 0) {
-        if (t_ms_since(t0) > 10000) {
-            kill(p->pid, SIGKILL);
-            waitpid(p->pid, &status, 0);
-            break;
-        }
-        t_msleep(5);
-    }
-    close(p->cmd);
-    close(p->resp);
-    p->pid = 0;
-}
-
-/* Closes the pipes of a publisher that was killed and reaped. */
-static void pub_forget(pub_t *p)
-{
-    close(p->cmd);
-    close(p->resp);
-    p->pid = 0;
+    tool_proc_stop(p, "quit\n", 5, false, 10.0);
 }
 
 static void pub_kill(pub_t *p)
 {
-    kill(p->pid, SIGKILL);
-    waitpid(p->pid, NULL, 0);
-    pub_forget(p);
+    tool_proc_stop(p, NULL, 0, true, 10.0);
+}
+
+/* ---- helper processes that act at a time ---------------------------------- */
+
+typedef struct {
+    pid_t victim;
+    int after_ms;
+} killer_arg_t;
+
+static int killer_main(void *arg, int in, int out)
+{
+    (void)in, (void)out;
+    const killer_arg_t *k = arg;
+    t_msleep(k->after_ms);
+    kill(k->victim, SIGKILL);
+    return 0;
+}
+
+/* A child that SIGKILLs `victim` after_ms from now; reap it with killer_done. */
+static tool_proc_t kill_after(pid_t victim, int after_ms)
+{
+    killer_arg_t arg = {victim, after_ms};
+    tool_proc_t k;
+    assert_int_equal(tool_proc_fork(&k, killer_main, &arg, true), 0);
+    return k;
+}
+
+/* Waits (<= 10 s) for a kill_after child to have done its kill and ended. */
+static void killer_done(tool_proc_t *k)
+{
+    tool_proc_wait(k, 10.0);
 }
 
 /* ---- fixtures ------------------------------------------------------------- */
@@ -228,63 +221,67 @@ static void expect_truth(const char *model, const char *layout, uint32_t rank, v
 
 /* ---- relays: receivers in child processes that serve what they pulled ---- */
 
+typedef tool_proc_t relay_t; /* to_child: 'q' (quit), 'n' (pull the newest); from_child: answer lines */
+
 typedef struct {
-    pid_t pid;
-    int cmd, resp;
-} relay_t;
+    const reg_t *g;
+    const char *model, *layout;
+    uint32_t rank, max_readers;
+    int slot;
+    uint64_t version;
+} relay_arg_t;
+
+static int relay_main(void *arg, int cmd, int resp)
+{
+    const relay_arg_t *x = arg;
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = x->g->url;
+    rp.job = x->g->job;
+    rp.transports = "shm";
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.threads = 1;
+    rp.chunk_kb = 16;
+    rp.relay_slot = x->slot;
+    rp.max_readers = x->max_readers;
+    rp.relay_heartbeat_ms = 100;
+    refit_receiver_t *r;
+    void *base;
+    if (refit_receiver_create(&rp, t_manifest_named(x->model, x->layout, x->rank), &r) ||
+        refit_receiver_alloc(r, 0, &base))
+        return 3;
+    refit_status_t st = refit_receiver_pull(r, x->version ? x->version : REFIT_VERSION_NEWEST, 10000, NULL);
+    const char *ans = st ? "fail\n" : "ok\n";
+    if (write(resp, ans, strlen(ans)) < 0) return 4;
+    char c;
+    while (read(cmd, &c, 1) == 1 && c != 'q') {
+    }
+    refit_receiver_destroy(r);
+    return 0;
+}
 
 /* A receiver process (relay slot `slot`) that pulls `version` (NEWEST if 0),
- * verifies it, answers "ok"/"fail", then serves until "quit" or its death. */
-/* A relay process pulling `version` (0: newest); relay_pulled waits for it. */
+ * verifies it, answers "ok"/"fail", then serves until "quit" or its death;
+ * relay_pulled waits for its answer. */
 static relay_t relay_spawn(const reg_t *g, const char *model, const char *layout, uint32_t rank, int slot,
                            uint64_t version, uint32_t max_readers)
 {
-    int a[2], b[2];
-    assert_int_equal(pipe(a), 0);
-    assert_int_equal(pipe(b), 0);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(1);
-        close(a[1]);
-        close(b[0]);
-        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
-        rp.registry = g->url;
-        rp.job = g->job;
-        rp.transports = "shm";
-        rp.verify = REFIT_VERIFY_TRUTH;
-        rp.threads = 1;
-        rp.chunk_kb = 16;
-        rp.relay_slot = slot;
-        rp.max_readers = max_readers;
-        rp.relay_heartbeat_ms = 100;
-        refit_receiver_t *r;
-        void *base;
-        if (refit_receiver_create(&rp, t_manifest_named(model, layout, rank), &r) || refit_receiver_alloc(r, 0, &base))
-            _exit(3);
-        refit_status_t st = refit_receiver_pull(r, version ? version : REFIT_VERSION_NEWEST, 10000, NULL);
-        const char *ans = st ? "fail\n" : "ok\n";
-        if (write(b[1], ans, strlen(ans)) < 0) _exit(4);
-        char c;
-        while (read(a[0], &c, 1) == 1 && c != 'q') {
-        }
-        refit_receiver_destroy(r);
-        _exit(0);
-    }
-    close(a[0]);
-    close(b[1]);
-    return (relay_t){pid, a[1], b[0]};
+    relay_arg_t arg = {g, model, layout, rank, max_readers, slot, version};
+    relay_t x;
+    assert_int_equal(tool_proc_fork(&x, relay_main, &arg, true), 0);
+    return x;
+}
+
+/* The relay's next answer line (bounded: 15 s) must start with `want`. */
+static void relay_answer(relay_t *x, char *buf, size_t cap, const char *want)
+{
+    tool_proc_line(x, 15000, buf, cap);
+    if (strncmp(buf, want, strlen(want))) fail_msg("relay pid %d answered \"%s\", want %s", (int)x->pid, buf, want);
 }
 
 static void relay_pulled(relay_t *x)
 {
-    char buf[8] = "";
-    struct pollfd pfd = {x->resp, POLLIN, 0};
-    assert_true(poll(&pfd, 1, 15000) == 1);
-    assert_true(read(x->resp, buf, sizeof(buf) - 1) > 0);
-    if (strncmp(buf, "ok", 2)) fail_msg("relay pid %d did not pull: %s", (int)x->pid, buf);
+    char buf[800];
+    relay_answer(x, buf, sizeof(buf), "ok");
 }
 
 static relay_t relay_start(const reg_t *g, const char *model, const char *layout, uint32_t rank, int slot,
@@ -295,14 +292,10 @@ static relay_t relay_start(const reg_t *g, const char *model, const char *layout
     return x;
 }
 
+/* Asks the relay to quit, or kills it (killed anyway after 10 s); reaps it. */
 static void relay_stop(relay_t *x, bool kill_it)
 {
-    if (x->pid <= 0) return;
-    if (kill_it || write(x->cmd, "q", 1) != 1) kill(x->pid, SIGKILL);
-    waitpid(x->pid, NULL, 0);
-    close(x->cmd);
-    close(x->resp);
-    x->pid = 0;
+    tool_proc_stop(x, "q", 1, kill_it, 10.0);
 }
 
 static const refit_holder_stat_t *holder(const refit_holder_stat_t *hs, size_t n, const char *name)
@@ -488,18 +481,13 @@ static void relay_killed_reader_fails_over(void **state)
     /* Slow links (0.4 MB/s each, ~0.6 MB to move): the pull takes ~0.75 s; relay 0 dies at 250 ms, late
      * enough that it has served chunks even when a loaded machine slows the pull's start. */
     setenv("REFIT_TEST_THROTTLE", "relay:0=0.4,relay:1=0.4", 1);
-    pid_t killer = fork();
-    if (killer == 0) {
-        t_msleep(250);
-        kill(a.pid, SIGKILL);
-        _exit(0);
-    }
+    tool_proc_t killer = kill_after(a.pid, 250);
     double t0 = refit_now();
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, 1, 10000, &rep);
     double ms = t_ms_since(t0);
     unsetenv("REFIT_TEST_THROTTLE");
-    waitpid(killer, NULL, 0);
+    killer_done(&killer);
     REFIT_ASSERT_OK(st);
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
     refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
@@ -535,16 +523,11 @@ static void relay_killed_trainer_resumes(void **state)
     void *b;
     refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 4, &b);
     setenv("REFIT_TEST_THROTTLE", "relay:0=1", 1); /* ~0.6 MB at 1 MB/s; killed at 150 ms */
-    pid_t killer = fork();
-    if (killer == 0) {
-        t_msleep(150);
-        kill(a.pid, SIGKILL);
-        _exit(0);
-    }
+    tool_proc_t killer = kill_after(a.pid, 150);
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, 1, 10000, &rep);
     unsetenv("REFIT_TEST_THROTTLE");
-    waitpid(killer, NULL, 0);
+    killer_done(&killer);
     REFIT_ASSERT_OK(st);
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
     refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
@@ -632,18 +615,13 @@ static void chain_survives_relay_death(void **state)
     wait_relay_serves(&g, "trainer.relay.r0.s0", 1);
     relay_t bb = relay_spawn(&g, "tiny-dense", "vllm:tp=1", 0, 1, 1, 1);
     wait_relay_serves(&g, "trainer.relay.r0.s1", 1);
-    pid_t killer = fork();
-    if (killer == 0) {
-        t_msleep(60);
-        kill(a.pid, SIGKILL);
-        _exit(0);
-    }
+    tool_proc_t killer = kill_after(a.pid, 60);
     void *b;
     refit_receiver_t *r = fleet_receiver("tiny-dense", "vllm:tp=1", 0, &g, 1, &b);
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, 1, 15000, &rep);
     unsetenv("REFIT_TEST_THROTTLE");
-    waitpid(killer, NULL, 0);
+    killer_done(&killer);
     REFIT_ASSERT_OK(st);
     relay_pulled(&bb); /* B completed (and verified) after failing over */
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
@@ -964,23 +942,19 @@ static void to_version_2(pub_t p[2], refit_receiver_t *r)
 
 /* Pulls version v of r while a forked killer SIGKILLs `victim` 100 ms into
  * the 300 ms pause the receiver takes after it started writing
- * (REFIT_TEST_PAUSE_MS); reaps both; *ms is the pull's wall time. */
+ * (REFIT_TEST_PAUSE_MS); reaps both (the victim's pipes closed); *ms is the
+ * pull's wall time. */
 static refit_status_t pull_while_killing(refit_receiver_t *r, uint64_t v, pub_t *victim, refit_pull_report_t *rep,
                                          double *ms)
 {
     setenv("REFIT_TEST_PAUSE_MS", "300", 1);
-    pid_t killer = fork();
-    if (killer == 0) {
-        t_msleep(100);
-        kill(victim->pid, SIGKILL);
-        _exit(0);
-    }
+    tool_proc_t killer = kill_after(victim->pid, 100);
     double t0 = refit_now();
     refit_status_t st = refit_receiver_pull(r, v, 10000, rep);
     *ms = t_ms_since(t0);
     unsetenv("REFIT_TEST_PAUSE_MS");
-    waitpid(killer, NULL, 0);
-    waitpid(victim->pid, NULL, 0);
+    killer_done(&killer);
+    tool_proc_wait(victim, 10.0);
     return st;
 }
 
@@ -1005,7 +979,6 @@ static void publisher_killed_mid_transfer(void **state)
     assert_false(refit_receiver_usable(r));
     assert_int_equal(refit_receiver_committed(r), 1);
     refit_receiver_destroy(r);
-    pub_forget(&p[1]);
     pub_stop(&p[0]);
     t_rm_tree(g.dir);
 }
@@ -1037,7 +1010,6 @@ static void replica_killed_mid_transfer_fails_over(void **state)
         if (!strcmp(hs[i].name, "trainer:1")) saw_failed = hs[i].failed;
     assert_true(saw_failed);
     refit_receiver_destroy(r);
-    pub_forget(&p[1]);
     pub_stop(&p[0]);
     t_rm_tree(g.dir);
 }
@@ -1078,6 +1050,18 @@ static void stale_entry_and_missing_rank(void **state)
 
 /* A receiver killed while it holds a lease: the publisher's wait ends when
  * the lease expires, and another receiver is unaffected. */
+/* A receiver of vllm:tp=2 rank 0 with a 500 ms lease that pauses 20 s once it
+ * started its pull of version 1 (the test kills it meanwhile). */
+static int paused_receiver_main(void *arg, int in, int out)
+{
+    (void)in, (void)out;
+    void *vb;
+    setenv("REFIT_TEST_PAUSE_MS", "20000", 1);
+    refit_receiver_t *vr = receiver("tiny-moe", "vllm:tp=2", 0, arg, "shm", 500, &vb);
+    refit_receiver_pull(vr, 1, 30000, NULL);
+    return 0;
+}
+
 static void receiver_killed_mid_transfer(void **state)
 {
     (void)state;
@@ -1086,14 +1070,8 @@ static void receiver_killed_mid_transfer(void **state)
     pubcfg_t c = {"tiny-moe", "megatron:ep=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
     pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "publish 1");
-    pid_t victim = fork();
-    if (victim == 0) {
-        void *vb;
-        setenv("REFIT_TEST_PAUSE_MS", "20000", 1);
-        refit_receiver_t *vr = receiver("tiny-moe", "vllm:tp=2", 0, &g, "shm", 500, &vb);
-        refit_receiver_pull(vr, 1, 30000, NULL);
-        _exit(0);
-    }
+    tool_proc_t victim;
+    assert_int_equal(tool_proc_fork(&victim, paused_receiver_main, &g, true), 0);
     /* Wait until the victim holds its lease, then kill it. */
     refit_registry_t *reg;
     REFIT_ASSERT_OK(refit_registry_open(g.url, g.job, &reg));
@@ -1104,8 +1082,7 @@ static void receiver_killed_mid_transfer(void **state)
         t_msleep(20);
     }
     assert_int_equal(n, 1);
-    kill(victim, SIGKILL);
-    waitpid(victim, NULL, 0);
+    tool_proc_stop(&victim, NULL, 0, true, 10.0);
     /* Another receiver pulls normally. */
     void *b;
     refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=2", 1, &g, "shm", 0, &b);
@@ -1127,70 +1104,64 @@ static void receiver_killed_mid_transfer(void **state)
 
 /* A receiver child ("victim", reader name `reader`) pulls version 1 without
  * the synthetic truth (as production does), pausing `pause_ms` after it
- * committed to the transfer; it answers on *resp: "<status> usable=U
+ * committed to the transfer; it answers one line: "<status> usable=U
  * committed=C bytes_of_v=V", V = the version whose truth the memory holds
  * (0: neither 1 nor 2). */
 static bool g_victim_no_digest; /* the next fenced_victim checks no content digests */
 
-static pid_t fenced_victim(const reg_t *g, const char *reader, int pause_ms, int *resp)
+typedef struct {
+    const reg_t *g;
+    const char *reader;
+    int pause_ms;
+} victim_arg_t;
+
+static int victim_main(void *arg, int in, int resp)
 {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(fds[0]);
-        char ms[16];
-        snprintf(ms, sizeof(ms), "%d", pause_ms);
-        setenv("REFIT_TEST_PAUSE_MS", ms, 1);
-        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
-        rp.registry = g->url;
-        rp.job = g->job;
-        rp.transports = "shm";
-        rp.reader = reader;
-        rp.lease_ms = 60000; /* no renewal during the pause: only the fence can notice */
-        rp.no_digest = g_victim_no_digest;
-        refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=1", 0);
-        refit_manifest_t *check = t_manifest_named("tiny-moe", "vllm:tp=1", 0);
-        refit_receiver_t *r;
-        void *b;
-        if (refit_receiver_create(&rp, m, &r) || refit_receiver_alloc(r, 0, &b)) _exit(3);
-        refit_status_t st = refit_receiver_pull(r, 1, 30000, NULL);
-        char detail[512];
-        snprintf(detail, sizeof(detail), "%s", st ? refit_last_error() : "");
-        int holds = 0;
-        for (uint64_t v = 1; v <= 2 && !holds; v++)
-            if (!refit_truth_verify(check, (const void *const *)&b, v, NULL)) holds = (int)v;
-        char out[700];
-        int len = snprintf(out, sizeof(out), "%s usable=%d committed=%llu bytes_of_v=%d %s\n", refit_status_name(st),
-                           (int)refit_receiver_usable(r), (unsigned long long)refit_receiver_committed(r), holds,
-                           detail);
-        if (write(fds[1], out, (size_t)len) != len) _exit(4);
-        refit_receiver_destroy(r);
-        refit_manifest_destroy(check);
-        _exit(0);
-    }
-    close(fds[1]);
-    *resp = fds[0];
-    return pid;
+    (void)in;
+    const victim_arg_t *x = arg;
+    char ms[16];
+    snprintf(ms, sizeof(ms), "%d", x->pause_ms);
+    setenv("REFIT_TEST_PAUSE_MS", ms, 1);
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = x->g->url;
+    rp.job = x->g->job;
+    rp.transports = "shm";
+    rp.reader = x->reader;
+    rp.lease_ms = 60000; /* no renewal during the pause: only the fence can notice */
+    rp.no_digest = g_victim_no_digest;
+    refit_manifest_t *m = t_manifest_named("tiny-moe", "vllm:tp=1", 0);
+    refit_manifest_t *check = t_manifest_named("tiny-moe", "vllm:tp=1", 0);
+    refit_receiver_t *r;
+    void *b;
+    if (refit_receiver_create(&rp, m, &r) || refit_receiver_alloc(r, 0, &b)) return 3;
+    refit_status_t st = refit_receiver_pull(r, 1, 30000, NULL);
+    char detail[512];
+    snprintf(detail, sizeof(detail), "%s", st ? refit_last_error() : "");
+    int holds = 0;
+    for (uint64_t v = 1; v <= 2 && !holds; v++)
+        if (!refit_truth_verify(check, (const void *const *)&b, v, NULL)) holds = (int)v;
+    char out[700];
+    int len = snprintf(out, sizeof(out), "%s usable=%d committed=%llu bytes_of_v=%d %s\n", refit_status_name(st),
+                       (int)refit_receiver_usable(r), (unsigned long long)refit_receiver_committed(r), holds, detail);
+    if (write(resp, out, (size_t)len) != len) return 4;
+    refit_receiver_destroy(r);
+    refit_manifest_destroy(check);
+    return 0;
 }
 
-static void victim_result(pid_t pid, int resp, char *out, size_t cap)
+static tool_proc_t fenced_victim(const reg_t *g, const char *reader, int pause_ms)
 {
-    size_t len = 0;
-    double t0 = refit_now();
-    while (len < cap - 1 && t_ms_since(t0) < 30000) {
-        struct pollfd pfd = {resp, POLLIN, 0};
-        if (poll(&pfd, 1, 100) <= 0) continue;
-        ssize_t got = read(resp, out + len, cap - 1 - len);
-        if (got <= 0) break;
-        len += (size_t)got;
-        if (out[len - 1] == '\n') break;
-    }
-    out[len] = '\0';
-    close(resp);
-    waitpid(pid, NULL, 0);
+    victim_arg_t arg = {g, reader, pause_ms};
+    tool_proc_t v;
+    assert_int_equal(tool_proc_fork(&v, victim_main, &arg, true), 0);
+    return v;
+}
+
+/* The victim's answer line (bounded: 30 s); then waits (<= 30 s) for it to end. */
+static void victim_result(tool_proc_t *victim, char *out, size_t cap)
+{
+    tool_proc_line(victim, 30000, out, cap);
+    tool_proc_wait(victim, 30.0);
 }
 
 static void wait_lease(const reg_t *g, uint64_t v)
@@ -1209,22 +1180,22 @@ static void wait_lease(const reg_t *g, uint64_t v)
 
 /* A one-rank in-place publisher that published version 1, and a victim
  * receiver holding its lease while it pauses before the transfer. */
-static pub_t victim_scene(reg_t *g, pid_t *victim, int *resp)
+static pub_t victim_scene(reg_t *g, tool_proc_t *victim)
 {
     reg_file(g);
     pubcfg_t c = {"tiny-moe", "megatron:tp=1", g->url, g->job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
     pub_t p = pub_start(&c, 0);
     PUB_OK(&p, "publish 1");
-    *victim = fenced_victim(g, "victim", 1500, resp);
+    *victim = fenced_victim(g, "victim", 1500);
     wait_lease(g, 1);
     return p;
 }
 
 /* The victim's answer must start with `want` and name `why`. */
-static void expect_victim(pid_t victim, int resp, const char *want, const char *why)
+static void expect_victim(tool_proc_t *victim, const char *want, const char *why)
 {
     char out[800];
-    victim_result(victim, resp, out, sizeof(out));
+    victim_result(victim, out, sizeof(out));
     if (strncmp(out, want, strlen(want)) || !strstr(out, why)) fail_msg("victim: %s", out);
 }
 
@@ -1236,16 +1207,15 @@ static void lease_lost_mid_read_not_committed(void **state)
 {
     (void)state;
     reg_t g;
-    pid_t victim;
-    int resp;
-    pub_t p = victim_scene(&g, &victim, &resp);
+    tool_proc_t victim;
+    pub_t p = victim_scene(&g, &victim);
     refit_registry_t *reg;
     REFIT_ASSERT_OK(refit_registry_open(g.url, g.job, &reg));
     REFIT_ASSERT_OK(refit_registry_lease_release(reg, "trainer", 1, "victim"));
     refit_registry_close(reg);
     PUB_OK(&p, "wait 1 5000"); /* no lease: it returns at once */
     PUB_OK(&p, "scribble 2");  /* and the trainer writes its next step in place */
-    expect_victim(victim, resp, "REFIT_ERR_STALE usable=0 committed=0", "was lost during the transfer");
+    expect_victim(&victim, "REFIT_ERR_STALE usable=0 committed=0", "was lost during the transfer");
     pub_stop(&p);
     t_rm_tree(g.dir);
 }
@@ -1259,10 +1229,9 @@ static void lease_replayed_mid_read_refused(void **state)
 {
     (void)state;
     reg_t g;
-    pid_t victim;
-    int resp;
+    tool_proc_t victim;
     g_victim_no_digest = true;
-    pub_t p = victim_scene(&g, &victim, &resp);
+    pub_t p = victim_scene(&g, &victim);
     g_victim_no_digest = false;
     refit_kv_t *kv;
     REFIT_ASSERT_OK(refit_kv_file_ops.open(g.dir, g.job, &kv));
@@ -1275,7 +1244,7 @@ static void lease_replayed_mid_read_refused(void **state)
     PUB_OK(&p, "wait 1 5000");                                      /* no lease: it returns at once */
     PUB_OK(&p, "scribble 2");                                       /* the trainer writes its next step in place */
     REFIT_ASSERT_OK(refit_kv_file_ops.put(kv, key, lease, len, 0)); /* and the lease is back, token and tag */
-    expect_victim(victim, resp, "REFIT_ERR_STALE usable=0 committed=0", "retired version 1");
+    expect_victim(&victim, "REFIT_ERR_STALE usable=0 committed=0", "retired version 1");
     free(lease);
     refit_kv_file_ops.close(kv);
     pub_stop(&p);
@@ -1291,11 +1260,10 @@ static void scribble_during_read_refused(void **state)
 {
     (void)state;
     reg_t g;
-    pid_t victim;
-    int resp;
-    pub_t p = victim_scene(&g, &victim, &resp);
+    tool_proc_t victim;
+    pub_t p = victim_scene(&g, &victim);
     PUB_OK(&p, "scribble 2");
-    expect_victim(victim, resp, "REFIT_ERR_VERIFY usable=0 committed=0",
+    expect_victim(&victim, "REFIT_ERR_VERIFY usable=0 committed=0",
                   "does not match what its publishers published");
     pub_stop(&p);
     t_rm_tree(g.dir);
@@ -1367,8 +1335,7 @@ static void registry_lost_mid_read_fenced(void **state)
     pubcfg_t c = {"tiny-moe", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
     pub_t p = pub_start(&c, 0);
     PUB_OK(&p, "publish 1");
-    int resp;
-    pid_t victim = fenced_victim(&g, "victim", 2500, &resp);
+    tool_proc_t victim = fenced_victim(&g, "victim", 2500);
     wait_lease(&g, 1);
     t_redis_stop(&rs);
     assert_true(t_redis_start(&rs, rs.port));
@@ -1376,7 +1343,7 @@ static void registry_lost_mid_read_fenced(void **state)
      * to call the version free, naming the reason. */
     const char *said = pub_cmd(&p, "wait 1 1500");
     if (strncmp(said, "REFIT_ERR_TIMEOUT", 17) || !strstr(said, "lost its data")) fail_msg("publisher said: %s", said);
-    expect_victim(victim, resp, "REFIT_ERR_STALE usable=0 committed=0", "lost");
+    expect_victim(&victim, "REFIT_ERR_STALE usable=0 committed=0", "lost");
     pub_stop(&p);
     t_redis_stop(&rs);
     t_rm_tree(rs.dir);
@@ -1679,60 +1646,61 @@ static void delta_fallbacks(void **state)
 
 /* ---- a relay rewritten under its reader ---------------------------------- */
 
+static int relay_follower_main(void *arg, int cmd, int resp)
+{
+    const relay_arg_t *x = arg;
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = x->g->url;
+    rp.job = x->g->job;
+    rp.transports = "shm";
+    rp.verify = REFIT_VERIFY_TRUTH;
+    rp.threads = 1;
+    rp.chunk_kb = 16;
+    rp.relay_slot = 0;
+    rp.relay_heartbeat_ms = 100;
+    refit_receiver_t *r;
+    void *base;
+    if (refit_receiver_create(&rp, t_manifest_named(x->model, x->layout, 0), &r) || refit_receiver_alloc(r, 0, &base))
+        return 3;
+    refit_status_t st = refit_receiver_pull(r, 1, 10000, NULL);
+    char out[700];
+    snprintf(out, sizeof(out), "%s\n", st ? refit_last_error() : "ok");
+    if (write(resp, out, strlen(out)) < 0) return 4;
+    char c;
+    while (read(cmd, &c, 1) == 1 && c != 'q') {
+        if (c != 'n') continue;
+        st = refit_receiver_pull(r, REFIT_VERSION_NEWEST, 10000, NULL);
+        snprintf(out, sizeof(out), "%s\n", st ? refit_last_error() : "ok2");
+        if (write(resp, out, strlen(out)) < 0) return 4;
+    }
+    refit_receiver_destroy(r);
+    return 0;
+}
+
 /* A relay process that pulls version 1, answers "ok" (or the error), then
  * pulls the newest version on each 'n' and answers "ok2" (or the error). */
 static relay_t relay_follower_spawn(const reg_t *g, const char *model, const char *layout)
 {
-    int a[2], b[2];
-    assert_int_equal(pipe(a), 0);
-    assert_int_equal(pipe(b), 0);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(1);
-        close(a[1]);
-        close(b[0]);
-        refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
-        rp.registry = g->url;
-        rp.job = g->job;
-        rp.transports = "shm";
-        rp.verify = REFIT_VERIFY_TRUTH;
-        rp.threads = 1;
-        rp.chunk_kb = 16;
-        rp.relay_slot = 0;
-        rp.relay_heartbeat_ms = 100;
-        refit_receiver_t *r;
-        void *base;
-        if (refit_receiver_create(&rp, t_manifest_named(model, layout, 0), &r) || refit_receiver_alloc(r, 0, &base))
-            _exit(3);
-        refit_status_t st = refit_receiver_pull(r, 1, 10000, NULL);
-        char out[700];
-        snprintf(out, sizeof(out), "%s\n", st ? refit_last_error() : "ok");
-        if (write(b[1], out, strlen(out)) < 0) _exit(4);
-        char c;
-        while (read(a[0], &c, 1) == 1 && c != 'q') {
-            if (c != 'n') continue;
-            st = refit_receiver_pull(r, REFIT_VERSION_NEWEST, 10000, NULL);
-            snprintf(out, sizeof(out), "%s\n", st ? refit_last_error() : "ok2");
-            if (write(b[1], out, strlen(out)) < 0) _exit(4);
-        }
-        refit_receiver_destroy(r);
-        _exit(0);
-    }
-    close(a[0]);
-    close(b[1]);
-    return (relay_t){pid, a[1], b[0]};
+    relay_arg_t arg = {g, model, layout, 0, 0, 0, 1};
+    relay_t x;
+    assert_int_equal(tool_proc_fork(&x, relay_follower_main, &arg, true), 0);
+    return x;
 }
 
-static void relay_answer(relay_t *x, char *buf, size_t cap, const char *want)
+typedef struct {
+    int trainer_cmd, relay_cmd;
+} rewrite_arg_t;
+
+/* At 300 ms: version 2 published; at 500 ms: the relay told to pull it. */
+static int rewrite_main(void *arg, int in, int out)
 {
-    struct pollfd pfd = {x->resp, POLLIN, 0};
-    assert_true(poll(&pfd, 1, 15000) == 1);
-    ssize_t n = read(x->resp, buf, cap - 1);
-    buf[n > 0 ? n : 0] = '\0';
-    if (strncmp(buf, want, strlen(want))) fail_msg("relay answered \"%s\", want %s", buf, want);
+    (void)in, (void)out;
+    const rewrite_arg_t *x = arg;
+    t_msleep(300);
+    if (write(x->trainer_cmd, "publish 2\n", 10) != 10) return 1;
+    t_msleep(200);
+    if (write(x->relay_cmd, "n", 1) != 1) return 1;
+    return 0;
 }
 
 /* A reader pulls version 1 from a relay (slowly); meanwhile the trainer
@@ -1769,19 +1737,13 @@ static void relay_rewritten_under_reader_fenced(void **state)
     REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named("tiny-dense", "vllm:tp=1", 0), &r));
     REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, &b));
     setenv("REFIT_TEST_THROTTLE", "relay:0=0.3", 1); /* ~2 s to read the relay */
-    pid_t helper = fork();
-    assert_true(helper >= 0);
-    if (helper == 0) { /* at 300 ms: version 2 published, the relay told to pull it */
-        t_msleep(300);
-        if (write(p.cmd, "publish 2\n", 10) != 10) _exit(1);
-        t_msleep(200);
-        if (write(a.cmd, "n", 1) != 1) _exit(1);
-        _exit(0);
-    }
+    rewrite_arg_t rw = {p.to_child, a.to_child};
+    tool_proc_t helper;
+    assert_int_equal(tool_proc_fork(&helper, rewrite_main, &rw, true), 0);
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     refit_status_t st = refit_receiver_pull(r, 1, 20000, &rep);
     unsetenv("REFIT_TEST_THROTTLE");
-    waitpid(helper, NULL, 0);
+    tool_proc_wait(&helper, 10.0);
     refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
     size_t nh = 0;
     REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &nh));
