@@ -177,9 +177,8 @@ void expect_truth(const char *model, const char *layout, uint32_t rank, void *ba
 /* ---- relays: receivers in child processes that serve what they pulled ---- */
 
 
-static int relay_main(void *arg, int cmd, int resp)
+refit_receiver_t *relay_receiver(const relay_arg_t *x, void **base)
 {
-    const relay_arg_t *x = arg;
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
     rp.registry = x->g->url;
     rp.job = x->g->job;
@@ -191,10 +190,20 @@ static int relay_main(void *arg, int cmd, int resp)
     rp.max_readers = x->max_readers;
     rp.relay_heartbeat_ms = 100;
     refit_receiver_t *r;
+    if (refit_receiver_create(&rp, t_manifest_named(x->model, x->layout, x->rank), &r)) return NULL;
+    if (refit_receiver_alloc(r, 0, base)) {
+        refit_receiver_destroy(r);
+        return NULL;
+    }
+    return r;
+}
+
+static int relay_main(void *arg, int cmd, int resp)
+{
+    const relay_arg_t *x = arg;
     void *base;
-    if (refit_receiver_create(&rp, t_manifest_named(x->model, x->layout, x->rank), &r) ||
-        refit_receiver_alloc(r, 0, &base))
-        return 3;
+    refit_receiver_t *r = relay_receiver(x, &base);
+    if (!r) return 3;
     refit_status_t st = refit_receiver_pull(r, x->version ? x->version : REFIT_VERSION_NEWEST, 10000, NULL);
     const char *ans = st ? "fail\n" : "ok\n";
     if (write(resp, ans, strlen(ans)) < 0) return 4;

@@ -84,6 +84,10 @@ typedef struct {
     uint64_t version;
 } relay_arg_t;
 
+/* In a relay process: its receiver (shm, truth-verified, one thread, 16 KiB
+ * chunks, relay heartbeat 100 ms), its region allocated into *base; NULL
+ * when it cannot be made. */
+refit_receiver_t *relay_receiver(const relay_arg_t *x, void **base);
 /* A receiver process (relay slot `slot`) that pulls `version` (NEWEST if 0),
  * verifies it, answers "ok"/"fail", then serves until "quit" or its death;
  * relay_pulled waits for its answer. */

@@ -505,20 +505,9 @@ static void identity_and_corrupt_manifest(void **state)
 
 static int relay_follower_main(void *arg, int cmd, int resp)
 {
-    const relay_arg_t *x = arg;
-    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
-    rp.registry = x->g->url;
-    rp.job = x->g->job;
-    rp.transports = "shm";
-    rp.verify = REFIT_VERIFY_TRUTH;
-    rp.threads = 1;
-    rp.chunk_kb = 16;
-    rp.relay_slot = 0;
-    rp.relay_heartbeat_ms = 100;
-    refit_receiver_t *r;
     void *base;
-    if (refit_receiver_create(&rp, t_manifest_named(x->model, x->layout, 0), &r) || refit_receiver_alloc(r, 0, &base))
-        return 3;
+    refit_receiver_t *r = relay_receiver(arg, &base);
+    if (!r) return 3;
     refit_status_t st = refit_receiver_pull(r, 1, 10000, NULL);
     char out[700];
     snprintf(out, sizeof(out), "%s\n", st ? refit_last_error() : "ok");
@@ -538,7 +527,7 @@ static int relay_follower_main(void *arg, int cmd, int resp)
  * pulls the newest version on each 'n' and answers "ok2" (or the error). */
 static relay_t relay_follower_spawn(const reg_t *g, const char *model, const char *layout)
 {
-    relay_arg_t arg = {g, model, layout, 0, 0, 0, 1};
+    relay_arg_t arg = {.g = g, .model = model, .layout = layout, .rank = 0, .slot = 0, .max_readers = 0};
     relay_t x;
     assert_int_equal(tool_proc_fork(&x, relay_follower_main, &arg, true), 0);
     return x;
