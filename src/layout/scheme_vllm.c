@@ -9,7 +9,7 @@
  *    w2_weight [E_local, H, I_shard], under mlp.experts.routed_experts. in
  *    vLLM 0.32 (names=routed) and mlp.experts. before (names=fused, the
  *    default, also SGLang's).  These are the loader's layout: kernels may
- *    rewrite them after loading (python/refit/vllm_backend.py deals with
+ *    rewrite them after loading (python/refit/vllm/postload.py deals with
  *    that).  Expert parallel (ep = tp*dp): rank r holds experts
  *    r*base + min(r, E%ep) .., base = E/ep, the first E%ep ranks one more,
  *    unsplit.  Otherwise every rank holds every expert, split over tp*dp;

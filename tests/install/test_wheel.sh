@@ -24,13 +24,14 @@ case $(basename "$wheel") in refit-*-py3-none-linux_*.whl) ;; *) fail "unexpecte
 python3 - "$wheel" <<'PY' || fail "wheel contents"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-need = ["refit/__init__.py", "refit/_lib.py", "refit/core.py", "refit/librefit.so"]
+need = ["refit/__init__.py", "refit/_lib.py", "refit/core.py", "refit/librefit.so", "refit/vllm/__init__.py",
+        "refit/vllm/plugin.py", "refit/vllm/backend.py"]
 missing = [n for n in need if n not in names]
 assert not missing, f"missing from the wheel: {missing}"
 ep = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
 assert ep, "no entry_points.txt"
 text = zipfile.ZipFile(sys.argv[1]).read(ep[0]).decode()
-assert "vllm.general_plugins" in text and "refit.vllm_plugin:register" in text, text
+assert "vllm.general_plugins" in text and "refit.vllm.plugin:register" in text, text
 print("wheel:", len(names), "files, librefit.so included, vllm.general_plugins entry point present")
 PY
 

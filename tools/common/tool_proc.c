@@ -127,10 +127,16 @@ int tool_proc_stop(tool_proc_t *p, const void *quit, size_t quit_len, bool kill_
     if (p->pid <= 0) return -1;
     if (kill_it || !quit || p->to_child < 0 || write(p->to_child, quit, quit_len) != (ssize_t)quit_len)
         kill(p->pid, SIGKILL);
+    return tool_proc_wait(p, grace_s);
+}
+
+int tool_proc_wait(tool_proc_t *p, double timeout_s)
+{
+    if (p->pid <= 0) return -1;
     double t0 = now_s();
     int status = -1;
     while (waitpid(p->pid, &status, WNOHANG) == 0) {
-        if (now_s() - t0 > grace_s) {
+        if (now_s() - t0 > timeout_s) {
             kill(p->pid, SIGKILL);
             waitpid(p->pid, &status, 0);
             break;

@@ -34,6 +34,11 @@ const char *tool_proc_line(tool_proc_t *p, int timeout_ms, char *buf, size_t n);
  * and its wait status in *status. */
 char *tool_proc_capture(const char *path, char *const argv[], int *status);
 
+/* Waits up to timeout_s for the child to end on its own (a child that does
+ * one thing and exits), then kills it (SIGKILL).  Closes both pipes; returns
+ * the wait status (-1 if there was no child). */
+int tool_proc_wait(tool_proc_t *p, double timeout_s);
+
 /* Stops the child: writes quit (quit_len bytes) to it, or kills it
  * (SIGKILL) with kill_it or when the write fails; waits up to grace_s for it
  * to end, then kills it.  Closes both pipes; returns the wait status (-1 if

@@ -1,0 +1,143 @@
+"""The engine: RefitWeightTransferEngine, the `refit` weight-transfer backend vLLM creates in every worker
+(refit.vllm.plugin registers it).  Each worker is one refit Receiver bound to its live model (bind.VllmBinding);
+an update is a pull, an agreement of every tensor-parallel worker on its outcome, then the post-load step."""
+import json
+import time
+from typing import List, Optional
+
+from vllm.distributed.weight_transfer.base import WeightTransferEngine
+from vllm.logger import init_logger
+
+from ..core import Receiver, RefitError
+from .bind import VllmBinding
+from .classify import moe_backend
+from .errors import RefitVllmError
+from .info import RefitInitInfo, RefitUpdateInfo
+
+logger = init_logger("vllm.refit")  # vLLM's format and level, prefixed with the worker in its log
+
+
+def _agree(outcome):
+    """outcome of every tensor-parallel worker of this model (gloo all_gather of small objects), in rank order."""
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+    tp = get_tp_group()
+    if tp.world_size == 1 or not dist.is_initialized():
+        return [outcome]
+    out = [None] * tp.world_size
+    dist.all_gather_object(out, outcome, group=tp.cpu_group)
+    return out
+
+
+def _init_report(b: VllmBinding) -> dict:
+    return {"layout": b.layout_str, "rank": b.geometry["rank"], "model": b.rmodel.name, "names": b.names,
+            "platform": b.platform, "classes": b.classes,
+            "moe_backend": sorted({moe_backend(it.module) for it in b.items
+                                   if hasattr(it.module, "global_num_experts")}),
+            "regions": len(b.regions), "staging_bytes": b.staging.numel(), "init_ms": b.init_ms}
+
+
+def _update_record(rep, pull_ms: float, apply_ms: dict, apply_total_ms: float) -> dict:
+    return {"version": rep.version, "bytes": rep.bytes, "sources": rep.sources, "transport": rep.transport,
+            "planned": rep.planned, "wait_ms": rep.wait_ms, "discover_ms": rep.discover_ms, "plan_ms": rep.plan_ms,
+            "transfer_ms": rep.transfer_ms, "verify_ms": rep.verify_ms, "pull_ms": pull_ms, "apply_ms": apply_ms,
+            "apply_total_ms": apply_total_ms}
+
+
+class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateInfo]):
+    """The `refit` weight-transfer backend of vLLM: one refit Receiver per worker (see refit.vllm)."""
+
+    init_info_cls = RefitInitInfo
+    update_info_cls = RefitUpdateInfo
+    supports_draft_weight_update = False  # the layout is the main model's
+
+    def __init__(self, config, vllm_config, device, model):
+        super().__init__(config, vllm_config, device, model)
+        self.binding: Optional[VllmBinding] = None
+        self.rx: Optional[Receiver] = None
+        self.info: Optional[RefitInitInfo] = None
+        self.report: dict = {}
+        self.reports: List[dict] = []
+        self._session: Optional[dict] = None
+
+    def init_transfer_engine(self, init_info: RefitInitInfo) -> None:
+        if self.rx is not None:
+            self.shutdown()
+        b = VllmBinding(self.model, self.vllm_config, init_info.model)
+        dev = self.device.index if getattr(self.device, "type", "cpu") == "cuda" else -1
+        if dev is None:
+            dev = 0
+        rx = Receiver(b.manifest, registry=init_info.registry, job=init_info.job, group=init_info.group,
+                      transports=init_info.transports, transport_options=init_info.transport_options,
+                      device=dev)
+        b.attach(rx)
+        self.binding, self.rx, self.info = b, rx, init_info
+        self.init_report = _init_report(b)
+        logger.info("refit: worker rank %d is %s rank %d of %s; expert names: %s; paths: %s",
+                    b.geometry["rank"], b.layout_str, b.geometry["rank"], b.rmodel.name, b.names or "none (dense)",
+                    {k: v["tensors"] for k, v in b.classes.items()})
+
+    def parse_update_info(self, update_dict) -> RefitUpdateInfo:
+        """{"version": N}, {"version": "newest"}, {} (newest), or the bare value (N or "newest")."""
+        if isinstance(update_dict, (int, str)) and not isinstance(update_dict, bool):
+            update_dict = {"version": update_dict}
+        return super().parse_update_info(update_dict)
+
+    def _need(self):
+        if self.rx is None:
+            raise RefitVllmError("the refit backend is not initialized: call init_weight_transfer_engine first")
+
+    def start_weight_update(self) -> None:
+        self._need()
+        self._session = {"start": time.perf_counter(), "updates": []}
+
+    def _pull(self, update_info: RefitUpdateInfo):
+        """This worker's pull: (report, None) or (None, (status, detail naming the worker and what was written))."""
+        want = None if update_info.version == "newest" else update_info.version
+        try:
+            return self.rx.pull(want, self.info.timeout_ms), None
+        except RefitError as e:
+            after = ("nothing was written" if self.rx.usable else
+                     "the transfer had begun: parameters written in place (the direct ones) may hold a mix of "
+                     "versions until an update succeeds")
+            return None, (e.status, f"worker rank {self.binding.geometry['rank']}: {e.detail}; {after}")
+
+    def receive_weights(self, update_info: RefitUpdateInfo) -> None:
+        self._need()
+        g = self.binding.geometry
+        t0 = time.perf_counter()
+        rep, err = self._pull(update_info)
+        # Every worker of the model learns every worker's outcome before any applies: no worker runs a version
+        # that another failed to pull, and every worker raises the same error.
+        outcomes = _agree(err)
+        failed = [o for o in outcomes if o is not None]
+        if failed:
+            mine = "" if err is not None else (
+                f" (worker rank {g['rank']} pulled version {rep.version}; its staged layers were not rebuilt and its "
+                "direct parameters hold that version until an update succeeds)")
+            raise RefitVllmError(f"update to version {update_info.version} failed ({self.binding.layout_str}, job "
+                                 f"{self.info.job}, group {self.info.group}): " + " | ".join(m for _, m in failed)
+                                 + mine + "; staged layers keep the previous version",
+                                 "update_weights", failed[0][0])
+        t1 = time.perf_counter()
+        apply_ms = self.binding.apply()
+        t2 = time.perf_counter()
+        rec = _update_record(rep, (t1 - t0) * 1e3, apply_ms, (t2 - t1) * 1e3)
+        if self._session is not None:
+            self._session["updates"].append(rec)
+        self.report = rec
+
+    def finish_weight_update(self) -> None:
+        self._need()
+        if self._session is None:
+            return
+        s, self._session = self._session, None
+        s["total_ms"] = (time.perf_counter() - s.pop("start")) * 1e3
+        self.report = dict(self.report, session_ms=s["total_ms"])
+        self.reports.append(s)
+        logger.info("refit: update done on rank %d: %s", self.binding.geometry["rank"], json.dumps(self.report))
+
+    def shutdown(self) -> None:
+        if self.rx is not None:
+            self.rx.close()
+        self.rx = None

@@ -1,0 +1,193 @@
+"""The binding: a live vLLM model described as a refit receiver of its worker's vllm layout -- the manifest, the
+memory of each region, and the step that runs after a pull (postload.apply).
+
+Region 0 is a staging arena holding the loader's layout of the staged tensors; every direct tensor is a region of
+its own whose memory is the live parameter's storage (no parameter is moved or re-allocated: the storage vLLM
+captured stays the storage)."""
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+
+from ..adapters import ALIGN, AdapterError
+from ..core import Layout, Manifest, Receiver, torch_dtype
+from . import postload
+from .classify import STAGED, classify
+from .errors import RefitVllmError
+from .geometry import detect_names, platform_name, refit_model, vocab_pad, worker_geometry
+
+
+@dataclass
+class Item:
+    """One local tensor of the layout: its live parameter, owning module and path."""
+    name: str
+    local: object  # core.Local of the scheme's manifest
+    module: object
+    attr: str
+    param: object
+    path: str
+
+
+def _refuse_unsupported(model, vllm_config):
+    """What no path of refit's handles, refused before anything is built, naming it."""
+    mc = vllm_config.model_config
+    if getattr(mc, "quantization", None):
+        raise RefitVllmError(f"quantization={mc.quantization!r} is not supported (refit moves unquantized "
+                             "weights; a quantized model repacks and rescales after loading)")
+    if getattr(vllm_config, "lora_config", None) is not None:
+        raise RefitVllmError("LoRA is enabled: its wrapped layers are not supported; run without enable_lora")
+    if "process_weights_after_loading" in type(model).__dict__:
+        raise RefitVllmError(f"{type(model).__name__} has a model-level process_weights_after_loading hook "
+                             "that refit does not run")
+    mla = sorted({type(mod).__name__ for mod in model.modules()
+                  if "MLA" in type(mod).__name__ or "LatentAttention" in type(mod).__name__})
+    if mla:
+        raise RefitVllmError(f"multi-head latent attention ({', '.join(mla)}) is not supported: vLLM derives "
+                             "W_UK_T / W_UV from kv_b_proj after loading, a step refit does not run")
+
+
+class VllmBinding:
+    """A live vLLM model described as a refit receiver of its worker's vllm layout: manifest, memory, apply step
+    (see the module docstring for the regions)."""
+
+    def __init__(self, model, vllm_config, identity: Optional[str] = None):
+        t0 = time.perf_counter()
+        self.model, self.vllm_config = model, vllm_config
+        _refuse_unsupported(model, vllm_config)
+        self.platform = platform_name()
+        if self.platform not in ("cpu", "cuda"):
+            raise RefitVllmError(f"platform {self.platform} is not supported (refit handles cpu and cuda)")
+        self.geometry = g = worker_geometry(vllm_config)
+        params = dict(model.named_parameters())
+        self.names = detect_names(params)
+        self.rmodel = refit_model(vllm_config.model_config, identity)
+        spec = (f"vllm:tp={g['tp']},ep={g['ep']},dp={g['dp']},pad={vocab_pad(params, self.rmodel, g['tp'])}"
+                + (",names=routed" if self.names == "routed" else ""))
+        self.layout = Layout(spec)
+        scheme = self.layout.manifest(self.rmodel, g["rank"])
+        self.layout_str = scheme.identity["layout"]
+        self.items = self._match(scheme.locals(), params)
+        self._check_expert_placement(self.items)
+        self.device = next(iter(params.values())).device
+        self._build_manifest(scheme)
+        self.classes = self._summarize()
+        self.init_ms = (time.perf_counter() - t0) * 1e3
+
+    def _match(self, locs, params) -> List[Item]:
+        """The scheme's local tensors matched to vLLM's parameters by name, classified, their shapes checked; every
+        difference raised at once (AdapterError)."""
+        g, model = self.geometry, self.model
+        expected = {l.name for l in locs}
+        missing = [l.name for l in locs if l.name not in params]
+        unexpected = [n for n in params if n not in expected]
+        if missing or unexpected:
+            raise AdapterError(f"{self.layout_str} rank {g['rank']} of {self.rmodel.name} against vLLM's "
+                               f"{type(model).__name__}", missing, unexpected, [])
+        items, mismatched = [], []
+        for l in locs:
+            mod_name, _, attr = l.name.rpartition(".")
+            module = model.get_submodule(mod_name)
+            item = Item(l.name, l, module, attr, params[l.name], classify(l.name, module, self.platform))
+            mismatched += self._check_shape(item)
+            items.append(item)
+        if mismatched:
+            raise AdapterError(f"{self.layout_str} rank {g['rank']} of {self.rmodel.name}", [], [], mismatched)
+        return items
+
+    def _build_manifest(self, scheme):
+        """The receiver's manifest: the scheme's local tensors and placements, in other regions (the staging arena,
+        then one region per direct tensor); sets manifest, staging, regions and staged_views."""
+        g = self.geometry
+        staged = [it for it in self.items if it.path in STAGED]
+        direct = [it for it in self.items if it not in staged]
+        m = Manifest.build(self.rmodel.name, self.layout_str, g["rank"], self.layout.world)
+        offsets, off = {}, 0
+        for it in staged:
+            offsets[it.name] = off
+            off += -(-it.local.nbytes // ALIGN) * ALIGN
+        m.add_region(max(off, ALIGN))
+        self.staging = torch.zeros(max(off, ALIGN), dtype=torch.uint8, device=self.device)
+        self.regions = [self.staging]
+        for it in staged:
+            m.add_local(it.name, it.local.dtype, it.local.shape, 0, offsets[it.name])
+        for it in direct:
+            r = m.add_region(it.local.nbytes)
+            m.add_local(it.name, it.local.dtype, it.local.shape, r, 0)
+            self.regions.append(it.param.data)
+        for c in scheme.canonical():
+            m.add_canonical(c.name, c.dtype, c.shape)
+        for p in scheme.placements():
+            m.add_placement(p.canonical, p.local, p.canon_offset, p.extent, p.local_offset)
+        m.finalize()
+        self.manifest = m
+        self.staged_views = {it.name: self.staging[offsets[it.name]:offsets[it.name] + it.local.nbytes]
+                             .view(torch_dtype(it.local.dtype)).view(it.local.shape) for it in staged}
+
+    # -- checks
+
+    def _check_shape(self, it: Item) -> List[str]:
+        l, p = it.local, it.param
+        want = f"{l.dtype} {list(l.shape)}"
+        got = f"{str(p.dtype).replace('torch.', '')} {list(p.shape)}"
+        if it.path in ("direct", "embedding"):
+            if torch_dtype(l.dtype) != p.dtype or tuple(p.shape) != tuple(l.shape) or not p.is_contiguous():
+                return [f"{it.name}: vLLM holds {got}{'' if p.is_contiguous() else ' (not contiguous)'}, "
+                        f"{self.layout_str} has {want}"]
+        elif it.path == "linear-cpu":
+            mod = it.module  # ReplicatedLinear keeps input_size only
+            shape = (sum(mod.output_partition_sizes), getattr(mod, "input_size_per_partition", None) or mod.input_size)
+            if shape != tuple(l.shape):
+                return [f"{it.name}: vLLM's layer loads [{shape[0]}, {shape[1]}], {self.layout_str} has {want}"]
+        elif it.path == "moe-cpu":
+            mc = it.module.moe_config
+            inter = mc.intermediate_size_per_partition_unpadded or mc.intermediate_size_per_partition
+            hidden = mc.hidden_dim_unpadded or mc.hidden_dim
+            e = it.module.local_num_experts
+            shape = (e, 2 * inter, hidden) if it.attr == "w13_weight" else (e, hidden, inter)
+            if shape != tuple(l.shape) or torch_dtype(l.dtype) != p.dtype:
+                return [f"{it.name}: vLLM's layer loads {str(p.dtype).replace('torch.', '')} {list(shape)}, "
+                        f"{self.layout_str} has {want}"]
+        return []
+
+    def _check_expert_placement(self, items):
+        """With expert parallel, vLLM's expert map must be the linear placement the vllm layout describes."""
+        g = self.geometry
+        for it in items:
+            if not hasattr(it.module, "global_num_experts"):
+                continue
+            emap = getattr(it.module, "expert_map", None)
+            if g["ep"] == 1:
+                if emap is not None:
+                    raise RefitVllmError(f"{it.name}: vLLM has an expert map without expert parallel")
+                continue
+            E = it.module.global_num_experts
+            base, rem = E // g["ep"], E % g["ep"]
+            r = g["rank"]
+            e0, ne = r * base + min(r, rem), base + (1 if r < rem else 0)
+            want = torch.full((E,), -1, dtype=torch.int32)
+            want[e0:e0 + ne] = torch.arange(ne, dtype=torch.int32)
+            if emap is None or emap.numel() < E or not torch.equal(emap[:E].cpu().to(torch.int32), want):
+                raise RefitVllmError(
+                    f"{it.name}: vLLM places experts {emap[:E].tolist() if emap is not None else None} on expert "
+                    f"rank {r} (expert_placement_strategy={g['placement']}); refit's vllm layout places them "
+                    f"linearly (experts {e0}..{e0 + ne - 1}); use expert_placement_strategy=\"linear\"")
+            return  # every MoE layer shares the map
+
+    def _summarize(self) -> Dict[str, dict]:
+        out: Dict[str, dict] = {}
+        for it in self.items:
+            c = out.setdefault(it.path, {"tensors": 0, "bytes": 0})
+            c["tensors"] += 1
+            c["bytes"] += it.local.nbytes
+        return out
+
+    # -- memory and the post-pull step
+
+    def attach(self, rx: Receiver):
+        for r, mem in enumerate(self.regions):
+            rx.attach(r, mem)
+
+    def apply(self) -> Dict[str, float]:
+        """After a complete pull: rebuild what vLLM derives from the loader's tensors.  Returns ms per class."""
+        return postload.apply(self.items, self.staged_views, self.model, self.platform)

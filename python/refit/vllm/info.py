@@ -1,0 +1,69 @@
+"""The backend's init_info and update_info (vLLM builds them from the dicts a caller passes to
+init_weight_transfer_engine and update_weights).  A bad field raises refit's InputError (a ValueError) or, for a
+value of the wrong type, ArgumentTypeError (also a TypeError, which vLLM's parser re-raises as a ValueError)."""
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
+
+from ..core import _arg_error, _type_error
+
+
+def _string(call: str, key: str, v, optional: bool):
+    """A non-empty string (or None when optional), or the error naming the field."""
+    if v is None and optional:
+        return
+    when = " when given" if optional else ""
+    if not isinstance(v, str):
+        raise _type_error(f"{key} must be a non-empty string{when}, not {v!r}", call)
+    if not v:
+        raise _arg_error(f"{key} must be a non-empty string{when}, not {v!r}", call)
+
+
+def _integer(call: str, key: str, v, what: str):
+    """An int (not a bool), or the type error naming the field; the caller checks its range."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _type_error(f"{key} must be {what}, not {v!r}", call)
+
+
+@dataclass
+class RefitInitInfo(WeightTransferInitInfo):
+    """init_info of init_weight_transfer_engine.  registry: "file:DIR" or "redis://HOST:PORT"; job: the job name
+    the publishers use; group: the publishers' group; transports: e.g. "shm,ucx" (None: the library's default);
+    timeout_ms: how long a pull waits for a version; model: the model name the publishers publish under, when it
+    differs from the one refit derives from vLLM's model path (the config directory's base name)."""
+    registry: str
+    job: str
+    group: str = "trainer"
+    transports: Optional[str] = None
+    timeout_ms: int = 60000
+    model: Optional[str] = None
+    transport_options: Optional[str] = None
+
+    def __post_init__(self):
+        call = "refit init_info"
+        for k in ("registry", "job", "group"):
+            _string(call, k, getattr(self, k), optional=False)
+        for k in ("transports", "model", "transport_options"):
+            _string(call, k, getattr(self, k), optional=True)
+        _integer(call, "timeout_ms", self.timeout_ms, "a positive integer")
+        if self.timeout_ms <= 0:
+            raise _arg_error(f"timeout_ms must be a positive integer, not {self.timeout_ms!r}", call)
+
+
+@dataclass
+class RefitUpdateInfo(WeightTransferUpdateInfo):
+    """update_info of update_weights: {"version": N} pulls version N, {"version": "newest"} (the default) the
+    newest complete version newer than the one held."""
+    version: Union[int, str] = "newest"
+
+    def __post_init__(self):
+        v, call = self.version, "refit update_info"
+        if v == "newest":
+            return
+        what = "a positive integer or \"newest\""
+        if isinstance(v, str):
+            raise _arg_error(f"version must be {what}, not {v!r}", call)
+        _integer(call, "version", v, what)
+        if v < 1:
+            raise _arg_error(f"version must be {what}, not {v!r}", call)
