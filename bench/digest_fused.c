@@ -229,8 +229,8 @@ static void print_variant(const bench_t *B, int v, int base, uint64_t bytes, int
     printf("    \"%s\": {\"ms_median\": %.1f, \"ms_min\": %.1f, \"ms_max\": %.1f, \"gbps_median\": %.2f, "
            "\"vs_%s\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}}%s\n",
            variant_name(v, buf, sizeof(buf)), median(B->t[v], rounds) * 1e3, vmin(B->t[v], rounds) * 1e3,
-           vmax(B->t[v], rounds) * 1e3, (double)bytes / median(B->t[v], rounds) / 1e9, variant_name(base, rb, sizeof(rb)),
-           median(r, rounds), vmin(r, rounds), vmax(r, rounds), last ? "" : ",");
+           vmax(B->t[v], rounds) * 1e3, (double)bytes / median(B->t[v], rounds) / 1e9,
+           variant_name(base, rb, sizeof(rb)), median(r, rounds), vmin(r, rounds), vmax(r, rounds), last ? "" : ",");
 }
 
 static void report(const bench_t *B, int rounds, const char *host, const char *auto_kernel)
@@ -294,8 +294,7 @@ int main(int argc, char **argv)
     memset(B->scopy, 0, B->sregion);
     B->table = xalloc(REFIT_MAX(refit_digest_table_bytes(sm), 64));
     for (int v = 0; v < V_COUNT; v++) B->on[v] = true;
-    for (int i = 0; i < NKERNELS; i++)
-        B->on[V_CTH0 + i] = B->on[V_FUSED0 + i] = B->on[V_PUB0 + i] = rx.keys[i] != NULL;
+    for (int i = 0; i < NKERNELS; i++) B->on[V_CTH0 + i] = B->on[V_FUSED0 + i] = B->on[V_PUB0 + i] = rx.keys[i] != NULL;
     for (int r = 0; r < rounds; r++)
         for (int x = 0; x < V_COUNT; x++) {
             int v = (x + r) % V_COUNT;

@@ -188,8 +188,8 @@ static void *fill_worker(void *arg)
             if (r + 1 < it->nrows) {
                 h = row_hash(J->k, it->tid, it->row + r + 1);
                 uint32_t rb[2] = {(uint32_t)h | 1, (uint32_t)(h >> 32) | 1};
-                digest_pub_rows2_any(J->k, it->p + r * it->stride, it->p + (r + 1) * it->stride, it->j, it->n, ra,
-                                     rb, g0, g1, sa, sb);
+                digest_pub_rows2_any(J->k, it->p + r * it->stride, it->p + (r + 1) * it->stride, it->j, it->n, ra, rb,
+                                     g0, g1, sa, sb);
                 Pr[2] = rb[0] * sb[0];
                 Pr[3] = rb[1] * sb[1];
             } else {
@@ -324,7 +324,8 @@ done:
 refit_status_t refit_digest_items(const refit_digest_key_t *k, const refit_manifest_t *m, const void *const *bases,
                                   bool table, refit_digest_item_t **out, size_t *nout)
 {
-    if (!k || !m || !bases || !out || !nout) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_items: NULL argument");
+    if (!k || !m || !bases || !out || !nout)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_items: NULL argument");
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_items: manifest is not finalized");
     items_t items = {0};
     uint64_t *tids = tensor_ids(k, m);

@@ -116,8 +116,8 @@ AVX512_INLINE void seg512(const int16_t *k0, const uint8_t *p, uint8_t *d, int s
 /* *a0, *a1 += the products of units [0,n) at p with K[j..j+n) (copied to d when store): pieces of block 0
  * (multiplier 1) add straight into the accumulators, others are summed apart and every lane multiplied by
  * the block's m_l (the sum distributes), as dot_avx2 does. */
-AVX512_INLINE void dot512(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t j,
-                          uint64_t n, __m512i *a0, __m512i *a1)
+AVX512_INLINE void dot512(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t j, uint64_t n,
+                          __m512i *a0, __m512i *a1)
 {
     while (n) {
         uint64_t jj = j & (KCOLS - 1), len = REFIT_MIN(n, KCOLS - jj);
@@ -141,8 +141,8 @@ AVX512_INLINE void dot512(const refit_digest_key_t *k, const uint8_t *p, uint8_t
 /* acc += D of nrows rows (src row i at p + i * sstride), copied to d + i * dstride when store.  A row's dot
  * stays in vector lanes and is multiplied there by the row key (the lanes' sum is linear). */
 AVX512_INLINE void rows_body512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
-                                uint8_t *d, uint64_t dstride, int store, const uint8_t *p, uint64_t sstride,
-                                uint64_t n, uint32_t acc[2])
+                                uint8_t *d, uint64_t dstride, int store, const uint8_t *p, uint64_t sstride, uint64_t n,
+                                uint32_t acc[2])
 {
     __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
     for (uint64_t i = 0; i < nrows; i++) {
@@ -162,9 +162,9 @@ AVX512 void digest_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64
     rows_body512(k, tid, row, nrows, j, NULL, 0, STORE_NONE, p, stride, n, acc);
 }
 
-AVX512 void digest_copy_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows,
-                                    uint64_t j, uint8_t *d, uint64_t dstride, const uint8_t *p, uint64_t sstride,
-                                    uint64_t n, uint32_t acc[2])
+AVX512 void digest_copy_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                                    uint8_t *d, uint64_t dstride, const uint8_t *p, uint64_t sstride, uint64_t n,
+                                    uint32_t acc[2])
 {
     if (nrows * n * 2 >= DIGEST_STREAM_BYTES) {
         rows_body512(k, tid, row, nrows, j, d, dstride, STORE_STREAM, p, sstride, n, acc);
@@ -214,8 +214,8 @@ AVX512_INLINE __m512i cols2(__m512i x, __m512i va, __m512i vb, __m512i ra, __m51
 /* Two rows: each row's dot, then one pass over g0, g1 adding both rows' r * v_t (the column sums are loaded
  * and stored once for two rows, half the traffic of two digest_pub_row_avx512 calls). */
 AVX512 void digest_pub_rows2_avx512(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j,
-                                    uint64_t n, const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0,
-                                    uint32_t *g1, uint32_t sa[2], uint32_t sb[2])
+                                    uint64_t n, const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1,
+                                    uint32_t sa[2], uint32_t sb[2])
 {
     digest_dot_avx512(k, pa, j, n, sa);
     digest_dot_avx512(k, pb, j, n, sb);

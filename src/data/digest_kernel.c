@@ -356,8 +356,8 @@ AVX2_INLINE void piece_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8
  * K[j..j+n); the lanes' sum is the dot product mod 2^32.  Pieces of block 0
  * (multiplier 1) add straight into the accumulators; others are summed
  * apart and every lane multiplied by the block's m_l. */
-AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t j,
-                          uint64_t n, __m256i *a0, __m256i *a1)
+AVX2_INLINE void dot_avx2(const refit_digest_key_t *k, const uint8_t *p, uint8_t *d, int store, uint64_t j, uint64_t n,
+                          __m256i *a0, __m256i *a1)
 {
     while (n) {
         uint64_t jj = j & (KCOLS - 1), len = REFIT_MIN(n, KCOLS - jj);
@@ -388,8 +388,8 @@ AVX2 static void dot_total_avx2(const refit_digest_key_t *k, const uint8_t *p, u
 
 /* acc += D of nrows rows (src row i at p + i * sstride), copied to d + i * dstride when store. */
 AVX2_INLINE void rows_body_avx2(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
-                                uint8_t *d, uint64_t dstride, int store, const uint8_t *p, uint64_t sstride,
-                                uint64_t n, uint32_t acc[2])
+                                uint8_t *d, uint64_t dstride, int store, const uint8_t *p, uint64_t sstride, uint64_t n,
+                                uint32_t acc[2])
 {
     __m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256();
     for (uint64_t i = 0; i < nrows; i++) {
@@ -560,9 +560,9 @@ void refit_digest_rows(const refit_digest_key_t *k, uint64_t tid, uint64_t row, 
     digest_rows_any(k, tid, row, nrows, first_unit, p, stride, n, acc->lane);
 }
 
-void refit_digest_copy_rows(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t first_unit,
-                            void *dst, uint64_t dst_stride, const void *src, uint64_t src_stride, uint64_t n,
-                            refit_dsum_t *acc)
+void refit_digest_copy_rows(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows,
+                            uint64_t first_unit, void *dst, uint64_t dst_stride, const void *src, uint64_t src_stride,
+                            uint64_t n, refit_dsum_t *acc)
 {
     if (!nrows || !n) return;
 #if DIGEST_HAVE_AVX512

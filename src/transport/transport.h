@@ -84,7 +84,7 @@ typedef struct {
  * memory, the 8-byte word at word_off of its region `region` (a source
  * region index) equals `word` and the byte at flag_off of that region is
  * non-zero, waiting up to `ms` (> 0) for it; a request still waiting then
- * fails the pull with REFIT_ERR_BUSY.  A relay's progress (engine/fleet.h)
+ * fails the pull with REFIT_ERR_BUSY.  A relay's progress (engine/fleet/fleet.h)
  * is such a pair: the version it receives and a chunk's mark, so a reader
  * asks for a chunk before it is written and gets it one link's latency
  * after. */

@@ -212,14 +212,14 @@ static refit_manifest_t *hand(const box_t *b, size_t nb)
 static void hand_boxes(const refit_digest_key_t *k)
 {
     const box_t b[] = {
-        {"long_1d", REFIT_DTYPE_BF16, 1, {200003, 0}, {0, 0}, {200003, 0}},           /* 4 key blocks, odd tail */
-        {"wide_rows", REFIT_DTYPE_BF16, 2, {37, 70001}, {5, 0}, {25, 70001}},         /* rows not 16-byte aligned */
-        {"cut_cols", REFIT_DTYPE_BF16, 2, {9, 66003}, {0, 3}, {9, 65997}},            /* column start 3, across a block */
-        {"f32_rows", REFIT_DTYPE_F32, 2, {300, 4096}, {100, 0}, {130, 4096}},         /* vector path, 8192 units/row */
-        {"narrow", REFIT_DTYPE_BF16, 2, {1000, 24}, {0, 0}, {1000, 24}},              /* many rows per tile */
-        {"odd_units", REFIT_DTYPE_F16, 2, {70, 13}, {0, 0}, {70, 13}},                /* 13 units: tails only */
-        {"cols_aligned", REFIT_DTYPE_BF16, 2, {129, 4096}, {0, 2048}, {129, 2048}},   /* column half */
-        {"block_edge", REFIT_DTYPE_BF16, 2, {3, 131072}, {0, 65528}, {3, 16}},        /* 8 units each side */
+        {"long_1d", REFIT_DTYPE_BF16, 1, {200003, 0}, {0, 0}, {200003, 0}},         /* 4 key blocks, odd tail */
+        {"wide_rows", REFIT_DTYPE_BF16, 2, {37, 70001}, {5, 0}, {25, 70001}},       /* rows not 16-byte aligned */
+        {"cut_cols", REFIT_DTYPE_BF16, 2, {9, 66003}, {0, 3}, {9, 65997}},          /* column start 3, across a block */
+        {"f32_rows", REFIT_DTYPE_F32, 2, {300, 4096}, {100, 0}, {130, 4096}},       /* vector path, 8192 units/row */
+        {"narrow", REFIT_DTYPE_BF16, 2, {1000, 24}, {0, 0}, {1000, 24}},            /* many rows per tile */
+        {"odd_units", REFIT_DTYPE_F16, 2, {70, 13}, {0, 0}, {70, 13}},              /* 13 units: tails only */
+        {"cols_aligned", REFIT_DTYPE_BF16, 2, {129, 4096}, {0, 2048}, {129, 2048}}, /* column half */
+        {"block_edge", REFIT_DTYPE_BF16, 2, {3, 131072}, {0, 65528}, {3, 16}},      /* 8 units each side */
     };
     refit_manifest_t *m = hand(b, sizeof(b) / sizeof(b[0]));
     assert_true(compare("hand-made boxes", k, m) == sizeof(b) / sizeof(b[0]));

@@ -130,8 +130,7 @@ static void copy_case(refit_digest_key_t *keys[NIMPL], const shape_t *c)
     assert_true(src && ref && dst);
     fill_units(src, sbytes, c->pattern);
     memset(ref, 0xa5, dbytes);
-    for (uint64_t i = 0; i < c->nrows; i++)
-        memcpy(ref + c->dmis + i * dstride, src + c->smis + i * sstride, 2 * c->n);
+    for (uint64_t i = 0; i < c->nrows; i++) memcpy(ref + c->dmis + i * dstride, src + c->smis + i * sstride, 2 * c->n);
     refit_dsum_t want = {{0x12345678u, 0x9abcdef0u}};
     refit_digest_rows(keys[0], 77, 1000, c->nrows, c->first, ref + c->dmis, dstride, c->n, &want);
     for (int i = 0; i < NIMPL; i++) {
@@ -166,26 +165,38 @@ static void copy_rows_agree(void **state)
         for (size_t fi = 0; fi < REFIT_ARRAY_LEN(firsts); fi++)
             for (size_t pi = 0; pi < REFIT_ARRAY_LEN(pads); pi++)
                 for (unsigned mis = 0; mis < 4; mis++) {
-                    shape_t c = {3, ns[ni], firsts[fi], pads[pi], pads[(pi + mis) % 4], mis, (mis * 3) % 4,
-                                 pattern++ % 4};
+                    shape_t c = {3,   ns[ni],        firsts[fi],   pads[pi], pads[(pi + mis) % 4],
+                                 mis, (mis * 3) % 4, pattern++ % 4};
                     copy_case(keys, &c);
                 }
     /* Rows across one or two block boundaries, a large stride, nrows 0 and 1. */
     const shape_t big[] = {
-        {2, 65536, 0, 0, 0, 1, 0, 0},           {2, 65537, 0, 2, 1, 0, 1, 3},
-        {1, 140000, 1000, 0, 0, 3, 2, 0},       {2, 70001, 65536 - 3, 5, 7, 1, 1, 1},
-        {3, 100, 12, 1u << 20, (1u << 20) + 1, 2, 3, 0}, {0, 100, 0, 0, 0, 0, 0, 0},
+        {2, 65536, 0, 0, 0, 1, 0, 0},
+        {2, 65537, 0, 2, 1, 0, 1, 3},
+        {1, 140000, 1000, 0, 0, 3, 2, 0},
+        {2, 70001, 65536 - 3, 5, 7, 1, 1, 1},
+        {3, 100, 12, 1u << 20, (1u << 20) + 1, 2, 3, 0},
+        {0, 100, 0, 0, 0, 0, 0, 0},
         {1, 2 * 65536 + 50, 65536 - 17, 0, 0, 0, 3, 2},
         /* Calls of at least 256 KiB stream their stores: dst unaligned but even (a head first), odd (plain
          * stores), aligned; many rows of 1000 units each with its own head; rows too short to stream. */
-        {4, 40000, 7, 2, 6, 0, 2, 0},           {4, 40001, 65536 - 100, 0, 1, 1, 1, 3},
-        {3, 70001, 65536 - 3, 64, 64, 3, 0, 1}, {300, 1000, 5, 0, 0, 0, 4, 2},
-        {300, 1001, 65536 - 500, 3, 2, 1, 2, 0}, {700, 250, 0, 0, 2, 0, 2, 3},
+        {4, 40000, 7, 2, 6, 0, 2, 0},
+        {4, 40001, 65536 - 100, 0, 1, 1, 1, 3},
+        {3, 70001, 65536 - 3, 64, 64, 3, 0, 1},
+        {300, 1000, 5, 0, 0, 0, 4, 2},
+        {300, 1001, 65536 - 500, 3, 2, 1, 2, 0},
+        {700, 250, 0, 0, 2, 0, 2, 3},
     };
     for (size_t i = 0; i < REFIT_ARRAY_LEN(big); i++) copy_case(keys, &big[i]);
     for (int r = 0; r < 300; r++) {
-        shape_t c = {rnd() % 6,    rnd() % 700, rnd() % 4 ? rnd() % 1000 : rnd() % (4 * 65536), rnd() % 130,
-                     rnd() % 130, (unsigned)(rnd() % 8), (unsigned)(rnd() % 8), (int)(rnd() % 4)};
+        shape_t c = {rnd() % 6,
+                     rnd() % 700,
+                     rnd() % 4 ? rnd() % 1000 : rnd() % (4 * 65536),
+                     rnd() % 130,
+                     rnd() % 130,
+                     (unsigned)(rnd() % 8),
+                     (unsigned)(rnd() % 8),
+                     (int)(rnd() % 4)};
         copy_case(keys, &c);
     }
     keys_free(keys);

@@ -20,6 +20,7 @@
 
 extern "C" {
 #include "data/digest.h"
+#include "truth/truth_hd.h" /* refit_hd_mix64: refit_mix64 on the device */
 }
 
 #define TILE_ROWS 64u
@@ -47,28 +48,18 @@ struct refit_gpu_digest {
     int dev;
     bool table;
     cudaStream_t stream;
-    int16_t *kc;       /* 2 x 65536 column keys, lane 1 after lane 0 */
-    tile_t *tiles;     /* device */
+    int16_t *kc;   /* 2 x 65536 column keys, lane 1 after lane 0 */
+    tile_t *tiles; /* device */
     uint64_t ntiles;
-    seg_t *segs;       /* device, table only: one per digestible placement */
+    seg_t *segs; /* device, table only: one per digestible placement */
     uint64_t nsegs, entries;
-    uint32_t *out;     /* device: local sums (2 per placement) or the bad-placement flag */
+    uint32_t *out; /* device: local sums (2 per placement) or the bad-placement flag */
     uint32_t nplacements;
     uint64_t row_seed, blk_seed;
-    void *scan_tmp;    /* table: CUB's scratch and the scanned copy */
+    void *scan_tmp; /* table: CUB's scratch and the scanned copy */
     size_t scan_tmp_bytes;
     uint2 *scanned;
 };
-
-__device__ __forceinline__ uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 31;
-    x *= 0x7fb5d329728ea185ULL;
-    x ^= x >> 27;
-    x *= 0x81dadef4bc2dd44dULL;
-    x ^= x >> 33;
-    return x;
-}
 
 __device__ __forceinline__ void block_mult(uint64_t blk_seed, uint64_t b, uint32_t m[2])
 {
@@ -76,7 +67,7 @@ __device__ __forceinline__ void block_mult(uint64_t blk_seed, uint64_t b, uint32
         m[0] = m[1] = 1;
         return;
     }
-    uint64_t h = mix64(blk_seed + b * GOLDEN);
+    uint64_t h = refit_hd_mix64(blk_seed + b * GOLDEN);
     m[0] = (uint32_t)h | 1;
     m[1] = (uint32_t)(h >> 32) | 1;
 }
@@ -133,7 +124,7 @@ __global__ void __launch_bounds__(THREADS) local_tiles(const tile_t *tiles, cons
     uint32_t m[2];
     block_mult(blk_seed, s.j / KCOLS_, m);
     for (uint32_t t = threadIdx.x; t < s.nrows; t += blockDim.x) {
-        uint64_t h = mix64((s.tid ^ row_seed) + (s.row + t) * GOLDEN);
+        uint64_t h = refit_hd_mix64((s.tid ^ row_seed) + (s.row + t) * GOLDEN);
         rk[t][0] = ((uint32_t)h | 1) * m[0];
         rk[t][1] = ((uint32_t)(h >> 32) | 1) * m[1];
     }
@@ -196,8 +187,8 @@ __global__ void __launch_bounds__(THREADS) local_tiles(const tile_t *tiles, cons
  * covers), so its column sums r(t,i) v_ij stay in registers across rows; row dots go to shared memory;
  * per tile, the row terms r m dot into the P slots and the column sums into the Q slots (atomics: a row
  * wider than a tile, a placement of several items). */
-__global__ void __launch_bounds__(THREADS) table_tiles(const tile_t *tiles, const int16_t *kc, uint64_t row_seed,
-                                                       uint64_t blk_seed, uint32_t *tab)
+__global__ void __launch_bounds__(THREADS)
+    table_tiles(const tile_t *tiles, const int16_t *kc, uint64_t row_seed, uint64_t blk_seed, uint32_t *tab)
 {
     __shared__ uint32_t rk[TILE_ROWS][2], rd[TILE_ROWS][2];
     __shared__ uint32_t g[TILE_UNITS][2];
@@ -205,7 +196,7 @@ __global__ void __launch_bounds__(THREADS) table_tiles(const tile_t *tiles, cons
     uint32_t m[2];
     block_mult(blk_seed, s.j / KCOLS_, m);
     for (uint32_t t = threadIdx.x; t < s.nrows; t += blockDim.x) {
-        uint64_t h = mix64((s.tid ^ row_seed) + (s.row + t) * GOLDEN);
+        uint64_t h = refit_hd_mix64((s.tid ^ row_seed) + (s.row + t) * GOLDEN);
         rk[t][0] = (uint32_t)h | 1;
         rk[t][1] = (uint32_t)(h >> 32) | 1;
         rd[t][0] = rd[t][1] = 0;
@@ -294,8 +285,7 @@ __global__ void rebase(const seg_t *segs, const uint2 *scanned, uint2 *tab, uint
 /* ---- host side ------------------------------------------------------------ */
 
 /* Cuts item `it` into tiles (rows of TILE_ROWS, columns of TILE_UNITS not crossing a key block). */
-static int push_tiles(tiles_t *v, const refit_digest_item_t *it, uint64_t pbase, uint64_t qbase,
-                      uint64_t c)
+static int push_tiles(tiles_t *v, const refit_digest_item_t *it, uint64_t pbase, uint64_t qbase, uint64_t c)
 {
     for (uint64_t r = 0; r < it->nrows; r += TILE_ROWS)
         for (uint64_t u = 0; u < it->n;) {
@@ -364,8 +354,7 @@ extern "C" void refit_gpu_digest_destroy(refit_gpu_digest_t *g)
     free(g);
 }
 
-static refit_status_t upload(refit_gpu_digest_t *g, const refit_digest_key_t *k, const tile_t *tiles,
-                             const seg_t *segs)
+static refit_status_t upload(refit_gpu_digest_t *g, const refit_digest_key_t *k, const tile_t *tiles, const seg_t *segs)
 {
     refit_status_t st = REFIT_OK;
     CK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
@@ -436,8 +425,8 @@ static refit_status_t local_run(refit_gpu_digest_t *g, int64_t src_delta, bool c
         local_tiles<true><<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed, g->blk_seed,
                                                                           src_delta, g->out);
     else if (g->ntiles)
-        local_tiles<false><<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed, g->blk_seed,
-                                                                           0, g->out);
+        local_tiles<false>
+            <<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed, g->blk_seed, 0, g->out);
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(sums, g->out, bytes, cudaMemcpyDeviceToHost, g->stream));
     CK(cudaStreamSynchronize(g->stream));

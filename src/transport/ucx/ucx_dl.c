@@ -24,11 +24,13 @@ static void dl_open(void)
         snprintf(dl_failure, sizeof(dl_failure), "cannot load %s (%s)", UCX_DL_LIBRARY, dlerror());
         return;
     }
-#define UCX_DL_RESOLVE(name)                                                                              \
-    if (!(ucx_dl.name = (__typeof__(ucx_dl.name))dlsym(h, #name))) {                                      \
-        snprintf(dl_failure, sizeof(dl_failure), "%s has no %s (a UCX older than the one refit was built " \
-                 "against?)", UCX_DL_LIBRARY, #name);                                                     \
-        return;                                                                                           \
+#define UCX_DL_RESOLVE(name)                                               \
+    if (!(ucx_dl.name = (__typeof__(ucx_dl.name))dlsym(h, #name))) {       \
+        snprintf(dl_failure, sizeof(dl_failure),                           \
+                 "%s has no %s (a UCX older than the one refit was built " \
+                 "against?)",                                              \
+                 UCX_DL_LIBRARY, #name);                                   \
+        return;                                                            \
     }
     REFIT_UCX_FUNCTIONS(UCX_DL_RESOLVE)
 #undef UCX_DL_RESOLVE
@@ -38,8 +40,10 @@ refit_status_t ucx_dl_load(void)
 {
     pthread_once(&dl_once, dl_open);
     if (dl_failure[0])
-        return refit_error(REFIT_ERR_UNSUPPORTED, "ucx: %s: install UCX (pip install libucx-cu12, or the "
-                                                  "system's libucx0)", dl_failure);
+        return refit_error(REFIT_ERR_UNSUPPORTED,
+                           "ucx: %s: install UCX (pip install libucx-cu12, or the "
+                           "system's libucx0)",
+                           dl_failure);
     return REFIT_OK;
 }
 #else

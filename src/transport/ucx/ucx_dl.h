@@ -14,14 +14,40 @@
 #include "refit/status.h"
 
 #ifdef REFIT_UCX_DLOPEN
-#define REFIT_UCX_FUNCTIONS(X)                                                                             \
-    X(ucp_am_recv_data_nbx) X(ucp_am_send_nbx) X(ucp_cleanup) X(ucp_config_modify) X(ucp_config_read)      \
-    X(ucp_config_release) X(ucp_ep_close_nbx) X(ucp_ep_create) X(ucp_ep_print_info) X(ucp_ep_rkey_unpack)  \
-    X(ucp_get_nbx) X(ucp_init_version) X(ucp_listener_create) X(ucp_listener_destroy) X(ucp_listener_query) \
-    X(ucp_listener_reject) X(ucp_mem_map) X(ucp_mem_unmap) X(ucp_request_check_status) X(ucp_request_free) \
-    X(ucp_rkey_buffer_release) X(ucp_rkey_destroy) X(ucp_rkey_pack) X(ucp_worker_arm) X(ucp_worker_create) \
-    X(ucp_worker_destroy) X(ucp_worker_get_efd) X(ucp_worker_progress) X(ucp_worker_query)                 \
-    X(ucp_worker_set_am_recv_handler) X(ucs_status_string)
+// clang-format off (one function a line: clang-format 14 re-wraps this list differently on every run)
+#define REFIT_UCX_FUNCTIONS(X)        \
+    X(ucp_am_recv_data_nbx)           \
+    X(ucp_am_send_nbx)                \
+    X(ucp_cleanup)                    \
+    X(ucp_config_modify)              \
+    X(ucp_config_read)                \
+    X(ucp_config_release)             \
+    X(ucp_ep_close_nbx)               \
+    X(ucp_ep_create)                  \
+    X(ucp_ep_print_info)              \
+    X(ucp_ep_rkey_unpack)             \
+    X(ucp_get_nbx)                    \
+    X(ucp_init_version)               \
+    X(ucp_listener_create)            \
+    X(ucp_listener_destroy)           \
+    X(ucp_listener_query)             \
+    X(ucp_listener_reject)            \
+    X(ucp_mem_map)                    \
+    X(ucp_mem_unmap)                  \
+    X(ucp_request_check_status)       \
+    X(ucp_request_free)               \
+    X(ucp_rkey_buffer_release)        \
+    X(ucp_rkey_destroy)               \
+    X(ucp_rkey_pack)                  \
+    X(ucp_worker_arm)                 \
+    X(ucp_worker_create)              \
+    X(ucp_worker_destroy)             \
+    X(ucp_worker_get_efd)             \
+    X(ucp_worker_progress)            \
+    X(ucp_worker_query)               \
+    X(ucp_worker_set_am_recv_handler) \
+    X(ucs_status_string)
+// clang-format on
 
 /* One pointer per function, each of its function's type; filled by ucx_dl_load(). */
 struct ucx_dl_functions {
@@ -49,8 +75,7 @@ refit_status_t ucx_dl_load(void);
 #define ucp_ep_rkey_unpack (*ucx_dl.ucp_ep_rkey_unpack)
 #define ucp_get_nbx (*ucx_dl.ucp_get_nbx)
 /* ucp_init is an inline wrapper of ucp_init_version in ucp.h */
-#define ucp_init(params, config, context) \
-    ucx_dl.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, params, config, context)
+#define ucp_init(params, config, context) ucx_dl.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, params, config, context)
 #define ucp_listener_create (*ucx_dl.ucp_listener_create)
 #define ucp_listener_destroy (*ucx_dl.ucp_listener_destroy)
 #define ucp_listener_query (*ucx_dl.ucp_listener_query)
