@@ -2,7 +2,8 @@
  *
  * Tests (and the benchmarks that emulate links on one host) steer the engine
  * through environment variables: REFIT_TEST_THROTTLE paces holders,
- * REFIT_TEST_PAUSE_MS pauses a receiver once it has committed to a transfer,
+ * REFIT_TEST_PAUSE_MS pauses a receiver once it has committed to a transfer
+ * (and creates the file REFIT_TEST_PAUSE_FILE names as the pause begins),
  * REFIT_TEST_CORRUPT_DELTA makes a delta publisher offer broken deltas,
  * REFIT_UNSAFE_RMA=1 lets the UCX transport take rma=emulated (docs/env.md,
  * "Test flavour only").

@@ -207,6 +207,12 @@ typedef struct {
     int pause_ms;
 } victim_arg_t;
 
+/* The file the victim's receiver creates as its pause begins (REFIT_TEST_PAUSE_FILE). */
+static void pause_mark(const reg_t *g, const char *reader, char *out, size_t cap)
+{
+    snprintf(out, cap, "/tmp/refit-test-paused-%s-%s", g->job, reader);
+}
+
 static int victim_main(void *arg, int in, int resp)
 {
     (void)in;
@@ -214,6 +220,9 @@ static int victim_main(void *arg, int in, int resp)
     char ms[16];
     snprintf(ms, sizeof(ms), "%d", x->pause_ms);
     setenv("REFIT_TEST_PAUSE_MS", ms, 1);
+    char mark[160];
+    pause_mark(x->g, x->reader, mark, sizeof(mark));
+    setenv("REFIT_TEST_PAUSE_FILE", mark, 1);
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
     rp.registry = x->g->url;
     rp.job = x->g->job;
@@ -256,6 +265,18 @@ static void victim_result(tool_proc_t *victim, char *out, size_t cap)
     tool_proc_wait(victim, 30.0);
 }
 
+/* Until the victim's receiver is in its pause (past its lease and the stamps it reads before the transfer):
+ * what a test does from here happens during the transfer, however slow the machine. */
+static void wait_paused(const reg_t *g, const char *reader)
+{
+    char mark[160];
+    pause_mark(g, reader, mark, sizeof(mark));
+    double t0 = refit_now();
+    while (access(mark, F_OK) != 0 && t_ms_since(t0) < 30000) t_msleep(5);
+    assert_int_equal(access(mark, F_OK), 0);
+    unlink(mark);
+}
+
 static void wait_lease(const reg_t *g, uint64_t v)
 {
     refit_registry_t *reg;
@@ -280,6 +301,7 @@ static pub_t victim_scene(reg_t *g, tool_proc_t *victim)
     PUB_OK(&p, "publish 1");
     *victim = fenced_victim(g, "victim", 1500);
     wait_lease(g, 1);
+    wait_paused(g, "victim");
     return p;
 }
 
@@ -428,6 +450,7 @@ static void registry_lost_mid_read_fenced(void **state)
     PUB_OK(&p, "publish 1");
     tool_proc_t victim = fenced_victim(&g, "victim", 2500);
     wait_lease(&g, 1);
+    wait_paused(&g, "victim");
     t_redis_stop(&rs);
     assert_true(t_redis_start(&rs, rs.port));
     /* The publisher's default lease_ms is 10 s: within 1.5 s it must refuse
