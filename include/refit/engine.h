@@ -122,8 +122,9 @@ REFIT_API const refit_abi_field_t *refit_abi_layout(size_t *count);
  * write the registry or reach a listener is then trusted. */
 
 /* The most memory regions a publisher's manifest may have (refit_publisher_create
- * refuses more with REFIT_ERR_INVALID_ARG), and the most a relay (a receiver
- * with relay_slot >= 0) serves.  511: a publisher exposes per buffer its
+ * refuses more with REFIT_ERR_INVALID_ARG); a relay (a receiver with
+ * relay_slot >= 0) serves at most one fewer of its own, its progress region
+ * being one more (refit_receiver_create refuses more).  511: a publisher exposes per buffer its
  * regions, as many delta arenas (delta mode), a digest table and a version
  * stamp, 2 * 511 + 2 = 1024 regions, the most one shm connection maps.  The
  * vLLM backend makes one region per directly bound parameter (about 435 for
@@ -147,7 +148,7 @@ typedef struct {
     /* Delta refit (host memory).  The publisher keeps a copy of what it last
      * published (one more copy of its regions) and, with each version, the
      * difference from the previous one in its own byte coordinates (sparse
-     * 2-byte units, or whole chunks where denser: refit/delta.h), exposed
+     * 2-byte units, or whole chunks where denser: refit/experimental/delta.h), exposed
      * like its memory.  A receiver whose memory holds exactly the previous
      * version (same publisher incarnation) fetches the parts of the delta its
      * plan reads and applies them in place; any other receiver pulls in full. */
@@ -278,7 +279,7 @@ typedef struct {
     bool no_digest;          /* true: do not check the pulled bytes against the sources' content digests
                                       (for those who accept the risk); false: every verifiable byte is checked
                                       before the version is committed (REFIT_ERR_VERIFY naming the tensor) */
-    bool fp8;                /* true: the memory is the FP8 variant of the manifest's layout (refit/fp8.h:
+    bool fp8;                /* true: the memory is the FP8 variant of the manifest's layout (refit/experimental/fp8.h:
                                       e4m3 linear weights in 128x128 blocks with fp32 scales, the rest as is;
                                       one region of refit_fp8_target_bytes, tensors as refit_receiver_fp8_target
                                       lists them), quantized from the bf16 sources on the GPU while pulling:

@@ -238,7 +238,7 @@ def _candidates():
 
 
 def _preload_ucx(path):
-    """The wheel's librefit.so is linked against libucp from UCX's own wheel (libucx-cu12 or -cu13, a dependency of
+    """The wheel's librefit.so opens libucp at run time, from UCX's own wheel (libucx-cu12 or -cu13, a dependency of
     the refit wheel): load that first, as the libucx package asks of the libraries built against it (it honours
     RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY).  The library's RUNPATH ($ORIGIN/../libucx/lib) finds it too where both
     lie in one site-packages.  Other libraries (a system or build-tree librefit.so) keep the UCX they were built

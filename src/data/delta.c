@@ -1,5 +1,5 @@
 /* Delta refit: encoding at the source, plan-guided application at the
- * destination.  See refit/delta.h for the format. */
+ * destination.  See refit/experimental/delta.h for the format. */
 #include "refit/experimental/delta.h"
 
 #include <pthread.h>

@@ -1,6 +1,6 @@
 /* FP8 targets: e4m3 conversion, 128x128 block quantization, the FP8 variant
  * of a bf16 receiver layout (with its grid alignment check) and the
- * source-side stage.  See refit/fp8.h. */
+ * source-side stage.  See refit/experimental/fp8.h. */
 #include "refit/experimental/fp8.h"
 
 #include <math.h>

@@ -1,6 +1,6 @@
 /* The block-FP8 quantizer's arithmetic, shared by the CPU stage (fp8.c) and
  * the GPU quantize-on-copy kernel (src/transport/cuda/fp8_copy.cu): one
- * definition, so that both give the same bits (refit/fp8.h has the rule).
+ * definition, so that both give the same bits (refit/experimental/fp8.h has the rule).
  *
  * Every float operation here is a single IEEE operation rounded to nearest;
  * on the device they are written with the _rn intrinsics so that nvcc does

@@ -1,4 +1,4 @@
-/* include/refit/probe.h, the transports' part: which are built in, and
+/* include/refit/experimental/probe.h, the transports' part: which are built in, and
  * whether a set of them opens with given options (as a publisher's would). */
 #include "engine/engine.h"
 #include "refit/experimental/probe.h"

@@ -48,6 +48,7 @@
 
 struct refit_publisher {
     refit_registry_t *reg;
+    char *strings; /* the params' strings, copied at create (refit_strings_own) */
     char group[104];
     refit_manifest_t *m;
     refit_publisher_params_t params;
@@ -139,6 +140,12 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
     if (!p->params.dead_ms) p->params.dead_ms = 2000;
     if (p->params.dead_ms < 2 * p->params.heartbeat_ms) p->params.dead_ms = 2 * p->params.heartbeat_ms;
     snprintf(p->group, sizeof(p->group), "%s", or_default(p->params.group, "trainer"));
+    const char **const strs[] = {&p->params.registry,   &p->params.job,         &p->params.group,
+                                 &p->params.transports, &p->params.secret_file, &p->params.transport_options};
+    if (refit_strings_own(strs, sizeof(strs) / sizeof(strs[0]), &p->strings)) {
+        free(p);
+        return refit_error(REFIT_ERR_NO_MEMORY, "publisher");
+    }
     pthread_mutex_init(&p->lock, NULL);
     pthread_mutex_init(&p->rec_lock, NULL);
     pthread_cond_init(&p->cond, NULL);
@@ -704,5 +711,6 @@ void refit_publisher_destroy(refit_publisher_t *p)
     pthread_mutex_destroy(&p->lock);
     pthread_mutex_destroy(&p->rec_lock);
     pthread_cond_destroy(&p->cond);
+    free(p->strings);
     free(p);
 }

@@ -64,6 +64,13 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
         refit_hostname(host, sizeof(host));
         snprintf(r->reader, sizeof(r->reader), "%.60s:%d:r%u", host, (int)getpid(), m->rank);
     }
+    const char **const strs[] = {&r->params.registry,         &r->params.job,    &r->params.group,
+                                 &r->params.transports,       &r->params.reader, &r->params.secret_file,
+                                 &r->params.transport_options};
+    if (refit_strings_own(strs, sizeof(strs) / sizeof(strs[0]), &r->strings)) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "receiver");
+        goto err;
+    }
     r->nregions = (uint32_t)m->regions.len;
     r->mem = calloc(r->nregions ? r->nregions : 1, sizeof(void *));
     r->owned = calloc(r->nregions ? r->nregions : 1, sizeof(bool));
@@ -156,6 +163,7 @@ void refit_receiver_destroy(refit_receiver_t *r)
     free(r->stage);
     free(r->mem);
     free(r->owned);
+    free(r->strings);
     refit_digest_key_destroy(r->dkey);
     free(r->dlocal);
     refit_manifest_destroy(r->m);

@@ -60,6 +60,7 @@ typedef struct {
 } cached_plan_t;
 
 struct refit_receiver {
+    char *strings; /* the params' strings, copied at create (refit_strings_own) */
     refit_registry_t *reg;
     char group[104], reader[128];
     refit_manifest_t *m;

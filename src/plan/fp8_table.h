@@ -1,5 +1,5 @@
 /* Quantize-on-copy: a bf16 plan turned into a table that writes an FP8
- * receiver's arena (refit/fp8.h) straight from the bf16 sources.
+ * receiver's arena (refit/experimental/fp8.h) straight from the bf16 sources.
  *
  * The receiver plans its bf16 layout from the trainer's shards as usual; the
  * table then says, for every 128x128 block of every quantized weight matrix,

@@ -1,4 +1,4 @@
-/* include/refit/probe.h, the registry's part: a handle opened as a rank
+/* include/refit/experimental/probe.h, the registry's part: a handle opened as a rank
  * would open it, and one timed round trip of the lease protocol. */
 #include "registry/registry.h"
 

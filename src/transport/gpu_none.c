@@ -1,4 +1,4 @@
-/* include/refit/gpu.h in builds without CUDA: no devices.
+/* include/refit/experimental/gpu.h in builds without CUDA: no devices.
  * With CUDA, src/transport/cuda/ defines these functions instead. */
 #ifndef REFIT_HAVE_CUDA
 #include "refit/experimental/gpu.h"

@@ -62,7 +62,7 @@ typedef enum {
 } refit_transport_ext_kind_t;
 
 /* Quantize-on-copy: the plan's destination is bf16 (the receiver's bf16
- * manifest), but dst_bases[0] is the arena of its FP8 target (refit/fp8.h):
+ * manifest), but dst_bases[0] is the arena of its FP8 target (refit/experimental/fp8.h):
  * the pull writes e4m3 weights, their scales, the kept tensors and the
  * padding (plan/fp8_table.h).  GPU destinations only, every source of the
  * plan through this transport. */

@@ -31,6 +31,24 @@ refit_status_t refit_params_in(void *dst, size_t dst_size, const void *params, s
     return REFIT_OK;
 }
 
+int refit_strings_own(const char **const *fields, size_t n, char **block)
+{
+    size_t total = 1;
+    for (size_t i = 0; i < n; i++)
+        if (*fields[i]) total += strlen(*fields[i]) + 1;
+    char *b = malloc(total), *at = b;
+    if (!b) return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (!*fields[i]) continue;
+        size_t len = strlen(*fields[i]) + 1;
+        memcpy(at, *fields[i], len);
+        *fields[i] = at;
+        at += len;
+    }
+    *block = b;
+    return 0;
+}
+
 void refit_out_write(void *out, size_t out_size, const void *full, size_t full_size)
 {
     size_t n = REFIT_MIN(out_size, full_size);

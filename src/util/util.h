@@ -46,6 +46,10 @@ void refit_out_write(void *out, size_t out_size, const void *full, size_t full_s
  * size below `first` (the end of its first layout) or above dst_size.  The one
  * place params are read by size. */
 refit_status_t refit_params_in(void *dst, size_t dst_size, const void *params, size_t first, const char *name);
+/* Points every non-NULL *fields[i] at a copy of its string in one block (*block: malloc'ed, the caller's to free
+ * once the strings are no longer used), so that a params structure's strings may be freed once create returned.
+ * -1 when out of memory (nothing changed), else 0. */
+int refit_strings_own(const char **const *fields, size_t n, char **block);
 
 /* Checked arithmetic: false on overflow. */
 static inline bool refit_mul_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }

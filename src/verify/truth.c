@@ -1,4 +1,4 @@
-/* The synthetic truth as a verifier (verify.h): the checks of refit/truth.h
+/* The synthetic truth as a verifier (verify.h): the checks of refit/experimental/truth.h
  * for a receiver's memory wherever it lives. */
 #include "verify/verify.h"
 

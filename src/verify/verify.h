@@ -5,7 +5,7 @@
  *
  * Implementations:
  *   - the synthetic truth (refit_verify_truth, truth.c; tests and tools): every byte
- *     against its formula (refit/truth.h), on the host, or on the GPU
+ *     against its formula (refit/experimental/truth.h), on the host, or on the GPU
  *     through the CUDA folder's refit_verify_truth_gpu (FP8 arenas too);
  *   - content digests (the receiver's, engine/receiver_verify.c): the memory
  *     hashed and compared with the sources' digest tables.

@@ -177,6 +177,90 @@ static void test_many_regions_publish_and_pull(void **state)
     t_rm_tree(dir);
 }
 
+/* The strings a params structure points at may be freed once create returned (engine.h, "Ownership"): here
+ * they are overwritten and freed right after each create, and the publisher still publishes, the receiver
+ * still pulls every byte of two versions, each reading its registry and job every time (ASan: no read of the
+ * freed strings).  Before create copied them, the engine kept the caller's pointers. */
+static char *scratch(const char *s)
+{
+    char *d = strdup(s);
+    assert_non_null(d);
+    return d;
+}
+
+static void wipe(char *s)
+{
+    memset(s, 'X', strlen(s));
+    free(s);
+}
+
+static void test_params_strings_freed_after_create(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/refit-params-XXXXXX", url[64], job[32];
+    assert_non_null(mkdtemp(dir));
+    snprintf(url, sizeof(url), "file:%s", dir);
+    snprintf(job, sizeof(job), "strs%d", (int)getpid());
+    refit_manifest_t *sm = many_regions(3, false, 0), *dm = many_regions(3, true, 0);
+    refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
+    char *preg = scratch(url), *pjob = scratch(job), *ptr = scratch("shm"), *pgrp = scratch("trainer");
+    pp.registry = preg;
+    pp.job = pjob;
+    pp.transports = ptr;
+    pp.group = pgrp;
+    refit_publisher_t *p;
+    REFIT_ASSERT_OK(refit_publisher_create(&pp, sm, &p));
+    wipe(preg), wipe(pjob), wipe(ptr), wipe(pgrp);
+    void *bases[3];
+    for (uint32_t r = 0; r < 3; r++) REFIT_ASSERT_OK(refit_publisher_alloc(p, r, &bases[r]));
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    char *rreg = scratch(url), *rjob = scratch(job), *rtr = scratch("shm"), *rrd = scratch("reader-1");
+    rp.registry = rreg;
+    rp.job = rjob;
+    rp.transports = rtr;
+    rp.reader = rrd;
+    rp.verify = REFIT_VERIFY_TRUTH;
+    refit_receiver_t *r;
+    void *dbase;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, dm, &r));
+    wipe(rreg), wipe(rjob), wipe(rtr), wipe(rrd);
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, &dbase));
+    for (uint64_t v = 1; v <= 2; v++) {
+        REFIT_ASSERT_OK(refit_truth_fill(sm, bases, v));
+        REFIT_ASSERT_OK(refit_publisher_publish(p, v));
+        refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+        REFIT_ASSERT_OK(refit_receiver_pull(r, v, 5000, &rep));
+        assert_int_equal(rep.version, v);
+        REFIT_ASSERT_OK(refit_publisher_wait_acks(p, v, 1, 5000));
+    }
+    refit_receiver_destroy(r);
+    refit_publisher_destroy(p);
+    t_rm_tree(dir);
+}
+
+/* A relay publishes its regions and a progress region: one of REFIT_MAX_REGIONS regions is refused at
+ * create (it used to fail at its first serve, in the middle of a pull), one fewer is taken. */
+static void test_relay_region_limit(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/refit-params-XXXXXX", url[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(url, sizeof(url), "file:%s", dir);
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = url;
+    rp.job = "relaylimit";
+    rp.transports = "shm";
+    rp.relay_slot = 0;
+    refit_manifest_t *m = many_regions(REFIT_MAX_REGIONS, false, 0); /* a region per tensor */
+    refit_receiver_t *r;
+    REFIT_ASSERT_ERR(refit_receiver_create(&rp, m, &r), REFIT_ERR_INVALID_ARG, "a relay serves at most 510");
+    refit_manifest_destroy(m); /* the caller's on failure */
+    m = many_regions(REFIT_MAX_REGIONS - 1, false, 0);
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, m, &r));
+    refit_receiver_destroy(r);
+    t_rm_tree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -186,6 +270,8 @@ int main(void)
         cmocka_unit_test(test_create_refuses_params_of_other_sizes),
         cmocka_unit_test(test_publisher_region_limit),
         cmocka_unit_test(test_many_regions_publish_and_pull),
+        cmocka_unit_test(test_params_strings_freed_after_create),
+        cmocka_unit_test(test_relay_region_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,6 +54,14 @@ refit_status_t refit_relays_open(refit_registry_t *reg, const char *group, const
         return refit_error(REFIT_ERR_INVALID_ARG, "relay slot %d (at most %d)", params->relay_slot,
                            REFIT_MAX_RELAYS - 1);
     }
+    /* A relay publishes its regions and one progress region: refused here, not at its first serve. */
+    if (R->slot >= 0 && mine->regions.len + 1 > REFIT_MAX_REGIONS) {
+        free(R);
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "a relay (relay_slot %d) of %zu regions: a relay serves at most %u (REFIT_MAX_REGIONS, "
+                           "less its progress region)",
+                           params->relay_slot, (size_t)mine->regions.len, REFIT_MAX_REGIONS - 1);
+    }
     *out = R;
     return REFIT_OK;
 }

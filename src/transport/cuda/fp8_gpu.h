@@ -31,7 +31,7 @@ refit_status_t refit_gpu_fp8_set_kernel(refit_gpu_fp8_t *g, int stages);
 const refit_fp8_table_t *refit_gpu_fp8_table(const refit_gpu_fp8_t *g);
 
 /* An FP8 receiver's arena (device memory on dev) against the bf16 truth of
- * `version` (refit/truth.h) quantized on dev by the same kernel;
+ * `version` (refit/experimental/truth.h) quantized on dev by the same kernel;
  * REFIT_ERR_VERIFY naming the first tensor that differs. */
 refit_status_t refit_gpu_fp8_truth_verify(const refit_manifest_t *bf16, const refit_fp8_target_t *t, int dev,
                                           const void *arena, uint64_t version);

@@ -37,7 +37,7 @@ void refit_gpu_host_free(void *p);
 /* Synchronous copy between any two of host and device memory. */
 refit_status_t refit_gpu_copy(void *dst, const void *src, uint64_t n);
 
-/* refit_gpu_truth_verify (refit/gpu.h) runs truth_table.h's walk on the
+/* refit_gpu_truth_verify (refit/experimental/gpu.h) runs truth_table.h's walk on the
  * device, counts mismatches there and copies one counter (and the first
  * mismatch) back. */
 /* The positional digest (truth_hd.h) of n bytes of device memory (8-byte aligned). */
