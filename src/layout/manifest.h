@@ -61,4 +61,8 @@ uint64_t refit_placement_local_index(const refit_manifest_t *m, const refit_plac
  * finalized manifest. */
 refit_status_t refit_manifest_padding(const refit_manifest_t *m, uint32_t li, refit_box_t **boxes, size_t *n);
 
+/* An independent copy of a finalized manifest (through its encoding: exactly what a peer would decode).
+ * *out is the caller's.  Errors: those of refit_manifest_encode / refit_manifest_decode. */
+refit_status_t refit_manifest_copy(const refit_manifest_t *m, refit_manifest_t **out);
+
 #endif

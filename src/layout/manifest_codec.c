@@ -553,3 +553,13 @@ err_destroy:
     refit_manifest_destroy(m);
     return st;
 }
+
+refit_status_t refit_manifest_copy(const refit_manifest_t *m, refit_manifest_t **out)
+{
+    void *enc = NULL;
+    size_t len = 0;
+    refit_status_t st = refit_manifest_encode(m, &enc, &len);
+    if (!st) st = refit_manifest_decode(enc, len, out);
+    free(enc);
+    return st;
+}

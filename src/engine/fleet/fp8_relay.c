@@ -39,18 +39,6 @@ static refit_status_t relay_params(const refit_receiver_params_t *rp, const refi
     return REFIT_OK;
 }
 
-/* A copy of m (its encoding decoded), for the relay's receiver: the caller's
- * manifest stays the caller's until the relay is made. */
-static refit_status_t manifest_copy(const refit_manifest_t *m, refit_manifest_t **out)
-{
-    void *enc = NULL;
-    size_t len = 0;
-    refit_status_t st = refit_manifest_encode(m, &enc, &len);
-    if (!st) st = refit_manifest_decode(enc, len, out);
-    free(enc);
-    return st;
-}
-
 refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const refit_publisher_params_t *pp,
                                       refit_manifest_t *bf16, refit_fp8_relay_t **out)
 {
@@ -68,7 +56,8 @@ refit_status_t refit_fp8_relay_create(const refit_receiver_params_t *rp, const r
     x->arena_bytes = refit_fp8_target_bytes(x->target);
     x->in_place = pin.mode == REFIT_MODE_IN_PLACE;
     x->threads = rin.threads;
-    if ((st = manifest_copy(bf16, &mine))) goto err;
+    /* the relay's receiver takes a copy: the caller's manifest stays the caller's until the relay is made */
+    if ((st = refit_manifest_copy(bf16, &mine))) goto err;
     if ((st = refit_receiver_create(&rin, mine, &x->rx))) goto err;
     mine = NULL; /* the receiver owns it */
     if ((st = refit_receiver_alloc(x->rx, 0, &x->image))) goto err;

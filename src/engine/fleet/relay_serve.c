@@ -37,13 +37,8 @@ static refit_status_t ensure_pub(refit_relays_t *R, void *const *mem)
 {
     refit_status_t st;
     if (R->pub) return REFIT_OK;
-    void *enc = NULL;
-    size_t len = 0;
     refit_manifest_t *copy = NULL;
-    if ((st = refit_manifest_encode(R->mine, &enc, &len))) return st;
-    st = refit_manifest_decode(enc, len, &copy);
-    free(enc);
-    if (st) return st;
+    if ((st = refit_manifest_copy(R->mine, &copy))) return st;
     copy->rank = 0; /* rank 0 of the relay's own group; the layout's rank stays in the placements */
     uint32_t pr = (uint32_t)copy->regions.len;
     if (REFIT_VEC_PUSH(&copy->regions, (uint64_t)REFIT_PROGRESS_BYTES) ||
