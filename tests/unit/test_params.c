@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine_procs.h"
 #include "testutil.h"
 #include "util/util.h"
 
@@ -136,14 +137,12 @@ static void test_many_regions_publish_and_pull(void **state)
 {
     (void)state;
     const uint32_t n = REFIT_MAX_REGIONS;
-    char dir[] = "/tmp/refit-params-XXXXXX", url[64], job[32];
-    assert_non_null(mkdtemp(dir));
-    snprintf(url, sizeof(url), "file:%s", dir);
-    snprintf(job, sizeof(job), "many%d", (int)getpid());
+    reg_t g;
+    reg_file(&g);
     refit_manifest_t *sm = many_regions(n, false, 0), *dm = many_regions(n, true, 0);
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
-    pp.registry = url;
-    pp.job = job;
+    pp.registry = g.url;
+    pp.job = g.job;
     pp.transports = "shm";
     pp.mode = REFIT_MODE_SNAPSHOT;
     pp.delta = true;
@@ -152,8 +151,8 @@ static void test_many_regions_publish_and_pull(void **state)
     void **bases = calloc(n, sizeof(void *));
     for (uint32_t r = 0; r < n; r++) REFIT_ASSERT_OK(refit_publisher_alloc(p, r, &bases[r]));
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
-    rp.registry = url;
-    rp.job = job;
+    rp.registry = g.url;
+    rp.job = g.job;
     rp.transports = "shm";
     rp.verify = REFIT_VERIFY_TRUTH;
     rp.threads = 2;
@@ -174,7 +173,7 @@ static void test_many_regions_publish_and_pull(void **state)
     refit_receiver_destroy(r);
     refit_publisher_destroy(p);
     free(bases);
-    t_rm_tree(dir);
+    t_rm_tree(g.dir);
 }
 
 /* The strings a params structure points at may be freed once create returned (engine.h, "Ownership"): here
@@ -197,13 +196,11 @@ static void wipe(char *s)
 static void test_params_strings_freed_after_create(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/refit-params-XXXXXX", url[64], job[32];
-    assert_non_null(mkdtemp(dir));
-    snprintf(url, sizeof(url), "file:%s", dir);
-    snprintf(job, sizeof(job), "strs%d", (int)getpid());
+    reg_t g;
+    reg_file(&g);
     refit_manifest_t *sm = many_regions(3, false, 0), *dm = many_regions(3, true, 0);
     refit_publisher_params_t pp = REFIT_PUBLISHER_PARAMS_INIT;
-    char *preg = scratch(url), *pjob = scratch(job), *ptr = scratch("shm"), *pgrp = scratch("trainer");
+    char *preg = scratch(g.url), *pjob = scratch(g.job), *ptr = scratch("shm"), *pgrp = scratch("trainer");
     pp.registry = preg;
     pp.job = pjob;
     pp.transports = ptr;
@@ -214,7 +211,7 @@ static void test_params_strings_freed_after_create(void **state)
     void *bases[3];
     for (uint32_t r = 0; r < 3; r++) REFIT_ASSERT_OK(refit_publisher_alloc(p, r, &bases[r]));
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
-    char *rreg = scratch(url), *rjob = scratch(job), *rtr = scratch("shm"), *rrd = scratch("reader-1");
+    char *rreg = scratch(g.url), *rjob = scratch(g.job), *rtr = scratch("shm"), *rrd = scratch("reader-1");
     rp.registry = rreg;
     rp.job = rjob;
     rp.transports = rtr;
@@ -235,7 +232,7 @@ static void test_params_strings_freed_after_create(void **state)
     }
     refit_receiver_destroy(r);
     refit_publisher_destroy(p);
-    t_rm_tree(dir);
+    t_rm_tree(g.dir);
 }
 
 /* A relay publishes its regions and a progress region: one of REFIT_MAX_REGIONS regions is refused at
@@ -243,12 +240,11 @@ static void test_params_strings_freed_after_create(void **state)
 static void test_relay_region_limit(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/refit-params-XXXXXX", url[64];
-    assert_non_null(mkdtemp(dir));
-    snprintf(url, sizeof(url), "file:%s", dir);
+    reg_t g;
+    reg_file(&g);
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
-    rp.registry = url;
-    rp.job = "relaylimit";
+    rp.registry = g.url;
+    rp.job = g.job;
     rp.transports = "shm";
     rp.relay_slot = 0;
     refit_manifest_t *m = many_regions(REFIT_MAX_REGIONS, false, 0); /* a region per tensor */
@@ -258,7 +254,7 @@ static void test_relay_region_limit(void **state)
     m = many_regions(REFIT_MAX_REGIONS - 1, false, 0);
     REFIT_ASSERT_OK(refit_receiver_create(&rp, m, &r));
     refit_receiver_destroy(r);
-    t_rm_tree(dir);
+    t_rm_tree(g.dir);
 }
 
 int main(void)
