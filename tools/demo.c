@@ -49,6 +49,7 @@ typedef struct {
     double pub_digest_ms;                    /* max over publishers: computing them (part of publish_ms) */
     uint64_t digest_bytes, unverified_bytes; /* sums over receivers */
     double stamp_ms;                         /* max over receivers: reading the sources' version stamps */
+    uint32_t fused;                          /* receivers whose copies computed the digests as they wrote */
 } cycle_t;
 
 /* Aggregate rate of a cycle: every receiver's bytes over the window from the
@@ -146,7 +147,9 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             x = 0;
             refit_json_int(refit_json_get(o, "delta_base"), &x);
             cy->deltas += x > 0;
-            bool planned = false;
+            bool planned = false, fused = false;
+            refit_json_bool(refit_json_get(o, "digest_fused"), &fused);
+            cy->fused += fused;
             refit_json_bool(refit_json_get(o, "planned"), &planned);
             cy->planned |= planned;
             const char *t = refit_json_string(refit_json_get(o, "transport"), &len);
@@ -577,18 +580,20 @@ int cmd_demo(int argc, char **argv)
            steady_pdig = median(pdig, ns), steady_stamp = median(stm, ns);
     uint64_t bytes_per_cycle = cy[0].bytes;
     if (json) {
-        printf("{\"verified\":%s,\"cycles\":%" PRIu64 ",\"bytes_per_cycle\":%" PRIu64 ",\"steady_control_ms\":%.3f,"
-               "\"steady_transfer_gbps\":%.3f,\"memcpy_gbps\":%.3f,\"transfer_vs_memcpy\":%.3f,"
-               "\"steady_span_ms\":%.3f,\"steady_transfer_ms\":%.3f,\"steady_publish_to_commit_ms\":%.3f,"
-               "\"steady_digest_ms\":%.3f,\"digest_vs_transfer\":%.3f,\"steady_publisher_digest_ms\":%.3f,"
-               "\"digest_bytes_per_cycle\":%" PRIu64 ",\"unverified_bytes_per_cycle\":%" PRIu64 ","
-               "\"steady_stamp_ms\":%.3f,\"stamp_vs_transfer\":%.3f,\"src_device\":%" PRId64 ",\"dst_device\":%" PRId64
-               ",\"prepare_ms\":%.3f,\"fp8\":%s,\"transport\":",
-               verified ? "true" : "false", cycles, bytes_per_cycle, steady_ctrl, steady_gbps, memcpy_gbps,
-               memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0, steady_span, steady_xfer, steady_p2c, steady_dig,
-               steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
-               cy[cycles - 1].unverified_bytes, steady_stamp, steady_xfer > 0 ? steady_stamp / steady_xfer : 0,
-               src_device, dst_device, g_prepare_ms, fp8 ? "true" : "false");
+        printf(
+            "{\"verified\":%s,\"cycles\":%" PRIu64 ",\"bytes_per_cycle\":%" PRIu64 ",\"steady_control_ms\":%.3f,"
+            "\"steady_transfer_gbps\":%.3f,\"memcpy_gbps\":%.3f,\"transfer_vs_memcpy\":%.3f,"
+            "\"steady_span_ms\":%.3f,\"steady_transfer_ms\":%.3f,\"steady_publish_to_commit_ms\":%.3f,"
+            "\"steady_digest_ms\":%.3f,\"digest_vs_transfer\":%.3f,\"steady_publisher_digest_ms\":%.3f,"
+            "\"digest_bytes_per_cycle\":%" PRIu64 ",\"unverified_bytes_per_cycle\":%" PRIu64 ","
+            "\"digest_fused_receivers\":%u,\"steady_stamp_ms\":%.3f,\"stamp_vs_transfer\":%.3f,\"src_device\":%" PRId64
+            ",\"dst_device\":%" PRId64 ",\"prepare_ms\":%.3f,\"fp8\":%s,\"transport\":",
+            verified ? "true" : "false", cycles, bytes_per_cycle, steady_ctrl, steady_gbps, memcpy_gbps,
+            memcpy_gbps > 0 ? steady_gbps / memcpy_gbps : 0, steady_span, steady_xfer, steady_p2c, steady_dig,
+            steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
+            cy[cycles - 1].unverified_bytes, cy[cycles - 1].fused, steady_stamp,
+            steady_xfer > 0 ? steady_stamp / steady_xfer : 0, src_device, dst_device, g_prepare_ms,
+            fp8 ? "true" : "false");
         tool_json_string(stdout, used_transport[0] ? used_transport : transport);
         printf(",\"lanes\":");
         tool_json_string(stdout, lanes);
@@ -632,6 +637,11 @@ int cmd_demo(int argc, char **argv)
                "%" PRIu64 " bytes checked, %" PRIu64 " not checkable\n",
                steady_dig, steady_xfer > 0 ? steady_dig / steady_xfer : 0, steady_pdig, cy[cycles - 1].digest_bytes,
                cy[cycles - 1].unverified_bytes);
+        if (cy[cycles - 1].digest_bytes)
+            printf(
+                "  %u of %u receivers hashed their bytes while copying them (inside transfer_ms; the others in a pass "
+                "of their own, inside the check); bench/digest-ab.sh measures digests on against off\n",
+                cy[cycles - 1].fused, R);
         printf("version stamps: %.2f ms per receiver to read every source's, before and after (%.4f x transfer)\n",
                steady_stamp, steady_xfer > 0 ? steady_stamp / steady_xfer : 0);
         printf("transport %s (%s)\n", used_transport[0] ? used_transport : transport, lanes);

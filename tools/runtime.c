@@ -378,19 +378,21 @@ int cmd_pull(int argc, char **argv)
             goto out;
         }
         if (o.json) {
-            printf("{\"event\":\"pulled\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64 ",\"bytes\":%" PRIu64
-                   ",\"sources\":%u,\"planned\":%s,\"manifests_read\":%u,\"wait_ms\":%.3f,\"discover_ms\":%.3f,"
-                   "\"plan_ms\":%.3f,\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"verified\":%s,"
-                   "\"connect_ms\":%.3f,\"requests\":%" PRIu64 ",\"launches\":%" PRIu64
-                   ",\"begin_s\":%.6f,\"end_s\":%.6f,\"transfer_begin_s\":%.6f,\"device\":%d,\"delta_base\":%" PRIu64
-                   ",\"digest_ms\":%.3f,\"digest_bytes\":%" PRIu64 ",\"unverified_bytes\":%" PRIu64
-                   ",\"stamp_ms\":%.3f,\"unstamped_sources\":%u,\"path\":\"%s\",\"transport\":\"%s\",\"lanes\":",
-                   o.rank, rep.version, rep.bytes, rep.sources, rep.planned ? "true" : "false", rep.manifests_read,
-                   rep.wait_ms, rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
-                   o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s,
-                   rep.transfer_begin_s, o.device, rep.delta_base, rep.digest_ms, rep.digest_bytes,
-                   rep.unverified_bytes, rep.stamp_ms, rep.unstamped_sources,
-                   refit_rx_path_name((refit_rx_path_t)rep.path), rep.transport);
+            printf(
+                "{\"event\":\"pulled\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64 ",\"bytes\":%" PRIu64
+                ",\"sources\":%u,\"planned\":%s,\"manifests_read\":%u,\"wait_ms\":%.3f,\"discover_ms\":%.3f,"
+                "\"plan_ms\":%.3f,\"transfer_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"verified\":%s,"
+                "\"connect_ms\":%.3f,\"requests\":%" PRIu64 ",\"launches\":%" PRIu64
+                ",\"begin_s\":%.6f,\"end_s\":%.6f,\"transfer_begin_s\":%.6f,\"device\":%d,\"delta_base\":%" PRIu64
+                ",\"digest_ms\":%.3f,\"digest_bytes\":%" PRIu64 ",\"unverified_bytes\":%" PRIu64
+                ",\"stamp_ms\":%.3f,\"unstamped_sources\":%u,\"path\":\"%s\",\"digest_fused\":%s,\"transport\":\"%s\","
+                "\"lanes\":",
+                o.rank, rep.version, rep.bytes, rep.sources, rep.planned ? "true" : "false", rep.manifests_read,
+                rep.wait_ms, rep.discover_ms, rep.plan_ms, rep.transfer_ms, rep.verify_ms, rep.total_ms,
+                o.verify ? "true" : "false", rep.connect_ms, rep.requests, rep.launches, rep.begin_s, rep.end_s,
+                rep.transfer_begin_s, o.device, rep.delta_base, rep.digest_ms, rep.digest_bytes, rep.unverified_bytes,
+                rep.stamp_ms, rep.unstamped_sources, refit_rx_path_name((refit_rx_path_t)rep.path),
+                rep.digest_fused ? "true" : "false", rep.transport);
             tool_json_string(stdout, rep.lanes);
             printf("}\n");
         } else {

@@ -374,6 +374,11 @@ typedef struct {
     double stamp_ms;
     uint32_t unstamped_sources;
     uint32_t path; /* refit_rx_path_t: the way the bytes came (refit_rx_path_name) */
+    /* The digests of this memory were computed by the copies that wrote it,
+     * in the same pass (a direct host pull over shm; docs/digest.md): the
+     * check read nothing again.  False when digest_bytes were hashed in a
+     * pass of their own, or no digest was checked. */
+    bool digest_fused;
 } refit_pull_report_t;
 #ifdef __cplusplus
 #define REFIT_PULL_REPORT_INIT      \

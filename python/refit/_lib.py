@@ -55,7 +55,8 @@ class PullReportC(C.Structure):
                 ("begin_s", C.c_double), ("end_s", C.c_double), ("transfer_begin_s", C.c_double),
                 ("delta_base", C.c_uint64), ("delta_units", C.c_uint64), ("digest_bytes", C.c_uint64),
                 ("unverified_bytes", C.c_uint64), ("digest_ms", C.c_double), ("stamp_ms", C.c_double),
-                ("unstamped_sources", C.c_uint32), ("path", C.c_uint32)]
+                ("unstamped_sources", C.c_uint32), ("path", C.c_uint32),
+                ("digest_fused", C.c_bool)]
 
 
 class HolderStatC(C.Structure):

@@ -721,6 +721,7 @@ class PullReport:
     stamp_ms: float = 0.0  # reading the sources' version stamps before and after (docs/security.md)
     unstamped_sources: int = 0  # sources read without a version stamp (GPU publishers)
     path: str = "none"  # the way the bytes came: host_direct, host_fleet, gpu_direct, gpu_fp8, delta (refit_rx_path_t)
+    digest_fused: bool = False  # the copies computed the digests as they wrote (no second pass over the memory)
 
 
 @dataclass

@@ -32,8 +32,7 @@ uint64_t refit_digest_table_offsets(const refit_manifest_t *m, uint64_t *offsets
 
 uint64_t refit_digest_table_bytes(const refit_manifest_t *m) { return refit_digest_table_offsets(m, NULL); }
 
-/* Byte offset of the box's first unit in its region, and the bytes between its rows. */
-static uint64_t box_offset(const refit_manifest_t *m, const refit_placement_t *p, uint64_t *stride)
+uint64_t digest_box_offset(const refit_manifest_t *m, const refit_placement_t *p, uint64_t *stride)
 {
     const refit_local_t *l = &m->locals.data[p->local];
     uint64_t es = refit_dtype_size(l->d.dtype), lst[REFIT_MAX_DIMS];
@@ -46,7 +45,7 @@ static uint64_t box_offset(const refit_manifest_t *m, const refit_placement_t *p
 static const uint8_t *box_memory(const refit_manifest_t *m, const refit_placement_t *p, const void *const *bases,
                                  uint64_t *stride)
 {
-    return (const uint8_t *)bases[m->locals.data[p->local].region] + box_offset(m, p, stride);
+    return (const uint8_t *)bases[m->locals.data[p->local].region] + digest_box_offset(m, p, stride);
 }
 
 /* ------------------------------------------------ work items and threads */
@@ -102,8 +101,7 @@ static void *local_worker(void *arg)
     return NULL;
 }
 
-/* Keyed ids of every canonical tensor of m (malloc'ed). */
-static uint64_t *tensor_ids(const refit_digest_key_t *k, const refit_manifest_t *m)
+uint64_t *digest_tensor_ids(const refit_digest_key_t *k, const refit_manifest_t *m)
 {
     uint64_t *t = malloc(REFIT_MAX(m->canon.len, 1) * sizeof(*t));
     if (t)
@@ -119,7 +117,7 @@ refit_status_t refit_digest_local(const refit_digest_key_t *k, const refit_manif
     refit_status_t st = REFIT_OK;
     items_t items = {0};
     refit_dsum_t *part = NULL;
-    uint64_t *tids = tensor_ids(k, dst);
+    uint64_t *tids = digest_tensor_ids(k, dst);
     if (!tids) goto oom;
     for (uint32_t i = 0; i < dst->placements.len; i++) {
         const refit_placement_t *p = &dst->placements.data[i];
@@ -266,7 +264,7 @@ refit_status_t refit_digest_table_fill(const refit_digest_key_t *k, const refit_
     uint64_t *offs = malloc(REFIT_MAX(np, 1) * sizeof(*offs));
     cbox_t *boxes = calloc(REFIT_MAX(np, 1), sizeof(*boxes));
     uint32_t *pls = malloc(REFIT_MAX(np, 1) * sizeof(*pls));
-    uint64_t *tids = tensor_ids(k, m);
+    uint64_t *tids = digest_tensor_ids(k, m);
     if (!offs || !boxes || !pls || !tids) goto oom;
     refit_digest_table_offsets(m, offs);
     size_t npls = 0;
@@ -328,7 +326,7 @@ refit_status_t refit_digest_items(const refit_digest_key_t *k, const refit_manif
         return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_items: NULL argument");
     if (!m->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_items: manifest is not finalized");
     items_t items = {0};
-    uint64_t *tids = tensor_ids(k, m);
+    uint64_t *tids = digest_tensor_ids(k, m);
     bool oom = !tids;
     for (uint32_t i = 0; !oom && i < m->placements.len; i++) {
         const refit_placement_t *p = &m->placements.data[i];

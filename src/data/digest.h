@@ -262,4 +262,39 @@ typedef struct {
 refit_status_t refit_digest_check(const refit_digest_plan_t *p, const void *fetched, const refit_dsum_t *local,
                                   refit_digest_report_t *report);
 
+/* ---- Receiver: the digest map, for copy paths that hash what they write. ---- */
+
+/* Where the receiver's own digests live in its memory: for every placement
+ * refit_digest_local digests, the byte ranges of its rows in their region,
+ * with their canonical coordinates, sorted by (region, offset).  Built once
+ * per destination manifest (it depends on nothing else) and immutable after;
+ * it keeps a pointer to k (which must outlive it) and copies what it needs
+ * of the manifest.  A copy path that moves every byte of a pull through
+ * refit_digest_map_copy gets, in acc, exactly refit_digest_local's output for
+ * the memory it wrote, without a second pass (docs/digest.md). */
+typedef struct refit_digest_map refit_digest_map_t;
+/* REFIT_ERR_INVALID_ARG (NULL, not finalized), REFIT_ERR_NO_MEMORY,
+ * REFIT_ERR_INTERNAL (two placements' rows share bytes: not a finalized
+ * manifest's). */
+refit_status_t refit_digest_map_create(const refit_digest_key_t *k, const refit_manifest_t *dst,
+                                       refit_digest_map_t **out);
+/* NULL is accepted. */
+void refit_digest_map_destroy(refit_digest_map_t *m);
+/* Bytes the map's ranges cover: a pull whose copies hashed this many bytes
+ * (each byte once: a plan writes every destination byte once) has summed
+ * every placement refit_digest_local would. */
+uint64_t refit_digest_map_bytes(const refit_digest_map_t *m);
+/* Copies len bytes from src to dst, which is byte `off` of the destination's
+ * region `region`, and adds the digest of the mapped bytes among them into
+ * acc[placement] (acc: one entry per destination placement; added with
+ * atomic operations, so any number of threads may share it).  src NULL:
+ * dst already holds the bytes (a copy that was not this one, e.g. a
+ * transport's receive): hash them in place.  A piece may start or end
+ * anywhere, even inside a 2-byte unit (a unit's low and high byte add up
+ * separately: v = lo + 256 * (int8)hi).  src and dst must not overlap.
+ * Returns the mapped bytes hashed (count them against
+ * refit_digest_map_bytes).  A region out of range hashes nothing. */
+uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uint64_t off, void *dst, const void *src,
+                               uint64_t len, refit_dsum_t *acc);
+
 #endif

@@ -107,6 +107,11 @@ static inline refit_digest_reason_t cbox_of(const refit_tdesc_t *t, const refit_
 static inline bool cbox_full_rows(const cbox_t *b) { return b->c == 0 && b->n == b->U; }
 static inline bool cbox_all_rows(const cbox_t *b) { return b->a == 0 && b->nrows == b->R; }
 
+/* Byte offset of placement p's first unit in its region, and the bytes between its rows (0 for ndim 1). */
+uint64_t digest_box_offset(const refit_manifest_t *m, const refit_placement_t *p, uint64_t *stride);
+/* Keyed ids of every canonical tensor of m (malloc'ed; NULL when out of memory). */
+uint64_t *digest_tensor_ids(const refit_digest_key_t *k, const refit_manifest_t *m);
+
 static inline uint64_t table_entries(const cbox_t *b) { return b->nrows + 1 + b->n + 1; }
 
 #endif

@@ -106,6 +106,10 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
         if (!st) st = refit_error(REFIT_ERR_NO_MEMORY, "receiver digests");
         goto err;
     }
+    /* Copies that hash what they write (docs/digest.md); REFIT_DIGEST_PASS=separate: a pass after them. */
+    const char *pass = refit_diag()->digest_pass;
+    bool separate = pass && strcmp(pass, "separate") == 0;
+    if (r->dkey && !separate && (st = refit_digest_map_create(r->dkey, m, &r->dmap))) goto err;
     r->m = m;
     r->usable = true; /* nothing written yet: whatever the caller put there stands */
     *out = r;
@@ -164,6 +168,7 @@ void refit_receiver_destroy(refit_receiver_t *r)
     free(r->mem);
     free(r->owned);
     free(r->strings);
+    refit_digest_map_destroy(r->dmap);
     refit_digest_key_destroy(r->dkey);
     free(r->dlocal);
     refit_manifest_destroy(r->m);

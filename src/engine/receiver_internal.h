@@ -97,6 +97,7 @@ struct refit_receiver {
     size_t nholders;
     refit_digest_key_t *dkey; /* content digests; NULL with no_digest */
     refit_dsum_t *dlocal;     /* per destination placement */
+    refit_digest_map_t *dmap; /* where they live in the memory: copies that hash what they write */
     refit_fp8_target_t *fp8;  /* params.fp8: the memory is this target's arena */
 };
 
@@ -120,8 +121,15 @@ typedef struct {
     int *tix;                      /* per source rank: the transport its bytes came through, -1 none */
     cached_plan_t *cp;             /* the plan (cached) */
     refit_pull_report_t *rep;
+    /* The transfer's copies hashed this many of r->dmap's bytes into
+     * r->dlocal (a direct host pull through shm); all of them: the
+     * verification needs no second pass over the memory. */
+    uint64_t dhashed;
 } pull_t;
 
+/* The pull's copies hashed all of the memory's digests as they wrote it
+ * (p->dhashed): its verification skips refit_digest_local. */
+bool refit_rx_digests_fused(const pull_t *p);
 refit_status_t refit_rx_pull_begin(pull_t *p, refit_receiver_t *r, double deadline, refit_pull_report_t *rep);
 void refit_rx_pull_end(pull_t *p);
 

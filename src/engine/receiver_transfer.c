@@ -231,7 +231,11 @@ static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs,
                             .progress = refit_relays_progress(r->relays, dst),
                             .announce = fleet_announce,
                             .marked = fleet_marked,
-                            .origin = p->s.origin};
+                            .origin = p->s.origin,
+                            .dmap = r->dmap,
+                            .dacc = r->dlocal,
+                            .dn = r->m->placements.len,
+                            .dbytes = &p->dhashed};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;
     refit_status_t st = host_run(p, &x, hs, stats);

@@ -117,10 +117,15 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
     void *bufs[1] = {fetched};
     if (!st && nf) st = refit_rx_raw_pull(p, regs, nf, bufs, &scratch);
     /* This memory: the staging when the pull went through it (GPU), else the
-     * receiver's own (host); GPU memory itself is not hashed here. */
+     * receiver's own (host); GPU memory itself is not hashed here.  A direct
+     * host pull whose copies hashed every mapped byte as they wrote it left
+     * the sums in r->dlocal already (docs/digest.md); any other path is
+     * hashed here, in a pass over the memory. */
     bool host = r->params.device < 0 || r->pull_staged;
     void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
-    if (!st && host) st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
+    bool fused = refit_rx_digests_fused(p);
+    if (!st && host && !fused)
+        st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
     refit_digest_report_t dr = {0};
     if (!st && host) st = refit_digest_check(p->cp->dplan, fetched, r->dlocal, &dr);
     if (st == REFIT_ERR_VERIFY)
@@ -128,10 +133,17 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
     refit_digest_plan_stats_t ps;
     refit_digest_plan_stats(p->cp->dplan, &ps);
     rep->digest_bytes = host ? dr.bytes : 0;
+    rep->digest_fused = host && fused;
     rep->unverified_bytes = host ? ps.unverifiable_bytes : ps.bytes + ps.unverifiable_bytes;
     free(regs);
     free(fetched);
     return st;
+}
+
+bool refit_rx_digests_fused(const pull_t *p)
+{
+    uint64_t mapped = refit_digest_map_bytes(p->r->dmap);
+    return p->rep && p->rep->path == REFIT_RX_PATH_HOST_DIRECT && mapped && p->dhashed == mapped;
 }
 
 /* Checks this memory against the sources' content digests: hash it, fetch

@@ -47,30 +47,45 @@ void refit_region_row_offsets(const refit_plan_region_t *r, uint64_t row, uint64
     *dof = d;
 }
 
-static refit_status_t copy_bytes(exec_ctx_t *c, const refit_plan_region_t *r, uint64_t so, unsigned char *dst,
-                                 uint64_t len)
+/* One run: a fill, a copy (hashed on the way when the options carry a
+ * digest map: fused with memcpy, or in place right after a caller's copy),
+ * `dof` bytes into destination region r->dst_region. */
+static refit_status_t copy_bytes(exec_ctx_t *c, const refit_plan_region_t *r, uint64_t so, uint64_t dof, uint64_t len,
+                                 uint64_t *hashed)
 {
+    unsigned char *dst = (unsigned char *)c->dst_bases[r->dst_region] + dof;
+    const refit_exec_opts_t *o = c->o;
     if (r->src == REFIT_PLAN_FILL) {
         memset(dst, 0, len);
         return REFIT_OK;
     }
-    if (c->o->copy) return c->o->copy(c->o->user, r->src, r->src_region, so, dst, len);
-    memcpy(dst, (const unsigned char *)c->src_bases[r->src][r->src_region] + so, len);
+    const unsigned char *src = NULL;
+    if (o->copy) {
+        refit_status_t st = o->copy(o->user, r->src, r->src_region, so, dst, len);
+        if (st) return st;
+    } else {
+        src = (const unsigned char *)c->src_bases[r->src][r->src_region] + so;
+    }
+    if (o->dmap) *hashed += refit_digest_map_copy(o->dmap, r->dst_region, dof, dst, src, len, o->dacc);
+    else if (src) memcpy(dst, src, len);
     return REFIT_OK;
 }
 
 static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
 {
     const refit_plan_region_t *r = t->r;
-    unsigned char *dst = c->dst_bases[r->dst_region];
     refit_status_t st = REFIT_OK;
-    if (r->nloops == 0)
-        return copy_bytes(c, r, r->src_offset + t->begin, dst + r->dst_offset + t->begin, t->end - t->begin);
-    for (uint64_t row = t->begin; row < t->end && !st; row++) {
-        uint64_t so, dof;
-        refit_region_row_offsets(r, row, &so, &dof);
-        st = copy_bytes(c, r, so, dst + dof, r->run);
+    uint64_t hashed = 0;
+    if (r->nloops == 0) {
+        st = copy_bytes(c, r, r->src_offset + t->begin, r->dst_offset + t->begin, t->end - t->begin, &hashed);
+    } else {
+        for (uint64_t row = t->begin; row < t->end && !st; row++) {
+            uint64_t so, dof;
+            refit_region_row_offsets(r, row, &so, &dof);
+            st = copy_bytes(c, r, so, dof, r->run, &hashed);
+        }
     }
+    if (hashed) __atomic_fetch_add(c->o->dbytes, hashed, __ATOMIC_RELAXED);
     return st;
 }
 
@@ -128,6 +143,8 @@ refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *c
                                   const refit_exec_opts_t *o)
 {
     refit_status_t st;
+    if (o->dmap && (!o->dacc || !o->dbytes))
+        return refit_error(REFIT_ERR_INVALID_ARG, "plan execution: a digest map without its sums");
     unsigned threads = o->threads;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "data/digest.h"
 #include "layout/manifest.h"
 #include "refit/experimental/plan.h"
 
@@ -57,6 +58,14 @@ typedef struct {
     double deadline;     /* refit_now() limit; 0: none (REFIT_ERR_TIMEOUT) */
     const uint8_t *only; /* if set, execute only regions whose source s has only[s] != 0 (fills always run) */
     bool skip_fills;
+    /* Hash while copying (data/digest.h): with dmap set, every copy region's
+     * bytes go through refit_digest_map_copy into dacc (one entry per
+     * destination placement, added to), fused with the copy (memcpy from
+     * src_bases) or right after it (a caller's copy function: hashed in
+     * place, while in cache); the mapped bytes hashed are added to *dbytes. */
+    const refit_digest_map_t *dmap;
+    refit_dsum_t *dacc;
+    uint64_t *dbytes;
 } refit_exec_opts_t;
 
 refit_status_t refit_plan_execute(const refit_plan_t *plan, const void *const *const *src_bases, void *const *dst_bases,

@@ -343,7 +343,10 @@ refit_status_t shm_pull(refit_transport_t *t, refit_peer_t *const *peers, const 
                            .tick_user = ctl ? ctl->user : NULL,
                            .deadline = ctl ? ctl->deadline : 0,
                            .only = only,
-                           .skip_fills = true};
+                           .skip_fills = true,
+                           .dmap = ctl ? ctl->dmap : NULL,
+                           .dacc = ctl ? ctl->dacc : NULL,
+                           .dbytes = ctl ? ctl->dbytes : NULL};
     st = refit_plan_execute(plan, bases, dst_bases, &o);
     /* A mapping outlives its publisher, so the bytes would look fine; but a
      * publisher that died during the copy may have died while writing them. */

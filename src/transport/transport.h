@@ -41,6 +41,14 @@ typedef struct {
      * and to notice dead sources). */
     refit_status_t (*tick)(void *user);
     void *user;
+    /* Hash while copying (data/digest.h): a transport whose copies are its
+     * own (shm) passes every byte it writes through dmap, adding the
+     * digests into dacc and the mapped bytes hashed into *dbytes; one that
+     * cannot leaves both, and the receiver hashes its memory in a second
+     * pass.  NULL dmap: no hashing. */
+    const refit_digest_map_t *dmap;
+    refit_dsum_t *dacc;
+    uint64_t *dbytes;
 } refit_pull_ctl_t;
 
 /* What memory a transport handles.  0 means host memory only (shm, ucx). */

@@ -36,6 +36,7 @@ static void diag_read(void)
     g_diag.log_level = copy_of("REFIT_LOG_LEVEL");
     g_diag.cuda_trace = copy_of("REFIT_CUDA_TRACE");
     g_diag.cuda_small = copy_of("REFIT_CUDA_SMALL");
+    g_diag.digest_pass = copy_of("REFIT_DIGEST_PASS");
     g_diag.cuda_alloc_round = copy_of("REFIT_CUDA_ALLOC_ROUND");
 }
 

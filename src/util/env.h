@@ -51,6 +51,7 @@ typedef struct refit_diag {
     const char *log_level;        /* REFIT_LOG_LEVEL: off|error|warn|info|debug|trace or 0..5 (util/log.c) */
     const char *cuda_trace;       /* REFIT_CUDA_TRACE: FILE for per-copy GPU times (transport/cuda/gpu.cu) */
     const char *cuda_small;       /* REFIT_CUDA_SMALL: after|before (transport/cuda/cuda_ipc_pull.cu) */
+    const char *digest_pass;      /* REFIT_DIGEST_PASS: separate (engine/receiver.c: no hashing while copying) */
     const char *cuda_alloc_round; /* REFIT_CUDA_ALLOC_ROUND: bytes (transport/cuda/gpu_device.cu) */
 } refit_diag_t;
 

@@ -75,7 +75,9 @@ static refit_receiver_t *rx(const bench_t *b, const char *reader, int relay_slot
     return r;
 }
 
-/* The pull's path, its name, and the bytes: the truth of v (delta: the delta truth). */
+/* The pull's path, its name, and the bytes: the truth of v (delta: the delta truth); every byte checked
+ * against the publishers' digests, which a direct pull computed while it copied (docs/digest.md) and the
+ * other paths in a pass of their own. */
 static void expect_pull(refit_receiver_t *r, const bench_t *b, void *base, uint64_t v, refit_rx_path_t want)
 {
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
@@ -85,6 +87,11 @@ static void expect_pull(refit_receiver_t *r, const bench_t *b, void *base, uint6
                  refit_rx_path_name((refit_rx_path_t)rep.path), refit_rx_path_name(want), rep.lanes);
     assert_int_equal(rep.version, v);
     assert_true(rep.bytes > 0);
+    assert_true(rep.digest_bytes > 0);
+    assert_int_equal(rep.unverified_bytes, 0);
+    if (rep.digest_fused != (want == REFIT_RX_PATH_HOST_DIRECT))
+        fail_msg("version %llu (%s): digest_fused %d", (unsigned long long)v, refit_rx_path_name(want),
+                 rep.digest_fused);
     refit_manifest_t *m = t_manifest_named(DST, 1);
     if (b->delta > 0) REFIT_ASSERT_OK(refit_truth_verify_delta(m, (const void *const *)&base, v, b->delta, NULL));
     else REFIT_ASSERT_OK(refit_truth_verify(m, (const void *const *)&base, v, NULL));

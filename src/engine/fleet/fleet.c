@@ -426,8 +426,18 @@ refit_status_t refit_fleet_direct(const refit_fleet_xfer_t *x, refit_fleet_holde
         of[s] = refit_plan_source_bytes(x->plan, s) ? refit_fleet_direct_holder(h, nh, s) : -1;
         if (of[s] >= 0) peers[s] = h[of[s]].peer;
     }
-    refit_pull_ctl_t ctl = {.deadline = x->deadline, .threads = x->threads, .tick = x->tick, .user = x->user};
+    refit_pull_ctl_t ctl = {.deadline = x->deadline,
+                            .threads = x->threads,
+                            .tick = x->tick,
+                            .user = x->user,
+                            .dmap = x->dmap,
+                            .dacc = x->dacc,
+                            .dbytes = x->dbytes};
     refit_pull_stats_t ps = {0};
+    if (x->dmap) { /* what a try before hashed is not what this one writes */
+        memset(x->dacc, 0, x->dn * sizeof(*x->dacc));
+        *x->dbytes = 0;
+    }
     double t0 = refit_now();
     refit_status_t st = x->ts->ops[t]->pull(x->ts->ctx[t], peers, x->plan, x->dst, &ctl, &ps);
     if (!st) direct_counts(x, h, of, refit_now() - t0, &ps, stats);

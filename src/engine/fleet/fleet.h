@@ -72,9 +72,15 @@ typedef struct {
     unsigned workers;     /* per holder served by copying CPUs (shm); 0: 2 */
     unsigned net_workers; /* per holder over a network transport (chunks in flight); 0: REFIT_FLEET_NET_WORKERS */
     unsigned threads;     /* copy threads of a direct pull (see fleet.c); 0: one per CPU */
-    uint32_t seed;        /* rotates ties between holders (different receivers start on different ones) */
-    uint64_t version;     /* the version moved (checked against relays' progress) */
-    void *progress;       /* this receiver's own progress region (it is a relay), or NULL */
+    /* A direct pull hashes while it copies (refit_pull_ctl_t's dmap, dacc,
+     * dbytes); chunks do not. */
+    const refit_digest_map_t *dmap;
+    refit_dsum_t *dacc; /* dn entries, zeroed with *dbytes when a direct pull starts */
+    size_t dn;
+    uint64_t *dbytes;
+    uint32_t seed;                /* rotates ties between holders (different receivers start on different ones) */
+    uint64_t version;             /* the version moved (checked against relays' progress) */
+    void *progress;               /* this receiver's own progress region (it is a relay), or NULL */
     void (*announce)(void *user); /* called once *progress is valid: the relay may serve it */
     void (*marked)(void *user);   /* called after a chunk is marked in *progress (lock not held) */
     refit_status_t (*tick)(void *user);

@@ -1,0 +1,211 @@
+/* The digest map (digest.h): a receiver's placements as byte ranges of its
+ * regions with their canonical coordinates, so that a copy loop can hash
+ * each piece it moves with the kernel's fused copy (refit_digest_copy_rows)
+ * and add it to the placement's sum.
+ *
+ * A segment is nrows rows of rowb bytes, back to back in memory: a
+ * placement whose rows are contiguous (row pitch = row bytes, or one row) is
+ * one segment; one whose rows have gaps between them (a box narrower than
+ * its local tensor) is a segment per row, so that segments never overlap and
+ * a binary search finds the one under any offset.  A piece of a copy is cut
+ * where segments start and end: bytes between segments (padding, placements
+ * no digest covers) are copied plainly; inside a segment, a partial first
+ * row, whole rows in one kernel call, a partial last row. */
+#include <string.h>
+
+#include "data/digest_internal.h"
+
+typedef struct {
+    uint64_t off;      /* first byte in the region */
+    uint64_t rowb;     /* bytes per row (even) */
+    uint64_t nrows;    /* rows, back to back */
+    uint64_t tid, row; /* canonical tensor id, its first row */
+    uint64_t unit;     /* first canonical unit of every row */
+    uint32_t region, pl;
+} seg_t;
+
+typedef REFIT_VEC(seg_t) segs_t;
+
+struct refit_digest_map {
+    const refit_digest_key_t *k;
+    seg_t *segs;
+    size_t nsegs;
+    size_t *rstart; /* nregions + 1: the segments of region r are [rstart[r], rstart[r+1]) */
+    uint32_t nregions;
+    uint64_t bytes;
+};
+
+static int cmp_seg(const void *x, const void *y)
+{
+    const seg_t *a = x, *b = y;
+    if (a->region != b->region) return a->region < b->region ? -1 : 1;
+    return a->off < b->off ? -1 : a->off > b->off;
+}
+
+static uint64_t seg_end(const seg_t *s) { return s->off + s->nrows * s->rowb; }
+
+/* The segments of placement i (one, or one per row). */
+static int push_placement(segs_t *v, const refit_manifest_t *m, uint32_t i, const uint64_t *tids)
+{
+    const refit_placement_t *p = &m->placements.data[i];
+    cbox_t b;
+    if (cbox_of(&m->canon.data[p->canon], p, &b) != REFIT_DIGEST_VERIFIABLE) return 0;
+    if (!cbox_full_rows(&b) && !cbox_all_rows(&b)) return 0; /* refit_digest_local's rule */
+    uint64_t stride, off = digest_box_offset(m, p, &stride), rowb = b.n * 2;
+    seg_t s = {.off = off,
+               .rowb = rowb,
+               .nrows = b.nrows,
+               .tid = tids[p->canon],
+               .row = b.a,
+               .unit = b.c,
+               .region = m->locals.data[p->local].region,
+               .pl = i};
+    if (b.nrows == 1 || stride == rowb) return REFIT_VEC_PUSH(v, s);
+    for (uint64_t r = 0; r < b.nrows; r++) {
+        seg_t one = s;
+        one.off = off + r * stride;
+        one.nrows = 1;
+        one.row = b.a + r;
+        if (REFIT_VEC_PUSH(v, one)) return -1;
+    }
+    return 0;
+}
+
+void refit_digest_map_destroy(refit_digest_map_t *m)
+{
+    if (!m) return;
+    free(m->segs);
+    free(m->rstart);
+    free(m);
+}
+
+refit_status_t refit_digest_map_create(const refit_digest_key_t *k, const refit_manifest_t *dst,
+                                       refit_digest_map_t **out)
+{
+    if (!k || !dst || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_map_create: NULL argument");
+    if (!dst->finalized) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_map_create: manifest not finalized");
+    segs_t v = {0};
+    refit_digest_map_t *m = calloc(1, sizeof(*m));
+    uint64_t *tids = digest_tensor_ids(k, dst);
+    bool oom = !m || !tids;
+    for (uint32_t i = 0; !oom && i < dst->placements.len; i++) oom = push_placement(&v, dst, i, tids) != 0;
+    free(tids);
+    if (!oom) oom = !(m->rstart = calloc((size_t)dst->regions.len + 1, sizeof(size_t)));
+    if (oom) {
+        REFIT_VEC_FREE(&v);
+        refit_digest_map_destroy(m);
+        return refit_error(REFIT_ERR_NO_MEMORY, "digest map of %u placements", (unsigned)dst->placements.len);
+    }
+    if (v.len) qsort(v.data, v.len, sizeof(seg_t), cmp_seg);
+    m->k = k;
+    m->segs = v.data;
+    m->nsegs = v.len;
+    m->nregions = (uint32_t)dst->regions.len;
+    for (size_t i = 0; i < v.len; i++) {
+        m->bytes += v.data[i].nrows * v.data[i].rowb;
+        m->rstart[v.data[i].region + 1] = i + 1;
+        if (i && v.data[i].region == v.data[i - 1].region && seg_end(&v.data[i - 1]) > v.data[i].off) {
+            refit_digest_map_destroy(m);
+            return refit_error(REFIT_ERR_INTERNAL, "digest map: placements %u and %u share bytes of region %u",
+                               v.data[i - 1].pl, v.data[i].pl, v.data[i].region);
+        }
+    }
+    for (uint32_t r = 0; r < m->nregions; r++) /* regions without segments start where the last one ended */
+        if (m->rstart[r + 1] < m->rstart[r]) m->rstart[r + 1] = m->rstart[r];
+    *out = m;
+    return REFIT_OK;
+}
+
+uint64_t refit_digest_map_bytes(const refit_digest_map_t *m) { return m ? m->bytes : 0; }
+
+/* ---------------------------------------------------------------- copies */
+
+/* One piece of a segment's row: `len` bytes from byte `col` of row `row` (counted in the segment). */
+static void row_piece(const refit_digest_key_t *k, const seg_t *s, uint64_t row, uint64_t col, uint8_t *d,
+                      const uint8_t *src, uint64_t len, refit_dsum_t *sum)
+{
+    uint64_t crow = s->row + row, unit = s->unit + col / 2;
+    if (col & 1) { /* the high byte of a unit: its value's share is 256 * (int8)hi */
+        if (src) *d = *src++;
+        uint8_t u[2] = {0, *d++};
+        refit_digest_span(k, s->tid, crow, unit++, u, 1, sum);
+        len--;
+    }
+    uint64_t n = len / 2;
+    if (n && src) refit_digest_copy_rows(k, s->tid, crow, 1, unit, d, 0, src, 0, n, sum);
+    else if (n) refit_digest_span(k, s->tid, crow, unit, d, n, sum);
+    d += 2 * n;
+    if (src) src += 2 * n;
+    if (len & 1) { /* the low byte of a unit */
+        if (src) *d = *src;
+        uint8_t u[2] = {*d, 0};
+        refit_digest_span(k, s->tid, crow, unit + n, u, 1, sum);
+    }
+}
+
+/* `len` bytes from byte `rel` of segment s. */
+static void seg_piece(const refit_digest_key_t *k, const seg_t *s, uint64_t rel, uint8_t *d, const uint8_t *src,
+                      uint64_t len, refit_dsum_t *acc)
+{
+    refit_dsum_t sum = {{0, 0}};
+    uint64_t row = rel / s->rowb, col = rel % s->rowb;
+    if (col) {
+        uint64_t take = REFIT_MIN(len, s->rowb - col);
+        row_piece(k, s, row++, col, d, src, take, &sum);
+        d += take;
+        if (src) src += take;
+        len -= take;
+    }
+    uint64_t whole = len / s->rowb;
+    if (whole && src)
+        refit_digest_copy_rows(k, s->tid, s->row + row, whole, s->unit, d, s->rowb, src, s->rowb, s->rowb / 2, &sum);
+    else if (whole) refit_digest_rows(k, s->tid, s->row + row, whole, s->unit, d, s->rowb, s->rowb / 2, &sum);
+    d += whole * s->rowb;
+    if (src) src += whole * s->rowb;
+    if (len % s->rowb) row_piece(k, s, row + whole, 0, d, src, len % s->rowb, &sum);
+    __atomic_fetch_add(&acc[s->pl].lane[0], sum.lane[0], __ATOMIC_RELAXED);
+    __atomic_fetch_add(&acc[s->pl].lane[1], sum.lane[1], __ATOMIC_RELAXED);
+}
+
+/* The first segment of [lo, hi) that ends after off. */
+static const seg_t *seg_after(const seg_t *lo, const seg_t *hi, uint64_t off)
+{
+    while (lo < hi) {
+        const seg_t *mid = lo + (hi - lo) / 2;
+        if (seg_end(mid) <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uint64_t off, void *dst, const void *src,
+                               uint64_t len, refit_dsum_t *acc)
+{
+    uint8_t *d = dst;
+    const uint8_t *sp = src;
+    if (region >= m->nregions) {
+        if (sp) memcpy(d, sp, len);
+        return 0;
+    }
+    const seg_t *end = m->segs + m->rstart[region + 1];
+    const seg_t *s = seg_after(m->segs + m->rstart[region], end, off);
+    uint64_t pos = off, stop = off + len, hashed = 0;
+    while (pos < stop) {
+        uint64_t gap = s == end || s->off >= stop ? stop - pos : s->off > pos ? s->off - pos : 0;
+        if (gap) { /* bytes no segment covers */
+            if (sp) memcpy(d, sp, gap);
+            d += gap;
+            if (sp) sp += gap;
+            pos += gap;
+            continue;
+        }
+        uint64_t take = REFIT_MIN(stop, seg_end(s)) - pos;
+        seg_piece(m->k, s, pos - s->off, d, sp, take, acc);
+        d += take;
+        if (sp) sp += take;
+        pos += take;
+        hashed += take;
+        if (pos == seg_end(s)) s++;
+    }
+    return hashed;
+}
