@@ -266,6 +266,75 @@ static void planner_plan(void **state)
     refit_model_destroy(m);
 }
 
+/* Hashing while receiving (data/digest.h): a real plan pulled with the
+ * receiver's digest map, over eager replies (scattered by refit: fused),
+ * rendezvous into place and into the staging (hashed where they landed, or
+ * fused with the scatter), in requests of several sizes: every
+ * placement's sums are refit_digest_local's over the bytes received, and
+ * every mapped byte was hashed once. */
+static void digests_while_receiving(void **state)
+{
+    (void)state;
+    refit_model_t *m = t_model("tiny-moe");
+    refit_manifest_t *src[2] = {t_manifest(m, "megatron:tp=2", 0), t_manifest(m, "megatron:tp=2", 1)};
+    refit_manifest_t *dst = t_manifest(m, "vllm:tp=2", 1);
+    refit_plan_t *plan;
+    REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)src, 2, dst, NULL, &plan));
+    uint8_t raw[32] = {1, 2, 3};
+    refit_digest_key_t *k;
+    REFIT_ASSERT_OK(refit_digest_key_create(raw, &k));
+    refit_digest_map_t *map;
+    REFIT_ASSERT_OK(refit_digest_map_create(k, dst, &map));
+    uint32_t np = refit_manifest_num_placements(dst);
+    assert_int_equal(refit_manifest_num_regions(dst), 1);
+    uint64_t size = refit_manifest_region_size(dst, 0);
+    pub_t pubs[2];
+    for (int i = 0; i < 2; i++) {
+        uint64_t sizes[4];
+        uint32_t n = refit_manifest_num_regions(src[i]);
+        for (uint32_t r = 0; r < n; r++) sizes[r] = refit_manifest_region_size(src[i], r);
+        pub_open(&pubs[i], NULL, n, sizes, 30 + 10 * (uint64_t)i);
+    }
+    const char *opts[] = {"tcp_eager=1", "tcp_eager=1,chunk=4K,solo=1K", "tcp_eager=0,rndv=1K,chunk=64K",
+                          "tcp_eager=0,rndv=1K,chunk=4K,solo=512"};
+    refit_dsum_t *got = calloc(np, sizeof(*got)), *want = calloc(np, sizeof(*want));
+    void *mem = big_alloc(size);
+    for (size_t o = 0; o < REFIT_ARRAY_LEN(opts); o++) {
+        refit_transport_t *rt;
+        REFIT_ASSERT_OK(ops->create(opts[o], &rt));
+        refit_peer_t *peers[2] = {pub_connect(rt, &pubs[0]), pub_connect(rt, &pubs[1])};
+        memset(mem, 0xee, size);
+        memset(got, 0, np * sizeof(*got));
+        uint64_t hashed = 0;
+        refit_pull_ctl_t ctl = {.deadline = refit_now() + 60, .dmap = map, .dacc = got, .dbytes = &hashed};
+        refit_pull_stats_t stats = {0};
+        REFIT_ASSERT_OK(ops->pull(rt, peers, plan, &mem, &ctl, &stats));
+        REFIT_ASSERT_OK(refit_digest_local(k, dst, (const void *const *)&mem, want, 1));
+        if (hashed != refit_digest_map_bytes(map))
+            fail_msg("%s: %" PRIu64 " of %" PRIu64 " mapped bytes hashed", opts[o], hashed,
+                     refit_digest_map_bytes(map));
+        for (uint32_t i = 0; i < np; i++)
+            if (memcmp(&got[i], &want[i], sizeof(got[i])))
+                fail_msg("%s: placement %u: the sums of the receive differ from the memory's", opts[o], i);
+        print_message("%s: %" PRIu64 " bytes hashed while received, %" PRIu64 " requests (%s)\n", opts[o], hashed,
+                      stats.requests, stats.lanes);
+        for (int i = 0; i < 2; i++) ops->disconnect(peers[i]);
+        ops->destroy(rt);
+    }
+    big_free(mem, size);
+    free(got);
+    free(want);
+    for (int i = 0; i < 2; i++) {
+        pub_close(&pubs[i]);
+        refit_manifest_destroy(src[i]);
+    }
+    refit_digest_map_destroy(map);
+    refit_digest_key_destroy(k);
+    refit_plan_destroy(plan);
+    refit_manifest_destroy(dst);
+    refit_model_destroy(m);
+}
+
 /* method=get: the same strided shapes through ucp_get_nbx.  UCX emulates
  * RMA over TCP, which only rma=emulated allows, and only with
  * REFIT_UNSAFE_RMA=1 (it is unsafe: test_ucx_hostile's rma_refused shows why). */
@@ -991,6 +1060,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(strided_two_sources),
         cmocka_unit_test(planner_plan),
         cmocka_unit_test(get_method),
+        cmocka_unit_test(digests_while_receiving),
         cmocka_unit_test(concurrent_pulls),
         cmocka_unit_test(shared_peer_killed),
         cmocka_unit_test(large_from_process),

@@ -7,10 +7,13 @@
 /* ------------------------------------------------------------------------ */
 /* Receiver side: pull                                                       */
 
-/* count rows of len bytes: source off + k * sstride -> dst + k * dstride. */
+/* count rows of len bytes: source off + k * sstride -> dst + k * dstride,
+ * which is byte doff + k * dstride of destination region dregion. */
 typedef struct {
     uint64_t off, len, count, sstride, dstride;
     unsigned char *dst;
+    uint64_t doff;
+    uint32_t dregion;
 } run_t;
 
 /* FREE -> WAIT (request sent) -> [RECV (rendezvous receive)] -> DONE ->
@@ -38,6 +41,7 @@ typedef struct {
     req_hdr_t hdr;
     unsigned char *stage;
     bool staged; /* data went to stage: scatter on completion */
+    bool hashed; /* its bytes went through the pull's digest map (ctl->dmap) */
 } slot_t;
 
 struct pull_peer {
@@ -152,18 +156,19 @@ static bool next_request(pull_t *pl, pull_peer_t *pp, slot_t *s)
         unsigned char *dst = (unsigned char *)pl->dst_bases[r->dst_region] + dof + pp->row_off;
         so += pp->row_off;
         run_t *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
-        bool adjacent = last && last->count == 1 && last->off + last->len == so && last->dst + last->len == dst;
+        bool same = last && last->dregion == r->dst_region; /* offsets are counted in one region */
+        bool adjacent = same && last->count == 1 && last->off + last->len == so && last->dst + last->len == dst;
         /* A request is one run (zero copy on both sides), or a batch of
          * short runs (packed by the publisher, scattered here): a run of
          * solo bytes or more never joins a batch. */
         if (s->nruns && !adjacent && (left >= o->solo || s->runs[0].len >= o->solo)) break;
         if (adjacent) {
             last->len += take;
-        } else if (last && take == last->len && joins_rows(last, so, dst)) {
+        } else if (same && take == last->len && joins_rows(last, so, dst)) {
             last->count++; /* the next row of a strided run */
         } else {
             if (s->nruns == UCX_MAX_RUNS) break;
-            s->runs[s->nruns++] = (run_t){so, take, 1, 0, 0, dst};
+            s->runs[s->nruns++] = (run_t){so, take, 1, 0, 0, dst, dof + pp->row_off, r->dst_region};
         }
         s->region = r->src_region;
         s->bytes += take;
@@ -213,13 +218,27 @@ static void get_done_cb(void *request, ucs_status_t status, void *user)
     ucp_request_free(request);
 }
 
+/* Copies a reply (src: UCX's buffer or the slot's staging) into the slot's
+ * runs, or with src NULL leaves the bytes where they landed (a rendezvous
+ * into place, RMA gets); with the pull's digest map, hashes them on the way
+ * (fused with the copy) or in place, while they are in cache. */
 static void scatter(slot_t *s, const unsigned char *src)
 {
-    for (uint32_t i = 0; i < s->nruns; i++)
-        for (uint64_t k = 0; k < s->runs[i].count; k++) {
-            memcpy(s->runs[i].dst + k * s->runs[i].dstride, src, s->runs[i].len);
-            src += s->runs[i].len;
+    const refit_pull_ctl_t *ctl = s->pl ? s->pl->ctl : NULL;
+    const refit_digest_map_t *map = ctl ? ctl->dmap : NULL;
+    uint64_t hashed = 0;
+    for (uint32_t i = 0; i < s->nruns; i++) {
+        const run_t *r = &s->runs[i];
+        for (uint64_t k = 0; k < r->count; k++) {
+            unsigned char *d = r->dst + k * r->dstride;
+            if (map)
+                hashed += refit_digest_map_copy(map, r->dregion, r->doff + k * r->dstride, d, src, r->len, ctl->dacc);
+            else if (src) memcpy(d, src, r->len);
+            if (src) src += r->len;
         }
+    }
+    if (hashed) __atomic_fetch_add(ctl->dbytes, hashed, __ATOMIC_RELAXED);
+    s->hashed = true;
 }
 
 ucs_status_t ucx_am_data_cb(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
@@ -291,6 +310,7 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
     s->status = UCS_OK;
     s->pub_status = PUB_OK;
     s->staged = false;
+    s->hashed = false;
     s->state = SLOT_WAIT;
     pp->busy++;
     pp->inflight_bytes += s->bytes;
@@ -496,6 +516,7 @@ static refit_status_t reap_slots(pull_t *pl, double now)
             return ucx_err(ucx_status_code(why), why, "pulling from publisher %s (source %u)", pp->peer->name, pp->src);
         }
         if (s->staged) scatter(s, s->stage);
+        else if (!s->hashed && pl->ctl && pl->ctl->dmap) scatter(s, NULL); /* landed in place: hash it there */
         pp->bytes += s->bytes;
         pp->inflight_bytes -= s->bytes;
         pp->last_data = now;
