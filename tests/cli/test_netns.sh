@@ -96,8 +96,11 @@ for chain in (first, rs):
 # in 1 of 6 runs of f0bf11f and 1-3 of 8 since on this 2-core machine), so there at least one reads early.
 assert all(r['early_chunks'] > 0 for r in rs if r['relay_bytes'] > 0), rs
 assert any(r['early_chunks'] > 0 for r in first if r['relay_bytes'] > 0), first
-# The steady version keeps the chain of the first (each receiver reads what it read before).
-assert [r['holders'] for r in first] == [r['holders'] for r in rs], (first, rs)
+# The steady version keeps the chain of the first (each receiver reads from the holders it read before).  Their
+# byte counts may differ: a chunk read again in the first version counts twice ('relay:2=818688' then
+# 'relay:2=817792', seen in 1 of 6 runs on this machine).
+names = lambda chain: [[h.split('=')[0] for h in r['holders'].split(',') if h] for r in chain]
+assert names(first) == names(rs), (first, rs)
 PY
 else bad "fanout over netns: $(tail -5 "$tmp/fanout.log")"; fi
 echo "$pass passed, $fail failed"
