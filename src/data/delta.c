@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/delta_hashed.h"
 #include "plan/plan.h"
 #include "util/util.h"
 
@@ -519,18 +520,33 @@ const uint8_t *refit_delta_index_need(const refit_delta_index_t *ix, uint64_t *n
     return ix->need;
 }
 
+/* The receiver's digests kept up to date by the apply (refit_delta_apply_hashed); one per thread. */
+typedef struct {
+    const refit_digest_map_t *map;
+    refit_dsum_t *acc;
+    refit_digest_cursor_t cur;
+} dhash_t;
+
+/* Writes n bytes at destination offset dof of region g's destination (through the digest map when h). */
+static inline void put(const ireg_t *g, dhash_t *h, unsigned char *dst, uint64_t dof, const unsigned char *src,
+                       uint64_t n)
+{
+    if (h) refit_digest_map_update(h->map, &h->cur, g->dst_region, dof, dst + dof, src, n, h->acc);
+    else memcpy(dst + dof, src, n);
+}
+
 /* Copies source bytes [lo, hi) that region g reads from data (data[0] is
  * source byte at), moving the cursor forward; successive calls on one
  * cursor must ascend.  Returns the bytes written. */
 static uint64_t walk_copy(const ireg_t *g, cursor_t *c, uint64_t lo, uint64_t hi, const unsigned char *data,
-                          uint64_t at, unsigned char *dst)
+                          uint64_t at, unsigned char *dst, dhash_t *h)
 {
     uint64_t n = 0;
     while (!c->done && c->so < hi) {
         uint64_t e = c->so + g->run;
         if (e > lo) {
             uint64_t b0 = c->so > lo ? c->so : lo, b1 = e < hi ? e : hi;
-            memcpy(dst + c->dof + (b0 - c->so), data + (b0 - at), b1 - b0);
+            put(g, h, dst, c->dof + (b0 - c->so), data + (b0 - at), b1 - b0);
             n += b1 - b0;
         }
         if (e > hi) break; /* the next range may start in this row */
@@ -542,7 +558,7 @@ static uint64_t walk_copy(const ireg_t *g, cursor_t *c, uint64_t lo, uint64_t hi
 /* Sparse changes of one piece: idx/vals hold the chunk's count changes
  * (chunk-relative unit indices, ascending).  Returns the units written. */
 static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, const unsigned char *idx,
-                             const unsigned char *vals, uint32_t count, unsigned char *dst)
+                             const unsigned char *vals, uint32_t count, unsigned char *dst, dhash_t *h)
 {
     uint32_t L = 0, H = count, want = (uint32_t)((pc->lo - c0) / 2); /* first change at or after lo */
     while (L < H) {
@@ -560,7 +576,7 @@ static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, co
             memcpy(&v, idx + (uint64_t)k * 2, 2);
             uint64_t pos = c0 + (uint64_t)v * 2;
             if (pos >= pc->hi) break;
-            n += walk_copy(g, &cur, pos, pos + 2, vals + (uint64_t)k * 2, pos, dst) ? 1 : 0;
+            n += walk_copy(g, &cur, pos, pos + 2, vals + (uint64_t)k * 2, pos, dst, h) ? 1 : 0;
         }
         return n;
     }
@@ -580,7 +596,7 @@ static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, co
             shift = cur.dof - so;
         }
         if (pos < so) continue; /* in the gap before the row */
-        memcpy(dst + (shift + pos), vals + (uint64_t)k * 2, 2);
+        put(g, h, dst, shift + pos, vals + (uint64_t)k * 2, 2);
         n++;
     }
     return n;
@@ -588,7 +604,8 @@ static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, co
 
 /* Applies chunk c (needed, of any kind) through every piece of it. */
 static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned char *p, const refit_delta_info_t *info,
-                                  uint32_t bb, uint64_t c, void *const *dst_bases, refit_delta_apply_stats_t *s)
+                                  uint32_t bb, uint64_t c, void *const *dst_bases, refit_delta_apply_stats_t *s,
+                                  dhash_t *h)
 {
     const unsigned char *e = p + HDR + c * ENTRY;
     uint32_t kind = rd32(e + 12), count = rd32(e + 8);
@@ -612,12 +629,12 @@ static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned 
         const ireg_t *g = &ix->regs[pc->reg];
         unsigned char *dst = (unsigned char *)dst_bases[g->dst_region];
         if (kind == K_SPARSE) {
-            s->units_written += apply_sparse(g, pc, c0, pay, pay + (uint64_t)count * 2, count, dst);
+            s->units_written += apply_sparse(g, pc, c0, pay, pay + (uint64_t)count * 2, count, dst, h);
             continue;
         }
         cursor_t cur = pc->at;
         if (kind == K_DENSE) {
-            s->bytes_written += walk_copy(g, &cur, pc->lo, pc->hi, pay, c0, dst);
+            s->bytes_written += walk_copy(g, &cur, pc->lo, pc->hi, pay, c0, dst, h);
             continue;
         }
         uint64_t nb = (cb + bb - 1) / bb, nbits = (nb + 7) / 8;
@@ -629,7 +646,7 @@ static refit_status_t apply_chunk(const refit_delta_index_t *ix, const unsigned 
                 return refit_error(REFIT_ERR_CORRUPT, "delta chunk %llu: more blocks than it holds",
                                    (unsigned long long)c);
             uint64_t bs = c0 + k * bb, b0 = bs > pc->lo ? bs : pc->lo, b1 = bs + bb < pc->hi ? bs + bb : pc->hi;
-            s->bytes_written += walk_copy(g, &cur, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst);
+            s->bytes_written += walk_copy(g, &cur, b0, b1, pay + nbits + rank * bb + (b0 - bs), b0, dst, h);
             rank++;
         }
     }
@@ -642,6 +659,8 @@ typedef struct {
     const refit_delta_info_t *info;
     uint32_t bb;
     void *const *dst_bases;
+    const refit_digest_map_t *map; /* NULL: no digests kept */
+    refit_dsum_t *acc;
     atomic_uint_fast64_t next;
     atomic_int failed;
     refit_status_t st;
@@ -656,12 +675,13 @@ static void *apply_worker(void *arg)
 {
     apply_ctx_t *a = arg;
     refit_delta_apply_stats_t s = {0};
+    dhash_t hash = {.map = a->map, .acc = a->acc}, *h = a->map ? &hash : NULL;
     while (!atomic_load(&a->failed)) {
         uint64_t c0 = atomic_fetch_add(&a->next, APPLY_TASK);
         if (c0 >= a->ix->nchunks) break;
         for (uint64_t c = c0; c < c0 + APPLY_TASK && c < a->ix->nchunks; c++) {
             if (!a->ix->need[c]) continue;
-            refit_status_t st = apply_chunk(a->ix, a->p, a->info, a->bb, c, a->dst_bases, &s);
+            refit_status_t st = apply_chunk(a->ix, a->p, a->info, a->bb, c, a->dst_bases, &s, h);
             if (st) {
                 int expected = 0;
                 if (atomic_compare_exchange_strong(&a->failed, &expected, 1)) {
@@ -689,6 +709,15 @@ refit_status_t refit_delta_apply_threads(const refit_delta_index_t *ix, const vo
                                          uint64_t have_version, void *const *dst_bases, unsigned threads,
                                          refit_delta_apply_stats_t *stats)
 {
+    return refit_delta_apply_hashed(ix, delta, len, have_version, dst_bases, threads, stats, NULL, NULL);
+}
+
+refit_status_t refit_delta_apply_hashed(const refit_delta_index_t *ix, const void *delta, size_t len,
+                                        uint64_t have_version, void *const *dst_bases, unsigned threads,
+                                        refit_delta_apply_stats_t *stats, const refit_digest_map_t *map,
+                                        refit_dsum_t *acc)
+{
+    if (map && !acc) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_apply_hashed: a map without its sums");
     if (!ix || !delta || !dst_bases) return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_apply: NULL argument");
     refit_status_t st;
     if (stats && (st = refit_out_check(stats->size, REFIT_END_OF(refit_delta_apply_stats_t, bytes_written),
@@ -709,7 +738,7 @@ refit_status_t refit_delta_apply_threads(const refit_delta_index_t *ix, const vo
             (unsigned long long)info.base_version, (unsigned long long)info.version, (unsigned long long)have_version);
     const unsigned char *p = delta;
     uint32_t bb = rd32(p + 8);
-    apply_ctx_t a = {.ix = ix, .p = p, .info = &info, .bb = bb, .dst_bases = dst_bases};
+    apply_ctx_t a = {.ix = ix, .p = p, .info = &info, .bb = bb, .dst_bases = dst_bases, .map = map, .acc = acc};
     atomic_init(&a.next, 0);
     atomic_init(&a.failed, 0);
     pthread_mutex_init(&a.lock, NULL);

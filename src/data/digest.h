@@ -296,5 +296,21 @@ uint64_t refit_digest_map_bytes(const refit_digest_map_t *m);
  * refit_digest_map_bytes).  A region out of range hashes nothing. */
 uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uint64_t off, void *dst, const void *src,
                                uint64_t len, refit_dsum_t *acc);
+/* Where the last update was (refit_digest_map_update): zero it before the
+ * first ({0}); one per thread. */
+typedef struct {
+    const void *seg;
+    uint64_t row;
+    uint32_t r[2];
+} refit_digest_cursor_t;
+/* Overwrites len bytes at dst (byte `off` of region `region`) with src's
+ * and adds, for the mapped bytes among them, D(new) - D(old) into acc
+ * (atomically): the sums of memory that held them stay the sums of memory
+ * that holds them now (a delta's apply: the cost is that of the changed
+ * bytes, not of the memory).  One aligned 2-byte unit (a sparse change)
+ * takes a fast path that keeps its segment and row key in c; anything else
+ * is hashed before and after the copy.  src must not be NULL. */
+void refit_digest_map_update(const refit_digest_map_t *m, refit_digest_cursor_t *c, uint32_t region, uint64_t off,
+                             void *dst, const void *src, uint64_t len, refit_dsum_t *acc);
 
 #endif

@@ -143,9 +143,9 @@ static void row_piece(const refit_digest_key_t *k, const seg_t *s, uint64_t row,
     }
 }
 
-/* `len` bytes from byte `rel` of segment s. */
-static void seg_piece(const refit_digest_key_t *k, const seg_t *s, uint64_t rel, uint8_t *d, const uint8_t *src,
-                      uint64_t len, refit_dsum_t *acc)
+/* sum += D of `len` bytes from byte `rel` of segment s (copied from src first, unless src is NULL). */
+static void seg_sum(const refit_digest_key_t *k, const seg_t *s, uint64_t rel, uint8_t *d, const uint8_t *src,
+                    uint64_t len, refit_dsum_t *out)
 {
     refit_dsum_t sum = {{0, 0}};
     uint64_t row = rel / s->rowb, col = rel % s->rowb;
@@ -163,8 +163,25 @@ static void seg_piece(const refit_digest_key_t *k, const seg_t *s, uint64_t rel,
     d += whole * s->rowb;
     if (src) src += whole * s->rowb;
     if (len % s->rowb) row_piece(k, s, row + whole, 0, d, src, len % s->rowb, &sum);
-    __atomic_fetch_add(&acc[s->pl].lane[0], sum.lane[0], __ATOMIC_RELAXED);
-    __atomic_fetch_add(&acc[s->pl].lane[1], sum.lane[1], __ATOMIC_RELAXED);
+    out->lane[0] += sum.lane[0];
+    out->lane[1] += sum.lane[1];
+}
+
+static void add_to(refit_dsum_t *acc, uint32_t pl, uint32_t l0, uint32_t l1)
+{
+    __atomic_fetch_add(&acc[pl].lane[0], l0, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&acc[pl].lane[1], l1, __ATOMIC_RELAXED);
+}
+
+/* `len` bytes from byte `rel` of segment s into acc: their digest (update false), or with update, the
+ * change from the bytes at d before the copy to src's. */
+static void seg_piece(const refit_digest_key_t *k, const seg_t *s, uint64_t rel, uint8_t *d, const uint8_t *src,
+                      uint64_t len, bool update, refit_dsum_t *acc)
+{
+    refit_dsum_t old = {{0, 0}}, now = {{0, 0}};
+    if (update) seg_sum(k, s, rel, d, NULL, len, &old);
+    seg_sum(k, s, rel, d, src, len, &now);
+    add_to(acc, s->pl, now.lane[0] - old.lane[0], now.lane[1] - old.lane[1]);
 }
 
 /* The first segment of [lo, hi) that ends after off. */
@@ -178,8 +195,9 @@ static const seg_t *seg_after(const seg_t *lo, const seg_t *hi, uint64_t off)
     return lo;
 }
 
-uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uint64_t off, void *dst, const void *src,
-                               uint64_t len, refit_dsum_t *acc)
+/* refit_digest_map_copy (update false) and refit_digest_map_update's general case (true: src not NULL). */
+static uint64_t walk(const refit_digest_map_t *m, uint32_t region, uint64_t off, void *dst, const void *src,
+                     uint64_t len, bool update, refit_dsum_t *acc)
 {
     uint8_t *d = dst;
     const uint8_t *sp = src;
@@ -200,7 +218,7 @@ uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uin
             continue;
         }
         uint64_t take = REFIT_MIN(stop, seg_end(s)) - pos;
-        seg_piece(m->k, s, pos - s->off, d, sp, take, acc);
+        seg_piece(m->k, s, pos - s->off, d, sp, take, update, acc);
         d += take;
         if (sp) sp += take;
         pos += take;
@@ -208,4 +226,55 @@ uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uin
         if (pos == seg_end(s)) s++;
     }
     return hashed;
+}
+
+uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uint64_t off, void *dst, const void *src,
+                               uint64_t len, refit_dsum_t *acc)
+{
+    return walk(m, region, off, dst, src, len, false, acc);
+}
+
+/* ---------------------------------------------------------------- updates */
+
+/* The segment of region `region` holding byte off, or NULL; c remembers the last one. */
+static const seg_t *seg_at(const refit_digest_map_t *m, refit_digest_cursor_t *c, uint32_t region, uint64_t off)
+{
+    const seg_t *s = c->seg;
+    if (s && s->region == region && s->off <= off && off < seg_end(s)) return s;
+    if (region >= m->nregions) return NULL;
+    const seg_t *end = m->segs + m->rstart[region + 1];
+    s = seg_after(m->segs + m->rstart[region], end, off);
+    if (s == end || s->off > off) return NULL;
+    c->seg = s;
+    c->row = UINT64_MAX;
+    return s;
+}
+
+void refit_digest_map_update(const refit_digest_map_t *m, refit_digest_cursor_t *c, uint32_t region, uint64_t off,
+                             void *dst, const void *src, uint64_t len, refit_dsum_t *acc)
+{
+    const seg_t *s = len == 2 ? seg_at(m, c, region, off) : NULL;
+    uint64_t rel = s ? off - s->off : 0, col = s ? rel % s->rowb : 1;
+    if (!s || (col & 1) || col + 2 > s->rowb) { /* not one whole unit of a segment: the general walk */
+        walk(m, region, off, dst, src, len, true, acc);
+        return;
+    }
+    const refit_digest_key_t *k = m->k;
+    uint64_t row = s->row + rel / s->rowb, j = s->unit + col / 2;
+    if (c->row != row) { /* the row's keys, kept for the next unit of the same row */
+        refit_dsum_t r = refit_digest_row_key(k, s->tid, row);
+        c->row = row;
+        c->r[0] = r.lane[0];
+        c->r[1] = r.lane[1];
+    }
+    uint32_t mb[2];
+    block_mult(k, j >> KBITS, mb);
+    int16_t was, now;
+    memcpy(&was, dst, 2);
+    memcpy(&now, src, 2);
+    memcpy(dst, src, 2);
+    uint32_t d = (uint32_t)((int32_t)now - (int32_t)was);
+    uint32_t k0 = mb[0] * (uint32_t)(int32_t)k->kc[0][j & (KCOLS - 1)],
+             k1 = mb[1] * (uint32_t)(int32_t)k->kc[1][j & (KCOLS - 1)];
+    add_to(acc, s->pl, c->r[0] * k0 * d, c->r[1] * k1 * d);
 }

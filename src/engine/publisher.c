@@ -606,7 +606,7 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
         void *const *src = p->params.mode == REFIT_MODE_SNAPSHOT ? p->stage[rec.buffer] : p->mem;
         if ((st = refit_digest_table_fill(p->dkey, p->m, (const void *const *)src, p->dtable[rec.buffer],
                                           p->params.delta_threads))) {
-            refit_error_prefix("rank %u, digests of version %" PRIu64 ": ", p->m->rank, version);
+            refit_error_prefix("rank %u, digests of version %" PRIu64, p->m->rank, version);
             return st;
         }
         p->digest_ms = (refit_now() - t0) * 1e3;

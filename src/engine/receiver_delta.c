@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/delta_hashed.h"
 #include "engine/receiver_internal.h"
 
 bool refit_rx_delta_eligible(const pull_t *p)
@@ -209,10 +210,14 @@ static refit_status_t delta_apply(pull_t *p, const uint64_t *total)
     r->stage_version = 0; /* the staging is being written too (GPU) */
     bool gpu = r->params.device >= 0;
     void *const *dst = gpu ? r->stage : r->mem;
+    /* The sums of the committed version's memory, updated by every byte the
+     * apply writes (docs/digest.md): the check then reads nothing again. */
+    const refit_digest_map_t *map = r->dsum_version == r->committed ? r->dmap : NULL;
+    r->dsum_version = 0;
     for (uint32_t j = 0; j < cp->ndsrc && !st; j++) {
         refit_delta_apply_stats_t as = REFIT_DELTA_APPLY_STATS_INIT;
-        st = refit_delta_apply_threads(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, dst, r->params.threads,
-                                       &as);
+        st = refit_delta_apply_hashed(cp->dsrc[j].ix, cp->dsrc[j].wire, total[j], r->committed, dst, r->params.threads,
+                                      &as, map, r->dlocal);
         if (st)
             refit_error_prefix("applying the delta of source rank %u region %u", cp->dsrc[j].src, cp->dsrc[j].region);
         rep->delta_units += as.units_written + as.bytes_written / 2;
@@ -221,6 +226,7 @@ static refit_status_t delta_apply(pull_t *p, const uint64_t *total)
         st = r->dom->copy(r->mem[i], r->stage[i], r->m->regions.data[i]);
     if (gpu && !st) refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(via pinned host staging)");
     if (gpu) r->pull_staged = true;
+    p->ddelta = !st && map;
     if (!st) {
         rep->delta_base = r->committed;
         refit_rx_append(rep->lanes, sizeof(rep->lanes), " ", "(delta)");

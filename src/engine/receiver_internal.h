@@ -98,6 +98,8 @@ struct refit_receiver {
     refit_digest_key_t *dkey; /* content digests; NULL with no_digest */
     refit_dsum_t *dlocal;     /* per destination placement */
     refit_digest_map_t *dmap; /* where they live in the memory: copies that hash what they write */
+    uint64_t dsum_version;    /* dlocal holds the sums of the memory (host, or the staging) as it holds this
+                                 version, checked against its publishers' (0: none); a delta from it updates them */
     refit_fp8_target_t *fp8;  /* params.fp8: the memory is this target's arena */
 };
 
@@ -125,6 +127,9 @@ typedef struct {
      * r->dlocal (a direct host pull through shm); all of them: the
      * verification needs no second pass over the memory. */
     uint64_t dhashed;
+    /* The delta's apply kept r->dlocal the sums of the memory it changed
+     * (data/delta_hashed.h): no pass over the memory either. */
+    bool ddelta;
 } pull_t;
 
 /* The pull's copies hashed all of the memory's digests as they wrote it

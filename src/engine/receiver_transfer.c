@@ -474,6 +474,7 @@ refit_status_t refit_rx_full_transfer(pull_t *p)
     refit_relays_withdraw(r->relays, (int)r->params.lease_ms);
     r->usable = false;
     r->stage_version = 0; /* the staging is being written too (GPU) */
+    r->dsum_version = 0;  /* and the sums of it are no longer those of a version */
     /* A pause for the test suite (test_hooks.h): after the receiver committed
      * to the transfer, during which a test kills a process. */
     unsigned pause_ms = refit_test_pause_ms();

@@ -128,8 +128,9 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
         st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
     refit_digest_report_t dr = {0};
     if (!st && host) st = refit_digest_check(p->cp->dplan, fetched, r->dlocal, &dr);
+    if (!st && host) r->dsum_version = p->v; /* the sums of what the memory holds now: a delta updates them */
     if (st == REFIT_ERR_VERIFY)
-        refit_error_prefix("version %" PRIu64 " does not match what its publishers published: ", p->v);
+        refit_error_prefix("version %" PRIu64 " does not match what its publishers published", p->v);
     refit_digest_plan_stats_t ps;
     refit_digest_plan_stats(p->cp->dplan, &ps);
     rep->digest_bytes = host ? dr.bytes : 0;
@@ -143,6 +144,7 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
 bool refit_rx_digests_fused(const pull_t *p)
 {
     uint64_t mapped = refit_digest_map_bytes(p->r->dmap);
+    if (p->rep && p->rep->path == REFIT_RX_PATH_DELTA) return p->ddelta;
     return p->rep && p->rep->path == REFIT_RX_PATH_HOST_DIRECT && mapped && p->dhashed == mapped;
 }
 
@@ -287,7 +289,7 @@ refit_status_t refit_rx_check_stamps(pull_t *p, bool after)
         st = REFIT_OK;
     }
     if (st) {
-        refit_error_prefix("reading the version stamps %s: ", when);
+        refit_error_prefix("reading the version stamps %s", when);
         goto out;
     }
     bool newer = false;

@@ -198,6 +198,62 @@ static void mixed_cuts(void **state)
     refit_manifest_destroy(m);
 }
 
+/* Updates (a delta's apply): single units, odd-placed pairs and ranges overwritten through the map keep the
+ * sums equal to refit_digest_local of the memory as it is now, with every kernel. */
+static void updates(void **state)
+{
+    (void)state;
+    refit_manifest_t *m = mixed_manifest();
+    uint64_t size = refit_manifest_region_size(m, 0);
+    uint32_t np = refit_manifest_num_placements(m);
+    uint8_t *mem = malloc(size), *want_mem = malloc(size), *news = malloc(size);
+    refit_dsum_t *acc = calloc(np, sizeof(*acc)), *want = calloc(np, sizeof(*want));
+    refit_digest_impl_t impls[] = {REFIT_DIGEST_IMPL_SCALAR, REFIT_DIGEST_IMPL_AVX2, REFIT_DIGEST_IMPL_AVX512};
+    for (size_t ki = 0; ki < REFIT_ARRAY_LEN(impls); ki++) {
+        refit_digest_key_t *k = key_impl(impls[ki]);
+        if (!k) continue;
+        refit_digest_map_t *map = NULL;
+        REFIT_ASSERT_OK(refit_digest_map_create(k, m, &map));
+        fill_random(mem, size);
+        REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&mem, acc, 1));
+        memcpy(want_mem, mem, size);
+        refit_digest_cursor_t cur = {0};
+        unsigned units = 0;
+        for (int i = 0; i < 4000; i++) {
+            uint64_t kind = rnd() % 8, off, len;
+            if (kind < 5) { /* one aligned unit, often next to the last one */
+                off = (rnd() % (size / 2)) * 2;
+                len = 2;
+                units++;
+            } else if (kind < 7) { /* an odd-placed pair, a single byte */
+                off = rnd() % (size - 2) | 1;
+                len = 1 + rnd() % 2;
+            } else { /* a range across rows and segments */
+                off = rnd() % size;
+                len = 1 + rnd() % REFIT_MIN(size - off, 3000);
+            }
+            fill_random(news, len);
+            memcpy(want_mem + off, news, len);
+            refit_digest_map_update(map, &cur, 0, off, mem + off, news, len, acc);
+        }
+        assert_memory_equal(mem, want_mem, size);
+        REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&mem, want, 1));
+        for (uint32_t i = 0; i < np; i++)
+            if (memcmp(&acc[i], &want[i], sizeof(acc[i])))
+                fail_msg("%s: placement %u after %u unit updates: %08x%08x, refit_digest_local %08x%08x",
+                         refit_digest_impl_name(impls[ki]), i, units, acc[i].lane[0], acc[i].lane[1], want[i].lane[0],
+                         want[i].lane[1]);
+        refit_digest_map_destroy(map);
+        refit_digest_key_destroy(k);
+    }
+    free(mem);
+    free(want_mem);
+    free(news);
+    free(acc);
+    free(want);
+    refit_manifest_destroy(m);
+}
+
 typedef struct {
     const void *const *const *bases;
 } pvm_t;
@@ -305,6 +361,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mixed_cuts),
+        cmocka_unit_test(updates),
         cmocka_unit_test(executor_pairs),
         cmocka_unit_test(errors),
     };

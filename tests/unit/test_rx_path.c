@@ -76,8 +76,8 @@ static refit_receiver_t *rx(const bench_t *b, const char *reader, int relay_slot
 }
 
 /* The pull's path, its name, and the bytes: the truth of v (delta: the delta truth); every byte checked
- * against the publishers' digests, which a direct pull computed while it copied (docs/digest.md) and the
- * other paths in a pass of their own. */
+ * against the publishers' digests, which a direct pull computed while it copied and a delta while it applied
+ * (from the sums of the version before, docs/digest.md), the fleet's chunks in a pass of their own. */
 static void expect_pull(refit_receiver_t *r, const bench_t *b, void *base, uint64_t v, refit_rx_path_t want)
 {
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
@@ -89,7 +89,7 @@ static void expect_pull(refit_receiver_t *r, const bench_t *b, void *base, uint6
     assert_true(rep.bytes > 0);
     assert_true(rep.digest_bytes > 0);
     assert_int_equal(rep.unverified_bytes, 0);
-    if (rep.digest_fused != (want == REFIT_RX_PATH_HOST_DIRECT))
+    if (rep.digest_fused != (want == REFIT_RX_PATH_HOST_DIRECT || want == REFIT_RX_PATH_DELTA))
         fail_msg("version %llu (%s): digest_fused %d", (unsigned long long)v, refit_rx_path_name(want),
                  rep.digest_fused);
     refit_manifest_t *m = t_manifest_named(DST, 1);
@@ -153,8 +153,10 @@ static void host_fleet(void **state)
     bench_stop(&b);
 }
 
-/* The sources offer a delta from what the memory holds: it is applied; a
- * receiver that wants none pulls the same version in full. */
+/* The sources offer a delta from what the memory holds: it is applied, three
+ * versions in a row (each keeping the digests of the one before up to date:
+ * a wrong sum fails the check); a receiver that wants none pulls the same
+ * version in full. */
 static void delta(void **state)
 {
     (void)state;
@@ -165,8 +167,12 @@ static void delta(void **state)
     bench_publish(&b, 1);
     expect_pull(r, &b, base, 1, REFIT_RX_PATH_HOST_DIRECT); /* nothing to take a delta from */
     for (uint32_t k = 0; k < 2; k++) REFIT_ASSERT_OK(refit_publisher_wait_readers(b.pub[k], 1, 5000));
-    bench_publish(&b, 2);
-    expect_pull(r, &b, base, 2, REFIT_RX_PATH_DELTA);
+    for (uint64_t v = 2; v <= 4; v++) {
+        if (v > 2)
+            for (uint32_t k = 0; k < 2; k++) REFIT_ASSERT_OK(refit_publisher_wait_readers(b.pub[k], v - 1, 5000));
+        bench_publish(&b, v);
+        expect_pull(r, &b, base, v, REFIT_RX_PATH_DELTA);
+    }
     refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
     rp.registry = b.url;
     rp.job = b.job;
@@ -176,7 +182,7 @@ static void delta(void **state)
     refit_receiver_t *rn;
     REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(DST, 1), &rn));
     REFIT_ASSERT_OK(refit_receiver_alloc(rn, 0, &nbase));
-    expect_pull(rn, &b, nbase, 2, REFIT_RX_PATH_HOST_DIRECT);
+    expect_pull(rn, &b, nbase, 4, REFIT_RX_PATH_HOST_DIRECT);
     refit_receiver_destroy(rn);
     refit_receiver_destroy(r);
     bench_stop(&b);

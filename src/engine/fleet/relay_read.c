@@ -158,7 +158,7 @@ static refit_status_t check_stamp(const refit_tset_t *ts, relay_src_t *s, uint32
     refit_status_t st = ts->ops[t]->pull(ts->ctx[t], peers, &one, dst, &ctl, &ps);
     if (!st) st = refit_stamp_decode(buf, 0, &stamp);
     if (!st) st = refit_stamp_matches(&stamp, &rec, 0, when);
-    if (st) refit_error_prefix("relay slot %u: ", j);
+    if (st) refit_error_prefix("relay slot %u", j);
     return st;
 }
 
