@@ -149,7 +149,7 @@ static refit_status_t st_parse(refit_safetensors_t *f)
                            (unsigned long long)hl);
     refit_status_t st = refit_json_parse((const char *)f->buf + 8, (size_t)hl, &f->root);
     if (st) {
-        refit_error_prefix("safetensors header: ");
+        refit_error_prefix("safetensors header");
         return st;
     }
     if (refit_json_type(f->root) != REFIT_JSON_OBJECT)
@@ -245,7 +245,7 @@ refit_status_t refit_safetensors_open(const char *path, refit_safetensors_t **ou
     f->len = (size_t)size;
     st = st_parse(f);
     if (st) {
-        refit_error_prefix("%s: ", path);
+        refit_error_prefix("%s", path);
         st_free(f);
         return st;
     }
@@ -348,7 +348,7 @@ static refit_status_t open_shards(refit_hf_source_t *s, const char *dir)
     refit_json_t *root = NULL;
     if ((st = refit_read_regular(idx, HF_MAX_INDEX_BYTES, &text, &len))) goto out;
     if ((st = refit_json_parse(text, len, &root))) {
-        refit_error_prefix("%s: ", idx);
+        refit_error_prefix("%s", idx);
         goto out;
     }
     const refit_json_t *wm = NULL;

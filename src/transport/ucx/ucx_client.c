@@ -339,7 +339,7 @@ static refit_status_t peer_from_descs(refit_transport_t *t, const void *const *d
         const wire_addr_t *addrs = NULL;
         const void *rkey = NULL;
         if ((st = parse_desc(descs[i], lens[i], &h, &addrs, &rkey))) {
-            refit_error_prefix("region %u: ", i);
+            refit_error_prefix("region %u", i);
             break;
         }
         if (i == 0) {

@@ -562,7 +562,7 @@ static refit_status_t deadline_and_tick(pull_t *pl, double now, double deadline,
     pthread_mutex_unlock(&pl->t->rlock);
     refit_status_t ts = ctl->tick(ctl->user);
     pthread_mutex_lock(&pl->t->rlock);
-    if (ts) refit_error_prefix("ucx: pull aborted by its tick: ");
+    if (ts) refit_error_prefix("ucx: pull aborted by its tick");
     return ts;
 }
 
