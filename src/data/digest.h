@@ -296,6 +296,14 @@ uint64_t refit_digest_map_bytes(const refit_digest_map_t *m);
  * refit_digest_map_bytes).  A region out of range hashes nothing. */
 uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uint64_t off, void *dst, const void *src,
                                uint64_t len, refit_dsum_t *acc);
+/* The same for nrows runs of len bytes, run i at off + i * dst_stride (dst +
+ * i * dst_stride) from src + i * src_stride: a plan region's innermost loop
+ * in one call, and in one kernel call when its rows are consecutive rows of
+ * one placement (each run at the same column of its row, whole units),
+ * else run by run.  Returns the mapped bytes hashed. */
+uint64_t refit_digest_map_copy_rows(const refit_digest_map_t *m, uint32_t region, uint64_t off, uint64_t dst_stride,
+                                    void *dst, const void *src, uint64_t src_stride, uint64_t len, uint64_t nrows,
+                                    refit_dsum_t *acc);
 /* Where the last update was (refit_digest_map_update): zero it before the
  * first ({0}); one per thread. */
 typedef struct {

@@ -234,6 +234,53 @@ uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uin
     return walk(m, region, off, dst, src, len, false, acc);
 }
 
+/* Rows [0, n) of a copy_rows call that are consecutive rows of segment s, each run at the same column of its row
+ * in whole units, hashed in one kernel call; returns how many rows it took (0: not such rows). */
+static uint64_t box_rows(const refit_digest_map_t *m, const seg_t *s, uint64_t off, uint64_t dst_stride, uint8_t *d,
+                         const uint8_t *sp, uint64_t src_stride, uint64_t len, uint64_t n, refit_dsum_t *acc)
+{
+    if (off < s->off || dst_stride != s->rowb) return 0;
+    uint64_t rel = off - s->off, col = rel % s->rowb, first = rel / s->rowb;
+    if (((col | len) & 1) || col + len > s->rowb || first >= s->nrows) return 0;
+    uint64_t take = REFIT_MIN(n, s->nrows - first);
+    refit_dsum_t sum = {{0, 0}};
+    uint64_t row = s->row + first, unit = s->unit + col / 2;
+    if (sp) refit_digest_copy_rows(m->k, s->tid, row, take, unit, d, dst_stride, sp, src_stride, len / 2, &sum);
+    else refit_digest_rows(m->k, s->tid, row, take, unit, d, dst_stride, len / 2, &sum);
+    add_to(acc, s->pl, sum.lane[0], sum.lane[1]);
+    return take;
+}
+
+uint64_t refit_digest_map_copy_rows(const refit_digest_map_t *m, uint32_t region, uint64_t off, uint64_t dst_stride,
+                                    void *dst, const void *src, uint64_t src_stride, uint64_t len, uint64_t nrows,
+                                    refit_dsum_t *acc)
+{
+    uint8_t *d = dst;
+    const uint8_t *sp = src;
+    if (!len || region >= m->nregions) return nrows && len ? walk(m, region, off, dst, src, len, false, acc) : 0;
+    const seg_t *lo = m->segs + m->rstart[region], *end = m->segs + m->rstart[region + 1], *s = NULL;
+    uint64_t hashed = 0;
+    for (uint64_t i = 0; i < nrows;) {
+        uint64_t o = off + i * dst_stride;
+        /* The segment under o: the last one, the next (rows running on into the next tensor), or a search. */
+        if (!s || o < s->off || o >= seg_end(s))
+            s = s && s + 1 < end && s[1].off <= o && o < seg_end(&s[1]) ? s + 1 : NULL;
+        if (!s) s = seg_after(lo, end, o);
+        uint64_t took = s < end ? box_rows(m, s, o, dst_stride, d + i * dst_stride, sp ? sp + i * src_stride : NULL,
+                                           src_stride, len, nrows - i, acc)
+                                : 0;
+        if (!took) { /* a run across segments or gaps, or rows that are not a box: this one through the walk */
+            hashed += walk(m, region, o, d + i * dst_stride, sp ? sp + i * src_stride : NULL, len, false, acc);
+            s = NULL;
+            i++;
+            continue;
+        }
+        hashed += took * len;
+        i += took;
+    }
+    return hashed;
+}
+
 /* ---------------------------------------------------------------- updates */
 
 /* The segment of region `region` holding byte off, or NULL; c remembers the last one. */

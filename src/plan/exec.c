@@ -71,6 +71,17 @@ static refit_status_t copy_bytes(exec_ctx_t *c, const refit_plan_region_t *r, ui
     return REFIT_OK;
 }
 
+/* Rows [row, row + n) of r's innermost loop (one outer iteration): hashed in one call through the map. */
+static void copy_hashed_rows(exec_ctx_t *c, const refit_plan_region_t *r, uint64_t row, uint64_t n, uint64_t *hashed)
+{
+    uint64_t so, dof;
+    refit_region_row_offsets(r, row, &so, &dof);
+    unsigned char *dst = (unsigned char *)c->dst_bases[r->dst_region] + dof;
+    const unsigned char *src = (const unsigned char *)c->src_bases[r->src][r->src_region] + so;
+    *hashed += refit_digest_map_copy_rows(c->o->dmap, r->dst_region, dof, r->dst_stride[0], dst, src, r->src_stride[0],
+                                          r->run, n, c->o->dacc);
+}
+
 static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
 {
     const refit_plan_region_t *r = t->r;
@@ -78,6 +89,12 @@ static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
     uint64_t hashed = 0;
     if (r->nloops == 0) {
         st = copy_bytes(c, r, r->src_offset + t->begin, r->dst_offset + t->begin, t->end - t->begin, &hashed);
+    } else if (c->o->dmap && !c->o->copy && r->src != REFIT_PLAN_FILL) {
+        for (uint64_t row = t->begin; row < t->end;) { /* a run of loop 0's rows at a time */
+            uint64_t n = REFIT_MIN(r->count[0] - row % r->count[0], t->end - row);
+            copy_hashed_rows(c, r, row, n, &hashed);
+            row += n;
+        }
     } else {
         for (uint64_t row = t->begin; row < t->end && !st; row++) {
             uint64_t so, dof;

@@ -229,13 +229,12 @@ static void scatter(slot_t *s, const unsigned char *src)
     uint64_t hashed = 0;
     for (uint32_t i = 0; i < s->nruns; i++) {
         const run_t *r = &s->runs[i];
-        for (uint64_t k = 0; k < r->count; k++) {
-            unsigned char *d = r->dst + k * r->dstride;
-            if (map)
-                hashed += refit_digest_map_copy(map, r->dregion, r->doff + k * r->dstride, d, src, r->len, ctl->dacc);
-            else if (src) memcpy(d, src, r->len);
-            if (src) src += r->len;
-        }
+        if (map) /* a run's rows lie back to back in the reply (src) */
+            hashed += refit_digest_map_copy_rows(map, r->dregion, r->doff, r->dstride, r->dst, src, r->len, r->len,
+                                                 r->count, ctl->dacc);
+        else
+            for (uint64_t k = 0; k < r->count && src; k++) memcpy(r->dst + k * r->dstride, src + k * r->len, r->len);
+        if (src) src += r->len * r->count;
     }
     if (hashed) __atomic_fetch_add(ctl->dbytes, hashed, __ATOMIC_RELAXED);
     s->hashed = true;
