@@ -43,6 +43,7 @@
 #include "engine/stamp.h"
 #include "engine/test_hooks.h"
 #include "refit/experimental/delta.h"
+#include "verify/verify.h"
 
 #define NBUF_SNAPSHOT 2
 
@@ -76,9 +77,10 @@ struct refit_publisher {
     uint64_t dbytes;          /* table size */
     void *dtable[NBUF_SNAPSHOT];
     int dtable_owner[NBUF_SNAPSHOT];
-    double digest_ms;                /* filling the last version's table */
-    void *stamp[NBUF_SNAPSHOT];      /* version stamps (host memory only; NULL otherwise) */
-    uint64_t stamped[NBUF_SNAPSHOT]; /* the version each stamp names (0: none) */
+    struct refit_gpu_digest *gdig[NBUF_SNAPSHOT]; /* GPU memory: the table's kernels over that buffer */
+    double digest_ms;                             /* filling the last version's table */
+    void *stamp[NBUF_SNAPSHOT];                   /* version stamps (host memory only; NULL otherwise) */
+    uint64_t stamped[NBUF_SNAPSHOT];              /* the version each stamp names (0: none) */
     int stamp_owner[NBUF_SNAPSHOT];
     refit_version_record_t last_rec; /* under lock */
     /* Held across "last_rec := v, write v's record" and across the heartbeat's
@@ -186,9 +188,11 @@ refit_status_t refit_publisher_create(const refit_publisher_params_t *params, re
                           m->regions.data[r] / 100 * p->params.delta_max_pct + 4095) &
                          ~(uint64_t)4095;
     }
-    /* Content digests of host memory (a GPU publisher's bytes would need a
-     * kernel: its receivers report those bytes as unverified). */
-    if (!p->params.no_digest && p->params.device < 0 && refit_digest_table_bytes(m) &&
+    /* Content digests: of host memory with the CPU's kernels, of GPU memory
+     * with the GPU's (transport/cuda/digest.cu, the same values; the table
+     * then lives in GPU memory too).  A library without CUDA has no GPU
+     * publishers. */
+    if (!p->params.no_digest && refit_digest_table_bytes(m) &&
         (st = refit_digest_key_create(refit_registry_key(p->reg, REFIT_KEY_DIGEST), &p->dkey)))
         goto err;
     if (p->dkey) p->dbytes = refit_digest_table_bytes(m);
@@ -228,6 +232,23 @@ static refit_status_t alloc_with(refit_publisher_t *p, uint64_t size, void **bas
     memset(mem, 0, size);
     *base = mem;
     return REFIT_OK;
+}
+
+/* The digest table of buffer b from the memory src holds: the CPU's pass, or the GPU's kernels (their
+ * work list built at the buffer's first version: the addresses do not change). */
+static refit_status_t fill_table(refit_publisher_t *p, uint32_t b, void *const *src)
+{
+    if (p->params.device < 0)
+        return refit_digest_table_fill(p->dkey, p->m, (const void *const *)src, p->dtable[b], p->params.delta_threads);
+#ifdef REFIT_HAVE_CUDA
+    refit_status_t st;
+    refit_gpu_digest_t *g = p->gdig[b];
+    if (!g && (st = refit_gpu_digest_create(p->params.device, p->dkey, p->m, src, true, &g))) return st;
+    p->gdig[b] = g;
+    return refit_gpu_digest_table_run(g, p->dtable[b]);
+#else
+    return refit_error(REFIT_ERR_UNSUPPORTED, "digests of GPU memory need a refit built with CUDA");
+#endif
 }
 
 static void free_with(refit_publisher_t *p, void *base, uint64_t size, int owner)
@@ -604,8 +625,7 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
     if (p->dkey) {
         double t0 = refit_now();
         void *const *src = p->params.mode == REFIT_MODE_SNAPSHOT ? p->stage[rec.buffer] : p->mem;
-        if ((st = refit_digest_table_fill(p->dkey, p->m, (const void *const *)src, p->dtable[rec.buffer],
-                                          p->params.delta_threads))) {
+        if ((st = fill_table(p, rec.buffer, src))) {
             refit_error_prefix("rank %u, digests of version %" PRIu64, p->m->rank, version);
             return st;
         }
@@ -692,6 +712,9 @@ void refit_publisher_destroy(refit_publisher_t *p)
         free_with(p, p->dtable[b], p->dbytes, p->dtable_owner[b]);
         free_with(p, p->stamp[b], REFIT_STAMP_BYTES, p->stamp_owner[b]);
     }
+#ifdef REFIT_HAVE_CUDA
+    for (uint32_t b = 0; b < NBUF_SNAPSHOT; b++) refit_gpu_digest_destroy(p->gdig[b]);
+#endif
     refit_digest_key_destroy(p->dkey);
     for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++)
         for (uint32_t r = 0; r < p->nregions && r < 64; r++) {

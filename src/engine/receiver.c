@@ -169,6 +169,12 @@ void refit_receiver_destroy(refit_receiver_t *r)
     free(r->owned);
     free(r->strings);
     refit_digest_map_destroy(r->dmap);
+    free(r->dfetch);
+    for (size_t i = 0; i < r->dfetch_old.len; i++) free(r->dfetch_old.data[i]);
+    REFIT_VEC_FREE(&r->dfetch_old);
+#ifdef REFIT_HAVE_CUDA
+    refit_gpu_digest_destroy(r->gdig);
+#endif
     refit_digest_key_destroy(r->dkey);
     free(r->dlocal);
     refit_manifest_destroy(r->m);

@@ -95,12 +95,16 @@ struct refit_receiver {
     refit_relays_t *relays;
     refit_holder_stat_t *holders;
     size_t nholders;
-    refit_digest_key_t *dkey; /* content digests; NULL with no_digest */
-    refit_dsum_t *dlocal;     /* per destination placement */
-    refit_digest_map_t *dmap; /* where they live in the memory: copies that hash what they write */
-    uint64_t dsum_version;    /* dlocal holds the sums of the memory (host, or the staging) as it holds this
+    refit_digest_key_t *dkey;      /* content digests; NULL with no_digest */
+    refit_dsum_t *dlocal;          /* per destination placement */
+    refit_digest_map_t *dmap;      /* where they live in the memory: copies that hash what they write */
+    struct refit_gpu_digest *gdig; /* GPU memory: the kernels that hash it (verify/verify.h) */
+    unsigned char *dfetch;         /* the sources' digest entries land here (receiver_verify.c) */
+    size_t dfetch_len;
+    REFIT_VEC(unsigned char *) dfetch_old; /* smaller ones it replaced, freed at destroy */
+    uint64_t dsum_version;   /* dlocal holds the sums of the memory (host, or the staging) as it holds this
                                  version, checked against its publishers' (0: none); a delta from it updates them */
-    refit_fp8_target_t *fp8;  /* params.fp8: the memory is this target's arena */
+    refit_fp8_target_t *fp8; /* params.fp8: the memory is this target's arena */
 };
 
 /* What the registry said about every source rank in one round. */

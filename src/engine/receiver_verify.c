@@ -91,6 +91,45 @@ static refit_status_t digest_sources(pull_t *p, const refit_manifest_t **srcs, u
     return REFIT_OK;
 }
 
+#ifdef REFIT_HAVE_CUDA
+#define HAVE_GPU_DIGESTS true
+#else
+#define HAVE_GPU_DIGESTS false
+#endif
+
+/* r->dlocal from the receiver's GPU memory (its kernels' work list made at
+ * the first check: the memory does not move). */
+static refit_status_t gpu_sums(refit_receiver_t *r)
+{
+#ifdef REFIT_HAVE_CUDA
+    refit_status_t st;
+    if (!r->gdig && (st = refit_gpu_digest_create(r->params.device, r->dkey, r->m, r->mem, false, &r->gdig))) return st;
+    return refit_gpu_digest_local_run(r->gdig, r->dlocal);
+#else
+    (void)r;
+    return REFIT_OK; /* no GPU memory without CUDA */
+#endif
+}
+
+/* Where the entries land: one buffer kept for the receiver's life and only
+ * ever grown, so that a transport that registers host memory it writes
+ * (cuda_ipc, from a GPU publisher's table) registers it once, not a fresh
+ * allocation per pull (and never one that reuses freed registered memory). */
+static unsigned char *fetch_buffer(refit_receiver_t *r, size_t nf)
+{
+    size_t want = (nf ? nf : 1) * 8;
+    if (r->dfetch_len >= want) return r->dfetch;
+    size_t len = REFIT_MAX(want, 2 * r->dfetch_len);
+    len = (len + 4095) & ~(size_t)4095;
+    void *b = NULL;
+    if (posix_memalign(&b, 4096, len)) return NULL;
+    memset(b, 0, len);
+    if (r->dfetch) REFIT_VEC_PUSH(&r->dfetch_old, r->dfetch); /* kept: it may be registered (freed at destroy) */
+    r->dfetch = b;
+    r->dfetch_len = len;
+    return b;
+}
+
 /* Fetches the entries (one 8-byte run each, from the source's digest
  * region), hashes this memory and compares; the report's digest counts. */
 static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *f, size_t nf)
@@ -99,7 +138,7 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
     refit_pull_report_t *rep = p->rep;
     refit_status_t st = REFIT_OK;
     refit_plan_region_t *regs = calloc(nf ? nf : 1, sizeof(*regs));
-    unsigned char *fetched = calloc(nf ? nf : 1, 8);
+    unsigned char *fetched = fetch_buffer(r, nf);
     if (!regs || !fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
     for (size_t i = 0; i < nf && !st; i++) {
         uint32_t k = f[i].src;
@@ -116,28 +155,30 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
     refit_pull_report_t scratch = {0};
     void *bufs[1] = {fetched};
     if (!st && nf) st = refit_rx_raw_pull(p, regs, nf, bufs, &scratch);
-    /* This memory: the staging when the pull went through it (GPU), else the
-     * receiver's own (host); GPU memory itself is not hashed here.  A direct
-     * host pull whose copies hashed every mapped byte as they wrote it left
-     * the sums in r->dlocal already (docs/digest.md); any other path is
-     * hashed here, in a pass over the memory. */
-    bool host = r->params.device < 0 || r->pull_staged;
+    /* This memory: the staging when the pull went through it (GPU), hashed
+     * here; else the receiver's own, host memory here and GPU memory with
+     * the GPU's kernels (the same sums).  A pull whose copies hashed every
+     * mapped byte as they wrote it left the sums in r->dlocal already
+     * (docs/digest.md); any other is hashed here, in a pass over the memory.
+     * An FP8 receiver's GPU memory holds its FP8 arena, not the bf16 layout
+     * the sources' digests are of: not checked here. */
+    bool host = r->params.device < 0 || r->pull_staged, checked = host || (HAVE_GPU_DIGESTS && !r->fp8);
     void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
-    bool fused = refit_rx_digests_fused(p);
+    bool fused = host && refit_rx_digests_fused(p);
     if (!st && host && !fused)
         st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
+    if (!st && !host && checked) st = gpu_sums(r);
     refit_digest_report_t dr = {0};
-    if (!st && host) st = refit_digest_check(p->cp->dplan, fetched, r->dlocal, &dr);
+    if (!st && checked) st = refit_digest_check(p->cp->dplan, fetched, r->dlocal, &dr);
     if (!st && host) r->dsum_version = p->v; /* the sums of what the memory holds now: a delta updates them */
     if (st == REFIT_ERR_VERIFY)
         refit_error_prefix("version %" PRIu64 " does not match what its publishers published", p->v);
     refit_digest_plan_stats_t ps;
     refit_digest_plan_stats(p->cp->dplan, &ps);
-    rep->digest_bytes = host ? dr.bytes : 0;
-    rep->digest_fused = host && fused;
-    rep->unverified_bytes = host ? ps.unverifiable_bytes : ps.bytes + ps.unverifiable_bytes;
+    rep->digest_bytes = checked ? dr.bytes : 0;
+    rep->digest_fused = fused;
+    rep->unverified_bytes = checked ? ps.unverifiable_bytes : ps.bytes + ps.unverifiable_bytes;
     free(regs);
-    free(fetched);
     return st;
 }
 

@@ -159,6 +159,33 @@ static void test_batch(void **state)
 
 /* Publishers of src_spec (device src_dev, -1 host over shm) and one receiver
  * per destination rank (device dst_dev, -1 host), all in this process. */
+/* A GPU publisher's memory changed after its table was made: a fresh receiver refuses version v (before it is
+ * retired). */
+static void scribbled_refused(const reg_t *g, const char *model, const char *dst_spec, int dst_dev, void *pb0,
+                              uint64_t v)
+{
+    unsigned char byte;
+    REFIT_ASSERT_OK(refit_gpu_copy(&byte, (unsigned char *)pb0 + 64, 1));
+    byte ^= 0x10;
+    REFIT_ASSERT_OK(refit_gpu_copy((unsigned char *)pb0 + 64, &byte, 1));
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = g->url;
+    rp.job = g->job;
+    rp.device = dst_dev;
+    rp.reader = "scribbled";
+    rp.transports = "cuda_ipc";
+    if (dst_dev < 0) rp.transport_options = "cuda_ipc.device=0";
+    refit_receiver_t *late;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(model, dst_spec, 0), &late));
+    void *lb;
+    REFIT_ASSERT_OK(refit_receiver_alloc(late, 0, &lb));
+    REFIT_ASSERT_ERR(refit_receiver_pull(late, v, 20000, NULL), REFIT_ERR_VERIFY,
+                     "does not match what its publishers published");
+    refit_receiver_destroy(late);
+    byte ^= 0x10;
+    REFIT_ASSERT_OK(refit_gpu_copy((unsigned char *)pb0 + 64, &byte, 1));
+}
+
 static void engine_case(const char *model, const char *src_spec, int src_dev, const char *dst_spec, int dst_dev,
                         bool expect_one_launch)
 {
@@ -214,6 +241,12 @@ static void engine_case(const char *model, const char *src_spec, int src_dev, co
             else assert_true(rep.path == REFIT_RX_PATH_HOST_DIRECT || rep.path == REFIT_RX_PATH_HOST_FLEET);
             if (v > 1 && expect_one_launch)
                 assert_true(rep.launches >= 1 && rep.launches <= 2); /* the copy, and fills if any */
+            /* Every byte checked against the publishers' content digests, GPU memory too (GPU publishers'
+             * tables and a GPU receiver's sums by the GPU's kernels). */
+            if (rep.unverified_bytes != 0 || rep.digest_bytes == 0)
+                FAIL("%s -> %s v%llu rank %u: %llu bytes checked against digests, %llu unverified", src_spec, dst_spec,
+                     (unsigned long long)v, r, (unsigned long long)rep.digest_bytes,
+                     (unsigned long long)rep.unverified_bytes);
             /* independent proof, outside the engine */
             if (dst_dev >= 0)
                 REFIT_ASSERT_OK(refit_gpu_truth_verify(rm[r], dst_dev, (const void *const *)&rb[r], v, NULL));
@@ -222,6 +255,7 @@ static void engine_case(const char *model, const char *src_spec, int src_dev, co
                    (unsigned long long)v, r, (unsigned long long)rep.bytes, (unsigned long long)rep.launches,
                    rep.transfer_ms, rep.lanes);
         }
+        if (src_dev >= 0 && v == 3) scribbled_refused(&g, model, dst_spec, dst_dev, pb[0], v);
         for (uint32_t s = 0; s < ns; s++) REFIT_ASSERT_OK(refit_publisher_wait_readers(pub[s], v, 10000));
     }
     for (uint32_t r = 0; r < nd; r++) {

@@ -17,6 +17,7 @@
 #include "refit/manifest.h"
 #include "refit/plan.h"
 #include "refit/experimental/truth.h"
+#include "verify/verify.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,24 +44,7 @@ refit_status_t refit_gpu_copy(void *dst, const void *src, uint64_t n);
 /* The positional digest (truth_hd.h) of n bytes of device memory (8-byte aligned). */
 refit_status_t refit_gpu_digest(int dev, const void *p, uint64_t n, uint64_t *out);
 
-/* Content digests (data/digest.h) of device memory, bit for bit the CPU's (digest.cu).  A work list is
- * built once from a finalized manifest and the device addresses of its regions (bases[r] on device dev)
- * and run every version: `table` false for a receiver's own sums (refit_digest_local's), true for a
- * publisher's table (refit_digest_table_fill's).  Runs are synchronous, on a stream of their own.
- * REFIT_ERR_INVALID_ARG, REFIT_ERR_NO_MEMORY, REFIT_ERR_TRANSPORT (a CUDA call failed),
- * REFIT_ERR_INTERNAL (table: a placement's row and column totals differ: its memory changed). */
-typedef struct refit_gpu_digest refit_gpu_digest_t;
-struct refit_digest_key;
-refit_status_t refit_gpu_digest_create(int dev, const struct refit_digest_key *k, const refit_manifest_t *m,
-                                       void *const *bases, bool table, refit_gpu_digest_t **out);
-void refit_gpu_digest_destroy(refit_gpu_digest_t *g);
-/* sums[i] (host, one per placement of the manifest) = the sums refit_digest_local writes. */
-refit_status_t refit_gpu_digest_local_run(refit_gpu_digest_t *g, void *sums);
-/* The same sums, each box first copied from src_delta bytes further (same layout, device memory) into
- * its place and hashed in that pass: the fused copy's cost (bench; the engine's copies are the plan's). */
-refit_status_t refit_gpu_digest_copy_run(refit_gpu_digest_t *g, int64_t src_delta, void *sums);
-/* table: device memory of refit_digest_table_bytes(m) bytes, 8-byte aligned. */
-refit_status_t refit_gpu_digest_table_run(refit_gpu_digest_t *g, void *table);
+/* Content digests of device memory (refit_gpu_digest_*): verify/verify.h. */
 
 /* A batch table resident on one device with a stream of its own: one
  * kernel launch executes it (see plan/batch.h). */
