@@ -10,11 +10,9 @@ export NCCL_NVLS_ENABLE=0 PATH=/usr/local/cuda/bin:$PATH
 rounds=${1:-5}
 out=${OUT:-build-gpu/digest-ab}
 mkdir -p "$out"
-if [ ! -x build-gpu/refit ]; then
-  cmake -S . -B build-gpu -G Ninja -DREFIT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-    -DREFIT_WITH_NCCL=OFF >"$out/cmake.txt" 2>&1
-  ninja -C build-gpu refit >"$out/ninja.txt" 2>&1
-fi
+cmake -S . -B build-gpu -G Ninja -DREFIT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+  -DREFIT_WITH_NCCL=OFF >/tmp/refit-gpu-cmake.log 2>&1
+ninja -C build-gpu refit >/tmp/refit-gpu-ninja.log 2>&1 || { tail -20 /tmp/refit-gpu-ninja.log; exit 1; }
 n=$(build-gpu/refit gpus | python3 -c 'import json,sys; print(json.load(sys.stdin)["count"])')
 dst=0; [ "$n" -gt 1 ] && dst=1
 for ((r = 0; r < rounds; r++)); do
@@ -44,7 +42,7 @@ res = {"rounds": rounds, "dst_device": dst, "command": "OUT=$OUT bench/gpu-diges
        "on_digest_bytes": [runs[(r, "on")]["digest_bytes_per_cycle"] for r in range(rounds)],
        "publisher_digest_ms_on": stat([runs[(r, "on")]["steady_publisher_digest_ms"] for r in range(rounds)]),
        "runs": {f"{r}-{a}": runs[(r, a)] for (r, a) in runs}}
-json.dump(res, open(f"{d}/gpu-digest-ab.json", "w"), indent=1)
+json.dump(res, open(f"{d}/summary.json", "w"), indent=1)
 for k in ("on_ms", "off_ms", "on_digest_ms", "ratio_on_vs_off", "span_ratio_on_vs_off", "publisher_digest_ms_on"):
     print(k, res[k])
 print("unverified (on):", res["on_unverified_bytes"], "checked (on):", res["on_digest_bytes"])

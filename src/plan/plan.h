@@ -18,7 +18,11 @@ struct refit_plan {
 };
 
 /* A plan over the caller's regions (not copied, not freed), for a one-off
- * transport pull: src_bytes[s] the bytes read from source s < nsrcs. */
+ * transport pull: src_bytes[s] the bytes read from source s < nsrcs.  Its
+ * key is a hash of the regions, so that a transport's cache of what it
+ * built for a plan (cuda_ipc's tables) tells two views apart, and finds
+ * again the table of a view with the same regions (a digest plan's entries,
+ * fetched every version). */
 static inline struct refit_plan refit_plan_view(refit_plan_region_t *regs, size_t n, uint64_t *src_bytes, size_t nsrcs)
 {
     struct refit_plan p;
@@ -27,6 +31,8 @@ static inline struct refit_plan refit_plan_view(refit_plan_region_t *regs, size_
     p.regions.len = p.regions.cap = n;
     p.src_bytes = src_bytes;
     p.nsrcs = nsrcs;
+    p.key.src = regs ? refit_hash64(regs, n * sizeof(*regs), 0x76696577 /* "view" */) : 0;
+    p.key.dst = src_bytes ? refit_hash64(src_bytes, nsrcs * sizeof(*src_bytes), n) : n;
     return p;
 }
 
