@@ -43,7 +43,7 @@ now() { date +%s.%N; }
 n=0
 common() { echo --model tiny-moe --registry "file:$tmp/reg$n" --job start$n --timeout-ms 30000; }
 publish() { # publish LOG [extra transport options]: one version, waits for one receiver's ack
-  local log=$1 opt="ucx.listen=$addr_a${2:+,$2}"
+  local log=$1 opt="ucx.listen=${LISTEN:-$addr_a}${2:+,$2}"
   ip netns exec "$a" env REFIT_LOG_LEVEL=info "$refit" publish $(common) --layout megatron:ep=1 --rank 0 \
     --transports ucx --transport-options "$opt" --versions 1 --acks 1 --json >"$log" 2>&1
 }
@@ -109,6 +109,19 @@ if [ $rc -eq 0 ] && [ $prc -eq 0 ] && pulled "$tmp/pull3.log" &&
   grep -q "listen=$addr_a: no interface of this host has that address yet; waiting" "$tmp/pub3.log"; then
   ok "publisher before its listen address: waited, served, pulled and verified"
 else bad "publisher before its address: rc $rc/$prc: $(tail -3 "$tmp/pub3.log") $(tail -2 "$tmp/pull3.log")"; fi
+
+# 3b. The same with listen=IFNAME: the interface exists, its address comes 1.5 s later.
+n=31
+ip -n "$a" addr del "$addr_a/16" dev "$va"
+LISTEN=$va publish "$tmp/pub31.log" & pp=$!
+sleep 1.5
+ip -n "$a" addr add "$addr_a/16" dev "$va"
+pull "$tmp/pull31.log"; rc=$?
+wait $pp; prc=$?
+if [ $rc -eq 0 ] && [ $prc -eq 0 ] && pulled "$tmp/pull31.log" &&
+  grep -q "listen=$va: that interface has no address yet; waiting" "$tmp/pub31.log"; then
+  ok "publisher with listen=$va before its address: waited, served, pulled and verified"
+else bad "listen=IFNAME before its address: rc $rc/$prc: $(tail -3 "$tmp/pub31.log") $(tail -2 "$tmp/pull31.log")"; fi
 
 # 4. A publisher whose link is down when it starts and up 1.5 s later.
 n=4

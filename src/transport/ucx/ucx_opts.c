@@ -96,8 +96,9 @@ static refit_status_t resolve_listen(ucx_opts_t *o)
     while ((v = find_listen(o, family, want)) != LISTEN_FOUND && refit_now() < until) {
         if (!logged)
             refit_log(REFIT_LOG_WARN, "ucx: listen=%s: %s yet; waiting up to %g s (listen_timeout)", asked,
-                      v == LISTEN_NONE ? "no interface of this host has that address"
-                                       : "its interface is not up and running",
+                      v == LISTEN_INACTIVE ? "its interface is not up and running"
+                      : family             ? "no interface of this host has that address"
+                                           : "that interface has no address",
                       o->listen_timeout);
         logged = true;
         snprintf(o->listen_ip, sizeof(o->listen_ip), "%s", asked);
