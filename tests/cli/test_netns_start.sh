@@ -147,7 +147,7 @@ ip -n "$a" addr add "$addr_a/16" dev "$va"
 err=$(grep '^refit: publisher' "$tmp/pub5.log")
 if [ $rc -ne 0 ] && [ "$(echo "$took >= 2 && $took < 8" | bc)" = 1 ] && grep -q "(REFIT_ERR_INVALID_ARG)" <<<"$err" &&
   grep -q "listen=$addr_a: no interface of this host has that address after 2 s (listen_timeout)" <<<"$err" &&
-  grep -q "interfaces: .*lo 127.0.0.1 up" <<<"$err"; then
+  grep -q "interfaces: .*lo 127.0.0.1 up" <<<"$err" && grep -q "$va (no address) up" <<<"$err"; then
   ok "listen address never assigned: failed after ${took}s naming it"
 else bad "address never assigned: rc $rc after ${took}s: $err"; fi
 n=6

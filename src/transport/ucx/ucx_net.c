@@ -46,6 +46,22 @@ uint64_t ucx_netif_sig(char *active, size_t cap)
     return h;
 }
 
+static const char *if_state(unsigned flags)
+{
+    return if_active(flags) ? "up" : (flags & IFF_UP) ? "up, no carrier (not running)" : "down";
+}
+
+/* Whether interface `name` has an IPv4 or (not link-local) IPv6 address in ifa. */
+static bool has_inet(const struct ifaddrs *ifa, const char *name)
+{
+    for (const struct ifaddrs *i = ifa; i; i = i->ifa_next) {
+        size_t n = 0;
+        const void *a = i->ifa_name && !strcmp(i->ifa_name, name) ? ifa_in(i, &n) : NULL;
+        if (a && !(n == 16 && IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)a))) return true;
+    }
+    return false;
+}
+
 void ucx_netif_list(char *out, size_t cap)
 {
     struct ifaddrs *ifa = NULL;
@@ -55,21 +71,23 @@ void ucx_netif_list(char *out, size_t cap)
         snprintf(out, cap, "(getifaddrs: %s)", strerror(errno));
         return;
     }
-    for (struct ifaddrs *i = ifa; i; i = i->ifa_next) {
-        size_t n = 0;
-        const void *a = i->ifa_name ? ifa_in(i, &n) : NULL;
-        if (!a) continue;
-        if (n == 16 && IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)a)) continue;
-        char ip[INET6_ADDRSTRLEN] = "?";
-        inet_ntop(n == 4 ? AF_INET : AF_INET6, a, ip, sizeof(ip));
-        const char *state = if_active(i->ifa_flags)   ? "up"
-                            : (i->ifa_flags & IFF_UP) ? "up, no carrier (not running)"
-                                                      : "down";
-        int w = snprintf(out + used, cap - used, "%s%s %s %s", used ? ", " : "", i->ifa_name, ip, state);
-        if (w > 0 && (size_t)w < cap - used) used += (size_t)w;
-    }
+    /* Those with addresses first, then (once each, from the link-level entry) those without. */
+    for (int pass = 0; pass < 2; pass++)
+        for (struct ifaddrs *i = ifa; i; i = i->ifa_next) {
+            size_t n = 0;
+            const void *a = i->ifa_name ? ifa_in(i, &n) : NULL;
+            char ip[INET6_ADDRSTRLEN] = "(no address)";
+            if (a && (pass == 1 || (n == 16 && IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)a)))) continue;
+            if (a) inet_ntop(n == 4 ? AF_INET : AF_INET6, a, ip, sizeof(ip));
+            else if (pass == 0 || !i->ifa_name || !i->ifa_addr || i->ifa_addr->sa_family != AF_PACKET ||
+                     has_inet(ifa, i->ifa_name))
+                continue;
+            int w = snprintf(out + used, cap - used, "%s%s %s %s", used ? ", " : "", i->ifa_name, ip,
+                             if_state(i->ifa_flags));
+            if (w > 0 && (size_t)w < cap - used) used += (size_t)w;
+        }
     freeifaddrs(ifa);
-    if (!used) snprintf(out, cap, "none with an address");
+    if (!used) snprintf(out, cap, "none");
 }
 
 /* The name of the interface that has address a (n bytes), or "?". */
