@@ -33,10 +33,13 @@ uint64_t ucx_netif_sig(char *active, size_t cap)
         for (const char *c = i->ifa_name; *c; c++) h = refit_mix64(h ^ (unsigned char)*c);
         for (size_t k = 0; k < n; k++) h = refit_mix64(h ^ ((const unsigned char *)a)[k] ^ (k << 8));
         h = refit_mix64(h ^ 0xa5);
-        /* the interface's name once (an interface has several addresses) */
+        /* the interface's name once (an interface has several addresses):
+         * a whole name of the list, not the end of another ("eth0" in "veth0") */
         char key[IF_NAMESIZE + 2];
         snprintf(key, sizeof(key), "%s,", i->ifa_name);
-        if (active && !(used && strstr(active, key))) {
+        const char *at = used ? strstr(active, key) : NULL;
+        while (at && at != active && at[-1] != ',') at = strstr(at + 1, key);
+        if (active && !at) {
             int w = snprintf(active + used, cap - used, "%s,", i->ifa_name);
             if (w > 0 && (size_t)w < cap - used) used += (size_t)w;
         }
