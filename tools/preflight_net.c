@@ -15,14 +15,30 @@ void check_ucx(pf_t *p, const char *tmpdir)
         pf_put(p, "ucx lanes", SKIP, "ucx is not among the transports");
         return;
     }
-    /* The listen address: the transport resolves it when created. */
-    char *listen = pf_option(p->topts, "ucx.listen");
-    refit_status_t st = refit_transport_check("ucx", p->topts);
+    /* The listen address: the transport resolves it when created.  A
+     * publisher waits ucx.listen_timeout for an address not assigned yet (or
+     * an interface not up yet); preflight asks whether the host is ready now. */
+    char *listen = pf_option(p->topts, "ucx.listen"), *lt = pf_option(p->topts, "ucx.listen_timeout");
+    size_t olen = (p->topts ? strlen(p->topts) : 0) + 32;
+    char *opts = malloc(olen);
+    if (!opts) {
+        free(listen);
+        free(lt);
+        pf_put(p, "ucx listen", FAIL, "out of memory");
+        return;
+    }
+    snprintf(opts, olen, "%s%s%s", p->topts ? p->topts : "", p->topts && p->topts[0] ? "," : "",
+             lt ? "" : "ucx.listen_timeout=0");
+    if (opts[0] && opts[strlen(opts) - 1] == ',') opts[strlen(opts) - 1] = 0;
+    free(lt);
+    refit_status_t st = refit_transport_check("ucx", opts);
     if (st) {
         pf_put(p, "ucx listen", FAIL, "%s (%s)", refit_last_error(), refit_status_name(st));
         pf_remedy(p, "ucx.listen= takes an address or interface of this host that receivers reach (ip -br addr), never "
-                     "0.0.0.0");
+                     "0.0.0.0; an address assigned or an interface brought up later is waited for ucx.listen_timeout "
+                     "seconds (10) when a publisher starts");
         free(listen);
+        free(opts);
         pf_put(p, "ucx lanes", SKIP, "the ucx options are not valid");
         return;
     }
@@ -35,7 +51,8 @@ void check_ucx(pf_t *p, const char *tmpdir)
     free(listen);
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     double t0 = refit_now();
-    st = pf_loopback("ucx", p->topts, tmpdir, &rep);
+    st = pf_loopback("ucx", opts, tmpdir, &rep);
+    free(opts);
     if (st) {
         pf_put(p, "ucx lanes", FAIL, "a UCX publisher and receiver of this process: %s (%s)", refit_last_error(),
                refit_status_name(st));

@@ -43,6 +43,8 @@ static void print_help(FILE *f)
         "            --dump DIR        with --execute, write DIR/rank-R/model.safetensors per destination rank\n"
         "            --split-bytes N   split replicated pieces above N bytes across replicas (default 4 MiB)\n"
         "  publish   one trainer rank: --model M --layout L [--rank R] [--versions K] ... (docs/runtime.md);\n"
+        "            --acks N waits for N receivers to commit each version (default 1, or 0 with --hold-ms MS,\n"
+        "            which serves MS after the last version); --timeout-ms bounds each wait\n"
         "            --from-safetensors DIR publishes a Hugging Face checkpoint (model.safetensors.index.json\n"
         "            + shards, or model.safetensors): --layout hf (default) maps the shard files, no copy;\n"
         "            any other --layout L --rank R copies that rank's cut (e.g. megatron:tp=2,ep=2)\n"

@@ -22,6 +22,7 @@ typedef struct {
     uint64_t rank, versions, first, acks, timeout_ms, threads, hold_ms, lease_ms, dead_ms;
     int device; /* -1: host memory */
     bool snapshot, json, verify, newest, no_delta, no_digest, prepare, fp8;
+    bool acks_set, hold_set; /* --acks, --hold-ms given (publish: acks default to 1 without either) */
     double delta; /* publish: delta mode, this share of elements changing per version; pull: the truth's share */
 } rt_opts_t;
 
@@ -131,10 +132,10 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
         case O_RANK: num = &o->rank; break;
         case O_VERSIONS: num = &o->versions; break;
         case O_FIRST: num = &o->first; break;
-        case O_ACKS: num = &o->acks; break;
+        case O_ACKS: num = &o->acks, o->acks_set = true; break;
         case O_TIMEOUT: num = &o->timeout_ms; break;
         case O_THREADS: num = &o->threads; break;
-        case O_HOLD: num = &o->hold_ms; break;
+        case O_HOLD: num = &o->hold_ms, o->hold_set = true; break;
         case O_LEASE: num = &o->lease_ms; break;
         case O_DEAD: num = &o->dead_ms; break;
         case O_DEVICE: {
@@ -162,6 +163,11 @@ static int parse_rt(const char *cmd, int argc, char **argv, rt_opts_t *o)
     if (o->delta > 0 && (o->from_st || o->device >= 0))
         return tool_usage(cmd, "--delta needs host memory filled with the synthetic truth");
     if (!o->model || !o->layout) return tool_usage(cmd, "--model and --layout are required");
+    /* A publisher that waits for no one replaced each version before a
+     * receiver could lease it (the receiver: REFIT_ERR_STALE) and exited
+     * under the last one's transfer ("died during the transfer"): without
+     * --acks or --hold-ms it waits for one receiver to commit each version. */
+    if (!strcmp(cmd, "publish") && !o->acks_set && !o->hold_set) o->acks = 1;
     if (o->timeout_ms > INT32_MAX || o->first == 0) return tool_usage(cmd, "bad --timeout-ms or --first");
     return 0;
 }
@@ -301,6 +307,14 @@ int cmd_publish(int argc, char **argv)
                    (t1 - t0) * 1e3, (t2 - t1) * 1e3);
         fflush(stdout);
         if (o.acks && (st = refit_publisher_wait_acks(p, v, (uint32_t)o.acks, (int)o.timeout_ms))) {
+            if (st == REFIT_ERR_TIMEOUT) {
+                char what[512];
+                snprintf(what, sizeof(what), "%s", refit_last_error());
+                refit_error(st,
+                            "%s: --acks %" PRIu64 "%s waits for that many receivers to commit each version (run them "
+                            "with the same --job and --registry; more time: --timeout-ms; none: --acks 0)",
+                            what, o.acks, o.acks_set ? "" : " (the default without --hold-ms)");
+            }
             rc = tool_fail(st, "waiting for receivers");
             goto out;
         }
@@ -311,6 +325,11 @@ int cmd_publish(int argc, char **argv)
         }
     }
     if (o.hold_ms) usleep((useconds_t)(o.hold_ms * 1000));
+    /* Receivers still reading the last version (beyond --acks) finish before
+     * this process and its memory go. */
+    if (o.versions && (st = refit_publisher_wait_readers(p, o.first + o.versions - 1, (int)o.timeout_ms)))
+        fprintf(stderr, "refit: publish: exiting while receivers still read version %" PRIu64 ": %s\n",
+                o.first + o.versions - 1, refit_last_error());
 out:
     refit_publisher_destroy(p);
     refit_manifest_destroy(hfm);

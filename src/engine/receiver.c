@@ -219,9 +219,33 @@ void refit_rx_pull_end(pull_t *p)
     free(p->tix);
 }
 
+/* Why source k, which held v at discovery, is gone now (s2: the registry
+ * now), into an error; REFIT_OK if it is not. */
+static refit_status_t source_gone(const pull_t *p, const snapshot_t *s2, uint32_t k)
+{
+    if (!s2->present[k])
+        return refit_error(REFIT_ERR_PEER,
+                           "source rank %u withdrew during the transfer of version %" PRIu64
+                           ": its publisher was destroyed before this receiver finished (a publisher should wait "
+                           "for its receivers before it exits: refit_publisher_wait_acks or "
+                           "refit_publisher_wait_readers; `refit publish --acks N` for N receivers)",
+                           k, p->v);
+    if (!s2->alive[k])
+        return refit_error(REFIT_ERR_PEER,
+                           "source rank %u died during the transfer of version %" PRIu64
+                           " (its heartbeat stopped: the process was killed or hangs)",
+                           k, p->v);
+    if (s2->recs[k].version != p->v || s2->recs[k].incarnation != p->s.recs[k].incarnation)
+        return refit_error(REFIT_ERR_PEER,
+                           "source rank %u moved to version %" PRIu64 " during the transfer of %" PRIu64, k,
+                           s2->recs[k].version, p->v);
+    return REFIT_OK;
+}
+
 /* 6. Nothing changed under us: the sources read still hold v, alive, in the
- * same incarnation. */
-static refit_status_t recheck_sources(pull_t *p)
+ * same incarnation.  all: every source that held v at discovery (a transfer
+ * that failed: which one is gone), else those connected. */
+static refit_status_t recheck_sources(pull_t *p, bool all)
 {
     refit_receiver_t *r = p->r;
     snapshot_t s2;
@@ -229,16 +253,28 @@ static refit_status_t recheck_sources(pull_t *p)
     if (st) st = refit_error(REFIT_ERR_NO_MEMORY, "pull");
     else st = refit_rx_read_state(r, &s2);
     for (uint32_t k = 0; !st && k < r->world; k++) {
-        if (p->tix[k] < 0) continue;
-        if (!s2.present[k] || !s2.alive[k])
-            st = refit_error(REFIT_ERR_PEER, "source rank %u died during the transfer of version %" PRIu64, k, p->v);
-        else if (s2.recs[k].version != p->v || s2.recs[k].incarnation != p->s.recs[k].incarnation)
-            st = refit_error(REFIT_ERR_PEER,
-                             "source rank %u moved to version %" PRIu64 " during the transfer of %" PRIu64, k,
-                             s2.recs[k].version, p->v);
+        bool held = p->s.present[k] && p->s.alive[k] && p->s.recs[k].version == p->v;
+        if (all ? held : p->tix[k] >= 0) st = source_gone(p, &s2, k);
     }
     refit_rx_snapshot_free(&s2);
     return st;
+}
+
+/* A transfer that lost a source (REFIT_ERR_PEER: "source process died")
+ * says why when the registry knows: the source withdrew (its publisher was
+ * destroyed), died, or moved to another version; the transport's words
+ * follow in parentheses.  Otherwise the error stays as it was. */
+static void explain_lost_source(pull_t *p)
+{
+    char detail[1024];
+    snprintf(detail, sizeof(detail), "%s", refit_last_error());
+    if (!recheck_sources(p, true)) {
+        refit_error(REFIT_ERR_PEER, "%s", detail);
+        return;
+    }
+    char why[1024];
+    snprintf(why, sizeof(why), "%s", refit_last_error());
+    refit_error(REFIT_ERR_PEER, "%s (%s)", why, detail);
 }
 
 /* 8. Commit: committed() says v and the memory is usable; acknowledged, and
@@ -306,8 +342,11 @@ static refit_status_t do_pull(refit_receiver_t *r, uint64_t want, double deadlin
     if ((st = refit_rx_check_stamps(&p, false))) goto out;
     double t2 = refit_now();
     /* 4 and 5: the delta when the sources offer one, else (or when it fails) in full (receiver_path.c). */
-    if ((st = refit_rx_transfer(&p))) goto out;
-    if ((st = recheck_sources(&p))) goto out;
+    if ((st = refit_rx_transfer(&p))) {
+        if (st == REFIT_ERR_PEER) explain_lost_source(&p);
+        goto out;
+    }
+    if ((st = recheck_sources(&p, false))) goto out;
     double t3 = refit_now();
     rep->transfer_ms = (t3 - t2) * 1e3;
     rep->begin_s = round;

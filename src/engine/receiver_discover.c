@@ -178,7 +178,11 @@ refit_status_t refit_rx_discover(pull_t *p, uint64_t want, double *round)
         if ((st = refit_rx_read_state(r, &p->s))) return st;
         uint64_t c = common_version(r, &p->s, &live);
         if (c && want != REFIT_VERSION_NEWEST && c > want)
-            return refit_error(REFIT_ERR_STALE, "version %" PRIu64 " was replaced by %" PRIu64 " before it was pulled",
+            return refit_error(REFIT_ERR_STALE,
+                               "version %" PRIu64 " was replaced by %" PRIu64
+                               " before it was pulled: its publishers did not wait for this receiver (a publisher "
+                               "waits for N receivers to commit each version with refit_publisher_wait_acks, `refit "
+                               "publish --acks N`; or pull the newest version, `refit pull --newest`)",
                                want, c);
         bool ready = c && (want == REFIT_VERSION_NEWEST ? c > r->committed : c == want);
         if (ready) {

@@ -75,6 +75,53 @@ static void publisher_killed_mid_transfer(void **state)
     t_rm_tree(g.dir);
 }
 
+typedef struct {
+    int to_publisher; /* its command pipe (inherited by the fork) */
+    int after_ms;
+} quitter_arg_t;
+
+static int quitter_main(void *arg, int in, int out)
+{
+    (void)in, (void)out;
+    const quitter_arg_t *q = arg;
+    t_msleep(q->after_ms);
+    return write(q->to_publisher, "quit\n", 5) == 5 ? 0 : 1;
+}
+
+/* Issue 31: a publisher destroyed (not killed) while a receiver reads it -
+ * `refit publish` exiting after its last version - is said as such, with
+ * what to change, instead of "source process died". */
+static void publisher_destroyed_mid_transfer(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-dense", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    to_version_2(p, r);
+    /* The receiver pauses after it started writing; rank 1 quits (its publisher is destroyed) meanwhile. */
+    setenv("REFIT_TEST_PAUSE_MS", "300", 1);
+    quitter_arg_t qa = {p[1].to_child, 100};
+    tool_proc_t quitter;
+    assert_int_equal(tool_proc_fork(&quitter, quitter_main, &qa, true), 0);
+    refit_status_t st = refit_receiver_pull(r, 2, 10000, NULL);
+    unsetenv("REFIT_TEST_PAUSE_MS");
+    assert_int_equal(tool_proc_wait(&quitter, 10.0), 0);
+    assert_int_equal(tool_proc_wait(&p[1], 10.0), 0);
+    print_message("%s\n", refit_last_error());
+    assert_int_equal(st, REFIT_ERR_PEER);
+    assert_non_null(strstr(refit_last_error(), "source rank 1 withdrew during the transfer of version 2: its publisher "
+                                               "was destroyed before this receiver finished"));
+    assert_non_null(strstr(refit_last_error(), "refit publish --acks N"));
+    assert_false(refit_receiver_usable(r));
+    assert_int_equal(refit_receiver_committed(r), 1);
+    refit_receiver_destroy(r);
+    pub_stop(&p[0]);
+    t_rm_tree(g.dir);
+}
+
 /* A DP replica dies during the transfer: its chunks go to the other replica
  * in the same pull, every byte verified. */
 static void replica_killed_mid_transfer_fails_over(void **state)
@@ -641,12 +688,13 @@ static void relay_rewritten_under_reader_fenced(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(publisher_killed_mid_transfer),   cmocka_unit_test(replica_killed_mid_transfer_fails_over),
-        cmocka_unit_test(stale_entry_and_missing_rank),    cmocka_unit_test(receiver_killed_mid_transfer),
-        cmocka_unit_test(identity_and_corrupt_manifest),   cmocka_unit_test(lease_lost_mid_read_not_committed),
-        cmocka_unit_test(lease_replayed_mid_read_refused), cmocka_unit_test(registry_lost_mid_read_fenced),
-        cmocka_unit_test(late_heartbeat_is_not_data_loss), cmocka_unit_test(scribble_during_read_refused),
-        cmocka_unit_test(registry_disk_full_said),         cmocka_unit_test(relay_rewritten_under_reader_fenced),
+        cmocka_unit_test(publisher_killed_mid_transfer),          cmocka_unit_test(publisher_destroyed_mid_transfer),
+        cmocka_unit_test(replica_killed_mid_transfer_fails_over), cmocka_unit_test(stale_entry_and_missing_rank),
+        cmocka_unit_test(receiver_killed_mid_transfer),           cmocka_unit_test(identity_and_corrupt_manifest),
+        cmocka_unit_test(lease_lost_mid_read_not_committed),      cmocka_unit_test(lease_replayed_mid_read_refused),
+        cmocka_unit_test(registry_lost_mid_read_fenced),          cmocka_unit_test(late_heartbeat_is_not_data_loss),
+        cmocka_unit_test(scribble_during_read_refused),           cmocka_unit_test(registry_disk_full_said),
+        cmocka_unit_test(relay_rewritten_under_reader_fenced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,9 @@
 #include "tool_netns.h"
 #include "transport/transport.h"
 #include "ucx_netns.h"
+#ifdef REFIT_HAVE_UCX
+#include "transport/ucx/ucx_internal.h" /* ucx_netif_sig: the active interfaces a receive context is made with */
+#endif
 
 #include <errno.h>
 #include <fcntl.h>
@@ -966,6 +969,44 @@ static void across_namespaces(void **state)
     assert_non_null(strstr(line, want));
 }
 
+/* Issue 31: the list of active interfaces (which route_up reads to know
+ * whether the way to a publisher is up) names each one whole: "eth0" after
+ * "veth0" was left out before (found in review), and a receiver whose route
+ * left through eth0 would have waited connect_timeout for an interface that
+ * was up.  In a network namespace of its own (root; skipped otherwise). */
+static void active_interfaces_named_whole(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("SKIPPED active_interfaces_named_whole: not root\n");
+        skip();
+    }
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char list[512] = "unshare failed";
+        if (unshare(CLONE_NEWNET) == 0 &&
+            system("ip link add eth0 type veth peer name veth0 && ip addr add 10.9.1.1/24 dev eth0 && "
+                   "ip addr add 10.9.0.1/24 dev veth0 && ip link set eth0 up && ip link set veth0 up") == 0)
+            ucx_netif_sig(list, sizeof(list));
+        _exit(write(fd[1], list, strlen(list) + 1) > 0 ? 0 : 1);
+    }
+    close(fd[1]);
+    char got[512] = "";
+    ssize_t n = read(fd[0], got, sizeof(got) - 1);
+    close(fd[0]);
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    assert_true(n > 0);
+    print_message("active interfaces in a namespace with veth0 and eth0: %s\n", got);
+    char wrapped[520];
+    snprintf(wrapped, sizeof(wrapped), ",%s,", got);
+    assert_non_null(strstr(wrapped, ",eth0,"));
+    assert_non_null(strstr(wrapped, ",veth0,"));
+}
+
 /* ---- helper modes ------------------------------------------------------ */
 
 static int helper_publish(uint64_t size, uint64_t seed, const char *opts)
@@ -1072,6 +1113,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(require_rdma_on_tcp),
         cmocka_unit_test(bad_inputs),
         cmocka_unit_test_setup_teardown(across_namespaces, ns_setup, ns_teardown),
+        cmocka_unit_test(active_interfaces_named_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

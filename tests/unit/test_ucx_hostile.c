@@ -1359,7 +1359,15 @@ static void listen_addresses(void **state)
     refit_transport_t *t;
     REFIT_ASSERT_ERR(ops->create("listen=0.0.0.0", &t), REFIT_ERR_INVALID_ARG, "every interface");
     REFIT_ASSERT_ERR(ops->create("listen=[::]:0", &t), REFIT_ERR_INVALID_ARG, "every interface");
-    REFIT_ASSERT_ERR(ops->create("listen=192.0.2.77", &t), REFIT_ERR_INVALID_ARG, "no interface of this host");
+    /* An address not (yet) on this host is waited for listen_timeout, then refused naming the interfaces. */
+    REFIT_ASSERT_ERR(ops->create("listen=192.0.2.77,listen_timeout=0", &t), REFIT_ERR_INVALID_ARG,
+                     "no interface of this host");
+    double t0 = refit_now();
+    REFIT_ASSERT_ERR(ops->create("listen=192.0.2.77,listen_timeout=0.5", &t), REFIT_ERR_INVALID_ARG,
+                     "no interface of this host has that address after 0.5 s (listen_timeout); interfaces: ");
+    assert_non_null(strstr(refit_last_error(), "lo 127.0.0.1 up"));
+    assert_true(refit_now() - t0 >= 0.5);
+    REFIT_ASSERT_ERR(ops->create("listen=lo,listen_timeout=-1", &t), REFIT_ERR_INVALID_ARG, "listen_timeout");
     REFIT_ASSERT_ERR(ops->create("listen=nosuchif0", &t), REFIT_ERR_INVALID_ARG, "listen");
     const char *opts[] = {NULL, "listen=lo"};
     for (int i = 0; i < 2; i++) {

@@ -78,11 +78,28 @@ void ucx_conn_mac(const refit_transport_t *t, const char *label, uint64_t pub_id
     refit_hmac_final(&h, out);
 }
 
-static refit_status_t ucx_create(const char *options, refit_transport_t **out)
+refit_status_t ucx_recv_context(refit_transport_t *t)
 {
     refit_status_t st;
     ucp_config_t *cfg = NULL;
     ucs_status_t s;
+    /* Before ucp_init: an interface that comes up between the two is seen
+     * as new by the next look, and the context is made again (ucx_client.c). */
+    t->ctx_sig = ucx_netif_sig(t->ctx_devs, sizeof(t->ctx_devs));
+    if ((s = ucp_config_read(NULL, NULL, &cfg)) != UCS_OK)
+        return ucx_err(REFIT_ERR_TRANSPORT, s, "reading the UCX configuration");
+    if (t->o.tls[0] && (s = ucp_config_modify(cfg, "TLS", t->o.tls)) != UCS_OK)
+        st = ucx_err(REFIT_ERR_INVALID_ARG, s, "tls=%s", t->o.tls);
+    else if (t->o.devices[0] && (s = ucp_config_modify(cfg, "NET_DEVICES", t->o.devices)) != UCS_OK)
+        st = ucx_err(REFIT_ERR_INVALID_ARG, s, "devices=%s", t->o.devices);
+    else st = ucx_init_context(t, cfg, &t->ctx);
+    ucp_config_release(cfg);
+    return st;
+}
+
+static refit_status_t ucx_create(const char *options, refit_transport_t **out)
+{
+    refit_status_t st;
     refit_transport_t *t = calloc(1, sizeof(*t));
     if (!t) return refit_error(REFIT_ERR_NO_MEMORY, "ucx: create");
     t->pw_efd = t->wake_fd = t->rw_efd = -1;
@@ -98,28 +115,13 @@ static refit_status_t ucx_create(const char *options, refit_transport_t **out)
     atomic_init(&t->notified, false);
     atomic_init(&t->notify_ns, 0);
     t->parked_due = 1e300;
-
-    if ((s = ucp_config_read(NULL, NULL, &cfg)) != UCS_OK) {
-        st = ucx_err(REFIT_ERR_TRANSPORT, s, "reading the UCX configuration");
-        goto fail;
-    }
-    if (t->o.tls[0] && (s = ucp_config_modify(cfg, "TLS", t->o.tls)) != UCS_OK) {
-        st = ucx_err(REFIT_ERR_INVALID_ARG, s, "tls=%s", t->o.tls);
-        goto fail;
-    }
-    if (t->o.devices[0] && (s = ucp_config_modify(cfg, "NET_DEVICES", t->o.devices)) != UCS_OK) {
-        st = ucx_err(REFIT_ERR_INVALID_ARG, s, "devices=%s", t->o.devices);
-        goto fail;
-    }
     if (t->o.rma == RMA_EMULATED)
         refit_log(REFIT_LOG_WARN, "ucx: rma=emulated: UCX serves RMA over TCP and shared memory in software, reading "
                                   "and writing any address a peer names: for tests only");
-    if ((st = ucx_init_context(t, cfg, &t->ctx))) goto fail;
-    ucp_config_release(cfg);
+    if ((st = ucx_recv_context(t))) goto fail;
     *out = t;
     return REFIT_OK;
 fail:
-    if (cfg) ucp_config_release(cfg);
     pthread_mutex_destroy(&t->lock);
     pthread_mutex_destroy(&t->rlock);
     pthread_cond_destroy(&t->cond);

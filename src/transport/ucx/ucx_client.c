@@ -292,11 +292,15 @@ out:
     return st;
 }
 
-/* Tries one address: endpoint, HELLO, reply. */
-static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire_addr_t *a, uint16_t port, double until)
+/* Tries one address: endpoint, HELLO, reply.  *unreach: UCX found the
+ * address unreachable (no route, or none of its devices reaches it), or this
+ * host has no route to it: the network may not be up yet (reach retries). */
+static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire_addr_t *a, uint16_t port, double until,
+                               bool *unreach)
 {
     struct sockaddr_storage ss;
     socklen_t sl = 0;
+    *unreach = false;
     refit_status_t st = sock_addr(a, port, &ss, &sl);
     if (st) return st;
     addr_str(a, port, p->name, sizeof(p->name));
@@ -310,9 +314,13 @@ static refit_status_t try_addr(refit_transport_t *t, refit_peer_t *p, const wire
     ucs_status_t s = ucp_ep_create(t->rw, &ep, &p->ep);
     if (s != UCS_OK) {
         p->ep = NULL;
-        return ucx_err(REFIT_ERR_TRANSPORT, s, "connecting to publisher %s", p->name);
+        int e = ucx_route_probe((const struct sockaddr *)&ss, sl, NULL, 0);
+        *unreach = s == UCS_ERR_UNREACHABLE || e == ENETUNREACH || e == EHOSTUNREACH;
+        return ucx_err(*unreach ? REFIT_ERR_PEER : REFIT_ERR_TRANSPORT, s, "connecting to publisher %s", p->name);
     }
     if ((st = hello(t, p, until))) {
+        int e = ucx_route_probe((const struct sockaddr *)&ss, sl, NULL, 0);
+        *unreach = p->failed == UCS_ERR_UNREACHABLE || e == ENETUNREACH || e == EHOSTUNREACH;
         if (p->failed != UCS_OK || st == REFIT_ERR_TIMEOUT) ucx_ep_force_close(t, p->ep);
         else ep_close(t, p->ep);
         p->ep = NULL;
@@ -380,29 +388,170 @@ static refit_status_t ensure_worker(refit_transport_t *t)
     return st;
 }
 
-/* Each of the publisher's addresses in turn until one answers as the right
- * publisher; the error names every address tried.  rlock held. */
-static refit_status_t reach(refit_transport_t *t, refit_peer_t *p, const wire_desc_t *h0, const wire_addr_t *addrs0)
+/* Makes the receive context and worker again, for UCX to see the
+ * interfaces that came up since; only while no connection or pull uses the
+ * worker (false otherwise, or when the new context fails: the old one
+ * stays).  rlock held. */
+static bool renew_context(refit_transport_t *t)
 {
-    double until = refit_now() + t->o.connect_timeout;
-    char tried[512] = "";
+    if (t->peers.len || t->active.len) return false;
+    ucp_context_h old = t->ctx;
+    uint64_t old_sig = t->ctx_sig;
+    char old_devs[sizeof(t->ctx_devs)];
+    memcpy(old_devs, t->ctx_devs, sizeof(old_devs));
+    if (ucx_recv_context(t)) {
+        t->ctx = old;
+        t->ctx_sig = old_sig;
+        memcpy(t->ctx_devs, old_devs, sizeof(old_devs));
+        return false;
+    }
+    if (t->rw) ucp_worker_destroy(t->rw);
+    t->rw = NULL;
+    t->rw_efd = -1;
+    ucp_cleanup(old);
+    refit_log(REFIT_LOG_INFO, "ucx: made the receive context again for the interfaces up now (%s)", t->ctx_devs);
+    return ensure_worker(t) == REFIT_OK;
+}
+
+/* Whether this host has a route to one of the addresses through an interface
+ * that is up and running. */
+static bool route_up(const wire_desc_t *h0, const wire_addr_t *addrs0)
+{
+    char active[512];
+    ucx_netif_sig(active, sizeof(active));
+    for (uint16_t k = 0; k < h0->naddrs; k++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = 0;
+        char via[IF_NAMESIZE + 1], key[IF_NAMESIZE + 3], list[sizeof(active) + 2];
+        if (sock_addr(&addrs0[k], h0->port, &ss, &sl)) continue;
+        if (ucx_route_probe((const struct sockaddr *)&ss, sl, via, sizeof(via))) continue;
+        snprintf(key, sizeof(key), ",%s,", via);
+        snprintf(list, sizeof(list), ",%s,", active);
+        if (strstr(list, key)) return true;
+    }
+    return false;
+}
+
+/* After a round that found the publisher unreachable: waits (rlock released
+ * while it sleeps) until a route to one of its addresses goes through an
+ * active interface and, when the interfaces changed since the receive
+ * context was made, makes it again (renew_context); at least 250 ms.  False
+ * when `until` came first (no route by then: no round more).
+ * *renew_blocked: the context had to be made again but connections or pulls
+ * used it.  rlock held. */
+static bool await_network(refit_transport_t *t, const wire_desc_t *h0, const wire_addr_t *addrs0, double until,
+                          bool *renew_blocked)
+{
+    double earliest = refit_now() + 0.25;
+    for (;;) {
+        bool up = route_up(h0, addrs0);
+        if (up && ucx_netif_sig(NULL, 0) != t->ctx_sig) {
+            if (!renew_context(t)) *renew_blocked = true;
+            return true;
+        }
+        double now = refit_now();
+        if (up && now >= earliest) return true;
+        if (now >= until) return false;
+        pthread_mutex_unlock(&t->rlock);
+        usleep(50 * 1000);
+        pthread_mutex_lock(&t->rlock);
+    }
+}
+
+/* What this host saw of the way to the publisher, for an error: the route to
+ * its first address, the interfaces, the devices UCX was given. */
+static void net_saw(const refit_transport_t *t, const wire_desc_t *h0, const wire_addr_t *addrs0, bool renew_blocked,
+                    char *out, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    char ip[INET6_ADDRSTRLEN] = "?", via[IF_NAMESIZE + 1] = "", route[160], ifs[512];
+    inet_ntop(addrs0[0].family, addrs0[0].addr, ip, sizeof(ip));
+    int e = sock_addr(&addrs0[0], h0->port, &ss, &sl)
+                ? EINVAL
+                : ucx_route_probe((const struct sockaddr *)&ss, sl, via, sizeof(via));
+    if (e) snprintf(route, sizeof(route), "this host has no route to %s (%s)", ip, strerror(e));
+    else snprintf(route, sizeof(route), "the route to %s leaves through %s", ip, via);
+    ucx_netif_list(ifs, sizeof(ifs));
+    snprintf(out, cap,
+             "%s; interfaces: %s; UCX's devices are the interfaces active when its context was made: %s%s (a network "
+             "that comes up later: raise ucx.connect_timeout)",
+             route, ifs, t->ctx_devs[0] ? t->ctx_devs : "none",
+             renew_blocked ? " (not made again: other connections or pulls of this transport use it)" : "");
+}
+
+/* One round over the publisher's addresses until one answers as the right
+ * publisher; *unreach: every one failed as unreachable (try_addr).  The
+ * failures go into tried.  rlock held. */
+static refit_status_t reach_round(refit_transport_t *t, refit_peer_t *p, const wire_desc_t *h0,
+                                  const wire_addr_t *addrs0, double until, char *tried, size_t cap, bool *unreach)
+{
     size_t tl = 0;
     refit_status_t st = REFIT_ERR_TRANSPORT;
+    tried[0] = 0;
+    *unreach = true;
     for (uint16_t k = 0; k < h0->naddrs && st; k++) {
         /* Each address gets its share of what is left (at least 1 s), so
          * one that drops packets cannot use up the whole budget. */
         double left = until - refit_now(), share = left / (h0->naddrs - k);
-        st = try_addr(t, p, &addrs0[k], h0->port, refit_now() + (share < 1 ? REFIT_MIN(1.0, left) : share));
+        bool u = false;
+        st = try_addr(t, p, &addrs0[k], h0->port, refit_now() + (share < 1 ? REFIT_MIN(1.0, left) : share), &u);
         if (st == REFIT_ERR_STALE || st == REFIT_ERR_AUTH) break; /* reached it; it is not the right one */
         if (st) {
-            int w = snprintf(tried + tl, sizeof(tried) - tl, "%s%s: %s", tl ? "; " : "", p->name, refit_last_error());
-            if (w > 0 && (size_t)w < sizeof(tried) - tl) tl += (size_t)w;
+            *unreach = *unreach && u;
+            int w = snprintf(tried + tl, cap - tl, "%s%s: %s", tl ? "; " : "", p->name, refit_last_error());
+            if (w > 0 && (size_t)w < cap - tl) tl += (size_t)w;
         }
         if (refit_now() >= until) break;
     }
-    if (st && st != REFIT_ERR_STALE && st != REFIT_ERR_AUTH)
+    if (!st || st == REFIT_ERR_STALE || st == REFIT_ERR_AUTH) *unreach = false;
+    return st;
+}
+
+/* The publisher's addresses, round after round while every one is
+ * unreachable (the network may not be up yet: a link still down, a route
+ * not there, an interface UCX did not list when its context was made), until
+ * connect_timeout; the error names every address tried and what this host
+ * saw.  rlock held. */
+static refit_status_t reach(refit_transport_t *t, refit_peer_t *p, const wire_desc_t *h0, const wire_addr_t *addrs0)
+{
+    double t0 = refit_now(), until = t0 + t->o.connect_timeout;
+    char tried[512];
+    bool unreach = false, renew_blocked = false;
+    unsigned rounds = 0;
+    refit_status_t st;
+    /* This address waited a whole connect_timeout just now and the
+     * interfaces did not change since: one round, no waiting again (a
+     * receiver tries a source's stamp, then its bytes). */
+    bool waited = t->unreach_until > t0 && !memcmp(&t->unreach_addr, &addrs0[0], sizeof(t->unreach_addr)) &&
+                  t->unreach_sig == ucx_netif_sig(NULL, 0);
+    for (;;) {
+        st = reach_round(t, p, h0, addrs0, until, tried, sizeof(tried), &unreach);
+        rounds++;
+        if (!unreach || waited || refit_now() >= until) break;
+        if (rounds == 1)
+            refit_log(REFIT_LOG_WARN,
+                      "ucx: the publisher is unreachable (%s); trying again until connect_timeout (%g s)", tried,
+                      t->o.connect_timeout);
+        if (!await_network(t, h0, addrs0, until, &renew_blocked) || !t->rw) break; /* !rw: a new worker failed */
+    }
+    if (st && unreach && !waited) {
+        t->unreach_addr = addrs0[0];
+        t->unreach_sig = ucx_netif_sig(NULL, 0);
+        t->unreach_until = refit_now() + t->o.connect_timeout;
+    }
+    if (!st && rounds > 1)
+        refit_log(REFIT_LOG_INFO, "ucx: reached publisher %s after %.1f s (%u tries)", p->name, refit_now() - t0,
+                  rounds);
+    if (st && st != REFIT_ERR_STALE && st != REFIT_ERR_AUTH) {
+        char saw[1536] = "";
+        if (unreach) net_saw(t, h0, addrs0, renew_blocked, saw, sizeof(saw));
+        char within[64] = "";
+        if (unreach) snprintf(within, sizeof(within), " within connect_timeout (%g s)", t->o.connect_timeout);
         st = refit_error(st == REFIT_ERR_TIMEOUT ? REFIT_ERR_TIMEOUT : REFIT_ERR_PEER,
-                         "ucx: cannot reach the publisher at any of its %u addresses (%s)", h0->naddrs, tried);
+                         "ucx: cannot reach the publisher at any of its %u addresses%s (%s)%s%s", h0->naddrs, within,
+                         tried, saw[0] ? "; " : "", saw);
+    }
     return st;
 }
 

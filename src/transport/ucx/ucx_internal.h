@@ -6,6 +6,7 @@
  *   ucx_server.c  the publisher side: listener, connections, serving requests
  *   ucx_client.c  the receiver side: descriptors, connect, HELLO, lanes
  *   ucx_pull.c    the receiver side: pull (slots, requests, replies)
+ *   ucx_net.c     this host's interfaces and routes as UCX sees them
  */
 #ifndef REFIT_TRANSPORT_UCX_INTERNAL_H
 #define REFIT_TRANSPORT_UCX_INTERNAL_H
@@ -176,6 +177,7 @@ typedef struct {
     unsigned inflight, spin_us;
     bool tcp_eager;
     double connect_timeout, stall_timeout, auth_timeout;
+    double listen_timeout; /* how long create waits for the listen address and its interface (ucx_opts.c) */
 } ucx_opts_t;
 
 /* Parses "key=value,..." into *o (defaults for keys not given). */
@@ -252,6 +254,8 @@ typedef struct hello_wait hello_wait_t;
 struct refit_transport {
     ucx_opts_t o;
     ucp_context_h ctx;  /* receiver side (and RMA registrations when RMA is on) */
+    uint64_t ctx_sig;   /* ucx_netif_sig when ctx was made: UCX's device list is fixed then */
+    char ctx_devs[256]; /* the active interfaces then ("lo,eth0") */
     ucp_context_h pctx; /* publisher side: only the listen interface */
     uint8_t key[32];    /* connection key (set_key; zeros: public) */
     uint64_t pub_id;
@@ -294,6 +298,12 @@ struct refit_transport {
     pull_t *progressing;        /* the pull whose thread is progressing the worker, if any */
     hello_wait_t *hello;
     REFIT_VEC(refit_peer_t *) peers;
+    /* The last address found unreachable for a whole connect_timeout, with
+     * the interfaces then: until unreach_until it is not waited for again
+     * while they stay the same (ucx_client.c: reach). */
+    wire_addr_t unreach_addr;
+    uint64_t unreach_sig;
+    double unreach_until;
 };
 
 typedef struct {
@@ -324,6 +334,9 @@ struct refit_peer {
 
 /* ucx.c */
 refit_status_t ucx_status_code(ucs_status_t s);
+/* Makes t->ctx, the receiver side's context (tls=, devices= applied), and
+ * records the interfaces it was made with (ctx_sig, ctx_devs). */
+refit_status_t ucx_recv_context(refit_transport_t *t);
 refit_status_t ucx_err(refit_status_t code, ucs_status_t s, const char *fmt, ...) REFIT_PRINTF(3, 4);
 uint64_t ucx_random_id(void);
 refit_status_t ucx_init_context(refit_transport_t *t, ucp_config_t *cfg, ucp_context_h *ctx);
@@ -332,6 +345,17 @@ void ucx_conn_mac(const refit_transport_t *t, const char *label, uint64_t pub_id
 refit_status_t ucx_make_worker_in(refit_transport_t *t, ucp_context_h ctx, ucp_worker_h *w, int *efd, const char *name);
 refit_status_t ucx_set_am(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb, void *arg);
 unsigned ucx_progress_all(ucp_worker_h w);
+
+/* ucx_net.c: this host's network as UCX sees it */
+/* A signature of the interfaces that are up and running with an address (what
+ * UCX's TCP transport lists at ucp_init); their names, comma-separated, into
+ * active (may be NULL). */
+uint64_t ucx_netif_sig(char *active, size_t cap);
+/* "lo 127.0.0.1 up, eth1 10.0.0.2 down, ...": every interface with an address. */
+void ucx_netif_list(char *out, size_t cap);
+/* 0 when this host has a route to sa (a UDP connect: nothing is sent), the
+ * interface of the source address it would use in via; else the errno. */
+int ucx_route_probe(const struct sockaddr *sa, socklen_t sl, char *via, size_t cap);
 
 /* ucx_server.c: the publisher side */
 void ucx_job_free(refit_transport_t *t, job_t *j);

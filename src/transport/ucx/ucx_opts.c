@@ -29,31 +29,23 @@ static void copy_list(char *dst, size_t cap, const char *v)
         if (*p == '+') *p = ',';
 }
 
-/* The listener binds one address, never every interface: listen= names an
- * address (which must be one of this host's) or an interface (its first
- * address); the default is the loopback.  listen_if becomes the only
- * network device UCX uses on the publisher side. */
-static refit_status_t resolve_listen(ucx_opts_t *o)
+enum { LISTEN_FOUND = 0, LISTEN_NONE = 1, LISTEN_INACTIVE = 2 };
+
+/* Looks for listen_ip (an address, or an interface's name) among this
+ * host's interfaces: found (listen_if and listen_ip set) on an interface that
+ * is up and running, found on one that is not, or not found. */
+static int find_listen(ucx_opts_t *o, int family, const unsigned char *want)
 {
-    unsigned char want[16];
-    int family = inet_pton(AF_INET, o->listen_ip, want) == 1    ? AF_INET
-                 : inet_pton(AF_INET6, o->listen_ip, want) == 1 ? AF_INET6
-                                                                : 0;
-    if (family == AF_INET ? !memcmp(want, (unsigned char[4]){0}, 4)
-                          : family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED((struct in6_addr *)want))
-        return refit_error(REFIT_ERR_INVALID_ARG,
-                           "ucx: listen=%s would accept connections on every interface: name the address or the "
-                           "interface receivers reach (listen=10.0.0.5, listen=eth0)",
-                           o->listen_ip);
     struct ifaddrs *ifa = NULL;
-    if (getifaddrs(&ifa) != 0) return refit_error(REFIT_ERR_TRANSPORT, "ucx: getifaddrs: %s", strerror(errno));
-    bool found = false;
-    for (struct ifaddrs *i = ifa; i && !found; i = i->ifa_next) {
+    if (getifaddrs(&ifa) != 0) return LISTEN_NONE;
+    int verdict = LISTEN_NONE;
+    for (struct ifaddrs *i = ifa; i && verdict == LISTEN_NONE; i = i->ifa_next) {
         if (!i->ifa_addr || !i->ifa_name) continue;
         int f = i->ifa_addr->sa_family;
         if (f != AF_INET && f != AF_INET6) continue;
         const void *a = f == AF_INET ? (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr
                                      : (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+        bool found = false;
         if (family) {
             found = f == family && !memcmp(a, want, f == AF_INET ? 4 : 16);
         } else if (!strcmp(i->ifa_name, o->listen_ip)) { /* an interface: its IPv4, else a global IPv6 */
@@ -66,17 +58,63 @@ static refit_status_t resolve_listen(ucx_opts_t *o)
                 if (v4) continue;
             }
             found = true;
-            snprintf(o->listen_if, sizeof(o->listen_if), "%s", i->ifa_name);
             inet_ntop(f, a, o->listen_ip, sizeof(o->listen_ip));
-            break;
         }
-        if (found) snprintf(o->listen_if, sizeof(o->listen_if), "%s", i->ifa_name);
+        if (!found) continue;
+        snprintf(o->listen_if, sizeof(o->listen_if), "%s", i->ifa_name);
+        verdict = (i->ifa_flags & IFF_UP) && (i->ifa_flags & IFF_RUNNING) ? LISTEN_FOUND : LISTEN_INACTIVE;
     }
     freeifaddrs(ifa);
-    if (!found)
-        return refit_error(REFIT_ERR_INVALID_ARG, "ucx: listen=%s: no interface of this host %s", o->listen_ip,
-                           family ? "has that address" : "of that name has an address");
-    return REFIT_OK;
+    return verdict;
+}
+
+/* The listener binds one address, never every interface: listen= names an
+ * address (which must be one of this host's) or an interface (its first
+ * address); the default is the loopback.  listen_if becomes the only
+ * network device UCX uses on the publisher side, and UCX lists only the
+ * interfaces that are up and running when its context is made: an address
+ * not assigned yet, or on an interface that is not up yet, is waited for
+ * (listen_timeout, default 10 s; logged once), then refused naming what this
+ * host has. */
+static refit_status_t resolve_listen(ucx_opts_t *o)
+{
+    unsigned char want[16];
+    int family = inet_pton(AF_INET, o->listen_ip, want) == 1    ? AF_INET
+                 : inet_pton(AF_INET6, o->listen_ip, want) == 1 ? AF_INET6
+                                                                : 0;
+    if (family == AF_INET ? !memcmp(want, (unsigned char[4]){0}, 4)
+                          : family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED((struct in6_addr *)want))
+        return refit_error(REFIT_ERR_INVALID_ARG,
+                           "ucx: listen=%s would accept connections on every interface: name the address or the "
+                           "interface receivers reach (listen=10.0.0.5, listen=eth0)",
+                           o->listen_ip);
+    char asked[sizeof(o->listen_ip)];
+    snprintf(asked, sizeof(asked), "%s", o->listen_ip);
+    double t0 = refit_now(), until = t0 + o->listen_timeout;
+    int v;
+    bool logged = false;
+    while ((v = find_listen(o, family, want)) != LISTEN_FOUND && refit_now() < until) {
+        if (!logged)
+            refit_log(REFIT_LOG_WARN, "ucx: listen=%s: %s yet; waiting up to %g s (listen_timeout)", asked,
+                      v == LISTEN_INACTIVE ? "its interface is not up and running"
+                      : family             ? "no interface of this host has that address"
+                                           : "that interface has no address",
+                      o->listen_timeout);
+        logged = true;
+        snprintf(o->listen_ip, sizeof(o->listen_ip), "%s", asked);
+        usleep(50 * 1000);
+    }
+    if (v == LISTEN_FOUND) return REFIT_OK;
+    char ifs[512], waited[64] = "";
+    ucx_netif_list(ifs, sizeof(ifs));
+    if (o->listen_timeout > 0) snprintf(waited, sizeof(waited), " after %g s (listen_timeout)", o->listen_timeout);
+    if (v == LISTEN_INACTIVE)
+        return refit_error(REFIT_ERR_TRANSPORT,
+                           "ucx: listen=%s: interface %s has the address but is not up and running%s (UCX lists only "
+                           "active interfaces); interfaces: %s",
+                           asked, o->listen_if, waited, ifs);
+    return refit_error(REFIT_ERR_INVALID_ARG, "ucx: listen=%s: no interface of this host %s%s; interfaces: %s", asked,
+                       family ? "has that address" : "of that name has an address", waited, ifs);
 }
 
 /* listen=IP, IP:PORT, [IPv6]:PORT or :PORT, or an interface's name
@@ -161,12 +199,15 @@ static bool parse_number(const char *kv, const char *v, ucx_opts_t *o, bool *ok)
     } else if (!strcmp(kv, "spin_us")) {
         *ok = parse_u64(v, &n) && n <= 10000000;
         o->spin_us = (unsigned)n;
-    } else if (!strcmp(kv, "connect_timeout") || !strcmp(kv, "stall_timeout") || !strcmp(kv, "auth_timeout")) {
+    } else if (!strcmp(kv, "connect_timeout") || !strcmp(kv, "stall_timeout") || !strcmp(kv, "auth_timeout") ||
+               !strcmp(kv, "listen_timeout")) {
         char *end;
         double d = strtod(v, &end);
-        *ok = end != v && !*end && d > 0 && d < 1e6;
+        bool may_be_0 = kv[0] == 'l'; /* listen_timeout=0: the address must be there at once */
+        *ok = end != v && !*end && (d > 0 || (may_be_0 && d == 0)) && d < 1e6;
         if (kv[0] == 'c') o->connect_timeout = d;
         else if (kv[0] == 'a') o->auth_timeout = d;
+        else if (kv[0] == 'l') o->listen_timeout = d;
         else o->stall_timeout = d;
     } else {
         return false;
@@ -184,6 +225,7 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
                       .tcp_eager = true,
                       .spin_us = 0, /* TCP data arrives all the time: any spin became a busy poll (README: Fleet) */
                       .connect_timeout = 10,
+                      .listen_timeout = 10,
                       .stall_timeout = 30,
                       .max_queued = 256u << 20,
                       .max_parked = 256,
