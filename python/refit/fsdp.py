@@ -91,10 +91,11 @@ def mesh_geometry(params: Dict[str, object]) -> Tuple[int, int, int, Tuple[int, 
             ok = kinds[0][0] == "replicate" and kinds[1][0] in ("shard", "strided") and kinds[1][1] == 0
         else:
             ok = False
-        if nd == 2 and ok and kinds[0][0] == "replicate" and kinds[1][0] == "shard":
-            hsdp = True if hsdp is None else hsdp
-        elif nd == 2 and ok:
-            hsdp = False if hsdp is None else (False if hsdp else hsdp)
+        if nd == 2 and ok:  # (Replicate, Shard(0)) is HSDP, (Shard|_StridedShard, tp) FSDP over TP: never both
+            h = kinds[0][0] == "replicate"
+            if hsdp is not None and h != hsdp:
+                bad.append(f"{n}: placements {tuple(p.placements)} mix HSDP and FSDP-over-TP 2-d meshes")
+            hsdp = h
         if not ok:
             bad.append(f"{n}: placements {tuple(p.placements)} over a {nd}-d mesh are not FSDP2's (Shard(0)), "
                        "HSDP's (Replicate, Shard(0)) or FSDP2 over TP (Shard(0)|_StridedShard(0), tp) "
