@@ -6,6 +6,9 @@
  *   "megatron:tp=T,pp=P,ep=E,etp=X,dp=D,pad=N"
  *                                         Megatron-Core (Transformer Engine spec)
  *   "vllm:tp=T,ep=E,dp=D,pad=N"           vLLM
+ *   "dtensor:dp_shard=F,dp_replicate=R,tp=T,experts=fused|split"
+ *                                         PyTorch FSDP2 (fully_shard) DTensors, HSDP and
+ *                                         FSDP over TP, transformers parameter names
  * Omitted knobs take defaults: tp=pp=ep=1; megatron etp=tp, dp = the least
  * value for which ep*etp divides tp*dp, pad=128 (vocab padded to a multiple of
  * pad*tp as Megatron-LM does; pad=0 for none, as Megatron-Bridge); vllm dp=1,

@@ -287,3 +287,10 @@ def hf(named_params, model: Model, *, strip=("module.",), device=None) -> Bindin
         unexpected = [n for n in params if n not in {p.local for p in pl}]
         raise AdapterError(f"hf parameters of {model.name}", lacking, unexpected, [])
     return from_placements(params, model, pl, layout="hf-params", strip=(), device=device)
+
+
+def dtensor(model, refit_model: Model, **kw):
+    """A model sharded by torch's FSDP2 (fully_shard, optionally over TP or HSDP): each rank's own shards, one
+    region per parameter buffer, no copy.  See refit.fsdp.dtensor."""
+    from .fsdp import dtensor as _dtensor
+    return _dtensor(model, refit_model, **kw)

@@ -101,10 +101,14 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
     if (nlen == 2 && strncmp(spec, "hf", 2) == 0) l.scheme = REFIT_SCHEME_HF;
     else if (nlen == 8 && strncmp(spec, "megatron", 8) == 0) l.scheme = REFIT_SCHEME_MEGATRON;
     else if (nlen == 4 && strncmp(spec, "vllm", 4) == 0) l.scheme = REFIT_SCHEME_VLLM;
+    else if (nlen == 7 && strncmp(spec, "dtensor", 7) == 0) l.scheme = REFIT_SCHEME_DTENSOR;
     else
-        return refit_error(REFIT_ERR_NOT_FOUND, "unknown layout scheme '%.*s' in '%s' (known: hf, megatron, vllm)",
-                           (int)nlen, spec, spec);
-    if (l.scheme == REFIT_SCHEME_HF) {
+        return refit_error(REFIT_ERR_NOT_FOUND,
+                           "unknown layout scheme '%.*s' in '%s' (known: hf, megatron, vllm, dtensor)", (int)nlen, spec,
+                           spec);
+    if (l.scheme == REFIT_SCHEME_DTENSOR) {
+        if ((st = refit_scheme_dtensor_parse(&l, spec, colon ? colon + 1 : ""))) return st;
+    } else if (l.scheme == REFIT_SCHEME_HF) {
         if (colon && colon[1]) return refit_error(REFIT_ERR_PARSE, "layout '%s': hf takes no knobs", spec);
         l.tp = l.pp = l.ep = l.etp = l.dp = 1;
         l.pad = l.first = l.last = 0;
@@ -112,6 +116,7 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
     } else if (colon && colon[1] && (st = parse_knobs(&l, spec, colon + 1))) {
         return st;
     }
+    if (l.scheme != REFIT_SCHEME_DTENSOR) l.rep = 1, l.fused = 0;
     if (l.tp == UINT32_MAX) l.tp = 1;
     if (l.pp == UINT32_MAX) l.pp = 1;
     if (l.ep == UINT32_MAX) l.ep = 1;
@@ -146,17 +151,17 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
         if (l.names == UINT32_MAX) l.names = REFIT_VLLM_NAMES_FUSED;
         snprintf(l.str, sizeof(l.str), "vllm:tp=%u,ep=%u,dp=%u,pad=%u%s", l.tp, l.ep, l.dp, l.pad,
                  l.names == REFIT_VLLM_NAMES_ROUTED ? ",names=routed" : "");
-    } else {
+    } else if (l.scheme == REFIT_SCHEME_HF) {
         snprintf(l.str, sizeof(l.str), "hf");
     }
     /* Each knob is within its limit (parse_knobs), so the products above fit
      * 32 bits; their product, the world, is bounded here. */
-    uint64_t world = (uint64_t)l.tp * l.pp * l.dp;
+    uint64_t world = (uint64_t)l.tp * l.pp * l.dp * l.rep;
     if (world > REFIT_LAYOUT_MAX_WORLD)
-        return refit_error(REFIT_ERR_GEOMETRY,
-                           "layout '%s': a world of %" PRIu64
-                           " ranks (tp %u x pp %u x dp %u) is above refit's limit of %u",
-                           spec, world, l.tp, l.pp, l.dp, REFIT_LAYOUT_MAX_WORLD);
+        return refit_error(
+            REFIT_ERR_GEOMETRY,
+            "layout '%s': a world of %" PRIu64 " ranks (tp %u x pp %u x dp %u%s) is above refit's limit of %u", spec,
+            world, l.tp, l.pp, l.dp * l.rep, l.rep > 1 ? ", replicate included" : "", REFIT_LAYOUT_MAX_WORLD);
     l.world = (uint32_t)world;
     refit_layout_t *p = malloc(sizeof(*p));
     if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "allocating a layout");
@@ -175,6 +180,7 @@ refit_status_t refit_layout_check(const refit_layout_t *l, const refit_model_t *
     switch (l->scheme) {
     case REFIT_SCHEME_MEGATRON: return refit_scheme_megatron_check(l, &model->spec);
     case REFIT_SCHEME_VLLM: return refit_scheme_vllm_check(l, &model->spec);
+    case REFIT_SCHEME_DTENSOR: return refit_scheme_dtensor_check(l, &model->spec);
     default: return REFIT_OK;
     }
 }
@@ -195,6 +201,7 @@ refit_status_t refit_layout_manifest(const refit_layout_t *l, const refit_model_
     case REFIT_SCHEME_HF: st = refit_scheme_hf(&b, l, rank); break;
     case REFIT_SCHEME_MEGATRON: st = refit_scheme_megatron(&b, l, rank); break;
     case REFIT_SCHEME_VLLM: st = refit_scheme_vllm(&b, l, rank); break;
+    case REFIT_SCHEME_DTENSOR: st = refit_scheme_dtensor(&b, l, rank); break;
     }
     if (!st) st = b.st;
     if (!st) st = refit_manifest_add_region(b.m, b.cursor ? b.cursor : REFIT_LAYOUT_ALIGN, NULL);
@@ -254,6 +261,12 @@ static void place(refit_lbuild_t *b, uint32_t local, const char *canon, const ui
     memcpy(p.extent, ext, p.ndim * sizeof(uint64_t));
     memcpy(p.local_offset, loff, b->m->locals.data[local].d.ndim * sizeof(uint64_t));
     b->st = refit_manifest_add_placement(b->m, &p);
+}
+
+void refit_lb_box(refit_lbuild_t *b, uint32_t local, const char *canon, const uint64_t *coff, const uint64_t *ext,
+                  const uint64_t *loff)
+{
+    place(b, local, canon, coff, ext, loff);
 }
 
 void refit_lb_rows(refit_lbuild_t *b, uint32_t local, uint64_t lead, uint64_t lrow, const char *canon, uint64_t crow,

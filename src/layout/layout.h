@@ -7,13 +7,20 @@
 #include "model/model.h"
 #include "refit/layout.h"
 
-typedef enum { REFIT_SCHEME_HF = 1, REFIT_SCHEME_MEGATRON = 2, REFIT_SCHEME_VLLM = 3 } refit_scheme_t;
+typedef enum {
+    REFIT_SCHEME_HF = 1,
+    REFIT_SCHEME_MEGATRON = 2,
+    REFIT_SCHEME_VLLM = 3,
+    REFIT_SCHEME_DTENSOR = 4
+} refit_scheme_t;
 
 struct refit_layout {
     refit_scheme_t scheme;
     uint32_t tp, pp, ep, etp, dp, pad;
     uint32_t first, last; /* megatron: layers of the first / last pipeline stage (0: even split) */
     uint32_t names;       /* vllm: REFIT_VLLM_NAMES_* (expert parameter names of the vLLM version) */
+    uint32_t rep;         /* dtensor: dp_replicate (HSDP's replicate mesh dim); dp is dp_shard */
+    uint32_t fused;       /* dtensor: experts as transformers 5's fused 3-d mlp.experts.gate_up_proj / down_proj */
     uint32_t world;
     char str[160];
 };
@@ -47,6 +54,10 @@ void refit_lb_rows(refit_lbuild_t *b, uint32_t local, uint64_t lead, uint64_t lr
 /* Places columns [ccol, ccol+ncols) of 2-d canonical `canon` (all rows) at
  * column 0 of `local` (slot `lead` of dim 0 for a 3-d local tensor). */
 void refit_lb_cols(refit_lbuild_t *b, uint32_t local, uint64_t lead, const char *canon, uint64_t ccol, uint64_t ncols);
+/* Places the box [coff, coff+ext) of canonical `canon` at `loff` of `local`
+ * (offsets and extents in the canonical's dims; loff in the local's). */
+void refit_lb_box(refit_lbuild_t *b, uint32_t local, const char *canon, const uint64_t *coff, const uint64_t *ext,
+                  const uint64_t *loff);
 /* A whole canonical tensor as its own local tensor named `local_name`. */
 void refit_lb_whole(refit_lbuild_t *b, const char *local_name, const char *canon);
 
@@ -67,6 +78,11 @@ uint64_t refit_round_up(uint64_t x, uint64_t m);
 refit_status_t refit_scheme_hf(refit_lbuild_t *b, const refit_layout_t *l, uint32_t rank);
 refit_status_t refit_scheme_megatron(refit_lbuild_t *b, const refit_layout_t *l, uint32_t rank);
 refit_status_t refit_scheme_vllm(refit_lbuild_t *b, const refit_layout_t *l, uint32_t rank);
+refit_status_t refit_scheme_dtensor(refit_lbuild_t *b, const refit_layout_t *l, uint32_t rank);
+/* Parses the knobs of "dtensor:..." (args: what follows the colon, may be
+ * empty) into l and writes its normalized string. */
+refit_status_t refit_scheme_dtensor_parse(refit_layout_t *l, const char *spec, const char *args);
+refit_status_t refit_scheme_dtensor_check(const refit_layout_t *l, const refit_model_spec_t *s);
 refit_status_t refit_scheme_megatron_check(const refit_layout_t *l, const refit_model_spec_t *s);
 refit_status_t refit_scheme_vllm_check(const refit_layout_t *l, const refit_model_spec_t *s);
 

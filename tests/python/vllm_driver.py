@@ -6,6 +6,8 @@ it once per (model, tp) and asserts on the JSON it writes.
 CONFIG: {"v1": dir, "v2": dir, "bad": dir (a checkpoint with one wrong shape; with "negative": false, step 4 is
          skipped and "bad" unused), "tp": n, "ep": bool,
          "src_layout": "megatron:tp=2,ep=2", "refit": path of the refit binary, "work": scratch dir,
+         "trainer": "fsdp" (optional: the "good" publishers are real FSDP2 ranks, tests/python/fsdp_publisher.py,
+         src_layout dtensor:dp_shard=W),
          "versions": K, "generate": bool (default true; false skips every generation: vLLM 0.32 on the CPU cannot
          run an MoE forward pass with expert parallel, see the end of main)}
 
@@ -176,6 +178,18 @@ def publishers(cfg, ckpt, job, versions, acks, reg, log):
     import refit
     world = refit.Layout(cfg["src_layout"]).world
     procs = []
+    if cfg.get("trainer") == "fsdp" and job == "good":  # real fully_shard ranks (tests/python/fsdp_publisher.py)
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for r in range(world):
+            a = {"rank": r, "world": world, "port": port, "model": ckpt, "registry": reg, "job": job,
+                 "versions": versions, "acks": acks, "hold_ms": 600000}
+            procs.append(subprocess.Popen([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                        "fsdp_publisher.py"), json.dumps(a)],
+                                          stdout=log, stderr=log))
+        return procs
     for r in range(world):
         cmd = [cfg["refit"], "publish", "--from-safetensors", ckpt, "--layout", cfg["src_layout"], "--rank", str(r),
                "--registry", reg, "--job", job, "--versions", str(versions), "--timeout-ms", "600000",

@@ -761,6 +761,11 @@ static void layout_pairs(void **state)
         {"tiny-dense", "megatron:tp=8", "hf", false},
         {"tiny-mla", "megatron:tp=2,ep=2", "vllm:tp=2", true},
         {"tiny-tied", "megatron:tp=2,pp=2", "vllm:tp=4", false},
+        /* dtensor (issue #33): FSDP2's dim-0 chunks are row ranges. */
+        {"tiny-moe", "dtensor:dp_shard=3", "vllm:tp=2", true},
+        {"tiny-tied", "dtensor:dp_shard=7", "vllm:tp=4", false},
+        {"tiny-dense", "dtensor:dp_shard=4,tp=3", "hf", false},
+        {"tiny-dense", "dtensor:dp_shard=2,dp_replicate=2,tp=2", "megatron:tp=2", false},
     };
     for (size_t i = 0; i < REFIT_ARRAY_LEN(pairs); i++) run_pair(&pairs[i]);
 }
