@@ -107,18 +107,22 @@ class Stepper:
         return sum(n for t, n in self.log if a < t <= b)
 
 
+_copy_bufs = None
+
+
 def local_copy_ms(nbytes, reps=3):
     """A plain memcpy of the rank's bytes (torch, this process): the floor of any commit that copies them."""
     import torch
-    src = torch.ones(nbytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
+    global _copy_bufs
+    if _copy_bufs is None or _copy_bufs[0].numel() != nbytes:
+        _copy_bufs = (torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8))
+    src, dst = _copy_bufs
     dst.copy_(src)
     ms = []
     for _ in range(reps):
         t = time.perf_counter()
         dst.copy_(src)
         ms.append((time.perf_counter() - t) * 1e3)
-    del src, dst
     return sorted(ms)[len(ms) // 2]
 
 
@@ -154,7 +158,8 @@ def main(cfg_path, out_path):
             gens[ver] = generate(ref)
             stop_llm(ref)
             del ref
-        note("references")
+        res["refs_differ"] = not compare(refs["v1"], refs["v2"], tp)["equal"]
+        note("references", differ=res["refs_differ"])
 
         # 2. the publisher
         pub, arena, images, offs = hf_publisher(cfg, reg, "inflight")
@@ -203,9 +208,10 @@ def main(cfg_path, out_path):
         for _ in range(3):
             st.step()
 
-        def stage_and_wait(k, limit_s=120):
+        def stage_and_wait(k, limit_s=120, start=True):
             t0 = time.time()
-            inflight.stage(llm, k)
+            if start:
+                inflight.stage(llm, k)
             t_ret = time.time()
             while True:
                 v = inflight.versions(llm)
@@ -217,28 +223,41 @@ def main(cfg_path, out_path):
 
         for _ in range(int(cfg.get("updates", 4))):
             k += 1
-            publish(k)
-            v, t0, t_ret = stage_and_wait(k)
+            if cfg.get("stage_before_publish"):  # the worker waits for the trainer in the background
+                t0 = time.time()
+                inflight.stage(llm, k)
+                t_ret = time.time()
+                for _ in range(3):
+                    st.step()
+                publish(k)
+                v, _, _ = stage_and_wait(k, start=False)
+            else:
+                publish(k)
+                v, t0, t_ret = stage_and_wait(k)
             stg = v[0]["last_stage"]
             assert all(x["staged"] == k for x in v), v
             assert inflight.is_staged(llm, k) and not inflight.is_committed(llm, k)
             state_staged = compare(dump(llm, f"staged-{k}"), refs[ver_of(k - 1)], tp)  # staging wrote no live byte
             during = st.tokens_between(stg["pull_start"], stg["pull_end"])
             during_stage = st.tokens_between(t0, stg["prepare_end"])
+            lc_before = local_copy_ms(rank_bytes)
             c = inflight.commit(llm, k)
             res["commit_points"][str(k)] = dict(st.seen)  # tokens each request had when k became live
-            lc = local_copy_ms(rank_bytes)
+            lc_after = local_copy_ms(rank_bytes)
+            lc = (lc_before + lc_after) / 2  # the machine is shared: the copy measured on both sides
             eq = compare(dump(llm, f"committed-{k}"), refs[ver_of(k)], tp)
             wv = inflight.versions(llm)
             for _ in range(3):
                 st.step()
-            rec = {"version": k, "pause_ms": c["pause_ms"], "commit_rpc_ms": c["commit_rpc_ms"],
+            rec = {"version": k, "pause_ms": c["pause_ms"], "commit_rpc_ms": c["commit_rpc_ms"], "calls_ms": c,
+                   "worker_commit_ms": max(x["last_commit"].get("commit_ms", 0) for x in wv),
                    "copy_ms": max(x["last_commit"]["copy_ms"] for x in wv),
                    "bytes_copied": max(x["last_commit"]["bytes_copied"] for x in wv),
                    "handles_exchanged": max(x["last_commit"]["handles_exchanged"] for x in wv),
                    "pull_ms": stg["pull_ms"], "prepare_ms": stg["prepare_ms"],
                    "stage_call_ms": (t_ret - t0) * 1e3, "rank_bytes": rank_bytes, "pulled_bytes": stg["bytes"],
-                   "local_copy_ms": lc, "pause_over_copy": c["pause_ms"] / lc,
+                   "local_copy_ms": lc, "local_copy_before_after_ms": [lc_before, lc_after],
+                   "pause_over_copy": c["pause_ms"] / lc,
                    "tokens_during_pull": during, "tokens_during_stage": during_stage,
                    "live_untouched_while_staged": state_staged["equal"],
                    "committed": [x["committed"] for x in wv], "verified": eq["equal"],
@@ -263,9 +282,11 @@ def main(cfg_path, out_path):
             arena[offs[name]:offs[name] + 64] ^= 0x5A
             n0 = len(st.log)
             v, _, _ = stage_and_wait(k + 1)
+            for _ in range(3):
+                st.step()
             F["digest"] = {"error": v[0]["error"], "staged": v[0]["staged"],
                            "state_vs_previous": intact("digest")["equal"],
-                           "tokens_while_failing": sum(n for _, n in st.log[n0:])}
+                           "tokens_after_failure": sum(n for _, n in st.log[n0:])}
             note("fault digest", **F["digest"])
             try:
                 inflight.commit(llm, k + 1)
@@ -284,16 +305,16 @@ def main(cfg_path, out_path):
             procs.append(p)
             llm.collective_rpc("init_weight_transfer_engine",
                                args=(dict(init, job=kill_job, timeout_ms=8000, model=None),))
-            time.sleep(2.0)  # let it publish
-            n0 = len(st.log)
-            inflight.stage(llm, 1)
-            time.sleep(0.002)
-            p.send_signal(signal.SIGKILL)
+            time.sleep(2.0)  # let it publish; killed before the worker reads it (a kill during the read of a
+            p.send_signal(signal.SIGKILL)  # 1 MB pull cannot be timed from here)
             p.wait()
+            n0 = len(st.log)
             v, _, _ = stage_and_wait(1)
+            for _ in range(3):
+                st.step()
             F["killed"] = {"error": v[0]["error"], "staged": v[0]["staged"],
                            "state_vs_previous": intact("killed")["equal"],
-                           "tokens_while_staging": sum(n for _, n in st.log[n0:]),
+                           "tokens_after_failure": sum(n for _, n in st.log[n0:]),
                            "committed": v[0]["committed"]}
             note("fault killed", **F["killed"])
             inflight.versions(llm)

@@ -73,7 +73,7 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             dev = 0
         rx = Receiver(b.manifest, registry=init_info.registry, job=init_info.job, group=init_info.group,
                       transports=init_info.transports, transport_options=init_info.transport_options,
-                      device=dev)
+                      device=dev, threads=init_info.stage_threads if two else 0)
         b.attach(rx)
         if two:
             from .inflight import Stager
@@ -176,8 +176,8 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
                                  "update_weights", bad[0][1][2])
         t1 = time.perf_counter()
         rec = st.commit(rank)
-        rec = dict(rec, agree_ms=(t1 - t0) * 1e3, commit_ms=(time.perf_counter() - t0) * 1e3,
-                   stage=st.last_stage)
+        rec.update(agree_ms=(t1 - t0) * 1e3, commit_ms=(time.perf_counter() - t0) * 1e3)
+        rec = dict(rec, stage=st.last_stage)
         if self._session is not None:
             self._session["updates"].append(rec)
         self.report = rec

@@ -133,6 +133,7 @@ class Stager:
         self.error: Optional[tuple] = None  # (status, message) of the last failed stage
         self.mixed: Optional[dict] = None
         self.steps: List[_Step] = []
+        self.retired: List[_Step] = []  # a commit's steps: their twins hold the old handles, freed after the pause
         self.thread: Optional[threading.Thread] = None
         self.last_stage: dict = {}
         self.last_commit: dict = {}
@@ -177,7 +178,9 @@ class Stager:
         from vllm.config import set_current_vllm_config
 
         from ..core import RefitError
-        rec = {"version_asked": version, "pull_start": time.time()}
+        t = time.perf_counter()
+        self.retired = []  # releases the previous version's handles (oneDNN frees them) outside any pause
+        rec = {"version_asked": version, "release_ms": (time.perf_counter() - t) * 1e3, "pull_start": time.time()}
         t0 = time.perf_counter()
         try:
             want = None if version == "newest" else version
@@ -326,7 +329,8 @@ class Stager:
         self.last_commit = {"version": to, "from": prev, "copy_ms": ms, "bytes_copied": nbytes,
                             "handles_exchanged": sum(1 for s in todo if s.kind == "onednn"), "steps": len(todo),
                             "resumed_mixed": self.mixed is not None}
-        self.committed, self.staged, self.mixed, self.steps = to, None, None, []
+        self.committed, self.staged, self.mixed = to, None, None
+        self.retired, self.steps = self.steps, []  # not freed here: freeing the old handles is not commit work
         return self.last_commit
 
     def abort(self):
@@ -389,7 +393,11 @@ def commit(llm, version, pause: bool = True) -> dict:
         llm.sleep(level=0, mode="keep")
     t1 = time.perf_counter()
     try:
-        _update(llm, {"version": version, "phase": "commit"})
+        llm.start_weight_update()
+        ta = time.perf_counter()
+        llm.update_weights({"update_info": {"version": version, "phase": "commit"}})
+        tb = time.perf_counter()
+        llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
     except Exception as e:
         mixed = [v["mixed"] for v in versions(llm) if v["mixed"] is not None]
         if mixed:
@@ -400,11 +408,12 @@ def commit(llm, version, pause: bool = True) -> dict:
             llm.wake_up(tags=["scheduling"])
         raise
     t2 = time.perf_counter()
-    llm.llm_engine.set_weight_version(str(version))
     if pause:
         llm.wake_up(tags=["scheduling"])
     t3 = time.perf_counter()
-    return {"pause_ms": (t3 - t0) * 1e3, "enter_pause_ms": (t1 - t0) * 1e3, "commit_rpc_ms": (t2 - t1) * 1e3}
+    return {"pause_ms": (t3 - t0) * 1e3, "enter_pause_ms": (t1 - t0) * 1e3, "commit_rpc_ms": (t2 - t1) * 1e3,
+            "start_ms": (ta - t1) * 1e3, "update_ms": (tb - ta) * 1e3, "finish_ms": (t2 - tb) * 1e3,
+            "resume_ms": (t3 - t2) * 1e3}
 
 
 def set_fault(llm, fault: Optional[str]):

@@ -33,7 +33,9 @@ class RefitInitInfo(WeightTransferInitInfo):
     timeout_ms: how long a pull waits for a version; model: the model name the publishers publish under, when it
     differs from the one refit derives from vLLM's model path (the config directory's base name); stage: "none"
     (an update pulls into the live weights, the engine paused throughout) or "host" (two-phase: stage while
-    serving, commit under a pause; refit.vllm.inflight); staging_budget: the host bytes stage="host" may use."""
+    serving, commit under a pause; refit.vllm.inflight); staging_budget: the host bytes stage="host" may use;
+    stage_threads: the shm copy threads of a stage's pull (default 1, leaving the other cores to the engine; 0: the
+    library's default, one per CPU)."""
     registry: str
     job: str
     group: str = "trainer"
@@ -43,12 +45,16 @@ class RefitInitInfo(WeightTransferInitInfo):
     transport_options: Optional[str] = None
     stage: str = "none"
     staging_budget: Optional[int] = None
+    stage_threads: int = 1
 
     def __post_init__(self):
         call = "refit init_info"
         if self.stage not in ("none", "host"):
             raise _arg_error(f"stage must be \"none\" (single-phase updates) or \"host\" (stage, then commit), "
                              f"not {self.stage!r}", call)
+        _integer(call, "stage_threads", self.stage_threads, "a non-negative integer")
+        if self.stage_threads < 0:
+            raise _arg_error(f"stage_threads must be a non-negative integer, not {self.stage_threads!r}", call)
         if self.staging_budget is not None:
             _integer(call, "staging_budget", self.staging_budget, "a positive number of bytes")
             if self.staging_budget <= 0:
