@@ -25,7 +25,8 @@ runs=()
 for tp in 1 ${TP2:+2}; do
   cat > "$work/cfg-$tp.json" <<JSON
 {"v1": "$work/v1/medium-qwen3-moe", "v2": "$work/v2/medium-qwen3-moe", "tp": $tp, "refit": "$build/refit",
- "work": "$work/run-$tp", "updates": ${UPDATES:-5}, "single": 3, "faults": false, "max_tokens": 64}
+ "work": "$work/run-$tp", "updates": ${UPDATES:-5}, "single": 3, "faults": false, "max_tokens": 64,
+ "publisher_digest": false}
 JSON
   "$py" tests/python/vllm_inflight_driver.py "$work/cfg-$tp.json" "$work/out-$tp.json" > "$work/log-$tp.txt" 2>&1 ||
     { tail -40 "$work/log-$tp.txt"; exit 1; }
@@ -41,7 +42,7 @@ for path in sys.argv[2:]:
     r = json.load(open(path))
     ups = [{k: u[k] for k in ("version", "pause_ms", "pull_ms", "prepare_ms", "local_copy_ms", "pause_over_copy",
                               "copy_ms", "commit_rpc_ms", "bytes_copied", "handles_exchanged", "rank_bytes", "steps_in_stage",
-                              "local_copy_before_after_ms",
+                              "local_copy_before_after_ms", "thread", "step_ms_after_publish",
                               "tokens_during_pull", "tokens_during_stage", "live_untouched_while_staged",
                               "verified")} for u in r["updates"]]
     out["runs"].append({
