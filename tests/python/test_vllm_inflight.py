@@ -26,13 +26,13 @@ import vllm_models  # noqa: E402
 REFIT_BIN = os.environ.get("REFIT_BIN") or os.path.join(ROOT, "build", "refit")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("inflight")
+def _drive(tmp_path_factory, tp, **over):
+    root = tmp_path_factory.mktemp(f"inflight-tp{tp}")
     ck = {v: vllm_models.write(vllm_models.MOE, str(root / v / vllm_models.MOE), seed) for v, seed in
           (("v1", 1), ("v2", 2))}
-    cfg = dict(ck, tp=1, refit=REFIT_BIN, work=str(root / "work"), updates=3, single=2, faults=True,
+    cfg = dict(ck, tp=tp, refit=REFIT_BIN, work=str(root / "work"), updates=3, single=2, faults=True,
                budget_probe=True, max_tokens=40, stage_before_publish=True)
+    cfg.update(over)
     (root / "cfg.json").write_text(json.dumps(cfg))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"),
                                                        os.path.join(HERE, "worktree_site")]))
@@ -48,6 +48,27 @@ def run(tmp_path_factory):
         pytest.fail(f"vllm_inflight_driver.py failed (exit {p.returncode}); its log ends:\n"
                     + "\n".join(text.splitlines()[-60:]))
     return res
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return _drive(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="module")
+def run_tp2(tmp_path_factory):
+    return _drive(tmp_path_factory, 2, single=1, faults=False, budget_probe=False)
+
+
+def test_tp2_every_worker_commits(run_tp2):
+    """tp=2: both workers stage, agree and commit the same version; every commit byte-equal on both ranks."""
+    ups = run_tp2["updates"]
+    assert [u["version"] for u in ups] == [2, 3, 4] and run_tp2["single"][0]["verified"]
+    for u in ups:
+        assert u["verified"], u["mismatches"]
+        assert u["live_untouched_while_staged"] and u["committed"] == [u["version"]] * 2
+        assert u["tokens_during_pull"] > 0
+    assert run_tp2["final_generation_equal"]
 
 
 def test_package_is_this_checkout(run):

@@ -34,7 +34,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from vllm_driver import PROMPTS, _set_env, compare, generate, start_llm, stop_llm, w_dump  # noqa: E402
+from vllm_driver import PROMPTS, _set_env, _vllm_shm, compare, generate, start_llm, stop_llm, w_dump  # noqa: E402
 
 
 def hf_publisher(ckpts, reg, job, digest=True):
@@ -145,6 +145,7 @@ def main(cfg_path, out_path):
     res = {"config": cfg, "env": {"vllm": vllm.__version__, "torch": torch.__version__, "cpus": os.cpu_count()},
            "single": [], "updates": [], "faults": {}}
     procs = []
+    shm_before = _vllm_shm()
 
     def note(name, **kw):
         print(f"inflight_driver: {name} {json.dumps(kw, default=str)[:500]}", flush=True)
@@ -420,6 +421,11 @@ def main(cfg_path, out_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for name in sorted(_vllm_shm() - shm_before):  # vLLM 0.32 leaves some at tp > 1 (docs/vllm.md, finding 7)
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1, default=str)
 
