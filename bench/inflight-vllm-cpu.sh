@@ -41,7 +41,8 @@ out = {"what": "refit two-phase updates in vLLM 0.32 (CPU), 354 MB Qwen3-MoE; be
 for path in sys.argv[2:]:
     r = json.load(open(path))
     ups = [{k: u[k] for k in ("version", "pause_ms", "pull_ms", "prepare_ms", "local_copy_ms", "pause_over_copy",
-                              "copy_ms", "commit_rpc_ms", "bytes_copied", "handles_exchanged", "rank_bytes", "steps_in_stage",
+                              "copy_ms", "commit_rpc_ms", "bytes_copied", "handles_exchanged", "rank_bytes",
+                              "steps_in_stage",
                               "local_copy_before_after_ms", "thread", "step_ms_after_publish",
                               "tokens_during_pull", "tokens_during_stage", "live_untouched_while_staged",
                               "verified")} for u in r["updates"]]

@@ -389,7 +389,8 @@ def main(cfg_path, out_path):
                 st.step()
             mixed_vs_prev = intact("commit-copy-mixed")["equal"]
             mixed_vs_new = compare(os.path.join(work, "commit-copy-mixed"), refs[ver_of(k)], tp)["equal"]
-            F["commit_copy"] = {"error": err, "mixed": vv["mixed"], "tokens_while_mixed": sum(n for _, n in st.log[n0:]),
+            F["commit_copy"] = {"error": err, "mixed": vv["mixed"],
+                                "tokens_while_mixed": sum(n for _, n in st.log[n0:]),
                                 "mixed_equals_previous": mixed_vs_prev, "mixed_equals_new": mixed_vs_new}
             try:
                 inflight.stage(llm, k)

@@ -114,9 +114,10 @@ def _copy(dst: torch.Tensor, src: torch.Tensor):
 
 def _background() -> dict:
     """Makes the staging thread (and the threads it starts: the pull's copy threads, its torch team) background
-    work: nice 19, on every CPU.  vLLM's CPU worker binds its OpenMP threads one per core, the driver thread included,
-    and a thread inherits its creator's binding: at the default priority the pull's threads shared the driver's core,
-    and every OpenMP region of a decode step waited for it (measured: no step ended during a 150-300 ms pull)."""
+    work: nice 19, allowed on every CPU.  Measured on the 354 MB model at tp=1 (bench/inflight-vllm-cpu.sh): at the
+    default priority no decode step ended during a 150-300 ms pull; at nice 19, 3 of 5 pulls saw steps end (the
+    steps still ran 5-10x slower).  The CPU set is a precaution: a thread inherits its creator's binding, and vLLM's
+    CPU worker can bind its OpenMP threads (VLLM_CPU_OMP_THREADS_BIND); at tp=1 here it inherited both CPUs."""
     out = {}
     try:
         tid = threading.get_native_id()
@@ -346,7 +347,8 @@ class Stager:
         prev = self.mixed["from"] if self.mixed is not None else self.committed
         if self.fault == "commit-postload":
             raise RefitVllmError(f"worker rank {rank}: injected fault: the commit's post-load step raised before any "
-                                 f"live write (commit-postload); the engine keeps version {prev}", "update_weights", -24)
+                                 f"live write (commit-postload); the engine keeps version {prev}", "update_weights",
+                                 -24)
         t0 = time.perf_counter()
         todo = [s for s in self.steps if not s.done]
         nbytes = 0
