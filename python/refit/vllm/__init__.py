@@ -26,6 +26,8 @@ The modules, one responsibility each:
   postload  the CPU post-load steps run after a pull
   executor  realign_worker_replies, the workaround for vLLM 0.32's executor after a failed call
   backend   RefitWeightTransferEngine, the engine vLLM drives
+  inflight  two-phase updates (init_info stage="host"): the worker's Stager, and stage / commit / versions for
+            the driver (docs/vllm.md, "Refit while generating")
   plugin    register(), the vllm.general_plugins entry point (imports neither torch nor vLLM)
 
 The names below are loaded on first use, so that `import refit.vllm.plugin` (which vLLM does in every process)
@@ -37,6 +39,7 @@ _EXPORTS = {
     "RefitWeightTransferEngine": "backend", "RefitInitInfo": "info", "RefitUpdateInfo": "info",
     "RefitVllmError": "errors", "VllmBinding": "bind", "detect_names": "geometry",
     "realign_worker_replies": "executor", "BACKEND_NAME": "plugin", "register": "plugin",
+    "RefitVllmStagingBudget": "inflight", "RefitVllmCommitIncomplete": "inflight",
 }
 
 __all__ = sorted(_EXPORTS)

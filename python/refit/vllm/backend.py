@@ -59,20 +59,32 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         self.report: dict = {}
         self.reports: List[dict] = []
         self._session: Optional[dict] = None
+        self.stager = None  # inflight.Stager with init_info stage="host"
 
     def init_transfer_engine(self, init_info: RefitInitInfo) -> None:
+        committed = self.stager.committed if self.stager is not None else None
         if self.rx is not None:
             self.shutdown()
-        b = VllmBinding(self.model, self.vllm_config, init_info.model)
+        two = init_info.stage == "host"
+        b = VllmBinding(self.model, self.vllm_config, init_info.model, stage_all=two,
+                        staging_budget=init_info.staging_budget)
         dev = self.device.index if getattr(self.device, "type", "cpu") == "cuda" else -1
         if dev is None:
             dev = 0
         rx = Receiver(b.manifest, registry=init_info.registry, job=init_info.job, group=init_info.group,
                       transports=init_info.transports, transport_options=init_info.transport_options,
-                      device=dev)
+                      device=dev, threads=init_info.stage_threads if two else 0)
         b.attach(rx)
+        if two:
+            from .inflight import Stager
+            try:
+                self.stager = Stager(b, rx, self.vllm_config)
+                self.stager.committed = committed  # a re-init does not change what the engine serves
+            except BaseException:
+                rx.close()
+                raise
         self.binding, self.rx, self.info = b, rx, init_info
-        self.init_report = _init_report(b)
+        self.init_report = dict(_init_report(b), stage=init_info.stage, stage_need=b.stage_need)
         logger.info("refit: worker rank %d is %s rank %d of %s; expert names: %s; paths: %s",
                     b.geometry["rank"], b.layout_str, b.geometry["rank"], b.rmodel.name, b.names or "none (dense)",
                     {k: v["tensors"] for k, v in b.classes.items()})
@@ -104,6 +116,11 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
 
     def receive_weights(self, update_info: RefitUpdateInfo) -> None:
         self._need()
+        if self.stager is not None:
+            return self._two_phase(update_info)
+        if update_info.phase != "update":
+            raise RefitVllmError(f"phase {update_info.phase!r} needs init_info stage=\"host\" (this engine was "
+                                 "initialized with stage=\"none\": single-phase updates)", "update_weights")
         g = self.binding.geometry
         t0 = time.perf_counter()
         rep, err = self._pull(update_info)
@@ -127,6 +144,62 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             self._session["updates"].append(rec)
         self.report = rec
 
+    # -- two-phase updates (init_info stage="host"; refit.vllm.inflight has the protocol)
+
+    def _two_phase(self, u: RefitUpdateInfo) -> None:
+        st, rank = self.stager, self.binding.geometry["rank"]
+        if u.phase == "stage":
+            st.start(u.version, self.info.timeout_ms, rank)
+            return
+        if u.phase == "abort":
+            st.abort()
+            return
+        if u.phase == "update":  # stage here, then commit: today's single call, through the staging memory
+            st.start(u.version, self.info.timeout_ms, rank, wait=True)
+        self._commit(u)
+
+    def _commit(self, u: RefitUpdateInfo) -> None:
+        """Every worker agrees that the version is staged everywhere before any writes a live byte."""
+        st, rank = self.stager, self.binding.geometry["rank"]
+        t0 = time.perf_counter()
+        st.wait(self.info.timeout_ms / 1e3)
+        why = st.ready(u.version)
+        mine = st.mixed["to"] if st.mixed is not None else st.staged
+        outcomes = _agree((why, mine, st.error[0] if st.error else (-47 if st.busy() else -6)))
+        bad = [(r, o) for r, o in enumerate(outcomes) if o[0] is not None]
+        if not bad and len({o[1] for o in outcomes}) > 1:
+            bad = [(r, (f"has version {o[1]} staged", o[1], -6)) for r, o in enumerate(outcomes)]
+        if bad:
+            raise RefitVllmError(f"commit of version {u.version} refused ({self.binding.layout_str}, job "
+                                 f"{self.info.job}): " + " | ".join(f"worker rank {r}: {o[0]}" for r, o in bad)
+                                 + f"; nothing was written, the engine keeps version {st.committed}",
+                                 "update_weights", bad[0][1][2])
+        t1 = time.perf_counter()
+        rec = st.commit(rank)
+        rec.update(agree_ms=(t1 - t0) * 1e3, commit_ms=(time.perf_counter() - t0) * 1e3)
+        rec = dict(rec, stage=st.last_stage)
+        if self._session is not None:
+            self._session["updates"].append(rec)
+        self.report = rec
+
+    def versions(self) -> dict:
+        """This worker's weight versions: committed (None: the checkpoint vLLM loaded), staged, staging, the last
+        stage's error, mixed (a commit stopped after live writes), the last stage's and commit's records.  With
+        stage="none": committed is the receiver's last pulled version."""
+        self._need()
+        if self.stager is None:
+            c = self.rx.committed
+            return {"committed": c if c > 0 else None, "staged": None, "staging": None, "error": None,
+                    "mixed": None, "last_stage": {}, "last_commit": {}}
+        return self.stager.versions()
+
+    def is_staged(self, version: int) -> bool:
+        return self.versions()["staged"] == version
+
+    def is_committed(self, version: int) -> bool:
+        v = self.versions()
+        return v["committed"] == version and v["mixed"] is None
+
     def finish_weight_update(self) -> None:
         self._need()
         if self._session is None:
@@ -138,6 +211,9 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         logger.info("refit: update done on rank %d: %s", self.binding.geometry["rank"], json.dumps(self.report))
 
     def shutdown(self) -> None:
+        if self.stager is not None:
+            self.stager.wait(self.info.timeout_ms / 1e3 if self.info else 60)
+            self.stager = None
         if self.rx is not None:
             self.rx.close()
         self.rx = None

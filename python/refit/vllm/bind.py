@@ -51,8 +51,10 @@ class VllmBinding:
     """A live vLLM model described as a refit receiver of its worker's vllm layout: manifest, memory, apply step
     (see the module docstring for the regions)."""
 
-    def __init__(self, model, vllm_config, identity: Optional[str] = None):
+    def __init__(self, model, vllm_config, identity: Optional[str] = None, stage_all: bool = False,
+                 staging_budget: Optional[int] = None):
         t0 = time.perf_counter()
+        self.stage_all = stage_all  # two-phase (refit.vllm.inflight): every tensor goes to the arena
         self.model, self.vllm_config = model, vllm_config
         _refuse_unsupported(model, vllm_config)
         self.platform = platform_name()
@@ -69,6 +71,12 @@ class VllmBinding:
         self.layout_str = scheme.identity["layout"]
         self.items = self._match(scheme.locals(), params)
         self._check_expert_placement(self.items)
+        self.stage_need = None
+        if stage_all:  # refused before the arena is allocated when the budget cannot hold it
+            from .inflight import check_budget, need_bytes
+            arena = sum(-(-it.local.nbytes // ALIGN) * ALIGN for it in self.items)
+            self.stage_need = need_bytes(self.items, model, self.platform, arena)
+            check_budget(self.stage_need, staging_budget, f"{self.layout_str} rank {g['rank']}")
         self.device = next(iter(params.values())).device
         self._build_manifest(scheme)
         self.classes = self._summarize()
@@ -97,9 +105,10 @@ class VllmBinding:
 
     def _build_manifest(self, scheme):
         """The receiver's manifest: the scheme's local tensors and placements, in other regions (the staging arena,
-        then one region per direct tensor); sets manifest, staging, regions and staged_views."""
+        then one region per direct tensor; with stage_all the arena holds every tensor and no live parameter is a
+        region); sets manifest, staging, regions and staged_views."""
         g = self.geometry
-        staged = [it for it in self.items if it.path in STAGED]
+        staged = [it for it in self.items if it.path in STAGED or self.stage_all]
         direct = [it for it in self.items if it not in staged]
         m = Manifest.build(self.rmodel.name, self.layout_str, g["rank"], self.layout.world)
         offsets, off = {}, 0
@@ -107,7 +116,11 @@ class VllmBinding:
             offsets[it.name] = off
             off += -(-it.local.nbytes // ALIGN) * ALIGN
         m.add_region(max(off, ALIGN))
-        self.staging = torch.zeros(max(off, ALIGN), dtype=torch.uint8, device=self.device)
+        if self.stage_all:  # host memory beside the live weights (pinned for a device copy on CUDA)
+            self.staging = torch.zeros(max(off, ALIGN), dtype=torch.uint8,
+                                       pin_memory=self.device.type == "cuda")
+        else:
+            self.staging = torch.zeros(max(off, ALIGN), dtype=torch.uint8, device=self.device)
         self.regions = [self.staging]
         for it in staged:
             m.add_local(it.name, it.local.dtype, it.local.shape, 0, offsets[it.name])

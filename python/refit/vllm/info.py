@@ -31,7 +31,11 @@ class RefitInitInfo(WeightTransferInitInfo):
     """init_info of init_weight_transfer_engine.  registry: "file:DIR" or "redis://HOST:PORT"; job: the job name
     the publishers use; group: the publishers' group; transports: e.g. "shm,ucx" (None: the library's default);
     timeout_ms: how long a pull waits for a version; model: the model name the publishers publish under, when it
-    differs from the one refit derives from vLLM's model path (the config directory's base name)."""
+    differs from the one refit derives from vLLM's model path (the config directory's base name); stage: "none"
+    (an update pulls into the live weights, the engine paused throughout) or "host" (two-phase: stage while
+    serving, commit under a pause; refit.vllm.inflight); staging_budget: the host bytes stage="host" may use;
+    stage_threads: the shm copy threads of a stage's pull (default 1, leaving the other cores to the engine; 0: the
+    library's default, one per CPU)."""
     registry: str
     job: str
     group: str = "trainer"
@@ -39,9 +43,23 @@ class RefitInitInfo(WeightTransferInitInfo):
     timeout_ms: int = 60000
     model: Optional[str] = None
     transport_options: Optional[str] = None
+    stage: str = "none"
+    staging_budget: Optional[int] = None
+    stage_threads: int = 1
 
     def __post_init__(self):
         call = "refit init_info"
+        if self.stage not in ("none", "host"):
+            raise _arg_error(f"stage must be \"none\" (single-phase updates) or \"host\" (stage, then commit), "
+                             f"not {self.stage!r}", call)
+        _integer(call, "stage_threads", self.stage_threads, "a non-negative integer")
+        if self.stage_threads < 0:
+            raise _arg_error(f"stage_threads must be a non-negative integer, not {self.stage_threads!r}", call)
+        if self.staging_budget is not None:
+            _integer(call, "staging_budget", self.staging_budget, "a positive number of bytes")
+            if self.staging_budget <= 0:
+                raise _arg_error(f"staging_budget must be a positive number of bytes, not {self.staging_budget!r}",
+                                 call)
         for k in ("registry", "job", "group"):
             _string(call, k, getattr(self, k), optional=False)
         for k in ("transports", "model", "transport_options"):
@@ -51,14 +69,22 @@ class RefitInitInfo(WeightTransferInitInfo):
             raise _arg_error(f"timeout_ms must be a positive integer, not {self.timeout_ms!r}", call)
 
 
+PHASES = ("update", "stage", "commit", "abort")
+
+
 @dataclass
 class RefitUpdateInfo(WeightTransferUpdateInfo):
     """update_info of update_weights: {"version": N} pulls version N, {"version": "newest"} (the default) the
-    newest complete version newer than the one held."""
+    newest complete version newer than the one held.  phase (init_info stage="host" only, except "update"):
+    "update" (stage and commit at once), "stage" (start staging N, return at once), "commit" (make the staged N
+    live), "abort" (drop what is staged)."""
     version: Union[int, str] = "newest"
+    phase: str = "update"
 
     def __post_init__(self):
         v, call = self.version, "refit update_info"
+        if self.phase not in PHASES:
+            raise _arg_error(f"phase must be one of {', '.join(PHASES)}, not {self.phase!r}", call)
         if v == "newest":
             return
         what = "a positive integer or \"newest\""

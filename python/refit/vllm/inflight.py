@@ -1,0 +1,458 @@
+"""Refit while generating (issue 32): the two-phase update of the `refit` backend, init_info stage="host".
+
+stage  (update_info {"version": N, "phase": "stage"}): returns at once; a thread of the worker pulls version N into
+       the staging arena (host memory beside the live weights: every tensor of the rank, in the loader's layout)
+       and then runs vLLM's own post-load steps on the staged bytes, into objects the engine does not use yet
+       (a new oneDNN / sgl-kernel handle per CPU linear and per CPU embedding holder, the CPU MoE experts
+       prepacked into buffers of the live shape).  Nothing the engine reads is written: it keeps stepping.
+commit (update_info {"version": N, "phase": "commit"}, under vLLM's pause in "keep" mode, see commit() below):
+       local work only: every worker agrees that N is staged everywhere, then the staged bytes are copied into the
+       live storage (same addresses: norms, embeddings, prepacked experts, CUDA parameters) and each CPU matmul
+       handle's pointer is exchanged with its staged twin's (the handle object, its tensor and the closure vLLM
+       calls stay the same objects; the old packed weights are released with the twin).
+abort  drops what is staged.
+
+A failure while staging leaves the live weights untouched (the pull and the post-load steps only write staging
+memory).  A failure inside commit before the first live write (an injected post-load failure, a worker that has
+not staged N) leaves the engine on the previous version; one after it (a copy that raised) leaves the engine
+"mixed": the worker says so (versions()["mixed"]), commit() keeps the scheduler paused and raises
+RefitVllmCommitIncomplete, and committing N again finishes the remaining steps from the intact staging memory.
+
+The memory: the arena (the rank's loader bytes) + the staged CPU handles (about the linear and embedding bytes
+again) + the prepacked experts (the live experts' bytes); init_info staging_budget (bytes) bounds it, and the
+host's MemAvailable always does: RefitVllmStagingBudget names both figures at init.
+"""
+import ctypes
+import os
+import threading
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from .errors import RefitVllmError
+
+FAULTS = ("stage-postload", "commit-postload", "commit-copy")  # test hooks (engine.fault), tests/python
+
+
+class RefitVllmStagingBudget(RefitVllmError):
+    """The staging memory two-phase updates need does not fit the budget (or the host's available memory)."""
+
+
+class RefitVllmCommitIncomplete(RefitVllmError):
+    """A commit stopped after some live writes: the engine holds a mix until N is committed again."""
+
+
+def _closure(fn) -> dict:
+    code = getattr(fn, "__code__", None)
+    if code is None or not fn.__closure__:
+        return {}
+    return dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__)))
+
+
+def handle_kind(fn) -> Optional[str]:
+    """How vLLM 0.32's CPU matmul closure (layer.cpu_linear, model_executor/layers/utils.py) holds its weight:
+    "onednn" (a CPUDNNLGEMMHandler: a pointer in a 0-d int64 tensor), "sgl" (a packed tensor), or None."""
+    c = _closure(fn)
+    if "handler" in c and hasattr(c["handler"], "handler_tensor"):
+        return "onednn"
+    if "packed_weight" in c and isinstance(c["packed_weight"], torch.Tensor):
+        return "sgl"
+    return None
+
+
+def _holders(model, param):
+    return [mod for mod in model.modules()
+            if any(p is param for p in mod._parameters.values()) and getattr(mod, "quant_method", None)]
+
+
+def need_bytes(items, model, platform: str, arena: int) -> Dict[str, int]:
+    """Staging memory per part: the arena, the staged CPU handles (estimated as their loader bytes), the
+    prepacked experts (the live bytes)."""
+    handles = packed = 0
+    for it in items:
+        if it.path == "linear-cpu":
+            handles += it.local.nbytes
+        elif it.path == "embedding" and platform == "cpu":
+            handles += it.local.nbytes * max(1, len(_holders(model, it.param)))
+        elif it.path == "moe-cpu":
+            packed += it.param.numel() * it.param.element_size()
+    return {"arena": arena, "handles": handles, "packed": packed, "total": arena + handles + packed}
+
+
+def mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def check_budget(need: Dict[str, int], budget: Optional[int], what: str):
+    avail = mem_available()
+    limit = min(avail, budget) if budget is not None else avail
+    if need["total"] > limit:
+        raise RefitVllmStagingBudget(
+            f"RefitVllmStagingBudget: two-phase updates of {what} need {need['total']} bytes of host staging memory "
+            f"(arena {need['arena']}, staged CPU handles ~{need['handles']}, prepacked experts {need['packed']}); "
+            f"staging_budget is {budget if budget is not None else 'unset'}, MemAvailable {avail}: raise the budget "
+            "or use stage=\"none\" (single-phase updates)", "init_weight_transfer_engine", -40)
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor):
+    """dst <- src.  Host to host: one memmove (on this 2-core VM torch's copy_ of a 2-3 dimensional bf16 tensor ran
+    1.3-1.6x slower per byte than a flat memmove of the same bytes); otherwise torch (CUDA: from the pinned arena)."""
+    if (dst.device.type == "cpu" and src.device.type == "cpu" and dst.dtype == src.dtype
+            and dst.shape == src.shape and dst.is_contiguous() and src.is_contiguous()):
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+    else:
+        dst.copy_(src)
+
+
+def _background() -> dict:
+    """Makes the staging thread (and the threads it starts: the pull's copy threads, its torch team) background
+    work: nice 19, allowed on every CPU.  Measured on the 354 MB model at tp=1 (bench/inflight-vllm-cpu.sh): at the
+    default priority no decode step ended during a 150-300 ms pull; at nice 19, 3 of 5 pulls saw steps end (the
+    steps still ran 5-10x slower).  The CPU set is a precaution: a thread inherits its creator's binding, and vLLM's
+    CPU worker can bind its OpenMP threads (VLLM_CPU_OMP_THREADS_BIND); at tp=1 here it inherited both CPUs."""
+    out = {}
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, 19)
+        out["nice"] = os.getpriority(os.PRIO_PROCESS, tid)
+    except (OSError, AttributeError) as e:
+        out["nice"] = f"unchanged: {e}"
+    try:
+        before = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        out["cpus_inherited"], out["cpus"] = before, sorted(os.sched_getaffinity(0))
+    except (OSError, AttributeError) as e:
+        out["cpus"] = f"unchanged: {e}"
+    return out
+
+
+class _Step:
+    """One live write of a commit: a copy of staged bytes into live storage, or a handle pointer exchange."""
+    __slots__ = ("kind", "name", "live", "src", "done")
+
+    def __init__(self, kind, name, live, src):
+        self.kind, self.name, self.live, self.src, self.done = kind, name, live, src, False
+
+    def run(self):
+        if self.kind == "copy":
+            _copy(self.live, self.src)
+        elif self.kind == "onednn":  # exchange the pointers: the live handle serves the new weights, the twin
+            a, b = self.live.handler_tensor, self.src.handler_tensor  # releases the old ones when dropped
+            pa, pb = int(a.item()), int(b.item())
+            a.fill_(pb)
+            b.fill_(pa)
+        self.done = True
+
+    def nbytes(self):
+        return self.src.numel() * self.src.element_size() if self.kind == "copy" else 0
+
+
+class Stager:
+    """The worker's two-phase state: what is committed and staged, the staging thread, the prepared steps."""
+
+    def __init__(self, binding, rx, vllm_config):
+        self.b, self.rx, self.vllm_config = binding, rx, vllm_config
+        self.packed = {it.name: torch.empty_like(it.param.data) for it in binding.items if it.path == "moe-cpu"}
+        self.committed: Optional[int] = None  # None: the checkpoint vLLM loaded
+        self.staged: Optional[int] = None
+        self.staging: Optional[object] = None  # the version asked for while the thread runs
+        self.error: Optional[tuple] = None  # (status, message) of the last failed stage
+        self.mixed: Optional[dict] = None
+        self.steps: List[_Step] = []
+        self.retired: List[_Step] = []  # a commit's steps: their twins hold the old handles, freed after the pause
+        self.thread: Optional[threading.Thread] = None
+        self.last_stage: dict = {}
+        self.last_commit: dict = {}
+        self.fault: Optional[str] = None
+        for it in binding.items:  # refuse at init what commit could not exchange
+            if it.path in ("linear-cpu",) or (it.path == "embedding" and binding.platform == "cpu"):
+                for mod in ([it.module] if it.path == "linear-cpu" else _holders(binding.model, it.param)):
+                    if handle_kind(getattr(mod, "cpu_linear", None)) is None:
+                        raise RefitVllmError(f"{it.name}: vLLM's CPU matmul of this layer is neither a oneDNN nor "
+                                             "an sgl-kernel handle (a torch fallback or zentorch): stage=\"host\" "
+                                             "cannot exchange it; use stage=\"none\"", "init_weight_transfer_engine")
+
+    # -- state
+
+    def versions(self) -> dict:
+        return {"committed": self.committed, "staged": self.staged,
+                "staging": self.staging if self.thread is not None and self.thread.is_alive() else None,
+                "error": self.error[1] if self.error else None, "mixed": self.mixed,
+                "last_stage": self.last_stage, "last_commit": self.last_commit}
+
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    # -- stage
+
+    def start(self, version, timeout_ms: int, rank: int, wait: bool = False):
+        if self.busy():
+            raise RefitVllmError(f"worker rank {rank}: staging of version {self.staging} is in progress; wait for it "
+                                 "(is_staged) or commit it before staging another", "update_weights", -47)
+        if self.mixed is not None:
+            raise RefitVllmCommitIncomplete(
+                f"RefitVllmCommitIncomplete: worker rank {rank} holds a mix ({self.mixed}); commit version "
+                f"{self.mixed['to']} again before staging another", "update_weights", -47)
+        self.staged, self.steps, self.error, self.staging = None, [], None, version
+        self.thread = threading.Thread(target=self._run, args=(version, timeout_ms, rank), daemon=True,
+                                       name="refit-stage")
+        self.thread.start()
+        if wait:
+            self.thread.join()
+
+    def _run(self, version, timeout_ms, rank):
+        from vllm.config import set_current_vllm_config
+
+        from ..core import RefitError
+        prio = _background()
+        t = time.perf_counter()
+        self.retired = []  # releases the previous version's handles (oneDNN frees them) outside any pause
+        rec = {"version_asked": version, "release_ms": (time.perf_counter() - t) * 1e3, "thread": prio,
+               "pull_start": time.time()}
+        t0 = time.perf_counter()
+        try:
+            want = None if version == "newest" else version
+            rep = self.rx.pull(want, timeout_ms)
+            rec.update(pull_end=time.time(), pull_ms=(time.perf_counter() - t0) * 1e3, version=rep.version,
+                       bytes=rep.bytes, transfer_ms=rep.transfer_ms, verify_ms=rep.verify_ms, transport=rep.transport)
+            t1 = time.perf_counter()
+            with torch.no_grad(), set_current_vllm_config(self.vllm_config):
+                steps = self._prepare()
+            rec.update(prepare_ms=(time.perf_counter() - t1) * 1e3, prepare_end=time.time(), steps=len(steps))
+            self.steps, self.staged = steps, rep.version
+        except RefitError as e:
+            rec.update(pull_end=time.time(), failed=str(e))
+            self.error = (e.status, f"worker rank {rank}: staging version {version} failed: {e.detail}; the live "
+                                    "weights were not written")
+        except Exception as e:  # a post-load step that raised: only staging memory was written
+            rec.update(pull_end=time.time(), failed=f"{type(e).__name__}: {e}")
+            self.error = (-4, f"worker rank {rank}: staging version {version} failed in a post-load step: "
+                              f"{type(e).__name__}: {e}; the live weights were not written")
+        finally:
+            self.last_stage = rec
+            self.staging = None
+
+    def _prepare(self) -> List[_Step]:
+        """vLLM's post-load steps on the staged bytes, into objects the engine does not read; the commit's steps."""
+        b, steps, seen = self.b, [], set()
+        for it in b.items:
+            view = b.staged_views[it.name]
+            if it.path == "direct":
+                steps.append(_Step("copy", it.name, it.param.data, view))
+            elif it.path == "embedding":
+                steps.append(_Step("copy", it.name, it.param.data, view))
+                if b.platform == "cpu":
+                    for mod in _holders(b.model, it.param):
+                        steps.append(self._twin(it.name, mod, view, embedding=True))
+            elif it.path == "linear-cpu":
+                steps.append(self._twin(it.name, it.module, view, embedding=False))
+            elif it.path == "moe-cpu":
+                if id(it.module) in seen:
+                    continue
+                seen.add(id(it.module))
+                prefix = it.name.rpartition(".")[0]
+                self._prepack(it.module, prefix)
+                for a in ("w13_weight", "w2_weight"):
+                    steps.append(_Step("copy", f"{prefix}.{a}", getattr(it.module, a).data,
+                                       self.packed[f"{prefix}.{a}"]))
+            if self.fault == "stage-postload":
+                raise RuntimeError("injected fault: a post-load step raised while staging (stage-postload)")
+        return steps
+
+    def _twin(self, name, mod, view, embedding: bool) -> _Step:
+        """vLLM's own process_weights_after_loading of `mod` run on a stand-in layer holding the staged weight:
+        a new matmul closure, exchanged with the live one at commit."""
+        proxy = torch.nn.Module()
+        w = view
+        live_w = getattr(mod, "weight", None)
+        if live_w is not None and w.dtype != live_w.dtype:
+            w = w.to(live_w.dtype)
+        proxy.register_parameter("weight", torch.nn.Parameter(w, requires_grad=False))
+        proxy.register_parameter("bias", None)
+        if hasattr(mod, "_cpu_skip_gemm_dispatch"):
+            proxy._cpu_skip_gemm_dispatch = mod._cpu_skip_gemm_dispatch
+        mod.quant_method.process_weights_after_loading(proxy)
+        live_fn, new_fn = mod.cpu_linear, getattr(proxy, "cpu_linear", None)
+        kind, new_kind = handle_kind(live_fn), handle_kind(new_fn)
+        if kind is None or kind != new_kind:
+            raise RefitVllmError(f"{name}: the staged matmul handle is {new_kind}, the live one {kind}")
+        if kind == "onednn":
+            lh, nh = _closure(live_fn)["handler"], _closure(new_fn)["handler"]
+            if (lh.n, lh.k) != (nh.n, nh.k):
+                raise RefitVllmError(f"{name}: staged oneDNN handle is {nh.n}x{nh.k}, the live one {lh.n}x{lh.k}")
+            return _Step("onednn", name, lh, nh)
+        lp, np_ = _closure(live_fn)["packed_weight"], _closure(new_fn)["packed_weight"]
+        if lp.shape != np_.shape or lp.dtype != np_.dtype:
+            raise RefitVllmError(f"{name}: staged sgl-kernel weight is {np_.dtype} {list(np_.shape)}, the live one "
+                                 f"{lp.dtype} {list(lp.shape)}")
+        return _Step("copy", name, lp, np_)
+
+    def _prepack(self, layer, prefix):
+        """The CPU MoE kernel's post-load step from the staged experts into the packed buffers (postload.moe_cpu,
+        aimed at staging memory instead of the live storage)."""
+        from .classify import CPU_MOE_KERNELS
+        sv = self.b.staged_views
+        kernel = layer.quant_method.moe_kernel.fused_experts
+        mc = getattr(kernel, "moe_config", None)
+        if (type(kernel).__name__ in CPU_MOE_KERNELS and getattr(kernel, "_use_zentorch", True) is False
+                and mc is not None and kernel._padded_intermediate_size(mc) == mc.intermediate_size_per_partition
+                and hasattr(torch.ops._C, "prepack_moe_weight")):
+            for a in ("w13_weight", "w2_weight"):
+                torch.ops._C.prepack_moe_weight(sv[f"{prefix}.{a}"], self.packed[f"{prefix}.{a}"], kernel.isa)
+            return
+        proxy = torch.nn.Module()
+        for a in ("moe_config", "activation"):
+            if hasattr(layer, a):
+                object.__setattr__(proxy, a, getattr(layer, a))
+        for a in ("w13_weight", "w2_weight"):
+            proxy.register_parameter(a, torch.nn.Parameter(sv[f"{prefix}.{a}"].clone(), requires_grad=False))
+        kernel.process_weights_after_loading(proxy)
+        for a in ("w13_weight", "w2_weight"):
+            new, dst = getattr(proxy, a), self.packed[f"{prefix}.{a}"]
+            if new.shape != dst.shape or new.dtype != dst.dtype:
+                raise RefitVllmError(f"{prefix}.{a}: the CPU MoE prepacking gave {new.dtype} {list(new.shape)}, the "
+                                     f"live parameter is {dst.dtype} {list(dst.shape)}")
+            dst.copy_(new)
+
+    # -- commit
+
+    def wait(self, timeout_s: float):
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
+    def ready(self, version) -> Optional[str]:
+        """None when `version` is staged here and may be committed, else why not."""
+        if self.busy():
+            return f"staging of version {self.staging} is still in progress"
+        if self.mixed is not None:
+            return None if version in (self.mixed["to"], "newest") else \
+                f"the engine holds a mix; only version {self.mixed['to']} can be committed"
+        if self.staged is None:
+            return "nothing is staged" + (f" (the last stage failed: {self.error[1]})" if self.error else "")
+        if version not in (self.staged, "newest"):
+            return f"version {self.staged} is staged, not {version}"
+        return None
+
+    def commit(self, rank: int) -> dict:
+        """The live writes; the caller checked ready() on every worker."""
+        to = self.mixed["to"] if self.mixed is not None else self.staged
+        prev = self.mixed["from"] if self.mixed is not None else self.committed
+        if self.fault == "commit-postload":
+            raise RefitVllmError(f"worker rank {rank}: injected fault: the commit's post-load step raised before any "
+                                 f"live write (commit-postload); the engine keeps version {prev}", "update_weights",
+                                 -24)
+        t0 = time.perf_counter()
+        todo = [s for s in self.steps if not s.done]
+        nbytes = 0
+        for i, s in enumerate(todo):
+            if self.fault == "commit-copy" and i == len(todo) // 2 and self.mixed is None:
+                self.mixed = {"from": prev, "to": to, "done": sum(x.done for x in self.steps),
+                              "steps": len(self.steps), "stopped_at": s.name}
+                raise RefitVllmCommitIncomplete(
+                    f"RefitVllmCommitIncomplete: worker rank {rank}: injected fault: a live copy raised at {s.name} "
+                    f"(commit-copy) after {self.mixed['done']} of {len(self.steps)} steps; the engine holds a mix "
+                    f"of versions {prev} and {to} until version {to} is committed again", "update_weights", -47)
+            s.run()
+            nbytes += s.nbytes()
+        ms = (time.perf_counter() - t0) * 1e3
+        self.last_commit = {"version": to, "from": prev, "copy_ms": ms, "bytes_copied": nbytes,
+                            "handles_exchanged": sum(1 for s in todo if s.kind == "onednn"), "steps": len(todo),
+                            "resumed_mixed": self.mixed is not None}
+        self.committed, self.staged, self.mixed = to, None, None
+        self.retired, self.steps = self.steps, []  # not freed here: freeing the old handles is not commit work
+        return self.last_commit
+
+    def abort(self):
+        if self.busy():
+            raise RefitVllmError("staging is in progress; it cannot be dropped before it ends", "update_weights", -47)
+        if self.mixed is not None:
+            raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: the engine holds a mix ({self.mixed}); "
+                                            "commit it, do not drop it", "update_weights", -47)
+        self.staged, self.steps = None, []
+
+
+# ---------------------------------------------------------------- driver side (the process holding the LLM)
+
+
+def _w_versions(worker):
+    e = worker.weight_transfer_engine
+    return e.versions()
+
+
+def _w_set_fault(worker, fault):
+    e = worker.weight_transfer_engine
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"fault is one of {FAULTS} or None")
+    e.stager.fault = fault
+    return fault
+
+
+def versions(llm) -> List[dict]:
+    """Each worker's versions(): committed, staged, staging, error, mixed, last_stage, last_commit."""
+    return llm.collective_rpc(_w_versions)
+
+
+def is_staged(llm, version: int) -> bool:
+    return all(v["staged"] == version for v in versions(llm))
+
+
+def is_committed(llm, version: int) -> bool:
+    return all(v["committed"] == version and v["mixed"] is None for v in versions(llm))
+
+
+def _update(llm, info):
+    llm.start_weight_update()
+    llm.update_weights({"update_info": info})
+    llm.finish_weight_update()
+
+
+def stage(llm, version):
+    """Starts staging `version` on every worker and returns at once (the engine keeps serving)."""
+    _update(llm, {"version": version, "phase": "stage"})
+
+
+def commit(llm, version, pause: bool = True) -> dict:
+    """Commits the staged `version` under vLLM's pause in "keep" mode (LLM.sleep(level=0, mode="keep"): requests stay
+    in flight with their KV cache; the scheduler runs no step), sets vLLM's weight version to str(version) (each
+    request's output then names the versions that generated its tokens: CompletionOutput.weight_versions), and
+    resumes.  A commit that failed before any live write resumes and raises; one that left a mix keeps the
+    scheduler paused and raises RefitVllmCommitIncomplete (commit the same version again).  Returns pause_ms."""
+    t0 = time.perf_counter()
+    if pause:
+        llm.sleep(level=0, mode="keep")
+    t1 = time.perf_counter()
+    try:
+        llm.start_weight_update()
+        ta = time.perf_counter()
+        llm.update_weights({"update_info": {"version": version, "phase": "commit"}})
+        tb = time.perf_counter()
+        llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
+    except Exception as e:
+        mixed = [v["mixed"] for v in versions(llm) if v["mixed"] is not None]
+        if mixed:
+            raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: commit of version {version} stopped after "
+                                            f"live writes ({mixed}); the scheduler stays paused until version "
+                                            f"{version} is committed again: {e}", "commit", -47) from e
+        if pause:
+            llm.wake_up(tags=["scheduling"])
+        raise
+    t2 = time.perf_counter()
+    if pause:
+        llm.wake_up(tags=["scheduling"])
+    t3 = time.perf_counter()
+    return {"pause_ms": (t3 - t0) * 1e3, "enter_pause_ms": (t1 - t0) * 1e3, "commit_rpc_ms": (t2 - t1) * 1e3,
+            "start_ms": (ta - t1) * 1e3, "update_ms": (tb - ta) * 1e3, "finish_ms": (t2 - tb) * 1e3,
+            "resume_ms": (t3 - t2) * 1e3}
+
+
+def set_fault(llm, fault: Optional[str]):
+    """Test hook: make the next stage / commit of every worker fail at `fault` (FAULTS), or None."""
+    return llm.collective_rpc(_w_set_fault, args=(fault,))

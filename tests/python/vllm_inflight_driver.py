@@ -1,0 +1,438 @@
+"""Refit while generating (issue 32) in the real vLLM 0.32 (CPU): the two-phase update of the `refit` backend
+(init_info stage="host", python/refit/vllm/inflight.py) measured and checked; tests/python/test_vllm_inflight.py
+and bench/inflight-vllm-cpu.sh run it and read the JSON it writes.
+
+    python vllm_inflight_driver.py CONFIG.json OUT.json
+
+CONFIG: {"v1": dir, "v2": dir, "tp": 1, "refit": refit binary, "work": dir, "updates": U (two-phase updates
+         measured), "single": S (single-phase updates measured first), "faults": bool, "max_tokens": n}
+
+Steps (every vLLM is LLM(..., skip_tokenizer_init=True, enforce_eager=True); the engine core in this process):
+  1. references: a vLLM started on v1, then one on v2: every worker's live state (vllm_driver.w_dump: parameters,
+     buffers, each packed CPU matmul's effective weight) and greedy generation;
+  2. the trainer stand-in: a publisher in this process (the hf layout, one rank) whose version k holds v2's bytes
+     for odd k and v1's for even k, so that every update changes every tensor;
+  3. vLLM started on v1 with the refit backend; S single-phase updates (stage="none": the engine does not step
+     during the pull; pause = the whole update), each checked against its reference;
+  4. re-init with stage="host"; U two-phase updates while 4 requests decode: stage(k) returns at once, the driver
+     keeps stepping the engine and counts the tokens produced while the pull ran (the worker's wall-clock pull
+     window), then commit(k) under LLM.sleep(level=0, mode="keep") / wake_up(["scheduling"]); pause_ms is that
+     whole call; the state is compared with the reference of k; local_copy_ms is a plain torch copy of the rank's
+     bytes in this process, measured beside it; requests spanning a commit report their weight versions;
+  5. with "faults": a stage whose source bytes change after publishing (digest mismatch), a stage whose
+     publisher process is killed while it pulls, a post-load step raising while staging, the commit's post-load
+     step raising (before any live write), a live copy raising mid-commit (the engine mixed, the scheduler kept
+     paused, then the same version committed again); after each the state is compared byte for byte.
+"""
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from vllm_driver import PROMPTS, _set_env, _vllm_shm, compare, generate, start_llm, stop_llm, w_dump  # noqa: E402
+
+
+def hf_publisher(ckpts, reg, job, digest=True):
+    """One rank holding the whole checkpoint (the hf layout); fill(ver) copies that checkpoint's bytes in."""
+    import numpy as np
+    import refit
+    model = refit.Model(ckpts["v2"])
+    tensors = model.tensors()
+    m = refit.Manifest.build(model.name, "hf", 0, 1)
+    offs, off = {}, 0
+    for t in tensors:
+        offs[t.name] = off
+        off += -(-t.nbytes // 256) * 256
+    m.add_region(off)
+    images = {}
+    for ver in ("v1", "v2"):
+        img = np.zeros(off, dtype=np.uint8)
+        with refit.SafetensorsFile(os.path.join(ckpts[ver], "model.safetensors")) as f:
+            for t in tensors:
+                img[offs[t.name]:offs[t.name] + t.nbytes] = f.numpy(t.name).reshape(-1).view(np.uint8)
+        images[ver] = img
+    for t in tensors:
+        m.add_canonical(t.name, t.dtype, t.shape)
+        m.add_local(t.name, t.dtype, t.shape, 0, offs[t.name])
+        m.add_placement(t.name, t.name, (0,) * len(t.shape), t.shape, (0,) * len(t.shape))
+    m.finalize()
+    pub = refit.Publisher(m, registry=reg, job=job, no_digest=not digest)
+    arena = np.zeros(off, dtype=np.uint8)
+    pub.attach(0, arena)
+    return pub, arena, images, offs
+
+
+def ver_of(k):
+    return "v2" if k % 2 else "v1"
+
+
+class Stepper:
+    """Keeps len(PROMPTS) requests decoding in the engine; counts tokens per step with wall-clock times."""
+
+    def __init__(self, llm, max_tokens):
+        from vllm import SamplingParams
+        self.llm, self.n = llm, 0
+        self.sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        self.seen, self.log, self.finished = {}, [], []
+        for _ in PROMPTS:
+            self.add()
+
+    def add(self):
+        from vllm.inputs import TokensPrompt
+        rid = f"r{self.n}"
+        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=PROMPTS[self.n % len(PROMPTS)]), self.sp)
+        self.seen[rid] = 0
+        self.n += 1
+
+    def step(self):
+        outs = self.llm.llm_engine.step()
+        t, new = time.time(), 0
+        for o in outs:
+            c = o.outputs[0]
+            new += len(c.token_ids) - self.seen.get(o.request_id, 0)
+            self.seen[o.request_id] = len(c.token_ids)
+            if o.finished:
+                spans = [(s.version, s.start, s.end) for s in (c.weight_versions or [])]
+                self.finished.append({"id": o.request_id, "tokens": len(c.token_ids), "versions": spans})
+                self.add()
+        self.log.append((t, new))
+        return new
+
+    def tokens_between(self, a, b):
+        return sum(n for t, n in self.log if a < t <= b)
+
+
+_copy_bufs = None
+
+
+def local_copy_ms(nbytes, reps=3):
+    """A plain memcpy of the rank's bytes (torch, this process): the floor of any commit that copies them."""
+    import torch
+    import ctypes
+    global _copy_bufs
+    if _copy_bufs is None or _copy_bufs[0].numel() != nbytes:
+        _copy_bufs = (torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8))
+    src, dst = _copy_bufs
+    dst.copy_(src)
+    ways = {"torch": lambda: dst.copy_(src), "memmove": lambda: ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)}
+    best = {}
+    for name, f in ways.items():
+        ms = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            ms.append((time.perf_counter() - t) * 1e3)
+        best[name] = sorted(ms)[len(ms) // 2]
+    return min(best.values())  # the faster plain copy: the strict baseline
+
+
+def main(cfg_path, out_path):
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    tp = cfg["tp"]
+    _set_env(tp)
+    work = cfg["work"]
+    reg = "file:" + os.path.join(work, "registry")
+    os.makedirs(reg[5:], exist_ok=True)
+    import torch
+    import vllm
+    from refit.vllm import inflight
+    res = {"config": cfg, "env": {"vllm": vllm.__version__, "torch": torch.__version__, "cpus": os.cpu_count()},
+           "single": [], "updates": [], "faults": {}}
+    procs = []
+    shm_before = _vllm_shm()
+
+    def note(name, **kw):
+        print(f"inflight_driver: {name} {json.dumps(kw, default=str)[:500]}", flush=True)
+
+    def dump(llm, tag):
+        d = os.path.join(work, tag)
+        llm.collective_rpc(w_dump, args=(d,))
+        return d
+
+    try:
+        # 1. references
+        refs, gens = {}, {}
+        for ver in ("v1", "v2"):
+            ref, _ = start_llm(cfg[ver], cfg, refit=False)
+            refs[ver] = dump(ref, "ref-" + ver)
+            gens[ver] = generate(ref)
+            stop_llm(ref)
+            del ref
+        res["refs_differ"] = not compare(refs["v1"], refs["v2"], tp)["equal"]
+        note("references", differ=res["refs_differ"])
+
+        # 2. the publisher
+        # publisher_digest false (the benchmark): the publisher shares the engine's process and 2 cores, and the
+        # content digests it computes after each publish slowed the engine's decode steps ~10x for ~1 s
+        pub, arena, images, offs = hf_publisher(cfg, reg, "inflight", digest=cfg.get("publisher_digest", True))
+
+        def publish(k):
+            arena[:] = images[ver_of(k)]
+            pub.publish(k)
+
+        # 3. the engine on v1, single-phase updates
+        llm, _ = start_llm(cfg["v1"], cfg, refit=True)
+        assert compare(dump(llm, "start"), refs["v1"], tp)["equal"]
+        llm.collective_rpc("init_weight_transfer_engine", args=({"registry": reg, "job": "inflight"},))
+        k = 0
+        for _ in range(int(cfg.get("single", 2))):
+            k += 1
+            publish(k)
+            t = time.perf_counter()
+            llm.start_weight_update()
+            llm.update_weights({"update_info": {"version": k}})
+            llm.finish_weight_update()
+            ms = (time.perf_counter() - t) * 1e3
+            rep = llm.collective_rpc(lambda w: w.weight_transfer_engine.report)
+            eq = compare(dump(llm, f"single-{k}"), refs[ver_of(k)], tp)
+            res["single"].append({"version": k, "pause_ms": ms, "pull_ms": max(r["pull_ms"] for r in rep),
+                                  "apply_ms": max(r["apply_total_ms"] for r in rep), "verified": eq["equal"],
+                                  "mismatches": eq["mismatches"][:5]})
+            note("single", **res["single"][-1])
+
+        # 4. two-phase updates while generating
+        init = {"registry": reg, "job": "inflight", "stage": "host"}
+        if cfg.get("budget_probe"):  # a budget too small is refused at init, naming the figures
+            try:
+                llm.collective_rpc("init_weight_transfer_engine", args=(dict(init, staging_budget=4096),))
+                res["budget_refusal"] = None
+            except Exception as e:
+                res["budget_refusal"] = f"{type(e).__name__}: {e}"
+            note("budget", refusal=(res["budget_refusal"] or "")[:300])
+        llm.collective_rpc("init_weight_transfer_engine", args=(init,))
+        res["init_report"] = llm.collective_rpc(lambda w: w.weight_transfer_engine.init_report)
+        rank_bytes = max(r["staging_bytes"] for r in res["init_report"])
+        # vLLM's weight version label, set at every commit: each request's output names the versions of its
+        # tokens (CompletionOutput.weight_versions)
+        llm.llm_engine.set_weight_version(str(k))
+        res["commit_points"] = {}
+        st = Stepper(llm, int(cfg.get("max_tokens", 48)))
+        for _ in range(3):
+            st.step()
+
+        def stage_and_wait(k, limit_s=120, start=True):
+            t0 = time.time()
+            if start:
+                inflight.stage(llm, k)
+            t_ret = time.time()
+            while True:
+                v = inflight.versions(llm)
+                if all(x["staging"] is None for x in v):
+                    return v, t0, t_ret
+                st.step()
+                if time.time() - t0 > limit_s:
+                    raise TimeoutError(f"staging {k} did not end in {limit_s} s")
+
+        for _ in range(int(cfg.get("updates", 4))):
+            k += 1
+            if cfg.get("stage_before_publish"):  # the worker waits for the trainer in the background
+                t0 = time.time()
+                inflight.stage(llm, k)
+                t_ret = time.time()
+                for _ in range(3):
+                    st.step()
+                publish(k)
+                v, _, _ = stage_and_wait(k, start=False)
+            else:
+                publish(k)
+                # the publisher shares this process and its 2 cores (a trainer would not): let the work its publish
+                # leaves (if any) settle for a few steps, recorded, before the pull starts
+                n_pub = len(st.log)
+                for _ in range(int(cfg.get("steps_after_publish", 5))):
+                    st.step()
+                after_pub = [round((b[0] - a[0]) * 1e3, 1) for a, b in zip(st.log[n_pub - 1:], st.log[n_pub:])]
+                v, t0, t_ret = stage_and_wait(k)
+            stg = v[0]["last_stage"]
+            assert all(x["staged"] == k for x in v), v
+            assert inflight.is_staged(llm, k) and not inflight.is_committed(llm, k)
+            state_staged = compare(dump(llm, f"staged-{k}"), refs[ver_of(k - 1)], tp)  # staging wrote no live byte
+            during = st.tokens_between(stg["pull_start"], stg["pull_end"])
+            during_stage = st.tokens_between(t0, stg["prepare_end"])
+            lc_before = local_copy_ms(rank_bytes)
+            c = inflight.commit(llm, k)
+            res["commit_points"][str(k)] = dict(st.seen)  # tokens each request had when k became live
+            lc_after = local_copy_ms(rank_bytes)
+            lc = (lc_before + lc_after) / 2  # the machine is shared: the copy measured on both sides
+            eq = compare(dump(llm, f"committed-{k}"), refs[ver_of(k)], tp)
+            wv = inflight.versions(llm)
+            for _ in range(3):
+                st.step()
+            rec = {"version": k, "pause_ms": c["pause_ms"], "commit_rpc_ms": c["commit_rpc_ms"], "calls_ms": c,
+                   "worker_commit_ms": max(x["last_commit"].get("commit_ms", 0) for x in wv),
+                   "copy_ms": max(x["last_commit"]["copy_ms"] for x in wv),
+                   "bytes_copied": max(x["last_commit"]["bytes_copied"] for x in wv),
+                   "handles_exchanged": max(x["last_commit"]["handles_exchanged"] for x in wv),
+                   "pull_ms": stg["pull_ms"], "prepare_ms": stg["prepare_ms"],
+                   "stage_call_ms": (t_ret - t0) * 1e3, "rank_bytes": rank_bytes, "pulled_bytes": stg["bytes"],
+                   "local_copy_ms": lc, "local_copy_before_after_ms": [lc_before, lc_after],
+                   "steps_in_stage": [(round((t - stg["pull_start"]) * 1e3, 1), n) for t, n in st.log
+                                      if t0 - 1 < t <= stg["prepare_end"] + 0.001],
+                   "pull_window_ms": (stg["pull_end"] - stg["pull_start"]) * 1e3,
+                   "thread": stg.get("thread"),
+                   "step_ms_after_publish": locals().get("after_pub"),
+                   "pause_over_copy": c["pause_ms"] / lc,
+                   "tokens_during_pull": during, "tokens_during_stage": during_stage,
+                   "live_untouched_while_staged": state_staged["equal"],
+                   "committed": [x["committed"] for x in wv], "verified": eq["equal"],
+                   "mismatches": eq["mismatches"][:5]}
+            res["updates"].append(rec)
+            note("update", **{a: b for a, b in rec.items() if a != "mismatches"})
+        while len(st.finished) < 2 * len(PROMPTS):
+            st.step()
+        res["requests"] = list(st.finished)  # those that finished before the faults (their commits are recorded)
+
+        # 5. faults
+        if cfg.get("faults"):
+            F = res["faults"]
+            prev = ver_of(k)
+
+            def intact(tag):
+                return compare(dump(llm, tag), refs[prev], tp)
+
+            # a. digest mismatch: the source's bytes change after it published
+            publish(k + 1)
+            name = next(iter(offs))
+            arena[offs[name]:offs[name] + 64] ^= 0x5A
+            n0 = len(st.log)
+            v, _, _ = stage_and_wait(k + 1)
+            for _ in range(3):
+                st.step()
+            F["digest"] = {"error": v[0]["error"], "staged": v[0]["staged"],
+                           "state_vs_previous": intact("digest")["equal"],
+                           "tokens_after_failure": sum(n for _, n in st.log[n0:])}
+            note("fault digest", **F["digest"])
+            try:
+                inflight.commit(llm, k + 1)
+                F["digest"]["commit"] = "accepted"
+            except Exception as e:
+                F["digest"]["commit"] = f"{type(e).__name__}: {e}"[:400]
+            F["digest"]["after_commit_attempt"] = intact("digest-commit")["equal"]
+            k += 1  # version k is burnt; the next ones are good again
+
+            # b. a publisher process killed while the worker pulls from it
+            kill_job = "killed"
+            p = subprocess.Popen([cfg["refit"], "publish", "--from-safetensors", cfg[ver_of(k + 1)], "--layout", "hf",
+                                  "--rank", "0", "--registry", reg, "--job", kill_job, "--versions", "1",
+                                  "--timeout-ms", "600000", "--hold-ms", "600000"],
+                                 stdout=open(os.path.join(work, "killed.log"), "w"), stderr=subprocess.STDOUT)
+            procs.append(p)
+            llm.collective_rpc("init_weight_transfer_engine",
+                               args=(dict(init, job=kill_job, timeout_ms=8000, model=None),))
+            time.sleep(2.0)  # let it publish; killed before the worker reads it (a kill during the read of a
+            p.send_signal(signal.SIGKILL)  # 1 MB pull cannot be timed from here)
+            p.wait()
+            n0 = len(st.log)
+            v, _, _ = stage_and_wait(1)
+            for _ in range(3):
+                st.step()
+            F["killed"] = {"error": v[0]["error"], "staged": v[0]["staged"],
+                           "state_vs_previous": intact("killed")["equal"],
+                           "tokens_after_failure": sum(n for _, n in st.log[n0:]),
+                           "committed": v[0]["committed"]}
+            note("fault killed", **F["killed"])
+            inflight.versions(llm)
+            llm.collective_rpc("init_weight_transfer_engine", args=(init,))
+
+            # c. a post-load step raising while staging
+            k += 1
+            publish(k)
+            inflight.set_fault(llm, "stage-postload")
+            v, _, _ = stage_and_wait(k)
+            inflight.set_fault(llm, None)
+            F["stage_postload"] = {"error": v[0]["error"], "staged": v[0]["staged"],
+                                   "state_vs_previous": intact("stage-postload")["equal"]}
+            note("fault stage-postload", **F["stage_postload"])
+
+            # d. the commit's post-load step raising before any live write
+            k += 1
+            publish(k)
+            stage_and_wait(k)
+            inflight.set_fault(llm, "commit-postload")
+            try:
+                inflight.commit(llm, k)
+                err = None
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"
+            inflight.set_fault(llm, None)
+            n0 = len(st.log)
+            for _ in range(3):
+                st.step()
+            F["commit_postload"] = {"error": err, "state_vs_previous": intact("commit-postload")["equal"],
+                                    "versions": inflight.versions(llm)[0]["committed"],
+                                    "tokens_after": sum(n for _, n in st.log[n0:]),
+                                    "still_staged": inflight.is_staged(llm, k)}
+            c = inflight.commit(llm, k)  # the same staged version, now without the fault
+            prev = ver_of(k)
+            F["commit_postload"]["retry_verified"] = intact("commit-postload-retry")["equal"]
+            note("fault commit-postload", **F["commit_postload"])
+
+            # e. a live copy raising mid-commit: mixed, paused, then the same version again
+            k += 1
+            publish(k)
+            stage_and_wait(k)
+            inflight.set_fault(llm, "commit-copy")
+            try:
+                inflight.commit(llm, k)
+                err = None
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"
+            inflight.set_fault(llm, None)
+            vv = inflight.versions(llm)[0]
+            n0 = len(st.log)
+            for _ in range(3):
+                st.step()
+            mixed_vs_prev = intact("commit-copy-mixed")["equal"]
+            mixed_vs_new = compare(os.path.join(work, "commit-copy-mixed"), refs[ver_of(k)], tp)["equal"]
+            F["commit_copy"] = {"error": err, "mixed": vv["mixed"],
+                                "tokens_while_mixed": sum(n for _, n in st.log[n0:]),
+                                "mixed_equals_previous": mixed_vs_prev, "mixed_equals_new": mixed_vs_new}
+            try:
+                inflight.stage(llm, k)
+                F["commit_copy"]["stage_while_mixed"] = "accepted"
+            except Exception as e:
+                F["commit_copy"]["stage_while_mixed"] = f"{type(e).__name__}: {e}"[:300]
+            c = inflight.commit(llm, k, pause=False)  # the scheduler is still paused from the failed commit
+            llm.wake_up(tags=["scheduling"])
+            F["commit_copy"]["retry_verified"] = compare(dump(llm, "commit-copy-retry"), refs[ver_of(k)], tp)["equal"]
+            F["commit_copy"]["committed"] = inflight.versions(llm)[0]["committed"]
+            n0 = len(st.log)
+            for _ in range(3):
+                st.step()
+            F["commit_copy"]["tokens_after_retry"] = sum(n for _, n in st.log[n0:])
+            note("fault commit-copy", **F["commit_copy"])
+
+        # greedy generation at the end equals a vLLM started on the committed version
+        while llm.llm_engine.has_unfinished_requests():
+            llm.llm_engine.step()
+        res["final_version"] = ver_of(k)
+        res["final_generation_equal"] = generate(llm) == gens[ver_of(k)]
+        note("final", equal=res["final_generation_equal"], version=k)
+        llm.collective_rpc("shutdown_weight_transfer_engine")
+        pub.close()
+        stop_llm(llm)
+        res["ok"] = True
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for name in sorted(_vllm_shm() - shm_before):  # vLLM 0.32 leaves some at tp > 1 (docs/vllm.md, finding 7)
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
+    sys.stdout.flush()
+    gc.collect()
+    os._exit(0)
