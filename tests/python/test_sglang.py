@@ -38,13 +38,24 @@ TPS = [int(t) for t in os.environ.get("REFIT_SGLANG_TP", "1").split(",")]
 # (model, tp, source layout of the trainer stand-ins)
 CASES = [(kind, tp, src) for tp in TPS
          for kind, src in ((vllm_models.DENSE, "megatron:tp=2"), (vllm_models.MOE, "megatron:tp=2,ep=2"))]
+MEDIUM = "medium-qwen3-moe"
+if os.environ.get("REFIT_SGLANG_MEDIUM") == "1":  # the measurement case (bench), not run by ctest
+    CASES.append((MEDIUM, 1, "megatron:tp=2,ep=2"))
 _bench = []
 
 
 @pytest.fixture(scope="session")
 def ckpts(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ckpt"))
-    return vllm_models.write_all(root)
+    paths = vllm_models.write_all(root)
+    if any(c[0] == MEDIUM for c in CASES):
+        for ver, seed in (("v1", 1), ("v2", 2)):  # 354 MB in bf16, as tests/python/test_vllm.py's
+            paths[(MEDIUM, ver)] = vllm_models.write(
+                vllm_models.MOE, os.path.join(root, ver, MEDIUM), seed, vocab_size=32000, hidden_size=1024,
+                num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64, num_experts=16,
+                moe_intermediate_size=512)
+        paths[(MEDIUM, "bad")] = None
+    return paths
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -63,7 +74,8 @@ def bench_json():
 
 def _run(ckpts, kind, tp, src, tmp_path):
     cfg = {"v1": ckpts[(kind, "v1")], "v2": ckpts[(kind, "v2")], "bad": ckpts[(kind, "bad")], "tp": tp,
-           "src_layout": src, "refit": REFIT_BIN, "work": str(tmp_path / "work"), "versions": 4}
+           "src_layout": src, "refit": REFIT_BIN, "work": str(tmp_path / "work"), "versions": 4,
+           "negative": kind != MEDIUM}
     cfg_path, out = tmp_path / "config.json", tmp_path / "out.json"
     cfg_path.write_text(json.dumps(cfg))
     log = tmp_path / "driver.log"
@@ -86,7 +98,7 @@ def _run(ckpts, kind, tp, src, tmp_path):
 @pytest.mark.parametrize("case", CASES, ids=[f"{k}-tp{t}" for k, t, _ in CASES])
 def test_refit_into_sglang(ckpts, case, tmp_path):
     kind, tp, src = case
-    moe = kind == vllm_models.MOE
+    moe = kind != vllm_models.DENSE
     r = _run(ckpts, kind, tp, src, tmp_path)
 
     # v1 and v2 differ everywhere the test looks, so equality below means something.
@@ -118,14 +130,18 @@ def test_refit_into_sglang(ckpts, case, tmp_path):
     held = sum(c["bytes"] for w in first["workers"] for c in w["init"]["kinds"].values())
     assert sum(w["report"]["bytes"] for w in first["workers"]) == held - padding
     if moe:  # every worker holds 1/tp of every expert (no expert parallel)
-        experts = hf["num_hidden_layers"] * hf["num_experts"] * 3 * hf["moe_intermediate_size"] * hf["hidden_size"] * 2
+        n_exp = hf.get("num_experts", hf.get("num_local_experts"))
+        experts = hf["num_hidden_layers"] * n_exp * 3 * hf["moe_intermediate_size"] * hf["hidden_size"] * 2
         assert all(w["init"]["kinds"]["moe"]["bytes"] == experts // tp for w in first["workers"])
     for u in r["updates"][1:]:  # later versions reuse the plan
         assert u["outcome"]["ok"]
         assert all(not w["report"]["planned"] and w["report"]["version"] == u["version"]
                    for w in u["outcome"]["workers"])
 
-    _check_negative(r, kind)
+    if kind == MEDIUM:
+        assert r["negative"] == []
+    else:
+        _check_negative(r, kind)
 
     # SGLang's own update_weights_from_tensor for the same bytes: right too.
     own = r["sglang_update_from_tensor"]
@@ -184,3 +200,32 @@ def _phases(o):
     w0 = o["workers"][0]["report"]
     return {"total_ms": round(o["driver"]["total_ms"], 3), "update_call_ms": round(o["driver"]["update_ms"], 3),
             "rank0": {k: round(w0[k], 3) for k in ("pull_ms", "plan_ms", "transfer_ms", "verify_ms", "apply_ms")}}
+
+
+STARTUP_TP2 = r'''
+import sys
+sys.path.insert(0, sys.argv[2])
+import sglang_driver
+sglang_driver._set_env(sys.argv[3], 2)
+eng, secs = sglang_driver.start(sys.argv[1], {"tp": 2})
+print("REFIT-TP2-STARTED", secs, flush=True)
+sglang_driver.stop(eng)
+'''
+
+
+@pytest.mark.skipif(2 in TPS, reason="REFIT_SGLANG_TP includes 2: the tp=2 cases run instead")
+def test_sglang_cpu_tp2_does_not_start(ckpts, tmp_path):
+    """SGLang 0.5.23 finding: with tp_size=2 on its in-tree CPU platform the engine does not start.
+    init_model_parallel_group (distributed/parallel_state.py) turns pynccl on for every platform but NPU, XPU and
+    mooncake (its _is_cpu flag is computed and not used there), and PyNcclCommunicator(device=cpu) raises
+    "Expected a cuda device, but got: cpu" in every scheduler.  So the tp=2 cases above cannot run here without
+    patching SGLang; this test fails, saying so, the day an SGLang in the venv starts with tp=2."""
+    work = tmp_path / "work"
+    work.mkdir()
+    p = subprocess.run([sys.executable, "-c", STARTUP_TP2, ckpts[(vllm_models.DENSE, "v1")], HERE, str(work)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    out = p.stdout
+    assert "REFIT-TP2-STARTED" not in out, "SGLang now starts with tp=2 on the CPU: run the tp=2 cases " \
+                                           "(REFIT_SGLANG_TP=1,2) and drop this test"
+    assert p.returncode != 0
+    assert "PyNcclCommunicator" in out and "Expected a cuda device, but got: cpu" in out, out[-3000:]
