@@ -26,7 +26,9 @@ sglang_ops.dump]).
      for byte and greedy generation must be identical;
   6. SGLang's own update_weights_from_tensor for the same bytes (the v2 checkpoint, read into memory untimed),
      timed between begin_weight_update and end_weight_update; its state is compared with the reference;
-  7. refit once more (version K): the state must equal the reference again.
+  7. refit once more (version K): the state must equal the reference again;
+  8. direct mode: SGLang's own update_weights_from_tensor back to v1 (checked against the v1 state), then a new
+     RefitSglang(mode="direct") pulls version K straight into the live parameters: equal to the reference again.
 """
 import gc
 import json
@@ -229,6 +231,21 @@ def main(cfg_path, out_path):
                               "generation_same_as_reference": generate(eng) == res["reference_generation"]}
         step("refit_again", equal=res["refit_again"]["vs_reference"]["equal"])
         rs.close()
+
+        # 8. direct mode: SGLang's own path back to v1, then a direct-mode receiver (a new one) pulls version K
+        back = sglang_own_update(eng, cfg["v1"])
+        dump(eng, os.path.join(work, "back-to-v1"))
+        back["vs_v1"] = compare(os.path.join(work, "back-to-v1"), os.path.join(work, "v1"), tp)
+        rd = RefitSglang(eng, registry=reg, job="good", timeout_ms=120000, mode="direct")
+        t = time.perf_counter()
+        doc = rd.update(K)
+        ms = (time.perf_counter() - t) * 1e3
+        dump(eng, os.path.join(work, "direct"))
+        res["direct"] = {"back_to_v1": back, "driver_ms": ms, "outcome": doc,
+                         "vs_reference": compare(os.path.join(work, "direct"), os.path.join(work, "ref"), tp),
+                         "generation_same_as_reference": generate(eng) == res["reference_generation"]}
+        rd.close()
+        step("direct", driver_ms=ms, equal=res["direct"]["vs_reference"]["equal"])
         res["ok"] = True
     finally:
         if eng is not None:

@@ -153,6 +153,14 @@ def test_refit_into_sglang(ckpts, case, tmp_path):
     assert again["vs_reference"]["equal"], "\n".join(again["vs_reference"]["mismatches"])
     assert again["generation_same_as_reference"]
 
+    # Direct mode (no staging arena): back to v1 through SGLang's own path, then refit writes the live parameters.
+    d = r["direct"]
+    assert d["back_to_v1"]["vs_v1"]["equal"], "\n".join(d["back_to_v1"]["vs_v1"]["mismatches"])
+    assert d["vs_reference"]["equal"], "\n".join(d["vs_reference"]["mismatches"])
+    assert d["generation_same_as_reference"]
+    assert all(w["init"]["mode"] == "direct" and w["init"]["staging_bytes"] == 0 and w["report"]["version"] == 4
+               for w in d["outcome"]["workers"])
+
     # Which names of the stand-in sgl_kernel SGLang used: it imports several (copy_all_layer_kv_cache_cpu, ...), and
     # calls none but (at most) the pure-torch assign_req_to_token_pool_cpu: no kernel path of the stand-in's ran.
     k = r["kernels"]
@@ -193,7 +201,8 @@ def _bench_case(kind, tp, src, r):
             "refit_steady_median_total_ms": round(med, 3),
             "sglang_update_weights_from_tensor": {k: round(own[k], 3) for k in ("begin_ms", "update_ms", "end_ms",
                                                                                  "total_ms")},
-            "refit_vs_update_weights_from_tensor": round(med / own["total_ms"], 3)}
+            "refit_vs_update_weights_from_tensor": round(med / own["total_ms"], 3),
+            "refit_direct_first": _phases(r["direct"]["outcome"])}
 
 
 def _phases(o):

@@ -72,6 +72,11 @@ def _agree(outcome, tp):
     return out
 
 
+def _forget(model):
+    for k in [k for k in _receivers if k[0] == id(model)]:
+        _receivers.pop(k).rx.close()
+
+
 def _pull(model, req, rank):
     """This worker's pull: (state, report dict, None) or (state or None, None, error dict)."""
     from ..core import RefitError
@@ -80,8 +85,7 @@ def _pull(model, req, rank):
     t0 = time.perf_counter()
     try:
         if st is None:
-            for k in [k for k in _receivers if k[0] == id(model)]:
-                _receivers.pop(k).rx.close()  # one receiver per model: a new job replaces the old one
+            _forget(model)  # one receiver per model: a new job replaces the old one
             st = _receivers[key] = _State(model, req)
         want = req.get("version", "newest")
         rep = st.rx.pull(None if want == "newest" else int(want), int(req.get("timeout_ms", 60000)))
@@ -117,6 +121,10 @@ def load(model, named_tensors):
             applied_ms = st.binding.apply()
             rep["apply_ms"] = applied_ms
             st.reports.append(rep)
+        elif rep is not None:
+            # This worker pulled the version but another did not, so nothing was applied: the receiver, which now
+            # counts that version as held, is dropped, and the next update binds and plans afresh.
+            _forget(model)
         doc = {"ok": not failed, "errors": failed, "workers": outcomes, "apply_ms_rank": applied_ms,
                "request": {k: v for k, v in req.items() if k != "result"}}
     except Exception as e:
