@@ -22,8 +22,8 @@ def request(d: str):
 def dump(model, named_tensors):
     d, rank = None, 0
     try:
-        from sglang.srt.distributed import parallel_state as ps
-        rank = ps.get_tensor_model_parallel_rank()
+        from sglang.srt.distributed.parallel_state import get_tp_group
+        rank = get_tp_group().rank_in_group
         t = dict(named_tensors)["sglang_ops.request"]
         d = json.loads(bytes(t.contiguous().numpy().tobytes()).decode())["dir"]
         state = {}

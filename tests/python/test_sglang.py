@@ -238,3 +238,41 @@ def test_sglang_cpu_tp2_does_not_start(ckpts, tmp_path):
                                            "(REFIT_SGLANG_TP=1,2) and drop this test"
     assert p.returncode != 0
     assert "PyNcclCommunicator" in out and "Expected a cuda device, but got: cpu" in out, out[-3000:]
+
+
+def test_receiver_refusals_and_loader_never_raises(tmp_path):
+    """No engine: the receiver's classification refuses what it has not checked, by name, and the custom loader
+    (which SGLang runs inside its scheduler, where an exception kills the engine) reports a broken request in its
+    outcome file instead of raising."""
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # SGLang's CPU paths, with the stand-in sgl_kernel
+    sys.path.insert(0, os.path.join(HERE, "sglang_stub"))
+    import torch
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    from refit.sglang import RefitSglangError
+    from refit.sglang.bind import classify
+    from refit.sglang.worker import encode_request, load
+
+    norm = RMSNorm(8)
+    assert classify("model.norm.weight", norm) == "norm"
+    lin = torch.nn.Module()
+    lin.quant_method = UnquantizedLinearMethod()
+    assert classify("model.layers.0.mlp.down_proj.weight", lin) == "linear"
+    lin.use_intel_amx_backend = True  # what SGLang sets when it packs a layer for AMX after loading
+    with pytest.raises(RefitSglangError, match="down_proj.weight: SGLang packs this layer for AMX"):
+        classify("model.layers.0.mlp.down_proj.weight", lin)
+    with pytest.raises(ValueError, match="layer class torch.nn.modules.linear.Linear is not one refit has checked"):
+        classify("x.weight", torch.nn.Linear(2, 2))
+    odd = torch.nn.Module()
+    odd.quant_method = object()
+    with pytest.raises(RefitSglangError, match="quantization method object of Module is not supported"):
+        classify("y.weight", odd)
+
+    result = tmp_path / "outcome.json"
+    req = encode_request({"op": "update", "registry": "file:" + str(tmp_path / "none"), "job": "j",
+                          "result": str(result)})
+    assert load(torch.nn.Linear(2, 2), req) is None  # outside an engine: no TP group; reported, not raised
+    doc = json.loads(result.read_text())
+    assert doc["ok"] is False and doc["errors"] and doc["errors"][0]["rank"] == 0
+    load(torch.nn.Linear(2, 2), [("something-else", torch.zeros(1))])  # no request at all: returns too

@@ -1,6 +1,6 @@
-"""An SGLang TP worker as refit sees it: its parallel geometry, its platform, the refit model of SGLang's model, and
-the vllm layout's options its live parameters imply.  Read from SGLang 0.5.23's own state (sglang.srt.distributed,
-the model runner's ModelConfig), never from arguments the caller could get wrong."""
+"""An SGLang TP worker as refit sees it: its parallel geometry, its platform and the refit model of SGLang's model.
+Read from SGLang 0.5.23's own state (its parallel groups in sglang.srt.distributed.parallel_state, the model's hf
+config), never from arguments the caller could get wrong."""
 import json
 import os
 import tempfile
@@ -11,14 +11,20 @@ from .errors import RefitSglangError
 
 def worker_geometry() -> dict:
     """tp size and rank of this worker; refuses what the vllm layout cannot describe (pipeline stages, expert
-    parallel: not checked against SGLang yet)."""
+    parallel: not checked against SGLang yet, data-parallel attention)."""
     from sglang.srt.distributed import parallel_state as ps
-    tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
-    pp = ps.get_pipeline_model_parallel_world_size()
+    tpg = ps.get_tp_group()
+    tp, rank = tpg.world_size, tpg.rank_in_group
+    pp = ps.get_pp_group().world_size
     if pp != 1:
         raise RefitSglangError(f"pipeline parallel size {pp}: the layout has no pipeline stages; run SGLang with "
                                "pp_size=1")
-    ep = ps.get_moe_expert_parallel_world_size()
+    attn = ps.get_attn_tp_group().world_size
+    if attn != tp:
+        raise RefitSglangError(f"attention tensor parallel size {attn} differs from tp {tp} (data-parallel "
+                               "attention): the vllm layout splits attention over tp; run without "
+                               "enable_dp_attention")
+    ep = ps.get_moe_ep_group().world_size
     if ep != 1:
         raise RefitSglangError(f"expert parallel size {ep}: refit's SGLang receiver has not been checked against "
                                "SGLang's expert placement; run with ep_size=1")

@@ -57,8 +57,9 @@ def encode_request(req: dict):
 
 
 def _geometry():
-    from sglang.srt.distributed import parallel_state as ps
-    return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    from sglang.srt.distributed.parallel_state import get_tp_group
+    tp = get_tp_group()
+    return tp.rank_in_group, tp.world_size
 
 
 def _agree(outcome, tp):
