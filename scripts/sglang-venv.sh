@@ -36,11 +36,11 @@ case "$venv" in /*) ;; *) venv="$root/$venv" ;; esac
 torch_pin="torch==2.14.1"
 sglang_pin="sglang==0.5.23"
 pins="transformers==5.19.0"
-skip="torch torchaudio torchvision torchcodec sglang-kernel sgl-deep-ep sgl-deep-gemm sgl-flash-mla flash-attn-4
-flashinfer-python humming-kernels nvidia-cutlass-dsl nvidia-mathdx nvshmem4py-cu13 quack-kernels tilelang cuda-python
-torch-memory-saver"
+skip="torch torchaudio torchvision torchcodec sglang-kernel sgl-deep-ep sgl-deep-gemm sgl-flash-mla flash-attn-4"
+skip+=" flashinfer-python humming-kernels nvidia-cutlass-dsl nvidia-mathdx nvshmem4py-cu13 quack-kernels tilelang"
+skip+=" cuda-python torch-memory-saver"
 extra="pytest"
-recipe="refit sglang venv recipe 1: $torch_pin packaging; --no-deps $sglang_pin; its requirements without $(echo $skip), $pins; $extra; -e python"
+recipe="refit sglang venv recipe 1: $torch_pin packaging; --no-deps $sglang_pin; its requirements without $skip, $pins; $extra; -e python"
 marker="$venv/.refit-sglang-venv-complete"
 
 log() { echo "sglang-venv: $*" >&2; }
