@@ -25,7 +25,8 @@ sglang_ops.dump]).
   5. RefitSglang.update on "good" versions 1..K-1; the state after the first is compared with the reference byte
      for byte and greedy generation must be identical;
   6. SGLang's own update_weights_from_tensor for the same bytes (the v2 checkpoint, read into memory untimed),
-     timed between begin_weight_update and end_weight_update; its state is compared with the reference;
+     timed between begin_weight_update and end_weight_update; its state is compared with the reference; then its
+     update_weights_from_distributed for the same bytes (gloo group of this process and the TP workers), timed;
   7. refit once more (version K): the state must equal the reference again;
   8. direct mode: SGLang's own update_weights_from_tensor back to v1 (checked against the v1 state), then a new
      RefitSglang(mode="direct") pulls version K straight into the live parameters: equal to the reference again.
@@ -127,6 +128,60 @@ def sglang_own_update(eng, ckpt):
             "total_ms": (t3 - t0) * 1e3}
 
 
+def sglang_own_distributed(eng, ckpt, tp):
+    """SGLang's update_weights_from_distributed for the v2 bytes: this process is rank 0 of a gloo group with the
+    engine's TP workers (init_weights_update_group), broadcasting every tensor of the checkpoint (read into memory
+    first, not timed) while the engine's call runs in a thread; between begin/end_weight_update, timed."""
+    import socket
+    import threading
+
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from sglang.srt.utils.common import init_custom_process_group
+    weights = load_file(os.path.join(ckpt, "model.safetensors"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = {}
+
+    def call(key, fn, **kw):
+        try:
+            out[key] = fn(**kw)
+        except Exception as e:  # reported, and the main thread's join times out or sees it
+            out[key] = f"raised {type(e).__name__}: {e}"
+
+    th = threading.Thread(target=call, args=("init", eng.init_weights_update_group),
+                          kwargs=dict(master_address="127.0.0.1", master_port=port, rank_offset=1,
+                                      world_size=1 + tp, group_name="refit-compare", backend="gloo"))
+    th.start()
+    pg = init_custom_process_group(backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1 + tp,
+                                   rank=0, group_name="refit-compare")
+    th.join(120)
+    names = list(weights)
+    t0 = time.perf_counter()
+    eng.begin_weight_update()
+    t1 = time.perf_counter()
+    th = threading.Thread(target=call, args=("update", eng.update_weights_from_distributed),
+                          kwargs=dict(names=names, dtypes=[str(weights[n].dtype).replace("torch.", "") for n in names],
+                                      shapes=[list(weights[n].shape) for n in names], group_name="refit-compare"))
+    th.start()
+    for n in names:
+        dist.broadcast(weights[n], src=0, group=pg)
+    th.join(300)
+    t2 = time.perf_counter()
+    eng.end_weight_update()
+    t3 = time.perf_counter()
+    try:
+        eng.destroy_weights_update_group(group_name="refit-compare")
+        dist.destroy_process_group(pg)
+    except Exception:
+        pass
+    return {"init": str(out.get("init")), "answer": str(out.get("update")),
+            "checkpoint_bytes": sum(t.numel() * t.element_size() for t in weights.values()),
+            "begin_ms": (t1 - t0) * 1e3, "update_ms": (t2 - t1) * 1e3, "end_ms": (t3 - t2) * 1e3,
+            "total_ms": (t3 - t0) * 1e3}
+
+
 def main(cfg_path, out_path):
     with open(cfg_path) as f:
         cfg = json.load(f)
@@ -220,6 +275,12 @@ def main(cfg_path, out_path):
                                                 res["reference_generation"])
         step("sglang_update_from_tensor", ms=own["total_ms"],
              equal=res["sglang_update_from_tensor"]["vs_reference"]["equal"])
+
+        # 6b. SGLang's update_weights_from_distributed for the same bytes (gloo, this process the sender)
+        # (timing only: the engine already holds v2 here, so its state says nothing about this path)
+        dist_r = sglang_own_distributed(eng, cfg["v2"], tp)
+        res["sglang_update_from_distributed"] = dist_r
+        step("sglang_update_from_distributed", ms=dist_r["total_ms"], answer=dist_r["answer"][:200])
 
         # 7. refit again
         t = time.perf_counter()

@@ -148,6 +148,10 @@ def test_refit_into_sglang(ckpts, case, tmp_path):
     assert own["vs_reference"]["equal"], "\n".join(own["vs_reference"]["mismatches"])
     assert own["generation_same_as_reference"]
 
+    # SGLang's update_weights_from_distributed (gloo, the driver broadcasting) ran: timed beside refit, not checked
+    # for bytes (the engine holds v2 already at that step).
+    assert "Succeeded" in r["sglang_update_from_distributed"]["answer"], r["sglang_update_from_distributed"]
+
     # refit after SGLang's own path: exact again.
     again = r["refit_again"]
     assert again["vs_reference"]["equal"], "\n".join(again["vs_reference"]["mismatches"])
@@ -202,6 +206,8 @@ def _bench_case(kind, tp, src, r):
             "sglang_update_weights_from_tensor": {k: round(own[k], 3) for k in ("begin_ms", "update_ms", "end_ms",
                                                                                  "total_ms")},
             "refit_vs_update_weights_from_tensor": round(med / own["total_ms"], 3),
+            "sglang_update_weights_from_distributed": {k: round(r["sglang_update_from_distributed"][k], 3)
+                                                       for k in ("begin_ms", "update_ms", "end_ms", "total_ms")},
             "refit_direct_first": _phases(r["direct"]["outcome"])}
 
 
