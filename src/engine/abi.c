@@ -141,6 +141,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_pull_report_t, stamp_ms),
     ABI_FIELD(refit_pull_report_t, unstamped_sources),
     ABI_FIELD(refit_pull_report_t, path),
+    ABI_FIELD(refit_pull_report_t, digest_fused),
 
     ABI_STRUCT(refit_holder_stat_t),
     ABI_FIELD(refit_holder_stat_t, size),
