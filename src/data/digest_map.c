@@ -201,7 +201,7 @@ static uint64_t walk(const refit_digest_map_t *m, uint32_t region, uint64_t off,
 {
     uint8_t *d = dst;
     const uint8_t *sp = src;
-    if (region >= m->nregions) {
+    if (region >= m->nregions || !m->nsegs) { /* nothing mapped there (no segments at all: segs is NULL) */
         if (sp) memcpy(d, sp, len);
         return 0;
     }
@@ -257,7 +257,11 @@ uint64_t refit_digest_map_copy_rows(const refit_digest_map_t *m, uint32_t region
 {
     uint8_t *d = dst;
     const uint8_t *sp = src;
-    if (!len || region >= m->nregions) return nrows && len ? walk(m, region, off, dst, src, len, false, acc) : 0;
+    if (!len || !nrows) return 0;
+    if (region >= m->nregions || !m->nsegs) { /* nothing mapped: every run copied, none hashed */
+        for (uint64_t i = 0; i < nrows && sp; i++) memcpy(d + i * dst_stride, sp + i * src_stride, len);
+        return 0;
+    }
     const seg_t *lo = m->segs + m->rstart[region], *end = m->segs + m->rstart[region + 1], *s = NULL;
     uint64_t hashed = 0;
     for (uint64_t i = 0; i < nrows;) {
@@ -288,7 +292,7 @@ static const seg_t *seg_at(const refit_digest_map_t *m, refit_digest_cursor_t *c
 {
     const seg_t *s = c->seg;
     if (s && s->region == region && s->off <= off && off < seg_end(s)) return s;
-    if (region >= m->nregions) return NULL;
+    if (region >= m->nregions || !m->nsegs) return NULL;
     const seg_t *end = m->segs + m->rstart[region + 1];
     s = seg_after(m->segs + m->rstart[region], end, off);
     if (s == end || s->off > off) return NULL;

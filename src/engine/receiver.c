@@ -110,6 +110,10 @@ refit_status_t refit_receiver_create(const refit_receiver_params_t *params, refi
     const char *pass = refit_diag()->digest_pass;
     bool separate = pass && strcmp(pass, "separate") == 0;
     if (r->dkey && !separate && (st = refit_digest_map_create(r->dkey, m, &r->dmap))) goto err;
+    if (r->dmap && !refit_digest_map_bytes(r->dmap)) { /* no placement a digest covers: nothing to hash */
+        refit_digest_map_destroy(r->dmap);
+        r->dmap = NULL;
+    }
     r->m = m;
     r->usable = true; /* nothing written yet: whatever the caller put there stands */
     *out = r;
