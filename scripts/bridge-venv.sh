@@ -43,55 +43,15 @@ steps=(
 recipe="refit bridge venv recipe 2: $(printf '%s; ' "${steps[@]}")"
 marker="$venv/.refit-bridge-venv-complete"
 
-log() { echo "bridge-venv: $*" >&2; }
-die() { log "FAILED: $*"; exit 1; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
+name=bridge-venv
+# shellcheck source=scripts/venv-lib.sh
+. "$root/scripts/venv-lib.sh"
+venv_reuse_or_lock
+venv_create
 
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$recipe" ] && [ -x "$venv/bin/python" ]; then
-  log "reusing $venv (complete)"
-  echo "$venv/bin/python"
-  exit 0
-fi
-
-mkdir -p "$(dirname "$venv")"
-exec 9>"$venv.lock"
-flock 9
-# Another run may have finished it while this one waited for the lock.
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$recipe" ] && [ -x "$venv/bin/python" ]; then
-  log "reusing $venv (completed by another run)"
-  echo "$venv/bin/python"
-  exit 0
-fi
-
-t_all=$(now)
-log "building $venv"
-
-# python3 -m venv needs Debian's python3-venv (ensurepip); install it as
-# scripts/deps.sh installs packages.
-if ! dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q "install ok installed"; then
-  t=$(now)
-  log "installing python3-venv from apt"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null; } >&2 ||
-    die "apt-get install python3-venv"
-  log "python3-venv installed in $(since "$t")"
-fi
-
-t=$(now)
-rm -f "$marker"
-python3 -m venv "$venv" >&2 || die "python3 -m venv $venv"
-log "venv created in $(since "$t")"
-
-pip=("$venv/bin/python" -m pip install --no-input --progress-bar off --disable-pip-version-check
-     --retries 2 --timeout 60 -q)
 for s in "${steps[@]}"; do
-  t=$(now)
-  log "pip install $s"
   # shellcheck disable=SC2086  # each step is a list of pip arguments
-  "${pip[@]}" $s >&2 || die "pip install $s (is PyPI reachable?)"
-  log "  done in $(since "$t")"
+  step $s
 done
 
 # Prove that what the checker needs imports: megatron.core, and Bridge's
@@ -110,6 +70,4 @@ print("  " + ", ".join(f"{p} {md.version(p)}" for p in
 EOF
 log "import check in $(since "$t")"
 
-echo "$recipe" >"$marker"
-log "complete in $(since "$t_all"); $(du -sh "$venv" 2>/dev/null | cut -f1) at $venv"
-echo "$venv/bin/python"
+venv_done

@@ -43,76 +43,17 @@ extra="pytest"
 recipe="refit sglang venv recipe 1: $torch_pin packaging; --no-deps $sglang_pin; its requirements without $skip, $pins; $extra; -e python"
 marker="$venv/.refit-sglang-venv-complete"
 
-log() { echo "sglang-venv: $*" >&2; }
-die() { log "FAILED: $*"; exit 1; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
-
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$recipe" ] && [ -x "$venv/bin/python" ]; then
-  log "reusing $venv (complete)"
-  echo "$venv/bin/python"
-  exit 0
-fi
-
-mkdir -p "$(dirname "$venv")"
-exec 9>"$venv.lock"
-flock 9
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$recipe" ] && [ -x "$venv/bin/python" ]; then
-  log "reusing $venv (completed by another run)"
-  echo "$venv/bin/python"
-  exit 0
-fi
-
-t_all=$(now)
-log "building $venv"
-if ! dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q "install ok installed"; then
-  t=$(now)
-  log "installing python3-venv from apt"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null; } >&2 ||
-    die "apt-get install python3-venv"
-  log "python3-venv installed in $(since "$t")"
-fi
-
-t=$(now)
-rm -f "$marker"
-python3 -m venv "$venv" >&2 || die "python3 -m venv $venv"
-log "venv created in $(since "$t")"
-py="$venv/bin/python"
-pip=("$py" -m pip install --no-input --progress-bar off --disable-pip-version-check --retries 2 --timeout 60 -q)
-
-step() {
-  local t
-  t=$(now)
-  log "pip install $*"
-  "${pip[@]}" "$@" >&2 || die "pip install $* (is PyPI reachable?)"
-  log "  done in $(since "$t")"
-}
+name=sglang-venv
+# shellcheck source=scripts/venv-lib.sh
+. "$root/scripts/venv-lib.sh"
+venv_reuse_or_lock
+venv_create
 
 step "$torch_pin" packaging
 step --no-deps "$sglang_pin"
 
-# SGLang's requirements from its installed metadata, markers evaluated for
-# this interpreter and machine, without torch, its add-ons and the CUDA
-# kernel packages.
-reqs=$("$py" - "$skip" <<'PYEOF'
-import importlib.metadata as md, re, sys
-from packaging.requirements import Requirement
-skip = set(sys.argv[1].split())
-out = []
-for s in md.requires("sglang") or []:
-    r = Requirement(s)
-    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
-        continue
-    if re.sub(r"[-_.]+", "-", r.name).lower() in skip:
-        continue
-    out.append(str(r).split(";")[0].strip())
-print("\n".join(out))
-PYEOF
-) || die "reading sglang's requirements (packaging missing?)"
-[ -n "$reqs" ] || die "sglang lists no requirements"
-mapfile -t reqs_a <<<"$reqs"
+# SGLang's requirements from its installed metadata, without torch, its add-ons and the CUDA kernel packages.
+venv_requirements sglang "$skip"
 # torch pinned in the same resolution, so that no requirement replaces it.
 step "$torch_pin" $pins "${reqs_a[@]}"
 step $extra
@@ -133,6 +74,4 @@ print("  " + ", ".join(f"{p} {md.version(p)}" for p in ("torch", "sglang", "tran
 PYEOF
 log "import check in $(since "$t")"
 
-echo "$recipe" >"$marker"
-log "complete in $(since "$t_all"); $(du -sh "$venv" 2>/dev/null | cut -f1) at $venv"
-echo "$venv/bin/python"
+venv_done
