@@ -11,34 +11,9 @@
 # Usage: test_netns_start.sh PATH_TO_REFIT
 set -u
 refit=$1
-skip() { echo "SKIPPED: $1"; exit 77; }
-[ "$(id -u)" -eq 0 ] || skip "needs root for ip netns"
-command -v ip >/dev/null || skip "ip (iproute2) is not installed"
-"$refit" version | grep -q "transports:.* ucx)" || skip "refit was built without UCX"
-bench="$(dirname "$refit")/refit-bench"
-[ -x "$bench" ] || { echo "FAIL: $bench is missing"; exit 1; }
-tmp=$(mktemp -d /tmp/refit-netns-start-XXXXXX)
-pids=()
-netns_release() { local fd=${NETNS[1]:-}; [ -z "$fd" ] || eval "exec $fd>&-"; }
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  netns_release
-  wait 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-coproc NETNS { exec "$bench" netns 2; }
-{ read -r -t 60 a addr_a va && read -r -t 60 b addr_b vb && read -r -t 60 ready && [ "$ready" = READY ]; } \
-  <&"${NETNS[0]}" || {
-  netns_release
-  wait "$NETNS_PID"; rc=$?
-  [ $rc -eq 77 ] && skip "refit-bench netns could not make namespaces"
-  echo "FAIL: refit-bench netns 2: exit $rc"; exit 1
-}
-echo "namespaces: $a ($addr_a, $va) and $b ($addr_b, $vb)"
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "ok: $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
+tmp_prefix=refit-netns-start
+# shellcheck source=tests/cli/netns_pair.sh
+. "$(dirname "$0")/netns_pair.sh"
 now() { date +%s.%N; }
 n=0
 common() { echo --model tiny-moe --registry "file:$tmp/reg$n" --job start$n --timeout-ms 30000; }
