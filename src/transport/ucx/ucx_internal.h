@@ -279,6 +279,7 @@ struct refit_transport {
     uint64_t next_region_id;
     REFIT_VEC(conn_t *) conns;
     unsigned max_conns, max_unproven; /* from the descriptor limit (conn_limits) */
+    unsigned doomed;                  /* connections conn_req_cb cut off since the last round closed them */
     REFIT_VEC(job_t *) jobs;          /* received, not yet served */
     REFIT_VEC(parked_t) parked;       /* conditional requests waiting for their condition */
     double parked_due;                /* the earliest due among them (or after which to poll) */

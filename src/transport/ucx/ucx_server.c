@@ -44,12 +44,18 @@ static void conn_close(conn_t *c)
  * one instead would let a stranger who holds max_unproven idle connections
  * (renewed every auth_timeout) keep every receiver out, while making way
  * for it means a stranger must open connections faster than a receiver
- * completes its handshake (one round trip) to keep it out.  Decided in the
- * callback itself.  UCX 1.13's TCP connection manager can assert (and abort
- * the process) under a flood of connections that are refused or cut off
- * (tcp_sockcm_ep.c:416): refusing more of them (a minimum age before one is
- * cut off) or deciding later (in the round) made it more frequent; this is
- * the least frequent we found (docs/ucx.md). */
+ * completes its handshake (one round trip) to keep it out.
+ *
+ * A connection over the cap is accepted and cut off in the same round, not
+ * refused with ucp_listener_reject: UCX 1.13's TCP connection manager sends
+ * the refusal and frees its socket in its own thread, and a write event
+ * for that socket, queued while this thread held UCX's lock, is then
+ * delivered to the next connection accepted on the same descriptor number,
+ * which aborts the process (tcp_sockcm_ep.c:416; UCX 1.22 filters such
+ * events, openucx/ucx#11458).  Refusing half of a flood's requests aborted
+ * 3 of 12 floods; accepting them and cutting them off at once, none of 16
+ * (docs/ucx.md).  The round comes soon: pub_progress yields to it once
+ * max_unproven connections wait to be cut off. */
 static void conn_req_cb(ucp_conn_request_h creq, void *arg)
 {
     refit_transport_t *t = arg;
@@ -65,18 +71,19 @@ static void conn_req_cb(ucp_conn_request_h creq, void *arg)
     }
     if (oldest && (unproven >= t->max_unproven || t->conns.len - gone >= t->max_conns)) {
         oldest->failed = true; /* closed by the round, after this callback */
+        t->doomed++;
         gone++;
         refit_log(REFIT_LOG_DEBUG, "ucx: %zu connections not proven yet (at most %u): closing the oldest", unproven,
                   t->max_unproven);
     }
     /* Failed ones still hold their descriptors until the round closes and
-     * frees them: max_unproven more entries are allowed for those. */
-    conn_t *c = t->conns.len - gone < t->max_conns && t->conns.len < (size_t)t->max_conns + t->max_unproven
-                    ? calloc(1, sizeof(*c))
-                    : NULL;
+     * frees them: past max_unproven more entries, a new one is cut off at
+     * once too. */
+    bool over = t->conns.len - gone >= t->max_conns || t->conns.len >= (size_t)t->max_conns + t->max_unproven;
+    conn_t *c = calloc(1, sizeof(*c));
     if (!c || REFIT_VEC_RESERVE(&t->conns, t->conns.len + 1)) {
         free(c);
-        ucp_listener_reject(t->listener, creq);
+        ucp_listener_reject(t->listener, creq); /* out of memory: no entry to close it by */
         return;
     }
     c->t = t;
@@ -89,6 +96,13 @@ static void conn_req_cb(ucp_conn_request_h creq, void *arg)
     if (ucp_ep_create(t->pw, &ep, &c->ep) != UCS_OK) {
         free(c);
         return; /* the client sees its endpoint fail or its hello time out */
+    }
+    if (over) {
+        c->failed = true;
+        t->doomed++;
+        refit_log(REFIT_LOG_DEBUG,
+                  "ucx: %zu connections held (at most %u, and %u being closed): cutting the new one off", t->conns.len,
+                  t->max_conns, t->max_unproven);
     }
     t->conns.data[t->conns.len++] = c;
 }
@@ -578,10 +592,20 @@ static void unpark_due(refit_transport_t *t, double now)
     if (poll && t->parked.len && now + 0.005 < t->parked_due) t->parked_due = now + 0.005;
 }
 
+/* ucx_progress_all for the publisher's worker, stopping early once
+ * max_unproven connections wait to be cut off (conn_req_cb), so a flood's
+ * connections are closed in bursts of that size. */
+static unsigned pub_progress(refit_transport_t *t)
+{
+    unsigned total = 0, n, rounds = 0;
+    while (t->doomed < t->max_unproven && (n = ucp_worker_progress(t->pw)) && rounds++ < 64) total += n;
+    return total;
+}
+
 /* One round of publisher work (lock held): progress, serve jobs, close failed conns. */
 unsigned ucx_pub_round(refit_transport_t *t)
 {
-    unsigned n = ucx_progress_all(t->pw);
+    unsigned n = pub_progress(t);
     unpark_due(t, refit_now());
     bool stuck_checked = false;
     while (t->jobs.len) {
@@ -599,7 +623,7 @@ unsigned ucx_pub_round(refit_transport_t *t)
         }
         free(v);
         n += (unsigned)served;
-        n += ucx_progress_all(t->pw);
+        n += pub_progress(t);
         if (!served) break; /* every queued job waits for its connection's replies to drain */
     }
     double now = refit_now();
@@ -615,6 +639,7 @@ unsigned ucx_pub_round(refit_transport_t *t)
         }
         i++;
     }
+    t->doomed = 0; /* every failed one is closed now */
     return n;
 }
 
