@@ -1,6 +1,7 @@
 /* Plan execution in this process.  Regions are cut into tasks of roughly
- * equal bytes (a task is a range of a region's innermost runs, or a slice of
- * one long run) and threads take tasks from a shared counter.  Copies are
+ * equal bytes (a task is a range of a region's innermost runs, a slice of
+ * one long run, or small regions next to each other) and threads take tasks
+ * from a shared counter.  Copies are
  * memcpy from mapped source memory, or a caller-supplied copy function (e.g.
  * process_vm_readv).  The first failure stops every thread. */
 #include <pthread.h>
@@ -13,6 +14,7 @@
 typedef struct {
     const refit_plan_region_t *r;
     uint64_t begin, end; /* rows (runs) [begin, end), or bytes of the run when nloops == 0 */
+    uint32_t whole;      /* > 0: the regions r[0, whole), all of each (small ones batched into one task) */
 } task_t;
 
 typedef struct {
@@ -82,7 +84,9 @@ static void copy_hashed_rows(exec_ctx_t *c, const refit_plan_region_t *r, uint64
                                           r->run, n, c->o->dacc);
 }
 
-static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
+static uint64_t region_units(const refit_plan_region_t *r) { return r->nloops == 0 ? r->run : refit_region_rows(r); }
+
+static refit_status_t run_slice(exec_ctx_t *c, const task_t *t)
 {
     const refit_plan_region_t *r = t->r;
     refit_status_t st = REFIT_OK;
@@ -103,6 +107,17 @@ static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
         }
     }
     if (hashed) __atomic_fetch_add(c->o->dbytes, hashed, __ATOMIC_RELAXED);
+    return st;
+}
+
+static refit_status_t run_task(exec_ctx_t *c, const task_t *t)
+{
+    if (!t->whole) return run_slice(c, t);
+    refit_status_t st = REFIT_OK;
+    for (uint32_t i = 0; i < t->whole && !st; i++) {
+        task_t one = {&t->r[i], 0, region_units(&t->r[i]), 0};
+        st = run_slice(c, &one);
+    }
     return st;
 }
 
@@ -127,30 +142,52 @@ static void *worker(void *arg)
     return NULL;
 }
 
-/* Cuts regions into tasks of about `chunk` bytes. */
+static refit_status_t push_task(task_t **tasks, size_t *nt, size_t *cap, task_t t)
+{
+    if (*nt == *cap) {
+        size_t ncap = *cap ? *cap * 2 : 256;
+        task_t *p = realloc(*tasks, ncap * sizeof(task_t));
+        if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "executing a plan");
+        *tasks = p;
+        *cap = ncap;
+    }
+    (*tasks)[(*nt)++] = t;
+    return REFIT_OK;
+}
+
+/* Cuts regions into tasks of about `chunk` bytes; regions next to each
+ * other in v that are smaller together than that go as one task (a plan
+ * of 40,000 8-byte runs is 40,000 tasks otherwise, each a trip to the
+ * shared counter). */
 static refit_status_t make_tasks(const refit_plan_region_t *v, size_t n, uint64_t chunk, const uint8_t *only,
                                  task_t **tasks, size_t *nt, size_t *cap)
 {
+    uint64_t batch_bytes = 0;
+    bool batching = false; /* the last task is a batch that the next region may join */
     for (size_t i = 0; i < n; i++) {
         const refit_plan_region_t *r = &v[i];
-        if (only && r->src != REFIT_PLAN_FILL && !only[r->src]) continue;
-        uint64_t units, per;
-        if (r->nloops == 0) {
-            units = r->run;
-            per = chunk;
-        } else {
-            units = refit_region_rows(r);
-            per = chunk / r->run ? chunk / r->run : 1;
+        if (only && r->src != REFIT_PLAN_FILL && !only[r->src]) {
+            batching = false;
+            continue;
         }
-        for (uint64_t b = 0; b < units; b += per) {
-            if (*nt == *cap) {
-                size_t ncap = *cap ? *cap * 2 : 256;
-                task_t *p = realloc(*tasks, ncap * sizeof(task_t));
-                if (!p) return refit_error(REFIT_ERR_NO_MEMORY, "executing a plan");
-                *tasks = p;
-                *cap = ncap;
+        uint64_t units = region_units(r), bytes = refit_plan_region_bytes(r), per;
+        if (bytes < chunk) {
+            if (batching && batch_bytes + bytes <= chunk) {
+                (*tasks)[*nt - 1].whole++;
+                batch_bytes += bytes;
+                continue;
             }
-            (*tasks)[(*nt)++] = (task_t){r, b, b + per < units ? b + per : units};
+            refit_status_t st = push_task(tasks, nt, cap, (task_t){r, 0, 0, 1});
+            if (st) return st;
+            batching = true;
+            batch_bytes = bytes;
+            continue;
+        }
+        batching = false;
+        per = r->nloops == 0 ? chunk : chunk / r->run ? chunk / r->run : 1;
+        for (uint64_t b = 0; b < units; b += per) {
+            refit_status_t st = push_task(tasks, nt, cap, (task_t){r, b, b + per < units ? b + per : units, 0});
+            if (st) return st;
         }
     }
     return REFIT_OK;

@@ -266,6 +266,86 @@ static refit_status_t plain_copy(void *user, uint32_t src, uint32_t region, uint
     return REFIT_OK;
 }
 
+/* Many small regions (8-byte runs, short strided ones, a source the
+ * options leave out between them) and a few long ones, as a digest
+ * fetch's view: the executor batches the small ones into tasks, and every
+ * byte lands where a region-by-region reference puts it, with threads and
+ * with a caller's copy; the left-out source's bytes are not written. */
+static void small_regions(void **state)
+{
+    (void)state;
+    enum { N = 20000, SRC = 1 << 22, DST = 1 << 22 };
+    uint8_t *src[2] = {malloc(SRC), malloc(SRC)};
+    uint8_t *dst = malloc(DST), *want = malloc(DST);
+    assert_non_null(src[0]);
+    assert_non_null(src[1]);
+    assert_non_null(dst);
+    assert_non_null(want);
+    for (size_t i = 0; i < SRC; i++) src[0][i] = (uint8_t)(i * 7 + 1), src[1][i] = (uint8_t)(i * 13 + 5);
+    refit_plan_region_t *regs = calloc(N + 2, sizeof(*regs));
+    assert_non_null(regs);
+    uint64_t sb[2] = {0, 0}, doff = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < N; i++) {
+        refit_plan_region_t *r = &regs[n++];
+        r->src = i % 5 == 3 ? 1 : 0;
+        r->src_offset = (i * 2056) % (SRC - 4096);
+        r->dst_offset = doff;
+        if (i % 7 == 2) { /* a short strided one: 3 rows of 24 bytes */
+            r->nloops = 1;
+            r->run = 24;
+            r->count[0] = 3;
+            r->src_stride[0] = 100;
+            r->dst_stride[0] = 24;
+            doff += 72;
+        } else {
+            r->run = 8;
+            doff += 8;
+        }
+        sb[r->src] += refit_plan_region_bytes(r);
+    }
+    for (int k = 0; k < 2; k++) { /* two long ones, cut into tasks of their own */
+        refit_plan_region_t *r = &regs[n++];
+        r->src_offset = (uint64_t)k * (1 << 20);
+        r->dst_offset = doff;
+        r->run = 1 << 20;
+        doff += r->run;
+        sb[0] += r->run;
+    }
+    assert_true(doff <= DST);
+    memset(want, 0xEE, DST);
+    for (size_t i = 0; i < n; i++) {
+        if (regs[i].src == 1) continue;
+        for (uint64_t row = 0; row < refit_region_rows(&regs[i]); row++) {
+            uint64_t so, dof;
+            refit_region_row_offsets(&regs[i], row, &so, &dof);
+            memcpy(want + dof, src[0] + so, regs[i].run);
+        }
+    }
+    const void *b0[1] = {src[0]}, *b1[1] = {src[1]};
+    const void *const *bases[2] = {b0, b1};
+    void *dsts[1] = {dst};
+    struct refit_plan view = refit_plan_view(regs, n, sb, 2);
+    uint8_t only[2] = {1, 0};
+    pvm_t pc = {bases};
+    for (int variant = 0; variant < 3; variant++) {
+        memset(dst, 0xEE, DST);
+        refit_exec_opts_t o = {.threads = variant ? 2 : 1, .only = only, .skip_fills = true};
+        if (variant == 2) {
+            o.copy = plain_copy;
+            o.user = &pc;
+        }
+        REFIT_ASSERT_OK(refit_plan_execute(&view, bases, dsts, &o));
+        assert_memory_equal(dst, want, DST);
+    }
+    print_message("%zu regions (%" PRIu64 " bytes) executed equal to the reference, 3 ways\n", n, sb[0]);
+    free(regs);
+    free(src[0]);
+    free(src[1]);
+    free(dst);
+    free(want);
+}
+
 /* The plan executor with a map: every placement's sum equals the local pass
  * over the result, the bytes are the truth's, and the hashed count is the
  * map's; with the map's threads, a caller's copy, and plans not coalesced. */
@@ -394,10 +474,8 @@ static void errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(mixed_cuts),
-        cmocka_unit_test(updates),
-        cmocka_unit_test(executor_pairs),
-        cmocka_unit_test(errors),
+        cmocka_unit_test(mixed_cuts),    cmocka_unit_test(updates), cmocka_unit_test(executor_pairs),
+        cmocka_unit_test(small_regions), cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
