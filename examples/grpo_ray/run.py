@@ -4,10 +4,13 @@
 
     python examples/grpo_ray/run.py --steps 3 --trainer tp=2 --out /tmp/rl      # file: registry (default)
     python examples/grpo_ray/run.py --registry redis ...                        # starts a redis-server itself
+    python examples/grpo_ray/run.py --trainer fsdp ...                          # torch FSDP2 trainer ranks
 
 Actors (Ray from PyPI, a local cluster started here):
   trainer ranks (2)  megatron-core GPTModel, local layer spec, gloo, tp=2 or ep=2 (mcore.py); parameters bound by
                      refit.adapters.megatron (views into the published arena); a refit.Publisher each
+                     --trainer fsdp: torch fully_shard over gloo (fsdp_trainer.py), each rank's own FSDP2
+                     shards bound by refit.fsdp.dtensor (no gather, no copy), a real forward/backward/AdamW step
   rollout            vLLM 0.32 with weight_transfer_config={"backend": "refit"} (rollout.py)
   swap               a second vLLM without refit, updated by vLLM's own path: load_weights from the Hugging Face
                      tensors the trainer sends through Ray (the swap-only comparison)
