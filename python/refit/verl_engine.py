@@ -191,11 +191,14 @@ class RefitCheckpointEngine(CheckpointEngine):
             # before that (wait_readers(last) ahead of optimizer.step()); here it is checked once more
             await asyncio.to_thread(self._pub.wait_readers, self._published, self.timeout_ms)
         t1 = time.perf_counter()
+        copied = self._binding.sync()  # only a rank of more parameters than regions copies (its smallest ones)
+        t2 = time.perf_counter()
         self._pub.publish(version)
         self._published = version
         self.metrics = {"refit/version": version, "refit/bytes": sum(r.numel() for r in self._binding.regions),
                         "refit/layout": self._binding.layout, "refit/layout_rank": self._binding.rank,
-                        "refit/copy_s": 0.0, "refit/bind_s": t1 - t0, "refit/publish_s": time.perf_counter() - t1}
+                        "refit/copied_bytes": copied, "refit/copy_s": t2 - t1 if copied else 0.0,
+                        "refit/bind_s": t1 - t0, "refit/publish_s": time.perf_counter() - t2}
         return dict(self.metrics)
 
     def wait_readers(self, timeout_ms: Optional[int] = None):

@@ -240,7 +240,7 @@ def test_verl_fsdp_local_shards(ckpt, tmp_path):
         assert o["own_storage"], o
         for k in ("m3", "m4"):
             assert o[k]["refit/layout"] == "dtensor:dp_shard=2,dp_replicate=1,tp=1,experts=fused", o
-            assert o[k]["refit/layout_rank"] == r and o[k]["refit/copy_s"] == 0.0 and o[k]["refit/bytes"] > 0, o
+            assert o[k]["refit/layout_rank"] == r and o[k]["refit/copied_bytes"] == 0 and o[k]["refit/bytes"] > 0, o
         assert "not newer than the last published version 4" in o["again"], o
     total = sum(t.numel() * t.element_size() for t in _ckpt_tensors(ckpt).values())
     assert outs[0]["m3"]["refit/bytes"] + outs[1]["m3"]["refit/bytes"] == total  # each byte once, no gather
