@@ -3,7 +3,7 @@
     binding = refit.fsdp.dtensor(model, refit.Model(checkpoint_dir))   # on every FSDP rank
     with refit.Publisher(binding.manifest, registry=..., job=...) as pub:
         binding.attach(pub)
-        pub.publish(1)          # ... optimizer steps ...  pub.publish(2)
+        binding.publish(pub, 1)   # ... optimizer steps ...  binding.publish(pub, 2)  (= sync() + pub.publish)
 
 What it reads: the live DTensor parameters (named_parameters() after fully_shard, and parallelize_module for
 TP): their device mesh, placements, global and local shapes and dtype.  From them it names the `dtensor` layout
@@ -20,8 +20,13 @@ rank ceil(N/F) rows; the DTensor's local tensor is its first rows).  The binding
 region of the manifest (one region per parameter, local tensor at offset 0), so the publisher reads the
 parameters' own storage: no copy, no arena.  The optimizer updates that storage in place, and its address stays
 the same across steps (checked in tests/python/test_fsdp.py); FSDP2 replaces it only in reset_sharded_param
-(lazy init, model.to(), load_state_dict with new tensors): bind again after those.  A publisher holds at most
-REFIT_MAX_REGIONS (511) regions, so a rank with more parameters is refused by name.
+(lazy init, model.to(), load_state_dict with new tensors): bind again after those.
+
+More parameters than regions: a publisher holds at most REFIT_MAX_REGIONS (511) regions (include/refit/engine.h:
+per buffer its regions, delta arenas, a digest table and a stamp make 2 * 511 + 2 = 1024, the most one shm
+connection maps).  A rank with more parameters (Qwen3-30B-A3B: 531) keeps the largest 510 zero-copy and packs
+the smallest rest (norms first) into one arena region of copies: binding.sync() refreshes those copies and must
+run after each optimizer step, before publish; binding.publish(pub, version) does both.  `copied` names them.
 
 Mixed precision: FSDP2's MixedPrecisionPolicy casts for the all-gather only; the sharded parameters stay in
 their storage dtype, which is what is published.  A model whose sharded parameters are fp32 (fp32 master
@@ -45,6 +50,22 @@ class FsdpBinding:
     layout: str
     rank: int
     params: Dict[str, object] = field(default_factory=dict)
+    copied: List[str] = field(default_factory=list)
+    region_of: Dict[str, int] = field(default_factory=dict)
+    _pack: List[Tuple[object, object]] = field(default_factory=list)
+
+    def sync(self) -> int:
+        """Copies the packed parameters' shards into their arena (none when every parameter has its own region);
+        returns the bytes copied.  Run after the optimizer step, before publish."""
+        n = 0
+        for src, dst in self._pack:
+            dst.copy_(src)
+            n += dst.numel()
+        return n
+
+    def publish(self, endpoint, version: int):
+        self.sync()
+        endpoint.publish(version)
 
     def attach(self, endpoint):
         for i, mem in enumerate(self.regions):
@@ -151,8 +172,10 @@ def _box_check(n, p, pls, out):
                    f"{tuple(pl.canon_offset)} extent {tuple(pl.extent)}")
 
 
-def dtensor(model, rmodel: Model, *, experts: str = "fused", strip=("module.", "_orig_mod.")) -> FsdpBinding:
-    """Binds an FSDP2-wrapped transformers model's local shards on this rank (see the module docstring)."""
+def dtensor(model, rmodel: Model, *, experts: str = "fused", strip=("module.", "_orig_mod."),
+            max_regions: int = MAX_REGIONS) -> FsdpBinding:
+    """Binds an FSDP2-wrapped transformers model's local shards on this rank (see the module docstring).
+    max_regions (at most MAX_REGIONS): above it, the smallest parameters are packed into one copied region."""
     import torch
     params = _named(model.named_parameters(), strip)
     rep, shard, tp, (r, f, t) = mesh_geometry(params)
@@ -192,22 +215,42 @@ def dtensor(model, rmodel: Model, *, experts: str = "fused", strip=("module.", "
             _box_check(n, p, by_local.get(n, []), mismatched)
     if missing or unexpected or mismatched:
         raise AdapterError(f"{layout} rank {rank} of {rmodel.name}", missing, unexpected, mismatched)
-    if len(locs) > MAX_REGIONS:
+    if not 1 <= max_regions <= MAX_REGIONS:
         raise AdapterError(f"{layout} rank {rank} of {rmodel.name}", [], [],
-                           [f"{len(locs)} parameters, a publisher holds at most {MAX_REGIONS} regions (one per "
-                            "FSDP2 parameter buffer)"])
+                           [f"max_regions {max_regions}: between 1 and {MAX_REGIONS} (REFIT_MAX_REGIONS)"])
     m = Manifest.build(rmodel.name, layout, rank, ref.identity["world"])
     order = [l.name for l in ref.locals()]
-    regions = []
-    for i, n in enumerate(order):
+    packed = set()
+    if len(order) > max_regions:  # the smallest (stable order among equals) share one region of copies
+        by_size = sorted(range(len(order)), key=lambda i: (locs[order[i]].nbytes, i))
+        packed = {order[i] for i in by_size[:len(order) - max_regions + 1]}
+    regions, region_of, pack, offs = [], {}, [], {}
+    for n in order:
         l = locs[n]
-        m.add_region(l.nbytes)
-        m.add_local(n, l.dtype, l.shape, i, 0)
-        mem = torch.empty(0, dtype=torch.uint8).set_(params[n]._local_tensor.untyped_storage())
-        regions.append(mem)
+        storage = torch.empty(0, dtype=torch.uint8).set_(params[n]._local_tensor.untyped_storage())
+        if n in packed:
+            pack.append((n, storage))
+            continue
+        region_of[n] = m.add_region(l.nbytes)
+        m.add_local(n, l.dtype, l.shape, region_of[n], 0)
+        regions.append(storage)
+    if pack:
+        size = 0
+        for n, _ in pack:
+            offs[n] = size
+            size += -(-locs[n].nbytes // 64) * 64  # 64-byte aligned slots
+        rid = m.add_region(size)
+        arena = torch.zeros(size, dtype=torch.uint8)
+        for n, src in pack:
+            m.add_local(n, locs[n].dtype, locs[n].shape, rid, offs[n])
+            region_of[n] = rid
+        regions.append(arena)
+        pack = [(src, arena[offs[n]:offs[n] + src.numel()]) for n, src in pack]
     for c in ref.canonical():
         m.add_canonical(c.name, c.dtype, c.shape)
     for pl in ref.placements():
         m.add_placement(pl.canonical, pl.local, pl.canon_offset, pl.extent, pl.local_offset)
     m.finalize()
-    return FsdpBinding(m, regions, layout, rank, {n: params[n] for n in order})
+    b = FsdpBinding(m, regions, layout, rank, {n: params[n] for n in order}, sorted(packed), region_of, pack)
+    b.sync()
+    return b

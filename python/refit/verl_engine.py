@@ -20,9 +20,15 @@ as refit's `hf` layout of the model and publishes it as version global_steps; ev
 version into an arena of its own (shm on one host, UCX across hosts; planned once, verified by content digests)
 and yields views of it, no copy.  The other actor ranks drain the generator (it runs collectives) and send
 nothing.  Every canonical tensor of the model must arrive exactly once with its dtype and shape, or send_weights
-raises naming the tensors and publishes nothing.  For refit's zero-gather path (each Megatron rank publishing its
-own shard and vLLM workers pulling their own slices) use refit's vLLM backend and adapters directly
-(docs/integrations.md): veRL's interface gathers before the engine sees the weights.
+raises naming the tensors and publishes nothing.
+
+Local shards, no gather (issue #33, docs/fsdp.md): send_weights also takes the training engine itself - what veRL
+0.9.1 hands its own "delta_sharded" engine (`send_weights(self.actor.engine, ...)` in engine_workers.py) - or the
+FSDP2 module.  Then every actor rank (master or not) binds its FSDP2 shards with refit.fsdp.dtensor (the
+parameters' own sharded storage, no copy) once, and publishes its rank of the `dtensor` layout; the rollout side
+is unchanged (its `hf` arena is filled from all the actor ranks' shards, each byte once).  veRL 0.9.1 hands a
+backend other than "delta_sharded" the gathered generator, so this path needs the worker to pass its engine (a
+one-line change in ActorRolloutRefWorker.update_weights, or a subclass); refit does not patch veRL.
 """
 import asyncio
 import time
@@ -49,6 +55,24 @@ except ImportError:  # importable without veRL (docs, tests of the engine alone)
             return wrapper
 
 BACKEND_NAME = "refit"
+
+
+def _fsdp_module(weights):
+    """The FSDP2 (fully_shard) module behind what send_weights was handed, or None for an iterable of tensors:
+    an nn.Module, or a training engine holding one in .module (veRL's FSDP engine).  FSDP1 is refused by name."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    mod = weights if isinstance(weights, torch.nn.Module) else getattr(weights, "module", None)
+    if not isinstance(mod, torch.nn.Module):
+        return None
+    from torch.distributed.fsdp import FSDPModule
+    if isinstance(mod, FSDPModule) or any(isinstance(m, FSDPModule) for m in mod.modules()):
+        return mod
+    raise _arg_error(f"send_weights got a {type(weights).__name__} whose module ({type(mod).__name__}) is not "
+                     "sharded by FSDP2's fully_shard (FSDP1 and unsharded modules: hand the gathered generator "
+                     "instead)", "send_weights")
 
 
 async def _aiter(it):
@@ -84,6 +108,8 @@ class RefitCheckpointEngine(CheckpointEngine):
         self._pub: Optional[Publisher] = None
         self._rx: Optional[Receiver] = None
         self._views: dict = {}
+        self._binding = None  # refit.fsdp.FsdpBinding when publishing local shards
+        self._addresses: dict = {}
         self._published = 0
         self.metrics: dict = {}
 
@@ -135,19 +161,68 @@ class RefitCheckpointEngine(CheckpointEngine):
         assert all(isinstance(t, torch.Tensor) for t in self._views.values())
         return ep
 
+    def _next_version(self, global_steps):
+        version = int(global_steps) if global_steps is not None else self._published + 1
+        if version <= self._published:
+            raise _arg_error(f"global_steps {version} is not newer than the last published version "
+                             f"{self._published}", "send_weights")
+        return version
+
+    async def _send_shards(self, module, global_steps):
+        """Every actor rank: publish this rank's FSDP2 shards in place (the dtensor layout), no gather, no copy."""
+        from .fsdp import dtensor
+        t0 = time.perf_counter()
+        if self._pub is not None and self._binding is None:
+            raise _arg_error("this refit checkpoint engine already publishes gathered tensors (hf layout); it cannot "
+                             "switch to local shards", "send_weights")
+        if self._binding is None:
+            b = dtensor(module, self._refit_model())
+            pub = Publisher(b.manifest, **self.opts)
+            b.attach(pub)
+            self._binding, self._pub, self._addresses = b, pub, b.addresses()
+        version = self._next_version(global_steps)
+        moved = [n for n, a in self._binding.addresses().items() if a != self._addresses.get(n)]
+        if moved:  # FSDP2 replaced the sharded storage (reset_sharded_param: model.to(), load_state_dict ...)
+            raise DataError(-20, f"send_weights(version {version}): nothing published: the sharded storage of "
+                                 f"{len(moved)} parameters moved since it was bound ({', '.join(moved[:5])}); "
+                                 "start a new engine to bind again", "send_weights")
+        if self._published:
+            # the caller has already stepped the optimizer, in place: readers of the last version must be done
+            # before that (wait_readers(last) ahead of optimizer.step()); here it is checked once more
+            await asyncio.to_thread(self._pub.wait_readers, self._published, self.timeout_ms)
+        t1 = time.perf_counter()
+        copied = self._binding.sync()  # only a rank of more parameters than regions copies (its smallest ones)
+        t2 = time.perf_counter()
+        self._pub.publish(version)
+        self._published = version
+        self.metrics = {"refit/version": version, "refit/bytes": sum(r.numel() for r in self._binding.regions),
+                        "refit/layout": self._binding.layout, "refit/layout_rank": self._binding.rank,
+                        "refit/copied_bytes": copied, "refit/copy_s": t2 - t1 if copied else 0.0,
+                        "refit/bind_s": t1 - t0, "refit/publish_s": time.perf_counter() - t2}
+        return dict(self.metrics)
+
+    def wait_readers(self, timeout_ms: Optional[int] = None):
+        """Local shards: blocks until the readers of the last published version are done (call before the
+        optimizer step that overwrites the shards in place)."""
+        if self._pub is not None and self._published:
+            self._pub.wait_readers(self._published, timeout_ms or self.timeout_ms)
+
     async def send_weights(self, weights, global_steps: Optional[int] = None):
+        module = _fsdp_module(weights)
+        if module is not None:
+            return await self._send_shards(module, global_steps)
         role = self.role or ("publisher" if self.is_master else "drain")
         t0 = time.perf_counter()
         if role != "publisher":
             async for _ in _aiter(weights):
                 pass
             return {}
+        if self._binding is not None:
+            raise _arg_error("this refit checkpoint engine publishes local shards; it cannot switch to gathered "
+                             "tensors", "send_weights")
         if self._pub is None:
             self._pub = self._endpoint(Publisher)
-        version = int(global_steps) if global_steps is not None else self._published + 1
-        if version <= self._published:
-            raise _arg_error(f"global_steps {version} is not newer than the last published version "
-                                 f"{self._published}", "send_weights")
+        version = self._next_version(global_steps)
         if self._published:
             # in-place: the arena is what receivers read; wait until the last version's readers are done
             await asyncio.to_thread(self._pub.wait_readers, self._published, self.timeout_ms)
@@ -183,7 +258,8 @@ class RefitCheckpointEngine(CheckpointEngine):
             self._rx = self._endpoint(Receiver)
         version = int(global_steps) if global_steps is not None else None
         rep = await asyncio.to_thread(self._rx.pull, version, self.timeout_ms)
-        self.metrics = {"refit/version": rep.version, "refit/bytes": rep.bytes, "refit/transfer_ms": rep.transfer_ms,
+        self.metrics = {"refit/version": rep.version, "refit/bytes": rep.bytes, "refit/sources": rep.sources,
+                        "refit/transfer_ms": rep.transfer_ms,
                         "refit/total_ms": rep.total_ms, "refit/transport": rep.transport}
         for name, t in self._views.items():
             yield name, t

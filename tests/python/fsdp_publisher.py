@@ -39,7 +39,7 @@ def main(a):
     with refit.Publisher(b.manifest, registry=a["registry"], job=a["job"]) as pub:
         b.attach(pub)
         for v in range(1, a["versions"] + 1):
-            pub.publish(v)
+            b.publish(pub, v)
             if a["acks"]:
                 pub.wait_acks(v, a["acks"], 600000)
         time.sleep(a["hold_ms"] / 1000)

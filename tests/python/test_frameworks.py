@@ -9,6 +9,14 @@ veRL's CheckpointEngineManager drives engines (prepare on every worker, build_to
 worker's slice, send_weights on every actor rank / receive_weights on every rollout worker, finalize); the tensors
 the rollout yields equal the checkpoint's byte for byte, for two versions.  Refused with a clear error: a tensor
 missing, one of the wrong shape, a rollout started before any trainer.
+
+veRL with local shards (issue #33): two real torch processes shard the model with FSDP2's fully_shard over gloo;
+on each, refit's engine (made by veRL's registry, topology from its build_topology) is handed what veRL hands its
+own delta_sharded engine - the training engine, here a stand-in object holding the fully_shard-ed module in
+.module, because veRL's FSDPEngine cannot be imported in this venv (verl is installed --no-deps and
+verl.workers.engine.fsdp needs peft) - and publishes its own shards (no gather, no copy) for version 3 and,
+after a real forward/backward/AdamW step, version 4; the rollout engine's receive_weights yields tensors equal
+byte for byte to the checkpoint and to FSDP2's own full_tensor() of the stepped model.
 """
 import asyncio
 import json
@@ -125,6 +133,119 @@ def test_verl_roundtrip(ckpt, tmp_path):
         assert actor.wait(timeout=180) == 0
 
 
+def fsdp_actor_main(a):
+    """One veRL actor rank with FSDP2 shards (see the module docstring)."""
+    import types
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+    import refit.verl_engine  # noqa: F401
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+    rank = a["rank"]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a["port"]))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",))
+    model = AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch.bfloat16)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    e = CheckpointEngineRegistry.new("refit", is_master=(rank == 0), bucket_size=1 << 20, registry=a["registry"],
+                                     job=a["job"], model=a["model"], timeout_ms=120000)
+    meta = [{"backend": "refit", "is_master": r == 0, "job": a["job"]} for r in range(2)]
+    meta[rank] = e.prepare()
+    actor_kw, _ = type(e).build_topology(2, 1, meta)
+    e.init_process_group(**{k: v[rank] for k, v in actor_kw.items()})
+    engine = types.SimpleNamespace(module=model)  # stand-in for veRL's FSDPEngine (see the module docstring)
+    out = {"rank": rank, "role": e.role}
+
+    async def run():
+        out["m3"] = await e.send_weights(engine, global_steps=3)
+        e._pub.wait_acks(3, 1, 120000)
+        e.wait_readers()  # before the step overwrites the shards in place
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(7))
+        model(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        full = {n: p.full_tensor() for n, p in model.named_parameters()}  # a collective: FSDP2's own gather
+        if rank == 0:
+            torch.save(full, os.path.join(a["work"], "v4.pt"))
+        dist.barrier()
+        out["m4"] = await e.send_weights(engine, global_steps=4)
+        e._pub.wait_acks(4, 1, 120000)
+        try:
+            await e.send_weights(engine, global_steps=4)
+        except Exception as err:
+            out["again"] = str(err)
+    asyncio.run(run())
+    b = e._binding
+    out["own_storage"] = all(reg.data_ptr() == p._local_tensor.untyped_storage().data_ptr()
+                             for (n, p), reg in zip(b.params.items(), b.regions))
+    e._pub.wait_readers(4, 120000)
+    e.shutdown()
+    json.dump(out, open(a["out"], "w"))
+    dist.destroy_process_group()
+
+
+def test_verl_fsdp_local_shards(ckpt, tmp_path):
+    import socket
+    import torch
+    import refit
+    import refit.verl_engine as ve
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+    from test_fsdp import canonical_of
+    with pytest.raises(Exception, match="not sharded by FSDP2"):  # an unsharded module: refused by name
+        ve._fsdp_module(torch.nn.Linear(2, 2))
+    reg, job = f"file:{tmp_path}/reg", "verl-fsdp"
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    procs = []
+    for r in range(2):
+        a = {"fsdp": True, "rank": r, "port": port, "registry": reg, "job": job, "model": ckpt, "work": str(tmp_path),
+             "out": f"{tmp_path}/rank{r}.json"}
+        procs.append(subprocess.Popen([sys.executable, __file__, json.dumps(a)]))
+    ok = False
+    try:
+        rx = CheckpointEngineRegistry.new("refit", bucket_size=1 << 20, registry=reg, job=job, model=ckpt,
+                                          timeout_ms=120000)
+        _engines_topology(type(rx), 0, 1, [rx])
+
+        async def drain(v):
+            return {n: t.clone() async for n, t in rx.receive_weights(global_steps=v)}
+        rmodel = refit.Model(ckpt)
+        for v in (3, 4):
+            got = asyncio.run(drain(v))
+            want = _ckpt_tensors(ckpt) if v == 3 else canonical_of(torch.load(f"{tmp_path}/v4.pt"), rmodel)
+            assert set(got) == set(want)
+            bad = [n for n in want if not torch.equal(got[n].view(torch.uint8), want[n].contiguous().view(torch.uint8))]
+            assert not bad, (v, bad[:5])
+            assert rx.metrics["refit/version"] == v and rx.metrics["refit/sources"] == 2, rx.metrics
+            if v == 4:
+                v3 = _ckpt_tensors(ckpt)
+                assert sum(torch.equal(got[n], v3[n]) for n in want) < len(want) // 2  # the step changed them
+            rx.finalize()
+        rx.shutdown()
+        ok = True
+    finally:
+        if not ok:
+            for p in procs:
+                p.kill()
+        rcs = [p.wait(timeout=300) for p in procs]
+    assert rcs == [0, 0], rcs
+    outs = [json.load(open(f"{tmp_path}/rank{r}.json")) for r in range(2)]
+    assert [o["role"] for o in outs] == ["publisher", "drain"], outs  # veRL's roles; both publish their shards
+    for r, o in enumerate(outs):
+        assert o["own_storage"], o
+        for k in ("m3", "m4"):
+            assert o[k]["refit/layout"] == "dtensor:dp_shard=2,dp_replicate=1,tp=1,experts=fused", o
+            assert o[k]["refit/layout_rank"] == r and o[k]["refit/copied_bytes"] == 0 and o[k]["refit/bytes"] > 0, o
+        assert "not newer than the last published version 4" in o["again"], o
+    total = sum(t.numel() * t.element_size() for t in _ckpt_tensors(ckpt).values())
+    assert outs[0]["m3"]["refit/bytes"] + outs[1]["m3"]["refit/bytes"] == total  # each byte once, no gather
+
+
 def test_verl_refuses_incomplete_or_misshaped(ckpt, tmp_path):
     import torch
     import refit
@@ -220,4 +341,9 @@ def test_refit_errors_cross_process_boundaries():
 
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
-    nemo_trainer_main(a) if a.get("nemo") else actor_main(a)
+    if a.get("nemo"):
+        nemo_trainer_main(a)
+    elif a.get("fsdp"):
+        fsdp_actor_main(a)
+    else:
+        actor_main(a)

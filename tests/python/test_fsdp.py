@@ -93,14 +93,14 @@ def rank_main(a):
             out["fp32"] = str(e)
         del m32
     b = refit.adapters.dtensor(model, rmodel)
-    out.update(layout=b.layout, layout_rank=b.rank, regions=len(b.regions))
-    out["not_own_storage"] = [n for (n, p), reg in zip(b.params.items(), b.regions)
-                              if reg.data_ptr() != p._local_tensor.untyped_storage().data_ptr()
-                              or reg.numel() != p._local_tensor.untyped_storage().nbytes()]
+    out.update(layout=b.layout, layout_rank=b.rank, regions=len(b.regions), params=len(b.params), copied=b.copied)
+    out["not_own_storage"] = [n for n, p in b.params.items() if n not in b.copied and
+                              (b.regions[b.region_of[n]].data_ptr() != p._local_tensor.untyped_storage().data_ptr()
+                               or b.regions[b.region_of[n]].numel() != p._local_tensor.untyped_storage().nbytes())]
     before = b.addresses()
     with refit.Publisher(b.manifest, registry=a["registry"], job=a["job"]) as pub:
         b.attach(pub)
-        pub.publish(1)
+        b.publish(pub, 1)  # = b.sync() (the packed copies, if any) + pub.publish(1)
         pub.wait_acks(1, a["receivers"], 120000)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         g = torch.Generator().manual_seed(7)
@@ -122,7 +122,7 @@ def rank_main(a):
         if a["rank"] == 0:
             torch.save(full, os.path.join(a["work"], f"{a['job']}-v2.pt"))
         dist.barrier()
-        pub.publish(2)
+        b.publish(pub, 2)
         pub.wait_acks(2, a["receivers"], 120000)
         pub.wait_readers(2, 120000)
     json.dump(out, open(a["out"], "w"))
@@ -172,14 +172,16 @@ def ckpts(tmp_path_factory):
     return {"moe": vllm_models.write(vllm_models.MOE, str(d / "moe" / vllm_models.MOE), 1),
             "dense": vllm_models.write(vllm_models.DENSE, str(d / "dense" / vllm_models.DENSE), 1),
             "untied": vllm_models.write(vllm_models.DENSE, str(d / "untied" / vllm_models.DENSE), 2,
-                                        tie_word_embeddings=False)}
+                                        tie_word_embeddings=False),
+            # 47 layers: 47 * 11 + 3 = 520 parameters a rank, more than a publisher's 511 regions
+            "deep": vllm_models.write(vllm_models.MOE, str(d / "deep" / vllm_models.MOE), 4, num_hidden_layers=47)}
 
 
-CASES = [("moe", 1, 2, 1), ("dense", 1, 4, 1), ("moe", 2, 2, 1), ("untied", 1, 2, 2)]
+CASES = [("moe", 1, 2, 1), ("dense", 1, 4, 1), ("moe", 2, 2, 1), ("untied", 1, 2, 2), ("deep", 1, 2, 1)]
 
 
 @pytest.mark.parametrize("kind,rep,shard,tp", CASES, ids=["fsdp2-moe", "fsdp4-dense", "hsdp2x2-moe",
-                                                         "tp2xfsdp2-dense"])
+                                                         "tp2xfsdp2-dense", "fsdp2-moe-520params"])
 def test_fully_shard_publishes(tmp_path, ckpts, kind, rep, shard, tp):
     import torch
     from safetensors.torch import load_file
@@ -246,6 +248,11 @@ def test_fully_shard_publishes(tmp_path, ckpts, kind, rep, shard, tp):
     for r in res:
         assert r["layout"] == want_layout, r
         assert r["not_own_storage"] == [] and r["moved"] == [] and r["regions"] > 0, r
+        if kind == "deep":  # 520 parameters: 510 zero-copy regions and one of the 10 smallest, copied (q/k norms)
+            assert r["params"] == 520 and r["regions"] == 511 and len(r["copied"]) == 10, r
+            assert all(n.endswith(("q_norm.weight", "k_norm.weight")) for n in r["copied"]), r["copied"]
+        else:
+            assert r["copied"] == [] and r["regions"] == r["params"], r
         if tp == 1:
             assert "mis-shaped or wrong dtype" in r["fp32"] and "model.embed_tokens.weight: f32" in r["fp32"], r["fp32"]
 

@@ -2,7 +2,10 @@
 real vLLM (CPU) rollout: 3 steps, its KL gate, the swap-only comparison and the three bad inputs, asserted from
 the JSON it writes (not from its exit code alone).
 
-REFIT_RL_ARGS adds arguments (e.g. "--trainer ep=2 --registry redis"); REFIT_RL_JSON copies the JSON somewhere.
+REFIT_RL_ARGS adds arguments (e.g. "--trainer fsdp --registry redis"); REFIT_RL_JSON copies the JSON somewhere.
+With --trainer fsdp the trainer ranks are torch's real fully_shard over gloo (examples/grpo_ray/fsdp_trainer.py):
+each publishes its own FSDP2 shards (the dtensor layout, no gather, no copy) after a real forward/backward/AdamW
+step, which is asserted too.
 """
 import json
 import os
@@ -25,6 +28,19 @@ def test_rl_loop(tmp_path):
         shutil.copy(out / "rl-loop.json", os.environ["REFIT_RL_JSON"])
     steps = res["steps"]
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    fsdp = "--trainer" in extra and extra[extra.index("--trainer") + 1] == "fsdp"
+    if fsdp:
+        # every trainer rank published its own shards of the dtensor layout: half the model's bytes each (this
+        # model's every dim 0 is even), together the whole model exactly once
+        tr = res["trainer"]
+        assert [t["layout"] for t in tr] == ["dtensor:dp_shard=2,dp_replicate=1,tp=1,experts=fused"] * 2, tr
+        assert [t["layout_rank"] for t in tr] == [0, 1] and tr[0]["region_bytes"] == tr[1]["region_bytes"], tr
+        assert all(s["refit_report"]["bytes"] == 2 * tr[0]["region_bytes"] for s in steps), steps
+        for s in steps[1:]:
+            # a real step on each rank's half of the batch: the shards changed, in place (storage not moved)
+            assert len(s["train"]) == 2 and all(t["seqs"] > 0 and t["elements_changed"] > 1000 and
+                                                t["storage_moved"] == [] for t in s["train"]), s["train"]
+        assert res["config"]["trainer"].startswith("torch fully_shard")
     kl_max = res["config"]["kl_max"]
     for s in steps:
         # every step refitted through refit (2 trainer sources over shm) and passed the gate
