@@ -268,6 +268,7 @@ def main(cfg_path, out_path):
                    "copy_ms": max(x["last_commit"]["copy_ms"] for x in wv),
                    "bytes_copied": max(x["last_commit"]["bytes_copied"] for x in wv),
                    "handles_exchanged": max(x["last_commit"]["handles_exchanged"] for x in wv),
+                   "derived": max(x["last_commit"].get("derived", 0) for x in wv),  # issue 35: MLA re-derived
                    "pull_ms": stg["pull_ms"], "prepare_ms": stg["prepare_ms"],
                    "stage_call_ms": (t_ret - t0) * 1e3, "rank_bytes": rank_bytes, "pulled_bytes": stg["bytes"],
                    "local_copy_ms": lc, "local_copy_before_after_ms": [lc_before, lc_after],
