@@ -77,6 +77,19 @@ def w_dump(self, directory):
     return {"rank": self.rank, "tensors": len(state)}
 
 
+def w_mla_facts(self):
+    """Issue 35: for every MLA attention layer, whether vLLM's derived W_UK_T / W_UV share kv_b_proj's storage
+    (on the CPU with the activation dtype equal to the weight's, vLLM's split returns views)."""
+    m = self.model_runner.get_model()
+    out = {}
+    for n, mod in m.named_modules():
+        if type(mod).__name__ != "MLAAttention":
+            continue
+        kv = mod.kv_b_proj.weight.untyped_storage().data_ptr()
+        out[n] = {a: getattr(mod, a).untyped_storage().data_ptr() == kv for a in ("W_UK_T", "W_UV")}
+    return out
+
+
 def w_rank(self, tag):
     return [self.rank, tag]
 
@@ -294,6 +307,8 @@ def main(cfg_path, out_path):
         llm.collective_rpc(w_dump, args=(os.path.join(work, "v1"),))
         res["v1_generation"] = generate(llm, gen)
         res["v1_vs_reference"] = compare(os.path.join(work, "v1"), os.path.join(work, "ref"), tp)
+        if cfg.get("mla_facts"):
+            res["mla_facts"] = llm.collective_rpc(w_mla_facts)
         step("v1", start_s=secs)
 
         # 4. negative
