@@ -70,10 +70,10 @@ def classify(name: str, module, platform: str) -> str:
         # reference (fused_topk_bias_router: .data at every call), no post-load step: written in place.
         return "direct"
     if _exact(qm, *_UNQ_LINEAR) or gate:  # the MoE gate's method: the unquantized one, on the CPU unchanged
-        if attr != "weight":
-            raise RefitVllmError(f"{name}: {attr} of {mcls} is not a tensor refit has checked (vLLM's CPU linear "
-                                 "post-load step may convert it)")
         if platform == "cpu":
+            if attr != "weight":  # a bias: the CPU sgl-kernel path converts it to fp32 after loading
+                raise RefitVllmError(f"{name}: {attr} of {mcls} is not a tensor refit has checked on the CPU "
+                                     "(vLLM's CPU linear post-load step may convert it)")
             if getattr(module, "_cpu_skip_gemm_dispatch", False):
                 # MLA's kv_b_proj: vLLM keeps the weight live (cpu_linear = F.linear on it) and derives W_UK_T /
                 # W_UV from it; written in place, the derivation re-run afterwards (derived.py).
