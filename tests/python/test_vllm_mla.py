@@ -51,7 +51,9 @@ def ckpts(tmp_path_factory):
     v1 = vllm_models.write_mla(str(root / "v1" / name), 1)
     v2 = vllm_models.write_mla(str(root / "v2" / name), 2)
     v2b = vllm_models.write_mla(str(root / "v2-bias" / name), 3, bias_from=v1)
-    return {"v1": v1, "v2": v2, "v2-bias": v2b, "root": root}
+    m1 = vllm_models.add_mtp(v1, str(root / "v1-mtp" / name), 11)
+    m2 = vllm_models.add_mtp(v2, str(root / "v2-mtp" / name), 12)
+    return {"v1": v1, "v2": v2, "v2-bias": v2b, "v1-mtp": m1, "v2-mtp": m2, "root": root}
 
 
 def _drive(script, cfg, root, tag):
@@ -70,11 +72,12 @@ def _drive(script, cfg, root, tag):
     return res
 
 
-def _single(ckpts, v2, tag):
+def _single(ckpts, v2, tag, v1="v1", **over):
     root = ckpts["root"]
-    cfg = {"v1": ckpts["v1"], "v2": ckpts[v2], "bad": None, "tp": 1, "ep": False, "trainer": None,
+    cfg = {"v1": ckpts[v1], "v2": ckpts[v2], "bad": None, "tp": 1, "ep": False, "trainer": None,
            "src_layout": "megatron:tp=2,ep=2", "refit": REFIT_BIN, "work": str(root / f"work-{tag}"),
            "versions": 2, "generate": True, "negative": False, "mla_facts": True}
+    cfg.update(over)
     return _drive("vllm_driver.py", cfg, root, tag), root / f"work-{tag}"
 
 
@@ -146,6 +149,23 @@ def test_refit_mla_two_phase(ckpts):
         assert u["live_untouched_while_staged"]
         assert u["derived"] == len(MLA_ATTN)  # vLLM's MLA step ran inside the commit, once per layer
     assert r["final_generation_equal"]
+
+
+def test_refit_with_mtp_draft(ckpts):
+    """DeepSeek MTP speculation (vLLM 0.32 runs it on the CPU): a refit moves the target; the MTP layer keeps its
+    loaded bytes (refit's canonical list has no MTP layers, and the backend declares no draft target), while
+    the draft's embedding and lm_head are the target's.  Greedy output is the target's regardless."""
+    r, work = _single(ckpts, "v2-mtp", "mtp", v1="v1-mtp", dump_draft=True, mla_facts=False,
+                      llm_extra={"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}})
+    assert r["refit_vs_reference"]["equal"], "\n".join(r["refit_vs_reference"]["mismatches"])
+    assert r["v1_generation"] != r["reference_generation"]
+    assert r["refit_generation"] == r["reference_generation"]  # tokens and logprobs
+    v1, ref, refit = _dump(work, "v1-draft"), _dump(work, "ref-draft"), _dump(work, "refit-draft")
+    stale = sorted(k for k in refit if not refit[k].equal(ref[k]))
+    assert stale and all(refit[k].equal(v1[k]) for k in stale)  # the draft's own tensors: still v1's
+    assert any("eh_proj" in k for k in stale) and any("mtp_block" in k for k in stale)
+    shared = sorted(k for k in refit if k not in stale and not v1[k].equal(ref[k]))
+    print("draft tensors left at v1:", len(stale), "refitted through the target (shared):", shared)
 
 
 # ---------------------------------------------------------------- refusals (no engine)

@@ -9,7 +9,10 @@ CONFIG: {"v1": dir, "v2": dir, "bad": dir (a checkpoint with one wrong shape; wi
          "trainer": "fsdp" (optional: the "good" publishers are real FSDP2 ranks, tests/python/fsdp_publisher.py,
          src_layout dtensor:dp_shard=W),
          "versions": K, "generate": bool (default true; false skips every generation: vLLM 0.32 on the CPU cannot
-         run an MoE forward pass with expert parallel, see the end of main)}
+         run an MoE forward pass with expert parallel, see the end of main),
+         issue 35 (optional): "llm_extra": more LLM(...) arguments (a speculative_config), "dump_draft": also dump
+         the draft model (reference, v1, refit), "mla_facts": record whether MLA's W_UK_T / W_UV share kv_b_proj's
+         storage}
 
 What it does, in order (each vLLM is LLM(..., skip_tokenizer_init=True, enforce_eager=True)):
   1. reference: vLLM started on v2; every worker dumps its live state (below) and greedy generation is recorded;
@@ -72,6 +75,21 @@ def w_dump(self, directory):
             k = getattr(mod, "input_size_per_partition", None) or getattr(mod, "input_size", None) or \
                 getattr(mod, "embedding_dim")
             state["matmul:" + n] = f(torch.eye(k, dtype=torch.bfloat16), getattr(mod, "weight", None), None).clone()
+    os.makedirs(directory, exist_ok=True)
+    torch.save(state, os.path.join(directory, f"rank-{self.rank}.pt"))
+    return {"rank": self.rank, "tensors": len(state)}
+
+
+def w_dump_draft(self, directory):
+    """The speculative draft model's parameters and buffers (issue 35: a refit moves the target only)."""
+    import torch
+    m = self.model_runner.get_draft_model()
+    state = {}
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            state["param:" + n] = p.detach().clone()
+        for n, b in m.named_buffers():
+            state["buffer:" + n] = b.detach().clone()
     os.makedirs(directory, exist_ok=True)
     torch.save(state, os.path.join(directory, f"rank-{self.rank}.pt"))
     return {"rank": self.rank, "tensors": len(state)}
@@ -171,6 +189,7 @@ def start_llm(path: str, cfg: dict, refit: bool):
               dtype="bfloat16", max_model_len=128, max_num_seqs=4, seed=0)
     if cfg.get("ep"):
         kw["enable_expert_parallel"] = True
+    kw.update(cfg.get("llm_extra") or {})  # e.g. a speculative_config (issue 35's MTP run)
     if refit:
         kw["weight_transfer_config"] = {"backend": "refit"}
     t = time.perf_counter()
@@ -290,6 +309,8 @@ def main(cfg_path, out_path):
         # 1. reference
         ref, secs = start_llm(cfg["v2"], cfg, refit=False)
         ref.collective_rpc(w_dump, args=(os.path.join(work, "ref"),))
+        if cfg.get("dump_draft"):
+            ref.collective_rpc(w_dump_draft, args=(os.path.join(work, "ref-draft"),))
         res["reference_generation"] = generate(ref, gen)
         step("reference", start_s=secs)
         stop_llm(ref)
@@ -305,6 +326,8 @@ def main(cfg_path, out_path):
         # 3. vLLM on v1 with the refit backend
         llm, secs = start_llm(cfg["v1"], cfg, refit=True)
         llm.collective_rpc(w_dump, args=(os.path.join(work, "v1"),))
+        if cfg.get("dump_draft"):
+            llm.collective_rpc(w_dump_draft, args=(os.path.join(work, "v1-draft"),))
         res["v1_generation"] = generate(llm, gen)
         res["v1_vs_reference"] = compare(os.path.join(work, "v1"), os.path.join(work, "ref"), tp)
         if cfg.get("mla_facts"):
@@ -353,6 +376,8 @@ def main(cfg_path, out_path):
             res["updates"].append({"version": v, "driver_ms": ms, "workers": rep})
             if v == 1:
                 llm.collective_rpc(w_dump, args=(os.path.join(work, "refit"),))
+                if cfg.get("dump_draft"):
+                    llm.collective_rpc(w_dump_draft, args=(os.path.join(work, "refit-draft"),))
                 res["refit_vs_reference"] = compare(os.path.join(work, "refit"), os.path.join(work, "ref"), tp)
                 res["refit_generation"] = generate(llm, gen)
                 step("refit", version=v, driver_ms=ms, equal=res["refit_vs_reference"]["equal"])

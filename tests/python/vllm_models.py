@@ -90,6 +90,34 @@ def write_mla(out: str, seed: int, bias_from: str = None):
     return out
 
 
+def add_mtp(src: str, out: str, seed: int):
+    """The write_mla checkpoint `src` with one DeepSeek MTP layer (num_nextn_predict_layers=1): layer 2 = layer 1's
+    tensors plus enorm, hnorm, eh_proj, shared_head.norm and shared_head.head, random (transformers writes no MTP
+    layer; the names are the ones vLLM 0.32's DeepSeekMTP loads)."""
+    import json
+    import shutil
+    import torch
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    sd = load_file(os.path.join(out, "model.safetensors"))
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = json.load(f)
+    h, v, last = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    g = torch.Generator().manual_seed(seed)
+    for k in list(sd):
+        if k.startswith(f"model.layers.{last - 1}."):
+            sd[k.replace(f"model.layers.{last - 1}.", f"model.layers.{last}.")] = sd[k].clone()
+    for n, shape in (("enorm.weight", [h]), ("hnorm.weight", [h]), ("shared_head.norm.weight", [h]),
+                     ("eh_proj.weight", [h, 2 * h]), ("shared_head.head.weight", [v, h])):
+        t = torch.rand(shape, generator=g) + 0.5 if len(shape) == 1 else torch.randn(shape, generator=g) * 0.05
+        sd[f"model.layers.{last}.{n}"] = t.to(torch.bfloat16)
+    save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    cfg["num_nextn_predict_layers"] = 1
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return out
+
+
 def write(kind: str, out: str, seed: int, bad: bool = False, **over):
     """Random weights (normal(0, 0.05) for matrices, uniform(0.5, 1.5) for norms: every value differs between
     seeds), bf16, saved with save_pretrained as one model.safetensors."""
