@@ -87,7 +87,7 @@ def _dump(work, what):
 
 
 def test_refit_mla_model(ckpts):
-    r, work = _single(ckpts, "v2", "single")
+    r, work = _single(ckpts, "v2", "single", mla_unalias=True)
     # v1 and v2 differ everywhere the test looks
     assert not r["v1_vs_reference"]["equal"] and r["v1_generation"] != r["reference_generation"]
     # every parameter, buffer and packed matmul of the refitted engine equals the engine started on v2
@@ -119,6 +119,10 @@ def test_refit_mla_model(ckpts):
     # in-place write of kv_b_proj already changes them; refit re-runs vLLM's step anyway (a copy onto itself here,
     # the refresh where the dtypes differ) and checks it wrote in place.
     assert r["mla_facts"] == [{l: {"W_UK_T": True, "W_UV": True} for l in MLA_ATTN}]
+    # ... so the driver gave them storage of their own before the refit (w_mla_unalias, what a dtype change
+    # makes): their v2 bytes above came from the re-run derivation, not from the alias
+    assert r["mla_unaliased"] == [2 * len(MLA_ATTN)]
+    assert r["mla_facts_unaliased"] == [{l: {"W_UK_T": False, "W_UV": False} for l in MLA_ATTN}]
     # what vLLM's own reload path does with the same bytes (step 6), recorded: see docs/vllm.md
     print("vLLM load_weights vs reference:", r["load_weights"]["vs_reference"]["equal"],
           r["load_weights"]["vs_reference"]["mismatches"][:4])
@@ -184,6 +188,32 @@ def test_refusals_by_name():
     m.add_module("attn", SparseMLAAttention())
     with pytest.raises(RefitVllmError, match=r"attn: multi-head latent attention class SparseMLAAttention"):
         derived.find_mla(m, "cpu")
+
+    # the MLA configurations whose derivation differs (read in vLLM 0.32's MLAAttention), refused by name
+    class CPUMLAImpl:
+        indexer = None
+
+    class AMXMLAImpl(CPUMLAImpl):
+        pass
+
+    layer = torch.nn.Module()
+    layer.add_module("kv_b_proj", torch.nn.Linear(4, 8, bias=False))
+    layer.impl = CPUMLAImpl()
+    derived._check_layer("l0.mla", layer, "cpu")  # the checked configuration passes
+    with pytest.raises(RefitVllmError, match=r"l0\.mla: MLA backend CPUMLAImpl on cuda is not one refit has checked"):
+        derived._check_layer("l0.mla", layer, "cuda")
+    layer.impl = AMXMLAImpl()
+    with pytest.raises(RefitVllmError, match=r"l0\.mla: MLA backend AMXMLAImpl on cpu"):
+        derived._check_layer("l0.mla", layer, "cpu")
+    layer.impl = CPUMLAImpl()
+    for flag in ("is_amx_bmm_enabled", "dcp_q_replicate"):
+        setattr(layer, flag, True)
+        with pytest.raises(RefitVllmError, match=rf"l0\.mla: MLA with {flag} is not supported"):
+            derived._check_layer("l0.mla", layer, "cpu")
+        setattr(layer, flag, False)
+    layer.impl.indexer = object()
+    with pytest.raises(RefitVllmError, match=r"MLA with a sparse-MLA indexer is not supported"):
+        derived._check_layer("l0.mla", layer, "cpu")
 
     lin = torch.nn.Module()
     lin.quant_method = UnquantizedLinearMethod()

@@ -12,7 +12,7 @@ CONFIG: {"v1": dir, "v2": dir, "bad": dir (a checkpoint with one wrong shape; wi
          run an MoE forward pass with expert parallel, see the end of main),
          issue 35 (optional): "llm_extra": more LLM(...) arguments (a speculative_config), "dump_draft": also dump
          the draft model (reference, v1, refit), "mla_facts": record whether MLA's W_UK_T / W_UV share kv_b_proj's
-         storage}
+         storage, "mla_unalias": then give them storage of their own (w_mla_unalias)}
 
 What it does, in order (each vLLM is LLM(..., skip_tokenizer_init=True, enforce_eager=True)):
   1. reference: vLLM started on v2; every worker dumps its live state (below) and greedy generation is recorded;
@@ -106,6 +106,21 @@ def w_mla_facts(self):
         kv = mod.kv_b_proj.weight.untyped_storage().data_ptr()
         out[n] = {a: getattr(mod, a).untyped_storage().data_ptr() == kv for a in ("W_UK_T", "W_UV")}
     return out
+
+
+def w_mla_unalias(self):
+    """Issue 35: gives every MLA layer's W_UK_T / W_UV storage of their own (same values, same Parameter objects),
+    as vLLM's split makes when the activation dtype differs from the weight's: from then on only a re-run of
+    vLLM's derivation can bring them to a new kv_b_proj."""
+    m = self.model_runner.get_model()
+    n = 0
+    for _, mod in m.named_modules():
+        if type(mod).__name__ == "MLAAttention":
+            for a in ("W_UK_T", "W_UV"):
+                p = getattr(mod, a)
+                p.data = p.data.clone()
+                n += 1
+    return n
 
 
 def w_rank(self, tag):
@@ -332,6 +347,9 @@ def main(cfg_path, out_path):
         res["v1_vs_reference"] = compare(os.path.join(work, "v1"), os.path.join(work, "ref"), tp)
         if cfg.get("mla_facts"):
             res["mla_facts"] = llm.collective_rpc(w_mla_facts)
+            if cfg.get("mla_unalias"):
+                res["mla_unaliased"] = llm.collective_rpc(w_mla_unalias)
+                res["mla_facts_unaliased"] = llm.collective_rpc(w_mla_facts)
         step("v1", start_s=secs)
 
         # 4. negative
