@@ -143,9 +143,11 @@ def test_refit_bias_only(ckpts):
 def test_refit_mla_two_phase(ckpts):
     root = ckpts["root"]
     cfg = {"v1": ckpts["v1"], "v2": ckpts["v2"], "tp": 1, "refit": REFIT_BIN, "work": str(root / "work-inflight"),
-           "updates": 2, "single": 1, "faults": False, "max_tokens": 24, "stage_before_publish": True}
+           "updates": 2, "single": 1, "faults": False, "max_tokens": 24, "stage_before_publish": True,
+           "mla_unalias": True}
     r = _drive("vllm_inflight_driver.py", cfg, root, "inflight")
     assert r["refs_differ"]
+    assert r["mla_unaliased"] == [2 * len(MLA_ATTN)]  # W_UK_T / W_UV no longer views of kv_b_proj
     assert r["single"] and all(s["verified"] for s in r["single"])
     assert len(r["updates"]) == 2
     for u in r["updates"]:
