@@ -166,9 +166,10 @@ class VllmBinding:
     def _check_buffers(self, locs) -> dict:
         """Non-parameter tensors: refit moves parameters, so a checkpoint tensor that vLLM holds as a buffer would
         be skipped silently (the "all-zero routing table" failure).  Every live buffer is compared by name with
-        the layout's local tensors and the checkpoint's tensors (exactly, and by the part from "layers." on, or
-        without a leading "model."); a match is refused by name.  Returns the proof: how many buffers were
-        checked and their names (all derived from the config or the weights, none carried by the checkpoint)."""
+        the layout's local tensors and the model's canonical tensors (refit's model spec: the checkpoint's names,
+        less what the spec leaves out, such as MTP layers), exactly, by the part from "layers." on, and without a
+        leading "model."; a match is refused by name.  Returns the proof: how many buffers were checked and their
+        names (all derived from the config or the weights, none a canonical tensor)."""
         def key(n):
             i = n.find("layers.")
             return n[i:] if i >= 0 else (n[len("model."):] if n.startswith("model.") else n)
