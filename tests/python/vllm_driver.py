@@ -9,7 +9,10 @@ CONFIG: {"v1": dir, "v2": dir, "bad": dir (a checkpoint with one wrong shape; wi
          "trainer": "fsdp" (optional: the "good" publishers are real FSDP2 ranks, tests/python/fsdp_publisher.py,
          src_layout dtensor:dp_shard=W),
          "versions": K, "generate": bool (default true; false skips every generation: vLLM 0.32 on the CPU cannot
-         run an MoE forward pass with expert parallel, see the end of main)}
+         run an MoE forward pass with expert parallel, see the end of main),
+         issue 35 (optional): "llm_extra": more LLM(...) arguments (a speculative_config), "dump_draft": also dump
+         the draft model (reference, v1, refit), "mla_facts": record whether MLA's W_UK_T / W_UV share kv_b_proj's
+         storage, "mla_unalias": then give them storage of their own (w_mla_unalias)}
 
 What it does, in order (each vLLM is LLM(..., skip_tokenizer_init=True, enforce_eager=True)):
   1. reference: vLLM started on v2; every worker dumps its live state (below) and greedy generation is recorded;
@@ -75,6 +78,49 @@ def w_dump(self, directory):
     os.makedirs(directory, exist_ok=True)
     torch.save(state, os.path.join(directory, f"rank-{self.rank}.pt"))
     return {"rank": self.rank, "tensors": len(state)}
+
+
+def w_dump_draft(self, directory):
+    """The speculative draft model's parameters and buffers (issue 35: a refit moves the target only)."""
+    import torch
+    m = self.model_runner.get_draft_model()
+    state = {}
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            state["param:" + n] = p.detach().clone()
+        for n, b in m.named_buffers():
+            state["buffer:" + n] = b.detach().clone()
+    os.makedirs(directory, exist_ok=True)
+    torch.save(state, os.path.join(directory, f"rank-{self.rank}.pt"))
+    return {"rank": self.rank, "tensors": len(state)}
+
+
+def w_mla_facts(self):
+    """Issue 35: for every MLA attention layer, whether vLLM's derived W_UK_T / W_UV share kv_b_proj's storage
+    (on the CPU with the activation dtype equal to the weight's, vLLM's split returns views)."""
+    m = self.model_runner.get_model()
+    out = {}
+    for n, mod in m.named_modules():
+        if type(mod).__name__ != "MLAAttention":
+            continue
+        kv = mod.kv_b_proj.weight.untyped_storage().data_ptr()
+        out[n] = {a: getattr(mod, a).untyped_storage().data_ptr() == kv for a in ("W_UK_T", "W_UV")}
+    return out
+
+
+def w_mla_unalias(self):
+    """Issue 35: gives every MLA layer's W_UK_T / W_UV storage of their own (same values, same Parameter objects),
+    as vLLM's split makes when the activation dtype differs from the weight's: from then on only a re-run of
+    vLLM's derivation can bring them to a new kv_b_proj."""
+    m = self.model_runner.get_model()
+    n = 0
+    for _, mod in m.named_modules():
+        if type(mod).__name__ == "MLAAttention":
+            for a in ("W_UK_T", "W_UV"):
+                p = getattr(mod, a)
+                p.data = p.data.clone()
+                n += 1
+    return n
 
 
 def w_rank(self, tag):
@@ -158,6 +204,7 @@ def start_llm(path: str, cfg: dict, refit: bool):
               dtype="bfloat16", max_model_len=128, max_num_seqs=4, seed=0)
     if cfg.get("ep"):
         kw["enable_expert_parallel"] = True
+    kw.update(cfg.get("llm_extra") or {})  # e.g. a speculative_config (issue 35's MTP run)
     if refit:
         kw["weight_transfer_config"] = {"backend": "refit"}
     t = time.perf_counter()
@@ -277,6 +324,8 @@ def main(cfg_path, out_path):
         # 1. reference
         ref, secs = start_llm(cfg["v2"], cfg, refit=False)
         ref.collective_rpc(w_dump, args=(os.path.join(work, "ref"),))
+        if cfg.get("dump_draft"):
+            ref.collective_rpc(w_dump_draft, args=(os.path.join(work, "ref-draft"),))
         res["reference_generation"] = generate(ref, gen)
         step("reference", start_s=secs)
         stop_llm(ref)
@@ -292,8 +341,15 @@ def main(cfg_path, out_path):
         # 3. vLLM on v1 with the refit backend
         llm, secs = start_llm(cfg["v1"], cfg, refit=True)
         llm.collective_rpc(w_dump, args=(os.path.join(work, "v1"),))
+        if cfg.get("dump_draft"):
+            llm.collective_rpc(w_dump_draft, args=(os.path.join(work, "v1-draft"),))
         res["v1_generation"] = generate(llm, gen)
         res["v1_vs_reference"] = compare(os.path.join(work, "v1"), os.path.join(work, "ref"), tp)
+        if cfg.get("mla_facts"):
+            res["mla_facts"] = llm.collective_rpc(w_mla_facts)
+            if cfg.get("mla_unalias"):
+                res["mla_unaliased"] = llm.collective_rpc(w_mla_unalias)
+                res["mla_facts_unaliased"] = llm.collective_rpc(w_mla_facts)
         step("v1", start_s=secs)
 
         # 4. negative
@@ -338,6 +394,8 @@ def main(cfg_path, out_path):
             res["updates"].append({"version": v, "driver_ms": ms, "workers": rep})
             if v == 1:
                 llm.collective_rpc(w_dump, args=(os.path.join(work, "refit"),))
+                if cfg.get("dump_draft"):
+                    llm.collective_rpc(w_dump_draft, args=(os.path.join(work, "refit-draft"),))
                 res["refit_vs_reference"] = compare(os.path.join(work, "refit"), os.path.join(work, "ref"), tp)
                 res["refit_generation"] = generate(llm, gen)
                 step("refit", version=v, driver_ms=ms, equal=res["refit_vs_reference"]["equal"])

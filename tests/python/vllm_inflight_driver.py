@@ -5,7 +5,8 @@ and bench/inflight-vllm-cpu.sh run it and read the JSON it writes.
     python vllm_inflight_driver.py CONFIG.json OUT.json
 
 CONFIG: {"v1": dir, "v2": dir, "tp": 1, "refit": refit binary, "work": dir, "updates": U (two-phase updates
-         measured), "single": S (single-phase updates measured first), "faults": bool, "max_tokens": n}
+         measured), "single": S (single-phase updates measured first), "faults": bool, "max_tokens": n,
+         "mla_unalias": bool (issue 35: vllm_driver.w_mla_unalias on the refit engine before its first update)}
 
 Steps (every vLLM is LLM(..., skip_tokenizer_init=True, enforce_eager=True); the engine core in this process):
   1. references: a vLLM started on v1, then one on v2: every worker's live state (vllm_driver.w_dump: parameters,
@@ -34,7 +35,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from vllm_driver import PROMPTS, _set_env, _vllm_shm, compare, generate, start_llm, stop_llm, w_dump  # noqa: E402
+from vllm_driver import (PROMPTS, _set_env, _vllm_shm, compare, generate, start_llm, stop_llm, w_dump,  # noqa: E402
+                         w_mla_unalias)
 
 
 def hf_publisher(ckpts, reg, job, digest=True):
@@ -179,6 +181,8 @@ def main(cfg_path, out_path):
         # 3. the engine on v1, single-phase updates
         llm, _ = start_llm(cfg["v1"], cfg, refit=True)
         assert compare(dump(llm, "start"), refs["v1"], tp)["equal"]
+        if cfg.get("mla_unalias"):  # issue 35: MLA's derived tensors in storage of their own (vllm_driver)
+            res["mla_unaliased"] = llm.collective_rpc(w_mla_unalias)
         llm.collective_rpc("init_weight_transfer_engine", args=({"registry": reg, "job": "inflight"},))
         k = 0
         for _ in range(int(cfg.get("single", 2))):
@@ -268,6 +272,7 @@ def main(cfg_path, out_path):
                    "copy_ms": max(x["last_commit"]["copy_ms"] for x in wv),
                    "bytes_copied": max(x["last_commit"]["bytes_copied"] for x in wv),
                    "handles_exchanged": max(x["last_commit"]["handles_exchanged"] for x in wv),
+                   "derived": max(x["last_commit"].get("derived", 0) for x in wv),  # issue 35: MLA re-derived
                    "pull_ms": stg["pull_ms"], "prepare_ms": stg["prepare_ms"],
                    "stage_call_ms": (t_ret - t0) * 1e3, "rank_bytes": rank_bytes, "pulled_bytes": stg["bytes"],
                    "local_copy_ms": lc, "local_copy_before_after_ms": [lc_before, lc_after],

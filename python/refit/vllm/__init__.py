@@ -24,6 +24,7 @@ The modules, one responsibility each:
   classify  the path of each live tensor (direct, embedding, linear-cpu, moe-cpu), or a refusal naming it
   bind      VllmBinding: the live model as a receiver manifest and its memory
   postload  the CPU post-load steps run after a pull
+  derived   derived state (issue 35): MLA's W_UK_T / W_UV, re-derived by vLLM's own step after a pull or commit
   executor  realign_worker_replies, the workaround for vLLM 0.32's executor after a failed call
   backend   RefitWeightTransferEngine, the engine vLLM drives
   inflight  two-phase updates (init_info stage="host"): the worker's Stager, and stage / commit / versions for

@@ -34,7 +34,8 @@ def _init_report(b: VllmBinding) -> dict:
             "platform": b.platform, "classes": b.classes,
             "moe_backend": sorted({moe_backend(it.module) for it in b.items
                                    if hasattr(it.module, "global_num_experts")}),
-            "regions": len(b.regions), "staging_bytes": b.staging.numel(), "init_ms": b.init_ms}
+            "regions": len(b.regions), "staging_bytes": b.staging.numel(), "init_ms": b.init_ms,
+            "mla_layers": [n for n, _ in b.mla], "derived": b.derived, "buffers": b.buffers}
 
 
 def _update_record(rep, pull_ms: float, apply_ms: dict, apply_total_ms: float) -> dict:

@@ -12,7 +12,7 @@ import torch
 
 from ..adapters import ALIGN, AdapterError
 from ..core import Layout, Manifest, Receiver, torch_dtype
-from . import postload
+from . import derived, postload
 from .classify import STAGED, classify
 from .errors import RefitVllmError
 from .geometry import detect_names, platform_name, refit_model, vocab_pad, worker_geometry
@@ -40,11 +40,6 @@ def _refuse_unsupported(model, vllm_config):
     if "process_weights_after_loading" in type(model).__dict__:
         raise RefitVllmError(f"{type(model).__name__} has a model-level process_weights_after_loading hook "
                              "that refit does not run")
-    mla = sorted({type(mod).__name__ for mod in model.modules()
-                  if "MLA" in type(mod).__name__ or "LatentAttention" in type(mod).__name__})
-    if mla:
-        raise RefitVllmError(f"multi-head latent attention ({', '.join(mla)}) is not supported: vLLM derives "
-                             "W_UK_T / W_UV from kv_b_proj after loading, a step refit does not run")
 
 
 class VllmBinding:
@@ -61,7 +56,11 @@ class VllmBinding:
         if self.platform not in ("cpu", "cuda"):
             raise RefitVllmError(f"platform {self.platform} is not supported (refit handles cpu and cuda)")
         self.geometry = g = worker_geometry(vllm_config)
+        self.mla = derived.find_mla(model, self.platform)  # layers whose W_UK_T / W_UV vLLM derives (derived.py)
         params = dict(model.named_parameters())
+        self.derived = derived.derived_names(self.mla, params)  # not checkpoint tensors: recomputed after a pull
+        for n in self.derived:
+            del params[n]
         self.names = detect_names(params)
         self.rmodel = refit_model(vllm_config.model_config, identity)
         spec = (f"vllm:tp={g['tp']},ep={g['ep']},dp={g['dp']},pad={vocab_pad(params, self.rmodel, g['tp'])}"
@@ -69,6 +68,7 @@ class VllmBinding:
         self.layout = Layout(spec)
         scheme = self.layout.manifest(self.rmodel, g["rank"])
         self.layout_str = scheme.identity["layout"]
+        self.buffers = self._check_buffers(scheme.locals())
         self.items = self._match(scheme.locals(), params)
         self._check_expert_placement(self.items)
         self.stage_need = None
@@ -163,6 +163,26 @@ class VllmBinding:
                         f"{self.layout_str} has {want}"]
         return []
 
+    def _check_buffers(self, locs) -> dict:
+        """Non-parameter tensors: refit moves parameters, so a checkpoint tensor that vLLM holds as a buffer would
+        be skipped silently (the "all-zero routing table" failure).  Every live buffer is compared by name with
+        the layout's local tensors and the model's canonical tensors (refit's model spec: the checkpoint's names,
+        less what the spec leaves out, such as MTP layers), exactly, by the part from "layers." on, and without a
+        leading "model."; a match is refused by name.  Returns the proof: how many buffers were checked and their
+        names (all derived from the config or the weights, none a canonical tensor)."""
+        def key(n):
+            i = n.find("layers.")
+            return n[i:] if i >= 0 else (n[len("model."):] if n.startswith("model.") else n)
+        bufs = [n for n, _ in self.model.named_buffers()]
+        ckpt = {t.name for t in self.rmodel.tensors()} | {l.name for l in locs}
+        keys = {key(n) for n in ckpt}
+        hit = sorted(n for n in bufs if n in ckpt or key(n) in keys)
+        if hit:
+            raise RefitVllmError(f"{', '.join(hit)}: vLLM holds these as buffers, but the checkpoint (or the "
+                                 f"{self.layout_str} layout) carries them as tensors; refit moves parameters "
+                                 "only and would leave them at the loaded version")
+        return {"checked": len(bufs), "in_checkpoint": 0, "names": bufs}
+
     def _check_expert_placement(self, items):
         """With expert parallel, vLLM's expert map must be the linear placement the vllm layout describes."""
         g = self.geometry
@@ -203,4 +223,6 @@ class VllmBinding:
 
     def apply(self) -> Dict[str, float]:
         """After a complete pull: rebuild what vLLM derives from the loader's tensors.  Returns ms per class."""
-        return postload.apply(self.items, self.staged_views, self.model, self.platform)
+        ms = postload.apply(self.items, self.staged_views, self.model, self.platform)
+        ms.update(derived.refresh(self.mla, derived.act_dtype(self.vllm_config)))  # after kv_b_proj is written
+        return ms

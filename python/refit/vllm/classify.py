@@ -6,6 +6,8 @@ from .errors import RefitVllmError
 
 _UNQ_LINEAR = ("vllm.model_executor.layers.linear", "UnquantizedLinearMethod")
 _UNQ_EMBED = ("vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod")
+_GATE_LINEAR = ("vllm.model_executor.layers.fused_moe.router.gate_linear", "_GateLinearMethod")
+_GATE = ("vllm.model_executor.layers.fused_moe.router.gate_linear", "GateLinear")
 _UNQ_MOE = ("vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method", "UnquantizedFusedMoEMethod")
 
 # vLLM 0.32's CPU MoE kernels (fused_moe/experts/cpu_moe.py): after loading they zero-pad the intermediate
@@ -59,8 +61,23 @@ def classify(name: str, module, platform: str) -> str:
         raise RefitVllmError(f"{name}: layer class {mcls} is not one refit has checked (its post-load processing "
                              "is unknown)")
     qcls = type(qm).__name__
-    if _exact(qm, *_UNQ_LINEAR):
+    attr = name.rpartition(".")[2]
+    # The MoE gate (GateLinear) keeps UnquantizedLinearMethod on the CPU; _GateLinearMethod only where the ROCm
+    # bf16x3 split is on (refused: it derives a split weight).
+    gate = _exact(qm, *_GATE_LINEAR) and not getattr(module, "allow_rocm_bf16x3_router_gemm", True)
+    if attr == "e_score_correction_bias" and _exact(module, *_GATE) and (gate or _exact(qm, *_UNQ_LINEAR)):
+        # DeepSeek-V3's routing bias: an fp32 Parameter vLLM registers on the gate; the router reads it by
+        # reference (fused_topk_bias_router: .data at every call), no post-load step: written in place.
+        return "direct"
+    if _exact(qm, *_UNQ_LINEAR) or gate:  # the MoE gate's method: the unquantized one, on the CPU unchanged
         if platform == "cpu":
+            if attr != "weight":  # a bias: the CPU sgl-kernel path converts it to fp32 after loading
+                raise RefitVllmError(f"{name}: {attr} of {mcls} is not a tensor refit has checked on the CPU "
+                                     "(vLLM's CPU linear post-load step may convert it)")
+            if getattr(module, "_cpu_skip_gemm_dispatch", False):
+                # MLA's kv_b_proj: vLLM keeps the weight live (cpu_linear = F.linear on it) and derives W_UK_T /
+                # W_UV from it; written in place, the derivation re-run afterwards (derived.py).
+                return "direct"
             return "linear-cpu"
         if platform == "cuda":
             return "direct"

