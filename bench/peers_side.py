@@ -56,6 +56,13 @@ def wait_go():
     return sys.stdin.readline().startswith("GO")
 
 
+def landing(size):
+    """The reader's buffer, every page faulted in before timing (as bench_ucx_tcp's MAP_POPULATE)."""
+    buf = np.empty(size, dtype=np.uint8)
+    buf.fill(0)
+    return buf
+
+
 def finish_read(buf, expect, dt):
     say(f"RESULT {buf.size / dt / 1e9:.4f}")
     say("VERIFY " + ("ok" if np.array_equal(buf, expect) else "bad"))
@@ -85,7 +92,7 @@ def mooncake_target(addr, size):
 def mooncake_read(addr, size, session, peer_ptr):
     te = mooncake_engine(addr)
     expect = pattern(size)
-    buf = np.zeros(size, dtype=np.uint8)
+    buf = landing(size)
     ptr = buf.ctypes.data
     if te.register_memory(ptr, size) != 0:
         raise SystemExit("mooncake: register_memory failed")
@@ -125,7 +132,7 @@ def nixl_target(addr, size, backend):
 def nixl_read(addr, size, backend, md_hex, descs_hex):
     agent = nixl_agent(f"reader-{os.getpid()}", backend)
     expect = pattern(size)
-    buf = np.zeros(size, dtype=np.uint8)
+    buf = landing(size)
     reg = agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM", backends=[backend])
     peer = agent.add_remote_agent(bytes.fromhex(md_hex))
     remote = agent.deserialize_descs(bytes.fromhex(descs_hex))
