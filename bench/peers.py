@@ -100,10 +100,15 @@ def arm_argv(arm, a, size):
                 "Mooncake TransferEngine, protocol tcp, P2PHANDSHAKE; one transfer_sync_read of the whole buffer")
     if arm in ("nixl-ucx", "nixl-libfabric"):
         be = "UCX" if arm == "nixl-ucx" else "LIBFABRIC"
-        env_a = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": a.dev_a} if be == "UCX" else {"FI_PROVIDER": "tcp"}
-        env_b = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": a.dev_b} if be == "UCX" else {"FI_PROVIDER": "tcp"}
+        # PEERS_NIXL_UCX_TLS: what UCX_TLS the NIXL arm gets (default tcp; empty: UCX's own choice, which
+        # between two processes of one host is not the link).
+        tls = os.environ.get("PEERS_NIXL_UCX_TLS", "tcp")
+        ucx_a = {"UCX_TLS": tls, "UCX_NET_DEVICES": a.dev_a} if tls else {}
+        ucx_b = {"UCX_TLS": tls, "UCX_NET_DEVICES": a.dev_b} if tls else {}
+        env_a = ucx_a if be == "UCX" else {"FI_PROVIDER": "tcp"}
+        env_b = ucx_b if be == "UCX" else {"FI_PROVIDER": "tcp"}
         what = (f"NIXL agent, backend {be}, "
-                + ("UCX_TLS=tcp on the veth (else UCX takes shared memory: both ends are on one host)"
+                + (f"UCX_TLS={tls} on the veth" if tls else "UCX_TLS unset (UCX's choice)"
                    if be == "UCX" else "FI_PROVIDER=tcp")
                 + "; one READ of the whole buffer, polled with check_xfer_state")
         return ([py, side, "nixl-target", a.addr_a, sz, be], env_a,

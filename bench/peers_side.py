@@ -114,7 +114,11 @@ def mooncake_read(addr, size, session, peer_ptr):
 def nixl_agent(name, backend):
     from nixl._api import nixl_agent, nixl_agent_config
 
-    agent = nixl_agent(name, nixl_agent_config(backends=[backend]))
+    # PEERS_NIXL_PROG_THREAD=0: the reader without NIXL's progress thread (its polling then drives progress).
+    # The target keeps its thread: with neither side's thread, the 4 KiB warm-up READ over UCX's TCP never
+    # completed (the target, blocked on stdin, progresses nothing) - seen with nixl-cu12 1.5.1.
+    prog = os.environ.get("PEERS_NIXL_PROG_THREAD", "1") != "0" or name.startswith("target")
+    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=prog, backends=[backend]))
     if backend not in agent.backends:
         raise SystemExit(f"nixl: backend {backend} did not start (plugins: {agent.get_plugin_list()})")
     return agent
