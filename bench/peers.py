@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import selectors
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,7 +200,13 @@ def table(recs, arms):
     return "\n".join(out)
 
 
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
 def main():
+    # SIGTERM (bench/peers.sh's trap) unwinds like Ctrl-C: run_arm's finally ends the arm's processes.
+    signal.signal(signal.SIGTERM, _interrupt)
     ap = argparse.ArgumentParser()
     for k in ("ns-a", "ns-b", "addr-a", "addr-b", "dev-a", "dev-b"):
         ap.add_argument("--" + k, required=True)
@@ -247,4 +254,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("peers: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -23,14 +23,18 @@ venv=${REFIT_PEERS_VENV:-build/peers-venv}
 tag=$(printf '%x' $$)
 na=rfpeers${tag}a nb=rfpeers${tag}b va=rfp${tag}a vb=rfp${tag}b
 net=10.78.$(( $$ % 250 ))
+# shellcheck disable=SC2317  # cleanup and stop run from the traps
 cleanup() {
   ip netns del "$na" 2>/dev/null || true
   ip netns del "$nb" 2>/dev/null || true
   ip link del "$va" 2>/dev/null || true
 }
+child=
+# shellcheck disable=SC2317
+stop() { [ -n "$child" ] && kill -TERM "$child" 2>/dev/null && wait "$child"; exit "$1"; }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'stop 130' INT
+trap 'stop 143' TERM
 ip netns add "$na"
 ip netns add "$nb"
 ip link add "$va" type veth peer name "$vb"
@@ -46,5 +50,11 @@ for _ in $(seq 50); do
   ip -n "$na" link show "$va" | grep -q 'state UP' && ip -n "$nb" link show "$vb" | grep -q 'state UP' && break
   sleep 0.1
 done
+# In the background and waited for, so that a signal to this script runs its trap at once.
 python3 bench/peers.py --ns-a "$na" --ns-b "$nb" --addr-a "$net.1" --addr-b "$net.2" --dev-a "$va" --dev-b "$vb" \
-  --peers-python "$venv/bin/python" "$@"
+  --peers-python "$venv/bin/python" "$@" &
+child=$!
+rc=0
+wait "$child" || rc=$?
+child=
+exit "$rc"
