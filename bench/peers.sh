@@ -13,6 +13,8 @@
 # Needs build/bench_ucx_tcp (scripts/build.sh build) and, for the peers, build/peers-venv
 # (scripts/peers-venv.sh; REFIT_PEERS_VENV picks another).  Prints one JSON record per run (also appended
 # to FILE), then a table of medians, ranges and each arm's ratio to the TCP stream paired by round.
+# Knobs for the NIXL arm: PEERS_NIXL_UCX_TLS (default tcp; empty leaves UCX_TLS to UCX, which between two
+# processes of one host is not the link), PEERS_NIXL_PROG_THREAD=0 (the reader without NIXL's progress thread).
 # The namespaces (rfpeers<pid>a/b, 10.78.<x>.1 and .2 on a /24 of their own) are deleted at the end, also
 # on Ctrl-C or a kill.
 set -euo pipefail
