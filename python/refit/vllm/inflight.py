@@ -134,6 +134,24 @@ def _background() -> dict:
     return out
 
 
+def _thread_usage():
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_THREAD)
+    except (ImportError, AttributeError, OSError):
+        return None
+
+
+def _usage_since(ru0) -> dict:
+    ru1 = _thread_usage()
+    if ru0 is None or ru1 is None:
+        return {}
+    return {"pull_minflt": ru1.ru_minflt - ru0.ru_minflt, "pull_majflt": ru1.ru_majflt - ru0.ru_majflt,
+            "pull_cpu_ms": round((ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * 1e3, 1),
+            "pull_sys_ms": round((ru1.ru_stime - ru0.ru_stime) * 1e3, 1),
+            "pull_invol_switches": ru1.ru_nivcsw - ru0.ru_nivcsw}
+
+
 class _Step:
     """One live write of a commit: a copy of staged bytes into live storage, or a handle pointer exchange."""
     __slots__ = ("kind", "name", "live", "src", "done")
@@ -223,7 +241,9 @@ class Stager:
         t0 = time.perf_counter()
         try:
             want = None if version == "newest" else version
+            ru0 = _thread_usage()
             rep = self.rx.pull(want, timeout_ms)
+            prio.update(_usage_since(ru0))  # this thread's page faults and CPU time in the pull (its copy runs here)
             rec.update(pull_end=time.time(), pull_ms=(time.perf_counter() - t0) * 1e3, version=rep.version,
                        bytes=rep.bytes, transfer_ms=rep.transfer_ms, verify_ms=rep.verify_ms, transport=rep.transport)
             t1 = time.perf_counter()
