@@ -142,6 +142,10 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* At most this many regions a batch: the deadline and the tick are looked
+ * at between tasks, and a region may be a caller's copy (a system call). */
+#define BATCH_REGIONS 4096
+
 static refit_status_t push_task(task_t **tasks, size_t *nt, size_t *cap, task_t t)
 {
     if (*nt == *cap) {
@@ -172,7 +176,7 @@ static refit_status_t make_tasks(const refit_plan_region_t *v, size_t n, uint64_
         }
         uint64_t units = region_units(r), bytes = refit_plan_region_bytes(r), per;
         if (bytes < chunk) {
-            if (batching && batch_bytes + bytes <= chunk) {
+            if (batching && batch_bytes + bytes <= chunk && (*tasks)[*nt - 1].whole < BATCH_REGIONS) {
                 (*tasks)[*nt - 1].whole++;
                 batch_bytes += bytes;
                 continue;

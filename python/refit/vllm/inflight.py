@@ -147,6 +147,7 @@ def _usage_since(ru0) -> dict:
     if ru0 is None or ru1 is None:
         return {}
     return {"pull_minflt": ru1.ru_minflt - ru0.ru_minflt, "pull_majflt": ru1.ru_majflt - ru0.ru_majflt,
+            "pull_vol_switches": ru1.ru_nvcsw - ru0.ru_nvcsw,
             "pull_cpu_ms": round((ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * 1e3, 1),
             "pull_sys_ms": round((ru1.ru_stime - ru0.ru_stime) * 1e3, 1),
             "pull_invol_switches": ru1.ru_nivcsw - ru0.ru_nivcsw}
@@ -239,11 +240,11 @@ class Stager:
         rec = {"version_asked": version, "release_ms": (time.perf_counter() - t) * 1e3, "thread": prio,
                "pull_start": time.time()}
         t0 = time.perf_counter()
+        ru0 = _thread_usage()  # this thread's own counts only: with stage_threads=1 (the default) the copy runs here
         try:
             want = None if version == "newest" else version
-            ru0 = _thread_usage()
             rep = self.rx.pull(want, timeout_ms)
-            prio.update(_usage_since(ru0))  # this thread's page faults and CPU time in the pull (its copy runs here)
+            prio.update(_usage_since(ru0))
             rec.update(pull_end=time.time(), pull_ms=(time.perf_counter() - t0) * 1e3, version=rep.version,
                        bytes=rep.bytes, transfer_ms=rep.transfer_ms, verify_ms=rep.verify_ms, transport=rep.transport)
             t1 = time.perf_counter()
@@ -252,6 +253,7 @@ class Stager:
             rec.update(prepare_ms=(time.perf_counter() - t1) * 1e3, prepare_end=time.time(), steps=len(steps))
             self.steps, self.staged = steps, rep.version
         except RefitError as e:
+            prio.update(_usage_since(ru0))
             rec.update(pull_end=time.time(), failed=str(e))
             self.error = (e.status, f"worker rank {rank}: staging version {version} failed: {e.detail}; the live "
                                     "weights were not written")

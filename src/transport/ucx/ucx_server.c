@@ -55,7 +55,10 @@ static void conn_close(conn_t *c)
  * events, openucx/ucx#11458).  Refusing half of a flood's requests aborted
  * 3 of 12 floods; accepting them and cutting them off at once, none of 16
  * (docs/ucx.md).  The round comes soon: pub_progress yields to it once
- * max_unproven connections wait to be cut off. */
+ * max_unproven connections wait to be cut off (checked between progress
+ * calls: one call may deliver more).  Past a hard ceiling (max_unproven
+ * more entries again) a request is still refused.  UCX itself refuses when
+ * ucp_ep_create fails on some paths. */
 static void conn_req_cb(ucp_conn_request_h creq, void *arg)
 {
     refit_transport_t *t = arg;
@@ -80,10 +83,14 @@ static void conn_req_cb(ucp_conn_request_h creq, void *arg)
      * frees them: past max_unproven more entries, a new one is cut off at
      * once too. */
     bool over = t->conns.len - gone >= t->max_conns || t->conns.len >= (size_t)t->max_conns + t->max_unproven;
-    conn_t *c = calloc(1, sizeof(*c));
+    /* The hard ceiling: past max_unproven more entries again (one progress
+     * call delivered more requests than that), refusing is the lesser harm
+     * than descriptors without bound. */
+    bool ceiling = t->conns.len >= (size_t)t->max_conns + 2 * (size_t)t->max_unproven;
+    conn_t *c = ceiling ? NULL : calloc(1, sizeof(*c));
     if (!c || REFIT_VEC_RESERVE(&t->conns, t->conns.len + 1)) {
         free(c);
-        ucp_listener_reject(t->listener, creq); /* out of memory: no entry to close it by */
+        ucp_listener_reject(t->listener, creq); /* the ceiling, or out of memory: no entry to close it by */
         return;
     }
     c->t = t;
@@ -101,8 +108,8 @@ static void conn_req_cb(ucp_conn_request_h creq, void *arg)
         c->failed = true;
         t->doomed++;
         refit_log(REFIT_LOG_DEBUG,
-                  "ucx: %zu connections held (at most %u, and %u being closed): cutting the new one off", t->conns.len,
-                  t->max_conns, t->max_unproven);
+                  "ucx: %zu connections held (at most %u, %u of them to be closed): cutting the new one off",
+                  t->conns.len, t->max_conns, t->doomed);
     }
     t->conns.data[t->conns.len++] = c;
 }
