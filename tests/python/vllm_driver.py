@@ -58,16 +58,29 @@ def _set_env(tp: int):
 # ---------------------------------------------------------------- worker side (sent by value through collective_rpc)
 
 
+def _tensors_of(m):
+    """Clones of a module's parameters and buffers, keyed "param:NAME" and "buffer:NAME" (call under no_grad)."""
+    state = {}
+    for n, p in m.named_parameters():
+        state["param:" + n] = p.detach().clone()
+    for n, b in m.named_buffers():
+        state["buffer:" + n] = b.detach().clone()
+    return state
+
+
+def _save_rank(self, directory, state):
+    import torch
+    os.makedirs(directory, exist_ok=True)
+    torch.save(state, os.path.join(directory, f"rank-{self.rank}.pt"))
+    return {"rank": self.rank, "tensors": len(state)}
+
+
 def w_dump(self, directory):
     """Every parameter and buffer of the live model, and the effective weight of every packed CPU matmul."""
     import torch
     m = self.model_runner.get_model()
-    state = {}
     with torch.no_grad():
-        for n, p in m.named_parameters():
-            state["param:" + n] = p.detach().clone()
-        for n, b in m.named_buffers():
-            state["buffer:" + n] = b.detach().clone()
+        state = _tensors_of(m)
         for n, mod in m.named_modules():
             f = getattr(mod, "cpu_linear", None)
             if f is None:
@@ -75,24 +88,15 @@ def w_dump(self, directory):
             k = getattr(mod, "input_size_per_partition", None) or getattr(mod, "input_size", None) or \
                 getattr(mod, "embedding_dim")
             state["matmul:" + n] = f(torch.eye(k, dtype=torch.bfloat16), getattr(mod, "weight", None), None).clone()
-    os.makedirs(directory, exist_ok=True)
-    torch.save(state, os.path.join(directory, f"rank-{self.rank}.pt"))
-    return {"rank": self.rank, "tensors": len(state)}
+    return _save_rank(self, directory, state)
 
 
 def w_dump_draft(self, directory):
     """The speculative draft model's parameters and buffers (issue 35: a refit moves the target only)."""
     import torch
-    m = self.model_runner.get_draft_model()
-    state = {}
     with torch.no_grad():
-        for n, p in m.named_parameters():
-            state["param:" + n] = p.detach().clone()
-        for n, b in m.named_buffers():
-            state["buffer:" + n] = b.detach().clone()
-    os.makedirs(directory, exist_ok=True)
-    torch.save(state, os.path.join(directory, f"rank-{self.rank}.pt"))
-    return {"rank": self.rank, "tensors": len(state)}
+        state = _tensors_of(self.model_runner.get_draft_model())
+    return _save_rank(self, directory, state)
 
 
 def w_mla_facts(self):

@@ -68,12 +68,7 @@ def write_mla(out: str, seed: int, bias_from: str = None):
     torch.manual_seed(seed)
     if bias_from is None:
         model = AutoModelForCausalLM.from_config(mla_config()).to(torch.bfloat16)
-        with torch.no_grad():
-            for _, p in model.named_parameters():
-                if p.dim() > 1:
-                    p.normal_(0.0, 0.05)
-                else:
-                    p.uniform_(0.5, 1.5)
+        randomize(model)
         model.save_pretrained(out)
         with open(os.path.join(out, "config.json")) as f:
             cfg = json.load(f)
@@ -118,6 +113,17 @@ def add_mtp(src: str, out: str, seed: int):
     return out
 
 
+def randomize(model):
+    """normal(0, 0.05) for matrices, uniform(0.5, 1.5) for norms and biases, in place (the caller seeds torch)."""
+    import torch
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.05)
+            else:
+                p.uniform_(0.5, 1.5)
+
+
 def write(kind: str, out: str, seed: int, bad: bool = False, **over):
     """Random weights (normal(0, 0.05) for matrices, uniform(0.5, 1.5) for norms: every value differs between
     seeds), bf16, saved with save_pretrained as one model.safetensors."""
@@ -125,12 +131,7 @@ def write(kind: str, out: str, seed: int, bad: bool = False, **over):
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config(kind, bad, **over)).to(torch.bfloat16)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.05)
-            else:
-                p.uniform_(0.5, 1.5)
+    randomize(model)
     model.save_pretrained(out)
     return out
 
