@@ -35,7 +35,9 @@ def _init_report(b: VllmBinding) -> dict:
             "moe_backend": sorted({moe_backend(it.module) for it in b.items
                                    if hasattr(it.module, "global_num_experts")}),
             "regions": len(b.regions), "staging_bytes": b.staging.numel(), "init_ms": b.init_ms,
-            "mla_layers": [n for n, _ in b.mla], "derived": b.derived, "buffers": b.buffers}
+            "mla_layers": [n for n, _ in b.mla], "derived": b.derived, "buffers": b.buffers,
+            "experts": {"placement": b.geometry["placement"], "eplb": b.geometry["eplb"],
+                        "remapped": b.experts_remapped, "slots": b.expert_slots}}
 
 
 def _update_record(rep, pull_ms: float, apply_ms: dict, apply_total_ms: float) -> dict:
@@ -115,8 +117,24 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
                      "versions until an update succeeds")
             return None, (e.status, f"worker rank {self.binding.geometry['rank']}: {e.detail}; {after}")
 
+    def _follow_experts(self, when: str) -> None:
+        """Expert load balancing (refit.vllm.experts): no update while EPLB is rebalancing; a binding whose plan
+        was made for an expert placement that EPLB has since changed is made again from the live maps first."""
+        busy = self.binding.experts_busy()
+        if busy:
+            raise RefitVllmError(f"update refused {when}: {busy}; nothing was written, retry once the rebalance "
+                                 "has committed", "update_weights", -47)
+        moved = self.binding.experts_moved()
+        if moved:
+            logger.info("refit: %s since the plan was made: binding again from the live expert maps", moved)
+            if self.stager is not None:
+                self.stager.wait(self.info.timeout_ms / 1e3)
+            self.init_transfer_engine(self.info)
+
     def receive_weights(self, update_info: RefitUpdateInfo) -> None:
         self._need()
+        if update_info.phase in ("stage", "update"):
+            self._follow_experts(f"before version {update_info.version}")
         if self.stager is not None:
             return self._two_phase(update_info)
         if update_info.phase != "update":
@@ -125,6 +143,10 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         g = self.binding.geometry
         t0 = time.perf_counter()
         rep, err = self._pull(update_info)
+        moved = None if err is not None else (self.binding.experts_busy() or self.binding.experts_moved())
+        if moved:
+            err = (-47, f"worker rank {g['rank']}: EPLB moved experts during the pull ({moved}); the expert slots "
+                        "written may hold other experts' bytes until an update succeeds")
         # Every worker of the model learns every worker's outcome before any applies: no worker runs a version
         # that another failed to pull, and every worker raises the same error.
         outcomes = _agree(err)
@@ -165,6 +187,8 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         t0 = time.perf_counter()
         st.wait(self.info.timeout_ms / 1e3)
         why = st.ready(u.version)
+        if why is None:  # EPLB moved experts after the plan the staged bytes follow: their slots would be wrong
+            why = self.binding.experts_busy() or self.binding.experts_moved()
         mine = st.mixed["to"] if st.mixed is not None else st.staged
         outcomes = _agree((why, mine, st.error[0] if st.error else (-47 if st.busy() else -6)))
         bad = [(r, o) for r, o in enumerate(outcomes) if o[0] is not None]

@@ -12,7 +12,7 @@ import torch
 
 from ..adapters import ALIGN, AdapterError
 from ..core import Layout, Manifest, Receiver, torch_dtype
-from . import derived, postload
+from . import derived, experts, postload
 from .classify import STAGED, classify
 from .errors import RefitVllmError
 from .geometry import detect_names, platform_name, refit_model, vocab_pad, worker_geometry
@@ -69,8 +69,14 @@ class VllmBinding:
         scheme = self.layout.manifest(self.rmodel, g["rank"])
         self.layout_str = scheme.identity["layout"]
         self.buffers = self._check_buffers(scheme.locals())
+        self.eplb = experts.find_eplb_states(g["eplb"])
+        self.expert_slots = self.live_expert_slots(scheme.locals())
+        self.experts_remapped = bool(self.expert_slots) and not experts.is_linear(
+            self.expert_slots, self._num_experts, g["ep"], g["rank"])
+        if self.experts_remapped:  # round robin or EPLB: each slot gets its logical expert's placements
+            scheme = experts.remap(scheme, lambda r: self.layout.manifest(self.rmodel, r), self.expert_slots,
+                                   self._num_experts, g["ep"], f"{self.layout_str} rank {g['rank']}")
         self.items = self._match(scheme.locals(), params)
-        self._check_expert_placement(self.items)
         self.stage_need = None
         if stage_all:  # refused before the arena is allocated when the budget cannot hold it
             from .inflight import check_budget, need_bytes
@@ -183,29 +189,51 @@ class VllmBinding:
                                  "only and would leave them at the loaded version")
         return {"checked": len(bufs), "in_checkpoint": 0, "names": bufs}
 
-    def _check_expert_placement(self, items):
-        """With expert parallel, vLLM's expert map must be the linear placement the vllm layout describes."""
+    def live_expert_slots(self, locs) -> Dict[str, List[int]]:
+        """The logical expert in each local slot of every live MoE layer (refit.vllm.experts.layer_slots: vLLM's
+        expert map, and EPLB's logical -> physical map where there is one), by module name; {} without experts."""
         g = self.geometry
-        for it in items:
-            if not hasattr(it.module, "global_num_experts"):
+        out: Dict[str, List[int]] = {}
+        self._num_experts = 0
+        for l in locs:
+            mod_name = l.name.rpartition(".")[0]
+            if mod_name in out or len(l.shape) < 3:
                 continue
-            emap = getattr(it.module, "expert_map", None)
-            if g["ep"] == 1:
-                if emap is not None:
-                    raise RefitVllmError(f"{it.name}: vLLM has an expert map without expert parallel")
+            try:
+                module = self.model.get_submodule(mod_name)
+            except AttributeError:
+                continue  # _match names what is missing
+            if not hasattr(module, "global_num_experts"):
                 continue
-            E = it.module.global_num_experts
-            base, rem = E // g["ep"], E % g["ep"]
-            r = g["rank"]
-            e0, ne = r * base + min(r, rem), base + (1 if r < rem else 0)
-            want = torch.full((E,), -1, dtype=torch.int32)
-            want[e0:e0 + ne] = torch.arange(ne, dtype=torch.int32)
-            if emap is None or emap.numel() < E or not torch.equal(emap[:E].cpu().to(torch.int32), want):
-                raise RefitVllmError(
-                    f"{it.name}: vLLM places experts {emap[:E].tolist() if emap is not None else None} on expert "
-                    f"rank {r} (expert_placement_strategy={g['placement']}); refit's vllm layout places them "
-                    f"linearly (experts {e0}..{e0 + ne - 1}); use expert_placement_strategy=\"linear\"")
-            return  # every MoE layer shares the map
+            layer = mod_name.split("layers.", 1)[1].split(".", 1)[0] if "layers." in mod_name else ""
+            e = self._logical_experts(layer)
+            if g["ep"] == 1 and getattr(module, "expert_map", None) is not None:
+                raise RefitVllmError(f"{mod_name}: vLLM has an expert map without expert parallel")
+            out[mod_name] = experts.layer_slots(module, e, f"{mod_name} (worker rank {g['rank']})")
+            self._num_experts = e
+        return out
+
+    def _logical_experts(self, layer: str) -> int:
+        """The number of logical experts of MoE layer `layer`, from the checkpoint's tensor names
+        (model.layers.{layer}.mlp.experts.{e}....)."""
+        pre = f"model.layers.{layer}.mlp.experts."
+        ids = {t.name[len(pre):].split(".", 1)[0] for t in self.rmodel.tensors() if t.name.startswith(pre)}
+        return len([i for i in ids if i.isdigit()])
+
+    def experts_busy(self) -> Optional[str]:
+        """What says EPLB is rebalancing now (refit.vllm.experts.rebalance_in_flight), or None."""
+        return experts.rebalance_in_flight(self.eplb)
+
+    def experts_moved(self) -> Optional[str]:
+        """Which MoE layers' live expert placement differs from the one this binding's plan was made for (EPLB
+        moved experts since), or None: the plan still holds."""
+        if not self.expert_slots:
+            return None
+        now = self.live_expert_slots([it.local for it in self.items])
+        moved = [m for m in now if now[m] != self.expert_slots.get(m)]
+        if not moved:
+            return None
+        return f"the experts of {', '.join(moved[:3])}{' and others' if len(moved) > 3 else ''} moved"
 
     def _summarize(self) -> Dict[str, dict]:
         out: Dict[str, dict] = {}

@@ -17,9 +17,6 @@ def worker_geometry(vllm_config) -> dict:
     if pc.pipeline_parallel_size != 1:
         raise RefitVllmError(f"pipeline_parallel_size={pc.pipeline_parallel_size}: the vllm layout has no pipeline "
                              "stages; run vLLM with pipeline_parallel_size=1")
-    if getattr(pc, "enable_eplb", False):
-        raise RefitVllmError("enable_eplb=True: EPLB moves experts between ranks at run time, which a refit plan "
-                             "(computed once from the layout) cannot follow; run without EPLB")
     if getattr(pc, "decode_context_parallel_size", 1) not in (None, 1) or \
             getattr(pc, "prefill_context_parallel_size", 1) not in (None, 1):
         raise RefitVllmError("context parallel is not supported by the vllm layout")
@@ -28,7 +25,8 @@ def worker_geometry(vllm_config) -> dict:
     t = get_tensor_model_parallel_rank()
     d = pc.data_parallel_rank if dp > 1 else 0
     return {"tp": tp, "dp": dp, "ep": tp * dp if ep else 1, "tp_rank": t, "dp_rank": d, "rank": t + tp * d,
-            "placement": getattr(pc, "expert_placement_strategy", "linear")}
+            "placement": getattr(pc, "expert_placement_strategy", "linear"),
+            "eplb": bool(getattr(pc, "enable_eplb", False))}
 
 
 def platform_name() -> str:
