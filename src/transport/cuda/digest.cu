@@ -721,7 +721,8 @@ static bool row_pieces(const refit_gpu_run_t *runs, const size_t *ord, size_t n,
             return false;                       /* a gap */
         }
         uint64_t e = REFIT_MIN(end, r->dst + r->len);
-        if ((a - addr) % 2 || (e - addr) % 2) return false;
+        /* whole units, read from an even source offset (the kernel's 2-byte accesses) */
+        if ((a - addr) % 2 || (e - addr) % 2 || (r->src_off + (a - r->dst)) % 2) return false;
         piece_t pc = {(uint32_t)((a - addr) / 2), (uint32_t)((e - a) / 2), r->slot, r->src_off + (a - r->dst)};
         covered_t c = {ord[i], a - r->dst, e - r->dst};
         if (REFIT_VEC_PUSH(out, pc) < 0 || REFIT_VEC_PUSH(cov, c) < 0) return false;
