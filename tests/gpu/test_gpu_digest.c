@@ -244,6 +244,10 @@ static void plan_case(const refit_digest_key_t *k, const char *model, const char
         srcm[s] = t_manifest_named(model, src_spec, s);
         mem_make(srcm[s], &sm[s]);
         assert_true(sm[s].nreg <= SLOTS_PER);
+        /* replicas of a tensor on two sources hold the same bytes (the plan reads one, the digests another) */
+        REFIT_ASSERT_OK(refit_gpu_truth_fill(srcm[s], 0, sm[s].dev, 7));
+        for (uint32_t r = 0; r < sm[s].nreg; r++)
+            REFIT_ASSERT_OK(refit_gpu_copy(sm[s].host[r], sm[s].dev[r], refit_manifest_region_size(srcm[s], r)));
         refit_gpu_digest_t *gt = NULL;
         uint64_t tb = refit_digest_table_bytes(srcm[s]);
         REFIT_ASSERT_OK(refit_gpu_alloc(0, tb + 8, &dtab[s]));
