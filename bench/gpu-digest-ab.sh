@@ -34,34 +34,42 @@ for ((r = 0; r < rounds; r++)); do
       host) envs+=(REFIT_DIGEST_GPU=host) ;;
     esac
     env "${envs[@]}" build-gpu/refit demo --json --model qwen3-30b-a3b-mini --src megatron:ep=2 --dst vllm:tp=2 \
-      --transport cuda_ipc --src-device 0 --dst-device $dst --cycles 5 --timeout-s 300 "${extra[@]}" | tail -1 \
-      >"$runs/$r-$arm.json"
+      --transport cuda_ipc --src-device 0 --dst-device $dst --cycles ${CYCLES:-5} --timeout-s 300 "${extra[@]}" \
+      >"$runs/$r-$arm.out" 2>"$runs/$r-$arm.err" ||
+      { echo "round $r arm $arm failed:"; tail -5 "$runs/$r-$arm.err"; }
+    tail -1 "$runs/$r-$arm.out" | grep '^{' >"$runs/$r-$arm.json" || rm -f "$runs/$r-$arm.json"
   done
 done
 python3 - "$runs" "$out" "$rounds" "$dst" "${arms[*]}" <<'PY'
 import json, os, statistics, sys
 d, o, rounds, dst, arms = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5].split()
 def stat(v): return {"median": statistics.median(v), "min": min(v), "max": max(v)} if v else None
-runs = {(r, a): json.load(open(f"{d}/{r}-{a}.json")) for r in range(rounds) for a in arms}
+runs = {(r, a): json.load(open(f"{d}/{r}-{a}.json")) for r in range(rounds) for a in arms
+        if os.path.exists(f"{d}/{r}-{a}.json")}
+failed = sorted(f"{r}-{a}" for r in range(rounds) for a in arms if (r, a) not in runs)
+ok_rounds = [r for r in range(rounds) if all((r, a) in runs for a in arms)]
 cost = lambda j: j["steady_transfer_ms"] + j["steady_digest_ms"]
-res = {"rounds": rounds, "dst_device": dst, "arms": arms,
+res = {"rounds": rounds, "complete_rounds": ok_rounds, "failed_runs": failed, "dst_device": dst, "arms": arms,
        "command": "OUT=$OUT ARMS=\"%s\" bench/gpu-digest-ab.sh %d" % (" ".join(arms), rounds), "per_arm": {}}
 for a in arms:
-    e = {"cost_ms": stat([cost(runs[(r, a)]) for r in range(rounds)]),
-         "transfer_ms": stat([runs[(r, a)]["steady_transfer_ms"] for r in range(rounds)]),
-         "digest_ms": stat([runs[(r, a)]["steady_digest_ms"] for r in range(rounds)]),
-         "span_ms": stat([runs[(r, a)]["steady_span_ms"] for r in range(rounds)]),
-         "unverified_bytes": [runs[(r, a)]["unverified_bytes_per_cycle"] for r in range(rounds)],
-         "digest_bytes": [runs[(r, a)]["digest_bytes_per_cycle"] for r in range(rounds)],
-         "publisher_digest_ms": stat([runs[(r, a)]["steady_publisher_digest_ms"] for r in range(rounds)])}
+    R = ok_rounds
+    e = {"cost_ms": stat([cost(runs[(r, a)]) for r in R]),
+         "transfer_ms": stat([runs[(r, a)]["steady_transfer_ms"] for r in R]),
+         "digest_ms": stat([runs[(r, a)]["steady_digest_ms"] for r in R]),
+         "span_ms": stat([runs[(r, a)]["steady_span_ms"] for r in R]),
+         "first_refit_transfer_ms": stat([runs[(r, a)]["per_cycle"][0]["transfer_ms"] for r in R]),
+         "unverified_bytes": [runs[(r, a)]["unverified_bytes_per_cycle"] for r in R],
+         "digest_bytes": [runs[(r, a)]["digest_bytes_per_cycle"] for r in R],
+         "digest_fused_receivers": [runs[(r, a)]["digest_fused_receivers"] for r in R],
+         "publisher_digest_ms": stat([runs[(r, a)]["steady_publisher_digest_ms"] for r in R])}
     if "off" in arms and a != "off":
-        e["ratio_vs_off"] = stat([cost(runs[(r, a)]) / cost(runs[(r, "off")]) for r in range(rounds)])
+        e["ratio_vs_off"] = stat([cost(runs[(r, a)]) / cost(runs[(r, "off")]) for r in R])
         e["span_ratio_vs_off"] = stat([runs[(r, a)]["steady_span_ms"] / runs[(r, "off")]["steady_span_ms"]
-                                       for r in range(rounds)])
+                                       for r in R])
     # the checks' phases, versions >= 2 (steady), every receiver
     ph = {}
     hows = {}
-    for r in range(rounds):
+    for r in R:
         p = f"{d}/{r}-{a}.trace"
         if not os.path.exists(p): continue
         for line in open(p):
@@ -76,8 +84,10 @@ for a in arms:
     e["check_phases_ms"] = {k: stat(v) for k, v in ph.items()}
     e["check_how"] = hows
     res["per_arm"][a] = e
+res["failed_stderr"] = {n: open(f"{d}/{n}.err").read()[-3000:] for n in failed if os.path.exists(f"{d}/{n}.err")}
 res["runs"] = {f"{r}-{a}": runs[(r, a)] for (r, a) in runs}
 json.dump(res, open(f"{o}/summary.json", "w"), indent=1)
+print("failed runs:", failed, "complete rounds:", ok_rounds)
 for a in arms:
     e = res["per_arm"][a]
     print(a, "cost", e["cost_ms"], "transfer", e["transfer_ms"], "digest", e["digest_ms"],
