@@ -74,7 +74,7 @@ for a in arms:
         if not os.path.exists(p): continue
         for line in open(p):
             w = line.split()
-            kv = {w[i]: w[i + 1] for i in range(0, len(w) - 1, 2) if w[i] in
+            kv = {w[i]: w[i + 1] for i in range(1, len(w) - 1, 2) if w[i] in
                   ("version", "how", "entries", "plan", "fetch", "sums", "compare", "total", "status")}
             if int(kv.get("version", 0)) < 2: continue
             hows[kv["how"]] = hows.get(kv["how"], 0) + 1

@@ -90,7 +90,7 @@ refit_status_t refit_gpu_digest_verify_run(refit_gpu_digest_t *g, refit_gpu_dige
 
 /* A plan's copy that hashes what it writes, in one kernel (the cuda_ipc pull's, for a receiver's GPU memory):
  * runs[i] writes len bytes at device address dst from slots[slot] + src_off (slots: the launch's source
- * addresses).  create (once per plan) cuts g's tiles (a receiver's: table false) where the runs that write
+ * addresses; pad: the caller's, untouched).  create (once per plan) cuts g's tiles (a receiver's: table false) where the runs that write
  * them change and sends back, in *rest (malloc'ed, the caller's; *nrest may be 0), the bytes of the runs no
  * digest covers (to be copied some other way).  REFIT_ERR_UNSUPPORTED when a digested row is not written
  * whole by the runs in whole 2-byte units, or two runs write the same bytes (copy and hash separately then).

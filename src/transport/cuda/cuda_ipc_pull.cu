@@ -423,10 +423,9 @@ static uint64_t dst_hash(const ipc_pull_t *x)
     return refit_hash64(x->dst_bases, x->ndst * sizeof(void *), 0x66757365 /* "fuse" */);
 }
 
-/* The plan's runs, one per innermost copy (runs[i] from the batch's slots,
- * one[i] the same as a plan region), then the fused table over them and the
- * rest as a batch (x->ex->fused, ->rest); fused_state 2 where the plan
- * cannot be fused. */
+/* The plan's runs, one per innermost copy (from the batch's slots; pad: the
+ * destination region), then the fused table over them and the rest as a
+ * batch (x->ex->fused, ->rest); fused_state 2 where the plan cannot be fused. */
 static refit_status_t build_fused(ipc_pull_t *x, refit_gpu_digest_t *gd)
 {
     exec_entry_t *ex = x->ex;
@@ -434,7 +433,6 @@ static refit_status_t build_fused(ipc_pull_t *x, refit_gpu_digest_t *gd)
     size_t nreg;
     const refit_plan_region_t *regs = refit_plan_regions(x->plan, &nreg);
     REFIT_VEC(refit_gpu_run_t) runs = {};
-    REFIT_VEC(refit_plan_region_t) one = {};
     refit_gpu_rest_t *rest = NULL;
     size_t nrest = 0;
     refit_gpu_digest_fused_t *f = NULL;
@@ -454,16 +452,8 @@ static refit_status_t build_fused(ipc_pull_t *x, refit_gpu_digest_t *gd)
                         dof += d[k] * r->dst_stride[k];
                     }
                     refit_gpu_run_t g = {(uint64_t)(uintptr_t)x->dst_bases[r->dst_region] + dof, r->run, so,
-                                         b->src_slot_base[r->src] + r->src_region, 0};
-                    refit_plan_region_t o = {};
-                    o.src = r->src;
-                    o.src_region = r->src_region;
-                    o.dst_region = r->dst_region;
-                    o.src_offset = so;
-                    o.dst_offset = dof;
-                    o.run = r->run;
-                    if (REFIT_VEC_PUSH(&runs, g) < 0 || REFIT_VEC_PUSH(&one, o) < 0)
-                        st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: fused copy");
+                                         b->src_slot_base[r->src] + r->src_region, r->dst_region};
+                    if (REFIT_VEC_PUSH(&runs, g) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: fused copy");
                 }
     }
     if (!st) st = refit_gpu_digest_fused_create(gd, runs.data, runs.len, b->nslots, &f, &rest, &nrest);
@@ -477,9 +467,14 @@ static refit_status_t build_fused(ipc_pull_t *x, refit_gpu_digest_t *gd)
         refit_plan_region_t *rr = (refit_plan_region_t *)calloc(nrest, sizeof(*rr));
         if (!rr) st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: fused copy");
         for (size_t i = 0; !st && i < nrest; i++) {
-            rr[i] = one.data[rest[i].run];
-            rr[i].src_offset += rest[i].off;
-            rr[i].dst_offset += rest[i].off;
+            const refit_gpu_run_t *g = &runs.data[rest[i].run];
+            uint32_t s = 0; /* the source whose slots hold g's */
+            while (s + 1 < b->nsrcs && b->src_slot_base[s + 1] <= g->slot) s++;
+            rr[i].src = s;
+            rr[i].src_region = g->slot - b->src_slot_base[s];
+            rr[i].dst_region = g->pad;
+            rr[i].src_offset = g->src_off + rest[i].off;
+            rr[i].dst_offset = g->dst - (uint64_t)(uintptr_t)x->dst_bases[g->pad] + rest[i].off;
             rr[i].run = rest[i].len;
         }
         if (!st) {
@@ -511,7 +506,6 @@ out:
     refit_gpu_batch_destroy(rb);
     free(rest);
     REFIT_VEC_FREE(&runs);
-    REFIT_VEC_FREE(&one);
     return st;
 }
 

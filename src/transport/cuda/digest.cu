@@ -14,7 +14,10 @@
  *   table; then Q slots times K_j, a scan over the whole table (lanes apart) and, per P or Q array,
  *   the scan minus its value at the array's first slot (wrapping arithmetic makes that exact), and the
  *   check that each placement's P and Q totals agree (else its memory changed during the fill). */
+#include <algorithm>
 #include <cub/device/device_scan.cuh>
+#include <utility>
+#include <vector>
 
 #include "transport/cuda/gpu_internal.h"
 
@@ -693,39 +696,40 @@ static int cmp_covered(const void *x, const void *y)
     return a->a < b->a ? -1 : (a->a > b->a);
 }
 
-static const refit_gpu_run_t *g_sort_runs; /* qsort's context (create holds no lock: see below) */
-static int cmp_run_idx(const void *x, const void *y)
-{
-    uint64_t a = g_sort_runs[*(const size_t *)x].dst, b = g_sort_runs[*(const size_t *)y].dst;
-    return a < b ? -1 : (a > b);
-}
+/* The runs by destination address: ord[k] the run, odst[k] its address. */
+typedef struct {
+    const refit_gpu_run_t *runs;
+    const size_t *ord;
+    const uint64_t *odst;
+    size_t n;
+    uint64_t *covered;     /* per run: bytes tiles cover */
+    const uint8_t *detail; /* per run: record its covered pieces in cov (NULL: none) */
+} runidx_t;
 
-/* The pieces of the row of `len` bytes at `addr` (ord: runs by dst); false when a byte of it is not written by
- * exactly one run or a run starts or ends inside a unit. */
-static bool row_pieces(const refit_gpu_run_t *runs, const size_t *ord, size_t n, uint64_t addr, uint64_t len,
-                       pieces_t *out, covs_t *cov)
+/* The pieces of the row of `len` bytes at `addr`; false when a byte of it is not written by exactly one run,
+ * a run starts or ends inside a unit, or a piece would be read from an odd source offset. */
+static bool row_pieces(const runidx_t *x, uint64_t addr, uint64_t len, pieces_t *out, covs_t *cov)
 {
     out->len = 0;
-    size_t lo = 0, hi = n; /* the last run starting at or before addr */
-    while (hi - lo > 1) {
-        size_t mid = (lo + hi) / 2;
-        if (runs[ord[mid]].dst <= addr) lo = mid;
-        else hi = mid;
-    }
+    size_t k = (size_t)(std::upper_bound(x->odst, x->odst + x->n, addr) - x->odst); /* first run after addr */
+    k = k ? k - 1 : 0;
     uint64_t a = addr, end = addr + len;
-    for (size_t i = lo; a < end; i++) {
-        if (i >= n) return false;
-        const refit_gpu_run_t *r = &runs[ord[i]];
-        if (r->dst > a || r->dst + r->len <= a) {
-            if (r->dst + r->len <= a) continue; /* an empty or earlier run */
-            return false;                       /* a gap */
-        }
+    for (; a < end; k++) {
+        if (k >= x->n) return false;
+        size_t i = x->ord[k];
+        const refit_gpu_run_t *r = &x->runs[i];
+        if (r->dst + r->len <= a) continue; /* an empty or earlier run */
+        if (r->dst > a) return false;       /* a gap */
         uint64_t e = REFIT_MIN(end, r->dst + r->len);
         /* whole units, read from an even source offset (the kernel's 2-byte accesses) */
         if ((a - addr) % 2 || (e - addr) % 2 || (r->src_off + (a - r->dst)) % 2) return false;
         piece_t pc = {(uint32_t)((a - addr) / 2), (uint32_t)((e - a) / 2), r->slot, r->src_off + (a - r->dst)};
-        covered_t c = {ord[i], a - r->dst, e - r->dst};
-        if (REFIT_VEC_PUSH(out, pc) < 0 || REFIT_VEC_PUSH(cov, c) < 0) return false;
+        if (REFIT_VEC_PUSH(out, pc) < 0) return false;
+        x->covered[i] += e - a;
+        if (x->detail && x->detail[i]) {
+            covered_t c = {i, a - r->dst, e - r->dst};
+            if (REFIT_VEC_PUSH(cov, c) < 0) return false;
+        }
         a = e;
     }
     return true;
@@ -743,8 +747,6 @@ extern "C" void refit_gpu_digest_fused_destroy(refit_gpu_digest_fused_t *f)
     free(f);
 }
 
-static pthread_mutex_t g_sort_lock = PTHREAD_MUTEX_INITIALIZER;
-
 extern "C" refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t *g, const refit_gpu_run_t *runs,
                                                         size_t n, uint32_t nslots, refit_gpu_digest_fused_t **out,
                                                         refit_gpu_rest_t **rest, size_t *nrest)
@@ -753,13 +755,17 @@ extern "C" refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t
         return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_fused_create: bad argument");
     refit_status_t st = REFIT_OK;
     size_t *ord = (size_t *)malloc((n ? n : 1) * sizeof(size_t));
+    uint64_t *odst = (uint64_t *)malloc((n ? n : 1) * sizeof(uint64_t));
+    uint64_t *covered = (uint64_t *)calloc(n ? n : 1, sizeof(uint64_t));
+    uint8_t *detail = NULL;
+    runidx_t ix = {runs, ord, odst, n, covered, NULL};
     pieces_t row = {}, prev = {};
     covs_t cov = {};
     REFIT_VEC(tile_t) ft = {};
     REFIT_VEC(refit_gpu_rest_t) rv = {};
     refit_gpu_digest_fused_t *f = (refit_gpu_digest_fused_t *)calloc(1, sizeof(*f));
     devguard_t dg = {-1};
-    if (!ord || !f) {
+    if (!ord || !odst || !covered || !f) {
         st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
         goto done;
     }
@@ -770,12 +776,17 @@ extern "C" refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t
             goto done;
         }
     }
-    pthread_mutex_lock(&g_sort_lock);
-    g_sort_runs = runs;
-    qsort(ord, n, sizeof(size_t), cmp_run_idx);
-    pthread_mutex_unlock(&g_sort_lock);
+    {
+        std::vector<std::pair<uint64_t, size_t>> by(n);
+        for (size_t i = 0; i < n; i++) by[i] = std::make_pair(runs[i].dst, i);
+        std::sort(by.begin(), by.end());
+        for (size_t i = 0; i < n; i++) {
+            ord[i] = by[i].second;
+            odst[i] = by[i].first;
+        }
+    }
     for (size_t i = 1; i < n; i++)
-        if (runs[ord[i - 1]].dst + runs[ord[i - 1]].len > runs[ord[i]].dst) {
+        if (odst[i - 1] + runs[ord[i - 1]].len > odst[i]) {
             st = refit_error(REFIT_ERR_UNSUPPORTED, "GPU digest: two runs of the plan write the same bytes");
             goto done;
         }
@@ -788,7 +799,7 @@ extern "C" refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t
         prev.len = 0;
         for (uint32_t i = 0; i <= s->nrows && !st; i++) {
             bool more = i < s->nrows;
-            if (more && !row_pieces(runs, ord, n, s->p + i * s->stride, 2 * (uint64_t)s->n, &row, &cov)) {
+            if (more && !row_pieces(&ix, s->p + i * s->stride, 2 * (uint64_t)s->n, &row, &cov)) {
                 st = refit_error(REFIT_ERR_UNSUPPORTED,
                                  "GPU digest: a digested row is not written whole by the plan, in whole units");
                 break;
@@ -829,11 +840,32 @@ extern "C" refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t
         }
     }
     if (st) goto done;
-    /* What no tile covers, run by run. */
-    qsort(cov.data, cov.len, sizeof(covered_t), cmp_covered);
+    /* What no tile covers, run by run: whole runs, and for runs tiles cover in part (rare: a run across a
+     * digested and an undigested placement) the gaps, from a second walk that records their pieces. */
+    detail = (uint8_t *)calloc(n ? n : 1, 1);
+    if (!detail) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+    {
+        bool any = false;
+        for (size_t i = 0; i < n && !st; i++) {
+            detail[i] = covered[i] && covered[i] < runs[i].len;
+            any |= detail[i];
+        }
+        if (any && !st) {
+            memset(covered, 0, n * sizeof(uint64_t));
+            ix.detail = detail;
+            for (uint64_t t = 0; t < g->ntiles && !st; t++)
+                for (uint32_t i = 0; i < g->htiles[t].nrows && !st; i++)
+                    if (!row_pieces(&ix, g->htiles[t].p + i * g->htiles[t].stride, 2 * (uint64_t)g->htiles[t].n, &row,
+                                    &cov))
+                        st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+            qsort(cov.data, cov.len, sizeof(covered_t), cmp_covered);
+        }
+    }
     for (size_t i = 0, c = 0; i < n && !st; i++) {
+        if (covered[i] == runs[i].len) continue;
         uint64_t at = 0;
-        for (; c < cov.len && cov.data[c].run == i; c++) {
+        while (c < cov.len && cov.data[c].run < i) c++;
+        for (; detail[i] && c < cov.len && cov.data[c].run == i; c++) {
             if (cov.data[c].a > at) {
                 refit_gpu_rest_t x = {i, at, cov.data[c].a - at};
                 if (REFIT_VEC_PUSH(&rv, x) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
@@ -864,6 +896,9 @@ extern "C" refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t
     }
 done:
     free(ord);
+    free(odst);
+    free(covered);
+    free(detail);
     REFIT_VEC_FREE(&row);
     REFIT_VEC_FREE(&prev);
     REFIT_VEC_FREE(&cov);
