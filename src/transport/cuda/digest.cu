@@ -388,6 +388,7 @@ static refit_status_t upload(refit_gpu_digest_t *g, const refit_digest_key_t *k,
                                       (int64_t)(g->entries ? g->entries : 1), g->stream));
     CK(cudaMalloc(&g->scan_tmp, g->scan_tmp_bytes ? g->scan_tmp_bytes : 1));
 out:
+    if (!st) CK(cudaStreamSynchronize(0)); /* the uploads' DMA, before the stream's first kernel */
     return st;
 }
 
@@ -607,7 +608,13 @@ extern "C" refit_status_t refit_gpu_digest_check_create(const refit_gpu_digest_t
         CK(cudaMallocHost(&c->hres, 2 * sizeof(uint32_t)));
         if (cv.len) CK(cudaMemcpy(c->checks, cv.data, cv.len * sizeof(dcheck_t), cudaMemcpyHostToDevice));
         if (tv.len) CK(cudaMemcpy(c->terms, tv.data, tv.len * sizeof(dterm_t), cudaMemcpyHostToDevice));
-        CK(cudaMemset(c->tables, 0, (nsrcs ? nsrcs : 1) * sizeof(uint64_t)));
+        /* a pageable cudaMemcpy may return before its DMA ends, on the legacy stream, which g's non-blocking
+         * stream does not wait for */
+        CK(cudaStreamSynchronize(0));
+        /* No cudaMemset here: on the legacy stream it may still run after the first run's upload on g's
+         * (non-blocking) stream and zero the addresses (seen: illegal accesses at a first check).  The host
+         * mirror starts at an address no source has, so the first run uploads every entry. */
+        for (uint32_t i = 0; i < nsrcs; i++) c->htables[i] = UINT64_MAX;
     out:
         gpu_leave(&dg);
     }
@@ -888,8 +895,9 @@ extern "C" refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t
         if (!st) {
             CK(cudaMalloc(&f->tiles, (ft.len ? ft.len : 1) * sizeof(tile_t)));
             if (ft.len) CK(cudaMemcpy(f->tiles, ft.data, ft.len * sizeof(tile_t), cudaMemcpyHostToDevice));
+            CK(cudaStreamSynchronize(0)); /* as in check_create */
             CK(cudaMalloc(&f->slots, (nslots ? nslots : 1) * sizeof(uint64_t)));
-            CK(cudaMemset(f->slots, 0, (nslots ? nslots : 1) * sizeof(uint64_t)));
+            memset(f->hslots, 0xff, (nslots ? nslots : 1) * sizeof(uint64_t)); /* the first launch uploads all */
         }
     out:
         gpu_leave(&dg);
