@@ -509,6 +509,18 @@ out:
     return st;
 }
 
+/* Hashing while copying: asked for (ctl->gdig), the receiver's GPU runs the
+ * kernel, every source of the plan is ours. */
+static bool fusable(const ipc_pull_t *x)
+{
+    const refit_pull_ctl_t *ctl = x->ctl;
+    bool ok = ctl && ctl->gdig && ctl->ghashed && !x->host_dst && x->dev == x->dst_dev && x->ex->batch;
+    size_t nreg;
+    const refit_plan_region_t *regs = refit_plan_regions(x->plan, &nreg);
+    for (size_t i = 0; ok && i < nreg; i++) ok = x->only[regs[i].src];
+    return ok;
+}
+
 /* The copy through the receiver's fused kernel (its sums made as it writes),
  * the bytes no digest covers beside it, under the GPU's turn; *done false
  * where this plan cannot be fused (the caller copies as it would). */
@@ -604,18 +616,17 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
     x.nsrc = refit_plan_num_sources(plan);
     x.dev = x.src_dev = x.dst_dev = -1;
     refit_status_t st = check_plan(&x);
-    if (st || (st = place(&x)) || warm) goto out;
+    if (st || (st = place(&x))) goto out;
+    if (warm) { /* with a hasher, its fused table too (built on the host: the first pull's largest cost) */
+        if (!x.ex->fp8 && fusable(&x) && !x.ex->fused_state) st = build_fused(&x, ctl->gdig);
+        goto out;
+    }
     if (x.ex->fp8) {
         bool local = x.src_dev == x.dev && x.dst_dev == x.dev;
         st = fp8_run(t, x.ex->fp8, peers, x.only, x.nsrc, dst_bases[0], x.dev, local, ctl, &x.launches, &x.uploads);
     } else {
-        /* Hashing while copying: the receiver's GPU runs the kernel, every source of the plan is ours. */
-        bool fusable = ctl && ctl->gdig && ctl->ghashed && !x.host_dst && x.dev == x.dst_dev && x.ex->batch;
-        size_t nreg;
-        const refit_plan_region_t *regs = refit_plan_regions(plan, &nreg);
-        for (size_t i = 0; fusable && i < nreg; i++) fusable = x.only[regs[i].src];
         bool done = false;
-        if (fusable && (st = fused_run(&x, &done))) goto out;
+        if (fusable(&x) && (st = fused_run(&x, &done))) goto out;
         if (done) x.fused = true;
         else st = batch_run(&x);
     }
