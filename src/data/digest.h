@@ -224,6 +224,16 @@ typedef struct {
 /* The entries to fetch, sorted by source then offset, each once; the array
  * lives as long as the plan.  *n may be 0. */
 const refit_digest_fetch_t *refit_digest_plan_fetches(const refit_digest_plan_t *p, size_t *n);
+/* How the plan sums the fetched entries, for a check made elsewhere (the GPU's: verify/verify.h): the
+ * expected digest of destination placement i (< *n, verifiable when refit_digest_plan_reason says so) is
+ * the sum over terms [(*start)[i], (*start)[i+1]) of entry `fetch` of refit_digest_plan_fetches, added
+ * (sign +1) or subtracted (-1), lane by lane mod 2^32: what refit_digest_check computes.  The arrays live
+ * as long as the plan; *start has *n + 1 entries. */
+typedef struct {
+    uint32_t fetch;
+    int32_t sign; /* +1 or -1 */
+} refit_digest_term_t;
+const refit_digest_term_t *refit_digest_plan_terms(const refit_digest_plan_t *p, const uint32_t **start, uint32_t *n);
 
 typedef struct {
     uint64_t placements;                              /* destination placements */

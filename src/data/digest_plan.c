@@ -16,10 +16,7 @@ const char *refit_digest_reason_name(refit_digest_reason_t r)
     return (unsigned)r < REFIT_DIGEST_REASON_COUNT ? g_reason_names[r] : "unknown";
 }
 
-typedef struct {
-    uint32_t fetch;
-    int32_t sign; /* +1 or -1 */
-} term_t;
+typedef refit_digest_term_t term_t;
 
 struct refit_digest_plan {
     uint32_t n;           /* destination placements */
@@ -391,6 +388,13 @@ const refit_digest_fetch_t *refit_digest_plan_fetches(const refit_digest_plan_t 
 {
     *n = p->nfetches;
     return p->fetches;
+}
+
+const refit_digest_term_t *refit_digest_plan_terms(const refit_digest_plan_t *p, const uint32_t **start, uint32_t *n)
+{
+    *start = p->term_start;
+    *n = p->n;
+    return p->terms;
 }
 
 void refit_digest_plan_stats(const refit_digest_plan_t *p, refit_digest_plan_stats_t *out) { *out = p->stats; }

@@ -447,6 +447,10 @@ refit_status_t refit_receiver_prepare(refit_receiver_t *r, int timeout_ms, doubl
             any |= p.peers[k] != NULL;
         }
         refit_pull_ctl_t ctl = {.deadline = deadline, .threads = r->params.threads};
+#ifdef REFIT_HAVE_CUDA
+        bool hashed = false; /* the copy that hashes GPU memory as it writes it: its table too */
+        if ((ctl.gdig = refit_rx_gpu_hasher(r))) ctl.ghashed = &hashed;
+#endif
         if (any && (st = refit_rx_transport_pull(r, t, p.peers, p.cp->plan, r->mem, &ctl, NULL, true))) goto out;
     }
     if (prepare_ms) *prepare_ms = (refit_now() - t0) * 1e3;

@@ -57,6 +57,8 @@ typedef struct {
     uint32_t ndsrc;
     refit_digest_plan_t *dplan; /* NULL until the first verified pull with this plan */
     uint8_t *dusable;           /* the sources it was built for */
+    /* GPU memory: dplan's check on the GPU (verify/verify.h), built with it */
+    struct refit_gpu_digest_check *gchk;
 } cached_plan_t;
 
 struct refit_receiver {
@@ -134,7 +136,17 @@ typedef struct {
     /* The delta's apply kept r->dlocal the sums of the memory it changed
      * (data/delta_hashed.h): no pass over the memory either. */
     bool ddelta;
+    /* GPU memory: the transfer's copy kernel hashed every byte it wrote
+     * into r->gdig's sums (refit_gpu_digest_sums_*): no pass either. */
+    bool gsummed;
 } pull_t;
+
+#ifdef REFIT_HAVE_CUDA
+/* GPU memory checked by content digests, hashed while it is copied (not
+ * REFIT_DIGEST_GPU=host|separate): the kernels' work list (r->gdig, made on
+ * first use), else NULL (receiver_verify.c). */
+struct refit_gpu_digest *refit_rx_gpu_hasher(refit_receiver_t *r);
+#endif
 
 /* The pull's copies hashed all of the memory's digests as they wrote it
  * (p->dhashed): its verification skips refit_digest_local. */

@@ -20,6 +20,9 @@ static void drop_plan(cached_plan_t *cp)
     free(cp->dsrc);
     refit_plan_destroy(cp->plan);
     refit_digest_plan_destroy(cp->dplan);
+#ifdef REFIT_HAVE_CUDA
+    refit_gpu_digest_check_destroy(cp->gchk);
+#endif
     free(cp->dusable);
     memset(cp, 0, sizeof(*cp));
 }

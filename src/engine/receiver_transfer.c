@@ -342,6 +342,19 @@ static refit_status_t gpu_move(pull_t *p, xfer_t *x)
     refit_pull_report_t *rep = p->rep;
     refit_pull_ctl_t ctl = {.deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
     rep->path = r->route;
+    p->gsummed = false;
+#ifdef REFIT_HAVE_CUDA
+    /* One transport carrying every source straight into this GPU memory may
+     * hash it as it copies (cuda_ipc): no second pass at the check. */
+    uint32_t carriers = 0;
+    for (uint32_t t = 0; t < r->ts.n; t++) {
+        bool any = false;
+        for (uint32_t k = 0; k < r->world; k++) any |= p->tix[k] == (int)t;
+        carriers += any;
+    }
+    if (carriers == 1 && !x->bounce && x->dst == r->mem && (ctl.gdig = refit_rx_gpu_hasher(r)))
+        ctl.ghashed = &p->gsummed;
+#endif
     for (uint32_t t = 0; t < r->ts.n; t++) {
         bool any = false;
         for (uint32_t k = 0; k < r->world; k++) {

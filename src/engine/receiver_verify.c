@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/receiver_internal.h"
 
@@ -21,6 +22,10 @@ static refit_status_t digest_plan_for(refit_receiver_t *r, cached_plan_t *cp, co
 {
     if (cp->dplan && memcmp(cp->dusable, usable, r->world) == 0) return REFIT_OK;
     refit_digest_plan_destroy(cp->dplan);
+#ifdef REFIT_HAVE_CUDA
+    refit_gpu_digest_check_destroy(cp->gchk);
+    cp->gchk = NULL;
+#endif
     free(cp->dusable);
     cp->dplan = NULL;
     cp->dusable = NULL;
@@ -130,17 +135,130 @@ static unsigned char *fetch_buffer(refit_receiver_t *r, size_t nf)
     return b;
 }
 
+/* The phases of one check, for REFIT_DIGEST_TRACE (docs/env.md). */
+typedef struct {
+    double plan_ms, fetch_ms, sums_ms, compare_ms;
+    const char *how;
+} dprof_t;
+
+#ifdef REFIT_HAVE_CUDA
+/* REFIT_DIGEST_GPU=host|separate (a measurement knob): 2 = the entries pulled
+ * to the host and compared there, the sums a pass of their own; 1 = compared
+ * on the GPU, the sums a pass of their own; 0 = the default (compared on the
+ * GPU, the sums made by the copy kernel where it can). */
+static int gpu_knob(void)
+{
+    const char *k = refit_diag()->digest_gpu;
+    return !k ? 0 : !strcmp(k, "host") ? 2 : !strcmp(k, "separate") ? 1 : 0;
+}
+
+struct refit_gpu_digest *refit_rx_gpu_hasher(refit_receiver_t *r)
+{
+    if (!r->dkey || r->fp8 || r->params.device < 0 || gpu_knob() != 0) return NULL;
+    if (!r->gdig && refit_gpu_digest_create(r->params.device, r->dkey, r->m, r->mem, false, &r->gdig)) {
+        refit_log(REFIT_LOG_INFO, "%s: GPU digests: %s (hashed after the copy instead)", r->reader, refit_last_error());
+        return NULL;
+    }
+    return r->gdig;
+}
+
+/* The check on the GPU: the entries read in place from the sources' tables
+ * (GPU memory mapped through cuda_ipc), summed and compared with this
+ * memory's sums by a kernel; one count comes back.  *handled false: a
+ * source whose table this GPU cannot read in place (another transport,
+ * another device), left to the pull of the entries.  On a mismatch r->dlocal
+ * holds the sums and *handled is false too: the caller fetches the entries
+ * and names what differs. */
+static refit_status_t gpu_check(pull_t *p, const refit_digest_fetch_t *f, size_t nf, bool *handled,
+                                refit_digest_report_t *dr, dprof_t *prof)
+{
+    refit_receiver_t *r = p->r;
+    cached_plan_t *cp = p->cp;
+    *handled = false;
+    const void **tables = calloc(r->world ? r->world : 1, sizeof(void *));
+    const refit_transport_devmem_t **dm = calloc(r->world ? r->world : 1, sizeof(void *));
+    refit_peer_t **peer = calloc(r->world ? r->world : 1, sizeof(void *));
+    refit_status_t st = tables && dm && peer ? REFIT_OK : refit_error(REFIT_ERR_NO_MEMORY, "digests");
+    double t0 = refit_now();
+    bool can = !st;
+    for (size_t i = 0; can && i < nf; i++) {
+        uint32_t k = f[i].src;
+        if (tables[k]) continue;
+        if (p->tix[k] < 0) {
+            st = refit_error(REFIT_ERR_PEER, "source rank %u holds digests this receiver needs and is unreachable", k);
+            can = false;
+            break;
+        }
+        dm[k] = refit_transport_devmem(r->ts.ops[p->tix[k]]);
+        peer[k] = r->src[k].peer[p->tix[k]][p->s.recs[k].buffer];
+        void *ptr = NULL;
+        int dev = -1;
+        can = dm[k] && peer[k] && !dm[k]->region(peer[k], (uint32_t)refit_rx_digest_region(r->src[k].m), &ptr, &dev) &&
+              dev == r->params.device && ptr;
+        tables[k] = ptr;
+    }
+    if (can && !r->gdig) st = refit_gpu_digest_create(r->params.device, r->dkey, r->m, r->mem, false, &r->gdig);
+    if (can && !st && !cp->gchk) st = refit_gpu_digest_check_create(r->gdig, cp->dplan, r->world, &cp->gchk);
+    prof->plan_ms += (refit_now() - t0) * 1e3;
+    uint64_t bad = 0;
+    if (can && !st) {
+        double t1 = refit_now();
+        st = refit_gpu_digest_verify_run(r->gdig, cp->gchk, tables, p->gsummed, &bad, NULL, r->dlocal);
+        /* words read from a process that died meanwhile prove nothing */
+        for (uint32_t k = 0; !st && k < r->world; k++)
+            if (tables[k]) st = dm[k]->alive(peer[k]);
+        prof->compare_ms += (refit_now() - t1) * 1e3;
+        prof->how = p->gsummed ? "gpu-fused" : "gpu";
+    }
+    if (can && !st && !bad) {
+        refit_digest_plan_stats_t ps;
+        refit_digest_plan_stats(cp->dplan, &ps);
+        dr->checked = ps.verifiable;
+        dr->bytes = ps.bytes - ps.unverifiable_bytes;
+        *handled = true;
+    }
+    free(tables);
+    free(dm);
+    free(peer);
+    return st;
+}
+#endif
+
 /* Fetches the entries (one 8-byte run each, from the source's digest
  * region), hashes this memory and compares; the report's digest counts. */
-static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *f, size_t nf)
+static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *f, size_t nf, dprof_t *prof)
 {
     refit_receiver_t *r = p->r;
     refit_pull_report_t *rep = p->rep;
     refit_status_t st = REFIT_OK;
-    refit_plan_region_t *regs = calloc(nf ? nf : 1, sizeof(*regs));
-    unsigned char *fetched = fetch_buffer(r, nf);
-    if (!regs || !fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
-    for (size_t i = 0; i < nf && !st; i++) {
+    /* This memory: the staging when the pull went through it (GPU), hashed
+     * here; else the receiver's own, host memory here and GPU memory with
+     * the GPU's kernels (the same sums).  A pull whose copies hashed every
+     * mapped byte as they wrote it left the sums in r->dlocal already
+     * (docs/digest.md); any other is hashed here, in a pass over the memory.
+     * An FP8 receiver's GPU memory holds its FP8 arena, not the bf16 layout
+     * the sources' digests are of: not checked here. */
+    bool host = r->params.device < 0 || r->pull_staged, checked = host || (HAVE_GPU_DIGESTS && !r->fp8);
+    void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
+    bool fused = host && refit_rx_digests_fused(p);
+    refit_digest_report_t dr = {0};
+    bool done = false, summed = false; /* checked on the GPU; r->dlocal holds the GPU's sums */
+#ifdef REFIT_HAVE_CUDA
+    if (!host && checked && gpu_knob() < 2) {
+        st = gpu_check(p, f, nf, &done, &dr, prof);
+        fused = done && p->gsummed;
+        summed = !st && !done && prof->how; /* a mismatch: the sums came back */
+    }
+#endif
+    refit_plan_region_t *regs = NULL;
+    unsigned char *fetched = NULL;
+    double t0 = refit_now();
+    if (!st && !done) {
+        regs = calloc(nf ? nf : 1, sizeof(*regs));
+        fetched = fetch_buffer(r, nf);
+        if (!regs || !fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
+    }
+    for (size_t i = 0; i < nf && !st && !done; i++) {
         uint32_t k = f[i].src;
         if (p->tix[k] < 0) {
             st = refit_error(REFIT_ERR_PEER, "source rank %u holds digests this receiver needs and is unreachable", k);
@@ -154,22 +272,19 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
     }
     refit_pull_report_t scratch = {0};
     void *bufs[1] = {fetched};
-    if (!st && nf) st = refit_rx_raw_pull(p, regs, nf, bufs, &scratch);
-    /* This memory: the staging when the pull went through it (GPU), hashed
-     * here; else the receiver's own, host memory here and GPU memory with
-     * the GPU's kernels (the same sums).  A pull whose copies hashed every
-     * mapped byte as they wrote it left the sums in r->dlocal already
-     * (docs/digest.md); any other is hashed here, in a pass over the memory.
-     * An FP8 receiver's GPU memory holds its FP8 arena, not the bf16 layout
-     * the sources' digests are of: not checked here. */
-    bool host = r->params.device < 0 || r->pull_staged, checked = host || (HAVE_GPU_DIGESTS && !r->fp8);
-    void *const *mem = r->params.device >= 0 ? r->stage : r->mem;
-    bool fused = host && refit_rx_digests_fused(p);
-    if (!st && host && !fused)
+    if (!st && !done && nf) st = refit_rx_raw_pull(p, regs, nf, bufs, &scratch);
+    double t1 = refit_now();
+    if (!done) prof->fetch_ms += (t1 - t0) * 1e3;
+    if (!st && !done && host && !fused)
         st = refit_digest_local(r->dkey, r->m, (const void *const *)mem, r->dlocal, r->params.threads);
-    if (!st && !host && checked) st = gpu_sums(r);
-    refit_digest_report_t dr = {0};
-    if (!st && checked) st = refit_digest_check(p->cp->dplan, fetched, r->dlocal, &dr);
+    if (!st && !done && !host && checked && !summed) st = gpu_sums(r);
+    double t2 = refit_now();
+    if (!done) prof->sums_ms += (t2 - t1) * 1e3;
+    if (!st && !done && checked) st = refit_digest_check(p->cp->dplan, fetched, r->dlocal, &dr);
+    if (!done) {
+        prof->compare_ms += (refit_now() - t2) * 1e3;
+        if (!prof->how) prof->how = host ? (fused ? "host-fused" : "host") : "gpu-sums-host-compare";
+    }
     if (!st && host) r->dsum_version = p->v; /* the sums of what the memory holds now: a delta updates them */
     if (st == REFIT_ERR_VERIFY)
         refit_error_prefix("version %" PRIu64 " does not match what its publishers published", p->v);
@@ -187,6 +302,20 @@ bool refit_rx_digests_fused(const pull_t *p)
     uint64_t mapped = refit_digest_map_bytes(p->r->dmap);
     if (p->rep && p->rep->path == REFIT_RX_PATH_DELTA) return p->ddelta;
     return p->rep && p->rep->path == REFIT_RX_PATH_HOST_DIRECT && mapped && p->dhashed == mapped;
+}
+
+/* REFIT_DIGEST_TRACE=FILE: one line per check with its phases (ms). */
+static void trace_check(const pull_t *p, const dprof_t *prof, size_t nf, refit_status_t st)
+{
+    const char *path = refit_diag()->digest_trace;
+    FILE *out = path ? fopen(path, "a") : NULL;
+    if (!out) return;
+    fprintf(out,
+            "digest pid %d reader %s version %" PRIu64 " how %s entries %zu plan %.3f fetch %.3f sums %.3f "
+            "compare %.3f total %.3f status %d\n",
+            (int)getpid(), p->r->reader, p->v, prof->how ? prof->how : "-", nf, prof->plan_ms, prof->fetch_ms,
+            prof->sums_ms, prof->compare_ms, p->rep->digest_ms, (int)st);
+    fclose(out);
 }
 
 /* Checks this memory against the sources' content digests: hash it, fetch
@@ -209,10 +338,15 @@ refit_status_t refit_rx_digest_verify(pull_t *p)
     }
     size_t nf = 0;
     const refit_digest_fetch_t *f = NULL;
-    if (!st && !(st = digest_sources(p, srcs, usable, &f, &nf))) st = digest_fetch_check(p, f, nf);
+    dprof_t prof = {0};
+    if (!st && !(st = digest_sources(p, srcs, usable, &f, &nf))) {
+        prof.plan_ms = (refit_now() - t0) * 1e3;
+        st = digest_fetch_check(p, f, nf, &prof);
+    }
     free(usable);
     free(srcs);
     p->rep->digest_ms = (refit_now() - t0) * 1e3;
+    trace_check(p, &prof, nf, st);
     return st;
 }
 

@@ -49,6 +49,12 @@ typedef struct {
     const refit_digest_map_t *dmap;
     refit_dsum_t *dacc;
     uint64_t *dbytes;
+    /* The same for GPU memory (cuda_ipc, verify/verify.h): a transport whose
+     * copy kernel can hash what it writes copies through gdig's fused kernel
+     * and sets *ghashed: gdig's sums on the device are then those of every
+     * digested byte of the destination.  NULL gdig: no hashing. */
+    struct refit_gpu_digest *gdig;
+    bool *ghashed;
 } refit_pull_ctl_t;
 
 /* What memory a transport handles.  0 means host memory only (shm, ucx). */
@@ -65,8 +71,9 @@ typedef struct {
  * REFIT_ERR_UNSUPPORTED, naming the transport.  Each kind has a table of its
  * own below. */
 typedef enum {
-    REFIT_TEXT_FP8 = 1,  /* refit_transport_fp8_t (cuda_ipc) */
-    REFIT_TEXT_WAIT = 2, /* refit_transport_wait_t (ucx) */
+    REFIT_TEXT_FP8 = 1,    /* refit_transport_fp8_t (cuda_ipc) */
+    REFIT_TEXT_WAIT = 2,   /* refit_transport_wait_t (ucx) */
+    REFIT_TEXT_DEVMEM = 3, /* refit_transport_devmem_t (cuda_ipc) */
 } refit_transport_ext_kind_t;
 
 /* Quantize-on-copy: the plan's destination is bf16 (the receiver's bf16
@@ -111,6 +118,18 @@ typedef struct {
      * a transport looks within a millisecond anyway. */
     void (*notify)(refit_transport_t *t);
 } refit_transport_wait_t;
+
+/* A source's memory as a kernel of this process reads it (cuda_ipc): for a
+ * check that reads a few words of a source's region in place (a receiver's
+ * digest entries, gathered on its GPU) instead of pulling them. */
+typedef struct {
+    /* *ptr: region `region` of peer as mapped here; *dev: the device it was
+     * opened on (kernels there read it).  REFIT_ERR_INVALID_ARG out of range. */
+    refit_status_t (*region)(refit_peer_t *peer, uint32_t region, void **ptr, int *dev);
+    /* REFIT_ERR_PEER when the peer's process is gone (what a pull checks
+     * after its copy: words read from a dead process's memory do not count). */
+    refit_status_t (*alive)(const refit_peer_t *peer);
+} refit_transport_devmem_t;
 
 typedef struct {
     const char *name;
@@ -164,6 +183,11 @@ static inline const void *refit_transport_ext(const refit_transport_ops_t *ops, 
 static inline const refit_transport_fp8_t *refit_transport_fp8(const refit_transport_ops_t *ops)
 {
     return (const refit_transport_fp8_t *)refit_transport_ext(ops, REFIT_TEXT_FP8);
+}
+
+static inline const refit_transport_devmem_t *refit_transport_devmem(const refit_transport_ops_t *ops)
+{
+    return (const refit_transport_devmem_t *)refit_transport_ext(ops, REFIT_TEXT_DEVMEM);
 }
 
 static inline const refit_transport_wait_t *refit_transport_wait(const refit_transport_ops_t *ops)

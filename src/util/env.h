@@ -53,6 +53,8 @@ typedef struct refit_diag {
     const char *cuda_small;       /* REFIT_CUDA_SMALL: after|before (transport/cuda/cuda_ipc_pull.cu) */
     const char *digest_pass;      /* REFIT_DIGEST_PASS: separate (engine/receiver.c: no hashing while copying) */
     const char *cuda_alloc_round; /* REFIT_CUDA_ALLOC_ROUND: bytes (transport/cuda/gpu_device.cu) */
+    const char *digest_trace;     /* REFIT_DIGEST_TRACE: FILE for the phases of each digest check (receiver_verify.c) */
+    const char *digest_gpu;       /* REFIT_DIGEST_GPU: host|separate (receiver_verify.c: the older GPU checks) */
 } refit_diag_t;
 
 /* The diagnostics, read on the first call in the process (pthread_once); the

@@ -68,6 +68,51 @@ refit_status_t refit_gpu_digest_local_run(refit_gpu_digest_t *g, void *sums);
 refit_status_t refit_gpu_digest_copy_run(refit_gpu_digest_t *g, int64_t src_delta, void *sums);
 /* table: device memory of refit_digest_table_bytes(m) bytes, 8-byte aligned. */
 refit_status_t refit_gpu_digest_table_run(refit_gpu_digest_t *g, void *table);
+
+/* A receiver's check on the device (refit_digest_check's sums, made where the sums are): built once per
+ * digest plan (of the manifest g was made for) over sources [0, nsrcs); each run reads the plan's entries
+ * straight from the sources' tables in device memory (tables[s]: the address of source s's table, readable
+ * by kernels on g's device; NULL for sources the plan fetches nothing from), sums them and compares with
+ * the receiver's sums, so that only a count crosses to the host.  summed: g's sums were already made by
+ * the pull's copies (refit_gpu_digest_sums_begin, below); else they are made first, in a pass over the
+ * memory.  *mismatches: placements whose digests differ (0: every verifiable one matches); *first (may be
+ * NULL) the first such placement; when *mismatches > 0 the sums are copied to sums (host, one per
+ * placement) for refit_digest_check's detailed error.  REFIT_ERR_INVALID_ARG, REFIT_ERR_NO_MEMORY,
+ * REFIT_ERR_TRANSPORT. */
+typedef struct refit_gpu_digest_check refit_gpu_digest_check_t;
+struct refit_digest_plan;
+refit_status_t refit_gpu_digest_check_create(const refit_gpu_digest_t *g, const struct refit_digest_plan *plan,
+                                             uint32_t nsrcs, refit_gpu_digest_check_t **out);
+void refit_gpu_digest_check_destroy(refit_gpu_digest_check_t *c);
+refit_status_t refit_gpu_digest_verify_run(refit_gpu_digest_t *g, refit_gpu_digest_check_t *c,
+                                           const void *const *tables, bool summed, uint64_t *mismatches,
+                                           uint32_t *first, void *sums);
+
+/* A plan's copy that hashes what it writes, in one kernel (the cuda_ipc pull's, for a receiver's GPU memory):
+ * runs[i] writes len bytes at device address dst from slots[slot] + src_off (slots: the launch's source
+ * addresses; pad: the caller's, untouched).  create (once per plan) cuts g's tiles (a receiver's: table false) where the runs that write
+ * them change and sends back, in *rest (malloc'ed, the caller's; *nrest may be 0), the bytes of the runs no
+ * digest covers (to be copied some other way).  REFIT_ERR_UNSUPPORTED when a digested row is not written
+ * whole by the runs in whole 2-byte units, or two runs write the same bytes (copy and hash separately then).
+ * launch zeroes g's sums and starts the kernel on g's stream (slots uploaded when they changed); the sums
+ * are then those refit_gpu_digest_local_run gives for the memory written, bit for bit; _wait waits for it,
+ * _sums copies them out (host, one per placement; waits). */
+typedef struct {
+    uint64_t dst, len, src_off;
+    uint32_t slot, pad;
+} refit_gpu_run_t;
+typedef struct {
+    size_t run;
+    uint64_t off, len;
+} refit_gpu_rest_t;
+typedef struct refit_gpu_digest_fused refit_gpu_digest_fused_t;
+refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t *g, const refit_gpu_run_t *runs, size_t n,
+                                             uint32_t nslots, refit_gpu_digest_fused_t **out, refit_gpu_rest_t **rest,
+                                             size_t *nrest);
+void refit_gpu_digest_fused_destroy(refit_gpu_digest_fused_t *f);
+refit_status_t refit_gpu_digest_fused_launch(refit_gpu_digest_t *g, refit_gpu_digest_fused_t *f, const uint64_t *slots);
+refit_status_t refit_gpu_digest_wait(refit_gpu_digest_t *g);
+refit_status_t refit_gpu_digest_sums(refit_gpu_digest_t *g, void *sums);
 #endif
 
 #ifdef __cplusplus

@@ -16,8 +16,8 @@
               receiver's device.  Gates: the receiver's weights (its canonical tensors) equal the trainer's
               state converted by mcore.to_hf, byte for byte; KL(native || receiver) and KL(trainer || receiver)
               below KL_GATE (other kernels: Megatron's, transformers' loaded another way); every step's loss
-              finite and every step changed the weights.  Step times, pull times and the pulls'
-              unverified bytes are reported.
+              finite and every step changed the weights; every pull checked against the trainer's GPU digest
+              tables with no byte unverified.  Step times and pull times are reported.
 
 Usage (a CUDA machine with megatron-core importable and refit built with CUDA; REFIT_LIBRARY names it):
     rl_step_mcore.py [--steps 4] [--workdir DIR] [--out FILE]
@@ -216,8 +216,11 @@ def driver(a):
             res["versions"].append(row)
             passed = passed and row["weights_equal_trainer"] and kl_n < KL_GATE and kl_t < KL_GATE and \
                 step["weights_changed"] and abs(step["loss"]) < 1e6
+    # every pull verified against the trainer's GPU digest tables: no byte unverified, some checked
+    pulls = rx.get("pulls", []) if ok else []
+    res["pulls_verified"] = bool(pulls) and all(p["unverified_bytes"] == 0 and p["digest_bytes"] > 0 for p in pulls)
     res["kl_gate"] = KL_GATE
-    res["passed"] = bool(passed and len(res["versions"]) == a.steps >= 3)
+    res["passed"] = bool(passed and res["pulls_verified"] and len(res["versions"]) == a.steps >= 3)
     res["seconds"] = round(time.time() - t0, 2)
     return res
 

@@ -12,10 +12,14 @@
 #include <time.h>
 
 #include "data/digest.h"
+#include "refit/plan.h"
 #include "transport/cuda/gpu.h"
 #include "util/util.h"
+#include "verify/verify.h"
 
 #include "gputest.h"
+
+#ifdef REFIT_HAVE_CUDA /* the work lists (verify/verify.h) exist only in a build with CUDA */
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
 static uint64_t rnd(void)
@@ -226,6 +230,207 @@ static void hand_boxes(const refit_digest_key_t *k)
     refit_manifest_destroy(m);
 }
 
+/* A plan's copy that hashes what it writes (refit_gpu_digest_fused_*, the cuda_ipc pull's with digests on)
+ * against the plan executed on the CPU and hashed there, and against the GPU's separate pass over the memory
+ * it wrote; then the check on the GPU (refit_gpu_digest_check_*) against the sources' GPU tables: no
+ * mismatch, and a changed unit of the destination is found, as the CPU's refit_digest_check finds it. */
+static void plan_case(const refit_digest_key_t *k, const char *model, const char *src_spec, uint32_t nsrc,
+                      const char *dst_spec, uint32_t dst_rank)
+{
+    enum { MAXS = 8, SLOTS_PER = 8 };
+    assert_true(nsrc <= MAXS);
+    refit_manifest_t *srcm[MAXS];
+    mem_t sm[MAXS];
+    void *dtab[MAXS];
+    for (uint32_t s = 0; s < nsrc; s++) {
+        srcm[s] = t_manifest_named(model, src_spec, s);
+        mem_make(srcm[s], &sm[s]);
+        assert_true(sm[s].nreg <= SLOTS_PER);
+        /* replicas of a tensor on two sources hold the same bytes (the plan reads one, the digests another) */
+        REFIT_ASSERT_OK(refit_gpu_truth_fill(srcm[s], 0, sm[s].dev, 7));
+        for (uint32_t r = 0; r < sm[s].nreg; r++)
+            REFIT_ASSERT_OK(refit_gpu_copy(sm[s].host[r], sm[s].dev[r], refit_manifest_region_size(srcm[s], r)));
+        refit_gpu_digest_t *gt = NULL;
+        uint64_t tb = refit_digest_table_bytes(srcm[s]);
+        REFIT_ASSERT_OK(refit_gpu_alloc(0, tb + 8, &dtab[s]));
+        REFIT_ASSERT_OK(refit_gpu_digest_create(0, k, srcm[s], sm[s].dev, true, &gt));
+        REFIT_ASSERT_OK(refit_gpu_digest_table_run(gt, dtab[s]));
+        refit_gpu_digest_destroy(gt);
+    }
+    refit_manifest_t *dm = t_manifest_named(model, dst_spec, dst_rank);
+    uint32_t nd = refit_manifest_num_regions(dm), np = refit_manifest_num_placements(dm);
+    assert_true(nd <= 8);
+    void *dh[8], *dd[8], *back[8];
+    for (uint32_t r = 0; r < nd; r++) {
+        uint64_t size = refit_manifest_region_size(dm, r);
+        dh[r] = calloc(1, size ? size : 1);
+        back[r] = malloc(size ? size : 1);
+        assert_true(dh[r] && back[r]);
+        REFIT_ASSERT_OK(refit_gpu_alloc(0, size ? size : 1, &dd[r]));
+        REFIT_ASSERT_OK(refit_gpu_copy(dd[r], dh[r], size ? size : 1));
+    }
+    refit_plan_t *plan = NULL;
+    REFIT_ASSERT_OK(refit_plan_create((const refit_manifest_t *const *)srcm, nsrc, dm, NULL, &plan));
+    /* CPU: the plan by memcpy, then the sums of what it wrote */
+    const void *const *hs[MAXS];
+    for (uint32_t s = 0; s < nsrc; s++) hs[s] = (const void *const *)sm[s].host;
+    REFIT_ASSERT_OK(refit_plan_execute_memcpy(plan, hs, dh, 1));
+    refit_dsum_t *cpu = calloc(np + 1, sizeof(*cpu)), *fused = calloc(np + 1, sizeof(*fused)),
+                 *sep = calloc(np + 1, sizeof(*sep));
+    assert_true(cpu && fused && sep);
+    REFIT_ASSERT_OK(refit_digest_local(k, dm, (const void *const *)dh, cpu, 0));
+    /* GPU: the plan's runs (one per innermost copy), slot s * SLOTS_PER + region */
+    size_t nreg;
+    const refit_plan_region_t *regs = refit_plan_regions(plan, &nreg);
+    REFIT_VEC(refit_gpu_run_t) runs = {0};
+    REFIT_VEC(refit_plan_region_t) one = {0};
+    for (size_t i = 0; i < nreg; i++) {
+        const refit_plan_region_t *r = &regs[i];
+        uint64_t c[3] = {1, 1, 1};
+        for (uint32_t l = 0; l < r->nloops; l++) c[l] = r->count[l];
+        for (uint64_t d2 = 0; d2 < c[2]; d2++)
+            for (uint64_t d1 = 0; d1 < c[1]; d1++)
+                for (uint64_t d0 = 0; d0 < c[0]; d0++) {
+                    uint64_t d[3] = {d0, d1, d2}, so = r->src_offset, dof = r->dst_offset;
+                    for (uint32_t l = 0; l < r->nloops; l++) {
+                        so += d[l] * r->src_stride[l];
+                        dof += d[l] * r->dst_stride[l];
+                    }
+                    refit_gpu_run_t g = {(uint64_t)(uintptr_t)dd[r->dst_region] + dof, r->run, so,
+                                         r->src * SLOTS_PER + r->src_region, 0};
+                    refit_plan_region_t o = *r;
+                    o.nloops = 0;
+                    o.src_offset = so;
+                    o.dst_offset = dof;
+                    assert_true(REFIT_VEC_PUSH(&runs, g) == 0 && REFIT_VEC_PUSH(&one, o) == 0);
+                }
+    }
+    uint64_t slots[MAXS * SLOTS_PER] = {0};
+    for (uint32_t s = 0; s < nsrc; s++)
+        for (uint32_t r = 0; r < sm[s].nreg; r++) slots[s * SLOTS_PER + r] = (uint64_t)(uintptr_t)sm[s].dev[r];
+    refit_gpu_digest_t *gd = NULL;
+    REFIT_ASSERT_OK(refit_gpu_digest_create(0, k, dm, dd, false, &gd));
+    refit_gpu_digest_fused_t *f = NULL;
+    refit_gpu_rest_t *rest = NULL;
+    size_t nrest = 0;
+    REFIT_ASSERT_OK(refit_gpu_digest_fused_create(gd, runs.data, runs.len, MAXS * SLOTS_PER, &f, &rest, &nrest));
+    uint64_t rest_bytes = 0;
+    for (size_t i = 0; i < nrest; i++) { /* what no digest covers: copied by the runtime here */
+        const refit_plan_region_t *o = &one.data[rest[i].run];
+        REFIT_ASSERT_OK(refit_gpu_copy((uint8_t *)dd[o->dst_region] + o->dst_offset + rest[i].off,
+                                       (const uint8_t *)sm[o->src].dev[o->src_region] + o->src_offset + rest[i].off,
+                                       rest[i].len));
+        rest_bytes += rest[i].len;
+    }
+    for (int round = 0; round < 2; round++) { /* the table is reusable */
+        memset(fused, 0xa5, np * sizeof(*fused));
+        REFIT_ASSERT_OK(refit_gpu_digest_fused_launch(gd, f, slots));
+        REFIT_ASSERT_OK(refit_gpu_digest_wait(gd));
+        REFIT_ASSERT_OK(refit_gpu_digest_sums(gd, fused));
+        for (uint32_t i = 0; i < np; i++)
+            if (memcmp(&cpu[i], &fused[i], sizeof(refit_dsum_t)))
+                FAIL("%s %s -> %s rank %u: fused sum of placement %u is %08x %08x, the CPU's %08x %08x", model,
+                     src_spec, dst_spec, dst_rank, i, fused[i].lane[0], fused[i].lane[1], cpu[i].lane[0],
+                     cpu[i].lane[1]);
+    }
+    for (uint32_t r = 0; r < nd; r++) { /* the bytes it wrote are the CPU's */
+        uint64_t size = refit_manifest_region_size(dm, r);
+        REFIT_ASSERT_OK(refit_gpu_copy(back[r], dd[r], size));
+        if (memcmp(back[r], dh[r], size)) {
+            uint64_t b = 0;
+            while (((uint8_t *)back[r])[b] == ((uint8_t *)dh[r])[b]) b++;
+            FAIL("%s %s -> %s rank %u: region %u differs from the CPU's copy at byte %" PRIu64, model, src_spec,
+                 dst_spec, dst_rank, r, b);
+        }
+    }
+    REFIT_ASSERT_OK(refit_gpu_digest_local_run(gd, sep)); /* the separate pass: the same sums */
+    assert_memory_equal(sep, cpu, np * sizeof(*cpu));
+    /* The check on the GPU: fused sums, then a separate pass; then one unit changed. */
+    refit_digest_plan_t *dp = NULL;
+    REFIT_ASSERT_OK(refit_digest_plan_create((const refit_manifest_t *const *)srcm, nsrc, NULL, dm, &dp));
+    refit_digest_plan_stats_t ps;
+    refit_digest_plan_stats(dp, &ps);
+    assert_true(ps.verifiable > 0);
+    refit_gpu_digest_check_t *chk = NULL;
+    REFIT_ASSERT_OK(refit_gpu_digest_check_create(gd, dp, nsrc, &chk));
+    const void *tabs[MAXS];
+    for (uint32_t s = 0; s < nsrc; s++) tabs[s] = dtab[s];
+    uint64_t bad = 99;
+    uint32_t first = 0;
+    REFIT_ASSERT_OK(refit_gpu_digest_fused_launch(gd, f, slots));
+    REFIT_ASSERT_OK(refit_gpu_digest_verify_run(gd, chk, tabs, true, &bad, &first, sep));
+    assert_int_equal(bad, 0);
+    REFIT_ASSERT_OK(refit_gpu_digest_verify_run(gd, chk, tabs, false, &bad, &first, sep));
+    assert_int_equal(bad, 0);
+    /* the CPU's check of the same entries agrees */
+    size_t nf = 0;
+    const refit_digest_fetch_t *fe = refit_digest_plan_fetches(dp, &nf);
+    uint8_t *ent = malloc(nf * 8 + 8);
+    assert_non_null(ent);
+    for (size_t i = 0; i < nf; i++)
+        REFIT_ASSERT_OK(refit_gpu_copy(ent + 8 * i, (const uint8_t *)dtab[fe[i].src] + fe[i].offset, 8));
+    refit_digest_report_t rep;
+    REFIT_ASSERT_OK(refit_digest_check(dp, ent, cpu, &rep));
+    /* one unit of the first digested tile changed on the device */
+    refit_digest_item_t *items = NULL;
+    size_t ni = 0;
+    REFIT_ASSERT_OK(refit_digest_items(k, dm, (const void *const *)dd, false, &items, &ni));
+    assert_true(ni > 0);
+    uint32_t pl = items[0].pl;
+    bool verifiable = refit_digest_plan_reason(dp, pl) == REFIT_DIGEST_VERIFIABLE;
+    uint16_t u;
+    uint8_t *at = (uint8_t *)items[0].p + 2 * (items[0].n / 2);
+    REFIT_ASSERT_OK(refit_gpu_copy(&u, at, 2));
+    u ^= 0x0004;
+    REFIT_ASSERT_OK(refit_gpu_copy(at, &u, 2));
+    memset(sep, 0, np * sizeof(*sep));
+    REFIT_ASSERT_OK(refit_gpu_digest_verify_run(gd, chk, tabs, false, &bad, &first, sep));
+    if (verifiable) {
+        assert_int_equal(bad, 1);
+        assert_int_equal(first, pl);
+        REFIT_ASSERT_ERR(refit_digest_check(dp, ent, sep, &rep), REFIT_ERR_VERIFY, "digest mismatch");
+    }
+    printf("ok  fused %s %s -> %s rank %u: %zu runs, %zu rest pieces (%" PRIu64 " bytes), %" PRIu64
+           " verifiable placements, changed unit %s\n",
+           model, src_spec, dst_spec, dst_rank, runs.len, nrest, rest_bytes, ps.verifiable,
+           verifiable ? "found" : "in an unverifiable placement");
+    free(items);
+    free(ent);
+    refit_gpu_digest_check_destroy(chk);
+    refit_digest_plan_destroy(dp);
+    refit_gpu_digest_fused_destroy(f);
+    refit_gpu_digest_destroy(gd);
+    free(rest);
+    REFIT_VEC_FREE(&runs);
+    REFIT_VEC_FREE(&one);
+    free(cpu);
+    free(fused);
+    free(sep);
+    refit_plan_destroy(plan);
+    for (uint32_t r = 0; r < nd; r++) {
+        free(dh[r]);
+        free(back[r]);
+        refit_gpu_free(dd[r]);
+    }
+    refit_manifest_destroy(dm);
+    for (uint32_t s = 0; s < nsrc; s++) {
+        mem_free(&sm[s]);
+        refit_gpu_free(dtab[s]);
+        refit_manifest_destroy(srcm[s]);
+    }
+}
+
+static void plans(const refit_digest_key_t *k)
+{
+    plan_case(k, "tiny-moe", "megatron:ep=2", 2, "vllm:tp=2", 0);
+    plan_case(k, "tiny-moe", "megatron:ep=2", 2, "vllm:tp=2", 1);
+    plan_case(k, "tiny-dense", "megatron:tp=2", 2, "vllm:tp=2", 1);
+    plan_case(k, "tiny-dense", "hf", 1, "megatron:tp=4", 3);
+    plan_case(k, "tiny-mla", "hf", 1, "vllm:tp=2", 0);
+    plan_case(k, "tiny-tied", "megatron:tp=2,pp=2", 4, "hf", 0);
+    plan_case(k, "qwen3-30b-a3b-mini", "megatron:ep=2", 2, "vllm:tp=2", 0);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -339,14 +544,24 @@ static int bench(const char *model, const char *spec)
     return same && fused_same ? 0 : 1;
 }
 
+#endif
+
 int main(int argc, char **argv)
 {
+#ifndef REFIT_HAVE_CUDA
+    (void)argc;
+    (void)argv;
+    printf("SKIP: refit was built without CUDA (REFIT_WITH_CUDA=OFF or no CUDA toolkit)\n");
+    return 77;
+#else
     (void)gputest_dst_device();
     if (argc == 4 && !strcmp(argv[1], "--bench")) return bench(argv[2], argv[3]);
     refit_digest_key_t *k = key_of(1);
     hand_boxes(k);
     layouts(k);
+    plans(k);
     refit_digest_key_destroy(k);
     printf("test_gpu_digest: all passed\n");
     return 0;
+#endif
 }

@@ -39,11 +39,15 @@ static void test_diag_read_once_by_many(void **state)
     assert_string_equal(d->cuda_alloc_round, "0");
     assert_string_equal(d->cuda_trace, ""); /* empty strings are kept: gpu.cu reads "" as off */
     assert_string_equal(d->log_level, "warn");
+    assert_string_equal(d->digest_gpu, "separate");
+    assert_null(d->digest_trace);
     /* A later change is not seen: the values are copies, taken once. */
     setenv("REFIT_CUDA_SMALL", "before", 1);
     unsetenv("REFIT_CUDA_ALLOC_ROUND");
     setenv("REFIT_LOG_LEVEL", "trace", 1);
+    setenv("REFIT_DIGEST_GPU", "host", 1);
     assert_ptr_equal(refit_diag(), d);
+    assert_string_equal(refit_diag()->digest_gpu, "separate");
     assert_string_equal(refit_diag()->cuda_small, "after");
     assert_string_equal(refit_diag()->cuda_alloc_round, "0");
     assert_string_equal(refit_diag()->log_level, "warn");
@@ -97,6 +101,8 @@ int main(void)
     setenv("REFIT_CUDA_ALLOC_ROUND", "0", 1);
     setenv("REFIT_CUDA_TRACE", "", 1);
     setenv("REFIT_LOG_LEVEL", "warn", 1);
+    setenv("REFIT_DIGEST_GPU", "separate", 1);
+    unsetenv("REFIT_DIGEST_TRACE");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diag_read_once_by_many),
         cmocka_unit_test(test_log_level),

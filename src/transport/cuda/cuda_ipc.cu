@@ -83,6 +83,8 @@ static void ipc_destroy(refit_transport_t *t)
         refit_gpu_batch_destroy(t->exec[i].batch);
         refit_gpu_batch_destroy(t->exec[i].small);
         refit_gpu_fp8_destroy(t->exec[i].fp8);
+        refit_gpu_digest_fused_destroy(t->exec[i].fused);
+        refit_gpu_batch_destroy(t->exec[i].rest);
     }
     for (uint32_t i = 0; i < t->nopened; i++)
         if (t->opened[i].base) cudaIpcCloseMemHandle(t->opened[i].base);
@@ -312,10 +314,30 @@ err:
     return st;
 }
 
-/* Extensions: quantize-on-copy for FP8 receivers (cuda_ipc_pull.cu); no
- * conditional pulls. */
+static refit_status_t ipc_region_ptr(refit_peer_t *p, uint32_t region, void **ptr, int *dev)
+{
+    if (!p || region >= p->n || !ptr || !dev)
+        return refit_error(REFIT_ERR_INVALID_ARG, "cuda_ipc: no region %u of this source", region);
+    *ptr = p->regions[region].ptr;
+    /* opened here: on p->dev; the receiver's own process: wherever it lives */
+    *dev = p->regions[region].base ? p->dev : pointer_device(*ptr);
+    return REFIT_OK;
+}
+
+static refit_status_t ipc_alive(const refit_peer_t *p)
+{
+    if (refit_proc_start_time(p->pid) != p->start_time)
+        return refit_error(REFIT_ERR_PEER, "cuda_ipc: source process %u died", p->pid);
+    return REFIT_OK;
+}
+
+static const refit_transport_devmem_t ipc_devmem = {ipc_region_ptr, ipc_alive};
+
+/* Extensions: quantize-on-copy for FP8 receivers (cuda_ipc_pull.cu), the
+ * sources' memory as mapped here; no conditional pulls. */
 static const void *ipc_ext(refit_transport_ext_kind_t kind)
 {
+    if (kind == REFIT_TEXT_DEVMEM) return &ipc_devmem;
     return kind == REFIT_TEXT_FP8 ? &cuda_ipc_fp8_ext : NULL;
 }
 

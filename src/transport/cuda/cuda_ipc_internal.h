@@ -17,6 +17,7 @@ extern "C" {
 #include "transport/cuda/fp8_gpu.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu.h"
+#include "verify/verify.h"
 #include "refit/experimental/plan.h"
 #include "transport/transport.h"
 }
@@ -62,6 +63,16 @@ typedef struct {
     const void *fp8_target;
     bool small_built;
     uint64_t last_used;
+    /* A receiver that hashes while it copies (ctl->gdig): the copy and hash
+     * kernel of its tiles cut by this plan, and the bytes no tile covers as
+     * a batch of their own; fused_state 0 not tried, 1 built, 2 the plan
+     * cannot be fused (copied and hashed apart); for fused_g's tiles and
+     * destinations hashing to fused_dst. */
+    refit_gpu_digest_fused_t *fused;
+    refit_gpu_batch_t *rest;
+    int fused_state;
+    const void *fused_g;
+    uint64_t fused_dst;
 } exec_entry_t;
 
 typedef struct {

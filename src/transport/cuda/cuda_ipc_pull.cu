@@ -6,6 +6,10 @@
  * copy. */
 #include "transport/cuda/cuda_ipc_internal.h"
 
+extern "C" {
+#include "plan/plan.h" /* refit_plan_view */
+}
+
 /* Registers host destination memory (once). */
 static refit_status_t ensure_registered(refit_transport_t *t, void *base, uint64_t len)
 {
@@ -103,6 +107,12 @@ static refit_status_t get_exec(refit_transport_t *t, const refit_plan_t *plan, c
     refit_gpu_batch_destroy(victim->batch);
     refit_gpu_batch_destroy(victim->small);
     refit_gpu_fp8_destroy(victim->fp8);
+    refit_gpu_digest_fused_destroy(victim->fused);
+    refit_gpu_batch_destroy(victim->rest);
+    victim->fused = NULL;
+    victim->rest = NULL;
+    victim->fused_state = 0;
+    victim->fused_g = NULL;
     victim->small = NULL;
     victim->small_built = false;
     victim->key = key;
@@ -249,7 +259,7 @@ typedef struct {
     uint64_t *dst_end; /* [ndst]: the end of what the plan writes in each destination region */
     uint32_t ndst;
     int dev, src_dev, dst_dev; /* where the work runs, the sources' GPU, the destination's GPU */
-    bool host_dst, memcpy_used;
+    bool host_dst, memcpy_used, fused;
     uint64_t bytes, launches, uploads, copies;
     exec_entry_t *ex;
 } ipc_pull_t;
@@ -406,6 +416,158 @@ out:
     return st;
 }
 
+/* ---- copy and hash in one kernel (ctl->gdig) ---- */
+
+static uint64_t dst_hash(const ipc_pull_t *x)
+{
+    return refit_hash64(x->dst_bases, x->ndst * sizeof(void *), 0x66757365 /* "fuse" */);
+}
+
+/* The plan's runs, one per innermost copy (from the batch's slots; pad: the
+ * destination region), then the fused table over them and the rest as a
+ * batch (x->ex->fused, ->rest); fused_state 2 where the plan cannot be fused. */
+static refit_status_t build_fused(ipc_pull_t *x, refit_gpu_digest_t *gd)
+{
+    exec_entry_t *ex = x->ex;
+    const refit_batch_t *b = refit_gpu_batch_table(ex->batch);
+    size_t nreg;
+    const refit_plan_region_t *regs = refit_plan_regions(x->plan, &nreg);
+    REFIT_VEC(refit_gpu_run_t) runs = {};
+    refit_gpu_rest_t *rest = NULL;
+    size_t nrest = 0;
+    refit_gpu_digest_fused_t *f = NULL;
+    refit_gpu_batch_t *rb = NULL;
+    refit_status_t st = REFIT_OK;
+    for (size_t i = 0; i < nreg && !st; i++) {
+        const refit_plan_region_t *r = &regs[i];
+        if (!x->only[r->src] || !r->run) continue;
+        uint64_t c[3] = {1, 1, 1};
+        for (uint32_t k = 0; k < r->nloops && k < 3; k++) c[k] = r->count[k];
+        for (uint64_t d2 = 0; d2 < c[2] && !st; d2++)
+            for (uint64_t d1 = 0; d1 < c[1] && !st; d1++)
+                for (uint64_t d0 = 0; d0 < c[0] && !st; d0++) {
+                    uint64_t d[3] = {d0, d1, d2}, so = r->src_offset, dof = r->dst_offset;
+                    for (uint32_t k = 0; k < r->nloops && k < 3; k++) {
+                        so += d[k] * r->src_stride[k];
+                        dof += d[k] * r->dst_stride[k];
+                    }
+                    refit_gpu_run_t g = {(uint64_t)(uintptr_t)x->dst_bases[r->dst_region] + dof, r->run, so,
+                                         b->src_slot_base[r->src] + r->src_region, r->dst_region};
+                    if (REFIT_VEC_PUSH(&runs, g) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: fused copy");
+                }
+    }
+    if (!st) st = refit_gpu_digest_fused_create(gd, runs.data, runs.len, b->nslots, &f, &rest, &nrest);
+    if (st == REFIT_ERR_UNSUPPORTED) {
+        refit_log(REFIT_LOG_INFO, "cuda_ipc: copying and hashing apart: %s", refit_last_error());
+        ex->fused_state = 2;
+        st = REFIT_OK;
+        goto out;
+    }
+    if (!st && nrest) {
+        refit_plan_region_t *rr = (refit_plan_region_t *)calloc(nrest, sizeof(*rr));
+        if (!rr) st = refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc: fused copy");
+        for (size_t i = 0; !st && i < nrest; i++) {
+            const refit_gpu_run_t *g = &runs.data[rest[i].run];
+            uint32_t s = 0; /* the source whose slots hold g's */
+            while (s + 1 < b->nsrcs && b->src_slot_base[s + 1] <= g->slot) s++;
+            rr[i].src = s;
+            rr[i].src_region = g->slot - b->src_slot_base[s];
+            rr[i].dst_region = g->pad;
+            rr[i].src_offset = g->src_off + rest[i].off;
+            rr[i].dst_offset = g->dst - (uint64_t)(uintptr_t)x->dst_bases[g->pad] + rest[i].off;
+            rr[i].run = rest[i].len;
+        }
+        if (!st) {
+            refit_plan_t view = refit_plan_view(rr, nrest, NULL, x->nsrc);
+            refit_batch_opts_t o;
+            memset(&o, 0, sizeof(o));
+            o.max_shift = ex->max_shift;
+            o.copies = true;
+            o.only = x->only;
+            refit_batch_t rb_table;
+            if (!(st = refit_batch_build(&view, &o, &rb_table))) {
+                st = refit_gpu_batch_create(x->dev, &rb_table, &rb);
+                refit_batch_free(&rb_table);
+            }
+        }
+        free(rr);
+    }
+    if (!st) {
+        ex->fused = f;
+        ex->rest = rb;
+        ex->fused_state = 1;
+        ex->fused_g = gd;
+        ex->fused_dst = dst_hash(x);
+        f = NULL;
+        rb = NULL;
+    }
+out:
+    refit_gpu_digest_fused_destroy(f);
+    refit_gpu_batch_destroy(rb);
+    free(rest);
+    REFIT_VEC_FREE(&runs);
+    return st;
+}
+
+/* Hashing while copying: asked for (ctl->gdig), the receiver's GPU runs the
+ * kernel, every source of the plan is ours. */
+static bool fusable(const ipc_pull_t *x)
+{
+    const refit_pull_ctl_t *ctl = x->ctl;
+    bool ok = ctl && ctl->gdig && ctl->ghashed && !x->host_dst && x->dev == x->dst_dev && x->ex->batch;
+    size_t nreg;
+    const refit_plan_region_t *regs = refit_plan_regions(x->plan, &nreg);
+    for (size_t i = 0; ok && i < nreg; i++) ok = x->only[regs[i].src];
+    return ok;
+}
+
+/* The copy through the receiver's fused kernel (its sums made as it writes),
+ * the bytes no digest covers beside it, under the GPU's turn; *done false
+ * where this plan cannot be fused (the caller copies as it would). */
+static refit_status_t fused_run(ipc_pull_t *x, bool *done)
+{
+    refit_transport_t *t = x->t;
+    exec_entry_t *ex = x->ex;
+    refit_gpu_digest_t *gd = x->ctl->gdig;
+    *done = false;
+    if (ex->fused_state && (ex->fused_g != gd || (ex->fused_state == 1 && ex->fused_dst != dst_hash(x)))) {
+        refit_gpu_digest_fused_destroy(ex->fused);
+        refit_gpu_batch_destroy(ex->rest);
+        ex->fused = NULL;
+        ex->rest = NULL;
+        ex->fused_state = 0;
+    }
+    refit_status_t st = ex->fused_state ? REFIT_OK : build_fused(x, gd);
+    if (st || ex->fused_state != 1) return st;
+    const refit_batch_t *b = refit_gpu_batch_table(ex->batch);
+    uint64_t *slots = batch_slots(x, b), *rslots = ex->rest ? batch_slots(x, refit_gpu_batch_table(ex->rest)) : NULL;
+    if (!slots || (ex->rest && !rslots)) {
+        free(slots);
+        free(rslots);
+        return refit_error(REFIT_ERR_NO_MEMORY, "cuda_ipc pull");
+    }
+    bool local = !x->host_dst && x->src_dev == x->dev && x->dst_dev == x->dev;
+    if (local && ex->rest) refit_gpu_batch_local(ex->rest);
+    bool turns = t->turns == 1 || (t->turns == -1 && local);
+    int turn = turns ? refit_gpu_turn_take(x->dev, 0, 2.0) : -1;
+    if (ex->rest) st = refit_gpu_batch_launch(ex->rest, rslots, &x->launches, &x->uploads);
+    refit_status_t sf = refit_gpu_digest_fused_launch(gd, ex->fused, slots);
+    if (!sf) x->launches++;
+    if (!st) st = sf;
+    const refit_pull_ctl_t *ctl = x->ctl;
+    refit_status_t s2 = ex->rest
+                            ? refit_gpu_batch_wait(ex->rest, st ? NULL : ctl->tick, ctl->user, st ? 0 : ctl->deadline)
+                            : REFIT_OK;
+    refit_status_t s3 = refit_gpu_digest_wait(gd); /* never abandoned mid-flight */
+    if (!st) st = s2;
+    if (!st) st = s3;
+    refit_gpu_turn_give(turn);
+    free(slots);
+    free(rslots);
+    if (!st) *done = true;
+    return st;
+}
+
 /* What carried the bytes, in stats->lanes. */
 static void describe(const ipc_pull_t *x, refit_pull_stats_t *stats)
 {
@@ -416,6 +578,11 @@ static void describe(const ipc_pull_t *x, refit_pull_stats_t *stats)
                  "cuda_ipc:fp8 quantize-on-copy GPU%d->GPU%d, kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64
                  " upload%s)",
                  src_dev, dst_dev, dev, launches, launches == 1 ? "" : "es", uploads, uploads == 1 ? "" : "s");
+    else if (x->fused)
+        snprintf(stats->lanes, sizeof(stats->lanes),
+                 "cuda_ipc:%s GPU%d->GPU%d, copy+digest kernel on GPU%d (%" PRIu64 " launch%s, %" PRIu64 " upload%s)",
+                 src_dev == dst_dev ? "local" : "p2p-pull", src_dev, dst_dev, dev, launches, launches == 1 ? "" : "es",
+                 uploads, uploads == 1 ? "" : "s");
     else if (x->memcpy_used)
         snprintf(stats->lanes, sizeof(stats->lanes),
                  "cuda_ipc:local GPU%d->GPU%d on GPU%d: %" PRIu64 " cudaMemcpy(2D)Async + %" PRIu64 " kernel launch%s",
@@ -449,12 +616,19 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
     x.nsrc = refit_plan_num_sources(plan);
     x.dev = x.src_dev = x.dst_dev = -1;
     refit_status_t st = check_plan(&x);
-    if (st || (st = place(&x)) || warm) goto out;
+    if (st || (st = place(&x))) goto out;
+    if (warm) { /* with a hasher, its fused table too (built on the host: the first pull's largest cost) */
+        if (!x.ex->fp8 && fusable(&x) && !x.ex->fused_state) st = build_fused(&x, ctl->gdig);
+        goto out;
+    }
     if (x.ex->fp8) {
         bool local = x.src_dev == x.dev && x.dst_dev == x.dev;
         st = fp8_run(t, x.ex->fp8, peers, x.only, x.nsrc, dst_bases[0], x.dev, local, ctl, &x.launches, &x.uploads);
     } else {
-        st = batch_run(&x);
+        bool done = false;
+        if (fusable(&x) && (st = fused_run(&x, &done))) goto out;
+        if (done) x.fused = true;
+        else st = batch_run(&x);
     }
     if (st) goto out;
     for (size_t s = 0; s < x.nsrc; s++)
@@ -462,6 +636,7 @@ static refit_status_t pull_or_warm(refit_transport_t *t, refit_peer_t *const *pe
             st = refit_error(REFIT_ERR_PEER, "cuda_ipc: source process %u died during the transfer", peers[s]->pid);
             goto out;
         }
+    if (x.fused) *ctl->ghashed = true;
     if (stats) {
         stats->bytes += x.bytes;
         stats->requests += x.launches + x.uploads + x.copies;

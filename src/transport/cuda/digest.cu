@@ -14,7 +14,10 @@
  *   table; then Q slots times K_j, a scan over the whole table (lanes apart) and, per P or Q array,
  *   the scan minus its value at the array's first slot (wrapping arithmetic makes that exact), and the
  *   check that each placement's P and Q totals agree (else its memory changed during the fill). */
+#include <algorithm>
 #include <cub/device/device_scan.cuh>
+#include <utility>
+#include <vector>
 
 #include "transport/cuda/gpu_internal.h"
 
@@ -59,6 +62,7 @@ struct refit_gpu_digest {
     void *scan_tmp; /* table: CUB's scratch and the scanned copy */
     size_t scan_tmp_bytes;
     uint2 *scanned;
+    tile_t *htiles; /* receiver: the tiles, on the host too (refit_gpu_digest_fused_create) */
 };
 
 __device__ __forceinline__ void block_mult(uint64_t blk_seed, uint64_t b, uint32_t m[2])
@@ -113,10 +117,12 @@ __device__ __forceinline__ void chunk(const uint8_t *q, const int16_t *kc, uint3
 
 /* Receiver: acc += r(t,i) m(b) * dot(row i) per thread; one atomic per lane per tile into out[2 pl].  With
  * COPY the tile is read from src_delta bytes further and written where it is hashed: copy and hash in
- * one pass (the bytes hashed are the bytes written). */
-template <bool COPY>
-__global__ void __launch_bounds__(THREADS) local_tiles(const tile_t *tiles, const int16_t *kc, uint64_t row_seed,
-                                                       uint64_t blk_seed, int64_t src_delta, uint32_t *out)
+ * one pass (the bytes hashed are the bytes written).  With SLOTS too (a plan's copy, the fused tiles of
+ * refit_gpu_digest_fused_create), row i of the tile is read from slots[pad] + pslot + i * qslot instead. */
+template <bool COPY, bool SLOTS>
+__global__ void __launch_bounds__(THREADS)
+    local_tiles(const tile_t *tiles, const int16_t *kc, uint64_t row_seed, uint64_t blk_seed, int64_t src_delta,
+                const uint64_t *slots, uint32_t *out)
 {
     __shared__ uint32_t rk[TILE_ROWS][2];
     __shared__ uint32_t red[THREADS / 32][2];
@@ -131,7 +137,11 @@ __global__ void __launch_bounds__(THREADS) local_tiles(const tile_t *tiles, cons
     __syncthreads();
     uint8_t *base = (uint8_t *)s.p;
     const uint32_t nch = (s.n + 7) / 8, total = s.nrows * nch, kbase = (uint32_t)(s.j % KCOLS_);
-    const bool vec = ((s.p | s.stride | (uint64_t)src_delta) & 15) == 0 && (kbase & 7) == 0;
+    /* the source of row `row` (SLOTS): sbase + row * sstride; else row's address + src_delta */
+    const uint8_t *sbase = SLOTS ? (const uint8_t *)(uintptr_t)(slots[s.pad] + s.pslot) : NULL;
+    const uint64_t sstride = SLOTS ? s.qslot : 0;
+    const bool vec = ((s.p | s.stride | (uint64_t)src_delta | (uint64_t)(uintptr_t)sbase | sstride) & 15) == 0 &&
+                     (kbase & 7) == 0;
     uint32_t acc0 = 0, acc1 = 0;
     uint32_t idx = threadIdx.x;
     if (COPY && vec) /* two aligned chunks a step: both loads in flight before the stores */
@@ -140,7 +150,9 @@ __global__ void __launch_bounds__(THREADS) local_tiles(const tile_t *tiles, cons
                      ub = (i2 - rb * nch) * 8;
             if (s.n - ua < 8 || s.n - ub < 8) break;
             uint8_t *qa = base + ra * s.stride + 2 * (uint64_t)ua, *qb = base + rb * s.stride + 2 * (uint64_t)ub;
-            uint4 wa = __ldg((const uint4 *)(qa + src_delta)), wb = __ldg((const uint4 *)(qb + src_delta));
+            const uint8_t *sa = SLOTS ? sbase + ra * sstride + 2 * (uint64_t)ua : qa + src_delta,
+                          *sb = SLOTS ? sbase + rb * sstride + 2 * (uint64_t)ub : qb + src_delta;
+            uint4 wa = __ldg((const uint4 *)sa), wb = __ldg((const uint4 *)sb);
             *(uint4 *)qa = wa;
             *(uint4 *)qb = wb;
             uint32_t v[8], d[2];
@@ -154,12 +166,15 @@ __global__ void __launch_bounds__(THREADS) local_tiles(const tile_t *tiles, cons
     for (; idx < total; idx += blockDim.x) {
         uint32_t row = idx / nch, u0 = (idx - row * nch) * 8, cnt = min(8u, s.n - u0), v[8], d[2];
         uint8_t *q = base + row * s.stride + 2 * (uint64_t)u0;
+        const uint8_t *sq = SLOTS ? sbase + row * sstride + 2 * (uint64_t)u0 : q + src_delta;
         if (COPY) {
-            if (vec && cnt == 8) *(uint4 *)q = __ldg((const uint4 *)(q + src_delta));
+            if (vec && cnt == 8) *(uint4 *)q = __ldg((const uint4 *)sq);
+            else if (((uintptr_t)q | (uintptr_t)sq) & 1)
+                for (uint32_t i = 0; i < 2 * cnt; i++) q[i] = sq[i];
             else
-                for (uint32_t i = 0; i < cnt; i++) ((uint16_t *)q)[i] = ((const uint16_t *)(q + src_delta))[i];
+                for (uint32_t i = 0; i < cnt; i++) ((uint16_t *)q)[i] = ((const uint16_t *)sq)[i];
         }
-        chunk(COPY ? q + src_delta : q, kc, kbase + u0, cnt, vec, v, d);
+        chunk(COPY ? sq : q, kc, kbase + u0, cnt, vec, v, d);
         acc0 += rk[row][0] * d[0];
         acc1 += rk[row][1] * d[1];
     }
@@ -351,6 +366,7 @@ extern "C" void refit_gpu_digest_destroy(refit_gpu_digest_t *g)
     cudaFree(g->scan_tmp);
     cudaFree(g->scanned);
     if (in) gpu_leave(&dg);
+    free(g->htiles);
     free(g);
 }
 
@@ -372,6 +388,7 @@ static refit_status_t upload(refit_gpu_digest_t *g, const refit_digest_key_t *k,
                                       (int64_t)(g->entries ? g->entries : 1), g->stream));
     CK(cudaMalloc(&g->scan_tmp, g->scan_tmp_bytes ? g->scan_tmp_bytes : 1));
 out:
+    if (!st) CK(cudaStreamSynchronize(0)); /* the uploads' DMA, before the stream's first kernel */
     return st;
 }
 
@@ -402,6 +419,10 @@ extern "C" refit_status_t refit_gpu_digest_create(int dev, const refit_digest_ke
         st = upload(g, k, tiles.data, segs.data);
         gpu_leave(&dg);
     }
+    if (!st && !table) { /* kept for the fused copies */
+        g->htiles = tiles.data;
+        tiles.data = NULL;
+    }
     free(items);
     REFIT_VEC_FREE(&tiles);
     REFIT_VEC_FREE(&segs);
@@ -422,11 +443,11 @@ static refit_status_t local_run(refit_gpu_digest_t *g, int64_t src_delta, bool c
     size_t bytes = 2 * (size_t)g->nplacements * sizeof(uint32_t);
     CK(cudaMemsetAsync(g->out, 0, bytes ? bytes : 4, g->stream));
     if (g->ntiles && copy)
-        local_tiles<true><<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed, g->blk_seed,
-                                                                          src_delta, g->out);
+        local_tiles<true, false><<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed,
+                                                                                 g->blk_seed, src_delta, NULL, g->out);
     else if (g->ntiles)
-        local_tiles<false>
-            <<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed, g->blk_seed, 0, g->out);
+        local_tiles<false, false><<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed,
+                                                                                  g->blk_seed, 0, NULL, g->out);
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(sums, g->out, bytes, cudaMemcpyDeviceToHost, g->stream));
     CK(cudaStreamSynchronize(g->stream));
@@ -474,6 +495,476 @@ extern "C" refit_status_t refit_gpu_digest_table_run(refit_gpu_digest_t *g, void
                          "GPU digest table: segment %u sums differently by rows and by columns: its memory changed "
                          "during the fill",
                          bad);
+out:
+    gpu_leave(&dg);
+    return st;
+}
+
+/* ---- the receiver's check on the device -------------------------------------------------------------- */
+
+/* One term of a placement's expected digest: entry `entry` (8 bytes) of source `src`'s table, added or
+ * subtracted. */
+typedef struct {
+    uint64_t entry;
+    uint32_t src;
+    int32_t sign;
+} dterm_t;
+
+/* One verifiable placement: its sums' index and its terms. */
+typedef struct {
+    uint32_t pl, first, n, pad;
+} dcheck_t;
+
+struct refit_gpu_digest_check {
+    int dev;
+    uint32_t nchecks, nsrcs;
+    dcheck_t *checks; /* device */
+    dterm_t *terms;   /* device */
+    uint64_t *tables; /* device: nsrcs table addresses */
+    uint64_t *htables;
+    uint32_t *res; /* device: mismatches, first mismatching placement */
+    uint32_t *hres;
+};
+
+/* Thread per verifiable placement: the sum of its terms against the local sums. */
+__global__ void check_kernel(const dcheck_t *checks, uint32_t n, const dterm_t *terms, const uint64_t *tables,
+                             const uint32_t *sums, uint32_t *res)
+{
+    uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const dcheck_t c = checks[i];
+    uint32_t e0 = 0, e1 = 0;
+    for (uint32_t t = c.first; t < c.first + c.n; t++) {
+        const dterm_t d = terms[t];
+        const uint2 v = ((const uint2 *)tables[d.src])[d.entry];
+        if (d.sign > 0) {
+            e0 += v.x;
+            e1 += v.y;
+        } else {
+            e0 -= v.x;
+            e1 -= v.y;
+        }
+    }
+    if (e0 != sums[2 * c.pl] || e1 != sums[2 * c.pl + 1]) {
+        atomicAdd(&res[0], 1u);
+        atomicMin(&res[1], c.pl);
+    }
+}
+
+extern "C" void refit_gpu_digest_check_destroy(refit_gpu_digest_check_t *c)
+{
+    if (!c) return;
+    devguard_t dg;
+    bool in = gpu_enter(c->dev, &dg) == REFIT_OK;
+    cudaFree(c->checks);
+    cudaFree(c->terms);
+    cudaFree(c->tables);
+    cudaFree(c->res);
+    cudaFreeHost(c->hres);
+    if (in) gpu_leave(&dg);
+    free(c->htables);
+    free(c);
+}
+
+extern "C" refit_status_t refit_gpu_digest_check_create(const refit_gpu_digest_t *g, const refit_digest_plan_t *plan,
+                                                        uint32_t nsrcs, refit_gpu_digest_check_t **out)
+{
+    if (!g || !plan || !out || g->table)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_check_create: bad argument");
+    size_t nf = 0;
+    const refit_digest_fetch_t *f = refit_digest_plan_fetches(plan, &nf);
+    const uint32_t *start = NULL;
+    uint32_t n = 0;
+    const refit_digest_term_t *terms = refit_digest_plan_terms(plan, &start, &n);
+    if (n > g->nplacements) return refit_error(REFIT_ERR_INVALID_ARG, "GPU digest check: another manifest's plan");
+    REFIT_VEC(dcheck_t) cv = {};
+    REFIT_VEC(dterm_t) tv = {};
+    refit_status_t st = REFIT_OK;
+    devguard_t dg = {-1};
+    refit_gpu_digest_check_t *c = (refit_gpu_digest_check_t *)calloc(1, sizeof(*c));
+    if (!c) return refit_error(REFIT_ERR_NO_MEMORY, "GPU digest check");
+    c->dev = g->dev;
+    c->nsrcs = nsrcs;
+    for (uint32_t i = 0; i < n && !st; i++) {
+        if (refit_digest_plan_reason(plan, i) != REFIT_DIGEST_VERIFIABLE) continue;
+        dcheck_t d = {i, (uint32_t)tv.len, start[i + 1] - start[i], 0};
+        for (uint32_t t = start[i]; t < start[i + 1] && !st; t++) {
+            const refit_digest_fetch_t *e = &f[terms[t].fetch];
+            if (e->src >= nsrcs || e->offset % 8) st = refit_error(REFIT_ERR_INTERNAL, "GPU digest check: bad term");
+            dterm_t x = {e->offset / 8, e->src, terms[t].sign};
+            if (!st && REFIT_VEC_PUSH(&tv, x) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest check");
+        }
+        if (!st && REFIT_VEC_PUSH(&cv, d) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest check");
+    }
+    c->nchecks = (uint32_t)cv.len;
+    c->htables = (uint64_t *)calloc(nsrcs ? nsrcs : 1, sizeof(uint64_t));
+    if (!st && !c->htables) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest check");
+    if (!st) st = gpu_enter(g->dev, &dg);
+    if (!st) {
+        CK(cudaMalloc(&c->checks, (cv.len ? cv.len : 1) * sizeof(dcheck_t)));
+        CK(cudaMalloc(&c->terms, (tv.len ? tv.len : 1) * sizeof(dterm_t)));
+        CK(cudaMalloc(&c->tables, (nsrcs ? nsrcs : 1) * sizeof(uint64_t)));
+        CK(cudaMalloc(&c->res, 2 * sizeof(uint32_t)));
+        CK(cudaMallocHost(&c->hres, 2 * sizeof(uint32_t)));
+        if (cv.len) CK(cudaMemcpy(c->checks, cv.data, cv.len * sizeof(dcheck_t), cudaMemcpyHostToDevice));
+        if (tv.len) CK(cudaMemcpy(c->terms, tv.data, tv.len * sizeof(dterm_t), cudaMemcpyHostToDevice));
+        /* a pageable cudaMemcpy may return before its DMA ends, on the legacy stream, which g's non-blocking
+         * stream does not wait for */
+        CK(cudaStreamSynchronize(0));
+        /* No cudaMemset here: on the legacy stream it may still run after the first run's upload on g's
+         * (non-blocking) stream and zero the addresses (seen: illegal accesses at a first check).  The host
+         * mirror starts at an address no source has, so the first run uploads every entry. */
+        for (uint32_t i = 0; i < nsrcs; i++) c->htables[i] = UINT64_MAX;
+    out:
+        gpu_leave(&dg);
+    }
+    REFIT_VEC_FREE(&cv);
+    REFIT_VEC_FREE(&tv);
+    if (st) {
+        refit_gpu_digest_check_destroy(c);
+        return st;
+    }
+    *out = c;
+    return REFIT_OK;
+}
+
+extern "C" refit_status_t refit_gpu_digest_verify_run(refit_gpu_digest_t *g, refit_gpu_digest_check_t *c,
+                                                      const void *const *tables, bool summed, uint64_t *mismatches,
+                                                      uint32_t *first, void *sums)
+{
+    if (!g || !c || g->table || c->dev != g->dev || !mismatches || !sums || (!tables && c->nsrcs))
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_verify_run: bad argument");
+    devguard_t dg;
+    refit_status_t st = gpu_enter(g->dev, &dg);
+    if (st) return st;
+    size_t bytes = 2 * (size_t)g->nplacements * sizeof(uint32_t);
+    bool changed = false;
+    for (uint32_t s = 0; s < c->nsrcs; s++) {
+        uint64_t a = (uint64_t)(uintptr_t)tables[s];
+        changed |= a != c->htables[s];
+        c->htables[s] = a;
+    }
+    if (changed)
+        CK(cudaMemcpyAsync(c->tables, c->htables, c->nsrcs * sizeof(uint64_t), cudaMemcpyHostToDevice, g->stream));
+    if (!summed) {
+        CK(cudaMemsetAsync(g->out, 0, bytes ? bytes : 4, g->stream));
+        if (g->ntiles)
+            local_tiles<false, false><<<(unsigned)g->ntiles, THREADS, 0, g->stream>>>(g->tiles, g->kc, g->row_seed,
+                                                                                      g->blk_seed, 0, NULL, g->out);
+        CK(cudaGetLastError());
+    }
+    c->hres[0] = 0;
+    c->hres[1] = UINT32_MAX;
+    CK(cudaMemcpyAsync(c->res, c->hres, 2 * sizeof(uint32_t), cudaMemcpyHostToDevice, g->stream));
+    if (c->nchecks) {
+        check_kernel<<<(c->nchecks + THREADS - 1) / THREADS, THREADS, 0, g->stream>>>(c->checks, c->nchecks, c->terms,
+                                                                                      c->tables, g->out, c->res);
+        CK(cudaGetLastError());
+    }
+    CK(cudaMemcpyAsync(c->hres, c->res, 2 * sizeof(uint32_t), cudaMemcpyDeviceToHost, g->stream));
+    CK(cudaStreamSynchronize(g->stream));
+    *mismatches = c->hres[0];
+    if (first) *first = c->hres[1];
+    if (c->hres[0]) CK(cudaMemcpy(sums, g->out, bytes, cudaMemcpyDeviceToHost));
+out:
+    gpu_leave(&dg);
+    return st;
+}
+
+/* ---- a plan's copy that hashes what it writes -------------------------------------------------------- */
+
+struct refit_gpu_digest_fused {
+    int dev;
+    tile_t *tiles; /* device: g's tiles cut where the runs that write them change */
+    uint64_t ntiles;
+    uint64_t *slots; /* device: source addresses */
+    uint64_t *hslots;
+    uint32_t nslots;
+};
+
+typedef struct {
+    size_t run;
+    uint64_t a, b; /* bytes [a, b) of the run that tiles cover */
+} covered_t;
+
+/* One piece of a tile row: units [u0, u0 + n) read from slot `slot` at src. */
+typedef struct {
+    uint32_t u0, n, slot;
+    uint64_t src;
+} piece_t;
+
+typedef REFIT_VEC(piece_t) pieces_t;
+typedef REFIT_VEC(covered_t) covs_t;
+
+static int cmp_covered(const void *x, const void *y)
+{
+    const covered_t *a = (const covered_t *)x, *b = (const covered_t *)y;
+    if (a->run != b->run) return a->run < b->run ? -1 : 1;
+    return a->a < b->a ? -1 : (a->a > b->a);
+}
+
+/* The runs by destination address: ord[k] the run, odst[k] its address. */
+typedef struct {
+    const refit_gpu_run_t *runs;
+    const size_t *ord;
+    const uint64_t *odst;
+    size_t n;
+    uint64_t *covered;     /* per run: bytes tiles cover */
+    const uint8_t *detail; /* per run: record its covered pieces in cov (NULL: none) */
+} runidx_t;
+
+/* The pieces of the row of `len` bytes at `addr`; false when a byte of it is not written by exactly one run,
+ * a run starts or ends inside a unit, or a piece would be read from an odd source offset. */
+static bool row_pieces(const runidx_t *x, uint64_t addr, uint64_t len, pieces_t *out, covs_t *cov)
+{
+    out->len = 0;
+    size_t k = (size_t)(std::upper_bound(x->odst, x->odst + x->n, addr) - x->odst); /* first run after addr */
+    k = k ? k - 1 : 0;
+    uint64_t a = addr, end = addr + len;
+    for (; a < end; k++) {
+        if (k >= x->n) return false;
+        size_t i = x->ord[k];
+        const refit_gpu_run_t *r = &x->runs[i];
+        if (r->dst + r->len <= a) continue; /* an empty or earlier run */
+        if (r->dst > a) return false;       /* a gap */
+        uint64_t e = REFIT_MIN(end, r->dst + r->len);
+        /* whole units, read from an even source offset (the kernel's 2-byte accesses) */
+        if ((a - addr) % 2 || (e - addr) % 2 || (r->src_off + (a - r->dst)) % 2) return false;
+        piece_t pc = {(uint32_t)((a - addr) / 2), (uint32_t)((e - a) / 2), r->slot, r->src_off + (a - r->dst)};
+        if (REFIT_VEC_PUSH(out, pc) < 0) return false;
+        x->covered[i] += e - a;
+        if (x->detail && x->detail[i]) {
+            covered_t c = {i, a - r->dst, e - r->dst};
+            if (REFIT_VEC_PUSH(cov, c) < 0) return false;
+        }
+        a = e;
+    }
+    return true;
+}
+
+extern "C" void refit_gpu_digest_fused_destroy(refit_gpu_digest_fused_t *f)
+{
+    if (!f) return;
+    devguard_t dg;
+    bool in = gpu_enter(f->dev, &dg) == REFIT_OK;
+    cudaFree(f->tiles);
+    cudaFree(f->slots);
+    if (in) gpu_leave(&dg);
+    free(f->hslots);
+    free(f);
+}
+
+extern "C" refit_status_t refit_gpu_digest_fused_create(const refit_gpu_digest_t *g, const refit_gpu_run_t *runs,
+                                                        size_t n, uint32_t nslots, refit_gpu_digest_fused_t **out,
+                                                        refit_gpu_rest_t **rest, size_t *nrest)
+{
+    if (!g || g->table || !g->htiles || (!runs && n) || !out || !rest || !nrest)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_fused_create: bad argument");
+    refit_status_t st = REFIT_OK;
+    size_t *ord = (size_t *)malloc((n ? n : 1) * sizeof(size_t));
+    uint64_t *odst = (uint64_t *)malloc((n ? n : 1) * sizeof(uint64_t));
+    uint64_t *covered = (uint64_t *)calloc(n ? n : 1, sizeof(uint64_t));
+    uint8_t *detail = NULL;
+    runidx_t ix = {runs, ord, odst, n, covered, NULL};
+    pieces_t row = {}, prev = {};
+    covs_t cov = {};
+    REFIT_VEC(tile_t) ft = {};
+    REFIT_VEC(refit_gpu_rest_t) rv = {};
+    refit_gpu_digest_fused_t *f = (refit_gpu_digest_fused_t *)calloc(1, sizeof(*f));
+    devguard_t dg = {-1};
+    if (!ord || !odst || !covered || !f) {
+        st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ord[i] = i;
+        if (runs[i].slot >= nslots) {
+            st = refit_error(REFIT_ERR_INVALID_ARG, "GPU digest: run %zu reads slot %u of %u", i, runs[i].slot, nslots);
+            goto done;
+        }
+    }
+    {
+        std::vector<std::pair<uint64_t, size_t>> by(n);
+        for (size_t i = 0; i < n; i++) by[i] = std::make_pair(runs[i].dst, i);
+        std::sort(by.begin(), by.end());
+        for (size_t i = 0; i < n; i++) {
+            ord[i] = by[i].second;
+            odst[i] = by[i].first;
+        }
+    }
+    for (size_t i = 1; i < n; i++)
+        if (odst[i - 1] + runs[ord[i - 1]].len > odst[i]) {
+            st = refit_error(REFIT_ERR_UNSUPPORTED, "GPU digest: two runs of the plan write the same bytes");
+            goto done;
+        }
+    /* Each tile, row by row: its pieces; rows that are cut alike and whose sources step alike make one fused
+     * tile per piece. */
+    for (uint64_t t = 0; t < g->ntiles && !st; t++) {
+        const tile_t *s = &g->htiles[t];
+        uint32_t r0 = 0;
+        int64_t step = 0; /* source bytes between rows of the open group (all pieces) */
+        prev.len = 0;
+        for (uint32_t i = 0; i <= s->nrows && !st; i++) {
+            bool more = i < s->nrows;
+            if (more && !row_pieces(&ix, s->p + i * s->stride, 2 * (uint64_t)s->n, &row, &cov)) {
+                st = refit_error(REFIT_ERR_UNSUPPORTED,
+                                 "GPU digest: a digested row is not written whole by the plan, in whole units");
+                break;
+            }
+            bool same = more && i > r0 && row.len == prev.len;
+            int64_t d = 0;
+            for (size_t k = 0; same && k < row.len; k++) {
+                const piece_t *a = &prev.data[k], *b = &row.data[k];
+                int64_t dk = (int64_t)(b->src - a->src);
+                if (k == 0) d = dk;
+                same = a->u0 == b->u0 && a->n == b->n && a->slot == b->slot && dk == d && (i - r0 == 1 || d == step) &&
+                       d >= 0;
+            }
+            if (same) {
+                step = d;
+            } else if (i > r0 || (!more && i > 0)) { /* close rows [r0, i) */
+                for (size_t k = 0; k < prev.len && i > r0; k++) {
+                    const piece_t *pc = &prev.data[k];
+                    tile_t x = *s;
+                    uint32_t rows = i - r0;
+                    x.p = s->p + r0 * s->stride + 2 * (uint64_t)pc->u0;
+                    x.row = s->row + r0;
+                    x.j = s->j + pc->u0;
+                    x.nrows = rows;
+                    x.n = pc->n;
+                    x.qslot = rows > 1 ? (uint64_t)step : 0;
+                    x.pslot = pc->src - (rows > 1 ? (uint64_t)step * (rows - 1) : 0);
+                    x.pad = pc->slot;
+                    if (REFIT_VEC_PUSH(&ft, x) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+                }
+                r0 = i;
+                step = 0;
+            }
+            /* prev: the open group's last row */
+            prev.len = 0;
+            for (size_t k = 0; more && k < row.len; k++)
+                if (REFIT_VEC_PUSH(&prev, row.data[k]) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest");
+        }
+    }
+    if (st) goto done;
+    /* What no tile covers, run by run: whole runs, and for runs tiles cover in part (rare: a run across a
+     * digested and an undigested placement) the gaps, from a second walk that records their pieces. */
+    detail = (uint8_t *)calloc(n ? n : 1, 1);
+    if (!detail) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+    {
+        bool any = false;
+        for (size_t i = 0; i < n && !st; i++) {
+            detail[i] = covered[i] && covered[i] < runs[i].len;
+            any |= detail[i];
+        }
+        if (any && !st) {
+            memset(covered, 0, n * sizeof(uint64_t));
+            ix.detail = detail;
+            for (uint64_t t = 0; t < g->ntiles && !st; t++)
+                for (uint32_t i = 0; i < g->htiles[t].nrows && !st; i++)
+                    if (!row_pieces(&ix, g->htiles[t].p + i * g->htiles[t].stride, 2 * (uint64_t)g->htiles[t].n, &row,
+                                    &cov))
+                        st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+            qsort(cov.data, cov.len, sizeof(covered_t), cmp_covered);
+        }
+    }
+    for (size_t i = 0, c = 0; i < n && !st; i++) {
+        if (covered[i] == runs[i].len) continue;
+        uint64_t at = 0;
+        while (c < cov.len && cov.data[c].run < i) c++;
+        for (; detail[i] && c < cov.len && cov.data[c].run == i; c++) {
+            if (cov.data[c].a > at) {
+                refit_gpu_rest_t x = {i, at, cov.data[c].a - at};
+                if (REFIT_VEC_PUSH(&rv, x) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+            }
+            at = REFIT_MAX(at, cov.data[c].b);
+        }
+        if (at < runs[i].len) {
+            refit_gpu_rest_t x = {i, at, runs[i].len - at};
+            if (REFIT_VEC_PUSH(&rv, x) < 0) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+        }
+    }
+    if (!st && ft.len > INT32_MAX) st = refit_error(REFIT_ERR_UNSUPPORTED, "GPU digest: %zu fused tiles", ft.len);
+    if (!st) st = gpu_enter(g->dev, &dg);
+    if (!st) {
+        f->dev = g->dev;
+        f->ntiles = ft.len;
+        f->nslots = nslots;
+        f->hslots = (uint64_t *)calloc(nslots ? nslots : 1, sizeof(uint64_t));
+        if (!f->hslots) st = refit_error(REFIT_ERR_NO_MEMORY, "GPU digest: fused copy");
+        if (!st) {
+            CK(cudaMalloc(&f->tiles, (ft.len ? ft.len : 1) * sizeof(tile_t)));
+            if (ft.len) CK(cudaMemcpy(f->tiles, ft.data, ft.len * sizeof(tile_t), cudaMemcpyHostToDevice));
+            CK(cudaStreamSynchronize(0)); /* as in check_create */
+            CK(cudaMalloc(&f->slots, (nslots ? nslots : 1) * sizeof(uint64_t)));
+            memset(f->hslots, 0xff, (nslots ? nslots : 1) * sizeof(uint64_t)); /* the first launch uploads all */
+        }
+    out:
+        gpu_leave(&dg);
+    }
+done:
+    free(ord);
+    free(odst);
+    free(covered);
+    free(detail);
+    REFIT_VEC_FREE(&row);
+    REFIT_VEC_FREE(&prev);
+    REFIT_VEC_FREE(&cov);
+    REFIT_VEC_FREE(&ft);
+    if (st) {
+        REFIT_VEC_FREE(&rv);
+        refit_gpu_digest_fused_destroy(f);
+        return st;
+    }
+    *rest = rv.data;
+    *nrest = rv.len;
+    *out = f;
+    return REFIT_OK;
+}
+
+extern "C" refit_status_t refit_gpu_digest_fused_launch(refit_gpu_digest_t *g, refit_gpu_digest_fused_t *f,
+                                                        const uint64_t *slots)
+{
+    if (!g || !f || g->table || f->dev != g->dev || (!slots && f->nslots))
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_fused_launch: bad argument");
+    devguard_t dg;
+    refit_status_t st = gpu_enter(g->dev, &dg);
+    if (st) return st;
+    size_t bytes = 2 * (size_t)g->nplacements * sizeof(uint32_t);
+    if (f->nslots && memcmp(f->hslots, slots, f->nslots * sizeof(uint64_t))) {
+        memcpy(f->hslots, slots, f->nslots * sizeof(uint64_t));
+        CK(cudaMemcpyAsync(f->slots, f->hslots, f->nslots * sizeof(uint64_t), cudaMemcpyHostToDevice, g->stream));
+    }
+    CK(cudaMemsetAsync(g->out, 0, bytes ? bytes : 4, g->stream));
+    if (f->ntiles)
+        local_tiles<true, true><<<(unsigned)f->ntiles, THREADS, 0, g->stream>>>(f->tiles, g->kc, g->row_seed,
+                                                                                g->blk_seed, 0, f->slots, g->out);
+    CK(cudaGetLastError());
+out:
+    gpu_leave(&dg);
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_digest_wait(refit_gpu_digest_t *g)
+{
+    if (!g) return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_wait: NULL");
+    devguard_t dg;
+    refit_status_t st = gpu_enter(g->dev, &dg);
+    if (st) return st;
+    CK(cudaStreamSynchronize(g->stream));
+out:
+    gpu_leave(&dg);
+    return st;
+}
+
+extern "C" refit_status_t refit_gpu_digest_sums(refit_gpu_digest_t *g, void *sums)
+{
+    if (!g || !sums || g->table) return refit_error(REFIT_ERR_INVALID_ARG, "refit_gpu_digest_sums: bad argument");
+    devguard_t dg;
+    refit_status_t st = gpu_enter(g->dev, &dg);
+    if (st) return st;
+    CK(cudaMemcpyAsync(sums, g->out, 2 * (size_t)g->nplacements * sizeof(uint32_t), cudaMemcpyDeviceToHost, g->stream));
+    CK(cudaStreamSynchronize(g->stream));
 out:
     gpu_leave(&dg);
     return st;
