@@ -50,7 +50,12 @@
  * just later.
  *
  * Duplicate reads write identical bytes (one version, immutable while
- * leased); every worker is joined before the transfer returns.
+ * leased); every worker is joined before the transfer returns.  Transports
+ * without their own concurrency (anything but shm) are called one at a time.
+ * A holder's `rate` paces its chunks to emulate a slow link in tests and
+ * benchmarks on one host (test_hooks.h: REFIT_TEST_THROTTLE, test builds
+ * only); its `delay_s` holds each read back before it copies
+ * (REFIT_TEST_READ_DELAY_MS: a test's slow read that lands late).
  *
  * Hashing while copying (x->dmap, docs/digest.md): each read passes the
  * digest map to its transport with a scratch array of its worker's, so the
@@ -65,10 +70,7 @@
  * With hashing on a relay is read row by row even when it holds the whole
  * version: its span would rewrite bytes of other chunks that another holder
  * may have written and hashed.  A try after a failed one (resume) keeps the
- * sums of the chunks it does not read again; any other try starts from zero.  Transports
- * without their own concurrency (anything but shm) are called one at a time.
- * A holder's `rate` paces its chunks to emulate a slow link in tests and
- * benchmarks on one host (test_hooks.h: REFIT_TEST_THROTTLE, test builds only).
+ * sums of the chunks it does not read again; any other try starts from zero.
  *
  * The rules above (chunks, shares, claims, direct pulls, the pick of holders)
  * are pure functions of the scheduling state (fleet.h, fleet_rules.c); the
