@@ -236,11 +236,103 @@ static double median(double *v, size_t n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* One whole demo of the caller's options (argv[1..argc), without --digest-ab and --json), run as a child
+ * `refit demo --json` with digests on or off: its receiver cost (the slowest receiver's steady transfer_ms +
+ * digest_ms, the same figure as bench/digest-ab.sh's) in *ms; false when it failed. */
+static bool ab_arm(int argc, char **argv, bool off, double *ms, double *check_ms, double *fused, double *unverified)
+{
+    char **args = calloc((size_t)argc + 4, sizeof(char *));
+    if (!args) return false;
+    int a = 0;
+    args[a++] = "refit";
+    args[a++] = "demo";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") || !strcmp(argv[i], "--no-digest") || !strncmp(argv[i], "--digest-ab", 11))
+            continue;
+        args[a++] = argv[i];
+    }
+    args[a++] = "--json";
+    if (off) args[a++] = "--no-digest";
+    args[a] = NULL;
+    int status = 0;
+    char *out = tool_proc_capture("/proc/self/exe", args, &status);
+    free(args);
+    bool ok = out && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    /* The report: the last line of its output */
+    size_t len = out ? strlen(out) : 0;
+    while (len && out[len - 1] == '\n') out[--len] = '\0';
+    char *line = ok ? strrchr(out, '\n') : NULL;
+    line = ok ? (line ? line + 1 : out) : NULL;
+    refit_json_t *o = NULL;
+    ok = line && !refit_json_parse(line, strlen(line), &o);
+    if (ok) {
+        *check_ms = num(o, "steady_digest_ms");
+        *ms = num(o, "steady_transfer_ms") + *check_ms;
+        *fused = num(o, "digest_fused_receivers");
+        *unverified = num(o, "unverified_bytes_per_cycle");
+        refit_json_free(o);
+    }
+    free(out);
+    return ok && *ms > 0;
+}
+
+/* refit demo --digest-ab[=N]: what verification costs, on this demo's workload: N pairs (default 3) of whole
+ * demos, digests on (the default: the copies hash what they write) and off (--no-digest), each pair's order
+ * alternating; the ratio on / off of the receiver cost taken within each pair, then its median and range.
+ * bench/digest-ab.sh (shm, with the separate pass as a third arm) and bench/digest-ab-paths.sh (UCX, relays,
+ * delta) are the benchmarks that record it. */
+static int digest_ab(int argc, char **argv, uint64_t pairs, bool json)
+{
+    double on[64], off[64], ratio[64], chk[64], fused[64], unv[64];
+    if (!json)
+        printf("refit demo --digest-ab: %" PRIu64 " pairs of whole demos (the options given), digests on and off "
+               "(--no-digest), in alternating order\n%5s %12s %12s %8s %10s %7s\n",
+               pairs, "pair", "on_ms", "off_ms", "on/off", "check_ms", "fused");
+    fflush(stdout);
+    for (uint64_t k = 0; k < pairs; k++) {
+        double x, y, f, u, c, f2, u2, c2; /* the on arm's check, fused receivers, unverified bytes; the off arm's */
+        bool off_first = k % 2, ok;
+        ok = off_first ? ab_arm(argc, argv, true, &y, &c2, &f2, &u2) && ab_arm(argc, argv, false, &x, &c, &f, &u)
+                       : ab_arm(argc, argv, false, &x, &c, &f, &u) && ab_arm(argc, argv, true, &y, &c2, &f2, &u2);
+        if (!ok) {
+            fprintf(stderr, "refit demo --digest-ab: pair %" PRIu64 ": a demo failed\n", k + 1);
+            return 1;
+        }
+        on[k] = x, off[k] = y, ratio[k] = x / y, chk[k] = c, fused[k] = f, unv[k] = u;
+        if (!json) printf("%5" PRIu64 " %12.1f %12.1f %8.3f %10.1f %7.0f\n", k + 1, x, y, x / y, c, f);
+        fflush(stdout);
+    }
+    double lo = ratio[0], hi = ratio[0];
+    for (uint64_t k = 1; k < pairs; k++) lo = ratio[k] < lo ? ratio[k] : lo, hi = ratio[k] > hi ? ratio[k] : hi;
+    double r_on[64], r_off[64], r_ratio[64];
+    memcpy(r_on, on, sizeof(on));
+    memcpy(r_off, off, sizeof(off));
+    memcpy(r_ratio, ratio, sizeof(ratio));
+    double mon = median(r_on, pairs), moff = median(r_off, pairs), mr = median(r_ratio, pairs);
+    if (json) {
+        printf("{\"digest_ab\":{\"pairs\":%" PRIu64 ",\"on_ms_median\":%.3f,\"off_ms_median\":%.3f,"
+               "\"ratio_median\":%.4f,\"ratio_min\":%.4f,\"ratio_max\":%.4f,\"pairs_detail\":[",
+               pairs, mon, moff, mr, lo, hi);
+        for (uint64_t k = 0; k < pairs; k++)
+            printf("%s{\"on_ms\":%.3f,\"off_ms\":%.3f,\"ratio\":%.4f,\"on_check_ms\":%.3f,"
+                   "\"fused_receivers\":%.0f,\"unverified_bytes\":%.0f}",
+                   k ? "," : "", on[k], off[k], ratio[k], chk[k], fused[k], unv[k]);
+        printf("]}}\n");
+    } else {
+        printf("verification cost: a refit with content digests takes %.3f x one without (median of %" PRIu64
+               " pairs, range %.3f-%.3f; receiver cost = the slowest receiver's steady transfer + check: %.1f ms on, "
+               "%.1f ms off)\n",
+               mr, pairs, lo, hi, mon, moff);
+    }
+    return 0;
+}
+
 int cmd_demo(int argc, char **argv)
 {
     const char *model_name = "qwen3-30b-a3b-mini", *src_spec = "megatron:ep=8", *dst_spec = "vllm:tp=2";
     const char *transport = "shm", *registry = NULL, *mode = "in-place", *topts = NULL;
     bool no_digest = false, prepare = false, fp8 = false;
+    uint64_t ab_pairs = 0; /* --digest-ab: pairs of whole demos, digests on and off */
     int64_t src_device = -1, dst_device = -1;
     uint64_t cycles = 5, timeout_s = 900, threads = 0, replicas = 1;
     bool json = false;
@@ -263,7 +355,8 @@ int cmd_demo(int argc, char **argv)
         D_DELTA,
         D_NO_DIGEST,
         D_PREPARE,
-        D_FP8
+        D_FP8,
+        D_DIGEST_AB
     };
     static const struct option opts[] = {{"model", required_argument, 0, D_MODEL},
                                          {"src", required_argument, 0, D_SRC},
@@ -283,6 +376,7 @@ int cmd_demo(int argc, char **argv)
                                          {"no-digest", no_argument, 0, D_NO_DIGEST},
                                          {"prepare", no_argument, 0, D_PREPARE},
                                          {"fp8", no_argument, 0, D_FP8},
+                                         {"digest-ab", optional_argument, 0, D_DIGEST_AB},
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -310,6 +404,11 @@ int cmd_demo(int argc, char **argv)
         case D_NO_DIGEST: no_digest = true; break;
         case D_PREPARE: prepare = true; break;
         case D_FP8: fp8 = true; break;
+        case D_DIGEST_AB:
+            ab_pairs = 3;
+            if (optarg && (tool_parse_u64(optarg, &ab_pairs) || !ab_pairs || ab_pairs > 64))
+                return tool_usage("demo", "--digest-ab=N takes 1..64 pairs");
+            break;
         case D_DELTA: {
             char *end;
             double f = strtod(optarg, &end);
@@ -337,6 +436,8 @@ int cmd_demo(int argc, char **argv)
     if (strcmp(mode, "in-place") && strcmp(mode, "snapshot"))
         return tool_usage("demo", "--mode is in-place or snapshot");
     if (delta && (src_device >= 0 || dst_device >= 0)) return tool_usage("demo", "--delta needs host memory");
+    if (ab_pairs && no_digest) return tool_usage("demo", "--digest-ab runs digests on and off itself: no --no-digest");
+    if (ab_pairs && cycles < 2) return tool_usage("demo", "--digest-ab compares steady cycles: --cycles 2 or more");
 
     /* Check everything the children will check, so errors surface here once. */
     refit_status_t st;
@@ -367,6 +468,7 @@ int cmd_demo(int argc, char **argv)
     refit_model_destroy(model);
     src = dst = NULL;
     model = NULL;
+    if (ab_pairs) return digest_ab(argc, argv, ab_pairs, json);
 
     char tmpdir[64] = "", reg[128], job[64];
     if (!registry) {

@@ -61,6 +61,7 @@ static void print_help(FILE *f)
         "  demo      publishers and receivers as processes, K verified cycles (README first lines):\n"
         "            --model M --src L --dst L --cycles K --transport shm|ucx --mode in-place|snapshot\n"
         "            --replicas N --delta F --src-device N --dst-device N --no-digest --prepare --fp8 --json\n"
+        "            --digest-ab[=N]: N pairs (3) of whole demos with digests on and off, the on/off ratio\n"
         "  models    list built-in models with their tensor counts and sizes\n"
         "  manifest  print one rank's local tensors and placements: --model M --layout LAYOUT [--rank R]\n"
         "  bench     the benchmarks are their own program, refit-bench (beside refit; 'refit-bench --help');\n"

@@ -35,6 +35,8 @@ static void print_help(FILE *f)
                "    --max-readers N --chunk-kb N --link-mbps X --verify --out FILE (README: Fleet);\n"
                "    fanout --net netns (its default as root): each process a network namespace with\n"
                "    tbf-limited links, bytes over UCX; --net shm: all on this host's shared memory\n"
+               "  fleet scenarios and delta --net: --no-digest (publishers and receivers without content\n"
+               "    digests: the off arm of bench/digest-ab-paths.sh)\n"
                "\n"
                "usage: refit-bench netns NODES [--link-mbps X]: that many network namespaces on a bridge\n"
                "  (as --net netns makes them; root), one line per node \"NAMESPACE ADDRESS INTERFACE\", then\n"

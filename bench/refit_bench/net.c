@@ -54,6 +54,7 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
                                          {"joiner-start", required_argument, 0, 'J'},
                                          {"joiner-prepare", required_argument, 0, 'P'},
                                          {"transport-options", required_argument, 0, 'X'},
+                                         {"no-digest", no_argument, 0, 'G'},
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -74,6 +75,7 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
         case 'V': o->versions = (uint32_t)atoi(optarg); break;
         case 'T': o->threads = (unsigned)atoi(optarg); break;
         case 'Q': o->queue_ms = atof(optarg); break;
+        case 'G': o->no_digest = true; break;
         case 'X':
             if (strlen(optarg) > 250) return tool_usage("bench", "--transport-options: at most 250 characters");
             o->topts = optarg;
@@ -93,7 +95,7 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
                 "bench",
                 "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
                 "--chunk-kb N --link-mbps X --queue-ms MS --net shm|netns --threads N --verify --runs N --out FILE "
-                "--transport-options OPTS (e.g. ucx.tcp_eager=0) "
+                "--transport-options OPTS (e.g. ucx.tcp_eager=0) --no-digest "
                 "(delta: --fraction F --versions N; elastic: --joiner-start before|during --joiner-prepare yes|no)");
         }
     }
@@ -245,10 +247,11 @@ bool nb_get_result(child_t *c, result_t *r)
     r->st = -999;
     int n = sscanf(buf,
                    "%d %" SCNu64 " %lf %lf %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %zu %" SCNu64 " %" SCNu64 " %" SCNu64
-                   " %" SCNu64 " %lf %1023[^\n]",
+                   " %" SCNu64 " %lf %lf %d %" SCNu64 " %1023[^\n]",
                    &r->st, &r->version, &r->begin, &r->end, &r->transfer_ms, &r->trainer_bytes, &r->relay_bytes,
-                   &r->bytes, &r->holders, &r->early, &r->ahead, &r->late, &r->delta_base, &r->verify_ms, r->list);
-    if (n < 14) {
+                   &r->bytes, &r->holders, &r->early, &r->ahead, &r->late, &r->delta_base, &r->verify_ms, &r->digest_ms,
+                   &r->digest_fused, &r->unverified, r->list);
+    if (n < 17) {
         snprintf(r->list, sizeof(r->list), "%.1000s", buf[0] ? buf : "no answer");
         if (r->st == 0) r->st = -999;
     }
@@ -326,10 +329,10 @@ void nb_out_begin(out_t *j, const char *scenario, const nb_opts_t *o, const char
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     fprintf(c,
             ",\"receivers\":%u,\"max_readers\":%u,\"chunk_kb\":%u,\"link_mbps\":%g,\"verify\":%s,\"cpus\":%ld,"
-            "\"transport\":\"%s\",\"net\":\"%s\",\"queue_ms\":%g,\"registry\":\"file\"%s%s",
+            "\"transport\":\"%s\",\"net\":\"%s\",\"queue_ms\":%g,\"registry\":\"file\",\"digests\":%s%s%s",
             o->receivers, o->max_readers, o->chunk_kb ? o->chunk_kb : 2048, o->link_mbps, o->verify ? "true" : "false",
             cpus, o->transport, o->netns ? "netns+tbf" : "shm", o->netns ? (o->queue_ms > 0 ? o->queue_ms : 50) : 0,
-            extra_config ? "," : "", extra_config ? extra_config : "");
+            o->no_digest ? "false" : "true", extra_config ? "," : "", extra_config ? extra_config : "");
     if (o->topts) {
         fprintf(c, ",\"transport_options\":");
         tool_json_string(c, o->topts);
@@ -592,11 +595,12 @@ void nb_result_json(out_t *j, const char *name, const result_t *r, size_t n)
         bool ok = r[i].st == 0;
         fprintf(j->f,
                 "%s{\"ok\":%s,\"version\":%" PRIu64 ",\"begin_ms\":%.1f,\"end_ms\":%.1f,\"transfer_ms\":%.2f,"
+                "\"digest_ms\":%.2f,\"digest_fused\":%s,\"unverified_bytes\":%" PRIu64 ","
                 "\"trainer_bytes\":%" PRIu64 ",\"relay_bytes\":%" PRIu64 ",\"early_chunks\":%" PRIu64
                 ",\"ahead_chunks\":%" PRIu64 ",\"late_chunks\":%" PRIu64 ",\"holders\":",
                 i ? "," : "", ok ? "true" : "false", r[i].version, ok ? (r[i].begin - b0) * 1e3 : 0,
-                ok ? (r[i].end - b0) * 1e3 : 0, r[i].transfer_ms, r[i].trainer_bytes, r[i].relay_bytes, r[i].early,
-                r[i].ahead, r[i].late);
+                ok ? (r[i].end - b0) * 1e3 : 0, r[i].transfer_ms, r[i].digest_ms, r[i].digest_fused ? "true" : "false",
+                r[i].unverified, r[i].trainer_bytes, r[i].relay_bytes, r[i].early, r[i].ahead, r[i].late);
         tool_json_string(j->f, r[i].list);
         fprintf(j->f, "}");
     }
@@ -609,6 +613,16 @@ double nb_span(const result_t *r, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (r[i].begin < b) b = r[i].begin;
         if (r[i].end > e) e = r[i].end;
+    }
+    return n ? e - b : 0;
+}
+
+double nb_span_checked(const result_t *r, size_t n)
+{
+    double b = 1e300, e = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].begin < b) b = r[i].begin;
+        if (r[i].end + r[i].digest_ms * 1e-3 > e) e = r[i].end + r[i].digest_ms * 1e-3;
     }
     return n ? e - b : 0;
 }

@@ -13,6 +13,7 @@ void child_publisher(const nb_opts_t *o, const role_t *r, FILE *in, int out)
     pp.transport_options = child_topts();
     pp.mode = REFIT_MODE_SNAPSHOT;
     pp.delta = o->delta > 0;
+    pp.no_digest = o->no_digest;
     refit_publisher_t *p;
     void *base[64];
     if (refit_publisher_create(&pp, m, &p)) _exit(3);
@@ -116,7 +117,7 @@ void child_fp8_relay(const nb_opts_t *o, const role_t *r, FILE *in, int out)
 
 /* Receiver child: "pull V" (0: newest) answers one line:
  *   status version begin end transfer_ms trainer_bytes relay_bytes bytes holders early ahead late
- *   delta_base verify_ms "name=bytes,..."
+ *   delta_base verify_ms digest_ms digest_fused unverified_bytes "name=bytes,..."
  * (early: chunks read from relays still receiving the version; ahead: of
  * those, asked for before the relay had them; late: such requests not
  * answered in time). */
@@ -144,6 +145,7 @@ void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
     rp.relay_heartbeat_ms = 100;
     rp.no_delta = r->no_delta;
     rp.truth_fraction = o->delta;
+    rp.no_digest = o->no_digest;
     refit_receiver_t *rc;
     void *base;
     if (refit_receiver_create(&rp, m, &rc)) _exit(3);
@@ -192,10 +194,11 @@ void child_receiver(const nb_opts_t *o, const role_t *r, FILE *in, int out)
         char buf[1400];
         int n = snprintf(buf, sizeof(buf),
                          "%d %" PRIu64 " %.6f %.6f %.3f %" PRIu64 " %" PRIu64 " %" PRIu64 " %zu %" PRIu64 " %" PRIu64
-                         " %" PRIu64 " %" PRIu64 " %.3f %s\n",
+                         " %" PRIu64 " %" PRIu64 " %.3f %.3f %d %" PRIu64 " %s\n",
                          (int)st, rep.version, rep.begin_s, rep.end_s, rep.transfer_ms, tb, rb, rep.bytes, nh, early,
-                         ahead, late, rep.delta_base, rep.verify_ms, list[0] ? list : "-");
-        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
+                         ahead, late, rep.delta_base, rep.verify_ms, rep.digest_ms, rep.digest_fused ? 1 : 0,
+                         rep.unverified_bytes, list[0] ? list : "-");
+        if (st) n = snprintf(buf, sizeof(buf), "%d 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 %s\n", (int)st, refit_last_error());
         for (char *c = buf; *c && c < buf + n - 1; c++)
             if (*c == '\n') *c = ' ';
         if (write(out, buf, (size_t)n) != n) _exit(4);

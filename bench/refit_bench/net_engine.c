@@ -97,6 +97,18 @@ static int delta_net_once(int argc, char **argv)
         all_delta &= rd[v].delta_base == v - 1 && rf[v].delta_base == 0;
     }
     double full_ms = median_of(tf, n), delta_ms = median_of(td, n), ratio = delta_ms / full_ms;
+    /* As verified: the transfer and then the digest check (bench/digest-ab-paths.sh compares with --no-digest). */
+    double cf[32], cd[32], dd[32];
+    uint32_t dfused = 0;
+    uint64_t unverified = 0;
+    for (uint32_t v = 2, i = 0; v <= V; v++, i++) {
+        cf[i] = (rf[v].end - rf[v].begin) * 1e3 + rf[v].digest_ms; /* tf, td: sorted by median_of */
+        cd[i] = (rd[v].end - rd[v].begin) * 1e3 + rd[v].digest_ms;
+        dd[i] = rd[v].digest_ms;
+        dfused += rd[v].digest_fused != 0;
+        unverified += rf[v].unverified + rd[v].unverified;
+    }
+    double full_checked = median_of(cf, n), delta_checked = median_of(cd, n), delta_digest = median_of(dd, n);
     double wire = (double)db / (double)fb;
     out_t j = {0};
     char extra[96];
@@ -109,6 +121,11 @@ static int delta_net_once(int argc, char **argv)
     nb_metric(&j, "full_refit_bytes", "%" PRIu64, fb / n);
     nb_metric(&j, "delta_wire_bytes", "%" PRIu64, db / n);
     nb_metric(&j, "wire_ratio", "%.4f", wire);
+    nb_metric(&j, "full_checked_ms", "%.3f", full_checked);
+    nb_metric(&j, "delta_checked_ms", "%.3f", delta_checked);
+    nb_metric(&j, "delta_digest_ms", "%.3f", delta_digest);
+    nb_metric(&j, "delta_digest_fused_pulls", "%u", dfused);
+    nb_metric(&j, "unverified_bytes", "%" PRIu64, unverified);
     nb_metric(&j, "publisher_encode_ms", "%.3f", median_of(te, n));
     nb_metric(&j, "publisher_publish_ms", "%.3f", median_of(tp, n));
     fprintf(j.f, ",\"per_version\":[");

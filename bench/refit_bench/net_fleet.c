@@ -137,6 +137,21 @@ static int fanout_once(int argc, char **argv)
     nb_metric(&j, "cpu_busy_all", "%.3f", busyn2);
     nb_metric(&j, "first_cpu_busy_one", "%.3f", busy1);
     nb_metric(&j, "first_cpu_busy_all", "%.3f", busyn);
+    /* What verification costs (bench/digest-ab-paths.sh runs this with and without --no-digest): the steady
+     * version's spans to the end of every receiver's digest check. */
+    uint32_t fused = 0;
+    uint64_t unverified = 0;
+    double dmax = 0;
+    for (uint32_t i = 0; i < o.receivers; i++) {
+        fused += all2[i].digest_fused != 0;
+        unverified += all2[i].unverified;
+        if (all2[i].digest_ms > dmax) dmax = all2[i].digest_ms;
+    }
+    nb_metric(&j, "checked_one_receiver_s", "%.4f", nb_span_checked(one2, 1));
+    nb_metric(&j, "checked_all_receivers_s", "%.4f", nb_span_checked(all2, o.receivers));
+    nb_metric(&j, "digest_ms_max", "%.2f", dmax);
+    nb_metric(&j, "digest_fused_receivers", "%u", fused);
+    nb_metric(&j, "unverified_bytes", "%" PRIu64, unverified);
     nb_result_json(&j, "receivers", all2, o.receivers);
     nb_result_json(&j, "first_receivers", all, o.receivers);
     char exp[96];

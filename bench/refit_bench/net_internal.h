@@ -46,6 +46,7 @@ typedef struct {
     bool joiner_starts_during;  /* elastic: the joiner's process starts during the others' pulls */
     bool joiner_unprepared;     /* elastic: the joiner does not call refit_receiver_prepare before its pull */
     const char *topts;          /* --transport-options: added to every child's transport options */
+    bool no_digest;             /* --no-digest: publishers compute no content digests, receivers check none */
 } nb_opts_t;
 
 /* ---- child processes ---- */
@@ -71,6 +72,9 @@ typedef struct {
     int st;
     uint64_t version, trainer_bytes, relay_bytes, bytes, early, ahead, late, delta_base;
     double begin, end, transfer_ms, verify_ms;
+    double digest_ms;    /* the digests' check after the transfer (its hashing pass too, if not fused) */
+    int digest_fused;    /* the copies hashed what they wrote */
+    uint64_t unverified; /* bytes no digest covered */
     size_t holders;
     char list[1024];
 } result_t;
@@ -115,6 +119,8 @@ child_t nb_spawn(const nb_opts_t *o, const role_t *r);
 const char *child_topts(void);
 const char *nb_reply(child_t *c, int timeout_ms, char *buf, size_t n);
 double nb_span(const result_t *r, size_t n);
+/* The same span to the end of each pull's digest check (end + digest_ms): the pulls as verified. */
+double nb_span_checked(const result_t *r, size_t n);
 int nb_out_end(out_t *j, const char *notes);
 int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *dst, uint32_t receivers, double link);
 int nb_repeat(const char *scenario, int (*once)(int, char **), int argc, char **argv, int dflt);

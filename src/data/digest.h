@@ -314,6 +314,16 @@ uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uin
 uint64_t refit_digest_map_copy_rows(const refit_digest_map_t *m, uint32_t region, uint64_t off, uint64_t dst_stride,
                                     void *dst, const void *src, uint64_t src_stride, uint64_t len, uint64_t nrows,
                                     refit_dsum_t *acc);
+/* Moves the sums in `from` (one entry per destination placement, like acc)
+ * of every placement with mapped bytes in [off, off + len) of region
+ * `region` into acc (added atomically; NULL acc: dropped), and zeroes those
+ * entries of `from`.  A copy that may have to be thrown away (a fleet chunk
+ * read that another read of the same chunk overlapped) hashes into a
+ * scratch array of its own; this keeps its sums or drops them, touching only
+ * the entries of the placements the copy could have written.  `from` is the
+ * caller's alone (not atomic). */
+void refit_digest_map_fold(const refit_digest_map_t *m, uint32_t region, uint64_t off, uint64_t len, refit_dsum_t *from,
+                           refit_dsum_t *acc);
 /* Where the last update was (refit_digest_map_update): zero it before the
  * first ({0}); one per thread. */
 typedef struct {

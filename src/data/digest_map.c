@@ -234,6 +234,19 @@ uint64_t refit_digest_map_copy(const refit_digest_map_t *m, uint32_t region, uin
     return walk(m, region, off, dst, src, len, false, acc);
 }
 
+void refit_digest_map_fold(const refit_digest_map_t *m, uint32_t region, uint64_t off, uint64_t len, refit_dsum_t *from,
+                           refit_dsum_t *acc)
+{
+    if (!m || !from || !len || region >= m->nregions || !m->nsegs) return;
+    const seg_t *end = m->segs + m->rstart[region + 1];
+    for (const seg_t *s = seg_after(m->segs + m->rstart[region], end, off); s < end && s->off < off + len; s++) {
+        refit_dsum_t *f = &from[s->pl];
+        if (!f->lane[0] && !f->lane[1]) continue; /* nothing there, or a placement already moved */
+        if (acc) add_to(acc, s->pl, f->lane[0], f->lane[1]);
+        f->lane[0] = f->lane[1] = 0;
+    }
+}
+
 /* Rows [0, n) of a copy_rows call that are consecutive rows of segment s, each run at the same column of its row
  * in whole units, hashed in one kernel call; returns how many rows it took (0: not such rows). */
 static uint64_t box_rows(const refit_digest_map_t *m, const seg_t *s, uint64_t off, uint64_t dst_stride, uint8_t *d,

@@ -130,8 +130,9 @@ typedef struct {
     cached_plan_t *cp;             /* the plan (cached) */
     refit_pull_report_t *rep;
     /* The transfer's copies hashed this many of r->dmap's bytes into
-     * r->dlocal (a direct host pull through shm); all of them: the
-     * verification needs no second pass over the memory. */
+     * r->dlocal (a host pull, direct or in chunks: each chunk's bytes once,
+     * fleet.c); all of them: the verification needs no second pass over
+     * the memory. */
     uint64_t dhashed;
     /* The delta's apply kept r->dlocal the sums of the memory it changed
      * (data/delta_hashed.h): no pass over the memory either. */

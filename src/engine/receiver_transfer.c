@@ -91,6 +91,7 @@ static refit_status_t trainer_holders(pull_t *p, holders_t *hs)
         x->peer = src->peer[t][b];
         x->mirror_key = src->mkey;
         x->rate = refit_test_throttle("trainer", k);
+        x->delay_s = refit_test_read_delay("trainer", k);
     }
     return REFIT_OK;
 }

@@ -301,7 +301,8 @@ bool refit_rx_digests_fused(const pull_t *p)
 {
     uint64_t mapped = refit_digest_map_bytes(p->r->dmap);
     if (p->rep && p->rep->path == REFIT_RX_PATH_DELTA) return p->ddelta;
-    return p->rep && p->rep->path == REFIT_RX_PATH_HOST_DIRECT && mapped && p->dhashed == mapped;
+    bool host = p->rep && (p->rep->path == REFIT_RX_PATH_HOST_DIRECT || p->rep->path == REFIT_RX_PATH_HOST_FLEET);
+    return host && mapped && p->dhashed == mapped;
 }
 
 /* REFIT_DIGEST_TRACE=FILE: one line per check with its phases (ms). */

@@ -12,18 +12,29 @@
 
 #ifdef REFIT_TEST_HOOKS
 
-double refit_test_throttle(const char *kind, uint32_t index)
+/* The value of "kind:index=VALUE" in the list env names, 0 if absent. */
+static double holder_value(const char *name, const char *kind, uint32_t index)
 {
-    const char *env = getenv("REFIT_TEST_THROTTLE");
+    const char *env = getenv(name);
     if (!env || !env[0]) return 0;
     char want[48];
     int n = snprintf(want, sizeof(want), "%s:%u=", kind, index);
     for (const char *p = env; p && *p;) {
-        if (!strncmp(p, want, (size_t)n)) return atof(p + n) * 1e6;
+        if (!strncmp(p, want, (size_t)n)) return atof(p + n);
         p = strchr(p, ',');
         if (p) p++;
     }
     return 0;
+}
+
+double refit_test_throttle(const char *kind, uint32_t index)
+{
+    return holder_value("REFIT_TEST_THROTTLE", kind, index) * 1e6;
+}
+
+double refit_test_read_delay(const char *kind, uint32_t index)
+{
+    return holder_value("REFIT_TEST_READ_DELAY_MS", kind, index) * 1e-3;
 }
 
 unsigned refit_test_pause_ms(void)
@@ -46,6 +57,13 @@ const char *refit_test_unsafe_rma(void) { return getenv("REFIT_UNSAFE_RMA"); }
 #else /* the shipped library: every hook off */
 
 double refit_test_throttle(const char *kind, uint32_t index)
+{
+    (void)kind;
+    (void)index;
+    return 0;
+}
+
+double refit_test_read_delay(const char *kind, uint32_t index)
 {
     (void)kind;
     (void)index;

@@ -4,6 +4,7 @@
  * through environment variables: REFIT_TEST_THROTTLE paces holders,
  * REFIT_TEST_PAUSE_MS pauses a receiver once it has committed to a transfer
  * (and creates the file REFIT_TEST_PAUSE_FILE names as the pause begins),
+ * REFIT_TEST_READ_DELAY_MS holds a holder's chunk reads back,
  * REFIT_TEST_CORRUPT_DELTA makes a delta publisher offer broken deltas,
  * REFIT_UNSAFE_RMA=1 lets the UCX transport take rma=emulated (docs/env.md,
  * "Test flavour only").
@@ -28,6 +29,11 @@
 /* REFIT_TEST_THROTTLE="trainer:1=50,relay:0=10" (MB/s): the emulated link
  * rate of holder kind:index in bytes/s, 0 for none. */
 double refit_test_throttle(const char *kind, uint32_t index);
+/* REFIT_TEST_READ_DELAY_MS="relay:0=300": how long every chunk read from
+ * holder kind:index waits before it copies, in seconds (0: none).  Its
+ * chunks then stay in flight long enough to be re-read by other holders,
+ * and its late copies land after theirs (tests of a redone chunk). */
+double refit_test_read_delay(const char *kind, uint32_t index);
 /* REFIT_TEST_PAUSE_MS: how long a receiver sleeps after it has marked its
  * memory unusable and before it transfers (0: not at all). */
 unsigned refit_test_pause_ms(void);

@@ -16,6 +16,16 @@
 #include "registry/registry.h"
 #include "util/util.h"
 
+/* A fleet pull's digests were computed by its chunk copies (docs/digest.md), every byte covered. */
+static void expect_fused(const refit_pull_report_t *rep)
+{
+    if (!rep->digest_fused)
+        fail_msg("version %llu: digests hashed in a pass, not while copying (path %u)",
+                 (unsigned long long)rep->version, rep->path);
+    assert_true(rep->digest_bytes > 0);
+    assert_int_equal(rep->unverified_bytes, 0);
+}
+
 /* A relay serves a second receiver of its layout; with a reader limit the
  * second one (a joiner: created after the relay finished) reads nothing from
  * the trainer; a joiner that prepared reads no manifest in its pull.  Bytes
@@ -34,6 +44,7 @@ static void relay_serves_joiner(void **state)
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
     REFIT_ASSERT_OK(refit_receiver_pull(r, REFIT_VERSION_NEWEST, 10000, &rep));
     assert_int_equal(rep.version, 1);
+    expect_fused(&rep); /* the relay's chunks hashed as they were copied */
     expect_truth("tiny-dense", "vllm:tp=2", 1, b, 1);
     /* Fetched from the registry: both trainer ranks' manifests once each
      * (rank 0's, read first to learn the world, is not fetched again) and
@@ -106,6 +117,7 @@ static void relay_killed_reader_fails_over(void **state)
     unsetenv("REFIT_TEST_THROTTLE");
     killer_done(&killer);
     REFIT_ASSERT_OK(st);
+    expect_fused(&rep); /* the dead relay's chunk in flight, read again from relay 1, summed once */
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
     refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
     size_t nh = 0;
@@ -146,6 +158,7 @@ static void relay_killed_trainer_resumes(void **state)
     unsetenv("REFIT_TEST_THROTTLE");
     killer_done(&killer);
     REFIT_ASSERT_OK(st);
+    expect_fused(&rep); /* the sums of the chunks the first try left in place kept, the rest added once */
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
     refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
     size_t nh = 0;
@@ -294,7 +307,8 @@ static void relay_chain_pipelines(void **state)
     double b_end = (rep.end_s - t0) * 1e3;
     unsigned long long dbytes = rep.digest_bytes;
     unsetenv("REFIT_TEST_THROTTLE");
-    relay_pulled(&a); /* A verified its copy too */
+    expect_fused(&rep); /* chunks read from a relay still receiving, hashed as they were copied */
+    relay_pulled(&a);   /* A verified its copy too */
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
     refit_holder_stat_t hs[8] = {REFIT_HOLDER_STAT_INIT};
     size_t nh = 0;
@@ -336,6 +350,7 @@ static void slow_replica_chunks_stolen(void **state)
     double ms = t_ms_since(t0);
     unsetenv("REFIT_TEST_THROTTLE");
     expect_truth("tiny-dense", "vllm:tp=1", 0, b, 1);
+    expect_fused(&rep);
     refit_holder_stat_t hs[4] = {REFIT_HOLDER_STAT_INIT};
     size_t nh = 0;
     REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 4, &nh));

@@ -76,8 +76,9 @@ static refit_receiver_t *rx(const bench_t *b, const char *reader, int relay_slot
 }
 
 /* The pull's path, its name, and the bytes: the truth of v (delta: the delta truth); every byte checked
- * against the publishers' digests, which a direct pull computed while it copied and a delta while it applied
- * (from the sums of the version before, docs/digest.md), the fleet's chunks in a pass of their own. */
+ * against the publishers' digests, which a direct pull and the fleet's chunks computed while they copied and a
+ * delta while it applied (from the sums of the version before, docs/digest.md): no path hashes in a pass of its
+ * own. */
 static void expect_pull(refit_receiver_t *r, const bench_t *b, void *base, uint64_t v, refit_rx_path_t want)
 {
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
@@ -89,7 +90,7 @@ static void expect_pull(refit_receiver_t *r, const bench_t *b, void *base, uint6
     assert_true(rep.bytes > 0);
     assert_true(rep.digest_bytes > 0);
     assert_int_equal(rep.unverified_bytes, 0);
-    if (rep.digest_fused != (want == REFIT_RX_PATH_HOST_DIRECT || want == REFIT_RX_PATH_DELTA))
+    if (!rep.digest_fused)
         fail_msg("version %llu (%s): digest_fused %d", (unsigned long long)v, refit_rx_path_name(want),
                  rep.digest_fused);
     refit_manifest_t *m = t_manifest_named(DST, 1);
@@ -153,6 +154,152 @@ static void host_fleet(void **state)
     bench_stop(&b);
 }
 
+/* ---- chunks read twice: a holder whose reads are held back -------------------------------------------------
+ * The relay's every chunk read waits 400 ms before it copies (REFIT_TEST_READ_DELAY_MS): the trainer ranks, done
+ * with their own shares, re-read its overdue chunks (steals, after 4x the mean chunk time + 100 ms), and the
+ * relay's own copies of those chunks land after theirs.  Each such chunk is written by two reads in flight at
+ * once.  The trainer ranks' reads wait 20 ms each, so that the relay's workers have read its progress and claimed
+ * chunks of its share before the trainer ranks are through theirs (a relay that has not answered yet has its
+ * share served by the others, and then nothing is read twice: the tests then try again, up to 4 times). */
+
+/* A relay pulls version 1 (direct; spoil, if given, then rewrites its memory); a reader (no reader limit: the
+ * relay and the trainer ranks are its holders) pulls it with the relay held back.  Returns the reader's pull
+ * status; *truth: whether the reader's memory is the truth of version 1 (checked before the reader is
+ * destroyed); *steals: the chunks the trainer ranks re-read; *relay_chunks: the relay's reads that completed. */
+static refit_status_t relayed_pull(const bench_t *b, void (*spoil)(void *base, uint64_t len), refit_status_t *truth,
+                                   refit_pull_report_t *rep, uint32_t *steals, uint32_t *relay_chunks)
+{
+    void *rbase;
+    refit_receiver_t *relay = rx(b, "relay", 0, &rbase);
+    expect_pull(relay, b, rbase, 1, REFIT_RX_PATH_HOST_DIRECT);
+    refit_manifest_t *m = t_manifest_named(DST, 1);
+    if (spoil) spoil(rbase, refit_manifest_region_size(m, 0)); /* what the relay serves from now on */
+    refit_manifest_destroy(m);
+    void *base;
+    refit_receiver_t *r = rx(b, "reader", -1, &base);
+    setenv("REFIT_TEST_READ_DELAY_MS", "relay:0=400,trainer:0=20,trainer:1=20", 1);
+    refit_status_t st = refit_receiver_pull(r, 1, 10000, rep);
+    unsetenv("REFIT_TEST_READ_DELAY_MS");
+    m = t_manifest_named(DST, 1);
+    *truth = refit_truth_verify(m, (const void *const *)&base, 1, NULL);
+    refit_manifest_destroy(m);
+    refit_holder_stat_t hs[8];
+    for (int i = 0; i < 8; i++) hs[i] = (refit_holder_stat_t)REFIT_HOLDER_STAT_INIT;
+    size_t n = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &n));
+    *steals = *relay_chunks = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!strncmp(hs[i].name, "trainer:", 8)) *steals += hs[i].steals;
+        if (!strcmp(hs[i].name, "relay:0")) *relay_chunks = hs[i].chunks;
+    }
+    refit_receiver_destroy(r);
+    refit_receiver_destroy(relay);
+    return st;
+}
+
+/* A redone chunk is summed once: the reads that were not alone on their chunk drop their sums, and those chunks
+ * are hashed in place after every read has returned.  The check then passes on the copies' sums (digest_fused:
+ * the mapped bytes were hashed exactly once each; a chunk counted twice leaves them above the map's, and the
+ * receiver falls back to a pass, or sums that fail the check), 0 bytes unverified, the bytes the truth. */
+static void fleet_redone_chunk_counted_once(void **state)
+{
+    (void)state;
+    bench_t b;
+    bench_start(&b, 0);
+    bench_publish(&b, 1);
+    refit_status_t truth = REFIT_OK;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    uint32_t steals = 0, relay_chunks = 0;
+    for (int i = 0; i < 4 && (!steals || !relay_chunks); i++)
+        REFIT_ASSERT_OK(relayed_pull(&b, NULL, &truth, &rep, &steals, &relay_chunks));
+    assert_int_equal(rep.path, REFIT_RX_PATH_HOST_FLEET);
+    if (!steals || !relay_chunks)
+        fail_msg("no chunk was read twice in 4 tries (trainer re-reads %u, relay reads %u)", steals, relay_chunks);
+    assert_true(rep.digest_fused);
+    assert_int_equal(rep.unverified_bytes, 0);
+    assert_true(rep.digest_bytes > 0);
+    assert_int_equal(truth, REFIT_OK);
+    bench_stop(&b);
+}
+
+static void flip_all(void *base, uint64_t len)
+{
+    for (uint64_t i = 0; i < len; i++) ((unsigned char *)base)[i] ^= 0x5a;
+}
+
+/* The same with the relay's memory corrupt (every byte flipped after its commit): its late copies overwrite the
+ * trainer's good bytes of the chunks it shared, so the memory ends with the relay's bytes there.  The sums are of
+ * the memory as it ends (hashed in place after the reads), not of the first read that completed: the check
+ * fails (REFIT_ERR_VERIFY).  Whatever the timing, a pull that passes holds the truth. */
+static void fleet_tamper_late_copy_caught(void **state)
+{
+    (void)state;
+    bench_t b;
+    bench_start(&b, 0);
+    bench_publish(&b, 1);
+    refit_status_t truth = REFIT_OK;
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    uint32_t steals = 0, relay_chunks = 0;
+    refit_status_t st = REFIT_OK;
+    for (int i = 0; i < 4 && st == REFIT_OK && (!steals || !relay_chunks); i++) /* each try: a relay pulled anew */
+        st = relayed_pull(&b, flip_all, &truth, &rep, &steals, &relay_chunks);
+    if (st == REFIT_OK) { /* only if the relay wrote nothing that stayed: then the memory must be the truth */
+        if (truth)
+            fail_msg("a pull with a corrupt relay passed its check but holds wrong bytes (%s)",
+                     refit_status_name(truth));
+        print_message("note: the relay's copies did not land last (trainer re-reads %u, relay reads %u)\n", steals,
+                      relay_chunks);
+    } else {
+        assert_int_equal(st, REFIT_ERR_VERIFY);
+        assert_true(relay_chunks > 0);
+    }
+    bench_stop(&b);
+}
+
+/* A relay's corrupt byte, read by a reader that has only the relay (reader limit 1): the chunks' sums, hashed as
+ * they were copied, catch it (REFIT_ERR_VERIFY); the same pull of the relay's memory put right passes on those
+ * sums (digest_fused). */
+static void fleet_tamper_relay_byte(void **state)
+{
+    (void)state;
+    bench_t b;
+    bench_start(&b, 0);
+    bench_publish(&b, 1);
+    void *rbase, *base;
+    refit_receiver_t *relay = rx(&b, "relay", 0, &rbase);
+    expect_pull(relay, &b, rbase, 1, REFIT_RX_PATH_HOST_DIRECT);
+    refit_manifest_t *m = t_manifest_named(DST, 1);
+    /* A weight's byte in the middle of the memory (the padding between tensors is zeros, and no digest's) */
+    uint64_t at = refit_manifest_region_size(m, 0) / 2;
+    while (!((unsigned char *)rbase)[at]) at++;
+    refit_manifest_destroy(m);
+    ((unsigned char *)rbase)[at] ^= 0x01;
+    refit_receiver_params_t rp = REFIT_RECEIVER_PARAMS_INIT;
+    rp.registry = b.url;
+    rp.job = b.job;
+    rp.transports = "shm";
+    rp.reader = "reader";
+    rp.threads = 2;
+    rp.chunk_kb = 16;
+    rp.max_readers = 1; /* relays with room are read alone */
+    refit_receiver_t *r;
+    REFIT_ASSERT_OK(refit_receiver_create(&rp, t_manifest_named(DST, 1), &r));
+    REFIT_ASSERT_OK(refit_receiver_alloc(r, 0, &base));
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    REFIT_ASSERT_ERR(refit_receiver_pull(r, 1, 10000, &rep), REFIT_ERR_VERIFY, NULL);
+    ((unsigned char *)rbase)[at] ^= 0x01;
+    expect_pull(r, &b, base, 1, REFIT_RX_PATH_HOST_FLEET);
+    refit_holder_stat_t hs[8];
+    for (int i = 0; i < 8; i++) hs[i] = (refit_holder_stat_t)REFIT_HOLDER_STAT_INIT;
+    size_t n = 0;
+    REFIT_ASSERT_OK(refit_receiver_holders(r, hs, 8, &n));
+    assert_int_equal(n, 1);
+    assert_string_equal(hs[0].name, "relay:0");
+    refit_receiver_destroy(r);
+    refit_receiver_destroy(relay);
+    bench_stop(&b);
+}
+
 /* The sources offer a delta from what the memory holds: it is applied, three
  * versions in a row (each keeping the digests of the one before up to date:
  * a wrong sum fails the check); a receiver that wants none pulls the same
@@ -208,8 +355,14 @@ static void none_moved(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(path_names), cmocka_unit_test(host_direct), cmocka_unit_test(host_fleet),
-        cmocka_unit_test(delta),      cmocka_unit_test(none_moved),
+        cmocka_unit_test(path_names),
+        cmocka_unit_test(host_direct),
+        cmocka_unit_test(host_fleet),
+        cmocka_unit_test(delta),
+        cmocka_unit_test(none_moved),
+        cmocka_unit_test(fleet_redone_chunk_counted_once),
+        cmocka_unit_test(fleet_tamper_late_copy_caught),
+        cmocka_unit_test(fleet_tamper_relay_byte),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,7 +53,24 @@
  * leased); every worker is joined before the transfer returns.  Transports
  * without their own concurrency (anything but shm) are called one at a time.
  * A holder's `rate` paces its chunks to emulate a slow link in tests and
- * benchmarks on one host (test_hooks.h: REFIT_TEST_THROTTLE, test builds only).
+ * benchmarks on one host (test_hooks.h: REFIT_TEST_THROTTLE, test builds
+ * only); its `delay_s` holds each read back before it copies
+ * (REFIT_TEST_READ_DELAY_MS: a test's slow read that lands late).
+ *
+ * Hashing while copying (x->dmap, docs/digest.md): each read passes the
+ * digest map to its transport with a scratch array of its worker's, so the
+ * copies hash what they write.  A read's sums become the pull's (x->dacc,
+ * the mapped bytes it hashed added to *x->dbytes) only when it completed its
+ * chunk and no other read of that chunk was in flight at any time during it;
+ * every other read's are dropped, and the chunks they wrote are hashed in
+ * place after the workers are joined (hash_shared), when their bytes are
+ * final.  So each chunk's bytes are summed exactly once, as they are in the
+ * end: a steal's duplicate, or a read that failed while another ran, is
+ * never counted twice, and whichever read wrote last is what is hashed.
+ * With hashing on a relay is read row by row even when it holds the whole
+ * version: its span would rewrite bytes of other chunks that another holder
+ * may have written and hashed.  A try after a failed one (resume) keeps the
+ * sums of the chunks it does not read again; any other try starts from zero.
  *
  * The rules above (chunks, shares, claims, direct pulls, the pick of holders)
  * are pure functions of the scheduling state (fleet.h, fleet_rules.c); the
@@ -104,6 +121,16 @@ typedef struct {
     void *user;
     uint64_t origin;   /* see refit_fleet_xfer_t */
     uint64_t launches; /* GPU kernel launches of the chunk pulls (cuda_ipc) */
+    /* Hashing while copying (refit_fleet_xfer_t's dmap; see the top comment):
+     * per chunk, reads of it in flight now, whether two ever were at once
+     * (their writes interleave: the chunk is hashed in place after the
+     * workers), and whether its sums are in dacc. */
+    const refit_digest_map_t *dmap;
+    refit_dsum_t *dacc;
+    size_t dn;
+    uint64_t *dbytes;
+    uint32_t *inflight;
+    uint8_t *shared, *folded;
     bool finished;
     bool ran; /* the workers ran (their arrays could be allocated) */
     unsigned active;
@@ -120,7 +147,8 @@ typedef struct {
 /* Pulls regions regs[0..n) (src = h) from holder h into dst (lock not held);
  * transports without their own concurrency one call at a time. */
 static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *regs, size_t n, void *const *dst,
-                                const refit_fleet_chunk_t *ahead, refit_pull_stats_t *ps)
+                                const refit_fleet_chunk_t *ahead, refit_dsum_t *sums, uint64_t *hashed,
+                                refit_pull_stats_t *ps)
 {
     refit_fleet_holder_t *H = &S->k.h[h];
     uint64_t *sb = calloc(S->k.nh, sizeof(uint64_t));
@@ -133,7 +161,11 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
     for (size_t i = 0; i < n; i++) sb[h] += refit_plan_region_bytes(&regs[i]);
     peers[h] = H->peer;
     struct refit_plan one = refit_plan_view(regs, n, sb, S->k.nh);
-    refit_pull_ctl_t ctl = {.deadline = S->deadline, .threads = 1};
+    refit_pull_ctl_t ctl = {.deadline = S->deadline,
+                            .threads = 1,
+                            .dmap = sums ? S->dmap : NULL,
+                            .dacc = sums,
+                            .dbytes = sums ? hashed : NULL};
     const refit_transport_ops_t *ops = S->ts->ops[H->transport];
     void *ctx = S->ts->ctx[H->transport];
     const refit_transport_wait_t *cond = ahead ? refit_transport_wait(ops) : NULL;
@@ -160,9 +192,12 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
 
 /* Runs chunk c from holder h; `rows`: a relay still receiving, read row by
  * row, not in spans; `ahead`: c (the scheduler's) was asked for before the
- * relay had it (refit_fleet_claim_ahead). */
+ * relay had it (refit_fleet_claim_ahead).  sums (NULL: no hashing): the
+ * read's copies hash what they write into it, the mapped bytes into
+ * *hashed; a relay is then always read row by row (a span would rewrite
+ * bytes of other chunks, which other holders may have written and hashed). */
 static refit_status_t run_chunk(sched_t *S, uint32_t h, const refit_fleet_chunk_t *c, bool rows,
-                                const refit_fleet_chunk_t *ahead, uint64_t *read)
+                                const refit_fleet_chunk_t *ahead, refit_dsum_t *sums, uint64_t *hashed, uint64_t *read)
 {
     refit_fleet_holder_t *H = &S->k.h[h];
     refit_plan_region_t *regs = calloc(c->n, sizeof(*regs));
@@ -170,13 +205,14 @@ static refit_status_t run_chunk(sched_t *S, uint32_t h, const refit_fleet_chunk_
     *read = 0;
     for (size_t i = 0; i < c->n; i++) {
         refit_plan_region_t reg = S->k.pieces[c->first + i];
-        refit_fleet_piece_from(H, rows, &reg);
+        refit_fleet_piece_from(H, rows || sums, &reg);
         reg.src = h;
         regs[i] = reg;
         *read += refit_plan_region_bytes(&reg);
     }
     refit_pull_stats_t st = {0};
-    refit_status_t rc = pull_from(S, h, regs, c->n, S->dst, ahead, &st);
+    if (H->delay_s > 0) usleep((useconds_t)(H->delay_s * 1e6)); /* a test's held-back holder */
+    refit_status_t rc = pull_from(S, h, regs, c->n, S->dst, ahead, sums, hashed, &st);
     __atomic_add_fetch(&S->launches, st.launches, __ATOMIC_RELAXED);
     if (!rc && !H->lanes[0]) snprintf(H->lanes, sizeof(H->lanes), "%.63s", st.lanes);
     free(regs);
@@ -195,7 +231,7 @@ static refit_status_t read_progress(sched_t *S, uint32_t h, uint8_t *buf, uint64
     reg.run = len;
     void *dst[1] = {buf};
     refit_pull_stats_t ps = {0};
-    return pull_from(S, h, &reg, 1, dst, NULL, &ps);
+    return pull_from(S, h, &reg, 1, dst, NULL, NULL, NULL, &ps);
 }
 
 /* Refreshes a partial relay's chunk availability (called with the lock held;
@@ -274,12 +310,27 @@ static void give_back(refit_fleet_chunk_t *c, uint32_t h)
     if (c->state == REFIT_CHUNK_BUSY && c->owner == h) c->state = REFIT_CHUNK_FREE, c->dup = 0;
 }
 
+/* Chunk c's pieces' sums in `sums` (the read's scratch) moved into acc, or
+ * dropped (acc NULL); `sums` is left all zero. */
+static void fold_chunk(const sched_t *S, const refit_fleet_chunk_t *c, refit_dsum_t *sums, refit_dsum_t *acc)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        const refit_plan_region_t *r = &S->k.pieces[c->first + i];
+        refit_digest_map_fold(S->dmap, r->dst_region, r->dst_offset, refit_region_dst_end(r) - r->dst_offset, sums,
+                              acc);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg_t *a = arg;
     sched_t *S = a->S;
     uint32_t h = a->h;
     refit_fleet_holder_t *H = &S->k.h[h];
+    /* This worker's reads hash into sums (one entry per destination
+     * placement, pages touched as used); NULL: its reads do not hash, and the
+     * chunks they complete are hashed in place after the workers. */
+    refit_dsum_t *sums = S->dmap ? calloc(S->dn ? S->dn : 1, sizeof(*sums)) : NULL;
     pthread_mutex_lock(&S->lock);
     for (;;) {
         if (S->finished || H->failed || S->k.done == S->k.nc || refit_now() > S->deadline) break;
@@ -309,10 +360,12 @@ static void *worker_main(void *arg)
         }
         refit_fleet_chunk_t copy = *c;
         bool rows = H->partial;
+        size_t ci = (size_t)(c - S->k.c);
+        if (S->inflight && S->inflight[ci]++) S->shared[ci] = 1; /* another read of it is in flight */
         pthread_mutex_unlock(&S->lock);
         double t0 = refit_now(), c0 = thread_cpu();
-        uint64_t bytes = 0;
-        refit_status_t st = run_chunk(S, h, &copy, rows, ahead, &bytes);
+        uint64_t bytes = 0, hashed = 0;
+        refit_status_t st = run_chunk(S, h, &copy, rows, ahead, sums, &hashed, &bytes);
         double dt = refit_now() - t0;
         /* A holder's speed: for shm, the CPU time of the copy (wall time would
          * count the time this thread waited for a CPU, which says nothing about
@@ -321,12 +374,14 @@ static void *worker_main(void *arg)
          * wait for it: booked at the holder's speed so far. */
         double cost = S->ts->ops[H->transport] == &refit_transport_shm ? thread_cpu() - c0 : dt;
         pthread_mutex_lock(&S->lock);
+        if (S->inflight) S->inflight[ci]--;
         if (ahead && H->bytes) cost = H->busy_s / (double)H->bytes * (double)bytes;
         if (st == REFIT_ERR_BUSY && ahead) {
             /* Not written within the wait: the relay is slow, stuck or gone;
              * its progress says which (refresh fails a relay that stopped). */
             H->late++;
             give_back(c, h);
+            if (sums) fold_chunk(S, &copy, sums, NULL);
             if (!H->refreshing) refresh(S, h);
             continue;
         }
@@ -342,10 +397,20 @@ static void *worker_main(void *arg)
             break;
         }
         /* Once done, our own readers may take it from here (the bytes are written). */
-        bool marked = refit_fleet_chunk_done(&S->k, h, c, bytes, cost, dt, rows) && S->progress;
+        bool first = refit_fleet_chunk_done(&S->k, h, c, bytes, cost, dt, rows);
+        bool marked = first && S->progress;
+        /* The read's sums are the chunk's when it completed the chunk and no
+         * other read of it was in flight at any time during it (a read that
+         * failed before it started wrote a subset of the same bytes, all
+         * rewritten by this one); otherwise they are dropped and the chunk is
+         * hashed in place once every worker has stopped (hash_shared). */
+        bool keep = first && sums && !S->shared[ci];
+        if (keep) S->folded[ci] = 1;
         if (marked) __atomic_store_n((uint8_t *)(S->progress + 1) + (c - S->k.c), 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&S->cond);
         pthread_mutex_unlock(&S->lock);
+        if (sums) fold_chunk(S, &copy, sums, keep ? S->dacc : NULL);
+        if (keep && hashed) __atomic_fetch_add(S->dbytes, hashed, __ATOMIC_RELAXED);
         if (marked && S->marked) S->marked(S->user);
         double tp = refit_now();
         pace(S, H, bytes, t0);
@@ -355,6 +420,7 @@ static void *worker_main(void *arg)
     S->active--;
     pthread_cond_broadcast(&S->cond);
     pthread_mutex_unlock(&S->lock);
+    free(sums);
     return NULL;
 }
 
@@ -668,6 +734,74 @@ static void chunks_finish(const sched_t *S, const refit_fleet_xfer_t *x, bool ok
         }
 }
 
+/* Hashing while copying, set up for a chunked try: sums start from zero,
+ * except those of the chunks a try before left in place (resumed), which
+ * stay (that try hashed each of them exactly once).  Without the per-chunk
+ * state nothing is hashed (the receiver then hashes its memory after). */
+static void hashing_start(sched_t *S, const refit_fleet_xfer_t *x, size_t resumed)
+{
+    if (!x->dmap || !x->dacc || !x->dbytes) return;
+    if (!resumed) { /* what a direct try before hashed is not what this one writes */
+        memset(x->dacc, 0, x->dn * sizeof(*x->dacc));
+        *x->dbytes = 0;
+    }
+    size_t nc = S->k.nc ? S->k.nc : 1;
+    S->inflight = calloc(nc, sizeof(*S->inflight));
+    S->shared = calloc(nc, 1);
+    S->folded = calloc(nc, 1);
+    if (!S->inflight || !S->shared || !S->folded) {
+        refit_log(REFIT_LOG_WARN, "fleet: no memory to hash %zu chunks as they land: hashing after the transfer", nc);
+        free(S->inflight);
+        free(S->shared);
+        free(S->folded);
+        S->inflight = NULL;
+        S->shared = S->folded = NULL;
+        return;
+    }
+    for (size_t i = 0; i < S->k.nc; i++) S->folded[i] = S->k.c[i].state == REFIT_CHUNK_DONE;
+    S->dmap = x->dmap;
+    S->dacc = x->dacc;
+    S->dn = x->dn;
+    S->dbytes = x->dbytes;
+}
+
+/* The mapped bytes of piece r hashed where they lie in the destination. */
+static uint64_t hash_piece(const sched_t *S, const refit_plan_region_t *r)
+{
+    uint8_t *base = S->dst[r->dst_region];
+    if (r->nloops == 0)
+        return refit_digest_map_copy(S->dmap, r->dst_region, r->dst_offset, base + r->dst_offset, NULL, r->run,
+                                     S->dacc);
+    uint64_t hashed = 0, rows = refit_region_rows(r);
+    for (uint64_t row = 0; row < rows; row += r->count[0]) { /* loop 0's rows in one call */
+        uint64_t so, dof;
+        refit_region_row_offsets(r, row, &so, &dof);
+        hashed += refit_digest_map_copy_rows(S->dmap, r->dst_region, dof, r->dst_stride[0], base + dof, NULL, 0, r->run,
+                                             r->count[0], S->dacc);
+    }
+    return hashed;
+}
+
+/* After the workers (every read has returned: the bytes are final): the
+ * chunks in place whose sums no single read gave (two reads of them were in
+ * flight at once, a steal's duplicate or a read that failed while another
+ * ran, or a worker without its scratch) are hashed in place, once each. */
+static void hash_shared(sched_t *S)
+{
+    if (!S->dmap) return;
+    uint64_t hashed = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < S->k.nc; i++) {
+        const refit_fleet_chunk_t *c = &S->k.c[i];
+        if (c->state != REFIT_CHUNK_DONE || S->folded[i]) continue;
+        for (size_t j = 0; j < c->n; j++) hashed += hash_piece(S, &S->k.pieces[c->first + j]);
+        S->folded[i] = 1;
+        n++;
+    }
+    if (hashed) __atomic_fetch_add(S->dbytes, hashed, __ATOMIC_RELAXED);
+    if (n) refit_log(REFIT_LOG_DEBUG, "fleet: %zu chunks written by more than one read, hashed in place", n);
+}
+
 refit_status_t refit_fleet_chunks(const refit_fleet_xfer_t *x, refit_fleet_holder_t *holders, uint32_t nh,
                                   refit_pull_stats_t *stats)
 {
@@ -675,6 +809,7 @@ refit_status_t refit_fleet_chunks(const refit_fleet_xfer_t *x, refit_fleet_holde
     size_t resumed = 0;
     refit_status_t st = sched_setup(&S, x, holders, nh, &resumed);
     if (st) return st;
+    hashing_start(&S, x, resumed);
     progress_start(&S, x, resumed);
     pthread_mutex_init(&S.lock, NULL);
     pthread_cond_init(&S.cond, NULL);
@@ -682,10 +817,14 @@ refit_status_t refit_fleet_chunks(const refit_fleet_xfer_t *x, refit_fleet_holde
     size_t left = 0;
     st = run_workers(&S, x, &left);
     if (!st && left) st = chunks_left_error(&S, left);
+    if (S.ran) hash_shared(&S);
     if (S.ran) chunks_finish(&S, x, !st, stats);
     pthread_mutex_destroy(&S.lock);
     pthread_cond_destroy(&S.cond);
     for (uint32_t t = 0; t < REFIT_MAX_TRANSPORTS; t++) pthread_mutex_destroy(&S.serial[t]);
     refit_fleet_sched_free(&S.k);
+    free(S.inflight);
+    free(S.shared);
+    free(S.folded);
     return st;
 }

@@ -33,6 +33,7 @@ typedef struct {
     bool mirror_dst;     /* a relay of the receiver's own layout and rank */
     uint64_t mirror_key; /* trainer rank: refit_fleet_mirror_key of its manifest */
     double rate;         /* emulated link, bytes/s (test_hooks.h); 0: none */
+    double delay_s;      /* each chunk read waits this long before it copies (test_hooks.h); 0: none */
     int progress_region; /* relay: its progress region; -1: none (it serves complete versions) */
     /* filled by the transfer */
     bool failed;
@@ -72,10 +73,12 @@ typedef struct {
     unsigned workers;     /* per holder served by copying CPUs (shm); 0: 2 */
     unsigned net_workers; /* per holder over a network transport (chunks in flight); 0: REFIT_FLEET_NET_WORKERS */
     unsigned threads;     /* copy threads of a direct pull (see fleet.c); 0: one per CPU */
-    /* A direct pull hashes while it copies (refit_pull_ctl_t's dmap, dacc,
-     * dbytes); chunks do not. */
+    /* Pulls hash while they copy (refit_pull_ctl_t's dmap, dacc, dbytes):
+     * a direct pull through its transport; chunks each through theirs, a
+     * read's sums kept only when it alone wrote its chunk, the others' chunks
+     * hashed in place at the end (fleet.c's top comment).  NULL: none. */
     const refit_digest_map_t *dmap;
-    refit_dsum_t *dacc; /* dn entries, zeroed with *dbytes when a direct pull starts */
+    refit_dsum_t *dacc; /* dn entries, zeroed with *dbytes when a try starts (a resumed chunk try keeps them) */
     size_t dn;
     uint64_t *dbytes;
     uint32_t seed;                /* rotates ties between holders (different receivers start on different ones) */

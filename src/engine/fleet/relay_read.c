@@ -288,6 +288,7 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
         h->mirror_dst = true;
         h->progress_region = s->progress_region;
         h->rate = refit_test_throttle("relay", j);
+        h->delay_s = refit_test_read_delay("relay", j);
         h->id = j;
     }
     return nh;
