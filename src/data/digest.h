@@ -185,6 +185,26 @@ uint64_t refit_digest_table_offsets(const refit_manifest_t *m, uint64_t *offsets
 refit_status_t refit_digest_table_fill(const refit_digest_key_t *k, const refit_manifest_t *m, const void *const *bases,
                                        void *table, unsigned threads);
 
+/* Bytes [off, off+len) of region `region`. */
+typedef struct {
+    uint32_t region;
+    uint64_t off, len;
+} refit_digest_range_t;
+/* Updates `table`, the table of the memory at old_bases (refit_digest_table_fill's, or this function's), to the
+ * table of the memory at bases, from the bytes that changed: ranges[0..nranges) must cover every byte where
+ * the two differ, and must not overlap (a byte in two ranges counts twice); they may start or end anywhere,
+ * even inside a 2-byte unit, and cover bytes that did not change.  The table is linear in the memory: a
+ * unit changed by d at row i, column t of a box adds r(i) K[t] d to the P entries after row i and the Q
+ * entries after column t, so the cost is that of the changed bytes (ranges in address order need no search)
+ * plus one pass over the table entries of the placements they meet.  The same table as a fill of the new
+ * memory, bit for bit.  Neither memory may change during the call.  Errors: REFIT_ERR_INVALID_ARG (NULL
+ * argument, manifest not finalized, table not 8-byte aligned, a range outside its region or in a region with
+ * no memory), REFIT_ERR_NO_MEMORY, REFIT_ERR_INTERNAL (a placement's row and column totals disagree: the
+ * memory changed during the call); on failure the table is unchanged. */
+refit_status_t refit_digest_table_update(const refit_digest_key_t *k, const refit_manifest_t *m,
+                                         const void *const *bases, const void *const *old_bases,
+                                         const refit_digest_range_t *ranges, size_t nranges, void *table);
+
 /* ---- Receiver: the digest plan. ---- */
 
 /* Why a destination placement is or is not verifiable. */
