@@ -21,6 +21,9 @@
 
 /* Units below which a run is summed unit by unit rather than by the kernels. */
 #define UPDATE_KERNEL_UNITS 32
+/* Ranges ahead whose bytes are prefetched: 1% of a 329 MB shard changed as single units (one range each)
+ * took 209 ms without, 70-85 ms with 16 ahead (64: 70-91, 256: 168-194; loaded host). */
+#define UPDATE_PREFETCH 16
 
 /* Bytes of one region that belong to one placement's box: rows [row0, row0 + nrows) of the box, row i at
  * start + (i - row0) * stride, each 2n bytes. */
@@ -208,6 +211,11 @@ refit_status_t refit_digest_table_update(const refit_digest_key_t *k, const refi
     for (size_t x = 0; x < nranges && !U.oom; x++) {
         const refit_digest_range_t *g = &ranges[x];
         uint64_t lo = g->off, hi = g->off + g->len;
+        if (x + UPDATE_PREFETCH < nranges) { /* sparse changes miss the caches in both memories */
+            const refit_digest_range_t *f = &ranges[x + UPDATE_PREFETCH];
+            __builtin_prefetch(U.bases[f->region] + f->off);
+            __builtin_prefetch(U.old[f->region] + f->off);
+        }
         if (lo == hi) continue;
         if (!(cur < segs.len && segs.data[cur].region == g->region && segs.data[cur].start <= lo &&
               lo < segs.data[cur].end)) {
