@@ -96,7 +96,7 @@ typedef enum {
     REFIT_DIGEST_IMPL_AUTO = 0,   /* AVX-512 when the CPU and OS have it, else AVX2 when the CPU has it, else scalar */
     REFIT_DIGEST_IMPL_SCALAR = 1, /* portable C */
     REFIT_DIGEST_IMPL_AVX2 = 2,   /* x86-64 AVX2 (_mm256_madd_epi16) */
-    REFIT_DIGEST_IMPL_AVX512 = 3, /* x86-64 AVX-512 F + BW (_mm512_madd_epi16, masked tails) */
+    REFIT_DIGEST_IMPL_AVX512 = 3, /* x86-64 AVX-512 F + BW + VL (_mm512_madd_epi16, masked tails) */
 } refit_digest_impl_t;
 
 /* Derives the column-key tables and seeds from a 32-byte key (about 256 KiB).
@@ -104,7 +104,7 @@ typedef enum {
  * REFIT_ERR_INVALID_ARG for NULL arguments, REFIT_ERR_NO_MEMORY. */
 refit_status_t refit_digest_key_create(const uint8_t key[32], refit_digest_key_t **out);
 /* The same with a chosen kernel (tests, benchmarks): REFIT_ERR_UNSUPPORTED
- * for AVX2 or AVX-512 on a CPU, OS (no ZMM state) or build without it;
+ * for AVX2 or AVX-512 (F, BW, VL) on a CPU, OS (no ZMM state) or build without it;
  * REFIT_ERR_INVALID_ARG for an unknown impl. */
 refit_status_t refit_digest_key_create_impl(const uint8_t key[32], refit_digest_impl_t impl, refit_digest_key_t **out);
 /* The kernel the key resolved to (SCALAR, AVX2 or AVX512, never AUTO). */

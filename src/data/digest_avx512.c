@@ -1,4 +1,4 @@
-/* The digest's AVX-512 kernels (F + BW): the receiver's row kernel, the publisher's row kernel and the fused
+/* The digest's AVX-512 kernels (F + BW + VL): the receiver's row kernel, the publisher's row kernel and the fused
  * copy+hash, each bit-identical to the scalar reference in digest_kernel.c.
  *
  * _mm512_madd_epi16 takes 32 units a step (pairwise int16 products summed into int32 lanes, wrapping as mod
@@ -108,8 +108,8 @@ AVX512_INLINE void seg512(const int16_t *k0, const uint8_t *p, uint8_t *d, int s
     }
     /* The rest (< 64 units): whole 32- and 16-unit steps with plain loads, then at most one masked 256-bit
      * step of fewer than 16 units.  Each step prefetches as the main loop does: rows shorter than 64 units
-     * never run the main loop, and on this machine's AMD cores masked loads that miss the caches are not
-     * covered by the hardware prefetcher (rows of 48 units from memory: 1.2 GB/s with masked steps and no
+     * never run the main loop, and on this machine's AMD cores masked loads that miss the caches are slow
+     * unless prefetched (rows of 48 units from memory: 1.2 GB/s with masked steps and no
      * prefetch, 12-16 GB/s with these steps; docs/digest.md). */
     uint64_t rest = len & 63;
     if (rest >= 32) {

@@ -79,7 +79,7 @@ size_t digest_pub_scratch_bytes(const refit_digest_key_t *k, uint64_t n);
 /* How a fused kernel stores: not at all (hash only), plain stores, or streaming past the caches. */
 enum { STORE_NONE = 0, STORE_PLAIN = 1, STORE_STREAM = 2 };
 
-/* The AVX-512 (F + BW) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
+/* The AVX-512 (F + BW + VL) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
  * Call them only when digest_cpu_has_avx512() (CPUID and the OS's ZMM state, XGETBV). */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DIGEST_HAVE_AVX512 1

@@ -91,8 +91,9 @@ static refit_status_t resolve_impl(refit_digest_impl_t *impl)
         return refit_error(REFIT_ERR_UNSUPPORTED, "digest: AVX2 kernel requested on a CPU or build without AVX2");
     case REFIT_DIGEST_IMPL_AVX512:
         if (cpu_has_avx512()) return REFIT_OK;
-        return refit_error(REFIT_ERR_UNSUPPORTED,
-                           "digest: AVX-512 kernel requested on a CPU, OS or build without AVX-512 F+BW and ZMM state");
+        return refit_error(
+            REFIT_ERR_UNSUPPORTED,
+            "digest: AVX-512 kernel requested on a CPU, OS or build without AVX-512 F+BW+VL and ZMM state");
     }
     return refit_error(REFIT_ERR_INVALID_ARG, "digest: unknown kernel %d", (int)*impl);
 }
