@@ -6,13 +6,17 @@
  *     copy            the boxes' rows copied with memcpy, run by run, as a plan executor does;
  *     copy_then_hash  copy, then refit_digest_local over the destination (today's receiver), per kernel;
  *     fused           refit_digest_copy_rows over the same runs, per kernel;
- *   publisher (one Megatron ep=8 rank): memcpy of the shard vs refit_digest_table_fill, per kernel.
+ *   publisher (one Megatron ep=8 rank): memcpy of the shard vs refit_digest_table_fill, per kernel; a read of
+ *     the shard alone (publisher_read: vector loads summed, the floor of any pass that reads it); and
+ *     refit_digest_table_update (AUTO kernel) from 1% of the shard changed, as 2-byte units spread over it
+ *     (table_update_sparse1pct, one range per unit) or as 4 KiB runs (table_update_runs1pct).
  *
  * Every round runs each variant once, in an order rotated round by round (interleaved A/B); a figure is
  * the median of the rounds with their range, and each ratio is the median of the per-round ratios.  Before
  * timing, the fused copy's bytes and sums are checked against copy and refit_digest_local for every kernel.
  *
  * Usage: bench_digest_fused [ROUNDS] (default 7).  Prints one JSON object on stdout. */
+#include <immintrin.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,8 +155,41 @@ enum {
     V_FUSED0 = V_CTH0 + NKERNELS,
     V_PUB_MEMCPY = V_FUSED0 + NKERNELS,
     V_PUB0,
-    V_COUNT = V_PUB0 + NKERNELS
+    V_PUB_READ = V_PUB0 + NKERNELS,
+    V_UPD_SPARSE,
+    V_UPD_RUNS,
+    V_COUNT
 };
+
+/* The shard read once, 128 bytes a step (AVX2 where the CPU has it): what a pass that only reads costs. */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, uint64_t n)
+{
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (uint64_t i = 0; i + 128 <= n; i += 128) {
+        a = _mm256_add_epi32(a, _mm256_loadu_si256((const __m256i *)(p + i)));
+        b = _mm256_add_epi32(b, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        c = _mm256_add_epi32(c, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        d = _mm256_add_epi32(d, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    }
+    a = _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d));
+    return (uint64_t)_mm256_extract_epi64(a, 0) + (uint64_t)_mm256_extract_epi64(a, 2);
+}
+#endif
+
+static uint64_t read_all(const uint8_t *p, uint64_t n)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx2")) return read_avx2(p, n);
+#endif
+    uint64_t s = 0;
+    for (uint64_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, p + i, 8);
+        s += x;
+    }
+    return s;
+}
 
 typedef struct {
     rx_t *rx;
@@ -160,6 +197,12 @@ typedef struct {
     uint8_t *sarena, *scopy;
     void *table;
     uint64_t sregion;
+    refit_digest_key_t *kauto;
+    /* table_update: the shard with 1% changed (sparse units, runs) and the ranges that changed */
+    uint8_t *snew[2];
+    refit_digest_range_t *ranges[2];
+    size_t nranges[2];
+    volatile uint64_t sink;
     double t[V_COUNT][MAX_ROUNDS];
     bool on[V_COUNT];
 } bench_t;
@@ -173,7 +216,12 @@ static void run_variant(bench_t *B, int v, int round)
     else if (v < V_FUSED0) do_copy_then_hash(rx, rx->keys[v - V_CTH0]);
     else if (v < V_PUB_MEMCPY) do_fused(rx, rx->keys[v - V_FUSED0]);
     else if (v == V_PUB_MEMCPY) memcpy(B->scopy, B->sarena, B->sregion);
-    else {
+    else if (v == V_PUB_READ) B->sink += read_all(B->sarena, B->sregion);
+    else if (v == V_UPD_SPARSE || v == V_UPD_RUNS) {
+        int x = v - V_UPD_SPARSE;
+        const void *nb = B->snew[x], *ob = B->sarena;
+        CHECK(refit_digest_table_update(B->kauto, B->sm, &nb, &ob, B->ranges[x], B->nranges[x], B->table));
+    } else {
         const void *b = B->sarena;
         CHECK(refit_digest_table_fill(rx->keys[v - V_PUB0], B->sm, &b, B->table, 1));
     }
@@ -214,6 +262,9 @@ static const char *variant_name(int v, char *buf, size_t size)
     if (v == V_MEMCPY) return "memcpy";
     if (v == V_COPY) return "copy";
     if (v == V_PUB_MEMCPY) return "publisher_memcpy";
+    if (v == V_PUB_READ) return "publisher_read";
+    if (v == V_UPD_SPARSE) return "table_update_sparse1pct";
+    if (v == V_UPD_RUNS) return "table_update_runs1pct";
     if (v < V_FUSED0) snprintf(buf, size, "copy_then_hash_%s", kn[v - V_CTH0]);
     else if (v < V_PUB_MEMCPY) snprintf(buf, size, "fused_%s", kn[v - V_FUSED0]);
     else snprintf(buf, size, "table_fill_%s", kn[v - V_PUB0]);
@@ -258,6 +309,44 @@ static void report(const bench_t *B, int rounds, const char *host, const char *a
     printf("  }\n}\n");
 }
 
+/* The two changed shards and their ranges (1% of the bytes each: every unit with probability 1/100, in
+ * address order; or every 100th 4 KiB run), and a check that updating the old memory's table gives the
+ * new memory's. */
+static void setup_updates(bench_t *B)
+{
+    uint64_t n = B->sregion, seed = 0x5eed;
+    for (int x = 0; x < 2; x++) {
+        B->snew[x] = xalloc(n);
+        memcpy(B->snew[x], B->sarena, n);
+        size_t cap = x == 0 ? n / 2 / 50 + 16 : n / 4096 / 100 + 16;
+        B->ranges[x] = malloc(cap * sizeof(refit_digest_range_t));
+        if (!B->ranges[x]) exit(1);
+    }
+    for (uint64_t u = 0; u + 2 <= n; u += 2) {
+        seed = refit_mix64(seed);
+        if (seed % 100 || B->nranges[0] == n / 2 / 50 + 16) continue;
+        B->snew[0][u] ^= (uint8_t)(1 + (seed >> 32) % 255);
+        B->ranges[0][B->nranges[0]++] = (refit_digest_range_t){0, u, 2};
+    }
+    for (uint64_t off = 0; off + 4096 <= n; off += 100 * 4096) {
+        for (uint64_t b = 0; b < 4096; b++) B->snew[1][off + b] = (uint8_t)(B->snew[1][off + b] * 7 + 1);
+        B->ranges[1][B->nranges[1]++] = (refit_digest_range_t){0, off, 4096};
+    }
+    uint64_t tb = REFIT_MAX(refit_digest_table_bytes(B->sm), 64);
+    uint8_t *want = xalloc(tb);
+    for (int x = 0; x < 2; x++) {
+        const void *ob = B->sarena, *nb = B->snew[x];
+        CHECK(refit_digest_table_fill(B->kauto, B->sm, &ob, B->table, 1));
+        CHECK(refit_digest_table_update(B->kauto, B->sm, &nb, &ob, B->ranges[x], B->nranges[x], B->table));
+        CHECK(refit_digest_table_fill(B->kauto, B->sm, &nb, want, 1));
+        if (memcmp(want, B->table, refit_digest_table_bytes(B->sm))) {
+            fprintf(stderr, "table_update (%s) differs from a fill of the new memory\n", x ? "runs" : "sparse");
+            exit(1);
+        }
+    }
+    free(want);
+}
+
 int main(int argc, char **argv)
 {
     int rounds = argc > 1 ? atoi(argv[1]) : 7;
@@ -293,6 +382,8 @@ int main(int argc, char **argv)
     B->scopy = xalloc(B->sregion);
     memset(B->scopy, 0, B->sregion);
     B->table = xalloc(REFIT_MAX(refit_digest_table_bytes(sm), 64));
+    CHECK(refit_digest_key_create(raw, &B->kauto));
+    setup_updates(B);
     for (int v = 0; v < V_COUNT; v++) B->on[v] = true;
     for (int i = 0; i < NKERNELS; i++) B->on[V_CTH0 + i] = B->on[V_FUSED0 + i] = B->on[V_PUB0 + i] = rx.keys[i] != NULL;
     for (int r = 0; r < rounds; r++)
@@ -300,10 +391,12 @@ int main(int argc, char **argv)
             int v = (x + r) % V_COUNT;
             if (B->on[v]) run_variant(B, v, r);
         }
-    refit_digest_key_t *ka;
-    CHECK(refit_digest_key_create(raw, &ka));
-    report(B, rounds, host, refit_digest_impl_name(refit_digest_key_impl(ka)));
-    refit_digest_key_destroy(ka);
+    report(B, rounds, host, refit_digest_impl_name(refit_digest_key_impl(B->kauto)));
+    for (int x = 0; x < 2; x++) {
+        free(B->snew[x]);
+        free(B->ranges[x]);
+    }
+    refit_digest_key_destroy(B->kauto);
 
     free(B->table);
     free(B->scopy);

@@ -169,33 +169,21 @@ static void *fill_worker(void *arg)
 {
     fill_job_t *J = arg;
     uint32_t *g = malloc(REFIT_MAX(J->max_n, 1) * 2 * sizeof(uint32_t));
-    if (!g) {
+    size_t sb = digest_pub_scratch_bytes(J->k, J->max_n);
+    void *scratch = sb ? aligned_alloc(64, (sb + 63) / 64 * 64) : NULL;
+    if (!g || (sb && !scratch)) {
         __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
+        free(g);
+        free(scratch);
         return NULL;
     }
     for (size_t i; (i = next_index(&J->next)) < J->nitems;) {
         const item_t *it = &J->items[i];
         uint32_t *g0 = g, *g1 = g + it->n;
-        memset(g, 0, it->n * 2 * sizeof(uint32_t));
         uint32_t *P = J->table + J->offs[it->pl] / 4;
         uint32_t *Q = P + 2 * (J->boxes[it->pl].nrows + 1);
-        for (uint64_t r = 0; r < it->nrows; r += 2) {
-            uint64_t h = row_hash(J->k, it->tid, it->row + r);
-            uint32_t ra[2] = {(uint32_t)h | 1, (uint32_t)(h >> 32) | 1}, sa[2] = {0, 0}, sb[2] = {0, 0};
-            uint32_t *Pr = P + 2 * (it->rel + r + 1);
-            if (r + 1 < it->nrows) {
-                h = row_hash(J->k, it->tid, it->row + r + 1);
-                uint32_t rb[2] = {(uint32_t)h | 1, (uint32_t)(h >> 32) | 1};
-                digest_pub_rows2_any(J->k, it->p + r * it->stride, it->p + (r + 1) * it->stride, it->j, it->n, ra, rb,
-                                     g0, g1, sa, sb);
-                Pr[2] = rb[0] * sb[0];
-                Pr[3] = rb[1] * sb[1];
-            } else {
-                digest_pub_row_any(J->k, it->p + r * it->stride, it->j, it->n, ra[0], ra[1], g0, g1, sa);
-            }
-            Pr[0] = ra[0] * sa[0];
-            Pr[1] = ra[1] * sa[1];
-        }
+        digest_pub_rows_any(J->k, it->tid, it->row, it->nrows, it->j, it->p, it->stride, it->n, P + 2 * (it->rel + 1),
+                            g, scratch);
         if (it->whole) {
             for (uint64_t t = 0; t < it->n; t++) {
                 Q[2 * (t + 1)] = g0[t];
@@ -209,6 +197,7 @@ static void *fill_worker(void *arg)
         }
     }
     free(g);
+    free(scratch);
     return NULL;
 }
 

@@ -96,7 +96,7 @@ typedef enum {
     REFIT_DIGEST_IMPL_AUTO = 0,   /* AVX-512 when the CPU and OS have it, else AVX2 when the CPU has it, else scalar */
     REFIT_DIGEST_IMPL_SCALAR = 1, /* portable C */
     REFIT_DIGEST_IMPL_AVX2 = 2,   /* x86-64 AVX2 (_mm256_madd_epi16) */
-    REFIT_DIGEST_IMPL_AVX512 = 3, /* x86-64 AVX-512 F + BW (_mm512_madd_epi16, masked tails) */
+    REFIT_DIGEST_IMPL_AVX512 = 3, /* x86-64 AVX-512 F + BW + VL (_mm512_madd_epi16, masked tails) */
 } refit_digest_impl_t;
 
 /* Derives the column-key tables and seeds from a 32-byte key (about 256 KiB).
@@ -104,7 +104,7 @@ typedef enum {
  * REFIT_ERR_INVALID_ARG for NULL arguments, REFIT_ERR_NO_MEMORY. */
 refit_status_t refit_digest_key_create(const uint8_t key[32], refit_digest_key_t **out);
 /* The same with a chosen kernel (tests, benchmarks): REFIT_ERR_UNSUPPORTED
- * for AVX2 or AVX-512 on a CPU, OS (no ZMM state) or build without it;
+ * for AVX2 or AVX-512 (F, BW, VL) on a CPU, OS (no ZMM state) or build without it;
  * REFIT_ERR_INVALID_ARG for an unknown impl. */
 refit_status_t refit_digest_key_create_impl(const uint8_t key[32], refit_digest_impl_t impl, refit_digest_key_t **out);
 /* The kernel the key resolved to (SCALAR, AVX2 or AVX512, never AUTO). */
@@ -184,6 +184,26 @@ uint64_t refit_digest_table_offsets(const refit_manifest_t *m, uint64_t *offsets
  * on failure the table's contents are unspecified. */
 refit_status_t refit_digest_table_fill(const refit_digest_key_t *k, const refit_manifest_t *m, const void *const *bases,
                                        void *table, unsigned threads);
+
+/* Bytes [off, off+len) of region `region`. */
+typedef struct {
+    uint32_t region;
+    uint64_t off, len;
+} refit_digest_range_t;
+/* Updates `table`, the table of the memory at old_bases (refit_digest_table_fill's, or this function's), to the
+ * table of the memory at bases, from the bytes that changed: ranges[0..nranges) must cover every byte where
+ * the two differ, and must not overlap (a byte in two ranges counts twice); they may start or end anywhere,
+ * even inside a 2-byte unit, and cover bytes that did not change.  The table is linear in the memory: a
+ * unit changed by d at row i, column t of a box adds r(i) K[t] d to the P entries after row i and the Q
+ * entries after column t, so the cost is that of the changed bytes (ranges in address order need no search)
+ * plus one pass over the table entries of the placements they meet.  The same table as a fill of the new
+ * memory, bit for bit.  Neither memory may change during the call.  Errors: REFIT_ERR_INVALID_ARG (NULL
+ * argument, manifest not finalized, table not 8-byte aligned, a range outside its region or in a region with
+ * no memory), REFIT_ERR_NO_MEMORY, REFIT_ERR_INTERNAL (a placement's row and column totals disagree: the
+ * memory changed during the call); on failure the table is unchanged. */
+refit_status_t refit_digest_table_update(const refit_digest_key_t *k, const refit_manifest_t *m,
+                                         const void *const *bases, const void *const *old_bases,
+                                         const refit_digest_range_t *ranges, size_t nranges, void *table);
 
 /* ---- Receiver: the digest plan. ---- */
 

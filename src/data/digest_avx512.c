@@ -1,4 +1,4 @@
-/* The digest's AVX-512 kernels (F + BW): the receiver's row kernel, the publisher's row kernel and the fused
+/* The digest's AVX-512 kernels (F + BW + VL): the receiver's row kernel, the publisher's row kernel and the fused
  * copy+hash, each bit-identical to the scalar reference in digest_kernel.c.
  *
  * _mm512_madd_epi16 takes 32 units a step (pairwise int16 products summed into int32 lanes, wrapping as mod
@@ -22,8 +22,8 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
-#define AVX512 __attribute__((target("avx512f,avx512bw")))
-#define AVX512_INLINE __attribute__((target("avx512f,avx512bw"), always_inline)) static inline
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline
 
 /* Prefetch distance, as the AVX2 kernel's (digest_kernel.c). */
 #define PREFETCH_BYTES_512 2048
@@ -38,7 +38,7 @@ bool digest_cpu_has_avx512(void)
     /* The OS saves XMM, YMM, the opmask registers and both halves of the ZMM state. */
     if ((lo & 0xe6) != 0xe6) return false;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    return (b & bit_AVX512F) && (b & bit_AVX512BW);
+    return (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL);
 }
 
 /* The sum of the 16 lanes mod 2^32, in vector adds (GCC's _mm512_reduce_add_epi32 adds in signed int, which
@@ -51,6 +51,9 @@ AVX512_INLINE uint32_t hsum512(__m512i v)
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return (uint32_t)_mm_cvtsi128_si32(s);
 }
+
+/* v in the low half of a zeroed 512-bit register. */
+AVX512_INLINE __m512i zext256(__m256i v) { return _mm512_inserti64x4(_mm512_setzero_si512(), v, 0); }
 
 AVX512_INLINE __mmask32 mask_units(uint64_t r) { return r >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << r) - 1); }
 
@@ -103,11 +106,45 @@ AVX512_INLINE void seg512(const int16_t *k0, const uint8_t *p, uint8_t *d, int s
         u0 = _mm512_add_epi32(u0, _mm512_madd_epi16(w, _mm512_loadu_si512((const void *)(k0 + 32))));
         u1 = _mm512_add_epi32(u1, _mm512_madd_epi16(w, _mm512_loadu_si512((const void *)(k0 + KCOLS + 32))));
     }
-    for (uint64_t rest = len & 63; rest; rest -= REFIT_MIN(rest, 32)) {
-        step_masked(k0, p, d, store, rest, &s0, &s1);
-        if (store) d += 64;
+    /* The rest (< 64 units): whole 32- and 16-unit steps with plain loads, then at most one masked 256-bit
+     * step of fewer than 16 units.  Each step prefetches as the main loop does: rows shorter than 64 units
+     * never run the main loop, and on this machine's AMD cores masked loads that miss the caches are slow
+     * unless prefetched (rows of 48 units from memory: 1.2 GB/s with masked steps and no
+     * prefetch, 12-16 GB/s with these steps; docs/digest.md). */
+    uint64_t rest = len & 63;
+    if (rest >= 32) {
+        _mm_prefetch((const char *)p + PREFETCH_BYTES_512, _MM_HINT_T0);
+        __m512i v = _mm512_loadu_si512((const void *)p);
+        if (store) {
+            _mm512_storeu_si512((void *)d, v);
+            d += 64;
+        }
+        s0 = _mm512_add_epi32(s0, _mm512_madd_epi16(v, _mm512_loadu_si512((const void *)k0)));
+        s1 = _mm512_add_epi32(s1, _mm512_madd_epi16(v, _mm512_loadu_si512((const void *)(k0 + KCOLS))));
         p += 64;
         k0 += 32;
+        rest -= 32;
+    }
+    if (rest >= 16) {
+        _mm_prefetch((const char *)p + PREFETCH_BYTES_512, _MM_HINT_T0);
+        __m256i v = _mm256_loadu_si256((const __m256i *)p);
+        if (store) {
+            _mm256_storeu_si256((__m256i *)d, v);
+            d += 32;
+        }
+        u0 = _mm512_add_epi32(u0, zext256(_mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)k0))));
+        u1 = _mm512_add_epi32(u1, zext256(_mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)(k0 + KCOLS)))));
+        p += 32;
+        k0 += 16;
+        rest -= 16;
+    }
+    if (rest) {
+        _mm_prefetch((const char *)p + PREFETCH_BYTES_512, _MM_HINT_T0);
+        __mmask16 m = (__mmask16)((1u << rest) - 1);
+        __m256i v = _mm256_maskz_loadu_epi16(m, p);
+        if (store) _mm256_mask_storeu_epi16(d, m, v);
+        u0 = _mm512_add_epi32(u0, zext256(_mm256_madd_epi16(v, _mm256_maskz_loadu_epi16(m, k0))));
+        u1 = _mm512_add_epi32(u1, zext256(_mm256_madd_epi16(v, _mm256_maskz_loadu_epi16(m, k0 + KCOLS))));
     }
     *a0 = _mm512_add_epi32(s0, u0);
     *a1 = _mm512_add_epi32(s1, u1);
@@ -240,6 +277,188 @@ AVX512 void digest_pub_rows2_avx512(const refit_digest_key_t *k, const uint8_t *
         x1 = cols2(x1, va, vb, a1, b1);
         _mm512_mask_storeu_epi32(g0 + t, m, x0);
         _mm512_mask_storeu_epi32(g1 + t, m, x1);
+    }
+}
+#endif
+
+#if DIGEST_HAVE_AVX512
+/* ---------------------------------------------------------------- the publisher's rows, four at a time
+ *
+ * A row's column terms r * v_t (mod 2^32, r the row key, v_t a signed unit) come from 16-bit products:
+ * with r = lo + 65536 * hi (mod 2^32; lo, hi signed 16-bit, digest_pub_key_halves), r * v = lo * v + 65536 *
+ * (hi * v), and the second term needs hi * v mod 2^16 only.  Two rows a, b interleaved unit by unit
+ * (unpacklo/hi_epi16) meet the pair (lo_a, lo_b) in one _mm512_madd_epi16: lo_a * v_a + lo_b * v_b per
+ * column, in int32 lanes that wrap mod 2^32 as the scalar sums do.  So per 32 columns a pair of rows costs 2
+ * unpacks and 8 madds (L and H for both lanes, low and high halves) where 32-bit products cost 4 sign
+ * extensions and 8 mullo per row; four rows share each load and store of the column sums, which stay in a
+ * scratch array in the unpack's column order (L and H kept apart) until the end of the call.  The rows'
+ * dots are summed in vector lanes over the whole call (8 accumulators) and reduced once per row.  Nothing
+ * differs in the results: L + 65536 * H is the column sum mod 2^32 (tests compare with the scalar kernel). */
+
+/* Prefetch distance of the publisher's rows: a group reads four rows at once, so the main loop's 2 KiB is one
+ * group ahead for rows of 256 units; from memory (rows of 256 units, one thread, loaded host) 2 KiB gave 15.5
+ * GB/s, 4 KiB 14.8-17.6, 8 KiB 19.4, 16 KiB 16.2. */
+#define PUB_PREFETCH_BYTES 8192
+
+/* Scratch accumulators per 32-column step: L0, H0, L1, H1, each as unpacklo and unpackhi halves. */
+#define PUB_STEP_VECS 8
+
+/* Units a step covers and its mask (rest < 32: the masked tail). */
+AVX512_INLINE __mmask32 pub_mask(uint64_t rest) { return rest >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rest) - 1); }
+
+/* Loads 32 units at p, or the first `rest` of them (rest < 32, the others 0) with a masked load.  Masked loads
+ * only in a row's last step: a full step's plain load keeps the hardware prefetcher's view of the stream. */
+AVX512_INLINE __m512i pub_load(const void *p, uint64_t rest)
+{
+    return rest >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(pub_mask(rest), p);
+}
+
+/* The running sums of one group (dots d[row][lane]) and its pairs' key halves. */
+typedef struct {
+    __m512i d[4][2];
+    __m512i c[2][4];
+} pub_regs_t;
+
+/* One step of 32 units (or the rest of the row: rest < 32) of a group at byte offset o of its rows. */
+AVX512_INLINE void pub_step512(const int16_t *k0, const uint8_t *const rp[4], uint64_t o, uint64_t rest, int np,
+                               pub_regs_t *R, __m512i *acc)
+{
+    _mm_prefetch((const char *)rp[0] + o + PUB_PREFETCH_BYTES, _MM_HINT_T0);
+    _mm_prefetch((const char *)rp[1] + o + PUB_PREFETCH_BYTES, _MM_HINT_T0);
+    __m512i ka = pub_load(k0, rest), kb = pub_load(k0 + KCOLS, rest);
+    __m512i v0 = pub_load(rp[0] + o, rest), v1 = pub_load(rp[1] + o, rest);
+    R->d[0][0] = _mm512_add_epi32(R->d[0][0], _mm512_madd_epi16(v0, ka));
+    R->d[0][1] = _mm512_add_epi32(R->d[0][1], _mm512_madd_epi16(v0, kb));
+    R->d[1][0] = _mm512_add_epi32(R->d[1][0], _mm512_madd_epi16(v1, ka));
+    R->d[1][1] = _mm512_add_epi32(R->d[1][1], _mm512_madd_epi16(v1, kb));
+    __m512i alo = _mm512_unpacklo_epi16(v0, v1), ahi = _mm512_unpackhi_epi16(v0, v1);
+    __m512i blo = _mm512_setzero_si512(), bhi = blo;
+    if (np == 2) {
+        _mm_prefetch((const char *)rp[2] + o + PUB_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)rp[3] + o + PUB_PREFETCH_BYTES, _MM_HINT_T0);
+        __m512i v2 = pub_load(rp[2] + o, rest), v3 = pub_load(rp[3] + o, rest);
+        R->d[2][0] = _mm512_add_epi32(R->d[2][0], _mm512_madd_epi16(v2, ka));
+        R->d[2][1] = _mm512_add_epi32(R->d[2][1], _mm512_madd_epi16(v2, kb));
+        R->d[3][0] = _mm512_add_epi32(R->d[3][0], _mm512_madd_epi16(v3, ka));
+        R->d[3][1] = _mm512_add_epi32(R->d[3][1], _mm512_madd_epi16(v3, kb));
+        blo = _mm512_unpacklo_epi16(v2, v3);
+        bhi = _mm512_unpackhi_epi16(v2, v3);
+    }
+    /* Unrolled, the constants stay in registers (26 -> 31 GB/s in L2, rows of 256 units, one thread). */
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        __m512i xl = _mm512_add_epi32(_mm512_load_si512(acc + 2 * q), _mm512_madd_epi16(alo, R->c[0][q]));
+        __m512i xh = _mm512_add_epi32(_mm512_load_si512(acc + 2 * q + 1), _mm512_madd_epi16(ahi, R->c[0][q]));
+        if (np == 2) {
+            xl = _mm512_add_epi32(xl, _mm512_madd_epi16(blo, R->c[1][q]));
+            xh = _mm512_add_epi32(xh, _mm512_madd_epi16(bhi, R->c[1][q]));
+        }
+        _mm512_store_si512(acc + 2 * q, xl);
+        _mm512_store_si512(acc + 2 * q + 1, xh);
+    }
+}
+
+/* The lane sums of 8 vectors x[4][2] into out[4][2] (mod 2^32) in one transposing tree: pairs of vectors
+ * interleaved and added (32-bit, then 64-bit), then 128-bit lanes; 23 instructions where 8 separate
+ * reductions take 64 (a group of rows of 96 units spends about a quarter of its time there otherwise). */
+AVX512_INLINE void hsum8_512(const __m512i x[4][2], uint32_t out[4][2])
+{
+    __m512i y[4], z[2];
+    for (int q = 0; q < 4; q++)
+        y[q] = _mm512_add_epi32(_mm512_unpacklo_epi32(x[q][0], x[q][1]), _mm512_unpackhi_epi32(x[q][0], x[q][1]));
+    /* y[q], per 128-bit lane: [x[q][0], x[q][1], x[q][0], x[q][1]] partial sums */
+    for (int h = 0; h < 2; h++)
+        z[h] = _mm512_add_epi32(_mm512_unpacklo_epi64(y[2 * h], y[2 * h + 1]),
+                                _mm512_unpackhi_epi64(y[2 * h], y[2 * h + 1]));
+    /* z[h], per 128-bit lane: [x[2h][0], x[2h][1], x[2h+1][0], x[2h+1][1]] */
+    __m512i w = _mm512_add_epi32(_mm512_shuffle_i32x4(z[0], z[1], 0x88), _mm512_shuffle_i32x4(z[0], z[1], 0xdd));
+    /* w's 128-bit lanes: z0 (0+1), z0 (2+3), z1 (0+1), z1 (2+3) */
+    w = _mm512_add_epi32(w, _mm512_shuffle_i32x4(w, w, 0xb1));
+    uint32_t v[16];
+    _mm512_storeu_si512((void *)v, w);
+    for (int q = 0; q < 4; q++) {
+        out[q][0] = v[8 * (q >> 1) + 2 * (q & 1)];
+        out[q][1] = v[8 * (q >> 1) + 2 * (q & 1) + 1];
+    }
+}
+
+/* One group of up to 4 rows (two pairs; np = pairs present, 1 or 2) over n units: the rows' dots with the
+ * keys at k0 (lane 1 KCOLS further) into dots[row][lane], their column terms added into acc.  c[pair][kind]
+ * holds the 16-bit key halves of a pair as (row a | row b << 16): kind 0 lane 0's lo, 1 lane 0's hi, 2 lane
+ * 1's lo, 3 lane 1's hi.  Rows not present read a present row again with zero halves in c (their terms
+ * vanish; their dots are ignored). */
+AVX512_INLINE void pub_group512(const int16_t *k0, const uint8_t *const rp[4], uint64_t n, const uint32_t c[2][4],
+                                int np, __m512i *acc, uint32_t dots[4][2])
+{
+    pub_regs_t R;
+    for (int q = 0; q < 4; q++) {
+        R.d[q][0] = R.d[q][1] = _mm512_setzero_si512();
+        R.c[0][q] = _mm512_set1_epi32((int32_t)c[0][q]);
+        R.c[1][q] = _mm512_set1_epi32((int32_t)c[1][q]);
+    }
+    uint64_t t = 0;
+    for (; t + 32 <= n; t += 32, acc += PUB_STEP_VECS) {
+        if (np == 2) pub_step512(k0 + t, rp, 2 * t, 32, 2, &R, acc);
+        else pub_step512(k0 + t, rp, 2 * t, 32, 1, &R, acc);
+    }
+    if (t < n) pub_step512(k0 + t, rp, 2 * t, n - t, np, &R, acc);
+    hsum8_512(R.d, dots);
+}
+
+size_t digest_pub_scratch_avx512(uint64_t n) { return (size_t)((n + 31) / 32) * PUB_STEP_VECS * 64; }
+
+/* Rows [row, row+nrows) (row i at p + i * stride) of n units from column j, all in one key block: P[2i + l] =
+ * r_l(row+i) * dot_l(row i), g[l * n + t] = sum_i r_l(row+i) * v_it (overwritten).  scratch: 64-byte aligned,
+ * digest_pub_scratch_avx512(n) bytes. */
+AVX512 void digest_pub_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                                   const uint8_t *p, uint64_t stride, uint64_t n, uint32_t *P, uint32_t *g,
+                                   void *scratch)
+{
+    __m512i *acc = scratch;
+    uint64_t steps = (n + 31) / 32;
+    for (uint64_t s = 0; s < steps * PUB_STEP_VECS; s++) acc[s] = _mm512_setzero_si512();
+    uint32_t bm[2];
+    block_mult(k, j >> KBITS, bm);
+    const int16_t *k0 = k->kc[0] + (j & (KCOLS - 1));
+    for (uint64_t i = 0; i < nrows; i += 4) {
+        uint64_t nr = REFIT_MIN(4, nrows - i);
+        uint32_t r[4][2] = {{0}}, c[2][4] = {{0}}, dots[4][2];
+        const uint8_t *rp[4];
+        for (uint64_t q = 0; q < 4; q++) {
+            uint64_t src = q < nr ? q : nr > 2 ? 2 : 0; /* a row not present reads one that is */
+            rp[q] = p + (i + src) * stride;
+            if (q >= nr) continue;
+            uint64_t h = row_hash(k, tid, row + i + q);
+            r[q][0] = (uint32_t)h | 1;
+            r[q][1] = (uint32_t)(h >> 32) | 1;
+            for (int l = 0; l < 2; l++) {
+                int16_t lo, hi;
+                digest_pub_key_halves(r[q][l], &lo, &hi);
+                c[q >> 1][2 * l] |= (uint32_t)(uint16_t)lo << (16 * (q & 1));
+                c[q >> 1][2 * l + 1] |= (uint32_t)(uint16_t)hi << (16 * (q & 1));
+            }
+        }
+        pub_group512(k0, rp, n, c, nr > 2 ? 2 : 1, acc, dots);
+        for (uint64_t q = 0; q < nr; q++) {
+            P[2 * (i + q)] = r[q][0] * (bm[0] * dots[q][0]);
+            P[2 * (i + q) + 1] = r[q][1] * (bm[1] * dots[q][1]);
+        }
+    }
+    /* Column order back: within each 128-bit lane q of a step, unpacklo held units 8q..8q+3, unpackhi
+     * 8q+4..8q+7. */
+    const __m512i ia = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i ib = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (uint64_t s = 0; s < steps; s++) {
+        const __m512i *a = acc + s * PUB_STEP_VECS;
+        uint64_t t = 32 * s, rest = n - t;
+        __mmask16 m0 = rest >= 16 ? 0xffff : (__mmask16)((1u << rest) - 1);
+        __mmask16 m1 = rest >= 32 ? 0xffff : rest <= 16 ? 0 : (__mmask16)((1u << (rest - 16)) - 1);
+        for (int l = 0; l < 2; l++) {
+            __m512i lo = _mm512_add_epi32(a[4 * l], _mm512_slli_epi32(a[4 * l + 2], 16));
+            __m512i hi = _mm512_add_epi32(a[4 * l + 1], _mm512_slli_epi32(a[4 * l + 3], 16));
+            _mm512_mask_storeu_epi32(g + l * n + t, m0, _mm512_permutex2var_epi32(lo, ia, hi));
+            _mm512_mask_storeu_epi32(g + l * n + t + 16, m1, _mm512_permutex2var_epi32(lo, ib, hi));
+        }
     }
 }
 #endif

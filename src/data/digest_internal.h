@@ -55,6 +55,23 @@ void digest_pub_rows2_any(const refit_digest_key_t *k, const uint8_t *pa, const 
                           const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1, uint32_t sa[2],
                           uint32_t sb[2]);
 
+/* A row key as two signed 16-bit halves: r = lo + 65536 * hi (mod 2^32), so r * v = lo * v + 65536 * (hi * v)
+ * (mod 2^32) for any unit v, and 16-bit multiply-adds give the 32-bit column terms (digest_avx512.c). */
+static inline void digest_pub_key_halves(uint32_t r, int16_t *lo, int16_t *hi)
+{
+    uint32_t l = r & 0xffff;
+    *lo = (int16_t)(uint16_t)l;                       /* l - 65536 when l >= 32768 ... */
+    *hi = (int16_t)(uint16_t)((r >> 16) + (l >> 15)); /* ... which the high half takes back */
+}
+
+/* The publisher's pass over nrows rows of one placement's box (rows [row, row+nrows) of tensor tid, row i at
+ * p + i * stride, n units from column j): P[2i + l] = r_l(row+i) * dot_l(row i) (the row terms of the P
+ * array, before the prefix sums) and g[l * n + t] = sum_i r_l(row+i) * v_it, the column sums (overwritten;
+ * 2n entries).  scratch: digest_pub_scratch_bytes(n) bytes, 64-byte aligned (may be NULL when that is 0). */
+void digest_pub_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                         const uint8_t *p, uint64_t stride, uint64_t n, uint32_t *P, uint32_t *g, void *scratch);
+size_t digest_pub_scratch_bytes(const refit_digest_key_t *k, uint64_t n);
+
 /* Fused copies of at least this many bytes in one call stream their stores past the caches (AVX-512 and
  * AVX2; see digest_avx512.c): a quarter of a Zen 4 core's L2, so a copy that would evict most of it anyway. */
 #define DIGEST_STREAM_BYTES (256u << 10)
@@ -62,7 +79,7 @@ void digest_pub_rows2_any(const refit_digest_key_t *k, const uint8_t *pa, const 
 /* How a fused kernel stores: not at all (hash only), plain stores, or streaming past the caches. */
 enum { STORE_NONE = 0, STORE_PLAIN = 1, STORE_STREAM = 2 };
 
-/* The AVX-512 (F + BW) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
+/* The AVX-512 (F + BW + VL) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
  * Call them only when digest_cpu_has_avx512() (CPUID and the OS's ZMM state, XGETBV). */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DIGEST_HAVE_AVX512 1
@@ -78,6 +95,9 @@ void digest_pub_row_avx512(const refit_digest_key_t *k, const uint8_t *p, uint64
 void digest_pub_rows2_avx512(const refit_digest_key_t *k, const uint8_t *pa, const uint8_t *pb, uint64_t j, uint64_t n,
                              const uint32_t ra[2], const uint32_t rb[2], uint32_t *g0, uint32_t *g1, uint32_t sa[2],
                              uint32_t sb[2]);
+size_t digest_pub_scratch_avx512(uint64_t n);
+void digest_pub_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
+                            const uint8_t *p, uint64_t stride, uint64_t n, uint32_t *P, uint32_t *g, void *scratch);
 #else
 #define DIGEST_HAVE_AVX512 0
 #endif

@@ -1107,6 +1107,112 @@ static void errors(void **state)
     refit_digest_plan_destroy(NULL);
 }
 
+/* A manifest with rows side by side: "a" [40, 100] and "b" [40, 200] in the columns of one local [40, 300]
+ * (strided rows), a vector, an f32 box, and a box whose rows cross unit 65536 ("wide" columns [1000,
+ * 70000)); padding between them. */
+static refit_manifest_t *update_manifest(void)
+{
+    refit_manifest_identity_t id = {"m", "hand-update", 0, 1};
+    refit_manifest_t *m = NULL;
+    REFIT_ASSERT_OK(refit_manifest_create(&id, &m));
+    uint32_t region, l[4], c[5];
+    REFIT_ASSERT_OK(refit_manifest_add_region(m, 24000 + 64 + 2000 + 64 + 2880 + 64 + 276000 + 64, &region));
+    refit_tensor_info_t lt[4] = {{"fused", REFIT_DTYPE_BF16, 2, {40, 300}},
+                                 {"lvec", REFIT_DTYPE_BF16, 1, {1000}},
+                                 {"lf32", REFIT_DTYPE_F32, 2, {30, 24}},
+                                 {"lwide", REFIT_DTYPE_BF16, 2, {2, 69000}}};
+    const uint64_t loff[4] = {0, 24064, 24064 + 2064, 24064 + 2064 + 2944};
+    for (int i = 0; i < 4; i++) REFIT_ASSERT_OK(refit_manifest_add_local(m, &lt[i], region, loff[i], &l[i]));
+    refit_tensor_info_t ct[5] = {{"a", REFIT_DTYPE_BF16, 2, {40, 100}},
+                                 {"b", REFIT_DTYPE_BF16, 2, {40, 200}},
+                                 {"v", REFIT_DTYPE_BF16, 1, {1000}},
+                                 {"w", REFIT_DTYPE_F32, 2, {30, 24}},
+                                 {"wide", REFIT_DTYPE_BF16, 2, {2, 70000}}};
+    for (int i = 0; i < 5; i++) REFIT_ASSERT_OK(refit_manifest_add_canonical(m, &ct[i], &c[i]));
+    refit_placement_t ps[5] = {
+        {.canon = c[0], .local = l[0], .ndim = 2, .extent = {40, 100}, .local_offset = {0, 0}},
+        {.canon = c[1], .local = l[0], .ndim = 2, .extent = {40, 200}, .local_offset = {0, 100}},
+        {.canon = c[2], .local = l[1], .ndim = 1, .extent = {1000}},
+        {.canon = c[3], .local = l[2], .ndim = 2, .extent = {30, 24}},
+        {.canon = c[4], .local = l[3], .ndim = 2, .canon_offset = {0, 1000}, .extent = {2, 69000}},
+    };
+    for (int i = 0; i < 5; i++) REFIT_ASSERT_OK(refit_manifest_add_placement(m, &ps[i]));
+    REFIT_ASSERT_OK(refit_manifest_finalize(m));
+    return m;
+}
+
+/* refit_digest_table_update: the table of the old memory updated from the changed ranges equals the fill of
+ * the new memory bit for bit, with every kernel: single bytes (low and high halves of units), units, ranges
+ * that start and end inside units, that span rows, padding and placements side by side, long runs (the
+ * kernels' path), rows across a key block, ranges covering unchanged bytes, out of order; a range outside
+ * the region is refused and leaves the table unchanged; an uncovered change leaves a table that differs
+ * from the fill (the test can fail). */
+static void table_update(void **state)
+{
+    (void)state;
+    refit_manifest_t *m = update_manifest();
+    uint64_t size = refit_manifest_region_size(m, 0), tb = refit_digest_table_bytes(m);
+    uint8_t *old = xmalloc(size), *nw = xmalloc(size);
+    for (uint64_t i = 0; i < size; i++) old[i] = (uint8_t)rnd();
+    memcpy(nw, old, size);
+    refit_digest_range_t rg[400];
+    size_t nr = 0;
+    /* sparse: single bytes and single units anywhere (padding too) */
+    for (int i = 0; i < 300; i++) {
+        uint64_t off = rnd() % (size - 2), len = 1 + rnd() % 2;
+        bool clash = false;
+        for (size_t x = 0; x < nr; x++) clash |= off < rg[x].off + rg[x].len && rg[x].off < off + len;
+        if (clash) continue;
+        for (uint64_t b = 0; b < len; b++) nw[off + b] = (uint8_t)(nw[off + b] + 1 + rnd() % 255);
+        rg[nr++] = (refit_digest_range_t){0, off, len};
+    }
+    /* runs: across the side-by-side rows (odd start and end), a long run inside "wide" across unit 65536,
+     * the f32 box whole, a run that changes nothing */
+    const uint64_t runs[][2] = {
+        {601, 1799}, {24064 + 2064 + 2944 + 2 * 64000, 2 * 2000 + 1}, {24064 + 2064, 2880}, {24064 + 100, 300}};
+    for (size_t r = 0; r < 4; r++) {
+        uint64_t off = runs[r][0], len = runs[r][1];
+        /* drop the sparse ranges it meets (ranges must not overlap) */
+        size_t w = 0;
+        for (size_t x = 0; x < nr; x++)
+            if (!(off < rg[x].off + rg[x].len && rg[x].off < off + len)) rg[w++] = rg[x];
+        nr = w;
+        if (r < 3)
+            for (uint64_t b = 0; b < len; b++) nw[off + b] = (uint8_t)rnd();
+        rg[nr++] = (refit_digest_range_t){0, off, len};
+    }
+    for (refit_digest_impl_t im = REFIT_DIGEST_IMPL_SCALAR; im <= REFIT_DIGEST_IMPL_AVX512; im++) {
+        if (!have_impl(im)) continue;
+        refit_digest_key_t *k = key_impl(21, im);
+        uint8_t *t = table_of(k, m, old, 1), *want = table_of(k, m, nw, 1), *keep = xmalloc(tb);
+        const void *nb = nw, *ob = old;
+        assert_memory_not_equal(t, want, tb);
+        memcpy(keep, t, tb);
+        refit_digest_range_t bad = {0, size - 4, 8};
+        REFIT_ASSERT_ERR(refit_digest_table_update(k, m, &nb, &ob, &bad, 1, t), REFIT_ERR_INVALID_ARG,
+                         "outside the manifest's regions");
+        assert_memory_equal(t, keep, tb);
+        /* out of order: the ranges reversed */
+        refit_digest_range_t rev[400];
+        for (size_t x = 0; x < nr; x++) rev[x] = rg[nr - 1 - x];
+        REFIT_ASSERT_OK(refit_digest_table_update(k, m, &nb, &ob, im == REFIT_DIGEST_IMPL_AVX2 ? rev : rg, nr, t));
+        assert_memory_equal(t, want, tb);
+        /* and back: new -> old with the same ranges */
+        REFIT_ASSERT_OK(refit_digest_table_update(k, m, &ob, &nb, rg, nr, t));
+        assert_memory_equal(t, keep, tb);
+        /* one changed range left out: the update is not the fill */
+        REFIT_ASSERT_OK(refit_digest_table_update(k, m, &nb, &ob, rg, nr - 2, t));
+        assert_memory_not_equal(t, want, tb);
+        free(keep);
+        free(want);
+        free(t);
+        refit_digest_key_destroy(k);
+    }
+    free(old);
+    free(nw);
+    refit_manifest_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1114,7 +1220,7 @@ int main(void)
         cmocka_unit_test(long_rows),        cmocka_unit_test(table_contents),     cmocka_unit_test(long_row_tables),
         cmocka_unit_test(layout_pairs),     cmocka_unit_test(fp8_arenas),         cmocka_unit_test(stale_source),
         cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases), cmocka_unit_test(fetch_shape),
-        cmocka_unit_test(errors),
+        cmocka_unit_test(errors),           cmocka_unit_test(table_update),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
