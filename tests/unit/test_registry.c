@@ -107,7 +107,9 @@ static bool start_redis(backend_t *b)
     return true;
 }
 
+#ifdef REFIT_HAVE_REDIS
 static void stop_redis_at_exit(void) { stop_redis(&g_redis); }
+#endif
 
 /* ---- group set-ups ------------------------------------------------------ */
 
