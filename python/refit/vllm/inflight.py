@@ -246,7 +246,8 @@ class Stager:
             rep = self.rx.pull(want, timeout_ms)
             prio.update(_usage_since(ru0))
             rec.update(pull_end=time.time(), pull_ms=(time.perf_counter() - t0) * 1e3, version=rep.version,
-                       bytes=rep.bytes, transfer_ms=rep.transfer_ms, verify_ms=rep.verify_ms, transport=rep.transport)
+                       bytes=rep.bytes, wait_ms=rep.wait_ms, transfer_ms=rep.transfer_ms, verify_ms=rep.verify_ms,
+                       transport=rep.transport)
             t1 = time.perf_counter()
             with torch.no_grad(), set_current_vllm_config(self.vllm_config):
                 steps = self._prepare()
