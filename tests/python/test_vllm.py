@@ -310,6 +310,7 @@ def test_init_and_update_info_are_checked():
     from refit.vllm import RefitInitInfo, RefitUpdateInfo
     ok = RefitInitInfo(registry="file:/tmp/x", job="j")
     assert ok.group == "trainer" and ok.timeout_ms == 60000 and ok.transports is None
+    assert ok.commit_copy == "memmove" and ok.staging_hugepages is False
     # A bad value is refit's InputError (a ValueError), a value of the wrong type ArgumentTypeError (also a
     # TypeError); both name the field.
     for bad, what, cls in (({"registry": "", "job": "j"}, "registry", InputError),
@@ -317,7 +318,10 @@ def test_init_and_update_info_are_checked():
                            ({"registry": "file:/x", "job": "j", "timeout_ms": 0}, "timeout_ms", InputError),
                            ({"registry": "file:/x", "job": "j", "timeout_ms": True}, "timeout_ms", ArgumentTypeError),
                            ({"registry": "file:/x", "job": "j", "transports": ""}, "transports", InputError),
-                           ({"registry": "file:/x", "job": "j", "model": 5}, "model", ArgumentTypeError)):
+                           ({"registry": "file:/x", "job": "j", "model": 5}, "model", ArgumentTypeError),
+                           ({"registry": "file:/x", "job": "j", "commit_copy": "fast"}, "commit_copy", InputError),
+                           ({"registry": "file:/x", "job": "j", "staging_hugepages": 1}, "staging_hugepages",
+                            ArgumentTypeError)):
         with pytest.raises(ValueError, match=what) as e:
             RefitInitInfo(**bad)
         assert type(e.value) is cls and e.value.name == "REFIT_ERR_INVALID_ARG", (bad, e.value)

@@ -69,6 +69,50 @@ def hf_publisher(ckpts, reg, job, digest=True):
     return pub, arena, images, offs
 
 
+def w_copy_probe(worker, rounds=5):
+    """Diagnostic (cfg "copy_probe"): where a commit's copy time goes.  Re-runs the last commit's copy steps (the
+    same staged bytes into the same live storage: a no-op for the state) interleaved with one flat memmove of as
+    many bytes between two buffers of this process; per round: the steps by memmove and by torch, the flat copy."""
+    import ctypes
+    import torch
+    from refit.vllm.inflight import _copy
+    st = worker.weight_transfer_engine.stager
+    steps = [s for s in st.retired if s.kind == "copy"]
+    n = sum(s.nbytes() for s in steps)
+    a, b = torch.ones(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
+    b.copy_(a)
+    out = {"bytes": n, "steps": len(steps), "torch_threads": torch.get_num_threads(),
+           "sizes_mb": sorted((round(s.nbytes() / 2**20, 1) for s in steps), reverse=True)[:8],
+           "rounds": []}
+    # fresh buffers of each step's size (allocated now, touched once): which side's memory makes the difference
+    fsrc = [torch.ones(s.nbytes(), dtype=torch.uint8) for s in steps]
+    fdst = [torch.zeros(s.nbytes(), dtype=torch.uint8) for s in steps]
+
+    def mm(pairs):
+        for d, s_, k in pairs:
+            ctypes.memmove(d, s_, k)
+    live_staged = [(s.live.data_ptr(), s.src.data_ptr(), s.nbytes()) for s in steps]
+    fresh_dst = [(d.data_ptr(), s.src.data_ptr(), s.nbytes()) for d, s in zip(fdst, steps)]
+    fresh_src = [(s.live.data_ptr(), x.data_ptr(), s.nbytes()) for x, s in zip(fsrc, steps)]
+    fresh_both = [(d.data_ptr(), x.data_ptr(), d.numel()) for d, x in zip(fdst, fsrc)]
+    staged_to_staged = [(s.src.data_ptr(), s.src.data_ptr(), s.nbytes()) for s in steps]  # onto itself: reads+writes
+    for _ in range(rounds):
+        r = {}
+        for name, f in (("steps_memmove", lambda: mm(live_staged)),
+                        ("flat_memmove", lambda: ctypes.memmove(b.data_ptr(), a.data_ptr(), n)),
+                        ("staged_to_fresh", lambda: mm(fresh_dst)),
+                        ("fresh_to_live", lambda: mm(fresh_src)),
+                        ("fresh_to_fresh", lambda: mm(fresh_both)),
+                        ("staged_onto_itself", lambda: mm(staged_to_staged)),
+                        ("steps_torch", lambda: [_copy(s.live, s.src, "torch") for s in steps]),
+                        ("flat_torch", lambda: b.copy_(a))):
+            t = time.perf_counter()
+            f()
+            r[name] = (time.perf_counter() - t) * 1e3
+        out["rounds"].append(r)
+    return out
+
+
 def ver_of(k):
     return "v2" if k % 2 else "v1"
 
@@ -130,7 +174,11 @@ def local_copy_ms(nbytes, reps=3):
             f()
             ms.append((time.perf_counter() - t) * 1e3)
         best[name] = sorted(ms)[len(ms) // 2]
+    _copy_ways.append(best)
     return min(best.values())  # the faster plain copy: the strict baseline
+
+
+_copy_ways = []  # each local_copy_ms call's figures per way (recorded beside the minimum)
 
 
 def main(cfg_path, out_path):
@@ -233,12 +281,26 @@ def main(cfg_path, out_path):
                 if time.time() - t0 > limit_s:
                     raise TimeoutError(f"staging {k} did not end in {limit_s} s")
 
-        for _ in range(int(cfg.get("updates", 4))):
+        ab = cfg.get("commit_copy_ab")  # an interleaved A/B of the commit's host copies: one mode per update in turn
+        for u in range(int(cfg.get("updates", 4))):
             k += 1
+            if ab:
+                inflight.set_commit_copy(llm, ab[u % len(ab)])
+            hab = cfg.get("hugepages_ab")  # an interleaved A/B of the staging memory: a re-init per update in turn
+            if hab:
+                llm.collective_rpc("init_weight_transfer_engine",
+                                   args=(dict(init, staging_hugepages=hab[u % len(hab)]),))
+                huge = llm.collective_rpc(lambda w: w.weight_transfer_engine.init_report["staging_huge_bytes"])
             if cfg.get("stage_before_publish"):  # the worker waits for the trainer in the background
                 t0 = time.time()
                 inflight.stage(llm, k)
                 t_ret = time.time()
+                # the staging thread runs at nice 19: on a loaded host it may begin its pull only after a second;
+                # publish once every worker's pull is waiting for the version, and 3 decode steps later
+                while not all(x["pulling"] == k for x in inflight.versions(llm)):
+                    st.step()
+                    if time.time() - t0 > 120:
+                        raise TimeoutError(f"the staging thread did not begin pulling {k} in 120 s")
                 for _ in range(3):
                     st.step()
                 publish(k)
@@ -262,7 +324,9 @@ def main(cfg_path, out_path):
             c = inflight.commit(llm, k)
             res["commit_points"][str(k)] = dict(st.seen)  # tokens each request had when k became live
             lc_after = local_copy_ms(rank_bytes)
+            lc_ways = _copy_ways[-2:]
             lc = (lc_before + lc_after) / 2  # the machine is shared: the copy measured on both sides
+            probe = llm.collective_rpc(w_copy_probe) if cfg.get("copy_probe") else None
             eq = compare(dump(llm, f"committed-{k}"), refs[ver_of(k)], tp)
             wv = inflight.versions(llm)
             for _ in range(3):
@@ -276,6 +340,10 @@ def main(cfg_path, out_path):
                    "pull_ms": stg["pull_ms"], "prepare_ms": stg["prepare_ms"],
                    "stage_call_ms": (t_ret - t0) * 1e3, "rank_bytes": rank_bytes, "pulled_bytes": stg["bytes"],
                    "local_copy_ms": lc, "local_copy_before_after_ms": [lc_before, lc_after],
+                   "local_copy_ways_ms": lc_ways, "copy_probe": probe,
+                   "staging_hugepages": hab[u % len(hab)] if hab else None,
+                   "staging_huge_bytes": huge if hab else None, "commit_copy": wv[0]["last_commit"].get("copy_mode"),
+                   "commit_ms_by_kind": [x["last_commit"].get("ms_by_kind") for x in wv],
                    "steps_in_stage": [(round((t - stg["pull_start"]) * 1e3, 1), n) for t, n in st.log
                                       if t0 - 1 < t <= stg["prepare_end"] + 0.001],
                    "pull_window_ms": (stg["pull_end"] - stg["pull_start"]) * 1e3,

@@ -70,7 +70,7 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             self.shutdown()
         two = init_info.stage == "host"
         b = VllmBinding(self.model, self.vllm_config, init_info.model, stage_all=two,
-                        staging_budget=init_info.staging_budget)
+                        staging_budget=init_info.staging_budget, staging_hugepages=init_info.staging_hugepages)
         dev = self.device.index if getattr(self.device, "type", "cpu") == "cuda" else -1
         if dev is None:
             dev = 0
@@ -82,12 +82,15 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             from .inflight import Stager
             try:
                 self.stager = Stager(b, rx, self.vllm_config)
+                self.stager.copy_mode = init_info.commit_copy
                 self.stager.committed = committed  # a re-init does not change what the engine serves
             except BaseException:
                 rx.close()
                 raise
         self.binding, self.rx, self.info = b, rx, init_info
-        self.init_report = dict(_init_report(b), stage=init_info.stage, stage_need=b.stage_need)
+        self.init_report = dict(_init_report(b), stage=init_info.stage, stage_need=b.stage_need,
+                                staging_hugepages=b.staging_hugepages,
+                                staging_huge_bytes=self.stager.huge_bytes if two else None)
         logger.info("refit: worker rank %d is %s rank %d of %s; expert names: %s; paths: %s",
                     b.geometry["rank"], b.layout_str, b.geometry["rank"], b.rmodel.name, b.names or "none (dense)",
                     {k: v["tensors"] for k, v in b.classes.items()})

@@ -47,9 +47,10 @@ class VllmBinding:
     (see the module docstring for the regions)."""
 
     def __init__(self, model, vllm_config, identity: Optional[str] = None, stage_all: bool = False,
-                 staging_budget: Optional[int] = None):
+                 staging_budget: Optional[int] = None, staging_hugepages: bool = False):
         t0 = time.perf_counter()
         self.stage_all = stage_all  # two-phase (refit.vllm.inflight): every tensor goes to the arena
+        self._want_huge = staging_hugepages
         self.model, self.vllm_config = model, vllm_config
         _refuse_unsupported(model, vllm_config)
         self.platform = platform_name()
@@ -122,9 +123,13 @@ class VllmBinding:
             offsets[it.name] = off
             off += -(-it.local.nbytes // ALIGN) * ALIGN
         m.add_region(max(off, ALIGN))
-        if self.stage_all:  # host memory beside the live weights (pinned for a device copy on CUDA)
-            self.staging = torch.zeros(max(off, ALIGN), dtype=torch.uint8,
-                                       pin_memory=self.device.type == "cuda")
+        self.staging_hugepages = False
+        if self.stage_all and self.device.type == "cpu":  # host memory beside the live weights; on the CPU in
+            from .inflight import host_buffer  # transparent huge pages with staging_hugepages=True (docs/vllm.md)
+            self.staging_hugepages = self._want_huge
+            self.staging = host_buffer(max(off, ALIGN), self._want_huge)
+        elif self.stage_all:  # pinned for a device copy on CUDA
+            self.staging = torch.zeros(max(off, ALIGN), dtype=torch.uint8, pin_memory=True)
         else:
             self.staging = torch.zeros(max(off, ALIGN), dtype=torch.uint8, device=self.device)
         self.regions = [self.staging]

@@ -80,6 +80,45 @@ def need_bytes(items, model, platform: str, arena: int) -> Dict[str, int]:
     return {"arena": arena, "handles": handles, "packed": packed, "total": arena + handles + packed}
 
 
+HUGE = 2 << 20
+
+
+def host_buffer(nbytes: int, hugepages: bool) -> torch.Tensor:
+    """Zeroed host memory for staging.  hugepages: an anonymous mapping advised MADV_HUGEPAGE (transparent huge
+    pages, where the kernel's setting is "madvise" or "always"), 2 MiB-aligned; else torch's allocator."""
+    if not hugepages:
+        return torch.zeros(nbytes, dtype=torch.uint8)
+    import mmap
+    mm = mmap.mmap(-1, nbytes + 2 * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):
+        pass  # no THP here: plain pages
+    whole = torch.frombuffer(mm, dtype=torch.uint8)  # holds a reference to the mapping
+    skip = (-whole.data_ptr()) % HUGE
+    t = whole[skip:skip + nbytes]
+    t.zero_()  # fault it in now, outside any pause
+    return t
+
+
+def huge_bytes(t: torch.Tensor) -> int:
+    """Bytes of transparent huge pages backing the mapping that holds t (/proc/self/smaps AnonHugePages), or -1."""
+    addr = t.data_ptr()
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split()[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= addr < hi
+                elif inside and head == "AnonHugePages:":
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
 def mem_available() -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -102,12 +141,19 @@ def check_budget(need: Dict[str, int], budget: Optional[int], what: str):
             "or use stage=\"none\" (single-phase updates)", "init_weight_transfer_engine", -40)
 
 
-def _copy(dst: torch.Tensor, src: torch.Tensor):
-    """dst <- src.  Host to host: one memmove (on this 2-core VM torch's copy_ of a 2-3 dimensional bf16 tensor ran
-    1.3-1.6x slower per byte than a flat memmove of the same bytes); otherwise torch (CUDA: from the pinned arena)."""
+COMMIT_COPIES = ("memmove", "torch")  # init_info commit_copy
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, mode: str = "memmove"):
+    """dst <- src.  Host to host, contiguous, same dtype and shape: the bytes as one flat uint8 copy, by torch
+    (mode "torch": its copy kernel split over the worker's intra-op threads, which are idle while the engine is
+    paused) or by one memmove in this thread ("memmove").  Otherwise torch's copy_ (CUDA: from the pinned arena)."""
     if (dst.device.type == "cpu" and src.device.type == "cpu" and dst.dtype == src.dtype
             and dst.shape == src.shape and dst.is_contiguous() and src.is_contiguous()):
-        ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+        if mode == "memmove":
+            ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+        else:
+            dst.reshape(-1).view(torch.uint8).copy_(src.reshape(-1).view(torch.uint8))
     else:
         dst.copy_(src)
 
@@ -160,9 +206,9 @@ class _Step:
     def __init__(self, kind, name, live, src):
         self.kind, self.name, self.live, self.src, self.done = kind, name, live, src, False
 
-    def run(self):
+    def run(self, copy_mode: str = "memmove"):
         if self.kind == "copy":
-            _copy(self.live, self.src)
+            _copy(self.live, self.src, copy_mode)
         elif self.kind == "onednn":  # exchange the pointers: the live handle serves the new weights, the twin
             a, b = self.live.handler_tensor, self.src.handler_tensor  # releases the old ones when dropped
             pa, pb = int(a.item()), int(b.item())
@@ -182,10 +228,15 @@ class Stager:
 
     def __init__(self, binding, rx, vllm_config):
         self.b, self.rx, self.vllm_config = binding, rx, vllm_config
-        self.packed = {it.name: torch.empty_like(it.param.data) for it in binding.items if it.path == "moe-cpu"}
+        huge = binding.staging_hugepages
+        self.packed = {it.name: host_buffer(it.param.numel() * it.param.element_size(), huge)
+                       .view(it.param.dtype).view(it.param.shape) for it in binding.items if it.path == "moe-cpu"}
+        self.huge_bytes = {"arena": huge_bytes(binding.staging),
+                           "packed": sum(huge_bytes(t) for t in self.packed.values()) if huge else 0}
         self.committed: Optional[int] = None  # None: the checkpoint vLLM loaded
         self.staged: Optional[int] = None
         self.staging: Optional[object] = None  # the version asked for while the thread runs
+        self.pulling: Optional[object] = None  # set once the thread has begun the pull (it may wait there)
         self.error: Optional[tuple] = None  # (status, message) of the last failed stage
         self.mixed: Optional[dict] = None
         self.steps: List[_Step] = []
@@ -194,6 +245,7 @@ class Stager:
         self.last_stage: dict = {}
         self.last_commit: dict = {}
         self.fault: Optional[str] = None
+        self.copy_mode = "memmove"  # init_info commit_copy (COMMIT_COPIES)
         for it in binding.items:  # refuse at init what commit could not exchange
             if it.path in ("linear-cpu",) or (it.path == "embedding" and binding.platform == "cpu"):
                 for mod in ([it.module] if it.path == "linear-cpu" else _holders(binding.model, it.param)):
@@ -207,6 +259,7 @@ class Stager:
     def versions(self) -> dict:
         return {"committed": self.committed, "staged": self.staged,
                 "staging": self.staging if self.thread is not None and self.thread.is_alive() else None,
+                "pulling": self.pulling,
                 "error": self.error[1] if self.error else None, "mixed": self.mixed,
                 "last_stage": self.last_stage, "last_commit": self.last_commit}
 
@@ -239,6 +292,7 @@ class Stager:
         self.retired = []  # releases the previous version's handles (oneDNN frees them) outside any pause
         rec = {"version_asked": version, "release_ms": (time.perf_counter() - t) * 1e3, "thread": prio,
                "pull_start": time.time()}
+        self.pulling = version  # the pull has begun (it may be waiting for the version to be published)
         t0 = time.perf_counter()
         ru0 = _thread_usage()  # this thread's own counts only: with stage_threads=1 (the default) the copy runs here
         try:
@@ -246,7 +300,8 @@ class Stager:
             rep = self.rx.pull(want, timeout_ms)
             prio.update(_usage_since(ru0))
             rec.update(pull_end=time.time(), pull_ms=(time.perf_counter() - t0) * 1e3, version=rep.version,
-                       bytes=rep.bytes, transfer_ms=rep.transfer_ms, verify_ms=rep.verify_ms, transport=rep.transport)
+                       bytes=rep.bytes, wait_ms=rep.wait_ms, transfer_ms=rep.transfer_ms, verify_ms=rep.verify_ms,
+                       transport=rep.transport)
             t1 = time.perf_counter()
             with torch.no_grad(), set_current_vllm_config(self.vllm_config):
                 steps = self._prepare()
@@ -263,6 +318,7 @@ class Stager:
                               f"{type(e).__name__}: {e}; the live weights were not written")
         finally:
             self.last_stage = rec
+            self.pulling = None
             self.staging = None
 
     def _prepare(self) -> List[_Step]:
@@ -381,6 +437,7 @@ class Stager:
         t0 = time.perf_counter()
         todo = [s for s in self.steps if not s.done]
         nbytes = 0
+        kind_ms = {}
         for i, s in enumerate(todo):
             if self.fault == "commit-copy" and i == len(todo) // 2 and self.mixed is None:
                 self.mixed = {"from": prev, "to": to, "done": sum(x.done for x in self.steps),
@@ -389,10 +446,13 @@ class Stager:
                     f"RefitVllmCommitIncomplete: worker rank {rank}: injected fault: a live copy raised at {s.name} "
                     f"(commit-copy) after {self.mixed['done']} of {len(self.steps)} steps; the engine holds a mix "
                     f"of versions {prev} and {to} until version {to} is committed again", "update_weights", -47)
-            s.run()
+            ts = time.perf_counter()
+            s.run(self.copy_mode)
+            kind_ms[s.kind] = kind_ms.get(s.kind, 0.0) + (time.perf_counter() - ts) * 1e3
             nbytes += s.nbytes()
         ms = (time.perf_counter() - t0) * 1e3
         self.last_commit = {"version": to, "from": prev, "copy_ms": ms, "bytes_copied": nbytes,
+                            "ms_by_kind": kind_ms, "copy_mode": self.copy_mode,
                             "handles_exchanged": sum(1 for s in todo if s.kind == "onednn"),
                             "derived": sum(1 for s in todo if s.kind == "derive"), "steps": len(todo),
                             "resumed_mixed": self.mixed is not None}
@@ -481,6 +541,18 @@ def commit(llm, version, pause: bool = True) -> dict:
     return {"pause_ms": (t3 - t0) * 1e3, "enter_pause_ms": (t1 - t0) * 1e3, "commit_rpc_ms": (t2 - t1) * 1e3,
             "start_ms": (ta - t1) * 1e3, "update_ms": (tb - ta) * 1e3, "finish_ms": (t2 - tb) * 1e3,
             "resume_ms": (t3 - t2) * 1e3}
+
+
+def _w_set_commit_copy(worker, mode):
+    if mode not in COMMIT_COPIES:
+        raise ValueError(f"commit_copy is one of {COMMIT_COPIES}, not {mode!r}")
+    worker.weight_transfer_engine.stager.copy_mode = mode
+    return mode
+
+
+def set_commit_copy(llm, mode: str):
+    """How the next commits copy host bytes (COMMIT_COPIES; init_info commit_copy), e.g. for an A/B run."""
+    return llm.collective_rpc(_w_set_commit_copy, args=(mode,))
 
 
 def set_fault(llm, fault: Optional[str]):

@@ -35,7 +35,10 @@ class RefitInitInfo(WeightTransferInitInfo):
     (an update pulls into the live weights, the engine paused throughout) or "host" (two-phase: stage while
     serving, commit under a pause; refit.vllm.inflight); staging_budget: the host bytes stage="host" may use;
     stage_threads: the shm copy threads of a stage's pull (default 1, leaving the other cores to the engine; 0: the
-    library's default, one per CPU)."""
+    library's default, one per CPU); commit_copy: how a two-phase commit copies host bytes: "memmove" (the
+    default: one memmove per tensor in the calling thread) or "torch" (flat byte copies by torch's kernel over the
+    worker's intra-op threads; on the shared 2-core VM slower and far less steady, docs/vllm.md); staging_hugepages:
+    the CPU staging memory of stage="host" in transparent huge pages (default false: no gain measured, docs/vllm.md)."""
     registry: str
     job: str
     group: str = "trainer"
@@ -46,12 +49,18 @@ class RefitInitInfo(WeightTransferInitInfo):
     stage: str = "none"
     staging_budget: Optional[int] = None
     stage_threads: int = 1
+    commit_copy: str = "memmove"
+    staging_hugepages: bool = False
 
     def __post_init__(self):
         call = "refit init_info"
         if self.stage not in ("none", "host"):
             raise _arg_error(f"stage must be \"none\" (single-phase updates) or \"host\" (stage, then commit), "
                              f"not {self.stage!r}", call)
+        if not isinstance(self.staging_hugepages, bool):
+            raise _type_error(f"staging_hugepages must be true or false, not {self.staging_hugepages!r}", call)
+        if self.commit_copy not in ("torch", "memmove"):
+            raise _arg_error(f"commit_copy must be \"torch\" or \"memmove\", not {self.commit_copy!r}", call)
         _integer(call, "stage_threads", self.stage_threads, "a non-negative integer")
         if self.stage_threads < 0:
             raise _arg_error(f"stage_threads must be a non-negative integer, not {self.stage_threads!r}", call)
