@@ -1,9 +1,13 @@
 /* UCX over TCP against a plain TCP stream, between two network namespaces.
  *
  *   bench_ucx_tcp [--size BYTES] [--reps N] [--rows RUN] [--ucx-opts OPTS] [--pub-opts OPTS]
+ *                 [--loopback | --mbps RATE]
  *
  * (root; makes two namespaces on a bridge, 10.77.0.1 and 10.77.0.2, with
- * tools/common/tool_netns.h, deleted at the end).  In the same run it measures
+ * tools/common/tool_netns.h, deleted at the end; with --loopback every
+ * process runs in the first namespace and both streams go over its
+ * 127.0.0.1; with --mbps both veth ports are shaped by tbf to RATE MB/s,
+ * 1e6 bytes/s).  In the same run it measures
  *   (a) a plain TCP stream: one socket, SIZE bytes from a buffer in the
  *       first namespace into a buffer in the second (default kernel
  *       settings), and
@@ -207,31 +211,42 @@ int main(int argc, char **argv)
     int reps = 3;
     uint64_t rows = 0;
     const char *ucx_opts = "", *pub_opts = "";
+    bool loopback = false;
+    double mbps = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--size") && i + 1 < argc) size = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--ucx-opts") && i + 1 < argc) ucx_opts = argv[++i];
         else if (!strcmp(argv[i], "--pub-opts") && i + 1 < argc) pub_opts = argv[++i];
+        else if (!strcmp(argv[i], "--loopback")) loopback = true;
+        else if (!strcmp(argv[i], "--mbps") && i + 1 < argc) mbps = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--size BYTES] [--reps N] [--rows RUN] [--ucx-opts OPTS] [--pub-opts OPTS]\n",
+            fprintf(stderr,
+                    "usage: %s [--size BYTES] [--reps N] [--rows RUN] [--ucx-opts OPTS] [--pub-opts OPTS] "
+                    "[--loopback | --mbps RATE]\n",
                     argv[0]);
             return 2;
         }
     }
     if (reps < 1 || reps > 50) reps = 3;
+    if (mbps < 0 || (loopback && mbps > 0)) {
+        fprintf(stderr, "bench_ucx_tcp: --mbps takes a positive rate and shapes the veth ports, not the loopback\n");
+        return 2;
+    }
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (sl <= 0) return 2;
     self[sl] = 0;
     char why[128], ns_a[32], ns_b[32], addr_a[32];
-    if (!tool_netns_possible(why, sizeof(why)) || !tool_netns_up(&ns, 2, 0, why, sizeof(why))) {
+    if (!tool_netns_possible(why, sizeof(why)) || !tool_netns_up(&ns, 2, mbps, why, sizeof(why))) {
         fprintf(stderr, "bench_ucx_tcp: cannot make the namespaces: %s\n", why);
         return 2;
     }
     tool_netns_name(&ns, 0, ns_a, sizeof(ns_a));
-    tool_netns_name(&ns, 1, ns_b, sizeof(ns_b));
-    tool_netns_addr(0, addr_a, sizeof(addr_a));
+    tool_netns_name(&ns, loopback ? 0 : 1, ns_b, sizeof(ns_b));
+    if (loopback) snprintf(addr_a, sizeof(addr_a), "127.0.0.1");
+    else tool_netns_addr(0, addr_a, sizeof(addr_a));
     int rc = 2;
     char sz[32], rp[16], rw[32], line[70000];
     snprintf(rw, sizeof(rw), "%" PRIu64, rows);
@@ -298,8 +313,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < ntcp; i++) printf("%s%.3f", i ? "," : "", tcp[i]);
     printf("],\"ucx_runs\":[");
     for (int i = 0; i < nucx; i++) printf("%s%.3f", i ? "," : "", ucx[i]);
-    printf("],\"rows\":%" PRIu64 ",\"ucx_opts\":\"%s\",\"pub_opts\":\"%s\",\"verified\":%s}\n", rows, ucx_opts,
-           pub_opts, verified ? "true" : "false");
+    printf("],\"rows\":%" PRIu64 ",\"link\":\"%s\",\"mbps\":%g,\"ucx_opts\":\"%s\",\"pub_opts\":\"%s\","
+           "\"verified\":%s}\n",
+           rows, loopback ? "loopback" : "veth", mbps, ucx_opts, pub_opts, verified ? "true" : "false");
     rc = verified ? 0 : 1;
 out:
     tool_netns_down(&ns);

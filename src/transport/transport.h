@@ -55,6 +55,11 @@ typedef struct {
      * digested byte of the destination.  NULL gdig: no hashing. */
     struct refit_gpu_digest *gdig;
     bool *ghashed;
+    /* This process serves data while it pulls (a fleet relay handing on the
+     * chunks it receives): its egress queue is full, and a round trip through
+     * it is slow.  A transport that can trade a copy for a round trip should
+     * (ucx over TCP: eager replies, ucx_opts tcp_eager=auto). */
+    bool busy_egress;
 } refit_pull_ctl_t;
 
 /* What memory a transport handles.  0 means host memory only (shm, ucx). */

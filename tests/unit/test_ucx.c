@@ -338,6 +338,47 @@ static void digests_while_receiving(void **state)
     refit_model_destroy(m);
 }
 
+/* Eager replies only where asked (ucx_opts tcp_eager, refit_pull_ctl_t.busy_egress): with the default (auto) a
+ * pull over TCP takes its replies by rendezvous, into place, unless its caller serves data while it pulls (a
+ * fleet relay); tcp_eager=1 and 0 decide alone.  The same bytes arrive either way. */
+static void eager_where_asked(void **state)
+{
+    (void)state;
+    pub_t a;
+    uint64_t as[] = {3u << 20};
+    pub_open(&a, NULL, 1, as, 11);
+    struct {
+        const char *opts;
+        bool busy, eager;
+    } cases[] = {{"", false, false},           {"", true, true},           {"tcp_eager=auto", true, true},
+                 {"tcp_eager=1", false, true}, {"tcp_eager=0", true, false}};
+    refit_plan_t *plan = plan_new(1);
+    plan_add(plan, R(0, 0, 0, 0, 0, as[0]));
+    plan->src_bytes[0] = as[0];
+    void *got = big_alloc(as[0]);
+    for (size_t c = 0; c < REFIT_ARRAY_LEN(cases); c++) {
+        refit_transport_t *rt;
+        REFIT_ASSERT_OK(ops->create(cases[c].opts, &rt));
+        refit_peer_t *peers[1] = {pub_connect(rt, &a)};
+        memset(got, 0, as[0]);
+        refit_pull_ctl_t ctl = {.deadline = refit_now() + 60, .busy_egress = cases[c].busy};
+        refit_pull_stats_t stats = {0};
+        REFIT_ASSERT_OK(ops->pull(rt, peers, plan, &got, &ctl, &stats));
+        print_message("'%s', busy_egress %d: %s\n", cases[c].opts, cases[c].busy, stats.lanes);
+        assert_non_null(strstr(stats.lanes, "tcp/"));
+        if (cases[c].eager != (strstr(stats.lanes, "am, eager") != NULL))
+            fail_msg("'%s' with busy_egress %d: lanes '%s'", cases[c].opts, cases[c].busy, stats.lanes);
+        assert_memory_equal(got, a.base[0], as[0]);
+        ops->disconnect(peers[0]);
+        ops->destroy(rt);
+    }
+    refit_transport_t *rt;
+    REFIT_ASSERT_ERR(ops->create("tcp_eager=yes", &rt), REFIT_ERR_INVALID_ARG, "tcp_eager");
+    big_free(got, as[0]);
+    refit_plan_destroy(plan);
+    pub_close(&a);
+}
+
 /* method=get: the same strided shapes through ucp_get_nbx.  UCX emulates
  * RMA over TCP, which only rma=emulated allows, and only with
  * REFIT_UNSAFE_RMA=1 (it is unsafe: test_ucx_hostile's rma_refused shows why). */
@@ -990,7 +1031,14 @@ static void active_interfaces_named_whole(void **state)
         if (unshare(CLONE_NEWNET) == 0 &&
             system("ip link add eth0 type veth peer name veth0 && ip addr add 10.9.1.1/24 dev eth0 && "
                    "ip addr add 10.9.0.1/24 dev veth0 && ip link set eth0 up && ip link set veth0 up") == 0)
-            ucx_netif_sig(list, sizeof(list));
+            /* a veth pair's carrier comes up a moment after `link set up` (a loaded host: a list without them) */
+            for (int i = 0; i < 100; i++) {
+                ucx_netif_sig(list, sizeof(list));
+                char w[520];
+                snprintf(w, sizeof(w), ",%s,", list);
+                if (strstr(w, ",eth0,") && strstr(w, ",veth0,")) break;
+                usleep(50000);
+            }
         _exit(write(fd[1], list, strlen(list) + 1) > 0 ? 0 : 1);
     }
     close(fd[1]);
@@ -1102,6 +1150,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(planner_plan),
         cmocka_unit_test(get_method),
         cmocka_unit_test(digests_while_receiving),
+        cmocka_unit_test(eager_where_asked),
         cmocka_unit_test(concurrent_pulls),
         cmocka_unit_test(shared_peer_killed),
         cmocka_unit_test(large_from_process),

@@ -165,7 +165,8 @@ static refit_status_t pull_from(sched_t *S, uint32_t h, refit_plan_region_t *reg
                             .threads = 1,
                             .dmap = sums ? S->dmap : NULL,
                             .dacc = sums,
-                            .dbytes = sums ? hashed : NULL};
+                            .dbytes = sums ? hashed : NULL,
+                            .busy_egress = S->progress != NULL};
     const refit_transport_ops_t *ops = S->ts->ops[H->transport];
     void *ctx = S->ts->ctx[H->transport];
     const refit_transport_wait_t *cond = ahead ? refit_transport_wait(ops) : NULL;

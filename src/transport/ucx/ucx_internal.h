@@ -145,6 +145,14 @@ typedef struct {
     /* data: wire_run_t runs[nruns] */
 } req_hdr_t;
 #define REQ_EAGER 1u /* reply eager whatever its size (a receiver on TCP lanes: ucx_opts_t.tcp_eager) */
+/* ucx_opts_t.tcp_eager: when a receiver whose data lanes are all TCP asks for
+ * eager replies.  A rendezvous reply lands in its destination (no copy out of
+ * UCX's buffer) but costs a round trip: the receiver's answer to the
+ * publisher's RTS.  That answer waits in this host's egress queue, which is
+ * short unless this process serves data itself (a relay of a fleet: its
+ * readers' bytes fill that queue).  AUTO asks for eager replies only for pulls
+ * whose caller says so (refit_pull_ctl_t.busy_egress). */
+enum { TCP_EAGER_OFF = 0, TCP_EAGER_ON = 1, TCP_EAGER_AUTO = 2 };
 #define UCX_MAX_WAIT_MS 10000
 
 /* count runs of len bytes at off, off + stride, ...: the rows of a strided
@@ -175,7 +183,7 @@ typedef struct {
     char tls[128], devices[128];
     uint64_t chunk, rndv, solo;
     unsigned inflight, spin_us;
-    bool tcp_eager;
+    int tcp_eager; /* TCP_EAGER_* */
     double connect_timeout, stall_timeout, auth_timeout;
     double listen_timeout; /* how long create waits for the listen address and its interface (ucx_opts.c) */
 } ucx_opts_t;

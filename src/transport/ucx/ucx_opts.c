@@ -169,8 +169,10 @@ static bool parse_mode(const char *kv, const char *v, ucx_opts_t *o, bool *ok)
     } else if (!strcmp(kv, "devices")) {
         copy_list(o->devices, sizeof(o->devices), v);
     } else if (!strcmp(kv, "tcp_eager")) {
-        *ok = !strcmp(v, "0") || !strcmp(v, "1");
-        o->tcp_eager = !strcmp(v, "1");
+        if (!strcmp(v, "auto")) o->tcp_eager = TCP_EAGER_AUTO;
+        else if (!strcmp(v, "1")) o->tcp_eager = TCP_EAGER_ON;
+        else if (!strcmp(v, "0")) o->tcp_eager = TCP_EAGER_OFF;
+        else *ok = false;
     } else {
         return false;
     }
@@ -222,7 +224,7 @@ refit_status_t ucx_parse_opts(const char *s, ucx_opts_t *o)
                       .rndv = 64u << 10,
                       .solo = 16u << 10,
                       .inflight = 8,
-                      .tcp_eager = true,
+                      .tcp_eager = TCP_EAGER_AUTO,
                       .spin_us = 0, /* TCP data arrives all the time: any spin became a busy poll (README: Fleet) */
                       .connect_timeout = 10,
                       .listen_timeout = 10,

@@ -79,6 +79,15 @@ struct pull {
     uint64_t window;               /* bytes in flight per peer, at most */
 };
 
+/* Whether replies to this pull from peer p are asked eager (ucx_opts_t.tcp_eager):
+ * only over TCP-only lanes, always with tcp_eager=1, with auto when the
+ * caller's round trips are slow (refit_pull_ctl_t.busy_egress). */
+static bool pull_eager(const pull_t *pl, const refit_peer_t *p)
+{
+    int mode = pl->t->o.tcp_eager;
+    return p->tcp_only && (mode == TCP_EAGER_ON || (mode == TCP_EAGER_AUTO && pl->ctl && pl->ctl->busy_egress));
+}
+
 /* ucx_rwait for a pull's thread: its own completions end the wait too, and it
  * sleeps without rlock, so that other pulls progress meanwhile. */
 void ucx_pwait(refit_transport_t *t, pull_t *pl, double until, double spin_s)
@@ -348,7 +357,7 @@ static ucs_status_t issue(pull_t *pl, slot_t *s)
                          .gen = s->gen,
                          .region_id = p->regions[s->region].id,
                          .pub_id = p->pub_id,
-                         .flags = p->tcp_only && pl->t->o.tcp_eager ? REQ_EAGER : 0};
+                         .flags = pull_eager(pl, p) ? REQ_EAGER : 0};
     memcpy(s->hdr.token, p->token, TOKEN_LEN);
     if (pl->wait) {
         const refit_pull_wait_t *c = pl->wait;
@@ -659,7 +668,7 @@ static void add_stats(const pull_t *pl, refit_pull_stats_t *stats)
         char one[200];
         snprintf(one, sizeof(one), "ucx:%s %s", p->lanes[0] ? p->lanes : "?",
                  p->use_get                          ? "get"
-                 : p->tcp_only && pl->t->o.tcp_eager ? "am, eager"
+                 : pull_eager(pl, p)                    ? "am, eager"
                                                      : "am");
         if (strstr(stats->lanes, one)) continue;
         int w = snprintf(stats->lanes + used, sizeof(stats->lanes) - used, "%s%s", used ? ", " : "", one);
