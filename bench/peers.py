@@ -23,8 +23,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-ALL_ARMS = ["tcp", "refit-ucx", "refit-ucx-rndv", "mooncake-tcp", "nixl-ucx", "nixl-libfabric"]
-DEFAULT_ARMS = ["tcp", "refit-ucx", "refit-ucx-rndv", "mooncake-tcp", "nixl-ucx", "nixl-libfabric"]
+# refit-ucx-rndv (tcp_eager=0) was an arm of the records before 2026-12-07; the defaults (tcp_eager=auto) take
+# rendezvous replies for a lone receiver since, and refit-ucx-eager keeps the earlier default (tcp_eager=1).
+ALL_ARMS = ["tcp", "refit-ucx", "refit-ucx-eager", "refit-ucx-rndv", "mooncake-tcp", "nixl-ucx", "nixl-libfabric"]
+DEFAULT_ARMS = ["tcp", "refit-ucx", "refit-ucx-eager", "mooncake-tcp", "nixl-ucx", "nixl-libfabric"]
 TCP_PORT = "47131"
 
 
@@ -89,12 +91,12 @@ def arm_argv(arm, a, size):
         return ([a.bench, "--tcp-send", TCP_PORT, sz, "1"], {},
                 lambda first: [a.bench, "--tcp-recv", a.addr_a, TCP_PORT, sz, "1"], {},
                 "one TCP socket, default kernel settings (build/bench_ucx_tcp --tcp-send/--tcp-recv)")
-    if arm in ("refit-ucx", "refit-ucx-rndv"):
-        opts = "tcp_eager=0" if arm == "refit-ucx-rndv" else ""
+    if arm in ("refit-ucx", "refit-ucx-rndv", "refit-ucx-eager"):
+        opts = {"refit-ucx-rndv": "tcp_eager=0", "refit-ucx-eager": "tcp_eager=1"}.get(arm, "")
         return ([a.bench, "--publish", sz, f"listen={a.addr_a}"], {},
                 lambda first: [a.bench, "--pull", first.split()[1], sz, opts, "1", "0"], {},
                 "refit's ucx transport: expose + pull of one region (build/bench_ucx_tcp --publish/--pull"
-                + (", --ucx-opts tcp_eager=0)" if opts else ", defaults)"))
+                + (f", --ucx-opts {opts})" if opts else ", defaults)"))
     if arm == "mooncake-tcp":
         return ([py, side, "mooncake-target", a.addr_a, sz], {},
                 lambda first: [py, side, "mooncake-read", a.addr_b, sz] + first.split()[1:3], {},

@@ -2,7 +2,8 @@
 # The peer benchmark (issue 31): the same bytes (default 1 GiB, one contiguous buffer) moved between two
 # processes in two network namespaces joined by one veth pair, by
 #   tcp             one plain TCP socket (the floor),
-#   refit-ucx       refit's UCX pull (defaults), refit-ucx-rndv the same with tcp_eager=0,
+#   refit-ucx       refit's UCX pull (defaults), refit-ucx-eager the same with tcp_eager=1 (the default before
+#                   2026-12-07; refit-ucx-rndv, tcp_eager=0, on request),
 #   mooncake-tcp    Mooncake Transfer Engine over TCP (PyPI mooncake-transfer-engine-non-cuda),
 #   nixl-ucx        NIXL with its UCX backend on TCP, nixl-libfabric NIXL's LIBFABRIC backend (PyPI nixl),
 # in interleaved rounds (each round runs every arm once, the order rotating).  An arm whose package is absent
