@@ -56,7 +56,7 @@ for path in sys.argv[4:]:
                               "copy_ms", "commit_rpc_ms", "bytes_copied", "handles_exchanged", "rank_bytes",
                               "steps_in_stage",
                               "local_copy_before_after_ms", "local_copy_ways_ms", "commit_copy",
-                              "commit_ms_by_kind", "copy_probe", "staging_hugepages", "staging_huge_bytes", "thread", "step_ms_after_publish",
+                              "commit_ms_by_kind", "copy_probe", "cpu_during_commit", "staging_hugepages", "staging_huge_bytes", "thread", "step_ms_after_publish",
                               "tokens_during_pull", "tokens_during_stage", "live_untouched_while_staged",
                               "verified")} for u in r["updates"]]
     out["runs"].append({

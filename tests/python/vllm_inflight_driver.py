@@ -96,6 +96,44 @@ def w_copy_probe(worker, rounds=5):
     fresh_src = [(s.live.data_ptr(), x.data_ptr(), s.nbytes()) for x, s in zip(fsrc, steps)]
     fresh_both = [(d.data_ptr(), x.data_ptr(), d.numel()) for d, x in zip(fdst, fsrc)]
     staged_to_staged = [(s.src.data_ptr(), s.src.data_ptr(), s.nbytes()) for s in steps]  # onto itself: reads+writes
+    # fresh destinations at the live tensor's offset within its page (and within 2 MiB): whether the slow pair is
+    # a matter of where the two streams sit relative to each other
+    def at_offset(nbytes, ptr):
+        buf = torch.zeros(nbytes + 2 * 2**21, dtype=torch.uint8)
+        skip = (ptr - buf.data_ptr()) % 2**21
+        return buf, buf.data_ptr() + skip
+    fl = [at_offset(s.nbytes(), s.live.data_ptr()) for s in steps]
+    fresh_dst_liveoff = [(q, s.src.data_ptr(), s.nbytes()) for (_, q), s in zip(fl, steps)]
+    out["addresses"] = [{"name": s.name, "mb": round(s.nbytes() / 2**20, 2), "live_mod4k": s.live.data_ptr() % 4096,
+                         "staged_mod4k": s.src.data_ptr() % 4096,
+                         "dst_minus_src_mod4k": (s.live.data_ptr() - s.src.data_ptr()) % 4096,
+                         "dst_minus_src_mod2m": (s.live.data_ptr() - s.src.data_ptr()) % 2**21} for s in steps]
+    def mapping(ptr):
+        """The /proc/self/smaps entry holding ptr: its range, name and the counters that say how it is backed."""
+        cur = None
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if head and "-" in head[0] and not head[0].endswith(":"):
+                    if cur is not None:
+                        return cur
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    if lo <= ptr < hi:
+                        cur = {"kb": (hi - lo) // 1024, "name": head[5] if len(head) > 5 else "", "perms": head[1]}
+                elif cur is not None and head[0].rstrip(":") in ("Rss", "AnonHugePages", "Shared_Dirty",
+                                                                    "Private_Dirty", "Swap", "THPeligible",
+                                                                    "KSM", "Locked"):
+                    cur[head[0].rstrip(":")] = int(head[1])
+        return cur
+    big = [s for s in steps if s.nbytes() >= 2**20]
+    out["mappings"] = {s.name: {"live": mapping(s.live.data_ptr()), "staged": mapping(s.src.data_ptr())}
+                       for s in big[:3]}
+    out["mappings"]["fresh"] = mapping(fdst[0].data_ptr())
+    live_to_fresh = [(d.data_ptr(), s.live.data_ptr(), s.nbytes()) for d, s in zip(fdst, steps)]
+    per_step = [[] for _ in steps]
+    per_step_fresh = [[] for _ in steps]
+    per_step_write_live = [[] for _ in steps]  # fresh -> live
+    per_step_read_live = [[] for _ in steps]  # live -> fresh
     for _ in range(rounds):
         r = {}
         for name, f in (("steps_memmove", lambda: mm(live_staged)),
@@ -104,13 +142,124 @@ def w_copy_probe(worker, rounds=5):
                         ("fresh_to_live", lambda: mm(fresh_src)),
                         ("fresh_to_fresh", lambda: mm(fresh_both)),
                         ("staged_onto_itself", lambda: mm(staged_to_staged)),
+                        ("staged_to_fresh_at_live_offsets", lambda: mm(fresh_dst_liveoff)),
+                        ("live_to_fresh", lambda: mm(live_to_fresh)),
                         ("steps_torch", lambda: [_copy(s.live, s.src, "torch") for s in steps]),
                         ("flat_torch", lambda: b.copy_(a))):
             t = time.perf_counter()
             f()
             r[name] = (time.perf_counter() - t) * 1e3
+        for i, (pl, pf) in enumerate(zip(live_staged, fresh_dst)):
+            t = time.perf_counter()
+            ctypes.memmove(*pl)
+            per_step[i].append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            ctypes.memmove(*pf)
+            per_step_fresh[i].append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            ctypes.memmove(*fresh_src[i])
+            per_step_write_live[i].append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            ctypes.memmove(*live_to_fresh[i])
+            per_step_read_live[i].append((time.perf_counter() - t) * 1e3)
         out["rounds"].append(r)
+    # the largest step's pair copied other ways: in 1 MiB pieces, and through a 256 KiB buffer (reads and writes
+    # of DRAM apart in time)
+    big_i = max(range(len(steps)), key=lambda i: steps[i].nbytes())
+    d0, s0, n0 = live_staged[big_i]
+    bounce = torch.empty(256 * 1024, dtype=torch.uint8)
+    bp = bounce.data_ptr()
+    ways = {"direct": [], "pieces_1m": [], "bounce_256k": []}
+    for _ in range(rounds):
+        t = time.perf_counter()
+        ctypes.memmove(d0, s0, n0)
+        ways["direct"].append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        for o in range(0, n0, 2**20):
+            ctypes.memmove(d0 + o, s0 + o, min(2**20, n0 - o))
+        ways["pieces_1m"].append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        for o in range(0, n0, 256 * 1024):
+            k = min(256 * 1024, n0 - o)
+            ctypes.memmove(bp, s0 + o, k)
+            ctypes.memmove(d0 + o, bp, k)
+        ways["bounce_256k"].append((time.perf_counter() - t) * 1e3)
+    out["largest_step_ways_min_ms"] = {"name": steps[big_i].name, **{k: round(min(v), 3) for k, v in ways.items()}}
+    # the same copy right after a parallel torch op (its OpenMP team then spins a while) and after a 50 ms sleep
+    after = {"after_torch_op": [], "after_sleep": []}
+    small_a, small_b = torch.ones(2**22, dtype=torch.float32), torch.empty(2**22, dtype=torch.float32)
+    for _ in range(rounds):
+        torch.add(small_a, 1, out=small_b)
+        t = time.perf_counter()
+        ctypes.memmove(d0, s0, n0)
+        after["after_torch_op"].append((time.perf_counter() - t) * 1e3)
+        time.sleep(0.05)
+        t = time.perf_counter()
+        ctypes.memmove(d0, s0, n0)
+        after["after_sleep"].append((time.perf_counter() - t) * 1e3)
+    out["largest_step_after_min_ms"] = {k: round(min(v), 3) for k, v in after.items()}
+    out["largest_step_after_ms"] = {k: [round(x, 2) for x in v] for k, v in after.items()}
+    out["worker_env"] = {"affinity": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
+                         **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
+                                                           "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+                                                           "VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD")}}
+    for a_, x, y, w, r_ in zip(out["addresses"], per_step, per_step_fresh, per_step_write_live, per_step_read_live):
+        a_["staged_to_live_min_ms"], a_["staged_to_fresh_min_ms"] = round(min(x), 3), round(min(y), 3)
+        a_["fresh_to_live_min_ms"], a_["live_to_fresh_min_ms"] = round(min(w), 3), round(min(r_), 3)
     return out
+
+
+def cpu_snapshot():
+    """Nanoseconds each thread of each process on this host has run (/proc/PID/task/TID/schedstat), keyed by
+    (pid, tid, process name, thread name): taken either side of a commit, the difference says what else ran."""
+    snap = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            pname = open(f"/proc/{pid}/comm").read().strip()
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    ns = int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
+                    tname = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+                except (OSError, ValueError, IndexError):
+                    continue
+                snap[(int(pid), int(tid), pname, tname)] = ns
+        except OSError:
+            continue
+    return snap
+
+
+def _ours():
+    """This process and its descendants (the engine's processes, the publishers)."""
+    parent = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                parent[int(pid)] = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    ours, me = set(), os.getpid()
+    for pid in parent:
+        p, seen = pid, 0
+        while p and seen < 64:
+            if p == me:
+                ours.add(pid)
+                break
+            p, seen = parent.get(p, 0), seen + 1
+    return ours
+
+
+def cpu_between(a, b, wall_s, top=8):
+    """The threads that ran between two snapshots, the busiest first (ms, `ours`: this process or a descendant),
+    and the host's total and the part of it outside this run's processes, in CPUs."""
+    ours = _ours()
+    d = sorted(((b[k] - a.get(k, 0)) / 1e6, k) for k in b if b[k] - a.get(k, 0) > 0)[::-1]
+    per = (lambda xs: round(sum(xs) / 1e3 / wall_s, 2) if wall_s > 0 else None)
+    return {"cpus_busy": per([x for x, _ in d]), "cpus_busy_others": per([x for x, k in d if k[0] not in ours]),
+            "wall_ms": round(wall_s * 1e3, 1),
+            "threads": [{"ms": round(x, 1), "pid": k[0], "process": k[2], "thread": k[3], "ours": k[0] in ours}
+                        for x, k in d[:top]]}
 
 
 def ver_of(k):
@@ -321,7 +470,10 @@ def main(cfg_path, out_path):
             during = st.tokens_between(stg["pull_start"], stg["pull_end"])
             during_stage = st.tokens_between(t0, stg["prepare_end"])
             lc_before = local_copy_ms(rank_bytes)
+            snap0, w0 = cpu_snapshot(), time.perf_counter()
             c = inflight.commit(llm, k)
+            w1 = time.perf_counter()
+            cpu_commit = cpu_between(snap0, cpu_snapshot(), w1 - w0)
             res["commit_points"][str(k)] = dict(st.seen)  # tokens each request had when k became live
             lc_after = local_copy_ms(rank_bytes)
             lc_ways = _copy_ways[-2:]
@@ -340,7 +492,7 @@ def main(cfg_path, out_path):
                    "pull_ms": stg["pull_ms"], "prepare_ms": stg["prepare_ms"],
                    "stage_call_ms": (t_ret - t0) * 1e3, "rank_bytes": rank_bytes, "pulled_bytes": stg["bytes"],
                    "local_copy_ms": lc, "local_copy_before_after_ms": [lc_before, lc_after],
-                   "local_copy_ways_ms": lc_ways, "copy_probe": probe,
+                   "local_copy_ways_ms": lc_ways, "copy_probe": probe, "cpu_during_commit": cpu_commit,
                    "staging_hugepages": hab[u % len(hab)] if hab else None,
                    "staging_huge_bytes": huge if hab else None, "commit_copy": wv[0]["last_commit"].get("copy_mode"),
                    "commit_ms_by_kind": [x["last_commit"].get("ms_by_kind") for x in wv],

@@ -350,8 +350,11 @@ static void eager_where_asked(void **state)
     struct {
         const char *opts;
         bool busy, eager;
-    } cases[] = {{"", false, false},           {"", true, true},           {"tcp_eager=auto", true, true},
-                 {"tcp_eager=1", false, true}, {"tcp_eager=0", true, false}};
+    } cases[] = {{"", false, false},
+                 {"", true, true},
+                 {"tcp_eager=auto", true, true},
+                 {"tcp_eager=1", false, true},
+                 {"tcp_eager=0", true, false}};
     refit_plan_t *plan = plan_new(1);
     plan_add(plan, R(0, 0, 0, 0, 0, as[0]));
     plan->src_bytes[0] = as[0];

@@ -667,9 +667,9 @@ static void add_stats(const pull_t *pl, refit_pull_stats_t *stats)
         const refit_peer_t *p = pl->pps[k].peer;
         char one[200];
         snprintf(one, sizeof(one), "ucx:%s %s", p->lanes[0] ? p->lanes : "?",
-                 p->use_get                          ? "get"
-                 : pull_eager(pl, p)                    ? "am, eager"
-                                                     : "am");
+                 p->use_get          ? "get"
+                 : pull_eager(pl, p) ? "am, eager"
+                                     : "am");
         if (strstr(stats->lanes, one)) continue;
         int w = snprintf(stats->lanes + used, sizeof(stats->lanes) - used, "%s%s", used ? ", " : "", one);
         if (w > 0 && (size_t)w < sizeof(stats->lanes) - used) used += (size_t)w;
