@@ -290,6 +290,33 @@ def test_refusals_by_name():
     assert classify("x.proj.weight", lin, "cpu") == "linear-cpu"
     lin._cpu_skip_gemm_dispatch = True  # MLA's kv_b_proj: vLLM keeps the weight and reads it live
     assert classify("x.proj.weight", lin, "cpu") == "direct"
+    # a plain torch Linear (the MTP draft's eh_proj): direct; with a bias, not a class refit has checked
+    assert classify("m.eh_proj.weight", torch.nn.Linear(4, 2, bias=False), "cpu") == "direct"
+    with pytest.raises(RefitVllmError, match=r"m\.eh_proj\.weight: layer class Linear is not one refit has checked"):
+        classify("m.eh_proj.weight", torch.nn.Linear(4, 2), "cpu")
+
+    # draft targets: only DeepSeek MTP and draft_model drafts, refused by name otherwise (refit.vllm.draft)
+    from types import SimpleNamespace as NS
+    from refit.vllm.draft import draft_kind
+
+    class DeepSeekMTP(torch.nn.Module):
+        pass
+
+    class EagleLlamaForCausalLM(torch.nn.Module):
+        pass
+
+    def vcfg(method):
+        return NS(speculative_config=NS(method=method, draft_model_config=object()))
+
+    assert draft_kind(vcfg("mtp"), DeepSeekMTP()) == "mtp"
+    assert draft_kind(vcfg("draft_model"), torch.nn.Module()) == "model"
+    with pytest.raises(RefitVllmError, match=r"draft model EagleLlamaForCausalLM \(speculative method 'eagle'\) is not "
+                                             "one refit describes"):
+        draft_kind(vcfg("eagle"), EagleLlamaForCausalLM())
+    with pytest.raises(RefitVllmError, match=r"draft model Module \(speculative method 'mtp'\)"):
+        draft_kind(vcfg("mtp"), torch.nn.Module())  # an MTP class other than DeepSeek's
+    with pytest.raises(RefitVllmError, match=r"no speculative draft model configured"):
+        draft_kind(NS(speculative_config=None), DeepSeekMTP())
 
     class Stub:  # what VllmBinding._check_buffers reads
         layout_str = "vllm:tp=1"
