@@ -90,8 +90,9 @@ refit_status_t refit_scheme_megatron_check(const refit_layout_t *l, const refit_
          l->tp);
     RULE(l->mtp <= s->mtp_layers, "%s: mtp=%u MTP layers, but model %s has %u (num_nextn_predict_layers)", l->str,
          l->mtp, s->name, s->mtp_layers);
-    if (l->mtp) RULE(s->hidden % l->tp == 0, "%s: hidden_size %u is not divisible by tp=%u (the MTP eh_proj)", l->str,
-                     s->hidden, l->tp);
+    if (l->mtp)
+        RULE(s->hidden % l->tp == 0, "%s: hidden_size %u is not divisible by tp=%u (the MTP eh_proj)", l->str,
+             s->hidden, l->tp);
     return REFIT_OK;
 }
 
@@ -262,8 +263,9 @@ static void mtp_layer(refit_lbuild_t *b, const refit_model_spec_t *s, const refi
     snprintf(lp, sizeof(lp), "mtp.layers.%u.", i);
     snprintf(tl, sizeof(tl), "%stransformer_layer.", lp);
     snprintf(cp, sizeof(cp), "model.layers.%u", layer);
-    static const char *const norms[][2] = {
-        {"enorm.weight", "enorm.weight"}, {"hnorm.weight", "hnorm.weight"}, {"final_layernorm.weight", "shared_head.norm.weight"}};
+    static const char *const norms[][2] = {{"enorm.weight", "enorm.weight"},
+                                           {"hnorm.weight", "hnorm.weight"},
+                                           {"final_layernorm.weight", "shared_head.norm.weight"}};
     for (size_t k = 0; k < REFIT_ARRAY_LEN(norms); k++) {
         snprintf(local, sizeof(local), "%s%s", lp, norms[k][0]);
         snprintf(name, sizeof(name), "%s.%s", cp, norms[k][1]);

@@ -178,8 +178,7 @@ static void mlp_moe(refit_lbuild_t *b, const refit_model_spec_t *s, const refit_
         refit_lb_rows(b, w13, j, w, up, shard * w, w);
         refit_lb_cols(b, w2, j, down, shard * w, w);
     }
-    if (s->shared_experts)
-        gated_mlp(b, s, lp, cp, "mlp.shared_experts", (uint64_t)s->shared_experts * Im, l->tp, t);
+    if (s->shared_experts) gated_mlp(b, s, lp, cp, "mlp.shared_experts", (uint64_t)s->shared_experts * Im, l->tp, t);
 }
 
 /* One decoder layer (global index `layer`): local names under lp, canonical
