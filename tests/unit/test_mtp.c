@@ -7,7 +7,13 @@
  * layers, model.layers.3 and model.layers.4. */
 #include "testutil.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "refit/experimental/safetensors.h"
 
 #include "layout/layout.h"
 #include "model/model.h"
@@ -285,12 +291,63 @@ static void draft_without_mtp_sources(void **state)
     refit_model_destroy(m);
 }
 
+/* A checkpoint directory of `model` (hf layout, zeros) at dir/model.safetensors. */
+static void write_checkpoint(const char *model, const char *dir)
+{
+    refit_model_t *m = t_model(model);
+    refit_manifest_t *hf = t_manifest(m, "hf", 0);
+    uint64_t size = refit_manifest_region_size(hf, 0);
+    void *arena = calloc(1, size);
+    assert_non_null(arena);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    const void *bases[1] = {arena};
+    REFIT_ASSERT_OK(refit_safetensors_write(path, hf, bases));
+    free(arena);
+    refit_manifest_destroy(hf);
+    refit_model_destroy(m);
+}
+
+/* Checkpoints and MTP layers: a checkpoint without them refused for a model
+ * with them, naming the MTP layers; one with them serves a model without. */
+static void checkpoints(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/refit-test-mtp-XXXXXX", main_only[600], with_mtp[600];
+    assert_non_null(mkdtemp(root));
+    snprintf(main_only, sizeof(main_only), "%s/main", root);
+    snprintf(with_mtp, sizeof(with_mtp), "%s/mtp", root);
+    write_checkpoint("tiny-mla", main_only);
+    write_checkpoint("tiny-mtp", with_mtp);
+    refit_model_t *mtp = t_model("tiny-mtp"), *mla = t_model("tiny-mla");
+    refit_hf_source_t *src = NULL;
+    refit_manifest_t *m = NULL;
+    REFIT_ASSERT_ERR(refit_hf_source_open(main_only, mtp, &src, &m), REFIT_ERR_NOT_FOUND,
+                     "model.layers.3.input_layernorm.weight of model tiny-mtp is in no shard (84 canonical tensors "
+                     "missing, all of the MTP layers: a checkpoint without them needs a config with "
+                     "num_nextn_predict_layers 0)");
+    assert_null(m);
+    REFIT_ASSERT_OK(refit_hf_source_open(with_mtp, mla, &src, &m));
+    assert_int_equal(refit_manifest_num_locals(m), refit_model_num_tensors(mla));
+    refit_manifest_destroy(m);
+    refit_hf_source_close(src);
+    REFIT_ASSERT_OK(refit_hf_source_open(with_mtp, mtp, &src, &m));
+    assert_int_equal(refit_manifest_num_locals(m), refit_model_num_tensors(mtp));
+    refit_manifest_destroy(m);
+    refit_hf_source_close(src);
+    refit_model_destroy(mla);
+    refit_model_destroy(mtp);
+    assert_int_equal(t_rm_tree(root), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(canonical_tensors), cmocka_unit_test(layout_strings),
         cmocka_unit_test(vllm_draft),        cmocka_unit_test(megatron_mtp),
         cmocka_unit_test(executed_plans),    cmocka_unit_test(draft_without_mtp_sources),
+        cmocka_unit_test(checkpoints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
