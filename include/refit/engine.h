@@ -239,7 +239,8 @@ typedef struct {
     const char *registry, *job, *group; /* as for publishers */
     const char *transports;             /* preference order, e.g. "shm,ucx"; NULL: "shm,ucx" */
     const char *transport_options;      /* e.g. "ucx.require=rdma" */
-    const char *reader;                 /* lease holder name; NULL: "<host>:<pid>:r<rank>" */
+    const char *reader;                 /* lease holder name; NULL: "<host>:<pid>:r<rank>" (two receivers of one rank
+                                           in one process need distinct names: leases and acks are counted by it) */
     uint32_t lease_ms;                  /* lease ttl, renewed during pulls; 0: 10000 */
     unsigned threads;                   /* copy threads for shm; 0: one per CPU */
     refit_verify_mode_t verify;         /* 0: REFIT_VERIFY_NONE (content digests still apply: no_digest) */

@@ -5,6 +5,11 @@
  * tensors of the model in Hugging Face naming and full (unsharded) shape, in a
  * fixed order: model.embed_tokens.weight, then layer by layer, then
  * model.norm.weight and lm_head.weight (absent when embeddings are tied).
+ * A DeepSeek-V3-style model with num_nextn_predict_layers > 0 has its
+ * multi-token-prediction (MTP) layers after the main ones, numbered on
+ * (model.layers.{num_hidden_layers + i}.*: the decoder layer's tensors, enorm,
+ * hnorm, eh_proj, shared_head.norm; the checkpoint's copies of the embedding
+ * and output head in that layer are the main model's and not listed).
  * Every layout is described relative to these.
  *
  * Built-in models carry the numbers of their published config.json; any other
@@ -32,6 +37,7 @@ typedef struct refit_model refit_model_t;
  * 53,248, 128 heads), Kimi-K2 (384 experts, ~70,000 tensors, ~2.1 TB in
  * bf16), DeepSeek-V3 (q_lora_rank 1,536), Gemma 3 (vocabulary 262,144). */
 #define REFIT_MODEL_MAX_LAYERS 1024u              /* num_hidden_layers */
+#define REFIT_MODEL_MAX_MTP_LAYERS 16u            /* num_nextn_predict_layers (DeepSeek-V3: 1) */
 #define REFIT_MODEL_MAX_HIDDEN 65536u             /* hidden_size */
 #define REFIT_MODEL_MAX_INTERMEDIATE 262144u      /* intermediate_size, moe_intermediate_size */
 #define REFIT_MODEL_MAX_HEADS 4096u               /* num_attention_heads, num_key_value_heads */

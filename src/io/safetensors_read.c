@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "io/file.h"
+#include "model/model.h"
 #include "refit/engine.h"
 #include "util/json.h"
 #include "util/util.h"
@@ -401,7 +402,7 @@ refit_status_t refit_hf_source_open(const char *dir, const refit_model_t *model,
         uint32_t rid;
         if ((st = refit_manifest_add_region(m, refit_safetensors_size(s->f[r]), &rid))) goto fail;
     }
-    size_t nt = refit_model_num_tensors(model), missing = 0;
+    size_t nt = refit_model_num_tensors(model), missing = 0, missing_mtp = 0;
     const char *first_missing = NULL;
     for (size_t i = 0; i < nt; i++) {
         refit_tensor_info_t t;
@@ -417,6 +418,7 @@ refit_status_t refit_hf_source_open(const char *dir, const refit_model_t *model,
         }
         if (k < 0) {
             if (!missing++) first_missing = t.name;
+            missing_mtp += refit_model_tensor_is_mtp(model, i);
             continue;
         }
         r--;
@@ -444,8 +446,11 @@ refit_status_t refit_hf_source_open(const char *dir, const refit_model_t *model,
         if ((st = refit_manifest_add_placement(m, &p))) goto fail;
     }
     if (missing) {
-        st = refit_error(REFIT_ERR_NOT_FOUND, "%s: %s of model %s is in no shard (%zu canonical tensors missing)", dir,
-                         first_missing, refit_model_name(model), missing);
+        st = refit_error(REFIT_ERR_NOT_FOUND, "%s: %s of model %s is in no shard (%zu canonical tensors missing%s)",
+                         dir, first_missing, refit_model_name(model), missing,
+                         missing == missing_mtp ? ", all of the MTP layers: a checkpoint without them needs a config "
+                                                  "with num_nextn_predict_layers 0"
+                                                : "");
         goto fail;
     }
     if ((st = refit_manifest_finalize(m))) goto fail;

@@ -36,6 +36,7 @@ static const knob_t g_knobs[] = {
     {"pad", offsetof(refit_layout_t, pad), true, true, 65536},
     {"first", offsetof(refit_layout_t, first), true, false, 65536},
     {"last", offsetof(refit_layout_t, last), true, false, 65536},
+    {"mtp", offsetof(refit_layout_t, mtp), true, false, REFIT_MODEL_MAX_MTP_LAYERS},
 };
 
 static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const char *args)
@@ -62,6 +63,16 @@ static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const cha
             l->names = v;
             continue;
         }
+        if (l->scheme == REFIT_SCHEME_VLLM && strcmp(kv, "draft") == 0) {
+            if (strcmp(eq + 1, "mtp") != 0)
+                return refit_error(REFIT_ERR_PARSE,
+                                   "layout '%s': draft=%s is not a draft model refit describes (draft=mtp: vLLM's "
+                                   "DeepSeek MTP draft; leave draft out for the target model)",
+                                   spec, eq + 1);
+            if (l->draft != UINT32_MAX) return refit_error(REFIT_ERR_PARSE, "layout '%s': draft given twice", spec);
+            l->draft = REFIT_VLLM_DRAFT_MTP;
+            continue;
+        }
         const knob_t *k = NULL;
         for (size_t i = 0; i < REFIT_ARRAY_LEN(g_knobs); i++)
             if (strcmp(g_knobs[i].name, kv) == 0 &&
@@ -70,12 +81,13 @@ static refit_status_t parse_knobs(refit_layout_t *l, const char *spec, const cha
         if (!k)
             return refit_error(REFIT_ERR_PARSE, "layout '%s': unknown knob '%s' (%s takes %s)", spec, kv,
                                l->scheme == REFIT_SCHEME_MEGATRON ? "megatron" : "vllm",
-                               l->scheme == REFIT_SCHEME_MEGATRON ? "tp, pp, ep, etp, dp, pad, first, last"
-                                                                  : "tp, ep, dp, pad, names");
+                               l->scheme == REFIT_SCHEME_MEGATRON ? "tp, pp, ep, etp, dp, pad, first, last, mtp"
+                                                                  : "tp, ep, dp, pad, names, draft");
         char *end;
         errno = 0;
         unsigned long v = strtoul(eq + 1, &end, 10);
-        bool zero_ok = strcmp(k->name, "pad") == 0 || strcmp(k->name, "first") == 0 || strcmp(k->name, "last") == 0;
+        bool zero_ok = strcmp(k->name, "pad") == 0 || strcmp(k->name, "first") == 0 || strcmp(k->name, "last") == 0 ||
+                       strcmp(k->name, "mtp") == 0;
         bool digits = end != eq + 1 && !*end && eq[1] != '-';
         if (digits && (errno == ERANGE || v > k->max))
             return refit_error(REFIT_ERR_GEOMETRY, "layout '%s': %s=%s is above refit's limit of %u", spec, kv, eq + 1,
@@ -113,10 +125,14 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
         l.tp = l.pp = l.ep = l.etp = l.dp = 1;
         l.pad = l.first = l.last = 0;
         l.names = REFIT_VLLM_NAMES_FUSED;
+        l.mtp = 0;
+        l.draft = REFIT_VLLM_DRAFT_NONE;
     } else if (colon && colon[1] && (st = parse_knobs(&l, spec, colon + 1))) {
         return st;
     }
     if (l.scheme != REFIT_SCHEME_DTENSOR) l.rep = 1, l.fused = 0;
+    if (l.scheme != REFIT_SCHEME_MEGATRON) l.mtp = 0;
+    if (l.scheme != REFIT_SCHEME_VLLM) l.draft = REFIT_VLLM_DRAFT_NONE;
     if (l.tp == UINT32_MAX) l.tp = 1;
     if (l.pp == UINT32_MAX) l.pp = 1;
     if (l.ep == UINT32_MAX) l.ep = 1;
@@ -128,6 +144,7 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
         if (l.pad == UINT32_MAX) l.pad = 128;
         if (l.first == UINT32_MAX) l.first = 0;
         if (l.last == UINT32_MAX) l.last = 0;
+        if (l.mtp == UINT32_MAX) l.mtp = 0;
         if ((l.first || l.last) && l.pp < 2)
             return refit_error(REFIT_ERR_GEOMETRY, "layout '%s': first= and last= need pp >= 2", spec);
         if ((uint64_t)l.tp * l.dp % ee != 0)
@@ -138,7 +155,8 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
         int n = snprintf(l.str, sizeof(l.str), "megatron:tp=%u,pp=%u,ep=%u,etp=%u,dp=%u,pad=%u", l.tp, l.pp, l.ep,
                          l.etp, l.dp, l.pad);
         if (l.first) n += snprintf(l.str + n, sizeof(l.str) - (size_t)n, ",first=%u", l.first);
-        if (l.last) snprintf(l.str + n, sizeof(l.str) - (size_t)n, ",last=%u", l.last);
+        if (l.last) n += snprintf(l.str + n, sizeof(l.str) - (size_t)n, ",last=%u", l.last);
+        if (l.mtp) snprintf(l.str + n, sizeof(l.str) - (size_t)n, ",mtp=%u", l.mtp);
     } else if (l.scheme == REFIT_SCHEME_VLLM) {
         if (l.dp == UINT32_MAX) l.dp = l.ep > l.tp && l.ep % l.tp == 0 ? l.ep / l.tp : 1;
         if (l.pad == UINT32_MAX) l.pad = 64;
@@ -149,8 +167,10 @@ refit_status_t refit_layout_parse(const char *spec, refit_layout_t **out)
                                "layout '%s': vllm's expert parallel size is 1 (off) or tp x dp = %u (on), not %u", spec,
                                l.tp * l.dp, l.ep);
         if (l.names == UINT32_MAX) l.names = REFIT_VLLM_NAMES_FUSED;
-        snprintf(l.str, sizeof(l.str), "vllm:tp=%u,ep=%u,dp=%u,pad=%u%s", l.tp, l.ep, l.dp, l.pad,
-                 l.names == REFIT_VLLM_NAMES_ROUTED ? ",names=routed" : "");
+        if (l.draft == UINT32_MAX) l.draft = REFIT_VLLM_DRAFT_NONE;
+        snprintf(l.str, sizeof(l.str), "vllm:tp=%u,ep=%u,dp=%u,pad=%u%s%s", l.tp, l.ep, l.dp, l.pad,
+                 l.names == REFIT_VLLM_NAMES_ROUTED ? ",names=routed" : "",
+                 l.draft == REFIT_VLLM_DRAFT_MTP ? ",draft=mtp" : "");
     } else if (l.scheme == REFIT_SCHEME_HF) {
         snprintf(l.str, sizeof(l.str), "hf");
     }

@@ -19,6 +19,8 @@ struct refit_layout {
     uint32_t tp, pp, ep, etp, dp, pad;
     uint32_t first, last; /* megatron: layers of the first / last pipeline stage (0: even split) */
     uint32_t names;       /* vllm: REFIT_VLLM_NAMES_* (expert parameter names of the vLLM version) */
+    uint32_t mtp;         /* megatron: MTP layers the trainer holds (mtp.layers.*, last stage); 0: none */
+    uint32_t draft;       /* vllm: REFIT_VLLM_DRAFT_* (the target model, or the MTP draft model) */
     uint32_t rep;         /* dtensor: dp_replicate (HSDP's replicate mesh dim); dp is dp_shard */
     uint32_t fused;       /* dtensor: experts as transformers 5's fused 3-d mlp.experts.gate_up_proj / down_proj */
     uint32_t world;
@@ -29,6 +31,12 @@ struct refit_layout {
  * w2_weight (fused, vLLM before the MoE runner refactor; SGLang) or
  * mlp.experts.routed_experts.w13_weight / w2_weight (routed, vLLM 0.32). */
 enum { REFIT_VLLM_NAMES_FUSED = 0, REFIT_VLLM_NAMES_ROUTED = 1 };
+
+/* vllm draft=: the layout of the target model (none, the default: the main
+ * layers, as vLLM's model runner holds them) or of vLLM's DeepSeek MTP draft
+ * model (draft=mtp: the MTP layers only, as DeepSeekMTP names them, with the
+ * target's tensor parallel split). */
+enum { REFIT_VLLM_DRAFT_NONE = 0, REFIT_VLLM_DRAFT_MTP = 1 };
 
 #define REFIT_LAYOUT_ALIGN 256
 

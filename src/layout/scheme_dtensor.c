@@ -211,6 +211,7 @@ refit_status_t refit_scheme_dtensor(refit_lbuild_t *b, const refit_layout_t *l, 
     for (size_t i = 0; i < m->tensors.len && !b->st; i++) {
         refit_tensor_info_t t;
         refit_model_tensor(m, i, &t);
+        if (refit_model_tensor_is_mtp(m, i)) continue; /* transformers' models hold no MTP layers */
         if (l->fused && is_routed_expert(t.name)) continue;
         param(b, l, &t, tr, fr);
     }

@@ -14,7 +14,16 @@
  *  - TE grouped experts linear_fc1.weight{j}/linear_fc2.weight{j}, j local,
  *    global expert ep_rank*E/ep + j, intermediate split over etp;
  *  - vocabulary padded to a multiple of pad*tp (pad=0: none), padded rows at
- *    the global end; output_layer on the last stage unless tied. */
+ *    the global end; output_layer on the last stage unless tied;
+ *  - mtp=N (Megatron-Core's mtp_num_layers; megatron-core 0.16.1,
+ *    transformer/multi_token_prediction.py): MultiTokenPredictionBlock
+ *    `mtp` on the last stage, layer i (canonical model.layers.{L+i}) holding
+ *    enorm / hnorm (norms of the embedding and of the hidden state),
+ *    eh_proj [H/tp, 2H] (column parallel over [embedding; hidden]), the
+ *    decoder layer as transformer_layer.* (the decoder's names) and
+ *    final_layernorm (shared_head.norm); the embedding and output layer are
+ *    the main model's, and with pp > 1 the last stage keeps its own tied
+ *    copy of the embedding (embedding.word_embeddings.weight). */
 #include <stdio.h>
 
 #include "layout/layout.h"
@@ -79,6 +88,11 @@ refit_status_t refit_scheme_megatron_check(const refit_layout_t *l, const refit_
     }
     RULE(padded_vocab(l, s) % l->tp == 0, "%s: vocab %u (pad=%u) is not divisible by tp=%u", l->str, s->vocab, l->pad,
          l->tp);
+    RULE(l->mtp <= s->mtp_layers, "%s: mtp=%u MTP layers, but model %s has %u (num_nextn_predict_layers)", l->str,
+         l->mtp, s->name, s->mtp_layers);
+    if (l->mtp)
+        RULE(s->hidden % l->tp == 0, "%s: hidden_size %u is not divisible by tp=%u (the MTP eh_proj)", l->str,
+             s->hidden, l->tp);
     return REFIT_OK;
 }
 
@@ -239,6 +253,33 @@ static void vocab_shard(refit_lbuild_t *b, const refit_model_spec_t *s, uint64_t
     if (lo < s->vocab) refit_lb_rows(b, id, 0, 0, canon, lo, REFIT_MIN(per, s->vocab - lo));
 }
 
+/* MTP layer i (megatron-core's mtp.layers.{i}), canonical model.layers.{L+i}. */
+static void mtp_layer(refit_lbuild_t *b, const refit_model_spec_t *s, const refit_layout_t *l, uint32_t i, uint32_t t,
+                      uint32_t local_rank)
+{
+    const uint32_t layer = s->layers + i;
+    const uint64_t H = s->hidden, rows = H / l->tp;
+    char lp[64], tl[96], cp[64], name[256], local[256];
+    snprintf(lp, sizeof(lp), "mtp.layers.%u.", i);
+    snprintf(tl, sizeof(tl), "%stransformer_layer.", lp);
+    snprintf(cp, sizeof(cp), "model.layers.%u", layer);
+    static const char *const norms[][2] = {{"enorm.weight", "enorm.weight"},
+                                           {"hnorm.weight", "hnorm.weight"},
+                                           {"final_layernorm.weight", "shared_head.norm.weight"}};
+    for (size_t k = 0; k < REFIT_ARRAY_LEN(norms); k++) {
+        snprintf(local, sizeof(local), "%s%s", lp, norms[k][0]);
+        snprintf(name, sizeof(name), "%s.%s", cp, norms[k][1]);
+        refit_lb_whole(b, local, name);
+    }
+    uint32_t eh = refit_lb_local(b, 0, 2, (uint64_t[]){rows, 2 * H}, "%seh_proj.weight", lp);
+    snprintf(name, sizeof(name), "%s.eh_proj.weight", cp);
+    refit_lb_rows(b, eh, 0, 0, name, t * rows, rows);
+    if (s->arch == REFIT_ARCH_MLA) attention_mla(b, s, tl, cp, l->tp, t);
+    else attention_gqa(b, s, tl, cp, l->tp, t);
+    if (refit_spec_layer_is_moe(s, layer)) mlp_moe(b, s, l, tl, cp, t, local_rank);
+    else mlp_dense(b, s, tl, cp, l->tp, t);
+}
+
 refit_status_t refit_scheme_megatron(refit_lbuild_t *b, const refit_layout_t *l, uint32_t rank)
 {
     const refit_model_spec_t *s = &b->model->spec;
@@ -263,6 +304,10 @@ refit_status_t refit_scheme_megatron(refit_lbuild_t *b, const refit_layout_t *l,
         /* Tied and pipelined: the last stage keeps its own copy of the
          * embedding as output_layer (synced by Megatron after each step). */
         else if (l->pp > 1) vocab_shard(b, s, vp, l->tp, t, "output_layer.weight", "model.embed_tokens.weight");
+        /* The MTP stage needs the embedding: a tied copy when it is not stage 0. */
+        if (l->mtp && l->pp > 1)
+            vocab_shard(b, s, vp, l->tp, t, "embedding.word_embeddings.weight", "model.embed_tokens.weight");
+        for (uint32_t i = 0; i < l->mtp && !b->st; i++) mtp_layer(b, s, l, i, t, local_rank);
     }
     return b->st;
 }

@@ -68,7 +68,7 @@ static const refit_model_spec_t g_specs[] = {
      .head_dim = 128,
      .intermediate = 28672,
      .vocab = 128256},
-    /* deepseek-ai/DeepSeek-V3 (the 61 main layers; the MTP layer is not included) */
+    /* deepseek-ai/DeepSeek-V3: 61 layers and its MTP layer (model.layers.61) */
     {.name = "deepseek-v3",
      .arch = REFIT_ARCH_MLA,
      .dtype = BF16,
@@ -87,7 +87,8 @@ static const refit_model_spec_t g_specs[] = {
      .kv_lora_rank = 512,
      .qk_nope_dim = 128,
      .qk_rope_dim = 64,
-     .v_head_dim = 128},
+     .v_head_dim = 128,
+     .mtp_layers = 1},
     /* moonshotai/Kimi-K2-Instruct */
     {.name = "kimi-k2",
      .arch = REFIT_ARCH_MLA,
@@ -183,6 +184,27 @@ static const refit_model_spec_t g_specs[] = {
      .qk_nope_dim = 8,
      .qk_rope_dim = 4,
      .v_head_dim = 8},
+    /* tiny-mtp: tiny-mla with two MTP layers (model.layers.3 and .4). */
+    {.name = "tiny-mtp",
+     .arch = REFIT_ARCH_MLA,
+     .dtype = BF16,
+     .hidden = 64,
+     .layers = 3,
+     .heads = 8,
+     .kv_heads = 8,
+     .intermediate = 96,
+     .experts = 8,
+     .moe_intermediate = 16,
+     .shared_experts = 1,
+     .first_dense = 1,
+     .vocab = 997,
+     .router_bias = true,
+     .q_lora_rank = 32,
+     .kv_lora_rank = 16,
+     .qk_nope_dim = 8,
+     .qk_rope_dim = 4,
+     .v_head_dim = 8,
+     .mtp_layers = 2},
     /* FP8 targets: every linear dimension a multiple of 128, so
      * 128x128 blocks align with vLLM tp=2 shards (head_dim 128, 2 kv heads,
      * expert width 256).  tiny-fp8 for tests; qwen3-fp8-mini (~0.4 GB) for the bench. */

@@ -263,7 +263,8 @@ static refit_status_t read_mla(const refit_json_t *cfg, refit_model_spec_t *s)
         (st = get_u32(cfg, "n_routed_experts", true, 1, 0, &s->experts)) ||
         (st = get_u32(cfg, "n_shared_experts", false, 0, 0, &s->shared_experts)) ||
         (st = get_u32(cfg, "first_k_dense_replace", true, 0, 0, &s->first_dense)) ||
-        (st = get_u32(cfg, "moe_layer_freq", false, 1, 1, &freq)))
+        (st = get_u32(cfg, "moe_layer_freq", false, 1, 1, &freq)) ||
+        (st = get_u32(cfg, "num_nextn_predict_layers", false, 0, 0, &s->mtp_layers)))
         return st;
     if (freq != 1)
         return refit_error(REFIT_ERR_UNSUPPORTED,

@@ -17,6 +17,7 @@ typedef struct {
     refit_model_t *m; /* NULL: count only */
     const refit_model_spec_t *s;
     uint64_t tensors, bytes;
+    bool mtp; /* the tensors being added belong to an MTP layer */
     refit_status_t st;
 } builder_t;
 
@@ -41,7 +42,7 @@ static void add(builder_t *b, refit_dtype_t dtype, uint32_t ndim, uint64_t d0, u
         b->st = refit_error(REFIT_ERR_INVALID_ARG, "model %s: the size of %s overflows 64 bits", b->s->name, name);
         return;
     }
-    refit_tdesc_t t = {.name = refit_strdup(name), .dtype = dtype, .ndim = ndim, .shape = {d0, d1}};
+    refit_tdesc_t t = {.name = refit_strdup(name), .dtype = dtype, .ndim = ndim, .shape = {d0, d1}, .mtp = b->mtp};
     if (!t.name || REFIT_VEC_PUSH(&b->m->tensors, t)) {
         free(t.name);
         b->st = refit_error(REFIT_ERR_NO_MEMORY, "building the tensor table");
@@ -107,6 +108,23 @@ static void add_layer(builder_t *b, const refit_model_spec_t *s, uint32_t l)
     }
 }
 
+/* MTP layer l (l >= layers; DeepSeek-V3's model.layers.61): a decoder layer
+ * and the tensors that feed it, as DeepSeek's checkpoints name them:
+ * enorm (the next token's embedding), hnorm (the previous depth's hidden
+ * state), eh_proj [H, 2H] over their concatenation [embedding; hidden] and
+ * shared_head.norm before the (shared) output head. */
+static void add_mtp_layer(builder_t *b, const refit_model_spec_t *s, uint32_t l)
+{
+    const uint64_t H = s->hidden;
+    b->mtp = true;
+    add_layer(b, s, l);
+    add(b, s->dtype, 1, H, 0, "model.layers.%u.enorm.weight", l);
+    add(b, s->dtype, 1, H, 0, "model.layers.%u.hnorm.weight", l);
+    add(b, s->dtype, 2, H, 2 * H, "model.layers.%u.eh_proj.weight", l);
+    add(b, s->dtype, 1, H, 0, "model.layers.%u.shared_head.norm.weight", l);
+    b->mtp = false;
+}
+
 /* Every canonical tensor, in checkpoint order (counted only when b->m is NULL). */
 static void build_table(builder_t *b)
 {
@@ -114,6 +132,7 @@ static void build_table(builder_t *b)
     const uint64_t V = s->vocab, H = s->hidden;
     add(b, s->dtype, 2, V, H, "model.embed_tokens.weight");
     for (uint32_t l = 0; l < s->layers && !b->st; l++) add_layer(b, s, l);
+    for (uint32_t i = 0; i < s->mtp_layers && !b->st; i++) add_mtp_layer(b, s, s->layers + i);
     add(b, s->dtype, 1, H, 0, "model.norm.weight");
     if (!s->tie) add(b, s->dtype, 2, V, H, "lm_head.weight");
 }
@@ -135,6 +154,7 @@ static refit_status_t check_spec(const refit_model_spec_t *s)
         uint32_t value, max;
     } lim[] = {
         {"num_hidden_layers", s->layers, REFIT_MODEL_MAX_LAYERS},
+        {"num_nextn_predict_layers", s->mtp_layers, REFIT_MODEL_MAX_MTP_LAYERS},
         {"hidden_size", s->hidden, REFIT_MODEL_MAX_HIDDEN},
         {"num_attention_heads", s->heads, REFIT_MODEL_MAX_HEADS},
         {"num_key_value_heads", s->kv_heads, REFIT_MODEL_MAX_HEADS},
@@ -165,6 +185,9 @@ static refit_status_t check_spec(const refit_model_spec_t *s)
                 "model %s: num_attention_heads %u is not a multiple of num_key_value_heads %u", s->name, s->heads,
                 s->kv_heads);
     }
+    REQUIRE(s->mtp_layers == 0 || s->arch == REFIT_ARCH_MLA,
+            "model %s: MTP layers (num_nextn_predict_layers %u) are supported for DeepSeek-V3-style (MLA) models only",
+            s->name, s->mtp_layers);
     if (s->arch == REFIT_ARCH_MOE || s->arch == REFIT_ARCH_MLA) {
         REQUIRE(s->experts > 0 && s->moe_intermediate > 0,
                 "model %s: a MoE model needs num_experts and moe_intermediate_size", s->name);

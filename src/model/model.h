@@ -18,7 +18,7 @@ typedef struct refit_model_spec {
     refit_arch_t arch;
     refit_dtype_t dtype;       /* of the weights (bf16 for every built-in) */
     uint32_t hidden;           /* hidden_size */
-    uint32_t layers;           /* num_hidden_layers (MTP layers are not included) */
+    uint32_t layers;           /* num_hidden_layers (the main layers; MTP layers are mtp_layers) */
     uint32_t heads;            /* num_attention_heads */
     uint32_t kv_heads;         /* num_key_value_heads (GQA groups); MLA: = heads */
     uint32_t head_dim;         /* GQA: head_dim (hidden/heads when config omits it) */
@@ -33,6 +33,12 @@ typedef struct refit_model_spec {
     bool router_bias;          /* mlp.gate.e_score_correction_bias [experts] fp32 (deepseek_v3) */
     /* MLA numbers (arch == REFIT_ARCH_MLA) */
     uint32_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
+    /* num_nextn_predict_layers (MLA: DeepSeek-V3's multi-token prediction):
+     * layers [layers, layers + mtp_layers) are MTP layers, each a decoder layer
+     * (MoE) plus enorm, hnorm, eh_proj [H, 2H] and shared_head.norm.  Their
+     * embed_tokens and shared_head.head, copies of the main model's in the
+     * checkpoint (shared by Megatron-Core and vLLM), are not canonical. */
+    uint32_t mtp_layers;
 } refit_model_spec_t;
 
 typedef struct {
@@ -40,7 +46,9 @@ typedef struct {
     refit_dtype_t dtype;
     uint32_t ndim;
     uint64_t shape[REFIT_MAX_DIMS];
+    bool mtp; /* a tensor of an MTP layer */
 } refit_tdesc_t;
+
 
 struct refit_model {
     refit_model_spec_t spec;
@@ -54,6 +62,10 @@ static inline bool refit_spec_layer_is_moe(const refit_model_spec_t *s, uint32_t
 {
     return s->experts > 0 && l >= s->first_dense;
 }
+
+/* True if canonical tensor i is a tensor of an MTP layer (layouts of
+ * runtimes without MTP layers leave them out). */
+static inline bool refit_model_tensor_is_mtp(const refit_model_t *m, size_t i) { return m->tensors.data[i].mtp; }
 
 /* Builds a model (canonical table included) from a spec, after checking that
  * its numbers are consistent (REFIT_ERR_INVALID_ARG naming the field). */

@@ -157,21 +157,87 @@ def test_refit_mla_two_phase(ckpts):
     assert r["final_generation_equal"]
 
 
+MTP_LAYER = "model.layers.2"  # the tiny DeepSeek-V3's MTP layer (num_hidden_layers 2)
+
+
 def test_refit_with_mtp_draft(ckpts):
-    """DeepSeek MTP speculation (vLLM 0.32 runs it on the CPU): a refit moves the target; the MTP layer keeps its
-    loaded bytes (refit's canonical list has no MTP layers, and the backend declares no draft target), while
-    the draft's embedding and lm_head are the target's.  Greedy output is the target's regardless."""
-    r, work = _single(ckpts, "v2-mtp", "mtp", v1="v1-mtp", dump_draft=True, mla_facts=False,
+    """DeepSeek MTP speculation (vLLM 0.32 runs it on the CPU), the draft refitted as its own target
+    (refit.vllm.draft): the trainer stand-ins hold the MTP layer (megatron mtp=1); each update is the target's
+    session and then a draft session (start_draft_weight_update) of the same version.  The target and the draft
+    model both hold, parameter for parameter (buffers, packed matmuls and MLA's derived tensors included), what an
+    engine started on v2 holds; greedy generation is identical.  Refused first: a draft update from publishers
+    without the MTP layer (megatron without mtp=), the draft left at v1."""
+    r, work = _single(ckpts, "v2-mtp", "mtp", v1="v1-mtp", dump_draft=True, mla_facts=False, draft_update=True,
+                      src_layout="megatron:tp=2,ep=2,mtp=1", draft_negative="megatron:tp=2,ep=2",
+                      mla_unalias_draft=True,
                       llm_extra={"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}})
+    # the refusal: named, nothing written
+    neg = r["draft_negative"]
+    assert neg["error"] and "draft update to version 1 failed" in neg["error"], neg["error"]
+    assert "REFIT_ERR_UNCOVERED" in neg["error"] and f"{MTP_LAYER}." in neg["error"], neg["error"]
+    assert neg["draft_vs_v1"]["equal"], neg["draft_vs_v1"]["mismatches"]
+
     assert r["refit_vs_reference"]["equal"], "\n".join(r["refit_vs_reference"]["mismatches"])
     assert r["v1_generation"] != r["reference_generation"]
     assert r["refit_generation"] == r["reference_generation"]  # tokens and logprobs
+    # the draft: v1 differs from v2 in its own tensors, the refitted draft equals the draft of an engine on v2
+    assert not r["v1_draft_vs_reference"]["equal"]
+    assert r["refit_draft_vs_reference"]["equal"], "\n".join(r["refit_draft_vs_reference"]["mismatches"])
     v1, ref, refit = _dump(work, "v1-draft"), _dump(work, "ref-draft"), _dump(work, "refit-draft")
-    stale = sorted(k for k in refit if not refit[k].equal(ref[k]))
-    assert stale and all(refit[k].equal(v1[k]) for k in stale)  # the draft's own tensors: still v1's
-    assert any("eh_proj" in k for k in stale) and any("mtp_block" in k for k in stale)
-    shared = sorted(k for k in refit if k not in stale and not v1[k].equal(ref[k]))
-    print("draft tensors left at v1:", len(stale), "refitted through the target (shared):", shared)
+    mla = f"{MTP_LAYER}.mtp_block.self_attn.mla_attn.mla_attn"
+    own = [f"param:{MTP_LAYER}.eh_proj.weight", f"param:{MTP_LAYER}.enorm.weight",
+           f"param:{MTP_LAYER}.shared_head.norm.weight", f"param:{mla}.W_UK_T", f"param:{mla}.W_UV",
+           f"param:{MTP_LAYER}.mtp_block.mlp.experts.routed_experts.w13_weight",
+           f"param:{MTP_LAYER}.mtp_block.mlp.gate.e_score_correction_bias",
+           f"matmul:{MTP_LAYER}.mtp_block.self_attn.q_b_proj", f"matmul:{MTP_LAYER}.mtp_block.mlp.gate"]
+    for k in own:
+        assert k in ref and not v1[k].equal(ref[k]) and refit[k].equal(ref[k]), k
+    assert r["mla_unaliased_draft"] == [2]  # the MTP block's W_UK_T / W_UV had storage of their own
+    w = r["draft_engine"][0][0]
+    assert w["refit"].startswith(ROOT), w["refit"]  # the worker imported this checkout's refit
+    init = w["init"]
+    assert init["draft"] == "mtp" and init["layout"].endswith(",names=routed,draft=mtp"), init
+    assert init["shared_with_target"] == ["model.embed_tokens.weight", f"{MTP_LAYER}.shared_head.head.weight"]
+    assert init["mla_layers"] == [mla] and sorted(init["derived"]) == [f"{mla}.W_UK_T", f"{mla}.W_UV"]
+    assert set(init["classes"]) == {"direct", "linear-cpu", "moe-cpu"}, init["classes"]
+    assert w["versions"]["draft"] == 1 and w["versions"]["committed"] == 1
+    last = r["updates"][0]["workers"][0]["last"]
+    assert last["target"] == "draft" and "mla-derived" in last["apply_ms"], last
+
+
+@pytest.fixture(scope="module")
+def dense_ckpts(tmp_path_factory):
+    """A tiny Qwen3 target (tied embeddings) and a one-layer tiny Qwen3 draft of the same vocabulary, v1 and v2."""
+    root = tmp_path_factory.mktemp("draft")
+    out = {"root": root}
+    for ver, seed in (("v1", 31), ("v2", 32)):
+        out[ver] = vllm_models.write(vllm_models.DENSE, str(root / ver / vllm_models.DENSE), seed)
+        out["draft-" + ver] = vllm_models.write(vllm_models.DENSE, str(root / ver / "tiny-qwen3-draft"), seed + 10,
+                                                num_hidden_layers=1)
+    return out
+
+
+def test_refit_draft_model(dense_ckpts):
+    """Speculative decoding with a draft model of its own (method "draft_model": a one-layer Qwen3 drafting for a
+    Qwen3 target; vLLM 0.32 runs it on the CPU): the same draft binding, with the draft's own model spec and
+    identity (tiny-qwen3-draft), served by its own publishers (group "draft", init_info draft_group).  Target and
+    draft both byte-equal to an engine started on v2 (with the v2 draft), greedy generation identical."""
+    c = dense_ckpts
+    root = c["root"]
+    cfg = {"v1": c["v1"], "v2": c["v2"], "bad": None, "tp": 1, "ep": False, "trainer": None,
+           "src_layout": "megatron:tp=2", "refit": REFIT_BIN, "work": str(root / "work-draft-model"), "versions": 2,
+           "generate": True, "negative": False, "dump_draft": True, "draft_update": True,
+           "draft_model": {"v1": c["draft-v1"], "v2": c["draft-v2"], "n": 2, "src_layout": "megatron:tp=2"}}
+    r = _drive("vllm_driver.py", cfg, root, "draft-model")
+    assert r["refit_vs_reference"]["equal"], "\n".join(r["refit_vs_reference"]["mismatches"])
+    assert not r["v1_draft_vs_reference"]["equal"]
+    assert r["refit_draft_vs_reference"]["equal"], "\n".join(r["refit_draft_vs_reference"]["mismatches"])
+    assert r["v1_generation"] != r["reference_generation"] and r["refit_generation"] == r["reference_generation"]
+    assert r["refit_again"]["vs_reference"]["equal"]
+    init = r["draft_engine"][0][0]["init"]
+    assert init["draft"] == "model" and init["model"] == "tiny-qwen3-draft" and init["group"] == "draft", init
+    assert init["layout"] == "vllm:tp=1,ep=1,dp=1,pad=64" and init["shared_with_target"] == [], init
+    assert set(init["classes"]) == {"direct", "embedding", "linear-cpu"}, init["classes"]
 
 
 # ---------------------------------------------------------------- refusals (no engine)
@@ -224,6 +290,33 @@ def test_refusals_by_name():
     assert classify("x.proj.weight", lin, "cpu") == "linear-cpu"
     lin._cpu_skip_gemm_dispatch = True  # MLA's kv_b_proj: vLLM keeps the weight and reads it live
     assert classify("x.proj.weight", lin, "cpu") == "direct"
+    # a plain torch Linear (the MTP draft's eh_proj): direct; with a bias, not a class refit has checked
+    assert classify("m.eh_proj.weight", torch.nn.Linear(4, 2, bias=False), "cpu") == "direct"
+    with pytest.raises(RefitVllmError, match=r"m\.eh_proj\.weight: layer class Linear is not one refit has checked"):
+        classify("m.eh_proj.weight", torch.nn.Linear(4, 2), "cpu")
+
+    # draft targets: only DeepSeek MTP and draft_model drafts, refused by name otherwise (refit.vllm.draft)
+    from types import SimpleNamespace as NS
+    from refit.vllm.draft import draft_kind
+
+    class DeepSeekMTP(torch.nn.Module):
+        pass
+
+    class EagleLlamaForCausalLM(torch.nn.Module):
+        pass
+
+    def vcfg(method):
+        return NS(speculative_config=NS(method=method, draft_model_config=object()))
+
+    assert draft_kind(vcfg("mtp"), DeepSeekMTP()) == "mtp"
+    assert draft_kind(vcfg("draft_model"), torch.nn.Module()) == "model"
+    with pytest.raises(RefitVllmError, match=r"draft model EagleLlamaForCausalLM \(speculative method 'eagle'\) is not "
+                                             "one refit describes"):
+        draft_kind(vcfg("eagle"), EagleLlamaForCausalLM())
+    with pytest.raises(RefitVllmError, match=r"draft model Module \(speculative method 'mtp'\)"):
+        draft_kind(vcfg("mtp"), torch.nn.Module())  # an MTP class other than DeepSeek's
+    with pytest.raises(RefitVllmError, match=r"no speculative draft model configured"):
+        draft_kind(NS(speculative_config=None), DeepSeekMTP())
 
     class Stub:  # what VllmBinding._check_buffers reads
         layout_str = "vllm:tp=1"

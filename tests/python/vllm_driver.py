@@ -11,8 +11,14 @@ CONFIG: {"v1": dir, "v2": dir, "bad": dir (a checkpoint with one wrong shape; wi
          "versions": K, "generate": bool (default true; false skips every generation: vLLM 0.32 on the CPU cannot
          run an MoE forward pass with expert parallel, see the end of main),
          issue 35 (optional): "llm_extra": more LLM(...) arguments (a speculative_config), "dump_draft": also dump
-         the draft model (reference, v1, refit), "mla_facts": record whether MLA's W_UK_T / W_UV share kv_b_proj's
-         storage, "mla_unalias": then give them storage of their own (w_mla_unalias)}
+         the draft model (reference, v1, refit), "draft_update": every update is followed by one of the draft
+         model (start_draft_weight_update, same version), "draft_negative": a layout whose publishers hold no MTP
+         layer (job "no-mtp"): a draft update from them must fail and leave the draft at v1 (step 4b),
+         "draft_model": {"v1": dir, "v2": dir, "n": tokens, "src_layout": layout}: speculative decoding with a draft
+         model of its own (method "draft_model", each engine with the draft of its version), served by publishers
+         of group "draft" (init_info draft_group),
+         "mla_facts": record whether MLA's W_UK_T / W_UV share kv_b_proj's storage, "mla_unalias": then give them
+         storage of their own (w_mla_unalias), "mla_unalias_draft": the same in the draft model}
 
 What it does, in order (each vLLM is LLM(..., skip_tokenizer_init=True, enforce_eager=True)):
   1. reference: vLLM started on v2; every worker dumps its live state (below) and greedy generation is recorded;
@@ -75,10 +81,9 @@ def _save_rank(self, directory, state):
     return {"rank": self.rank, "tensors": len(state)}
 
 
-def w_dump(self, directory):
-    """Every parameter and buffer of the live model, and the effective weight of every packed CPU matmul."""
+def _live_state(m):
+    """Every parameter and buffer of module m, and the effective weight of every packed CPU matmul in it."""
     import torch
-    m = self.model_runner.get_model()
     with torch.no_grad():
         state = _tensors_of(m)
         for n, mod in m.named_modules():
@@ -88,15 +93,24 @@ def w_dump(self, directory):
             k = getattr(mod, "input_size_per_partition", None) or getattr(mod, "input_size", None) or \
                 getattr(mod, "embedding_dim")
             state["matmul:" + n] = f(torch.eye(k, dtype=torch.bfloat16), getattr(mod, "weight", None), None).clone()
-    return _save_rank(self, directory, state)
+    return state
+
+
+def w_dump(self, directory):
+    """Every parameter and buffer of the live model, and the effective weight of every packed CPU matmul."""
+    return _save_rank(self, directory, _live_state(self.model_runner.get_model()))
 
 
 def w_dump_draft(self, directory):
-    """The speculative draft model's parameters and buffers (issue 35: a refit moves the target only)."""
-    import torch
-    with torch.no_grad():
-        state = _tensors_of(self.model_runner.get_draft_model())
-    return _save_rank(self, directory, state)
+    """The speculative draft model's live state, as w_dump's (issue 35: its own target, start_draft_weight_update)."""
+    return _save_rank(self, directory, _live_state(self.model_runner.get_draft_model()))
+
+
+def w_draft_engine(self):
+    """The draft target's init report and the refit module the worker imported (issue 35)."""
+    import refit
+    e = self.weight_transfer_engine
+    return {"rank": self.rank, "init": e.draft_init_report, "versions": e.versions(), "refit": refit.__file__}
 
 
 def w_mla_facts(self):
@@ -112,11 +126,11 @@ def w_mla_facts(self):
     return out
 
 
-def w_mla_unalias(self):
+def w_mla_unalias(self, draft=False):
     """Issue 35: gives every MLA layer's W_UK_T / W_UV storage of their own (same values, same Parameter objects),
     as vLLM's split makes when the activation dtype differs from the weight's: from then on only a re-run of
-    vLLM's derivation can bring them to a new kv_b_proj."""
-    m = self.model_runner.get_model()
+    vLLM's derivation can bring them to a new kv_b_proj.  draft: in the speculative draft model."""
+    m = self.model_runner.get_draft_model() if draft else self.model_runner.get_model()
     n = 0
     for _, mod in m.named_modules():
         if type(mod).__name__ == "MLAAttention":
@@ -202,13 +216,16 @@ def generate(llm, enabled=True):
     return res
 
 
-def start_llm(path: str, cfg: dict, refit: bool):
+def start_llm(path: str, cfg: dict, refit: bool, ver: str = "v2"):
     from vllm import LLM
     kw = dict(model=path, tensor_parallel_size=cfg["tp"], skip_tokenizer_init=True, enforce_eager=True,
               dtype="bfloat16", max_model_len=128, max_num_seqs=4, seed=0)
     if cfg.get("ep"):
         kw["enable_expert_parallel"] = True
     kw.update(cfg.get("llm_extra") or {})  # e.g. a speculative_config (issue 35's MTP run)
+    dm = cfg.get("draft_model")
+    if dm:  # issue 35: speculative decoding with a draft model of its own, of the engine's version
+        kw["speculative_config"] = {"method": "draft_model", "model": dm[ver], "num_speculative_tokens": dm["n"]}
     if refit:
         kw["weight_transfer_config"] = {"backend": "refit"}
     t = time.perf_counter()
@@ -225,7 +242,7 @@ def stop_llm(llm):
     gc.collect()
 
 
-def publishers(cfg, ckpt, job, versions, acks, reg, log):
+def publishers(cfg, ckpt, job, versions, acks, reg, log, group=None):
     import refit
     world = refit.Layout(cfg["src_layout"]).world
     procs = []
@@ -244,6 +261,7 @@ def publishers(cfg, ckpt, job, versions, acks, reg, log):
     for r in range(world):
         cmd = [cfg["refit"], "publish", "--from-safetensors", ckpt, "--layout", cfg["src_layout"], "--rank", str(r),
                "--registry", reg, "--job", job, "--versions", str(versions), "--timeout-ms", "600000",
+               *(["--group", group] if group else []),
                "--hold-ms", "600000"]
         if acks:
             cmd += ["--acks", str(acks)]
@@ -289,11 +307,16 @@ def _vllm_shm():
         return set()
 
 
-def update(llm, version):
+def update(llm, version, draft=False):
+    """One update of the target; with draft, then one of the speculative draft model, same version."""
     t = time.perf_counter()
     llm.start_weight_update()
     llm.update_weights({"update_info": {"version": version}})
     llm.finish_weight_update()
+    if draft:
+        llm.start_draft_weight_update()
+        llm.update_weights({"update_info": {"version": version}})
+        llm.finish_weight_update()
     return (time.perf_counter() - t) * 1e3
 
 
@@ -326,7 +349,7 @@ def main(cfg_path, out_path):
 
     try:
         # 1. reference
-        ref, secs = start_llm(cfg["v2"], cfg, refit=False)
+        ref, secs = start_llm(cfg["v2"], cfg, refit=False, ver="v2")
         ref.collective_rpc(w_dump, args=(os.path.join(work, "ref"),))
         if cfg.get("dump_draft"):
             ref.collective_rpc(w_dump_draft, args=(os.path.join(work, "ref-draft"),))
@@ -336,14 +359,21 @@ def main(cfg_path, out_path):
         del ref
 
         # 2. publishers
-        procs += publishers(cfg, cfg["v2"], "good", K, tp, reg, log)
+        # Every receiver acknowledges each version; a draft target is a receiver of its own on every worker, of
+        # the same group for an MTP draft, of the draft's publishers' group "draft" for a draft model.
+        dm = cfg.get("draft_model")
+        mtp_draft = cfg.get("draft_update") and not dm
+        procs += publishers(cfg, cfg["v2"], "good", K, tp * (2 if mtp_draft else 1), reg, log)
+        if dm:
+            procs += publishers(dict(cfg, src_layout=dm["src_layout"]), dm["v2"], "good", K, tp, reg, log,
+                                group="draft")
         neg_on = cfg.get("negative", True)
         if neg_on:
             procs += publishers(cfg, cfg["bad"], "bad-shape", 1, 0, reg, log)
             wn_pub, _wn_arena, wn_tensor = wrong_name_publisher(cfg["v2"], reg, "bad-name")
 
         # 3. vLLM on v1 with the refit backend
-        llm, secs = start_llm(cfg["v1"], cfg, refit=True)
+        llm, secs = start_llm(cfg["v1"], cfg, refit=True, ver="v1")
         llm.collective_rpc(w_dump, args=(os.path.join(work, "v1"),))
         if cfg.get("dump_draft"):
             llm.collective_rpc(w_dump_draft, args=(os.path.join(work, "v1-draft"),))
@@ -354,6 +384,8 @@ def main(cfg_path, out_path):
             if cfg.get("mla_unalias"):
                 res["mla_unaliased"] = llm.collective_rpc(w_mla_unalias)
                 res["mla_facts_unaliased"] = llm.collective_rpc(w_mla_facts)
+        if cfg.get("mla_unalias_draft"):
+            res["mla_unaliased_draft"] = llm.collective_rpc(w_mla_unalias, args=(True,))
         step("v1", start_s=secs)
 
         # 4. negative
@@ -389,17 +421,45 @@ def main(cfg_path, out_path):
             res["wrong_name_tensor"] = wn_tensor
             wn_pub.close()
 
+        # 4b. (issue 35) a draft update from publishers without the MTP layer: refused, the draft keeps v1
+        if cfg.get("draft_negative"):
+            nm = publishers(dict(cfg, src_layout=cfg["draft_negative"]), cfg["v2"], "no-mtp", 1, 0, reg, log)
+            procs += nm
+            llm.collective_rpc("init_weight_transfer_engine",
+                               args=({"registry": reg, "job": "no-mtp", "timeout_ms": 20000},))
+            err = None
+            try:
+                llm.start_draft_weight_update()
+                llm.update_weights({"update_info": {"version": 1}})
+                llm.finish_weight_update()
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"
+            llm.collective_rpc(w_dump_draft, args=(os.path.join(work, "after-no-mtp-draft"),))
+            res["draft_negative"] = {"error": err, "draft_vs_v1": compare(os.path.join(work, "after-no-mtp-draft"),
+                                                                         os.path.join(work, "v1-draft"), tp)}
+            step("draft_negative", error=(err or "")[:300], intact=res["draft_negative"]["draft_vs_v1"]["equal"])
+
         # 5. the refit
-        llm.collective_rpc("init_weight_transfer_engine", args=({"registry": reg, "job": "good"},))
+        init = {"registry": reg, "job": "good"}
+        if dm:
+            init["draft_group"] = "draft"
+        llm.collective_rpc("init_weight_transfer_engine", args=(init,))
         res["updates"] = []
+        draft = bool(cfg.get("draft_update"))
         for v in range(1, K):
-            ms = update(llm, v)
+            ms = update(llm, v, draft)
             rep = llm.collective_rpc(w_engine)
+            if draft:
+                res.setdefault("draft_engine", []).append(llm.collective_rpc(w_draft_engine))
             res["updates"].append({"version": v, "driver_ms": ms, "workers": rep})
             if v == 1:
                 llm.collective_rpc(w_dump, args=(os.path.join(work, "refit"),))
                 if cfg.get("dump_draft"):
                     llm.collective_rpc(w_dump_draft, args=(os.path.join(work, "refit-draft"),))
+                    res["v1_draft_vs_reference"] = compare(os.path.join(work, "v1-draft"),
+                                                           os.path.join(work, "ref-draft"), tp)
+                    res["refit_draft_vs_reference"] = compare(os.path.join(work, "refit-draft"),
+                                                              os.path.join(work, "ref-draft"), tp)
                 res["refit_vs_reference"] = compare(os.path.join(work, "refit"), os.path.join(work, "ref"), tp)
                 res["refit_generation"] = generate(llm, gen)
                 step("refit", version=v, driver_ms=ms, equal=res["refit_vs_reference"]["equal"])
@@ -415,7 +475,7 @@ def main(cfg_path, out_path):
              ms=[w["total_ms"] for w in lw])
 
         # 7. refit again after vLLM's own path
-        ms = update(llm, K)
+        ms = update(llm, K, draft)
         llm.collective_rpc(w_dump, args=(os.path.join(work, "refit-again"),))
         res["refit_again"] = {"driver_ms": ms, "workers": llm.collective_rpc(w_engine),
                               "vs_reference": compare(os.path.join(work, "refit-again"), os.path.join(work, "ref"), tp),

@@ -341,7 +341,11 @@ static void test_qwen3_30b_a3b(void **state)
 static void test_deepseek_v3(void **state)
 {
     (void)state;
-    check_published("DeepSeek-V3", DEEPSEEK_V3, "deepseek-v3", 1342052868096ULL);
+    /* The main model's 671.03 B parameters and its MTP layer's 11.61 B
+     * (num_nextn_predict_layers 1; DeepSeek's "14B MTP module" also counts
+     * the layer's copies of the embedding and output head, 2 x 0.93 B, which
+     * are the main model's and not canonical tensors). */
+    check_published("DeepSeek-V3", DEEPSEEK_V3, "deepseek-v3", 1365273005056ULL);
 }
 
 static void test_kimi_k2(void **state)
@@ -372,7 +376,7 @@ static void test_builtin_totals(void **state)
         uint64_t bytes;
     } real[] = {
         {"qwen3-30b-a3b", 61064245248ULL}, {"qwen3-8b", 16381470720ULL},  {"llama3-8b", 16060522496ULL},
-        {"deepseek-v3", 1342052868096ULL}, {"kimi-k2", 2052816510976ULL}, {"qwen3-235b-a22b", 470187269120ULL},
+        {"deepseek-v3", 1365273005056ULL}, {"kimi-k2", 2052816510976ULL}, {"qwen3-235b-a22b", 470187269120ULL},
         {"llama3-70b", 141107412992ULL},
     };
     for (size_t i = 0; i < sizeof(real) / sizeof(real[0]); i++) {
@@ -556,6 +560,22 @@ static void test_defaults_and_options(void **state)
     m = from_text(t, NULL);
     assert_false(m->spec.router_bias);
     assert_int_equal(refit_model_find_tensor(m, "model.layers.3.mlp.gate.e_score_correction_bias"), -1);
+    refit_model_destroy(m);
+    free(t);
+    /* num_nextn_predict_layers: the MTP layer model.layers.61 (MoE, with eh_proj
+     * [H, 2H]); 0 or absent: none. */
+    m = from_text(DEEPSEEK_V3, NULL);
+    assert_int_equal(m->spec.mtp_layers, 1);
+    int64_t eh = refit_model_find_tensor(m, "model.layers.61.eh_proj.weight");
+    assert_true(eh > 0);
+    assert_int_equal(m->tensors.data[eh].shape[1], 2 * 7168);
+    assert_true(refit_model_find_tensor(m, "model.layers.61.mlp.experts.255.down_proj.weight") > 0);
+    assert_int_equal(refit_model_find_tensor(m, "model.layers.62.enorm.weight"), -1);
+    refit_model_destroy(m);
+    t = with_field(DEEPSEEK_V3, "num_nextn_predict_layers", "0");
+    m = from_text(t, NULL);
+    assert_int_equal(refit_model_find_tensor(m, "model.layers.61.eh_proj.weight"), -1);
+    assert_true(refit_model_total_bytes(m) == 1342052868096ULL); /* the 671 B of the main model */
     refit_model_destroy(m);
     free(t);
     /* No shared experts; first_k_dense_replace 0 (every layer MoE). */
@@ -889,6 +909,8 @@ static void test_limits(void **state)
          "qk_rope_head_dim 4097 is above refit's limit of 4096"},
         {DEEPSEEK_V3, "v_head_dim", "4097", NULL, NULL, REFIT_ERR_INVALID_ARG,
          "v_head_dim 4097 is above refit's limit of 4096"},
+        {DEEPSEEK_V3, "num_nextn_predict_layers", "17", NULL, NULL, REFIT_ERR_INVALID_ARG,
+         "num_nextn_predict_layers 17 is above refit's limit of 16"},
         /* each number within its limit, their products not: the tensor count, the bytes */
         {QWEN3_30B_A3B, "num_hidden_layers", "1024", "num_experts", "4096", REFIT_ERR_INVALID_ARG,
          "12592131 tensors (num_hidden_layers 1024, 4096 experts) are above refit's limit of 1048576"},

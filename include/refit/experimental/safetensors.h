@@ -71,8 +71,10 @@ REFIT_API uint64_t refit_safetensors_size(const refit_safetensors_t *f);
  * "hf", rank 0, world 1) with one region per shard file (the whole file, at
  * most 64 shards): each canonical tensor of the model is a local tensor at its
  * byte offset in its shard, placed whole.  Tensors of the files that are not
- * canonical (rotary caches, MTP layers) are left out.  Errors: a canonical
- * tensor missing (REFIT_ERR_NOT_FOUND, naming it and how many others) or of
+ * canonical (rotary caches, an MTP layer's copies of the embedding and head;
+ * every MTP layer when the model has none) are left out.  Errors: a canonical
+ * tensor missing (REFIT_ERR_NOT_FOUND, naming it and how many others, and
+ * saying when they are the model's MTP layers) or of
  * another dtype or shape (REFIT_ERR_MISMATCH), a shard that does not read
  * (as refit_safetensors_open), an index naming a tensor its shard lacks.
  * The caller owns *manifest (give it to refit_publisher_create) and attaches

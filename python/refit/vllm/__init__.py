@@ -22,7 +22,8 @@ The modules, one responsibility each:
   info      RefitInitInfo, RefitUpdateInfo (init_info and update_info, checked)
   geometry  the worker's parallel geometry, platform, refit model and layout options
   classify  the path of each live tensor (direct, embedding, linear-cpu, moe-cpu), or a refusal naming it
-  bind      VllmBinding: the live model as a receiver manifest and its memory
+  bind      VllmBinding: the live model (target or draft) as a receiver manifest and its memory
+  draft     draft targets (issue 35): which speculative drafts refit describes, their identity
   postload  the CPU post-load steps run after a pull
   derived   derived state (issue 35): MLA's W_UK_T / W_UV, re-derived by vLLM's own step after a pull or commit
   executor  realign_worker_replies, the workaround for vLLM 0.32's executor after a failed call

@@ -1,7 +1,12 @@
 """The engine: RefitWeightTransferEngine, the `refit` weight-transfer backend vLLM creates in every worker
 (refit.vllm.plugin registers it).  Each worker is one refit Receiver bound to its live model (bind.VllmBinding);
-an update is a pull, an agreement of every tensor-parallel worker on its outcome, then the post-load step."""
+an update is a pull, an agreement of every tensor-parallel worker on its outcome, then the post-load step.  A
+speculative draft model is a second target (refit.vllm.draft): its own binding and receiver, made at the first
+draft session (vLLM's start_draft_weight_update), updated single-phase."""
 import json
+import os
+import re
+import socket
 import time
 from typing import List, Optional
 
@@ -11,6 +16,7 @@ from vllm.logger import init_logger
 from ..core import Receiver, RefitError
 from .bind import VllmBinding
 from .classify import moe_backend
+from .draft import draft_identity, draft_kind
 from .errors import RefitVllmError
 from .info import RefitInitInfo, RefitUpdateInfo
 
@@ -52,12 +58,15 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
 
     init_info_cls = RefitInitInfo
     update_info_cls = RefitUpdateInfo
-    supports_draft_weight_update = False  # the layout is the main model's
+    supports_draft_weight_update = True  # DeepSeek MTP drafts and draft models (refit.vllm.draft)
 
     def __init__(self, config, vllm_config, device, model):
         super().__init__(config, vllm_config, device, model)
         self.binding: Optional[VllmBinding] = None
         self.rx: Optional[Receiver] = None
+        self.draft_binding: Optional[VllmBinding] = None  # made at the first draft session
+        self.draft_rx: Optional[Receiver] = None
+        self.draft_init_report: dict = {}
         self.info: Optional[RefitInitInfo] = None
         self.report: dict = {}
         self.reports: List[dict] = []
@@ -69,14 +78,11 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         if self.rx is not None:
             self.shutdown()
         two = init_info.stage == "host"
-        b = VllmBinding(self.model, self.vllm_config, init_info.model, stage_all=two,
+        b = VllmBinding(self._default_model, self.vllm_config, init_info.model, stage_all=two,
                         staging_budget=init_info.staging_budget, staging_hugepages=init_info.staging_hugepages)
-        dev = self.device.index if getattr(self.device, "type", "cpu") == "cuda" else -1
-        if dev is None:
-            dev = 0
         rx = Receiver(b.manifest, registry=init_info.registry, job=init_info.job, group=init_info.group,
                       transports=init_info.transports, transport_options=init_info.transport_options,
-                      device=dev, threads=init_info.stage_threads if two else 0)
+                      device=self._device_index(), threads=init_info.stage_threads if two else 0)
         b.attach(rx)
         if two:
             from .inflight import Stager
@@ -95,6 +101,44 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
                     b.geometry["rank"], b.layout_str, b.geometry["rank"], b.rmodel.name, b.names or "none (dense)",
                     {k: v["tensors"] for k, v in b.classes.items()})
 
+    def _device_index(self) -> int:
+        dev = self.device.index if getattr(self.device, "type", "cpu") == "cuda" else -1
+        return 0 if dev is None else dev
+
+    def _is_draft(self) -> bool:
+        """This session's target is the draft model (vLLM's start_draft_weight_update set it)."""
+        return self.model is not self._default_model
+
+    def _bind_draft(self) -> None:
+        """The draft's binding and receiver (refit.vllm.draft), made for the draft model vLLM set as the target, once
+        (again only after a re-init); a refusal names what refit does not describe and changes nothing."""
+        if self.draft_binding is not None and self.draft_binding.model is self.model:
+            return
+        self._drop_draft()
+        kind = draft_kind(self.vllm_config, self.model)
+        info = self.info
+        b = VllmBinding(self.model, self.vllm_config, draft_identity(kind, info), model_config=self.model_config,
+                        draft=kind, target=self._default_model)
+        # The draft's receiver is a reader of its own: the default name (host:pid:r<rank>) is the target
+        # receiver's, and leases and the publishers' acks are counted by name.
+        host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:60] or "host"
+        rx = Receiver(b.manifest, registry=info.registry, job=info.job, group=info.draft_group or info.group,
+                      transports=info.transports, transport_options=info.transport_options,
+                      reader=f"{host}:{os.getpid()}:r{b.geometry['rank']}:draft", device=self._device_index(),
+                      threads=0)
+        b.attach(rx)
+        self.draft_binding, self.draft_rx = b, rx
+        self.draft_init_report = dict(_init_report(b), draft=kind, group=info.draft_group or info.group,
+                                      shared_with_target=b.shared)
+        logger.info("refit: worker rank %d binds the %s draft (%s) as %s rank %d of %s; shared with the target: %s; "
+                    "paths: %s", b.geometry["rank"], kind, type(self.model).__name__, b.layout_str, b.geometry["rank"],
+                    b.rmodel.name, b.shared or "none", {k: v["tensors"] for k, v in b.classes.items()})
+
+    def _drop_draft(self) -> None:
+        if self.draft_rx is not None:
+            self.draft_rx.close()
+        self.draft_binding, self.draft_rx, self.draft_init_report = None, None, {}
+
     def parse_update_info(self, update_dict) -> RefitUpdateInfo:
         """{"version": N}, {"version": "newest"}, {} (newest), or the bare value (N or "newest")."""
         if isinstance(update_dict, (int, str)) and not isinstance(update_dict, bool):
@@ -107,18 +151,21 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
 
     def start_weight_update(self) -> None:
         self._need()
-        self._session = {"start": time.perf_counter(), "updates": []}
+        draft = self._is_draft()
+        if draft:  # start_draft_weight_update: vLLM has set the draft model as the target
+            self._bind_draft()
+        self._session = {"start": time.perf_counter(), "updates": [], "target": "draft" if draft else "model"}
 
-    def _pull(self, update_info: RefitUpdateInfo):
+    def _pull(self, update_info: RefitUpdateInfo, b: VllmBinding, rx: Receiver):
         """This worker's pull: (report, None) or (None, (status, detail naming the worker and what was written))."""
         want = None if update_info.version == "newest" else update_info.version
         try:
-            return self.rx.pull(want, self.info.timeout_ms), None
+            return rx.pull(want, self.info.timeout_ms), None
         except RefitError as e:
-            after = ("nothing was written" if self.rx.usable else
+            after = ("nothing was written" if rx.usable else
                      "the transfer had begun: parameters written in place (the direct ones) may hold a mix of "
                      "versions until an update succeeds")
-            return None, (e.status, f"worker rank {self.binding.geometry['rank']}: {e.detail}; {after}")
+            return None, (e.status, f"worker rank {b.geometry['rank']}: {e.detail}; {after}")
 
     def _follow_experts(self, when: str) -> None:
         """Expert load balancing (refit.vllm.experts): no update while EPLB is rebalancing; a binding whose plan
@@ -136,6 +183,8 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
 
     def receive_weights(self, update_info: RefitUpdateInfo) -> None:
         self._need()
+        if self._is_draft():
+            return self._draft_update(update_info)
         if update_info.phase in ("stage", "update"):
             self._follow_experts(f"before version {update_info.version}")
         if self.stager is not None:
@@ -143,10 +192,26 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         if update_info.phase != "update":
             raise RefitVllmError(f"phase {update_info.phase!r} needs init_info stage=\"host\" (this engine was "
                                  "initialized with stage=\"none\": single-phase updates)", "update_weights")
-        g = self.binding.geometry
+        self._single(update_info, self.binding, self.rx)
+
+    def _draft_update(self, u: RefitUpdateInfo) -> None:
+        """An update in a draft session: single phase, into the draft's own binding."""
+        if u.phase != "update":
+            raise RefitVllmError(f"phase {u.phase!r} in a draft session: draft updates are single-phase (phase "
+                                 "\"update\"); nothing was written", "update_weights")
+        self._bind_draft()
+        busy = self.draft_binding.experts_busy() or self.draft_binding.experts_moved()
+        if busy:
+            raise RefitVllmError(f"draft update refused before version {u.version}: {busy}; nothing was written "
+                                 "(re-initialize the backend after the rebalance)", "update_weights", -47)
+        self._single(u, self.draft_binding, self.draft_rx)
+
+    def _single(self, update_info: RefitUpdateInfo, b: VllmBinding, rx: Receiver) -> None:
+        """Pull into binding b through rx, agree with every worker, then run b's post-load steps."""
+        g = b.geometry
         t0 = time.perf_counter()
-        rep, err = self._pull(update_info)
-        moved = None if err is not None else (self.binding.experts_busy() or self.binding.experts_moved())
+        rep, err = self._pull(update_info, b, rx)
+        moved = None if err is not None else (b.experts_busy() or b.experts_moved())
         if moved:
             err = (-47, f"worker rank {g['rank']}: EPLB moved experts during the pull ({moved}); the expert slots "
                         "written may hold other experts' bytes until an update succeeds")
@@ -158,14 +223,18 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             mine = "" if err is not None else (
                 f" (worker rank {g['rank']} pulled version {rep.version}; its staged layers were not rebuilt and its "
                 "direct parameters hold that version until an update succeeds)")
-            raise RefitVllmError(f"update to version {update_info.version} failed ({self.binding.layout_str}, job "
-                                 f"{self.info.job}, group {self.info.group}): " + " | ".join(m for _, m in failed)
+            draft = b is self.draft_binding
+            what, grp = ("draft update", self.info.draft_group or self.info.group) if draft else ("update",
+                                                                                                  self.info.group)
+            raise RefitVllmError(f"{what} to version {update_info.version} failed ({b.layout_str}, job "
+                                 f"{self.info.job}, group {grp}): " + " | ".join(m for _, m in failed)
                                  + mine + "; staged layers keep the previous version",
                                  "update_weights", failed[0][0])
         t1 = time.perf_counter()
-        apply_ms = self.binding.apply()
+        apply_ms = b.apply()
         t2 = time.perf_counter()
         rec = _update_record(rep, (t1 - t0) * 1e3, apply_ms, (t2 - t1) * 1e3)
+        rec["target"] = "draft" if b is self.draft_binding else "model"
         if self._session is not None:
             self._session["updates"].append(rec)
         self.report = rec
@@ -212,14 +281,16 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
 
     def versions(self) -> dict:
         """This worker's weight versions: committed (None: the checkpoint vLLM loaded), staged, staging, the last
-        stage's error, mixed (a commit stopped after live writes), the last stage's and commit's records.  With
-        stage="none": committed is the receiver's last pulled version."""
+        stage's error, mixed (a commit stopped after live writes), the last stage's and commit's records, and draft:
+        the version the draft model's receiver last pulled (None: none yet).  With stage="none": committed is the
+        receiver's last pulled version."""
         self._need()
+        d = self.draft_rx.committed if self.draft_rx is not None else 0
         if self.stager is None:
             c = self.rx.committed
             return {"committed": c if c > 0 else None, "staged": None, "staging": None, "error": None,
-                    "mixed": None, "last_stage": {}, "last_commit": {}}
-        return self.stager.versions()
+                    "mixed": None, "last_stage": {}, "last_commit": {}, "draft": d if d > 0 else None}
+        return dict(self.stager.versions(), draft=d if d > 0 else None)
 
     def is_staged(self, version: int) -> bool:
         return self.versions()["staged"] == version
@@ -239,6 +310,7 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         logger.info("refit: update done on rank %d: %s", self.binding.geometry["rank"], json.dumps(self.report))
 
     def shutdown(self) -> None:
+        self._drop_draft()
         if self.stager is not None:
             self.stager.wait(self.info.timeout_ms / 1e3 if self.info else 60)
             self.stager = None

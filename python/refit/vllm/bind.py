@@ -1,6 +1,11 @@
 """The binding: a live vLLM model described as a refit receiver of its worker's vllm layout -- the manifest, the
 memory of each region, and the step that runs after a pull (postload.apply).
 
+The model is the target (the model runner's model) or a speculative draft model (draft_target below): a DeepSeek
+MTP draft is the layout's draft=mtp part of the same model; a draft model of method "draft_model" is a model of its
+own with the plain layout.  A draft's parameters that are the target's own objects (vLLM shares the target's
+embedding and lm_head with an MTP draft) are the target's: left to the target's binding.
+
 Region 0 is a staging arena holding the loader's layout of the staged tensors; every direct tensor is a region of
 its own whose memory is the live parameter's storage (no parameter is moved or re-allocated: the storage vLLM
 captured stays the storage)."""
@@ -29,9 +34,8 @@ class Item:
     path: str
 
 
-def _refuse_unsupported(model, vllm_config):
-    """What no path of refit's handles, refused before anything is built, naming it."""
-    mc = vllm_config.model_config
+def _refuse_unsupported(model, vllm_config, mc):
+    """What no path of refit's handles, refused before anything is built, naming it (mc: the model's config)."""
     if getattr(mc, "quantization", None):
         raise RefitVllmError(f"quantization={mc.quantization!r} is not supported (refit moves unquantized "
                              "weights; a quantized model repacks and rescales after loading)")
@@ -47,25 +51,38 @@ class VllmBinding:
     (see the module docstring for the regions)."""
 
     def __init__(self, model, vllm_config, identity: Optional[str] = None, stage_all: bool = False,
-                 staging_budget: Optional[int] = None, staging_hugepages: bool = False):
+                 staging_budget: Optional[int] = None, staging_hugepages: bool = False, model_config=None,
+                 draft: Optional[str] = None, target=None):
+        """draft: None (the target model), "mtp" (vLLM's DeepSeek MTP draft: layout draft=mtp) or "model" (a draft
+        model of its own: the plain layout of its model_config); target: the target model whose parameters a
+        draft shares (those are left out)."""
         t0 = time.perf_counter()
         self.stage_all = stage_all  # two-phase (refit.vllm.inflight): every tensor goes to the arena
         self._want_huge = staging_hugepages
         self.model, self.vllm_config = model, vllm_config
-        _refuse_unsupported(model, vllm_config)
+        self.model_config = model_config or vllm_config.model_config
+        self.draft = draft
+        _refuse_unsupported(model, vllm_config, self.model_config)
         self.platform = platform_name()
         if self.platform not in ("cpu", "cuda"):
             raise RefitVllmError(f"platform {self.platform} is not supported (refit handles cpu and cuda)")
         self.geometry = g = worker_geometry(vllm_config)
         self.mla = derived.find_mla(model, self.platform)  # layers whose W_UK_T / W_UV vLLM derives (derived.py)
         params = dict(model.named_parameters())
+        self.shared = []  # a draft's parameters that are the target's objects: refitted with the target
+        if target is not None:
+            theirs = {id(p) for p in target.parameters()}
+            self.shared = sorted(n for n, p in params.items() if id(p) in theirs)
         self.derived = derived.derived_names(self.mla, params)  # not checkpoint tensors: recomputed after a pull
         for n in self.derived:
             del params[n]
         self.names = detect_names(params)
-        self.rmodel = refit_model(vllm_config.model_config, identity)
-        spec = (f"vllm:tp={g['tp']},ep={g['ep']},dp={g['dp']},pad={vocab_pad(params, self.rmodel, g['tp'])}"
-                + (",names=routed" if self.names == "routed" else ""))
+        self.rmodel = refit_model(self.model_config, identity)
+        pad = vocab_pad(params, self.rmodel, g["tp"])
+        for n in self.shared:
+            del params[n]
+        spec = (f"vllm:tp={g['tp']},ep={g['ep']},dp={g['dp']},pad={pad}"
+                + (",names=routed" if self.names == "routed" else "") + (",draft=mtp" if draft == "mtp" else ""))
         self.layout = Layout(spec)
         scheme = self.layout.manifest(self.rmodel, g["rank"])
         self.layout_str = scheme.identity["layout"]
@@ -257,5 +274,5 @@ class VllmBinding:
     def apply(self) -> Dict[str, float]:
         """After a complete pull: rebuild what vLLM derives from the loader's tensors.  Returns ms per class."""
         ms = postload.apply(self.items, self.staged_views, self.model, self.platform)
-        ms.update(derived.refresh(self.mla, derived.act_dtype(self.vllm_config)))  # after kv_b_proj is written
+        ms.update(derived.refresh(self.mla, self.model_config.dtype))  # after kv_b_proj is written
         return ms

@@ -54,14 +54,19 @@ def classify(name: str, module, platform: str) -> str:
     moe-cpu; raises RefitVllmError naming what is not supported."""
     qm = getattr(module, "quant_method", None)
     mcls = type(module).__name__
+    attr = name.rpartition(".")[2]
     if qm is None:
+        import torch
         from vllm.model_executor.layers.layernorm import RMSNorm
         if type(module) is RMSNorm:
+            return "direct"
+        if type(module) is torch.nn.Linear and attr == "weight" and module.bias is None:
+            # A plain torch Linear (DeepSeek MTP's eh_proj in vLLM 0.32): F.linear on the live weight at every call,
+            # no post-load step on any platform: written in place.
             return "direct"
         raise RefitVllmError(f"{name}: layer class {mcls} is not one refit has checked (its post-load processing "
                              "is unknown)")
     qcls = type(qm).__name__
-    attr = name.rpartition(".")[2]
     # The MoE gate (GateLinear) keeps UnquantizedLinearMethod on the CPU; _GateLinearMethod only where the ROCm
     # bf16x3 split is on (refused: it derives a split weight).
     gate = _exact(qm, *_GATE_LINEAR) and not getattr(module, "allow_rocm_bf16x3_router_gemm", True)

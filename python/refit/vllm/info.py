@@ -38,7 +38,11 @@ class RefitInitInfo(WeightTransferInitInfo):
     library's default, one per CPU); commit_copy: how a two-phase commit copies host bytes: "memmove" (the
     default: one memmove per tensor in the calling thread) or "torch" (flat byte copies by torch's kernel over the
     worker's intra-op threads; on the shared 2-core VM slower and far less steady, docs/vllm.md); staging_hugepages:
-    the CPU staging memory of stage="host" in transparent huge pages (default false: no gain measured, docs/vllm.md)."""
+    the CPU staging memory of stage="host" in transparent huge pages (default false: no gain measured, docs/vllm.md);
+    draft_group: the publishers' group of the speculative draft model (refit.vllm.draft; default: group, right for
+    a DeepSeek MTP draft, whose tensors the target's publishers hold); draft_model: the model name the draft's
+    publishers publish under (default: the target's for an MTP draft, the draft's config directory's base name for
+    a draft model of its own)."""
     registry: str
     job: str
     group: str = "trainer"
@@ -51,6 +55,8 @@ class RefitInitInfo(WeightTransferInitInfo):
     stage_threads: int = 1
     commit_copy: str = "memmove"
     staging_hugepages: bool = False
+    draft_group: Optional[str] = None
+    draft_model: Optional[str] = None
 
     def __post_init__(self):
         call = "refit init_info"
@@ -71,7 +77,7 @@ class RefitInitInfo(WeightTransferInitInfo):
                                  call)
         for k in ("registry", "job", "group"):
             _string(call, k, getattr(self, k), optional=False)
-        for k in ("transports", "model", "transport_options"):
+        for k in ("transports", "model", "transport_options", "draft_group", "draft_model"):
             _string(call, k, getattr(self, k), optional=True)
         _integer(call, "timeout_ms", self.timeout_ms, "a positive integer")
         if self.timeout_ms <= 0:
