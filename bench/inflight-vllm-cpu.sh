@@ -42,7 +42,11 @@ JSON
 done
 out=${OUT:-bench/results/inflight-vllm-cpu.json}
 mkdir -p "$(dirname "$out")"
-cmd="UPDATES=${UPDATES:-5} TP=${TP:-1} TP2=${TP2:-} COMMIT_COPY_AB=${COMMIT_COPY_AB:-} COPY_PROBE=${COPY_PROBE:-false}"
+# OpenMP's wait policy, when set, is part of the command (GOMP_SPINCOUNT, OMP_WAIT_POLICY: how long the engine's
+# OpenMP team spins after a parallel region; the commit's copies share the cores with it: docs/vllm.md)
+omp=""
+for v in GOMP_SPINCOUNT OMP_WAIT_POLICY; do [ -n "${!v:-}" ] && omp="$omp$v=${!v} "; done
+cmd="${omp}UPDATES=${UPDATES:-5} TP=${TP:-1} TP2=${TP2:-} COMMIT_COPY_AB=${COMMIT_COPY_AB:-} COPY_PROBE=${COPY_PROBE:-false}"
 cmd="$cmd HUGEPAGES_AB='${HUGEPAGES_AB:-}'"
 cmd="$cmd bench/inflight-vllm-cpu.sh"
 "$py" - "$out" "$cmd" "$(uptime)" "${runs[@]}" <<'PY'
