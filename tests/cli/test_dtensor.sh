@@ -3,7 +3,9 @@
 # from a 64-way FSDP2 source (dtensor:dp_shard=64) into vLLM TP2 plans with 0
 # redundant bytes, reads what it writes, and writes the same bytes as the same
 # destination planned from a megatron source; the plan time of one rank is
-# printed.  Tiny models execute and verify every byte; refusals are named.
+# printed.  Tiny models execute and verify every byte (FSDP, HSDP, TP x FSDP
+# with experts and with tied embeddings, expert-parallel meshes); refusals are
+# named.
 # Usage: test_dtensor.sh PATH_TO_REFIT
 set -u
 refit=$1
@@ -48,10 +50,18 @@ expect "hsdp execute" 0 "every destination byte verified" -- \
   "$refit" plan --model tiny-moe --src dtensor:dp_shard=3,dp_replicate=2 --dst megatron:tp=2 --all-ranks --execute
 expect "tp x fsdp execute" 0 "every destination byte verified" -- \
   "$refit" plan --model tiny-dense --src dtensor:dp_shard=2,tp=2 --dst hf --all-ranks --execute
-expect "experts under tp refused" 1 "expert tensors under tp > 1" -- \
-  "$refit" plan --model tiny-moe --src dtensor:dp_shard=2,tp=2 --dst vllm:tp=2
-expect "ep mesh refused" 1 "dtensor has no ep mesh dimension" -- \
-  "$refit" plan --model tiny-moe --src dtensor:ep=2 --dst vllm:tp=2
+expect "experts under tp x fsdp execute" 0 "every destination byte verified" -- \
+  "$refit" plan --model tiny-moe --src dtensor:dp_shard=2,tp=2 --dst vllm:tp=2 --all-ranks --execute
+expect "expert-parallel mesh execute" 0 "every destination byte verified" -- \
+  "$refit" plan --model tiny-moe --src dtensor:dp_shard=2,tp=2,ep=2 --dst megatron:tp=2,ep=2 --all-ranks --execute
+expect "tied embeddings under tp execute" 0 "every destination byte verified" -- \
+  "$refit" plan --model tiny-tied --src dtensor:dp_shard=2,tp=2 --dst vllm:tp=2 --all-ranks --execute
+expect "split experts under tp refused" 1 "experts=split) under tp > 1 are not described" -- \
+  "$refit" plan --model tiny-moe --src dtensor:dp_shard=2,tp=2,experts=split --dst vllm:tp=2
+expect "ep mesh on a dense model refused" 1 "ep=2, but tiny-dense has no experts" -- \
+  "$refit" plan --model tiny-dense --src dtensor:dp_shard=2,ep=2 --dst vllm:tp=2
+expect "cp mesh refused" 1 "dtensor has no cp mesh dimension" -- \
+  "$refit" plan --model tiny-moe --src dtensor:cp=2 --dst vllm:tp=2
 expect "unknown knob" 1 "unknown knob 'fsdp'" -- \
   "$refit" plan --model tiny-moe --src dtensor:fsdp=2 --dst vllm:tp=2
 
