@@ -1,20 +1,29 @@
 """refit.fsdp.dtensor on a model sharded by torch's real FSDP2 (torch.distributed.fsdp.fully_shard), on the CPU.
 
 Real torch.distributed (gloo) processes load a tiny transformers checkpoint (tests/python/vllm_models.py: a
-Qwen3-MoE with fused 3-d experts under transformers 5, and a dense Qwen3 with tied embeddings), shard it with
-fully_shard per decoder layer and at the root - plain FSDP over 2 and 4 processes, HSDP over a 2x2 (replicate x
-shard) mesh, and FSDP over TP on a 2x2 (dp_shard x tp) mesh (parallelize_module with transformers' own tp plan:
-q/k/v/gate/up colwise, o/down rowwise, lm_head colwise; untied embeddings, since the scheme refuses tied ones
-under TP) - and bind each rank's shards with refit.fsdp.dtensor, which checks every parameter against the
-library's dtensor layout (torch's compute_local_shape_and_global_offset against the manifest's box, FSDP2's
-padded storage size against the padded local tensor).  Each rank publishes version 1, takes a real optimizer
-step (forward, backward, AdamW) and publishes version 2.  Checked:
+Qwen3-MoE with fused 3-d experts under transformers 5, and a dense Qwen3 with tied embeddings) and shard it two
+ways.  "torch" cases: fully_shard per decoder layer and at the root - plain FSDP over 2 and 4 processes, HSDP
+over a 2x2 (replicate x shard) mesh, and FSDP over TP on a 2x2 (dp_shard x tp) mesh with torch's
+parallelize_module and TP_PLAN (q/k/v/gate/up colwise, o/down rowwise, lm_head colwise; untied).  "transformers"
+cases: transformers 5.19's own distributed code (_transformers_distribute: the model's tp plan, ep plan and fsdp
+plan, as from_pretrained(distributed_config=...) applies them) on a 2x2 (fsdp x tp) mesh - the tied dense Qwen3
+(one vocab-parallel parameter), the Qwen3-MoE with packed_colwise experts, and the Qwen3-MoE with expert
+parallel (ep=2: grouped_gemm experts on transformers' (efsdp, ep) mesh).  Each rank binds its shards with
+refit.fsdp.dtensor, which checks every parameter against the library's dtensor layout (the global indices
+torch's own placements give each dimension of to_local() against every box of the manifest, the storage
+against the padded local tensor), publishes version 1, takes a real optimizer step (forward, backward, AdamW)
+and publishes version 2.  Checked:
   - zero copy: every region is the parameter's own storage, and no storage moved across the optimizer step;
   - receivers of the `hf` layout and of `vllm:tp=2` (both ranks) in this process, refit's C receiver through
     the binding, pull both versions; the hf tensors equal, byte for byte, the checkpoint (v1) and the full
     state dict gathered by FSDP2's own full_tensor() after the step (v2, fused experts split per expert here);
     every box of the vllm destination equals the same bytes of those tensors;
-  - refusals by name: fp32 sharded parameters against the bf16 checkpoint.
+  - refusals by name: fp32 sharded parameters against the bf16 checkpoint; a tied model under torch's
+    parallelize_module (the tie is broken: lm_head.weight unexpected); a binding made before FSDP2's lazy init
+    moved the tied parameter (publish refuses, nothing published);
+  - what transformers and torch did (check_transformers_placements): the placements of the tied embedding, the
+    packed experts, the router and the EP experts; the tied parameter managed by two FSDP2 groups, one of whose
+    buffers goes stale after the step where the vocab chunk is short.
 
 Run: REFIT_LIBRARY=build/librefit.so python -m pytest tests/python/test_fsdp.py (the vLLM venv: torch 2.13 and
 transformers 5.19).
@@ -57,6 +66,51 @@ def _tp(model, tp_mesh):
     parallelize_module(model, tp_mesh, plan)
 
 
+def _transformers_distribute(model, T, F, E):
+    """transformers 5.19's own TP / EP / FSDP2: what from_pretrained(..., distributed_config=DistributedConfig(...))
+    does after building the model (mixin.py maybe_distribute_model: the model's tp plan, its ep plan, then
+    fully_shard by its fsdp plan) and, for a tied model, after loading (modeling_utils.py _finalize_model_loading:
+    tie_weights).  Called on a loaded model because from_pretrained with a distributed_config needs `accelerate`,
+    which the vLLM venv does not have; the loaded placements were compared by hand with a real from_pretrained
+    (accelerate 1.15.0 in a scratch --target directory): the same (docs/layouts.md)."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.utils import initialize_distributed_mesh
+    dc = DistributedConfig(tp_size=T, fsdp_size=F, ep_size=E)
+    _, meshes = initialize_distributed_mesh(dc)
+    model = type(model).maybe_distribute_model(model, dc, meshes)
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
+    return model
+
+
+class _NoEndpoint:
+    def publish(self, version):
+        pass
+
+
+def _fsdp_copies(model, param):
+    """For each FSDP2 parameter group that manages `param` (FSDPParam.sharded_param is param): its module's name and
+    whether the group's sharded buffer (what it all-gathers for the forward) holds param's local bytes."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule):
+            for g in m._get_fsdp_state()._fsdp_param_groups:
+                for fp in g.fsdp_params:
+                    if fp.sharded_param is param:
+                        lt = param._local_tensor
+                        out.append([name or "(root)", torch.equal(fp._sharded_param_data[:lt.numel()].view_as(lt), lt)])
+    return out
+
+
+def _placements(model, names):
+    """{name: [str(placement), ...] + mesh dim names} of the named parameters (what torch / transformers did)."""
+    ps = dict(model.named_parameters())
+    return {n: [repr(x) for x in ps[n].placements] + list(ps[n].device_mesh.mesh_dim_names or ())
+            for n in names if n in ps}
+
+
 def rank_main(a):
     import torch
     import torch.distributed as dist
@@ -67,9 +121,48 @@ def rank_main(a):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
-    R, F, T = a["rep"], a["shard"], a["tp"]
+    R, F, T, E = a["rep"], a["shard"], a["tp"], a["ep"]
+    out = {"rank": a["rank"]}
     model = AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch.bfloat16)
-    if T > 1:
+    if a["plan"] == "transformers" and model.config.tie_word_embeddings:
+        # torch's parallelize_module with the plan of the torch cases (TP_PLAN, lm_head colwise): it registers a
+        # new parameter on lm_head, so the tie is gone - lm_head.weight vocab-parallel, embed_tokens.weight still
+        # replicated - and the adapter refuses the model, naming both
+        m2 = AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch.bfloat16)
+        mesh2 = init_device_mesh("cpu", (F, T), mesh_dim_names=("dp_shard", "tp"))
+        _tp(m2, mesh2["tp"])
+        out["torch_tie_kept"] = m2.lm_head.weight is m2.model.embed_tokens.weight
+        for layer in m2.model.layers:
+            fully_shard(layer, mesh=mesh2["dp_shard"])
+        fully_shard(m2, mesh=mesh2["dp_shard"])
+        try:
+            refit.fsdp.dtensor(m2, refit.Model(a["model"]))
+            out["torch_tied"] = "bound"
+        except refit.adapters.AdapterError as e:
+            out["torch_tied"] = str(e)
+        del m2
+    if a["plan"] == "transformers":
+        model = _transformers_distribute(model, T, F, E)
+        names = ["model.embed_tokens.weight", "lm_head.weight", "model.layers.0.mlp.experts.gate_up_proj",
+                 "model.layers.0.mlp.experts.down_proj", "model.layers.0.mlp.gate.weight"]
+        out["placements"] = _placements(model, names)
+        out["tied"] = model.lm_head.weight is model.model.embed_tokens.weight
+        early = refit.fsdp.dtensor(model, refit.Model(a["model"]))  # bound before FSDP2's lazy init
+        if a["warm"]:  # FSDP2's lazy init (first forward) may move storage that was replaced after fully_shard
+            from torch.distributed.fsdp import FSDPModule
+            with torch.no_grad():
+                model(input_ids=torch.zeros(1, 4, dtype=torch.long))
+            # transformers' fsdp plan keeps the tail (embed_tokens / norm / lm_head) unsharded after a forward
+            # (reshard_after_forward=False) until the backward: shard it again before binding
+            for m in model.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
+        try:  # refused (nothing published) if the lazy init moved a parameter's storage since `early` was bound
+            early.publish(_NoEndpoint(), 1)
+            out["early"] = "published"
+        except refit.adapters.AdapterError as e:
+            out["early"] = str(e)
+    elif T > 1:
         mesh = init_device_mesh("cpu", (F, T), mesh_dim_names=("dp_shard", "tp"))
         _tp(model, mesh["tp"])
         dp = mesh["dp_shard"]
@@ -77,11 +170,11 @@ def rank_main(a):
         dp = init_device_mesh("cpu", (R, F), mesh_dim_names=("dp_replicate", "dp_shard"))
     else:
         dp = init_device_mesh("cpu", (F,), mesh_dim_names=("dp_shard",))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=dp)
-    fully_shard(model, mesh=dp)
+    if a["plan"] != "transformers":
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=dp)
+        fully_shard(model, mesh=dp)
     rmodel = refit.Model(a["model"])
-    out = {"rank": a["rank"]}
     # refused by name: fp32 sharded storage (fp32 master weights) against the bf16 checkpoint
     if T == 1:
         m32 = AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch.float32)
@@ -107,7 +200,7 @@ def rank_main(a):
         x = torch.randint(0, model.config.vocab_size, (2, 8), generator=g)
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
-        if T > 1:
+        if T > 1 and a["plan"] == "torch":
             # q_norm / k_norm act on this TP rank's heads only: their gradients are partial sums, to be summed
             # over tp (transformers' tp plan: "replicated_with_grad_allreduce").  Without this the tp replicas
             # diverge after the step, and refit's receivers refuse version 2 (digest mismatch), as seen here.
@@ -118,6 +211,8 @@ def rank_main(a):
         opt.zero_grad()
         out["loss"] = float(loss.detach())
         out["moved"] = [n for n, ad in b.addresses().items() if ad != before[n]]
+        if a["plan"] == "transformers" and model.config.tie_word_embeddings:
+            out["tied_copies"] = _fsdp_copies(model, model.model.embed_tokens.weight)
         full = {n: p.full_tensor() for n, p in model.named_parameters()}  # a collective: every rank
         if a["rank"] == 0:
             torch.save(full, os.path.join(a["work"], f"{a['job']}-v2.pt"))
@@ -177,22 +272,30 @@ def ckpts(tmp_path_factory):
             "deep": vllm_models.write(vllm_models.MOE, str(d / "deep" / vllm_models.MOE), 4, num_hidden_layers=47)}
 
 
-CASES = [("moe", 1, 2, 1), ("dense", 1, 4, 1), ("moe", 2, 2, 1), ("untied", 1, 2, 2), ("deep", 1, 2, 1)]
+# (checkpoint, dp_replicate, dp_shard, tp, ep, plan): plan "torch" = fully_shard per layer (+ torch's
+# parallelize_module with TP_PLAN); "transformers" = transformers' own plans and fsdp plan (_transformers_distribute)
+CASES = {"fsdp2-moe": ("moe", 1, 2, 1, 1, "torch"), "fsdp4-dense": ("dense", 1, 4, 1, 1, "torch"),
+         "hsdp2x2-moe": ("moe", 2, 2, 1, 1, "torch"), "tp2xfsdp2-dense": ("untied", 1, 2, 2, 1, "torch"),
+         "fsdp2-moe-520params": ("deep", 1, 2, 1, 1, "torch"),
+         "tp2xfsdp2-tied-transformers": ("dense", 1, 2, 2, 1, "transformers"),
+         "tp2xfsdp2-moe-transformers": ("moe", 1, 2, 2, 1, "transformers"),
+         "ep2xfsdp2-moe-transformers": ("moe", 1, 2, 2, 2, "transformers")}
 
 
-@pytest.mark.parametrize("kind,rep,shard,tp", CASES, ids=["fsdp2-moe", "fsdp4-dense", "hsdp2x2-moe",
-                                                         "tp2xfsdp2-dense", "fsdp2-moe-520params"])
-def test_fully_shard_publishes(tmp_path, ckpts, kind, rep, shard, tp):
+@pytest.mark.parametrize("case", list(CASES))
+def test_fully_shard_publishes(tmp_path, ckpts, case):
     import torch
     from safetensors.torch import load_file
     import refit
+    kind, rep, shard, tp, ep, plan = CASES[case]
     model_dir = ckpts[kind]
-    world, job, port = rep * shard * tp, f"fsdp-{kind}-{rep}-{shard}-{tp}", _port()
+    world, job, port = rep * shard * tp, f"fsdp-{case}", _port()
     rmodel = refit.Model(model_dir)
     dests = [("hf", 0), ("vllm:tp=2", 0), ("vllm:tp=2", 1)]
     procs, outs = [], []
     for r in range(world):
-        a = {"rank": r, "world": world, "rep": rep, "shard": shard, "tp": tp, "port": port, "model": model_dir,
+        a = {"rank": r, "world": world, "rep": rep, "shard": shard, "tp": tp, "ep": ep, "plan": plan,
+             "warm": os.environ.get("FSDP_TEST_WARM", "1") == "1", "port": port, "model": model_dir,
              "job": job, "registry": f"file:{tmp_path}/reg", "work": str(tmp_path), "receivers": len(dests),
              "out": f"{tmp_path}/rank{r}.json"}
         outs.append(a["out"])
@@ -243,7 +346,7 @@ def test_fully_shard_publishes(tmp_path, ckpts, kind, rep, shard, tp):
         rcs = [p.wait(timeout=300) for p in procs]
     assert rcs == [0] * world, rcs
     res = [json.load(open(o)) for o in outs]
-    want_layout = f"dtensor:dp_shard={shard},dp_replicate={rep},tp={tp},experts=fused"
+    want_layout = f"dtensor:dp_shard={shard},dp_replicate={rep},tp={tp}{f',ep={ep}' if ep > 1 else ''},experts=fused"
     assert sorted(r["layout_rank"] for r in res) == list(range(world)), res
     for r in res:
         assert r["layout"] == want_layout, r
@@ -255,6 +358,49 @@ def test_fully_shard_publishes(tmp_path, ckpts, kind, rep, shard, tp):
             assert r["copied"] == [] and r["regions"] == r["params"], r
         if tp == 1:
             assert "mis-shaped or wrong dtype" in r["fp32"] and "model.embed_tokens.weight: f32" in r["fp32"], r["fp32"]
+    if plan == "transformers":
+        check_transformers_placements(case, res)
+
+
+# What transformers 5.19 + torch 2.13 did, per case (docs/layouts.md, the dtensor section).
+STRIDED_TP, SHARD_TP = "_StridedShard(dim=0, sf=2)", "Shard(dim=0)"
+
+
+def check_transformers_placements(case, res):
+    for r in res:
+        pl = r["placements"]
+        if case == "tp2xfsdp2-tied-transformers":
+            # the config adds embed_tokens "embedding_rowwise" when tied: the one parameter is vocab-parallel
+            # (Shard(0) over tp) like lm_head, and from_pretrained's tie_weights keeps it one parameter
+            assert r["tied"] and pl["model.embed_tokens.weight"] == [STRIDED_TP, SHARD_TP, "fsdp", "tp"], r
+            assert r["torch_tie_kept"] is False, r
+            assert "unexpected (1): lm_head.weight" in r["torch_tied"], r["torch_tied"]
+            assert "mis-shaped or wrong dtype (1):\n    model.embed_tokens.weight: " in r["torch_tied"], r["torch_tied"]
+            # FSDP2 manages the tied parameter twice: in the (embed_tokens, norm) group of transformers' fsdp plan and
+            # in the root's (as lm_head.weight, tied after fully_shard).  Where the vocab chunk is short (250 rows:
+            # 63 and 62 per tp rank, ranks 2 and 3), the root's lazy init copies it into a new padded buffer and
+            # moves the parameter there: a binding made before the first forward is refused (moved) ...
+            short = r["rank"] // 2 == 1
+            assert (r["early"] == "published") != short, r["early"]
+            assert short <= ("model.embed_tokens.weight: the sharded storage moved" in r["early"]), r["early"]
+            # ... and after the optimizer step the other group's buffer no longer holds the parameter's bytes (the
+            # buffer it all-gathers for the forward is stale); refit publishes the parameter's own (= full_tensor())
+            assert [c for c in r["tied_copies"] if c[0] != "model.norm"] == \
+                [["(root)", not short], ["model.embed_tokens", True]], r["tied_copies"]
+        else:
+            assert r["early"] == "published", r["early"]  # nothing replaced after fully_shard: nothing moves
+        if case == "tp2xfsdp2-moe-transformers":
+            # packed_colwise: _StridedShard(1, 2) over tp (gate chunk t, up chunk t); FSDP2's Shard(0) of the experts
+            assert pl["model.layers.0.mlp.experts.gate_up_proj"] == \
+                [SHARD_TP, "_StridedShard(dim=1, sf=2)", "fsdp", "tp"], r
+            assert pl["model.layers.0.mlp.experts.down_proj"] == [SHARD_TP, "Shard(dim=2)", "fsdp", "tp"], r
+            assert pl["model.layers.0.mlp.gate.weight"] == [SHARD_TP, "fsdp"], r  # the router: replicated over tp
+            assert pl["model.embed_tokens.weight"] == [SHARD_TP, "fsdp"], r  # untied: no embedding rule
+            assert pl["lm_head.weight"] == [STRIDED_TP, SHARD_TP, "fsdp", "tp"], r
+        elif case == "ep2xfsdp2-moe-transformers":
+            # grouped_gemm: Shard(0) over ep; FSDP2 over efsdp: _StridedShard(0, ep)
+            for n in ("gate_up_proj", "down_proj"):
+                assert pl[f"model.layers.0.mlp.experts.{n}"] == [STRIDED_TP, SHARD_TP, "efsdp", "ep"], r
 
 
 if __name__ == "__main__":
