@@ -112,12 +112,20 @@ def _placements(model, names):
 
 
 def rank_main(a):
+    """One gloo process of the world: runs the cases of a["runs"] one after the other (each its own job)."""
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a["port"]))
+    dist.init_process_group("gloo", rank=a["rank"], world_size=a["world"])
+    outs = [rank_run(dict(a, **run)) for run in a["runs"]]
+    json.dump(outs, open(a["out"], "w"))
+    dist.destroy_process_group()
+
+
+def rank_run(a):
     import torch
     import torch.distributed as dist
     import refit
     import refit.fsdp
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a["port"]))
-    dist.init_process_group("gloo", rank=a["rank"], world_size=a["world"])
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
@@ -220,8 +228,7 @@ def rank_main(a):
         b.publish(pub, 2)
         pub.wait_acks(2, a["receivers"], 120000)
         pub.wait_readers(2, 120000)
-    json.dump(out, open(a["out"], "w"))
-    dist.destroy_process_group()
+    return out
 
 
 def canonical_of(full, rmodel):
@@ -280,64 +287,34 @@ CASES = {"fsdp2-moe": ("moe", 1, 2, 1, 1, "torch"), "fsdp4-dense": ("dense", 1, 
          "tp2xfsdp2-tied-transformers": ("dense", 1, 2, 2, 1, "transformers"),
          "tp2xfsdp2-moe-transformers": ("moe", 1, 2, 2, 1, "transformers"),
          "ep2xfsdp2-moe-transformers": ("moe", 1, 2, 2, 2, "transformers")}
+# Cases of one world size run one after the other in the same processes (one process start and import for all)
+GROUPS = {c: [c] for c in list(CASES)[:5]}
+GROUPS["transformers-2x2-tied-moe-ep"] = [c for c in CASES if c.endswith("-transformers")]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_fully_shard_publishes(tmp_path, ckpts, case):
-    import torch
-    from safetensors.torch import load_file
-    import refit
-    kind, rep, shard, tp, ep, plan = CASES[case]
-    model_dir = ckpts[kind]
-    world, job, port = rep * shard * tp, f"fsdp-{case}", _port()
-    rmodel = refit.Model(model_dir)
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_fully_shard_publishes(tmp_path, ckpts, group):
+    cases = GROUPS[group]
+    worlds = {CASES[c][1] * CASES[c][2] * CASES[c][3] for c in cases}
+    assert len(worlds) == 1, worlds
+    world, port = worlds.pop(), _port()
     dests = [("hf", 0), ("vllm:tp=2", 0), ("vllm:tp=2", 1)]
+    runs = []
+    for c in cases:
+        kind, rep, shard, tp, ep, plan = CASES[c]
+        runs.append({"rep": rep, "shard": shard, "tp": tp, "ep": ep, "plan": plan, "model": ckpts[kind],
+                     "job": f"fsdp-{c}"})
     procs, outs = [], []
     for r in range(world):
-        a = {"rank": r, "world": world, "rep": rep, "shard": shard, "tp": tp, "ep": ep, "plan": plan,
-             "warm": os.environ.get("FSDP_TEST_WARM", "1") == "1", "port": port, "model": model_dir,
-             "job": job, "registry": f"file:{tmp_path}/reg", "work": str(tmp_path), "receivers": len(dests),
+        a = {"rank": r, "world": world, "runs": runs, "warm": os.environ.get("FSDP_TEST_WARM", "1") == "1",
+             "port": port, "registry": f"file:{tmp_path}/reg", "work": str(tmp_path), "receivers": len(dests),
              "out": f"{tmp_path}/rank{r}.json"}
         outs.append(a["out"])
         procs.append(subprocess.Popen([sys.executable, __file__, json.dumps(a)], env=dict(os.environ)))
     ok = False
     try:
-        rxs = []
-        for spec, r in dests:
-            m = refit.Layout(spec).manifest(rmodel, r)
-            # one reader name each: the default ("<host>:<pid>:r<rank>") is the same for hf and vllm rank 0 here
-            rx = refit.Receiver(m, registry=f"file:{tmp_path}/reg", job=job, reader=f"{spec.replace('=', '')}:r{r}")
-            rx.alloc(0)
-            rxs.append((spec, r, m, rx))
-        ck = load_file(os.path.join(model_dir, "model.safetensors"))
-        v1 = {t.name: ck[t.name] for t in rmodel.tensors()}
-        for v in (1, 2):
-            want = v1 if v == 1 else None  # v2: the state rank 0 saves before it publishes 2
-            for spec, r, m, rx in rxs:
-                rep_ = None
-                for _ in range(48):
-                    assert all(p.poll() in (None, 0) for p in procs), [p.poll() for p in procs]
-                    try:
-                        rep_ = rx.pull(v, 5000)
-                        break
-                    except refit.RefitError as e:
-                        if "TIMEOUT" not in str(e):
-                            raise
-                assert rep_ is not None and rep_.version == v and rep_.sources == world, rep_
-                if want is None:
-                    want = canonical_of(torch.load(os.path.join(tmp_path, f"{job}-v2.pt")), rmodel)
-                got = rx.tensors()
-                if spec == "hf":
-                    bad = [n for n in want if not torch.equal(got[n].view(torch.uint8), want[n].contiguous()
-                                                             .view(torch.uint8))]
-                    assert not bad, f"{job} v{v} hf: {len(bad)} tensors differ, e.g. {bad[:5]}"
-                    if v == 2:  # the step changed every tensor but routed experts no token of the batch chose
-                        same = [n for n in want if torch.equal(want[n], v1[n])]
-                        assert len(same) < len(want) // 2 and all(".mlp.experts." in n for n in same), same[:5]
-                bad = boxes_differ(m, got, want)
-                assert not bad, f"{job} v{v} {spec} rank {r}: {len(bad)} boxes differ, e.g. {bad[:5]}"
-        for _, _, _, rx in rxs:
-            rx.close()
+        for run in runs:
+            receive_and_compare(tmp_path, run, dests, procs, world)
         ok = True
     finally:
         if not ok:  # do not leave the ranks waiting for acks that will not come
@@ -346,6 +323,58 @@ def test_fully_shard_publishes(tmp_path, ckpts, case):
         rcs = [p.wait(timeout=300) for p in procs]
     assert rcs == [0] * world, rcs
     res = [json.load(open(o)) for o in outs]
+    for i, c in enumerate(cases):
+        check_ranks(c, [r[i] for r in res], world)
+
+
+def receive_and_compare(tmp_path, run, dests, procs, world):
+    """Receivers of `dests` in this process pull versions 1 and 2 of run["job"]; every byte compared with the
+    checkpoint (v1) and with the state rank 0 gathered with full_tensor() after the step (v2)."""
+    import torch
+    from safetensors.torch import load_file
+    import refit
+    model_dir, job = run["model"], run["job"]
+    rmodel = refit.Model(model_dir)
+    rxs = []
+    for spec, r in dests:
+        m = refit.Layout(spec).manifest(rmodel, r)
+        # one reader name each: the default ("<host>:<pid>:r<rank>") is the same for hf and vllm rank 0 here
+        rx = refit.Receiver(m, registry=f"file:{tmp_path}/reg", job=job, reader=f"{spec.replace('=', '')}:r{r}")
+        rx.alloc(0)
+        rxs.append((spec, r, m, rx))
+    ck = load_file(os.path.join(model_dir, "model.safetensors"))
+    v1 = {t.name: ck[t.name] for t in rmodel.tensors()}
+    for v in (1, 2):
+        want = v1 if v == 1 else None  # v2: the state rank 0 saves before it publishes 2
+        for spec, r, m, rx in rxs:
+            rep_ = None
+            for _ in range(48):
+                assert all(p.poll() in (None, 0) for p in procs), [p.poll() for p in procs]
+                try:
+                    rep_ = rx.pull(v, 5000)
+                    break
+                except refit.RefitError as e:
+                    if "TIMEOUT" not in str(e):
+                        raise
+            assert rep_ is not None and rep_.version == v and rep_.sources == world, rep_
+            if want is None:
+                want = canonical_of(torch.load(os.path.join(tmp_path, f"{job}-v2.pt")), rmodel)
+            got = rx.tensors()
+            if spec == "hf":
+                bad = [n for n in want if not torch.equal(got[n].view(torch.uint8), want[n].contiguous()
+                                                         .view(torch.uint8))]
+                assert not bad, f"{job} v{v} hf: {len(bad)} tensors differ, e.g. {bad[:5]}"
+                if v == 2:  # the step changed every tensor but routed experts no token of the batch chose
+                    same = [n for n in want if torch.equal(want[n], v1[n])]
+                    assert len(same) < len(want) // 2 and all(".mlp.experts." in n for n in same), same[:5]
+            bad = boxes_differ(m, got, want)
+            assert not bad, f"{job} v{v} {spec} rank {r}: {len(bad)} boxes differ, e.g. {bad[:5]}"
+    for _, _, _, rx in rxs:
+        rx.close()
+
+
+def check_ranks(case, res, world):
+    kind, rep, shard, tp, ep, plan = CASES[case]
     want_layout = f"dtensor:dp_shard={shard},dp_replicate={rep},tp={tp}{f',ep={ep}' if ep > 1 else ''},experts=fused"
     assert sorted(r["layout_rank"] for r in res) == list(range(world)), res
     for r in res:
