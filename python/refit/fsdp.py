@@ -109,11 +109,14 @@ FUSED_EXPERTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 
 
 def _on_expert_mesh(n, p) -> bool:
-    """A fused expert parameter whose expert dim (0) is sharded by its last mesh dim: an expert-parallel mesh
-    (transformers' grouped_gemm: Shard(0) over ep; tensor parallel never shards the experts' dim 0)."""
+    """A fused expert parameter whose expert dim (0) is sharded by its last mesh dim and by the one before it: an
+    expert-parallel mesh (transformers' grouped_gemm: Shard(0) over ep, FSDP2's over efsdp; tensor parallel never
+    shards the experts' dim 0, HSDP's (Replicate, Shard(0)) replicates over its first dim)."""
     from torch.distributed.tensor import DTensor
-    return n.endswith(FUSED_EXPERTS) and isinstance(p, DTensor) and len(p.placements) >= 2 and \
-        _kind(p.placements[-1])[:2] == ("shard", 0)
+    if not (n.endswith(FUSED_EXPERTS) and isinstance(p, DTensor) and len(p.placements) >= 2):
+        return False
+    k = [_kind(x) for x in p.placements[-2:]]
+    return k[1][:2] == ("shard", 0) and k[0][:2] in (("shard", 0), ("strided", 0))
 
 
 def mesh_geometry(params: Dict[str, object]) -> Tuple[int, int, int, int, Tuple[int, ...]]:

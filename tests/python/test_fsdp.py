@@ -67,20 +67,8 @@ def _tp(model, tp_mesh):
 
 
 def _transformers_distribute(model, T, F, E):
-    """transformers 5.19's own TP / EP / FSDP2: what from_pretrained(..., distributed_config=DistributedConfig(...))
-    does after building the model (mixin.py maybe_distribute_model: the model's tp plan, its ep plan, then
-    fully_shard by its fsdp plan) and, for a tied model, after loading (modeling_utils.py _finalize_model_loading:
-    tie_weights).  Called on a loaded model because from_pretrained with a distributed_config needs `accelerate`,
-    which the vLLM venv does not have; the loaded placements were compared by hand with a real from_pretrained
-    (accelerate 1.15.0 in a scratch --target directory): the same (docs/layouts.md)."""
-    from transformers.distributed import DistributedConfig
-    from transformers.distributed.utils import initialize_distributed_mesh
-    dc = DistributedConfig(tp_size=T, fsdp_size=F, ep_size=E)
-    _, meshes = initialize_distributed_mesh(dc)
-    model = type(model).maybe_distribute_model(model, dc, meshes)
-    if model.config.tie_word_embeddings:
-        model.tie_weights()
-    return model
+    from fsdp_publisher import transformers_distribute  # transformers' own TP / EP / FSDP2 (see there)
+    return transformers_distribute(model, T, F, E)
 
 
 class _NoEndpoint:
@@ -157,14 +145,8 @@ def rank_run(a):
         out["tied"] = model.lm_head.weight is model.model.embed_tokens.weight
         early = refit.fsdp.dtensor(model, refit.Model(a["model"]))  # bound before FSDP2's lazy init
         if a["warm"]:  # FSDP2's lazy init (first forward) may move storage that was replaced after fully_shard
-            from torch.distributed.fsdp import FSDPModule
-            with torch.no_grad():
-                model(input_ids=torch.zeros(1, 4, dtype=torch.long))
-            # transformers' fsdp plan keeps the tail (embed_tokens / norm / lm_head) unsharded after a forward
-            # (reshard_after_forward=False) until the backward: shard it again before binding
-            for m in model.modules():
-                if isinstance(m, FSDPModule):
-                    m.reshard()
+            from fsdp_publisher import warm
+            warm(model)  # a forward, then reshard(): transformers' fsdp plan keeps its tail unsharded until backward
         try:  # refused (nothing published) if the lazy init moved a parameter's storage since `early` was bound
             early.publish(_NoEndpoint(), 1)
             out["early"] = "published"
