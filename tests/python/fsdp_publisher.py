@@ -75,7 +75,7 @@ def main(a):
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     b = refit.fsdp.dtensor(model, refit.Model(a["model"]))
-    want = refit.Layout(layout).name
+    want = str(refit.Layout(layout))
     if b.layout != want:
         raise SystemExit(f"fsdp_publisher: rank {a['rank']} derived {b.layout}, the driver asked for {want}")
     print(f"fsdp_publisher: rank {a['rank']} {b.layout} rank {b.rank}, {len(b.regions)} regions, refit from "
