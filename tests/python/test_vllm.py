@@ -40,15 +40,16 @@ CASES = [
     (vllm_models.MOE, 2, False, "dtensor:dp_shard=3"),
     # issue #33: real fully_shard ranks (3-way FSDP2 over gloo, tests/python/fsdp_publisher.py) publish their shards
     (vllm_models.MOE, 2, False, "dtensor:dp_shard=3+fsdp"),
-    # issue #33: TP x FSDP 2x2 ranks from transformers' own plans (the experts packed_colwise), 4 gloo processes
+    # issue #33: TP x FSDP 2x2 ranks from transformers' own plans, 4 gloo processes: the MoE (experts
+    # packed_colwise) into tp=2 (112 s, load 7-10) and the tied dense (one vocab-parallel parameter) into tp=1 (~55 s)
     (vllm_models.MOE, 2, False, "dtensor:dp_shard=2,tp=2+fsdp"),
+    (vllm_models.DENSE, 1, False, "dtensor:dp_shard=2,tp=2+fsdp"),
     (MEDIUM, 1, False, "megatron:tp=2,ep=2"),
 ]
-# Run by hand (docs/layouts.md, the dtensor section, records the results): the tied dense Qwen3 and the MoE at
-# tp 1 and 2 from TP x FSDP ranks, the MoE from expert-parallel ranks.  REFIT_VLLM_MORE_DTENSOR=1 adds them.
+# Run by hand (docs/layouts.md, the dtensor section, records the results): the tied dense into tp 2, the MoE into
+# tp 1 from TP x FSDP ranks, the MoE from expert-parallel ranks.  REFIT_VLLM_MORE_DTENSOR=1 adds them.
 if os.environ.get("REFIT_VLLM_MORE_DTENSOR") == "1":
     CASES += [(vllm_models.DENSE, 2, False, "dtensor:dp_shard=2,tp=2+fsdp"),
-              (vllm_models.DENSE, 1, False, "dtensor:dp_shard=2,tp=2+fsdp"),
               (vllm_models.MOE, 1, False, "dtensor:dp_shard=2,tp=2+fsdp"),
               (vllm_models.MOE, 2, False, "dtensor:dp_shard=2,tp=2,ep=2+fsdp")]
 _bench = []
