@@ -201,6 +201,16 @@ def rank_run(a):
         opt.zero_grad()
         out["loss"] = float(loss.detach())
         out["moved"] = [n for n, ad in b.addresses().items() if ad != before[n]]
+        if T > 1:  # the parameters tp replicates (1-d DTensors on the dp mesh) are still equal on every tp rank
+            groups = [dist.new_group([g * T + t for t in range(T)]) for g in range(R * F)]
+            out["tp_replicas_differ"] = []
+            for n, p in model.named_parameters():
+                if p.device_mesh.ndim == 1:
+                    lt = p._local_tensor.float()  # exact for bf16; gloo all-gathers neither bf16 nor int16
+                    peers = [torch.empty_like(lt) for _ in range(T)]
+                    dist.all_gather(peers, lt, group=groups[a["rank"] // T])
+                    if not all(torch.equal(q, peers[0]) for q in peers):
+                        out["tp_replicas_differ"].append(n)
         if a["plan"] == "transformers" and model.config.tie_word_embeddings:
             out["tied_copies"] = _fsdp_copies(model, model.model.embed_tokens.weight)
         full = {n: p.full_tensor() for n, p in model.named_parameters()}  # a collective: every rank
@@ -367,6 +377,8 @@ def check_ranks(case, res, world):
             assert all(n.endswith(("q_norm.weight", "k_norm.weight")) for n in r["copied"]), r["copied"]
         else:
             assert r["copied"] == [] and r["regions"] == r["params"], r
+        if tp > 1:  # q/k norms (and the MoE router) after the step: summed gradients keep the replicas equal
+            assert r["tp_replicas_differ"] == [], r["tp_replicas_differ"]
         if tp == 1:
             assert "mis-shaped or wrong dtype" in r["fp32"] and "model.embed_tokens.weight: f32" in r["fp32"], r["fp32"]
     if plan == "transformers":
