@@ -44,6 +44,22 @@ print("qwen3-30b-a3b dtensor:dp_shard=64 -> vllm:tp=2: %s; source manifests %.1f
 PY
 then ok "qwen3-30b-a3b 64-way FSDP into vllm tp=2"; else bad "qwen3-30b-a3b 64-way FSDP into vllm tp=2"; fi
 
+# The seed's model from TP x FSDP (transformers' plan: experts packed_colwise) and expert-parallel sources.
+for src in dtensor:dp_shard=32,tp=2 dtensor:dp_shard=8,tp=8,ep=8; do
+  if "$refit" plan --model qwen3-30b-a3b --src "$src" --dst vllm:tp=2 --all-ranks --json >"$tmp/tp.json" &&
+     python3 - "$tmp/tp.json" "$tmp/fsdp.json" "$src" <<'PY'
+import json, sys
+t, f = (json.load(open(p)) for p in sys.argv[1:3])
+assert t["src_ranks"] == 64 and len(t["ranks"]) == 2, t
+for a, b in zip(t["ranks"], f["ranks"]):
+    assert a["bytes_redundant"] == 0 and a["bytes_read"] == a["bytes_written"] == b["bytes_written"], (a, b)
+print("qwen3-30b-a3b %s -> vllm:tp=2: %s" % (sys.argv[3], ", ".join(
+    "rank %d %d regions from %d sources, plan %.1f ms" % (r["rank"], r["regions"], r["sources"], r["plan_ms"])
+    for r in t["ranks"])))
+PY
+  then ok "qwen3-30b-a3b $src into vllm tp=2"; else bad "qwen3-30b-a3b $src into vllm tp=2"; fi
+done
+
 expect "fsdp execute" 0 "every destination byte verified" -- \
   "$refit" plan --model tiny-moe --src dtensor:dp_shard=6 --dst vllm:tp=2,ep=2 --all-ranks --execute
 expect "hsdp execute" 0 "every destination byte verified" -- \
