@@ -290,7 +290,7 @@ def hf(named_params, model: Model, *, strip=("module.",), device=None) -> Bindin
 
 
 def dtensor(model, refit_model: Model, **kw):
-    """A model sharded by torch's FSDP2 (fully_shard, optionally over TP or HSDP): each rank's own shards, one
-    region per parameter buffer, no copy.  See refit.fsdp.dtensor."""
+    """A model sharded by torch's FSDP2 (fully_shard, optionally over TP, HSDP or an expert mesh): each rank's own
+    shards, one region per parameter buffer, no copy.  See refit.fsdp.dtensor."""
     from .fsdp import dtensor as _dtensor
     return _dtensor(model, refit_model, **kw)

@@ -40,8 +40,18 @@ CASES = [
     (vllm_models.MOE, 2, False, "dtensor:dp_shard=3"),
     # issue #33: real fully_shard ranks (3-way FSDP2 over gloo, tests/python/fsdp_publisher.py) publish their shards
     (vllm_models.MOE, 2, False, "dtensor:dp_shard=3+fsdp"),
+    # issue #33: TP x FSDP 2x2 ranks from transformers' own plans, 4 gloo processes: the MoE (experts
+    # packed_colwise) into tp=2 (112 s, load 7-10) and the tied dense (one vocab-parallel parameter) into tp=1 (~55 s)
+    (vllm_models.MOE, 2, False, "dtensor:dp_shard=2,tp=2+fsdp"),
+    (vllm_models.DENSE, 1, False, "dtensor:dp_shard=2,tp=2+fsdp"),
     (MEDIUM, 1, False, "megatron:tp=2,ep=2"),
 ]
+# Run by hand (docs/layouts.md, the dtensor section, records the results): the tied dense into tp 2, the MoE into
+# tp 1 from TP x FSDP ranks, the MoE from expert-parallel ranks.  REFIT_VLLM_MORE_DTENSOR=1 adds them.
+if os.environ.get("REFIT_VLLM_MORE_DTENSOR") == "1":
+    CASES += [(vllm_models.DENSE, 2, False, "dtensor:dp_shard=2,tp=2+fsdp"),
+              (vllm_models.MOE, 1, False, "dtensor:dp_shard=2,tp=2+fsdp"),
+              (vllm_models.MOE, 2, False, "dtensor:dp_shard=2,tp=2,ep=2+fsdp")]
 _bench = []
 
 
@@ -100,8 +110,11 @@ def _run(ckpts, kind, tp, ep, src, tmp_path):
 
 def _ids(case):
     kind, tp, ep, src = case
-    return f"{kind}-tp{tp}" + ("-ep" if ep else "") + ("-dtensor" if (src or "").startswith("dtensor") else "") + \
-        ("-fsdp" if (src or "").endswith("+fsdp") else "")
+    src = src or ""
+    knobs = dict(kv.split("=") for kv in src.split(":", 1)[1].split("+")[0].split(",")) if ":" in src else {}
+    mesh = "".join(f"-{k}{knobs[k]}" for k in ("tp", "ep") if src.startswith("dtensor") and k in knobs)
+    return f"{kind}-tp{tp}" + ("-ep" if ep else "") + ("-dtensor" if src.startswith("dtensor") else "") + mesh + \
+        ("-fsdp" if src.endswith("+fsdp") else "")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])

@@ -7,7 +7,7 @@ CONFIG: {"v1": dir, "v2": dir, "bad": dir (a checkpoint with one wrong shape; wi
          skipped and "bad" unused), "tp": n, "ep": bool,
          "src_layout": "megatron:tp=2,ep=2", "refit": path of the refit binary, "work": scratch dir,
          "trainer": "fsdp" (optional: the "good" publishers are real FSDP2 ranks, tests/python/fsdp_publisher.py,
-         src_layout dtensor:dp_shard=W),
+         src_layout dtensor:dp_shard=F[,tp=T][,ep=E]: with tp or ep, transformers' own TP / EP / FSDP2),
          "versions": K, "generate": bool (default true; false skips every generation: vLLM 0.32 on the CPU cannot
          run an MoE forward pass with expert parallel, see the end of main),
          issue 35 (optional): "llm_extra": more LLM(...) arguments (a speculative_config), "dump_draft": also dump
@@ -253,7 +253,7 @@ def publishers(cfg, ckpt, job, versions, acks, reg, log, group=None):
             port = s.getsockname()[1]
         for r in range(world):
             a = {"rank": r, "world": world, "port": port, "model": ckpt, "registry": reg, "job": job,
-                 "versions": versions, "acks": acks, "hold_ms": 600000}
+                 "versions": versions, "acks": acks, "hold_ms": 600000, "layout": cfg["src_layout"]}
             procs.append(subprocess.Popen([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                         "fsdp_publisher.py"), json.dumps(a)],
                                           stdout=log, stderr=log))
