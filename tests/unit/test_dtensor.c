@@ -112,8 +112,8 @@ static bool rowwise(const char *n)
  * chunk of the intermediate dim: FSDP's chunk of the experts (ep = 1), or
  * FSDP's chunk over efsdp = F*T/ep of EP chunk rank % ep (rank = e + ep*g,
  * transformers' expert mesh); TP's chunk of I (ep = 1 only). */
-static void expert_share(const refit_model_spec_t *s, uint32_t F, uint32_t T, uint32_t ep, uint32_t rank,
-                         uint64_t *eo, uint64_t *el, uint64_t *P, uint64_t *io, uint64_t *il)
+static void expert_share(const refit_model_spec_t *s, uint32_t F, uint32_t T, uint32_t ep, uint32_t rank, uint64_t *eo,
+                         uint64_t *el, uint64_t *P, uint64_t *io, uint64_t *il)
 {
     *io = 0;
     *il = s->moe_intermediate;
@@ -504,8 +504,8 @@ static void plans_into_every_receiver(void **state)
     /* Experts under TP (packed_colwise), EP meshes, tied embeddings under TP. */
     const char *tp_srcs[] = {"dtensor:dp_shard=2,tp=2", "dtensor:dp_shard=3,tp=3", "dtensor:dp_shard=2,tp=2,ep=2",
                              "dtensor:dp_shard=4,ep=2", "dtensor:dp_shard=2,tp=2,ep=4"};
-    const char *tp_dsts[] = {"hf", "vllm:tp=2", "vllm:tp=4,ep=4", "vllm:tp=2,ep=4", "megatron:tp=2,pp=2,ep=4",
-                             "megatron:tp=4,etp=2,ep=2"};
+    const char *tp_dsts[] = {
+        "hf", "vllm:tp=2", "vllm:tp=4,ep=4", "vllm:tp=2,ep=4", "megatron:tp=2,pp=2,ep=4", "megatron:tp=4,etp=2,ep=2"};
     for (size_t a = 0; a < REFIT_ARRAY_LEN(tp_srcs); a++)
         for (size_t b = 0; b < REFIT_ARRAY_LEN(tp_dsts); b++)
             ranks += t_execute_pair("tiny-moe", tp_srcs[a], tp_dsts[b], 7);
