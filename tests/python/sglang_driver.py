@@ -40,6 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 PROMPTS = [[1, 5, 9, 33, 70], [200, 3, 17], [42, 42, 7, 7, 100, 11], [249]]
+NO_NCCL = "/nonexistent/refit-no-nccl/libnccl.so.2"  # SGLANG_NCCL_SO_PATH for tp > 1 on the CPU
 
 
 def _set_env(work, tp):
@@ -52,6 +53,10 @@ def _set_env(work, tp):
     if tp > 1:  # SGLang's CPU engine wants one NUMA node per rank unless each rank's cores are named
         os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r % (os.cpu_count() or 1))
                                                                       for r in range(tp)))
+        # SGLang 0.5.23 turns pynccl on for its TP group on the CPU platform too, and PyNcclCommunicator(cpu)
+        # raises; it turns itself off when its NCCL library does not load (docs/sglang.md, "tp > 1 on the CPU")
+        if os.environ.get("REFIT_SGLANG_KEEP_NCCL") != "1":
+            os.environ.setdefault("SGLANG_NCCL_SO_PATH", NO_NCCL)
 
 
 def start(path, cfg):
@@ -182,6 +187,39 @@ def sglang_own_distributed(eng, ckpt, tp):
             "total_ms": (t3 - t0) * 1e3}
 
 
+def half_covered_publisher(ckpt, reg, job, suffix):
+    """One rank (hf-like, in this process) holding the whole checkpoint, except that the tensor ending in `suffix`
+    is placed for its first half of rows only: a receiver whose slice lies in that half is covered, one whose slice
+    lies in the second half is not (at tp=2 of a column-parallel tensor: TP rank 0 pulls, rank 1 fails)."""
+    import numpy as np
+    import refit
+    model = refit.Model(ckpt)
+    tensors = model.tensors()
+    half = next(t.name for t in tensors if t.name.endswith(suffix))
+    m = refit.Manifest.build(model.name, "hf-half", 0, 1)
+    offs, off = {}, 0
+    for t in tensors:
+        offs[t.name] = off
+        off += -(-t.nbytes // 256) * 256
+    m.add_region(off)
+    arena = np.zeros(off, dtype=np.uint8)
+    with refit.SafetensorsFile(os.path.join(ckpt, "model.safetensors")) as f:
+        for t in tensors:
+            arena[offs[t.name]:offs[t.name] + t.nbytes] = f.numpy(t.name).reshape(-1).view(np.uint8)
+    for t in tensors:
+        m.add_canonical(t.name, t.dtype, t.shape)
+        m.add_local(t.name, t.dtype, t.shape, 0, offs[t.name])
+        ext = list(t.shape)
+        if t.name == half:
+            ext[0] //= 2
+        m.add_placement(t.name, t.name, (0,) * len(t.shape), ext, (0,) * len(t.shape))
+    m.finalize()
+    pub = refit.Publisher(m, registry=reg, job=job)
+    pub.attach(0, arena)
+    pub.publish(1)
+    return pub, arena, half
+
+
 def main(cfg_path, out_path):
     with open(cfg_path) as f:
         cfg = json.load(f)
@@ -223,6 +261,10 @@ def main(cfg_path, out_path):
             procs += publishers(cfg, cfg["bad"], "bad-shape", 1, 0, reg, log)
             wn_pub, _wn_arena, wn_tensor = wrong_name_publisher(cfg["v2"], reg, "bad-name")
             res["wrong_name_tensor"] = wn_tensor
+            if tp > 1:  # a failure on one TP worker only: the other pulls v2, and none may apply it
+                hc_pub, _hc_arena, hc_tensor = half_covered_publisher(cfg["v2"], reg, "one-rank",
+                                                                      cfg["one_rank_tensor"])
+                res["one_rank_tensor"] = hc_tensor
 
         # 3. SGLang on v1
         eng, secs = start(cfg["v1"], cfg)
@@ -233,7 +275,7 @@ def main(cfg_path, out_path):
 
         # 4. negative
         res["negative"] = []
-        for job in ("bad-shape", "bad-name") if neg_on else ():
+        for job in (("bad-shape", "bad-name") + (("one-rank",) if tp > 1 else ())) if neg_on else ():
             rs = RefitSglang(eng, registry=reg, job=job, timeout_ms=20000)
             err = None
             try:
@@ -251,6 +293,8 @@ def main(cfg_path, out_path):
             step("negative", job=job, error=(err or {}).get("message", "")[:300], intact=neg["state_vs_v1"]["equal"])
         if neg_on:
             wn_pub.close()
+            if tp > 1:
+                hc_pub.close()
 
         # 5. the refit
         rs = RefitSglang(eng, registry=reg, job="good", timeout_ms=120000)

@@ -39,7 +39,8 @@ class _State:
         b.attach(self.rx)
         self.init = {"layout": b.layout_str, "rank": b.geometry["rank"], "tp": b.geometry["tp"],
                      "model": b.rmodel.name, "mode": b.mode, "names": b.names, "kinds": b.kinds,
-                     "regions": len(b.regions), "staging_bytes": b.staging_bytes, "init_ms": b.init_ms}
+                     "regions": len(b.regions), "staging_bytes": b.staging_bytes, "init_ms": b.init_ms,
+                     "package": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
         self.reports = []
 
 
@@ -105,6 +106,19 @@ def _pull(model, req, rank):
     return st, r, None
 
 
+def _apply(st) -> dict:
+    """This worker's apply step: {"apply_ms": ms}, or with "apply_error" when the copy raised (an internal error:
+    the live parameters may then hold a mix of versions, and the outcome says so)."""
+    t0 = time.perf_counter()
+    try:
+        return {"apply_ms": st.binding.apply()}
+    except Exception as e:
+        return {"apply_ms": (time.perf_counter() - t0) * 1e3,
+                "apply_error": {"status": -1, "type": type(e).__name__, "detail": f"apply: {e}",
+                                "written": "the copy into the live parameters raised part way: this worker may "
+                                           "hold a mix of versions"}}
+
+
 def load(model, named_tensors):
     """SGLang's custom weight loader entry (see the module docstring).  Never raises."""
     rank, tp = 0, 1
@@ -117,16 +131,21 @@ def load(model, named_tensors):
         outcomes = _agree({"rank": rank, "report": rep, "error": err,
                            "init": st.init if st is not None else None}, tp)
         failed = [o["error"] for o in outcomes if o["error"] is not None]
-        applied_ms = None
         if not failed:
-            applied_ms = st.binding.apply()
-            rep["apply_ms"] = applied_ms
+            # Every worker applies, then all learn every worker's apply time (rank 0 writes the outcome; before
+            # this second exchange it held only its own, and the other workers' reports had no apply_ms).
+            applied = _apply(st)
+            rep.update(applied)
             st.reports.append(rep)
+            for o, a in zip(outcomes, _agree(applied, tp)):
+                o["report"].update(a)
+            failed = [dict(o["report"]["apply_error"], rank=o["rank"]) for o in outcomes
+                      if o["report"].get("apply_error")]
         elif rep is not None:
             # This worker pulled the version but another did not, so nothing was applied: the receiver, which now
             # counts that version as held, is dropped, and the next update binds and plans afresh.
             _forget(model)
-        doc = {"ok": not failed, "errors": failed, "workers": outcomes, "apply_ms_rank": applied_ms,
+        doc = {"ok": not failed, "errors": failed, "workers": outcomes,
                "request": {k: v for k, v in req.items() if k != "result"}}
     except Exception as e:
         doc = {"ok": False, "errors": [{"rank": rank, "status": -1, "type": type(e).__name__, "detail": str(e),
