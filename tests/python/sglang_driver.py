@@ -40,6 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 PROMPTS = [[1, 5, 9, 33, 70], [200, 3, 17], [42, 42, 7, 7, 100, 11], [249]]
+PROBE = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79]  # step 9's prefix-cache probe
 NO_NCCL = "/nonexistent/refit-no-nccl/libnccl.so.2"  # SGLANG_NCCL_SO_PATH for tp > 1 on the CPU
 
 
@@ -94,6 +95,14 @@ def generate(eng):
         lp = o["meta_info"].get("output_token_logprobs") or []
         res.append({"tokens": list(o["output_ids"]), "logprobs": [x[0] for x in lp]})
     return res
+
+
+def probe(eng):
+    """PROBE, greedy, 8 tokens: tokens, logprobs, and how many prompt tokens SGLang took from its prefix cache."""
+    o = eng.generate(input_ids=[PROBE], sampling_params={"temperature": 0.0, "max_new_tokens": 8},
+                     return_logprob=True)[0]
+    return {"tokens": list(o["output_ids"]), "logprobs": [x[0] for x in o["meta_info"]["output_token_logprobs"]],
+            "cached_tokens": o["meta_info"].get("cached_tokens")}
 
 
 def stop(eng):
@@ -220,6 +229,191 @@ def half_covered_publisher(ckpt, reg, job, suffix):
     return pub, arena, half
 
 
+def _ok_of(ret):
+    return ret[0] if isinstance(ret, tuple) else getattr(ret, "success", ret)
+
+
+def flush_when_idle(eng, limit_s=30):
+    """eng.flush_cache() until SGLang accepts it.  Right after the last request's output came back, SGLang's
+    scheduler may still count a running request for a loop iteration or so ("Cache not flushed because there are
+    pending requests"), and refuses."""
+    n, t = 0, time.perf_counter()
+    while True:
+        n += 1
+        if _ok_of(eng.flush_cache()):
+            return True, n
+        if time.perf_counter() - t > limit_s:
+            return False, n
+        time.sleep(0.05)
+
+
+async def _stream(eng, prompt, n, rec):
+    """One greedy request, streamed: rec["tokens"] follows its completion tokens; rec["meta"] is its last
+    meta_info (weight_versions: the spans of its tokens per SGLang weight version)."""
+    gen = await eng.async_generate(input_ids=list(prompt), sampling_params={"temperature": 0.0, "max_new_tokens": n,
+                                                                            "ignore_eos": True}, stream=True)
+    async for ch in gen:
+        rec["tokens"] = ch["meta_info"]["completion_tokens"]
+        rec["meta"] = ch["meta_info"]
+        rec["ids"] = list(ch.get("output_ids") or [])
+    rec["done"] = True
+
+
+async def _until(cond, limit_s=300, what="condition"):
+    import asyncio
+    t = time.perf_counter()
+    while not cond():
+        if time.perf_counter() - t > limit_s:
+            raise TimeoutError(f"{what} not reached in {limit_s} s")
+        await asyncio.sleep(0.005)
+
+
+def inflight(eng, cfg, reg, work, res, tp, one_rank_pub):
+    """Step 9.  A publisher in this process (the hf layout, one rank; vllm_inflight_driver.hf_publisher) whose
+    version k holds v1's bytes for odd k and v2's for even k.  The engine holds v2 (step 8).
+      a. single phase in place: 4 requests decoding (N tokens each); update(1, pause="in_place"); the requests
+         complete; every parameter and buffer equal to the native v1 start; each request's weight-version spans
+         change at the token it had reached;
+      b. two phase: 4 requests decoding; stage(2) BEFORE version 2 is published (every worker's staging thread
+         waits for it), tokens keep coming, then publish, wait_staged(2) while decoding, commit(2) under the
+         in_place pause; the requests complete; state equal to the native v2 start.  SGLang's prefix cache:
+         PROBE generated after (a) caches v1's KV for it; after the commit (no flush) it is served that stale KV
+         and differs from the native v2 start's; flushed once idle (eng.flush_cache()), it is the same;
+      c. refusals, each leaving the state equal to the reference: commit with nothing staged; a stage that times
+         out (version 99 never published: is_staged raises, commit refused); at tp > 1 a stage from the one-rank
+         publisher (step 4: rank 0 stages, rank 1 fails): commit refused on both;
+      d. single phase under a retract pause (version 3: v1's bytes): the requests go back to the waiting queue,
+         the update flushes the cache, they complete; state equal to the native v1 start, PROBE equal to its."""
+    import asyncio
+    from vllm_driver import compare
+    from vllm_inflight_driver import hf_publisher
+
+    from refit.sglang import RefitSglang, RefitSglangError
+    N = int(cfg.get("inflight_tokens", 64))
+    out = {"tokens_per_request": N}
+    pub, arena, images, _ = hf_publisher(cfg, reg, "inflight")
+
+    def publish(k):
+        arena[:] = images["v1" if k % 2 else "v2"]
+        pub.publish(k)
+
+    def state(name, against):
+        dump(eng, os.path.join(work, name))
+        return compare(os.path.join(work, name), os.path.join(work, against), tp)
+
+    rs = RefitSglang(eng, registry=reg, job="inflight", timeout_ms=120000)
+    loop = eng.loop
+
+    async def requests(recs):
+        tasks = [loop.create_task(_stream(eng, p, N, r)) for p, r in zip(PROMPTS, recs)]
+        await _until(lambda: all(r.get("tokens", 0) >= 2 for r in recs), what="2 tokens on every request")
+        return tasks
+
+    # a. single phase, in place
+    publish(1)
+
+    async def single():
+        recs = [{} for _ in PROMPTS]
+        tasks = await requests(recs)
+        at = [r["tokens"] for r in recs]
+        doc = await rs.aupdate(1, pause="in_place")
+        after = [r["tokens"] for r in recs]
+        await asyncio.gather(*tasks)
+        return recs, at, after, doc
+    recs, at, after, doc = loop.run_until_complete(single())
+    out["single"] = {"tokens_before": at, "tokens_after": after, "driver": doc["driver"],
+                     "reports": [w["report"] for w in doc["workers"]],
+                     "done": [r.get("done", False) for r in recs], "final_tokens": [r["tokens"] for r in recs],
+                     "weight_versions": [r["meta"].get("weight_versions") for r in recs]}
+    out["single_vs_v1"] = state("inflight-single", "v1")
+    out["single_vs_v1_equal"] = out["single_vs_v1"]["equal"]
+    out["probe_at_v1"] = probe(eng)  # PROBE's KV enters SGLang's prefix cache, computed by v1
+
+    # b. two phase
+    async def two():
+        recs = [{} for _ in PROMPTS]
+        tasks = await requests(recs)
+        t0 = [r["tokens"] for r in recs]
+        sdoc = await rs.astage(2)
+        t_stage = [r["tokens"] for r in recs]
+        # version 2 is not published yet: every staging thread waits for it while SGLang keeps decoding
+        await _until(lambda: sum(r["tokens"] for r in recs) >= sum(t_stage) + 4, what="tokens while staging")
+        waiting = rs.staged()
+        publish(2)
+        st = await rs.await_staged(2)
+        t_staged = [r["tokens"] for r in recs]
+        cdoc = await rs.acommit(2)
+        t_commit = [r["tokens"] for r in recs]
+        await asyncio.gather(*tasks)
+        return recs, {"before_stage": t0, "at_stage_return": t_stage, "at_staged": t_staged,
+                      "at_commit_return": t_commit}, sdoc, waiting, st, cdoc
+    recs, toks, sdoc, waiting, st, cdoc = loop.run_until_complete(two())
+    out["two"] = {"tokens": toks, "stage_driver": sdoc["driver"], "waiting": waiting, "staged": st,
+                  "commit_driver": cdoc["driver"], "commit_workers": cdoc["workers"],
+                  "done": [r.get("done", False) for r in recs], "final_tokens": [r["tokens"] for r in recs],
+                  "weight_versions": [r["meta"].get("weight_versions") for r in recs]}
+    out["two_vs_reference"] = state("inflight-two", "ref")
+    out["two_vs_reference_equal"] = out["two_vs_reference"]["equal"]
+    # SGLang 0.5.23 finding: no flush (in_place), so PROBE reuses the KV v1 computed for it; flushed once idle,
+    # it matches the native v2 start again
+    out["probe_stale"] = probe(eng)
+    out["flush_when_idle"], out["flush_attempts"] = flush_when_idle(eng)
+    out["probe_flushed"] = probe(eng)
+    out["two_generation_same_as_reference"] = generate(eng) == res["reference_generation"]
+    out["pauses_ms"] = {"single_update": doc["driver"]["pause_ms"], "stage": sdoc["driver"]["pause_ms"],
+                        "commit": cdoc["driver"]["pause_ms"]}
+
+    # c. refusals
+    ref = []
+
+    def refused(name, fn):
+        try:
+            fn()
+            ref.append({"case": name, "error": None})
+        except RefitSglangError as e:
+            ref.append({"case": name, "error": str(e), "type": type(e).__name__, "status": e.status})
+    refused("commit-nothing-staged", lambda: rs.commit(2))
+    rq = RefitSglang(eng, registry=reg, job="inflight", timeout_ms=3000)
+    rq.stage(99)
+    refused("stage-timeout-is-staged", lambda: rq.wait_staged(99, timeout_s=120))
+    refused("stage-timeout-commit", lambda: rq.commit(99))
+    rq.close()
+    if one_rank_pub is not None:
+        r1 = RefitSglang(eng, registry=reg, job="one-rank", timeout_ms=20000)
+        r1.stage(1)
+        refused("one-rank-is-staged", lambda: r1.wait_staged(1, timeout_s=120))
+        refused("one-rank-commit", lambda: r1.commit(1))
+        r1.close()
+    out["refusals"] = ref
+    out["after_refusals_vs_reference"] = state("inflight-refused", "ref")
+    out["after_refusals_equal"] = out["after_refusals_vs_reference"]["equal"]
+
+    # d. single phase under a retract pause: the requests go back to the queue, the update flushes the cache, they
+    # recompute their KV with v1's weights (version 3 holds v1's bytes) and complete
+    publish(3)
+    rs.close()
+    rs = RefitSglang(eng, registry=reg, job="inflight", timeout_ms=120000)
+
+    async def retract():
+        recs = [{} for _ in PROMPTS]
+        tasks = await requests(recs)
+        at = [r["tokens"] for r in recs]
+        doc = await rs.aupdate(3, pause="retract")
+        await asyncio.gather(*tasks)
+        return recs, at, doc
+    recs, at, rdoc = loop.run_until_complete(retract())
+    out["retract"] = {"tokens_before": at, "driver": rdoc["driver"], "done": [r.get("done", False) for r in recs],
+                      "final_tokens": [r["tokens"] for r in recs],
+                      "weight_versions": [r["meta"].get("weight_versions") for r in recs]}
+    out["retract_vs_v1"] = state("inflight-retract", "v1")
+    out["retract_vs_v1_equal"] = out["retract_vs_v1"]["equal"]
+    out["probe_after_retract"] = probe(eng)
+    out["pauses_ms"]["retract_update"] = rdoc["driver"]["pause_ms"]
+    rs.close()
+    pub.close()
+    return out
+
+
 def main(cfg_path, out_path):
     with open(cfg_path) as f:
         cfg = json.load(f)
@@ -251,6 +445,7 @@ def main(cfg_path, out_path):
         ref, secs = start(cfg["v2"], cfg)
         dump(ref, os.path.join(work, "ref"))
         res["reference_generation"] = generate(ref)
+        res["reference_probe"] = probe(ref)
         step("reference", start_s=secs)
         stop(ref)
 
@@ -270,6 +465,7 @@ def main(cfg_path, out_path):
         eng, secs = start(cfg["v1"], cfg)
         dump(eng, os.path.join(work, "v1"))
         res["v1_generation"] = generate(eng)
+        res["v1_probe"] = probe(eng)
         res["v1_vs_reference"] = compare(os.path.join(work, "v1"), os.path.join(work, "ref"), tp)
         step("v1", start_s=secs)
 
@@ -293,8 +489,6 @@ def main(cfg_path, out_path):
             step("negative", job=job, error=(err or {}).get("message", "")[:300], intact=neg["state_vs_v1"]["equal"])
         if neg_on:
             wn_pub.close()
-            if tp > 1:
-                hc_pub.close()
 
         # 5. the refit
         rs = RefitSglang(eng, registry=reg, job="good", timeout_ms=120000)
@@ -351,8 +545,15 @@ def main(cfg_path, out_path):
                          "generation_same_as_reference": generate(eng) == res["reference_generation"]}
         rd.close()
         step("direct", driver_ms=ms, equal=res["direct"]["vs_reference"]["equal"])
+
+        # 9. in flight: updates under SGLang's in_place pause while requests decode
+        if cfg.get("inflight", True):
+            res["inflight"] = inflight(eng, cfg, reg, work, res, tp, hc_pub if neg_on and tp > 1 else None)
+            step("inflight", **{k: v for k, v in res["inflight"].items() if k.endswith("equal") or k == "pauses_ms"})
         res["ok"] = True
     finally:
+        if neg_on and tp > 1:
+            hc_pub.close()
         if eng is not None:
             stop(eng)
         for p in procs:

@@ -170,6 +170,9 @@ def test_refit_into_sglang(ckpts, case, tmp_path):
     assert all(w["init"]["mode"] == "direct" and w["init"]["staging_bytes"] == 0 and w["report"]["version"] == 4
                for w in d["outcome"]["workers"])
 
+    if kind != MEDIUM:
+        _check_inflight(r, tp)
+
     # Which names of the stand-in sgl_kernel SGLang used: it imports several (copy_all_layer_kv_cache_cpu, ...), and
     # calls none but (at most) the pure-torch assign_req_to_token_pool_cpu: no kernel path of the stand-in's ran.
     k = r["kernels"]
@@ -178,6 +181,72 @@ def test_refit_into_sglang(ckpts, case, tmp_path):
     assert set(k["called"]) <= {"assign_req_to_token_pool_cpu"}, k
     _bench.append(_bench_case(kind, tp, src, r))
     shutil.rmtree(tmp_path / "work", ignore_errors=True)
+
+
+def _spans_switch(spans, old, new, lo, n):
+    """The request's weight-version spans: `old` for its first k tokens, `new` for the rest, lo <= k < n."""
+    assert [s["version"] for s in spans] == [old, new], spans
+    k = spans[0]["end"]
+    assert spans[0]["start"] == 0 and spans[1]["start"] == k and spans[1]["end"] == n, spans
+    assert lo <= k < n, (spans, lo)
+    return k
+
+
+def _check_inflight(r, tp):
+    f = r["inflight"]
+    n = f["tokens_per_request"]
+    # a. single phase under the in_place pause: the requests in flight completed, every token of them; the state is
+    # the native v1 start's byte for byte; each request's tokens switch from the previous label to "1" at the token
+    # it had reached (the driver's earlier view of it is a lower bound)
+    a = f["single"]
+    assert all(a["done"]) and a["final_tokens"] == [n] * len(a["done"]), a
+    assert f["single_vs_v1"]["equal"], "\n".join(f["single_vs_v1"]["mismatches"])
+    old = a["weight_versions"][0][0]["version"]
+    for spans, lo in zip(a["weight_versions"], a["tokens_before"]):
+        _spans_switch(spans, old, "1", max(lo, 1), n)
+    assert a["driver"]["pause"] == "in_place" and a["driver"]["label_answer"][0], a["driver"]
+    # b. two phase: stage returned while every worker's staging thread waited for version 2 (not yet published),
+    # decoding went on (>= 4 tokens) before the publish, the commit made the state the native v2 start's byte for
+    # byte, the requests completed, spans switch "1" -> "2" at or after the token reached when staged
+    b = f["two"]
+    assert all(b["done"]) and b["final_tokens"] == [n] * len(b["done"]), b
+    assert [w["state"] for w in b["waiting"]] == ["staging"] * tp and all(w["version"] == 2 for w in b["waiting"])
+    assert [w["state"] for w in b["staged"]] == ["staged"] * tp and all(w["version"] == 2 for w in b["staged"])
+    t = b["tokens"]
+    assert sum(t["at_staged"]) >= sum(t["at_stage_return"]) + 4, t
+    assert f["two_vs_reference"]["equal"], "\n".join(f["two_vs_reference"]["mismatches"])
+    assert f["two_generation_same_as_reference"]
+    for spans, lo in zip(b["weight_versions"], t["at_staged"]):
+        _spans_switch(spans, "1", "2", lo, n)
+    assert len(b["commit_workers"]) == tp and all(w["report"]["version"] == 2 and w["report"]["apply_ms"] >= 0
+                                                  for w in b["commit_workers"]), b["commit_workers"]
+    # c. refusals, the state still the reference's
+    ref = {x["case"]: x for x in f["refusals"]}
+    assert "nothing is staged" in ref["commit-nothing-staged"]["error"], ref
+    assert "REFIT_ERR_TIMEOUT" in ref["stage-timeout-is-staged"]["error"] and \
+        "staging version 99 failed" in ref["stage-timeout-is-staged"]["error"], ref
+    assert "staging version 99 failed" in ref["stage-timeout-commit"]["error"], ref
+    assert "every worker keeps the weights it served before" in ref["stage-timeout-commit"]["error"], ref
+    if tp > 1:
+        e = ref["one-rank-commit"]["error"]
+        assert "REFIT_ERR_UNCOVERED" in e and "worker rank 1" in e and "worker rank 0" not in e, e
+        assert "worker rank 1" in ref["one-rank-is-staged"]["error"], ref
+    assert f["after_refusals_vs_reference"]["equal"], "\n".join(f["after_refusals_vs_reference"]["mismatches"])
+    # SGLang 0.5.23 finding (prefix cache): with no flush, a new request sharing a prefix is served KV the previous
+    # weights computed: PROBE after the in_place commit differs from the native v2 start's, its prompt taken from the
+    # cache; flushed once idle, it is the native start's exactly
+    probe = lambda p: (p["tokens"], p["logprobs"])  # noqa: E731
+    assert probe(f["probe_at_v1"]) == probe(r["v1_probe"])
+    assert f["probe_stale"]["cached_tokens"] > 0 and probe(f["probe_stale"]) != probe(r["reference_probe"]), f
+    assert f["flush_when_idle"] and f["probe_flushed"]["cached_tokens"] == 0
+    assert probe(f["probe_flushed"]) == probe(r["reference_probe"])
+    # d. retract: the requests completed, every token, the state the native v1 start's, PROBE too (flushed)
+    d = f["retract"]
+    assert all(d["done"]) and d["final_tokens"] == [n] * len(d["done"]), d
+    assert f["retract_vs_v1"]["equal"], "\n".join(f["retract_vs_v1"]["mismatches"])
+    assert probe(f["probe_after_retract"]) == probe(r["v1_probe"])
+    for spans, lo in zip(d["weight_versions"], d["tokens_before"]):
+        _spans_switch(spans, "2", "3", max(lo, 1), n)
 
 
 def _check_negative(r, kind, tp):
@@ -224,7 +293,23 @@ def _bench_case(kind, tp, src, r):
             "refit_vs_update_weights_from_tensor": round(med / own["total_ms"], 3),
             "sglang_update_weights_from_distributed": {k: round(r["sglang_update_from_distributed"][k], 3)
                                                        for k in ("begin_ms", "update_ms", "end_ms", "total_ms")},
-            "refit_direct_first": _phases(r["direct"]["outcome"])}
+            "refit_direct_first": _phases(r["direct"]["outcome"]),
+            "inflight": _inflight_figures(r.get("inflight"))}
+
+
+def _inflight_figures(f):
+    """Step 9's pauses (the driver's whole call: pause, SGLang's calls, continue) and what the workers did."""
+    if not f:
+        return None
+    rnd = lambda d: {k: round(v, 3) for k, v in d.items() if isinstance(v, float)}  # noqa: E731
+    return {"pauses_ms": rnd(f["pauses_ms"]),
+            "single_in_place": rnd(f["single"]["driver"]),
+            "single_in_place_workers": [rnd(w) for w in f["single"]["reports"]],
+            "stage": rnd(f["two"]["stage_driver"]),
+            "staging_pull_ms": [round(s["report"]["pull_ms"], 3) for s in f["two"]["staged"]],
+            "commit": rnd(f["two"]["commit_driver"]),
+            "commit_apply_ms": [round(w["report"]["apply_ms"], 3) for w in f["two"]["commit_workers"]],
+            "tokens": f["two"]["tokens"], "retract": rnd(f["retract"]["driver"])}
 
 
 def _phases(o):
