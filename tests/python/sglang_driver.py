@@ -67,9 +67,10 @@ def start(path, cfg):
     t = time.perf_counter()
     eng = sglang.Engine(model_path=path, tp_size=cfg["tp"], device="cpu", attention_backend="torch_native",
                         sampling_backend="pytorch", skip_tokenizer_init=True, disable_overlap_schedule=True,
-                        disable_cuda_graph=True, dtype="bfloat16", random_seed=0, context_length=128,
-                        max_total_tokens=1024, max_running_requests=4, mem_fraction_static=0.5,
-                        custom_weight_loader=[LOADER, sglang_ops.DUMP], log_level="warning")
+                        disable_cuda_graph=True, dtype="bfloat16", random_seed=0,
+                        context_length=cfg.get("context_length", 128),
+                        max_total_tokens=cfg.get("max_total_tokens", 1024), max_running_requests=4,
+                        mem_fraction_static=0.5, custom_weight_loader=[LOADER, sglang_ops.DUMP], log_level="warning")
     return eng, time.perf_counter() - t
 
 
@@ -289,7 +290,7 @@ def inflight(eng, cfg, reg, work, res, tp, one_rank_pub):
     from vllm_inflight_driver import hf_publisher
 
     from refit.sglang import RefitSglang, RefitSglangError
-    N = int(cfg.get("inflight_tokens", 64))
+    N = int(cfg.get("inflight_tokens", 100))
     out = {"tokens_per_request": N}
     pub, arena, images, _ = hf_publisher(cfg, reg, "inflight")
 

@@ -80,6 +80,8 @@ def _run(ckpts, kind, tp, src, tmp_path):
     cfg = {"v1": ckpts[(kind, "v1")], "v2": ckpts[(kind, "v2")], "bad": ckpts[(kind, "bad")], "tp": tp,
            "src_layout": src, "refit": REFIT_BIN, "work": str(tmp_path / "work"), "versions": 4,
            "negative": kind != MEDIUM, "one_rank_tensor": ONE_RANK[kind] if kind in ONE_RANK else None}
+    if kind == MEDIUM:  # long requests, so that they are still decoding when the 354 MB version is staged
+        cfg.update(context_length=256, max_total_tokens=2048, inflight_tokens=240)  # its max_position_embeddings
     cfg_path, out = tmp_path / "config.json", tmp_path / "out.json"
     cfg_path.write_text(json.dumps(cfg))
     log = tmp_path / "driver.log"
