@@ -45,7 +45,8 @@ if os.environ.get("REFIT_SGLANG_MEDIUM") == "1":  # the measurement case (bench)
     CASES.append((MEDIUM, 1, "megatron:tp=2,ep=2"))
 _bench = []
 # tp > 1: a column-parallel tensor whose source covers only its first half of rows (TP rank 0's slice)
-ONE_RANK = {vllm_models.DENSE: "layers.0.mlp.gate_proj.weight", vllm_models.MOE: "layers.0.mlp.experts.0.gate_proj.weight"}
+ONE_RANK = {vllm_models.DENSE: "layers.0.mlp.gate_proj.weight",
+            vllm_models.MOE: "layers.0.mlp.experts.0.gate_proj.weight"}
 
 
 @pytest.fixture(scope="session")
