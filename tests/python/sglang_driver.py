@@ -40,6 +40,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 PROMPTS = [[1, 5, 9, 33, 70], [200, 3, 17], [42, 42, 7, 7, 100, 11], [249]]
+PROBE = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79]  # step 9's prefix-cache probe
+NO_NCCL = "/nonexistent/refit-no-nccl/libnccl.so.2"  # SGLANG_NCCL_SO_PATH for tp > 1 on the CPU
 
 
 def _set_env(work, tp):
@@ -52,6 +54,10 @@ def _set_env(work, tp):
     if tp > 1:  # SGLang's CPU engine wants one NUMA node per rank unless each rank's cores are named
         os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r % (os.cpu_count() or 1))
                                                                       for r in range(tp)))
+        # SGLang 0.5.23 turns pynccl on for its TP group on the CPU platform too, and PyNcclCommunicator(cpu)
+        # raises; it turns itself off when its NCCL library does not load (docs/sglang.md, "tp > 1 on the CPU")
+        if os.environ.get("REFIT_SGLANG_KEEP_NCCL") != "1":
+            os.environ.setdefault("SGLANG_NCCL_SO_PATH", NO_NCCL)
 
 
 def start(path, cfg):
@@ -61,9 +67,10 @@ def start(path, cfg):
     t = time.perf_counter()
     eng = sglang.Engine(model_path=path, tp_size=cfg["tp"], device="cpu", attention_backend="torch_native",
                         sampling_backend="pytorch", skip_tokenizer_init=True, disable_overlap_schedule=True,
-                        disable_cuda_graph=True, dtype="bfloat16", random_seed=0, context_length=128,
-                        max_total_tokens=1024, max_running_requests=4, mem_fraction_static=0.5,
-                        custom_weight_loader=[LOADER, sglang_ops.DUMP], log_level="warning")
+                        disable_cuda_graph=True, dtype="bfloat16", random_seed=0,
+                        context_length=cfg.get("context_length", 128),
+                        max_total_tokens=cfg.get("max_total_tokens", 1024), max_running_requests=4,
+                        mem_fraction_static=0.5, custom_weight_loader=[LOADER, sglang_ops.DUMP], log_level="warning")
     return eng, time.perf_counter() - t
 
 
@@ -89,6 +96,14 @@ def generate(eng):
         lp = o["meta_info"].get("output_token_logprobs") or []
         res.append({"tokens": list(o["output_ids"]), "logprobs": [x[0] for x in lp]})
     return res
+
+
+def probe(eng):
+    """PROBE, greedy, 8 tokens: tokens, logprobs, and how many prompt tokens SGLang took from its prefix cache."""
+    o = eng.generate(input_ids=[PROBE], sampling_params={"temperature": 0.0, "max_new_tokens": 8},
+                     return_logprob=True)[0]
+    return {"tokens": list(o["output_ids"]), "logprobs": [x[0] for x in o["meta_info"]["output_token_logprobs"]],
+            "cached_tokens": o["meta_info"].get("cached_tokens")}
 
 
 def stop(eng):
@@ -182,6 +197,224 @@ def sglang_own_distributed(eng, ckpt, tp):
             "total_ms": (t3 - t0) * 1e3}
 
 
+def half_covered_publisher(ckpt, reg, job, suffix):
+    """One rank (hf-like, in this process) holding the whole checkpoint, except that the tensor ending in `suffix`
+    is placed for its first half of rows only: a receiver whose slice lies in that half is covered, one whose slice
+    lies in the second half is not (at tp=2 of a column-parallel tensor: TP rank 0 pulls, rank 1 fails)."""
+    import numpy as np
+    import refit
+    model = refit.Model(ckpt)
+    tensors = model.tensors()
+    half = next(t.name for t in tensors if t.name.endswith(suffix))
+    m = refit.Manifest.build(model.name, "hf-half", 0, 1)
+    offs, off = {}, 0
+    for t in tensors:
+        offs[t.name] = off
+        off += -(-t.nbytes // 256) * 256
+    m.add_region(off)
+    arena = np.zeros(off, dtype=np.uint8)
+    with refit.SafetensorsFile(os.path.join(ckpt, "model.safetensors")) as f:
+        for t in tensors:
+            arena[offs[t.name]:offs[t.name] + t.nbytes] = f.numpy(t.name).reshape(-1).view(np.uint8)
+    for t in tensors:
+        m.add_canonical(t.name, t.dtype, t.shape)
+        m.add_local(t.name, t.dtype, t.shape, 0, offs[t.name])
+        ext = list(t.shape)
+        if t.name == half:
+            ext[0] //= 2
+        m.add_placement(t.name, t.name, (0,) * len(t.shape), ext, (0,) * len(t.shape))
+    m.finalize()
+    pub = refit.Publisher(m, registry=reg, job=job)
+    pub.attach(0, arena)
+    pub.publish(1)
+    return pub, arena, half
+
+
+def _ok_of(ret):
+    return ret[0] if isinstance(ret, tuple) else getattr(ret, "success", ret)
+
+
+def flush_when_idle(eng, limit_s=30):
+    """eng.flush_cache() until SGLang accepts it.  Right after the last request's output came back, SGLang's
+    scheduler may still count a running request for a loop iteration or so ("Cache not flushed because there are
+    pending requests"), and refuses."""
+    n, t = 0, time.perf_counter()
+    while True:
+        n += 1
+        if _ok_of(eng.flush_cache()):
+            return True, n
+        if time.perf_counter() - t > limit_s:
+            return False, n
+        time.sleep(0.05)
+
+
+async def _stream(eng, prompt, n, rec):
+    """One greedy request, streamed: rec["tokens"] follows its completion tokens; rec["meta"] is its last
+    meta_info (weight_versions: the spans of its tokens per SGLang weight version)."""
+    gen = await eng.async_generate(input_ids=list(prompt), sampling_params={"temperature": 0.0, "max_new_tokens": n,
+                                                                            "ignore_eos": True}, stream=True)
+    async for ch in gen:
+        rec["tokens"] = ch["meta_info"]["completion_tokens"]
+        rec["meta"] = ch["meta_info"]
+        rec["ids"] = list(ch.get("output_ids") or [])
+    rec["done"] = True
+
+
+async def _until(cond, limit_s=300, what="condition"):
+    import asyncio
+    t = time.perf_counter()
+    while not cond():
+        if time.perf_counter() - t > limit_s:
+            raise TimeoutError(f"{what} not reached in {limit_s} s")
+        await asyncio.sleep(0.005)
+
+
+def inflight(eng, cfg, reg, work, res, tp, one_rank_pub):
+    """Step 9.  A publisher in this process (the hf layout, one rank; vllm_inflight_driver.hf_publisher) whose
+    version k holds v1's bytes for odd k and v2's for even k.  The engine holds v2 (step 8).
+      a. single phase in place: 4 requests decoding (N tokens each); update(1, pause="in_place"); the requests
+         complete; every parameter and buffer equal to the native v1 start; each request's weight-version spans
+         change at the token it had reached;
+      b. two phase: 4 requests decoding; stage(2) BEFORE version 2 is published (every worker's staging thread
+         waits for it), tokens keep coming, then publish, wait_staged(2) while decoding, commit(2) under the
+         in_place pause; the requests complete; state equal to the native v2 start.  SGLang's prefix cache:
+         PROBE generated after (a) caches v1's KV for it; after the commit (no flush) it is served that stale KV
+         and differs from the native v2 start's; flushed once idle (eng.flush_cache()), it is the same;
+      c. refusals, each leaving the state equal to the reference: commit with nothing staged; a stage that times
+         out (version 99 never published: is_staged raises, commit refused); at tp > 1 a stage from the one-rank
+         publisher (step 4: rank 0 stages, rank 1 fails): commit refused on both;
+      d. single phase under a retract pause (version 3: v1's bytes): the requests go back to the waiting queue,
+         the update flushes the cache, they complete; state equal to the native v1 start, PROBE equal to its."""
+    import asyncio
+    from vllm_driver import compare
+    from vllm_inflight_driver import hf_publisher
+
+    from refit.sglang import RefitSglang, RefitSglangError
+    N = int(cfg.get("inflight_tokens", 100))
+    out = {"tokens_per_request": N}
+    pub, arena, images, _ = hf_publisher(cfg, reg, "inflight")
+
+    def publish(k):
+        arena[:] = images["v1" if k % 2 else "v2"]
+        pub.publish(k)
+
+    def state(name, against):
+        dump(eng, os.path.join(work, name))
+        return compare(os.path.join(work, name), os.path.join(work, against), tp)
+
+    rs = RefitSglang(eng, registry=reg, job="inflight", timeout_ms=120000)
+    loop = eng.loop
+
+    async def requests(recs):
+        tasks = [loop.create_task(_stream(eng, p, N, r)) for p, r in zip(PROMPTS, recs)]
+        await _until(lambda: all(r.get("tokens", 0) >= 2 for r in recs), what="2 tokens on every request")
+        return tasks
+
+    # a. single phase, in place
+    publish(1)
+
+    async def single():
+        recs = [{} for _ in PROMPTS]
+        tasks = await requests(recs)
+        at = [r["tokens"] for r in recs]
+        doc = await rs.aupdate(1, pause="in_place")
+        after = [r["tokens"] for r in recs]
+        await asyncio.gather(*tasks)
+        return recs, at, after, doc
+    recs, at, after, doc = loop.run_until_complete(single())
+    out["single"] = {"tokens_before": at, "tokens_after": after, "driver": doc["driver"],
+                     "reports": [w["report"] for w in doc["workers"]],
+                     "done": [r.get("done", False) for r in recs], "final_tokens": [r["tokens"] for r in recs],
+                     "weight_versions": [r["meta"].get("weight_versions") for r in recs]}
+    out["single_vs_v1"] = state("inflight-single", "v1")
+    out["single_vs_v1_equal"] = out["single_vs_v1"]["equal"]
+    out["probe_at_v1"] = probe(eng)  # PROBE's KV enters SGLang's prefix cache, computed by v1
+
+    # b. two phase
+    async def two():
+        recs = [{} for _ in PROMPTS]
+        tasks = await requests(recs)
+        t0 = [r["tokens"] for r in recs]
+        sdoc = await rs.astage(2)
+        t_stage = [r["tokens"] for r in recs]
+        # version 2 is not published yet: every staging thread waits for it while SGLang keeps decoding
+        await _until(lambda: sum(r["tokens"] for r in recs) >= sum(t_stage) + 4, what="tokens while staging")
+        waiting = rs.staged()
+        publish(2)
+        st = await rs.await_staged(2)
+        t_staged = [r["tokens"] for r in recs]
+        cdoc = await rs.acommit(2)
+        t_commit = [r["tokens"] for r in recs]
+        await asyncio.gather(*tasks)
+        return recs, {"before_stage": t0, "at_stage_return": t_stage, "at_staged": t_staged,
+                      "at_commit_return": t_commit}, sdoc, waiting, st, cdoc
+    recs, toks, sdoc, waiting, st, cdoc = loop.run_until_complete(two())
+    out["two"] = {"tokens": toks, "stage_driver": sdoc["driver"], "waiting": waiting, "staged": st,
+                  "commit_driver": cdoc["driver"], "commit_workers": cdoc["workers"],
+                  "done": [r.get("done", False) for r in recs], "final_tokens": [r["tokens"] for r in recs],
+                  "weight_versions": [r["meta"].get("weight_versions") for r in recs]}
+    out["two_vs_reference"] = state("inflight-two", "ref")
+    out["two_vs_reference_equal"] = out["two_vs_reference"]["equal"]
+    # SGLang 0.5.23 finding: no flush (in_place), so PROBE reuses the KV v1 computed for it; flushed once idle,
+    # it matches the native v2 start again
+    out["probe_stale"] = probe(eng)
+    out["flush_when_idle"], out["flush_attempts"] = flush_when_idle(eng)
+    out["probe_flushed"] = probe(eng)
+    out["two_generation_same_as_reference"] = generate(eng) == res["reference_generation"]
+    out["pauses_ms"] = {"single_update": doc["driver"]["pause_ms"], "stage": sdoc["driver"]["pause_ms"],
+                        "commit": cdoc["driver"]["pause_ms"]}
+
+    # c. refusals
+    ref = []
+
+    def refused(name, fn):
+        try:
+            fn()
+            ref.append({"case": name, "error": None})
+        except RefitSglangError as e:
+            ref.append({"case": name, "error": str(e), "type": type(e).__name__, "status": e.status})
+    refused("commit-nothing-staged", lambda: rs.commit(2))
+    rq = RefitSglang(eng, registry=reg, job="inflight", timeout_ms=3000)
+    rq.stage(99)
+    refused("stage-timeout-is-staged", lambda: rq.wait_staged(99, timeout_s=120))
+    refused("stage-timeout-commit", lambda: rq.commit(99))
+    rq.close()
+    if one_rank_pub is not None:
+        r1 = RefitSglang(eng, registry=reg, job="one-rank", timeout_ms=20000)
+        r1.stage(1)
+        refused("one-rank-is-staged", lambda: r1.wait_staged(1, timeout_s=120))
+        refused("one-rank-commit", lambda: r1.commit(1))
+        r1.close()
+    out["refusals"] = ref
+    out["after_refusals_vs_reference"] = state("inflight-refused", "ref")
+    out["after_refusals_equal"] = out["after_refusals_vs_reference"]["equal"]
+
+    # d. single phase under a retract pause: the requests go back to the queue, the update flushes the cache, they
+    # recompute their KV with v1's weights (version 3 holds v1's bytes) and complete
+    publish(3)
+    rs.close()
+    rs = RefitSglang(eng, registry=reg, job="inflight", timeout_ms=120000)
+
+    async def retract():
+        recs = [{} for _ in PROMPTS]
+        tasks = await requests(recs)
+        at = [r["tokens"] for r in recs]
+        doc = await rs.aupdate(3, pause="retract")
+        await asyncio.gather(*tasks)
+        return recs, at, doc
+    recs, at, rdoc = loop.run_until_complete(retract())
+    out["retract"] = {"tokens_before": at, "driver": rdoc["driver"], "done": [r.get("done", False) for r in recs],
+                      "final_tokens": [r["tokens"] for r in recs],
+                      "weight_versions": [r["meta"].get("weight_versions") for r in recs]}
+    out["retract_vs_v1"] = state("inflight-retract", "v1")
+    out["retract_vs_v1_equal"] = out["retract_vs_v1"]["equal"]
+    out["probe_after_retract"] = probe(eng)
+    out["pauses_ms"]["retract_update"] = rdoc["driver"]["pause_ms"]
+    rs.close()
+    pub.close()
+    return out
+
+
 def main(cfg_path, out_path):
     with open(cfg_path) as f:
         cfg = json.load(f)
@@ -213,6 +446,7 @@ def main(cfg_path, out_path):
         ref, secs = start(cfg["v2"], cfg)
         dump(ref, os.path.join(work, "ref"))
         res["reference_generation"] = generate(ref)
+        res["reference_probe"] = probe(ref)
         step("reference", start_s=secs)
         stop(ref)
 
@@ -223,17 +457,22 @@ def main(cfg_path, out_path):
             procs += publishers(cfg, cfg["bad"], "bad-shape", 1, 0, reg, log)
             wn_pub, _wn_arena, wn_tensor = wrong_name_publisher(cfg["v2"], reg, "bad-name")
             res["wrong_name_tensor"] = wn_tensor
+            if tp > 1:  # a failure on one TP worker only: the other pulls v2, and none may apply it
+                hc_pub, _hc_arena, hc_tensor = half_covered_publisher(cfg["v2"], reg, "one-rank",
+                                                                      cfg["one_rank_tensor"])
+                res["one_rank_tensor"] = hc_tensor
 
         # 3. SGLang on v1
         eng, secs = start(cfg["v1"], cfg)
         dump(eng, os.path.join(work, "v1"))
         res["v1_generation"] = generate(eng)
+        res["v1_probe"] = probe(eng)
         res["v1_vs_reference"] = compare(os.path.join(work, "v1"), os.path.join(work, "ref"), tp)
         step("v1", start_s=secs)
 
         # 4. negative
         res["negative"] = []
-        for job in ("bad-shape", "bad-name") if neg_on else ():
+        for job in (("bad-shape", "bad-name") + (("one-rank",) if tp > 1 else ())) if neg_on else ():
             rs = RefitSglang(eng, registry=reg, job=job, timeout_ms=20000)
             err = None
             try:
@@ -307,8 +546,15 @@ def main(cfg_path, out_path):
                          "generation_same_as_reference": generate(eng) == res["reference_generation"]}
         rd.close()
         step("direct", driver_ms=ms, equal=res["direct"]["vs_reference"]["equal"])
+
+        # 9. in flight: updates under SGLang's in_place pause while requests decode
+        if cfg.get("inflight", True):
+            res["inflight"] = inflight(eng, cfg, reg, work, res, tp, hc_pub if neg_on and tp > 1 else None)
+            step("inflight", **{k: v for k, v in res["inflight"].items() if k.endswith("equal") or k == "pauses_ms"})
         res["ok"] = True
     finally:
+        if neg_on and tp > 1:
+            hc_pub.close()
         if eng is not None:
             stop(eng)
         for p in procs:

@@ -3,6 +3,8 @@ real vLLM (CPU) rollout: 3 steps, its KL gate, the swap-only comparison and the 
 the JSON it writes (not from its exit code alone).
 
 REFIT_RL_ARGS adds arguments (e.g. "--trainer fsdp --registry redis"); REFIT_RL_JSON copies the JSON somewhere.
+With --rollout sglang the rollout (and the native and swap-only engines) is the real SGLang 0.5.23, refitted through
+refit.sglang, in child processes under the SGLang venv's python (examples/grpo_ray/sglang_rollout.py).
 With --trainer fsdp the trainer ranks are torch's real fully_shard over gloo (examples/grpo_ray/fsdp_trainer.py):
 each publishes its own FSDP2 shards (the dtensor layout, no gather, no copy) after a real forward/backward/AdamW
 step, which is asserted too.
@@ -29,6 +31,8 @@ def test_rl_loop(tmp_path):
     steps = res["steps"]
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     fsdp = "--trainer" in extra and extra[extra.index("--trainer") + 1] == "fsdp"
+    sgl = "--rollout" in extra and extra[extra.index("--rollout") + 1] == "sglang"
+    assert res["config"]["rollout"] == ("sglang" if sgl else "vllm") + " tp=1 (CPU)"
     if fsdp:
         # every trainer rank published its own shards of the dtensor layout: half the model's bytes each (this
         # model's every dim 0 is even), together the whole model exactly once
@@ -50,11 +54,37 @@ def test_rl_loop(tmp_path):
         # the KL is not trivially zero: two implementations (transformers, vLLM) in bf16 differ a little
         assert s["trainer_vs_vllm_max_abs"] > 0, s
         assert s["tokens"] > 0 and s["refit_s"] > 0 and s["swap_s"] > 0 and s["swap_load_s"] > 0, s
-    # Finding (vLLM 0.32, CPU, MoE; docs/vllm.md finding 3): vLLM's own update path (layerwise reload +
-    # load_weights) does not reproduce a native start of the same weights: the experts stay unpacked.  The swap-only
-    # engine's log-probabilities differ from the native engine's, and its KL is above the gate.
-    for s in steps:
-        assert s["swap_vs_native_max_abs"] > 1e-3 and s["kl_swap"] > kl_max, s
+    if sgl:
+        # SGLang refitted through refit scores exactly as an SGLang started natively on the same weights, and so
+        # does SGLang's own update_weights_from_tensor path (the swap-only engine): no unpacked-experts effect.
+        for s in steps:
+            assert s["refit_vs_native_max_abs"] == 0 and s["kl"] == s["kl_native"], s
+            assert s["swap_vs_native_max_abs"] == 0, s
+            rep = s["refit_report"]
+            assert rep["transport"] == "shm" and rep["planned"] == (s["step"] == 0), rep
+        child = res["env"]["rollout_child"]
+        assert child["sglang"] == "0.5.23", child
+        import refit
+        assert child["refit"] == os.path.dirname(os.path.abspath(refit.__file__)), child  # the package under test
+        # Finding (SGLang 0.5.23, logprob_result_processor.py): input_token_logprobs reports the token id clipped
+        # to 0 when it is >= vocab_size - 1, and the log-probability beside it is the token's own (closer to the
+        # trainer-side model's log-probability of that token than of token 0).
+        c = res["sglang_input_id_clip"]
+        top = c["vocab_size"] - 1
+        assert top in c["tokens"]
+        assert c["reported_ids"] == [0 if t >= top else t for t in c["tokens"]], c
+        noise = max(s["trainer_vs_vllm_max_abs"] for s in steps)
+        for t, lv, own, zero in zip(c["tokens"], c["sglang_logprobs"], c["trainer_logprobs_of_token"],
+                                    c["trainer_logprobs_of_token_0"]):
+            assert abs(lv - own) <= noise, c
+            if t == top:
+                assert abs(lv - own) < abs(lv - zero), c
+    else:
+        # Finding (vLLM 0.32, CPU, MoE; docs/vllm.md finding 3): vLLM's own update path (layerwise reload +
+        # load_weights) does not reproduce a native start of the same weights: the experts stay unpacked.  The
+        # swap-only engine's log-probabilities differ from the native engine's, and its KL is above the gate.
+        for s in steps:
+            assert s["swap_vs_native_max_abs"] > 1e-3 and s["kl_swap"] > kl_max, s
     # the weights changed every step (the trainer's update reached vLLM)
     assert all(s["reward"] >= 0 for s in steps[1:])
     assert res["passed"] and res["gate_failures"] == []
