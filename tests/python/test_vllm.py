@@ -323,7 +323,7 @@ def test_init_and_update_info_are_checked():
     from refit.vllm import RefitInitInfo, RefitUpdateInfo
     ok = RefitInitInfo(registry="file:/tmp/x", job="j")
     assert ok.group == "trainer" and ok.timeout_ms == 60000 and ok.transports is None
-    assert ok.commit_copy == "memmove" and ok.staging_hugepages is False
+    assert ok.commit_copy == "torch" and ok.staging_hugepages is False
     # A bad value is refit's InputError (a ValueError), a value of the wrong type ArgumentTypeError (also a
     # TypeError); both name the field.
     for bad, what, cls in (({"registry": "", "job": "j"}, "registry", InputError),

@@ -212,7 +212,7 @@ def w_copy_probe(worker, rounds=5):
 def cpu_snapshot():
     """Nanoseconds each thread of each process on this host has run (/proc/PID/task/TID/schedstat), keyed by
     (pid, tid, process name, thread name): taken either side of a commit, the difference says what else ran."""
-    snap = {}
+    snap = {"ticks": float(open("/proc/uptime").read().split()[0]) * os.sysconf("SC_CLK_TCK")}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -222,9 +222,10 @@ def cpu_snapshot():
                 try:
                     ns = int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
                     tname = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+                    start = int(open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[19])
                 except (OSError, ValueError, IndexError):
                     continue
-                snap[(int(pid), int(tid), pname, tname)] = ns
+                snap[(int(pid), int(tid), pname, tname)] = (ns, start)
         except OSError:
             continue
     return snap
@@ -254,7 +255,12 @@ def cpu_between(a, b, wall_s, top=8):
     """The threads that ran between two snapshots, the busiest first (ms, `ours`: this process or a descendant),
     and the host's total and the part of it outside this run's processes, in CPUs."""
     ours = _ours()
-    d = sorted(((b[k] - a.get(k, 0)) / 1e6, k) for k in b if b[k] - a.get(k, 0) > 0)[::-1]
+
+    def ran(k):  # ns in the window: a thread missing from the first snapshot counts only if it started after it
+        if k in a:
+            return b[k][0] - a[k][0]
+        return b[k][0] if b[k][1] >= a["ticks"] - 1 else 0
+    d = sorted(((ran(k) / 1e6, k) for k in b if k != "ticks" and ran(k) > 0), reverse=True)
     per = (lambda xs: round(sum(xs) / 1e3 / wall_s, 2) if wall_s > 0 else None)
     return {"cpus_busy": per([x for x, _ in d]), "cpus_busy_others": per([x for x, k in d if k[0] not in ours]),
             "wall_ms": round(wall_s * 1e3, 1),
@@ -485,6 +491,8 @@ def main(cfg_path, out_path):
                 st.step()
             rec = {"version": k, "pause_ms": c["pause_ms"], "commit_rpc_ms": c["commit_rpc_ms"], "calls_ms": c,
                    "worker_commit_ms": max(x["last_commit"].get("commit_ms", 0) for x in wv),
+                   "worker_agree_ms": max(x["last_commit"].get("agree_ms", 0) for x in wv),
+                   "worker_agree_parts_ms": [x["last_commit"].get("agree_parts_ms") for x in wv],
                    "copy_ms": max(x["last_commit"]["copy_ms"] for x in wv),
                    "bytes_copied": max(x["last_commit"]["bytes_copied"] for x in wv),
                    "handles_exchanged": max(x["last_commit"]["handles_exchanged"] for x in wv),

@@ -258,9 +258,11 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         st, rank = self.stager, self.binding.geometry["rank"]
         t0 = time.perf_counter()
         st.wait(self.info.timeout_ms / 1e3)
+        tw = time.perf_counter()
         why = st.ready(u.version)
         if why is None:  # EPLB moved experts after the plan the staged bytes follow: their slots would be wrong
             why = self.binding.experts_busy() or self.binding.experts_moved()
+        te = time.perf_counter()
         mine = st.mixed["to"] if st.mixed is not None else st.staged
         outcomes = _agree((why, mine, st.error[0] if st.error else (-47 if st.busy() else -6)))
         bad = [(r, o) for r, o in enumerate(outcomes) if o[0] is not None]
@@ -273,7 +275,9 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
                                  "update_weights", bad[0][1][2])
         t1 = time.perf_counter()
         rec = st.commit(rank)
-        rec.update(agree_ms=(t1 - t0) * 1e3, commit_ms=(time.perf_counter() - t0) * 1e3)
+        rec.update(agree_ms=(t1 - t0) * 1e3, commit_ms=(time.perf_counter() - t0) * 1e3,
+                   agree_parts_ms={"stage_thread_join": (tw - t0) * 1e3, "checks": (te - tw) * 1e3,
+                                   "workers": (t1 - te) * 1e3})
         rec = dict(rec, stage=st.last_stage)
         if self._session is not None:
             self._session["updates"].append(rec)

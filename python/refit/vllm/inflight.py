@@ -245,7 +245,7 @@ class Stager:
         self.last_stage: dict = {}
         self.last_commit: dict = {}
         self.fault: Optional[str] = None
-        self.copy_mode = "memmove"  # init_info commit_copy (COMMIT_COPIES)
+        self.copy_mode = "torch"  # init_info commit_copy (COMMIT_COPIES)
         for it in binding.items:  # refuse at init what commit could not exchange
             if it.path in ("linear-cpu",) or (it.path == "embedding" and binding.platform == "cpu"):
                 for mod in ([it.module] if it.path == "linear-cpu" else _holders(binding.model, it.param)):

@@ -35,9 +35,10 @@ class RefitInitInfo(WeightTransferInitInfo):
     (an update pulls into the live weights, the engine paused throughout) or "host" (two-phase: stage while
     serving, commit under a pause; refit.vllm.inflight); staging_budget: the host bytes stage="host" may use;
     stage_threads: the shm copy threads of a stage's pull (default 1, leaving the other cores to the engine; 0: the
-    library's default, one per CPU); commit_copy: how a two-phase commit copies host bytes: "memmove" (the
-    default: one memmove per tensor in the calling thread) or "torch" (flat byte copies by torch's kernel over the
-    worker's intra-op threads; on the shared 2-core VM slower and far less steady, docs/vllm.md); staging_hugepages:
+    library's default, one per CPU); commit_copy: how a two-phase commit copies host bytes: "torch" (the
+    default: flat byte copies by torch's kernel over the worker's intra-op threads, idle during the pause; on a quiet
+    2-core host 0.65-0.88x the pause of "memmove", docs/vllm.md) or "memmove" (one memmove per tensor in the calling
+    thread: steadier where other busy processes share the engine's cores); staging_hugepages:
     the CPU staging memory of stage="host" in transparent huge pages (default false: no gain measured, docs/vllm.md);
     draft_group: the publishers' group of the speculative draft model (refit.vllm.draft; default: group, right for
     a DeepSeek MTP draft, whose tensors the target's publishers hold); draft_model: the model name the draft's
@@ -53,7 +54,7 @@ class RefitInitInfo(WeightTransferInitInfo):
     stage: str = "none"
     staging_budget: Optional[int] = None
     stage_threads: int = 1
-    commit_copy: str = "memmove"
+    commit_copy: str = "torch"
     staging_hugepages: bool = False
     draft_group: Optional[str] = None
     draft_model: Optional[str] = None
