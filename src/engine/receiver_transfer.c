@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/receiver_internal.h"
@@ -207,6 +208,14 @@ static uint32_t keep_holders(pull_t *p, const holders_t *hs)
     return used;
 }
 
+/* The process's CPU seconds (REFIT_FLEET_TRACE's start and end lines). */
+static double process_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* The transfer over the holders into dst; the trainer serves what is left
  * when every relay read failed. */
 static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs, refit_pull_stats_t *stats,
@@ -239,7 +248,13 @@ static refit_status_t fleet_transfer(pull_t *p, void *const *dst, holders_t *hs,
                             .dbytes = &p->dhashed};
     refit_fleet_resume_t resume = {0};
     x.resume = &resume;
+    if (refit_fleet_tracing())
+        refit_fleet_trace("start v%" PRIu64 " slot %d holders %u first=%s cpu %.4f", p->v, r->params.relay_slot, hs->n,
+                          hs->n ? hs->h[0].name : "-", process_cpu_s());
     refit_status_t st = host_run(p, &x, hs, stats);
+    if (refit_fleet_tracing())
+        refit_fleet_trace("end v%" PRIu64 " slot %d cpu %.4f status %d", p->v, r->params.relay_slot, process_cpu_s(),
+                          (int)st);
     if (st && !hs->with_trainer && (st == REFIT_ERR_PEER || st == REFIT_ERR_MISSING_SOURCE)) {
         /* Failover: every relay we had failed; the trainer serves what is
          * left (the chunks already written stay). */

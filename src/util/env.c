@@ -40,6 +40,7 @@ static void diag_read(void)
     g_diag.cuda_alloc_round = copy_of("REFIT_CUDA_ALLOC_ROUND");
     g_diag.digest_trace = copy_of("REFIT_DIGEST_TRACE");
     g_diag.digest_gpu = copy_of("REFIT_DIGEST_GPU");
+    g_diag.fleet_trace = copy_of("REFIT_FLEET_TRACE");
 }
 
 const refit_diag_t *refit_diag(void)

@@ -55,6 +55,7 @@ typedef struct refit_diag {
     const char *cuda_alloc_round; /* REFIT_CUDA_ALLOC_ROUND: bytes (transport/cuda/gpu_device.cu) */
     const char *digest_trace;     /* REFIT_DIGEST_TRACE: FILE for the phases of each digest check (receiver_verify.c) */
     const char *digest_gpu;       /* REFIT_DIGEST_GPU: host|separate (receiver_verify.c: the older GPU checks) */
+    const char *fleet_trace;      /* REFIT_FLEET_TRACE: DIR for per-chunk fleet events (engine/fleet/fleet_trace.c) */
 } refit_diag_t;
 
 /* The diagnostics, read on the first call in the process (pthread_once); the

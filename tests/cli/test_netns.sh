@@ -54,8 +54,9 @@ else bad "require=rdma: exit $rc: $out"; fi
 # Fan-out over nodes with tbf-limited links: 3 receivers of one layout form a
 # chain through relays that serve chunks as they land; every byte verified
 # (refit-bench makes its own namespaces for it, their ports limited by tbf).
-if "$bench" --scenario fanout --net netns --runs 1 --model tiny-moe --dst vllm:tp=1 --receivers 3 --link-mbps 2 \
-    --chunk-kb 64 --verify --out "$tmp/fanout.json" >"$tmp/fanout.log" 2>&1 &&
+mkdir -p "$tmp/trace"
+if REFIT_FLEET_TRACE="$tmp/trace" "$bench" --scenario fanout --net netns --runs 1 --model tiny-moe --dst vllm:tp=1 \
+    --receivers 3 --link-mbps 2 --chunk-kb 64 --verify --out "$tmp/fanout.json" >"$tmp/fanout.log" 2>&1 &&
   python3 - "$tmp/fanout.json" <<'PY'; then ok "fanout over netns+tbf: a verified relay chain, relays read while receiving, the same chain for the next version"
 import json, sys
 o = json.load(open(sys.argv[1]))
@@ -79,5 +80,18 @@ names = lambda chain: [[h.split('=')[0] for h in r['holders'].split(',') if h] f
 assert names(first) == names(rs), (first, rs)
 PY
 else bad "fanout over netns: $(tail -5 "$tmp/fanout.log")"; fi
+# REFIT_FLEET_TRACE: every receiver's chunks of both versions, the two fed readers' hops read by bench/fleet_trace.py
+if python3 "$(dirname "$0")/../../bench/fleet_trace.py" "$tmp/trace" --json >"$tmp/trace.json" 2>"$tmp/trace.err" &&
+  python3 - "$tmp/trace.json" <<'PY'; then ok "REFIT_FLEET_TRACE: each receiver's chunks of both versions, the relays' readers behind them"
+import json, sys
+vs = json.load(open(sys.argv[1]))
+assert [v['version'] for v in vs] == [1, 2], vs
+for v in vs:
+    rs = v['receivers']  # the scenario's lone receiver, then the 3 of the fleet
+    assert len(rs) == 4 and len({r['chunks'] for r in rs}) == 1 and rs[0]['chunks'] > 1, rs
+    fed = [r for r in rs if (r['holder'] or '').startswith('relay:')]
+    assert len(fed) == 2 and all(r['behind_relay_ms']['p50'] >= 0 and r['cpu_s'] > 0 for r in fed), rs
+PY
+else bad "REFIT_FLEET_TRACE: $(cat "$tmp/trace.err" "$tmp/trace.json" 2>/dev/null | tail -5)"; fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -41,6 +41,7 @@ static void test_diag_read_once_by_many(void **state)
     assert_string_equal(d->log_level, "warn");
     assert_string_equal(d->digest_gpu, "separate");
     assert_null(d->digest_trace);
+    assert_string_equal(d->fleet_trace, "/nonexistent/fleet-trace");
     /* A later change is not seen: the values are copies, taken once. */
     setenv("REFIT_CUDA_SMALL", "before", 1);
     unsetenv("REFIT_CUDA_ALLOC_ROUND");
@@ -103,6 +104,7 @@ int main(void)
     setenv("REFIT_LOG_LEVEL", "warn", 1);
     setenv("REFIT_DIGEST_GPU", "separate", 1);
     unsetenv("REFIT_DIGEST_TRACE");
+    setenv("REFIT_FLEET_TRACE", "/nonexistent/fleet-trace", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diag_read_once_by_many),
         cmocka_unit_test(test_log_level),

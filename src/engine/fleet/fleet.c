@@ -365,6 +365,7 @@ static void *worker_main(void *arg)
         if (S->inflight && S->inflight[ci]++) S->shared[ci] = 1; /* another read of it is in flight */
         pthread_mutex_unlock(&S->lock);
         double t0 = refit_now(), c0 = thread_cpu();
+        refit_fleet_trace("claim v%" PRIu64 " c%zu %s ahead=%d", S->version, ci, H->name, ahead != NULL);
         uint64_t bytes = 0, hashed = 0;
         refit_status_t st = run_chunk(S, h, &copy, rows, ahead, sums, &hashed, &bytes);
         double dt = refit_now() - t0;
@@ -412,6 +413,8 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&S->lock);
         if (sums) fold_chunk(S, &copy, sums, keep ? S->dacc : NULL);
         if (keep && hashed) __atomic_fetch_add(S->dbytes, hashed, __ATOMIC_RELAXED);
+        refit_fleet_trace("done v%" PRIu64 " c%zu %s first=%d relay=%d", S->version, ci, H->name, (int)first,
+                          S->progress != NULL);
         if (marked && S->marked) S->marked(S->user);
         double tp = refit_now();
         pace(S, H, bytes, t0);

@@ -24,6 +24,13 @@ typedef struct {
 } refit_progress_hdr_t;
 #define REFIT_PROGRESS_BYTES (sizeof(refit_progress_hdr_t) + REFIT_PROGRESS_MAX_CHUNKS)
 
+/* REFIT_FLEET_TRACE (fleet_trace.c): one line per event ("start", "claim",
+ * "done", "end" with their fields) into the process's trace file; nothing
+ * when the variable is unset.  refit_fleet_tracing: whether it may be on
+ * (false once found off), for callers whose fields cost something.  Any thread. */
+void refit_fleet_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+bool refit_fleet_tracing(void);
+
 /* One holder of bytes a receiver needs: a trainer rank, or a relay. */
 typedef struct {
     char name[96];       /* "trainer:3", "relay:2" */
