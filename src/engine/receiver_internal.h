@@ -57,6 +57,12 @@ typedef struct {
     uint32_t ndsrc;
     refit_digest_plan_t *dplan; /* NULL until the first verified pull with this plan */
     uint8_t *dusable;           /* the sources it was built for */
+    /* dplan's entries as read regions (entries side by side in a table are
+     * one run), built at its first check, and the digest region of each
+     * source they were built for (made again when one differs) */
+    refit_plan_region_t *dregs;
+    size_t ndregs;
+    int64_t *dregion;
     /* GPU memory: dplan's check on the GPU (verify/verify.h), built with it */
     struct refit_gpu_digest_check *gchk;
 } cached_plan_t;

@@ -20,6 +20,8 @@ static void drop_plan(cached_plan_t *cp)
     free(cp->dsrc);
     refit_plan_destroy(cp->plan);
     refit_digest_plan_destroy(cp->dplan);
+    free(cp->dregs);
+    free(cp->dregion);
 #ifdef REFIT_HAVE_CUDA
     refit_gpu_digest_check_destroy(cp->gchk);
 #endif

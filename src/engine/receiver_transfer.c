@@ -411,8 +411,8 @@ refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n,
     refit_status_t st = REFIT_OK;
     uint64_t *sb = calloc(r->world, sizeof(uint64_t));
     refit_peer_t **peers = calloc(r->world, sizeof(void *));
-    refit_plan_region_t *sub = calloc(n ? n : 1, sizeof(*sub));
-    if (!sb || !peers || !sub) st = refit_error(REFIT_ERR_NO_MEMORY, "delta fetch");
+    refit_plan_region_t *sub = NULL; /* the regions of one transport, when the sources are on several */
+    if (!sb || !peers) st = refit_error(REFIT_ERR_NO_MEMORY, "raw pull");
     for (uint32_t t = 0; t < r->ts.n && !st; t++) {
         size_t m = 0;
         memset(sb, 0, r->world * sizeof(uint64_t));
@@ -420,11 +420,22 @@ refit_status_t refit_rx_raw_pull(pull_t *p, refit_plan_region_t *regs, size_t n,
             peers[k] = p->tix[k] == (int)t ? r->src[k].peer[t][p->s.recs[k].buffer] : NULL;
         for (size_t i = 0; i < n; i++)
             if (peers[regs[i].src]) {
-                sub[m++] = regs[i];
+                m++;
                 sb[regs[i].src] += regs[i].run;
             }
         if (!m) continue;
-        struct refit_plan one = refit_plan_view(sub, m, sb, r->world);
+        refit_plan_region_t *mine = regs;
+        if (m < n) {
+            if (!sub && !(sub = malloc(n * sizeof(*sub)))) {
+                st = refit_error(REFIT_ERR_NO_MEMORY, "raw pull");
+                break;
+            }
+            m = 0;
+            for (size_t i = 0; i < n; i++)
+                if (peers[regs[i].src]) sub[m++] = regs[i];
+            mine = sub;
+        }
+        struct refit_plan one = refit_plan_view(mine, m, sb, r->world);
         refit_pull_ctl_t ctl = {
             .deadline = p->deadline, .threads = r->params.threads, .tick = refit_rx_tick, .user = r};
         refit_pull_stats_t ps = {0};

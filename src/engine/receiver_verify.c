@@ -27,8 +27,13 @@ static refit_status_t digest_plan_for(refit_receiver_t *r, cached_plan_t *cp, co
     cp->gchk = NULL;
 #endif
     free(cp->dusable);
+    free(cp->dregs);
+    free(cp->dregion);
     cp->dplan = NULL;
     cp->dusable = NULL;
+    cp->dregs = NULL;
+    cp->dregion = NULL;
+    cp->ndregs = 0;
     uint8_t *keep = malloc(r->world ? r->world : 1);
     if (!keep) return refit_error(REFIT_ERR_NO_MEMORY, "digests");
     memcpy(keep, usable, r->world);
@@ -224,8 +229,59 @@ static refit_status_t gpu_check(pull_t *p, const refit_digest_fetch_t *f, size_t
 }
 #endif
 
-/* Fetches the entries (one 8-byte run each, from the source's digest
- * region), hashes this memory and compares; the report's digest counts. */
+/* cp->dregs: the read of the digest plan's fetches f[0, nf) (8 bytes each,
+ * from each source's digest region, to i * 8 in the fetch buffer), entries
+ * next to each other in one source's table as one run.  Built at the first
+ * check of a digest plan and kept while every source's digest region is
+ * where it was (a steady refit reads the same entries every version: tens of
+ * thousands of them, whose regions cost as much to make as to read). */
+static refit_status_t fetch_regions(pull_t *p, const refit_digest_fetch_t *f, size_t nf)
+{
+    refit_receiver_t *r = p->r;
+    cached_plan_t *cp = p->cp;
+    if (!nf) return REFIT_OK;
+    bool same = cp->dregs != NULL;
+    for (uint32_t k = 0; same && k < r->world; k++) same = cp->dregion[k] == refit_rx_digest_region(r->src[k].m);
+    if (same) return REFIT_OK;
+    free(cp->dregs);
+    free(cp->dregion);
+    cp->ndregs = 0;
+    cp->dregs = calloc(nf, sizeof(*cp->dregs));
+    cp->dregion = calloc(r->world ? r->world : 1, sizeof(*cp->dregion));
+    if (!cp->dregs || !cp->dregion) {
+        free(cp->dregs);
+        free(cp->dregion);
+        cp->dregs = NULL;
+        cp->dregion = NULL;
+        return refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
+    }
+    for (uint32_t k = 0; k < r->world; k++) cp->dregion[k] = refit_rx_digest_region(r->src[k].m);
+    for (size_t i = 0; i < nf; i++) {
+        refit_plan_region_t *last = cp->ndregs ? &cp->dregs[cp->ndregs - 1] : NULL;
+        if (last && last->src == f[i].src && last->src_offset + last->run == f[i].offset) {
+            last->run += 8;
+            continue;
+        }
+        if (cp->dregion[f[i].src] < 0) { /* digest_sources keeps only sources that publish digests */
+            free(cp->dregs);
+            free(cp->dregion);
+            cp->dregs = NULL;
+            cp->dregion = NULL;
+            cp->ndregs = 0;
+            return refit_error(REFIT_ERR_INTERNAL, "digest entries from source rank %u, which has no digest table",
+                               f[i].src);
+        }
+        cp->dregs[cp->ndregs++] = (refit_plan_region_t){.src = f[i].src,
+                                                        .src_region = (uint32_t)cp->dregion[f[i].src],
+                                                        .src_offset = f[i].offset,
+                                                        .dst_offset = i * 8,
+                                                        .run = 8};
+    }
+    return REFIT_OK;
+}
+
+/* Fetches the entries (from the sources' digest regions), hashes this
+ * memory and compares; the report's digest counts. */
 static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *f, size_t nf, dprof_t *prof)
 {
     refit_receiver_t *r = p->r;
@@ -250,29 +306,21 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
         summed = !st && !done && prof->how; /* a mismatch: the sums came back */
     }
 #endif
-    refit_plan_region_t *regs = NULL;
     unsigned char *fetched = NULL;
     double t0 = refit_now();
     if (!st && !done) {
-        regs = calloc(nf ? nf : 1, sizeof(*regs));
         fetched = fetch_buffer(r, nf);
-        if (!regs || !fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
+        if (!fetched) st = refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
+        else st = fetch_regions(p, f, nf);
     }
-    for (size_t i = 0; i < nf && !st && !done; i++) {
-        uint32_t k = f[i].src;
-        if (p->tix[k] < 0) {
+    for (size_t i = 0; i < p->cp->ndregs && !st && !done; i++) {
+        uint32_t k = p->cp->dregs[i].src;
+        if (p->tix[k] < 0)
             st = refit_error(REFIT_ERR_PEER, "source rank %u holds digests this receiver needs and is unreachable", k);
-            break;
-        }
-        regs[i] = (refit_plan_region_t){.src = k,
-                                        .src_region = (uint32_t)refit_rx_digest_region(r->src[k].m),
-                                        .src_offset = f[i].offset,
-                                        .dst_offset = i * 8,
-                                        .run = 8};
     }
     refit_pull_report_t scratch = {0};
     void *bufs[1] = {fetched};
-    if (!st && !done && nf) st = refit_rx_raw_pull(p, regs, nf, bufs, &scratch);
+    if (!st && !done && nf) st = refit_rx_raw_pull(p, p->cp->dregs, p->cp->ndregs, bufs, &scratch);
     double t1 = refit_now();
     if (!done) prof->fetch_ms += (t1 - t0) * 1e3;
     if (!st && !done && host && !fused)
@@ -293,7 +341,6 @@ static refit_status_t digest_fetch_check(pull_t *p, const refit_digest_fetch_t *
     rep->digest_bytes = checked ? dr.bytes : 0;
     rep->digest_fused = fused;
     rep->unverified_bytes = checked ? ps.unverifiable_bytes : ps.bytes + ps.unverifiable_bytes;
-    free(regs);
     return st;
 }
 
