@@ -13,7 +13,8 @@
 # round runs, per path, the two arms one after the other in an order that alternates per round; ratios are taken
 # within a round (on / off), then the median and range over rounds.
 #
-#   bench/digest-ab-paths.sh [ROUNDS] [OUT.json] [VERSIONS]   (defaults: 5, bench/results/digest-ab/<date>-paths.json, 4)
+#   [PATHS="ucx relays delta"] bench/digest-ab-paths.sh [ROUNDS] [OUT.json] [VERSIONS]
+#   (defaults: every path, 5, bench/results/digest-ab/<date>-paths.json, 4)
 #
 # Needs root (ip netns) and build/refit, build/refit-bench built with UCX (the fleet scenarios' build-tree binary).
 set -euo pipefail
@@ -34,6 +35,10 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+paths=${PATHS:-ucx relays delta} # PATHS="delta": only those paths
+for p in $paths; do
+  case $p in ucx | relays | delta) ;; *) echo "digest-ab-paths: unknown path '$p' in PATHS (ucx, relays, delta)" >&2; exit 2 ;; esac
+done
 load_start=$(uptime)
 coproc NETNS { exec build/refit-bench netns 2; }
 read -r -t 60 a addr_a va <&"${NETNS[0]}"
@@ -82,14 +87,14 @@ run_delta() { # arm round -> $tmp/delta-R-ARM.json
 
 for ((r = 0; r < rounds; r++)); do
   if ((r % 2 == 0)); then order=(on off); else order=(off on); fi
-  for path in ucx relays delta; do
+  for path in $paths; do
     for arm in "${order[@]}"; do
       echo "digest-ab-paths: round $((r + 1))/$rounds, $path, digests $arm ($(date -u +%H:%M:%S))" >&2
       "run_$path" "$arm" "$r"
     done
   done
 done
-python3 - "$tmp" "$rounds" "$out" "$load_start" "$(uptime)" "$versions" <<'EOF'
+PATHS="$paths" python3 - "$tmp" "$rounds" "$out" "$load_start" "$(uptime)" "$versions" <<'EOF'
 import datetime, json, os, statistics, sys
 d, rounds, out, load0, load1, versions = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
 def stat(v):
@@ -117,7 +122,7 @@ def delta(r, arm):
     return {"cost_ms": m["delta_checked_ms"], "transfer_ms": m["delta_refit_ms"], "digest_ms": m["delta_digest_ms"],
             "full_cost_ms": m["full_checked_ms"], "fused": m["delta_digest_fused_pulls"], "pulls": versions - 1,
             "unverified_bytes": m["unverified_bytes"], "record": j}
-paths = {"ucx": ucx, "relays": relays, "delta": delta}
+paths = {p: {"ucx": ucx, "relays": relays, "delta": delta}[p] for p in os.environ["PATHS"].split()}
 what = {"ucx": "8 megatron:ep=8 publishers -> 2 vllm:tp=2 receivers, UCX/TCP between two network namespaces (veth, "
                "no tbf); cost = median over versions 2..V of the slower receiver's transfer_ms + digest_ms",
         "relays": "refit-bench fanout --net shm --receivers 8 --dst vllm:tp=4 (relays, reader limit 2); cost = "
@@ -126,7 +131,8 @@ what = {"ucx": "8 megatron:ep=8 publishers -> 2 vllm:tp=2 receivers, UCX/TCP bet
                  "of transfer + digest check"}
 res = {"date": datetime.datetime.utcnow().isoformat() + "Z", "rounds": rounds, "versions": versions,
        "load_at_start": load0, "load_at_end": load1,
-       "command": "bench/digest-ab-paths.sh %d %s %d" % (rounds, out, versions), "paths": {}}
+       "command": "PATHS='%s' bench/digest-ab-paths.sh %d %s %d" % (os.environ["PATHS"], rounds, out, versions),
+       "paths": {}}
 for p, f in paths.items():
     runs = {(r, arm): f(r, arm) for r in range(rounds) for arm in ("on", "off")}
     ratios = [runs[(r, "on")]["cost_ms"] / runs[(r, "off")]["cost_ms"] for r in range(rounds)]

@@ -555,6 +555,8 @@ static uint64_t walk_copy(const ireg_t *g, cursor_t *c, uint64_t lo, uint64_t hi
     return n;
 }
 
+enum { SPARSE_AHEAD = 32 };
+
 /* Sparse changes of one piece: idx/vals hold the chunk's count changes
  * (chunk-relative unit indices, ascending).  Returns the units written. */
 static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, const unsigned char *idx,
@@ -582,22 +584,40 @@ static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, co
     }
     /* The tight loop: the row is [so, end) and a change at pos lands at
      * dst + shift + pos (shift = dof - so wraps as unsigned; the sum is the
-     * destination offset). */
+     * destination offset).  Each change's destination line is asked for
+     * SPARSE_AHEAD changes before it is written: a change is one unit in a
+     * line of its own, and with digests its write reads the old unit first,
+     * a miss that stalled every change (140-170 ms for 2.8 M changes, 60-80
+     * without digests; docs/digest.md). */
     uint64_t so = cur.so, end = so + g->run, shift = cur.dof - so;
-    for (uint32_t k = L; k < count; k++) {
+    uint64_t at[SPARSE_AHEAD];
+    uint32_t from[SPARSE_AHEAD], nb = 0; /* the changes found and not yet written: n, n + 1, ... (mod the ring) */
+    bool more = true;
+    for (uint32_t k = L; k < count && more; k++) {
         uint16_t v;
         memcpy(&v, idx + (uint64_t)k * 2, 2);
         uint64_t pos = c0 + (uint64_t)v * 2;
         if (pos >= pc->hi) break;
-        while (pos >= end) {
-            if (!next_row(g, &cur)) return n;
+        while (pos >= end && (more = next_row(g, &cur))) {
             so = cur.so;
             end = so + g->run;
             shift = cur.dof - so;
         }
-        if (pos < so) continue; /* in the gap before the row */
-        put(g, h, dst, shift + pos, vals + (uint64_t)k * 2, 2);
-        n++;
+        if (!more || pos < so) continue; /* past the last row, or in the gap before the row */
+        uint32_t slot = (uint32_t)(n + nb) % SPARSE_AHEAD;
+        if (nb == SPARSE_AHEAD) { /* the change found SPARSE_AHEAD changes ago: its line has had time to come */
+            put(g, h, dst, at[slot], vals + (uint64_t)from[slot] * 2, 2);
+            n++;
+            nb--;
+        }
+        at[slot] = shift + pos;
+        from[slot] = k;
+        __builtin_prefetch(dst + at[slot], 1);
+        nb++;
+    }
+    for (; nb; nb--, n++) {
+        uint32_t slot = (uint32_t)n % SPARSE_AHEAD;
+        put(g, h, dst, at[slot], vals + (uint64_t)from[slot] * 2, 2);
     }
     return n;
 }
@@ -692,6 +712,7 @@ static void *apply_worker(void *arg)
             }
         }
     }
+    if (h) refit_digest_cursor_flush(&h->cur);
     pthread_mutex_lock(&a->lock);
     a->s.units_written += s.units_written;
     a->s.bytes_written += s.bytes_written;

@@ -344,21 +344,30 @@ uint64_t refit_digest_map_copy_rows(const refit_digest_map_t *m, uint32_t region
  * caller's alone (not atomic). */
 void refit_digest_map_fold(const refit_digest_map_t *m, uint32_t region, uint64_t off, uint64_t len, refit_dsum_t *from,
                            refit_dsum_t *acc);
-/* Where the last update was (refit_digest_map_update): zero it before the
- * first ({0}); one per thread. */
+/* Where the last update was (refit_digest_map_update) and the sums its
+ * units have not yet added into acc: zero it before the first ({0}), one per
+ * thread, and refit_digest_cursor_flush it before reading acc. */
 typedef struct {
     const void *seg;
     uint64_t row;
     uint32_t r[2];
+    refit_dsum_t *pacc; /* NULL: nothing pending */
+    uint32_t ppl;       /* the placement of the pending sums */
+    uint32_t pend[2];
 } refit_digest_cursor_t;
 /* Overwrites len bytes at dst (byte `off` of region `region`) with src's
  * and adds, for the mapped bytes among them, D(new) - D(old) into acc
  * (atomically): the sums of memory that held them stay the sums of memory
  * that holds them now (a delta's apply: the cost is that of the changed
  * bytes, not of the memory).  One aligned 2-byte unit (a sparse change)
- * takes a fast path that keeps its segment and row key in c; anything else
- * is hashed before and after the copy.  src must not be NULL. */
+ * takes a fast path that keeps its segment and row key in c and sums its
+ * change in c while the placement stays the same (an atomic add per unit
+ * waits for every store before it, the write of each changed unit's cache
+ * line among them); anything else is hashed before and after the copy.
+ * src must not be NULL. */
 void refit_digest_map_update(const refit_digest_map_t *m, refit_digest_cursor_t *c, uint32_t region, uint64_t off,
                              void *dst, const void *src, uint64_t len, refit_dsum_t *acc);
+/* Adds the sums c holds into their acc (atomically); c stays usable. */
+void refit_digest_cursor_flush(refit_digest_cursor_t *c);
 
 #endif

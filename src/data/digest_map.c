@@ -340,5 +340,18 @@ void refit_digest_map_update(const refit_digest_map_t *m, refit_digest_cursor_t 
     uint32_t d = (uint32_t)((int32_t)now - (int32_t)was);
     uint32_t k0 = mb[0] * (uint32_t)(int32_t)k->kc[0][j & (KCOLS - 1)],
              k1 = mb[1] * (uint32_t)(int32_t)k->kc[1][j & (KCOLS - 1)];
-    add_to(acc, s->pl, c->r[0] * k0 * d, c->r[1] * k1 * d);
+    if (c->pacc != acc || c->ppl != s->pl) {
+        refit_digest_cursor_flush(c);
+        c->pacc = acc;
+        c->ppl = s->pl;
+    }
+    c->pend[0] += c->r[0] * k0 * d;
+    c->pend[1] += c->r[1] * k1 * d;
+}
+
+void refit_digest_cursor_flush(refit_digest_cursor_t *c)
+{
+    if (c->pacc && (c->pend[0] || c->pend[1])) add_to(c->pacc, c->ppl, c->pend[0], c->pend[1]);
+    c->pacc = NULL;
+    c->pend[0] = c->pend[1] = 0;
 }
