@@ -57,7 +57,7 @@ out = {"what": "refit two-phase updates in vLLM 0.32 (CPU), 354 MB Qwen3-MoE; be
 for path in sys.argv[4:]:
     r = json.load(open(path))
     ups = [{k: u[k] for k in ("version", "pause_ms", "pull_ms", "prepare_ms", "local_copy_ms", "pause_over_copy",
-                              "copy_ms", "commit_rpc_ms", "calls_ms", "worker_commit_ms", "worker_agree_ms", "worker_agree_parts_ms", "bytes_copied", "handles_exchanged", "rank_bytes",
+                              "copy_ms", "commit_rpc_ms", "calls_ms", "worker_commit_ms", "worker_agree_ms", "worker_agree_parts_ms", "worker_agreement", "workers_plain_copy_ms", "pause_over_workers_copy", "bytes_copied", "handles_exchanged", "rank_bytes",
                               "steps_in_stage",
                               "local_copy_before_after_ms", "local_copy_ways_ms", "commit_copy",
                               "commit_ms_by_kind", "copy_probe", "cpu_during_commit", "staging_hugepages", "staging_huge_bytes", "thread", "step_ms_after_publish",
@@ -70,6 +70,8 @@ for path in sys.argv[4:]:
         "median": {"pause_ms": statistics.median(u["pause_ms"] for u in ups),
                    "local_copy_ms": statistics.median(u["local_copy_ms"] for u in ups),
                    "pause_over_copy": statistics.median(u["pause_over_copy"] for u in ups),
+                   "workers_plain_copy_ms": statistics.median(u["workers_plain_copy_ms"] for u in ups),
+                   "pause_over_workers_copy": statistics.median(u["pause_over_workers_copy"] for u in ups),
                    "pull_ms": statistics.median(u["pull_ms"] for u in ups),
                    "single_phase_pause_ms": statistics.median(s["pause_ms"] for s in r["single"])},
         "all_verified": all(u["verified"] for u in ups) and all(s["verified"] for s in r["single"]),

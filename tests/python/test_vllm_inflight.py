@@ -57,7 +57,7 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run_tp2(tmp_path_factory):
-    return _drive(tmp_path_factory, 2, single=1, faults=False, budget_probe=False)
+    return _drive(tmp_path_factory, 2, single=1, faults=False, budget_probe=False, one_worker_refusal=True)
 
 
 def test_tp2_every_worker_commits(run_tp2):
@@ -68,7 +68,21 @@ def test_tp2_every_worker_commits(run_tp2):
         assert u["verified"], u["mismatches"]
         assert u["live_untouched_while_staged"] and u["committed"] == [u["version"]] * 2
         assert u["tokens_during_pull"] > 0
+        assert u["worker_agreement"] == ["all_reduce"] * 2  # every worker ready: the one small all_reduce decided
     assert run_tp2["final_generation_equal"]
+
+
+def test_tp2_one_worker_not_staged_refused(run_tp2):
+    """tp=2: worker 1 drops the staged version; the commit is refused on both workers, naming worker 1, nothing is
+    written (both byte-equal to the previous version), and the version staged again then commits exactly."""
+    ow = run_tp2["one_worker_refusal"]
+    k = ow["staged_before"][0]
+    assert ow["staged_before"] == [k, k] and ow["staged_after_drop"] == [k, None]
+    assert ow["error"] and "worker rank 1: nothing is staged" in ow["error"], ow["error"]
+    assert "worker rank 0" not in ow["error"] and "nothing was written" in ow["error"]
+    assert ow["committed"] == [k - 1, k - 1] and ow["state_vs_previous"]
+    assert ow["retry_committed"] == [k, k] and ow["retry_verified"]
+    assert run_tp2["final_version"] and run_tp2["final_generation_equal"]
 
 
 def test_package_is_this_checkout(run):

@@ -69,6 +69,41 @@ def hf_publisher(ckpts, reg, job, digest=True):
     return pub, arena, images, offs
 
 
+_w_bufs = {}
+
+
+def w_plain_copy_ms(worker, reps=3):
+    """A plain torch copy of this worker's bytes (the last commit's bytes_copied) between two buffers of the worker
+    process, started together on every tensor-parallel worker (a gloo barrier before each copy): the commit's copy
+    with nothing of refit in it, on the same processes and with the same neighbours.  At tp=2 on one 2-core host
+    both workers copy at once, as in the commit; the driver's local_copy_ms copies one rank's bytes with the machine
+    to itself.  Median of reps, ms."""
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+    n = worker.weight_transfer_engine.stager.last_commit["bytes_copied"]
+    if _w_bufs.get("n") != n:
+        _w_bufs.update(n=n, src=torch.ones(n, dtype=torch.uint8), dst=torch.empty(n, dtype=torch.uint8))
+        _w_bufs["dst"].copy_(_w_bufs["src"])
+    tp = get_tp_group()
+    ms = []
+    for _ in range(reps):
+        if tp.world_size > 1:
+            dist.barrier(group=tp.cpu_group)
+        t = time.perf_counter()
+        _w_bufs["dst"].copy_(_w_bufs["src"])
+        ms.append((time.perf_counter() - t) * 1e3)
+    return {"ms": sorted(ms)[len(ms) // 2], "bytes": n, "torch_threads": torch.get_num_threads()}
+
+
+def w_drop_staged_on(worker, rank):
+    """Drops the staged version on tensor-parallel worker `rank` only (the stager's abort); others keep theirs."""
+    e = worker.weight_transfer_engine
+    if e.binding.geometry["rank"] == rank:
+        e.stager.abort()
+    return e.binding.geometry["rank"]
+
+
 def w_copy_probe(worker, rounds=5):
     """Diagnostic (cfg "copy_probe"): where a commit's copy time goes.  Re-runs the last commit's copy steps (the
     same staged bytes into the same live storage: a no-op for the state) interleaved with one flat memmove of as
@@ -484,6 +519,8 @@ def main(cfg_path, out_path):
             lc_after = local_copy_ms(rank_bytes)
             lc_ways = _copy_ways[-2:]
             lc = (lc_before + lc_after) / 2  # the machine is shared: the copy measured on both sides
+            wc = llm.collective_rpc(w_plain_copy_ms)  # every worker at once, after the commit (its bytes known)
+            wc_ms = max(x["ms"] for x in wc)
             probe = llm.collective_rpc(w_copy_probe) if cfg.get("copy_probe") else None
             eq = compare(dump(llm, f"committed-{k}"), refs[ver_of(k)], tp)
             wv = inflight.versions(llm)
@@ -493,6 +530,7 @@ def main(cfg_path, out_path):
                    "worker_commit_ms": max(x["last_commit"].get("commit_ms", 0) for x in wv),
                    "worker_agree_ms": max(x["last_commit"].get("agree_ms", 0) for x in wv),
                    "worker_agree_parts_ms": [x["last_commit"].get("agree_parts_ms") for x in wv],
+                   "worker_agreement": [x["last_commit"].get("agreement") for x in wv],
                    "copy_ms": max(x["last_commit"]["copy_ms"] for x in wv),
                    "bytes_copied": max(x["last_commit"]["bytes_copied"] for x in wv),
                    "handles_exchanged": max(x["last_commit"]["handles_exchanged"] for x in wv),
@@ -510,6 +548,8 @@ def main(cfg_path, out_path):
                    "thread": stg.get("thread"),
                    "step_ms_after_publish": locals().get("after_pub"),
                    "pause_over_copy": c["pause_ms"] / lc,
+                   "workers_plain_copy_ms": wc_ms, "workers_plain_copy": wc,
+                   "pause_over_workers_copy": c["pause_ms"] / wc_ms,
                    "tokens_during_pull": during, "tokens_during_stage": during_stage,
                    "live_untouched_while_staged": state_staged["equal"],
                    "committed": [x["committed"] for x in wv], "verified": eq["equal"],
@@ -519,6 +559,34 @@ def main(cfg_path, out_path):
         while len(st.finished) < 2 * len(PROMPTS):
             st.step()
         res["requests"] = list(st.finished)  # those that finished before the faults (their commits are recorded)
+
+        # 4b. tp > 1: one worker without the staged version.  Every worker staged k, then the last one drops it; the
+        # commit must be refused on every worker (the agreement's fast all_reduce sees a worker not ready and all
+        # gather the reasons), naming that worker, with no live byte written; then k staged again commits exactly.
+        if cfg.get("one_worker_refusal") and tp > 1:
+            prev = ver_of(k)
+            k += 1
+            publish(k)
+            stage_and_wait(k)
+            staged_before = [x["staged"] for x in inflight.versions(llm)]
+            llm.collective_rpc(w_drop_staged_on, args=(tp - 1,))
+            try:
+                inflight.commit(llm, k)
+                err = None
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"
+            ow = {"staged_before": staged_before, "staged_after_drop": [x["staged"] for x in inflight.versions(llm)],
+                  "error": err, "committed": [x["committed"] for x in inflight.versions(llm)],
+                  "state_vs_previous": compare(dump(llm, "one-worker"), refs[prev], tp)["equal"]}
+            for _ in range(3):
+                st.step()
+            stage_and_wait(k)
+            inflight.commit(llm, k)
+            res["commit_points"][str(k)] = dict(st.seen)
+            ow["retry_committed"] = [x["committed"] for x in inflight.versions(llm)]
+            ow["retry_verified"] = compare(dump(llm, "one-worker-retry"), refs[ver_of(k)], tp)["equal"]
+            res["one_worker_refusal"] = ow
+            note("one-worker refusal", **ow)
 
         # 5. faults
         if cfg.get("faults"):

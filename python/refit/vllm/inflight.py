@@ -504,6 +504,23 @@ def _update(llm, info):
     llm.finish_weight_update()
 
 
+def _realign(llm) -> Optional[int]:
+    """After a failed call at tp > 1: vLLM 0.32's multiprocess executor leaves the workers' replies after the first
+    error queued (docs/vllm.md, known problem 4), and versions() would read them.  Drops them where it can (the
+    engine core in this process); with the engine core in its own process nothing can reach the queues (None)."""
+    from .executor import realign_worker_replies
+    try:
+        tp = llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
+    except AttributeError:
+        return None
+    if tp <= 1:
+        return 0
+    try:
+        return realign_worker_replies(llm)
+    except RefitVllmError:
+        return None
+
+
 def stage(llm, version):
     """Starts staging `version` on every worker and returns at once (the engine keeps serving)."""
     _update(llm, {"version": version, "phase": "stage"})
@@ -526,6 +543,7 @@ def commit(llm, version, pause: bool = True) -> dict:
         tb = time.perf_counter()
         llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
     except Exception as e:
+        _realign(llm)
         mixed = [v["mixed"] for v in versions(llm) if v["mixed"] is not None]
         if mixed:
             raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: commit of version {version} stopped after "
