@@ -49,6 +49,11 @@ void refit_region_row_offsets(const refit_plan_region_t *r, uint64_t row, uint64
     *dof = d;
 }
 
+/* A caller's copy (a system call: process_vm_readv) hashed after it is
+ * cut into pieces of this size, each hashed right after its copy from the
+ * cache, not from memory once the whole run has gone through. */
+enum { HASH_PIECE = 256 << 10 };
+
 /* One run: a fill, a copy (hashed on the way when the options carry a
  * digest map: fused with memcpy, or in place right after a caller's copy),
  * `dof` bytes into destination region r->dst_region. */
@@ -62,6 +67,16 @@ static refit_status_t copy_bytes(exec_ctx_t *c, const refit_plan_region_t *r, ui
         return REFIT_OK;
     }
     const unsigned char *src = NULL;
+    if (o->copy && o->dmap) { /* hashed in place a piece at a time, while the piece is still in cache */
+        for (uint64_t done = 0; done < len;) {
+            uint64_t n = REFIT_MIN(len - done, (uint64_t)HASH_PIECE);
+            refit_status_t st = o->copy(o->user, r->src, r->src_region, so + done, dst + done, n);
+            if (st) return st;
+            *hashed += refit_digest_map_copy(o->dmap, r->dst_region, dof + done, dst + done, NULL, n, o->dacc);
+            done += n;
+        }
+        return REFIT_OK;
+    }
     if (o->copy) {
         refit_status_t st = o->copy(o->user, r->src, r->src_region, so, dst, len);
         if (st) return st;
