@@ -61,7 +61,7 @@ typedef struct {
      * one run), built at its first check, and the digest region of each
      * source they were built for (made again when one differs) */
     refit_plan_region_t *dregs;
-    size_t ndregs;
+    size_t ndregs, dnf; /* dnf: the fetches they were built from */
     int64_t *dregion;
     /* GPU memory: dplan's check on the GPU (verify/verify.h), built with it */
     struct refit_gpu_digest_check *gchk;

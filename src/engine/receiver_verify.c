@@ -240,7 +240,7 @@ static refit_status_t fetch_regions(pull_t *p, const refit_digest_fetch_t *f, si
     refit_receiver_t *r = p->r;
     cached_plan_t *cp = p->cp;
     if (!nf) return REFIT_OK;
-    bool same = cp->dregs != NULL;
+    bool same = cp->dregs != NULL && cp->dnf == nf;
     for (uint32_t k = 0; same && k < r->world; k++) same = cp->dregion[k] == refit_rx_digest_region(r->src[k].m);
     if (same) return REFIT_OK;
     free(cp->dregs);
@@ -256,6 +256,7 @@ static refit_status_t fetch_regions(pull_t *p, const refit_digest_fetch_t *f, si
         return refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
     }
     for (uint32_t k = 0; k < r->world; k++) cp->dregion[k] = refit_rx_digest_region(r->src[k].m);
+    cp->dnf = nf;
     for (size_t i = 0; i < nf; i++) {
         refit_plan_region_t *last = cp->ndregs ? &cp->dregs[cp->ndregs - 1] : NULL;
         if (last && last->src == f[i].src && last->src_offset + last->run == f[i].offset) {

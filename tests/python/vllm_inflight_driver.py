@@ -69,31 +69,31 @@ def hf_publisher(ckpts, reg, job, digest=True):
     return pub, arena, images, offs
 
 
-_w_bufs = {}
-
-
 def w_plain_copy_ms(worker, reps=3):
     """A plain torch copy of this worker's bytes (the last commit's bytes_copied) between two buffers of the worker
     process, started together on every tensor-parallel worker (a gloo barrier before each copy): the commit's copy
     with nothing of refit in it, on the same processes and with the same neighbours.  At tp=2 on one 2-core host
     both workers copy at once, as in the commit; the driver's local_copy_ms copies one rank's bytes with the machine
-    to itself.  Median of reps, ms."""
+    to itself.  Median of reps, ms (the buffers are made and touched once per call, before the timed copies)."""
     import torch
     import torch.distributed as dist
     from vllm.distributed import get_tp_group
     n = worker.weight_transfer_engine.stager.last_commit["bytes_copied"]
-    if _w_bufs.get("n") != n:
-        _w_bufs.update(n=n, src=torch.ones(n, dtype=torch.uint8), dst=torch.empty(n, dtype=torch.uint8))
-        _w_bufs["dst"].copy_(_w_bufs["src"])
+    src, dst = torch.ones(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
+    dst.copy_(src)
     tp = get_tp_group()
     ms = []
     for _ in range(reps):
         if tp.world_size > 1:
             dist.barrier(group=tp.cpu_group)
         t = time.perf_counter()
-        _w_bufs["dst"].copy_(_w_bufs["src"])
+        dst.copy_(src)
         ms.append((time.perf_counter() - t) * 1e3)
     return {"ms": sorted(ms)[len(ms) // 2], "bytes": n, "torch_threads": torch.get_num_threads()}
+
+
+def w_rank_tag(worker, tag):
+    return [worker.weight_transfer_engine.binding.geometry["rank"], tag]
 
 
 def w_drop_staged_on(worker, rank):
@@ -570,16 +570,22 @@ def main(cfg_path, out_path):
             stage_and_wait(k)
             staged_before = [x["staged"] for x in inflight.versions(llm)]
             llm.collective_rpc(w_drop_staged_on, args=(tp - 1,))
+            staged_after_drop = [x["staged"] for x in inflight.versions(llm)]
             try:
                 inflight.commit(llm, k)
                 err = None
             except Exception as e:
                 err = f"{type(e).__name__}: {e}"
-            ow = {"staged_before": staged_before, "staged_after_drop": [x["staged"] for x in inflight.versions(llm)],
-                  "error": err, "committed": [x["committed"] for x in inflight.versions(llm)],
+            # every worker's reply to the next call is that call's (inflight.commit realigned vLLM's executor)
+            probe = llm.collective_rpc(w_rank_tag, args=("after-refusal",))
+            ow = {"staged_before": staged_before, "staged_after_drop": staged_after_drop, "error": err,
+                  "probe_after_refusal": probe, "staged_after_refusal": [x["staged"] for x in inflight.versions(llm)],
+                  "committed": [x["committed"] for x in inflight.versions(llm)],
                   "state_vs_previous": compare(dump(llm, "one-worker"), refs[prev], tp)["equal"]}
+            n0 = len(st.log)
             for _ in range(3):
                 st.step()
+            ow["tokens_after_refusal"] = sum(n for _, n in st.log[n0:])  # the scheduler was resumed
             stage_and_wait(k)
             inflight.commit(llm, k)
             res["commit_points"][str(k)] = dict(st.seen)

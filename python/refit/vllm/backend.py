@@ -35,21 +35,22 @@ def _agree(outcome):
     return out
 
 
-def _agree_fast(ok: bool, version) -> bool:
-    """True when every tensor-parallel worker reports ok with the same integer version: one all_reduce(MAX) of three
-    integers on the gloo group, [not ok, version, -version] (a few hundred microseconds against the object gather's
-    pickling and two collectives).  False tells every worker alike to gather the outcomes for the details."""
+def _agree_fast(ok: bool, version):
+    """(True, how) when every tensor-parallel worker reports ok with the same integer version: one all_reduce(MAX)
+    of three integers on the gloo group, [not ok, version, -version] (no pickling, one collective, against the object
+    gather's two).  (False, how) tells every worker alike to gather the outcomes for the details.  how: "all_reduce",
+    or "local" where there is no other worker."""
     import torch
     import torch.distributed as dist
     from vllm.distributed import get_tp_group
     tp = get_tp_group()
     if tp.world_size == 1 or not dist.is_initialized():
-        return ok
-    if not isinstance(version, int) or isinstance(version, bool):  # not an integer version: the gather decides
-        ok, version = False, -1
+        return ok, "local"
+    if isinstance(version, bool) or not isinstance(version, int) or not -2**63 < version < 2**63:
+        ok, version = False, -1  # not an int64 version: the gather decides, on every worker alike
     t = torch.tensor([0 if ok else 1, version, -version], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=tp.cpu_group)
-    return int(t[0]) == 0 and int(t[1]) == -int(t[2]) == version
+    return int(t[0]) == 0 and int(t[1]) == -int(t[2]) == version, "all_reduce"
 
 
 def _init_report(b: VllmBinding) -> dict:
@@ -281,10 +282,11 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             why = self.binding.experts_busy() or self.binding.experts_moved()
         te = time.perf_counter()
         mine = st.mixed["to"] if st.mixed is not None else st.staged
-        bad, how = [], "all_reduce"
+        bad = []
         # the common case in one small all_reduce; any worker not ready, or versions that differ, and every worker
         # gathers the outcomes to name who and why
-        if not _agree_fast(why is None, mine):
+        agreed, how = _agree_fast(why is None, mine)
+        if not agreed:
             how = "gather"
             outcomes = _agree((why, mine, st.error[0] if st.error else (-47 if st.busy() else -6)))
             bad = [(r, o) for r, o in enumerate(outcomes) if o[0] is not None]

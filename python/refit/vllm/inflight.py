@@ -23,6 +23,7 @@ again) + the prepacked experts (the live experts' bytes); init_info staging_budg
 host's MemAvailable always does: RefitVllmStagingBudget names both figures at init.
 """
 import ctypes
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,8 @@ from typing import Dict, List, Optional
 import torch
 
 from .errors import RefitVllmError
+
+logger = logging.getLogger("vllm.refit")
 
 FAULTS = ("stage-postload", "commit-postload", "commit-copy")  # test hooks (engine.fault), tests/python
 
@@ -505,19 +508,20 @@ def _update(llm, info):
 
 
 def _realign(llm) -> Optional[int]:
-    """After a failed call at tp > 1: vLLM 0.32's multiprocess executor leaves the workers' replies after the first
-    error queued (docs/vllm.md, known problem 4), and versions() would read them.  Drops them where it can (the
-    engine core in this process); with the engine core in its own process nothing can reach the queues (None)."""
+    """After a failed call: vLLM 0.32's multiprocess executor leaves the workers' replies after the first error
+    queued (docs/vllm.md, known problem 4), and versions() would read them.  Drops them; returns how many (0 with one
+    worker), or None where that cannot be done (the engine core in its own process, a worker that does not answer)."""
     from .executor import realign_worker_replies
     try:
-        tp = llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
+        pc = llm.llm_engine.vllm_config.parallel_config
+        if pc.tensor_parallel_size * pc.pipeline_parallel_size <= 1:
+            return 0
     except AttributeError:
-        return None
-    if tp <= 1:
-        return 0
+        pass  # not known: try
     try:
         return realign_worker_replies(llm)
-    except RefitVllmError:
+    except Exception as e:  # noqa: BLE001 - any failure means the replies cannot be trusted
+        logger.warning("refit: the workers' replies could not be realigned: %s", e)
         return None
 
 
@@ -543,8 +547,18 @@ def commit(llm, version, pause: bool = True) -> dict:
         tb = time.perf_counter()
         llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
     except Exception as e:
-        _realign(llm)
-        mixed = [v["mixed"] for v in versions(llm) if v["mixed"] is not None]
+        realigned = _realign(llm)
+        if realigned is None:
+            raise RefitVllmError(f"commit of version {version} failed ({e}); vLLM's executor could not be brought back "
+                                 "in step after the failed call (docs/vllm.md, known problem 4: the engine core in its "
+                                 "own process, or a worker that does not answer), so the workers' versions cannot be "
+                                 "read: the scheduler stays paused; restart the engine", "commit", -47) from e
+        try:
+            mixed = [v["mixed"] for v in versions(llm) if v["mixed"] is not None]
+        except Exception as e2:
+            raise RefitVllmError(f"commit of version {version} failed ({e}), and the workers' versions could not be "
+                                 f"read after it ({e2}): the scheduler stays paused; restart the engine", "commit",
+                                 -47) from e
         if mixed:
             raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: commit of version {version} stopped after "
                                             f"live writes ({mixed}); the scheduler stays paused until version "
