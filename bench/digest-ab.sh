@@ -22,6 +22,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 read -r -a arms <<<"${ARMS:-off separate fused}"
 na=${#arms[@]}
+[[ " ${arms[*]} " == *" off "* ]] && ((na >= 2)) ||
+  { echo "digest-ab: ARMS needs off and one other arm at least (off, separate, fused), not '${arms[*]}'" >&2; exit 2; }
+for arm in "${arms[@]}"; do
+  case $arm in off | separate | fused) ;; *) echo "digest-ab: unknown arm $arm (off, separate, fused)" >&2; exit 2 ;; esac
+done
 for ((r = 0; r < rounds; r++)); do
   for ((i = 0; i < na; i++)); do
     arm=${arms[$(((i + r) % na))]}
@@ -29,7 +34,6 @@ for ((r = 0; r < rounds; r++)); do
       off) args=(--no-digest); envs=() ;;
       separate) args=(); envs=(REFIT_DIGEST_PASS=separate) ;;
       fused) args=(); envs=() ;;
-      *) echo "digest-ab: unknown arm $arm (off, separate, fused)" >&2; exit 2 ;;
     esac
     echo "digest-ab: round $((r + 1))/$rounds, $arm" >&2
     env "${envs[@]}" build/refit demo --json "${args[@]}" | tail -1 >"$tmp/$r-$arm.json"

@@ -15,6 +15,16 @@
 
 #include "engine/receiver_internal.h"
 
+/* Forgets the digest fetch's read regions (fetch_regions makes them again). */
+static void drop_fetch_regions(cached_plan_t *cp)
+{
+    free(cp->dregs);
+    free(cp->dregion);
+    cp->dregs = NULL;
+    cp->dregion = NULL;
+    cp->ndregs = cp->dnf = 0;
+}
+
 /* cp->dplan for the sources `usable` marks, made again when they changed
  * (bytes no digest covers said at INFO, once per plan). */
 static refit_status_t digest_plan_for(refit_receiver_t *r, cached_plan_t *cp, const refit_manifest_t **srcs,
@@ -27,13 +37,9 @@ static refit_status_t digest_plan_for(refit_receiver_t *r, cached_plan_t *cp, co
     cp->gchk = NULL;
 #endif
     free(cp->dusable);
-    free(cp->dregs);
-    free(cp->dregion);
+    drop_fetch_regions(cp);
     cp->dplan = NULL;
     cp->dusable = NULL;
-    cp->dregs = NULL;
-    cp->dregion = NULL;
-    cp->ndregs = 0;
     uint8_t *keep = malloc(r->world ? r->world : 1);
     if (!keep) return refit_error(REFIT_ERR_NO_MEMORY, "digests");
     memcpy(keep, usable, r->world);
@@ -243,16 +249,11 @@ static refit_status_t fetch_regions(pull_t *p, const refit_digest_fetch_t *f, si
     bool same = cp->dregs != NULL && cp->dnf == nf;
     for (uint32_t k = 0; same && k < r->world; k++) same = cp->dregion[k] == refit_rx_digest_region(r->src[k].m);
     if (same) return REFIT_OK;
-    free(cp->dregs);
-    free(cp->dregion);
-    cp->ndregs = 0;
+    drop_fetch_regions(cp);
     cp->dregs = calloc(nf, sizeof(*cp->dregs));
     cp->dregion = calloc(r->world ? r->world : 1, sizeof(*cp->dregion));
     if (!cp->dregs || !cp->dregion) {
-        free(cp->dregs);
-        free(cp->dregion);
-        cp->dregs = NULL;
-        cp->dregion = NULL;
+        drop_fetch_regions(cp);
         return refit_error(REFIT_ERR_NO_MEMORY, "digest entries");
     }
     for (uint32_t k = 0; k < r->world; k++) cp->dregion[k] = refit_rx_digest_region(r->src[k].m);
@@ -264,11 +265,7 @@ static refit_status_t fetch_regions(pull_t *p, const refit_digest_fetch_t *f, si
             continue;
         }
         if (cp->dregion[f[i].src] < 0) { /* digest_sources keeps only sources that publish digests */
-            free(cp->dregs);
-            free(cp->dregion);
-            cp->dregs = NULL;
-            cp->dregion = NULL;
-            cp->ndregs = 0;
+            drop_fetch_regions(cp);
             return refit_error(REFIT_ERR_INTERNAL, "digest entries from source rank %u, which has no digest table",
                                f[i].src);
         }

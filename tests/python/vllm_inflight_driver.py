@@ -36,7 +36,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from vllm_driver import (PROMPTS, _set_env, _vllm_shm, compare, generate, start_llm, stop_llm, w_dump,  # noqa: E402
-                         w_mla_unalias)
+                         w_mla_unalias, w_rank)
 
 
 def hf_publisher(ckpts, reg, job, digest=True):
@@ -90,10 +90,6 @@ def w_plain_copy_ms(worker, reps=3):
         dst.copy_(src)
         ms.append((time.perf_counter() - t) * 1e3)
     return {"ms": sorted(ms)[len(ms) // 2], "bytes": n, "torch_threads": torch.get_num_threads()}
-
-
-def w_rank_tag(worker, tag):
-    return [worker.weight_transfer_engine.binding.geometry["rank"], tag]
 
 
 def w_drop_staged_on(worker, rank):
@@ -577,7 +573,7 @@ def main(cfg_path, out_path):
             except Exception as e:
                 err = f"{type(e).__name__}: {e}"
             # every worker's reply to the next call is that call's (inflight.commit realigned vLLM's executor)
-            probe = llm.collective_rpc(w_rank_tag, args=("after-refusal",))
+            probe = llm.collective_rpc(w_rank, args=("after-refusal",))
             ow = {"staged_before": staged_before, "staged_after_drop": staged_after_drop, "error": err,
                   "probe_after_refusal": probe, "staged_after_refusal": [x["staged"] for x in inflight.versions(llm)],
                   "committed": [x["committed"] for x in inflight.versions(llm)],
