@@ -249,6 +249,14 @@ class Stager:
         self.last_commit: dict = {}
         self.fault: Optional[str] = None
         self.copy_mode = "torch"  # init_info commit_copy (COMMIT_COPIES)
+        # The staging threads' agreement (tp > 1): the last thing a staging thread does is one all_reduce on
+        # agree_pg (the engine's own gloo group of the tensor-parallel workers) saying whether every worker staged
+        # the same version in the same round (epoch: stages started, every worker alike).  When it says yes, agreed
+        # is (version, epoch) on every worker alike, and the commit needs no collective under the pause.  An agreed
+        # version is frozen: only calls every worker receives (stage, abort, commit) change it.
+        self.agree_pg = None
+        self.epoch = 0
+        self.agreed: Optional[tuple] = None
         for it in binding.items:  # refuse at init what commit could not exchange
             if it.path in ("linear-cpu",) or (it.path == "embedding" and binding.platform == "cpu"):
                 for mod in ([it.module] if it.path == "linear-cpu" else _holders(binding.model, it.param)):
@@ -264,6 +272,7 @@ class Stager:
                 "staging": self.staging if self.thread is not None and self.thread.is_alive() else None,
                 "pulling": self.pulling,
                 "error": self.error[1] if self.error else None, "mixed": self.mixed,
+                "agreed": self.agreed[0] if self.agreed else None,
                 "last_stage": self.last_stage, "last_commit": self.last_commit}
 
     def busy(self) -> bool:
@@ -279,7 +288,8 @@ class Stager:
             raise RefitVllmCommitIncomplete(
                 f"RefitVllmCommitIncomplete: worker rank {rank} holds a mix ({self.mixed}); commit version "
                 f"{self.mixed['to']} again before staging another", "update_weights", -47)
-        self.staged, self.steps, self.error, self.staging = None, [], None, version
+        self.staged, self.steps, self.error, self.staging, self.agreed = None, [], None, version, None
+        self.epoch += 1
         self.thread = threading.Thread(target=self._run, args=(version, timeout_ms, rank), daemon=True,
                                        name="refit-stage")
         self.thread.start()
@@ -320,9 +330,38 @@ class Stager:
             self.error = (-4, f"worker rank {rank}: staging version {version} failed in a post-load step: "
                               f"{type(e).__name__}: {e}; the live weights were not written")
         finally:
+            if self.agree_pg is not None:
+                self._agree(rec)
             self.last_stage = rec
             self.pulling = None
             self.staging = None
+
+    def _agree(self, rec: dict):
+        """Every tensor-parallel worker's staging thread ends here: one all_reduce(MAX) of [not staged, version,
+        -version, epoch, -epoch] on agree_pg.  All staged the same version in the same round: agreed on every
+        worker.  Otherwise (or if the collective fails) agreed stays None everywhere and the commit agrees under the
+        pause, naming who and why.  A failed collective also retires the group (its peers may be out of step)."""
+        t0 = time.perf_counter()
+        v = self.staged if isinstance(self.staged, int) and not isinstance(self.staged, bool) else -1
+        ok = self.error is None and self.staged is not None and 0 <= v < 2**62
+        try:
+            import torch.distributed as dist
+            t = torch.tensor([0 if ok else 1, v, -v, self.epoch, -self.epoch], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.agree_pg)
+            yes = int(t[0]) == 0 and int(t[1]) == -int(t[2]) == v and int(t[3]) == -int(t[4]) == self.epoch
+            self.agreed = (v, self.epoch) if ok and yes else None
+            rec["agreed"] = self.agreed is not None
+        except Exception as e:  # noqa: BLE001 - a peer that never came, a broken socket: the commit decides
+            self.agree_pg, self.agreed = None, None
+            rec["agreed"], rec["agree_error"] = False, f"{type(e).__name__}: {e}"[:300]
+            logger.warning("refit: the staging threads' agreement failed (%s); commits agree under the pause", e)
+        rec["agree_ms"] = (time.perf_counter() - t0) * 1e3
+
+    def agreed_for(self, version) -> bool:
+        """The commit of `version` may skip the collective: this round's staged version was agreed by every worker
+        and is still what is staged here (frozen since: see abort)."""
+        return (self.agreed is not None and self.mixed is None and not self.busy()
+                and self.staged == self.agreed[0] and version in (self.staged, "newest"))
 
     def _prepare(self) -> List[_Step]:
         """vLLM's post-load steps on the staged bytes, into objects the engine does not read; the commit's steps."""
@@ -459,17 +498,24 @@ class Stager:
                             "handles_exchanged": sum(1 for s in todo if s.kind == "onednn"),
                             "derived": sum(1 for s in todo if s.kind == "derive"), "steps": len(todo),
                             "resumed_mixed": self.mixed is not None}
-        self.committed, self.staged, self.mixed = to, None, None
+        self.committed, self.staged, self.mixed, self.agreed = to, None, None, None
         self.retired, self.steps = self.steps, []  # not freed here: freeing the old handles is not commit work
         return self.last_commit
 
-    def abort(self):
+    def abort(self, everywhere: bool = False):
+        """Drops what is staged.  everywhere: every worker drops it in the same call (update_info phase "abort");
+        a version agreed by every worker (agreed) is not dropped on one alone, since the others would commit it
+        without asking."""
+        if self.agreed is not None and not everywhere:
+            raise RefitVllmError(f"version {self.agreed[0]} is staged and agreed by every tensor-parallel worker; "
+                                 "drop it on every worker at once (update_info phase \"abort\"), not on one",
+                                 "update_weights", -47)
         if self.busy():
             raise RefitVllmError("staging is in progress; it cannot be dropped before it ends", "update_weights", -47)
         if self.mixed is not None:
             raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: the engine holds a mix ({self.mixed}); "
                                             "commit it, do not drop it", "update_weights", -47)
-        self.staged, self.steps = None, []
+        self.staged, self.steps, self.agreed = None, [], None
 
 
 # ---------------------------------------------------------------- driver side (the process holding the LLM)
@@ -536,13 +582,17 @@ def commit(llm, version, pause: bool = True) -> dict:
     request's output then names the versions that generated its tokens: CompletionOutput.weight_versions), and
     resumes.  A commit that failed before any live write resumes and raises; one that left a mix keeps the
     scheduler paused and raises RefitVllmCommitIncomplete (commit the same version again).  Returns pause_ms."""
-    t0 = time.perf_counter()
-    if pause:
-        llm.sleep(level=0, mode="keep")
-    t1 = time.perf_counter()
+    tw = time.perf_counter()
+    llm.start_weight_update()  # opens vLLM's update session on every worker; nothing of the engine's state changes:
+    t0 = time.perf_counter()  # before the pause, so that the paused time holds one call less
     try:
-        llm.start_weight_update()
-        ta = time.perf_counter()
+        if pause:
+            llm.sleep(level=0, mode="keep")
+    except BaseException:
+        llm.finish_weight_update()  # the session must not stay open: the next start_weight_update would refuse
+        raise
+    t1 = ta = time.perf_counter()
+    try:
         llm.update_weights({"update_info": {"version": version, "phase": "commit"}})
         tb = time.perf_counter()
         llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
@@ -571,7 +621,8 @@ def commit(llm, version, pause: bool = True) -> dict:
         llm.wake_up(tags=["scheduling"])
     t3 = time.perf_counter()
     return {"pause_ms": (t3 - t0) * 1e3, "enter_pause_ms": (t1 - t0) * 1e3, "commit_rpc_ms": (t2 - t1) * 1e3,
-            "start_ms": (ta - t1) * 1e3, "update_ms": (tb - ta) * 1e3, "finish_ms": (t2 - tb) * 1e3,
+            "start_ms": (t0 - tw) * 1e3, "start_before_pause": True, "update_ms": (tb - ta) * 1e3,
+            "finish_ms": (t2 - tb) * 1e3,
             "resume_ms": (t3 - t2) * 1e3}
 
 
