@@ -71,6 +71,9 @@ static inline void digest_pub_key_halves(uint32_t r, int16_t *lo, int16_t *hi)
 void digest_pub_rows_any(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
                          const uint8_t *p, uint64_t stride, uint64_t n, uint32_t *P, uint32_t *g, void *scratch);
 size_t digest_pub_scratch_bytes(const refit_digest_key_t *k, uint64_t n);
+/* Rows of at least this many units take the AVX-512 four-row kernel, shorter ones the pairs (digest_kernel.c);
+ * bench_digest_pub_rows moves it to compare the two. */
+extern uint64_t digest_pub_rows4_min_units;
 
 /* Fused copies of at least this many bytes in one call stream their stores past the caches (AVX-512 and
  * AVX2; see digest_avx512.c): a quarter of a Zen 4 core's L2, so a copy that would evict most of it anyway. */

@@ -554,15 +554,20 @@ static void pub_rows_pairs(const refit_digest_key_t *k, uint64_t tid, uint64_t r
 }
 
 /* AVX-512 takes rows four at a time when they are long enough and their columns lie in one key block (every
- * row of at most 65,536 units that starts in block 0 does); others go pair by pair.  Below about 160 units a
- * group's fixed work (four row keys, the reduction of eight dots) outweighs what it saves: from memory, one
- * thread, loaded host (GB/s, pairs / four rows): 64 units 12.1 / 9.4, 128: 19.7 / 17.8, 192: 21.4 / 23.2, 256:
- * 22.1 / 25.5, 512: 19.1 / 24.2, 1024: 13.8 / 25.3. */
-#define PUB_ROWS4_MIN_UNITS 160
+ * row of at most 65,536 units that starts in block 0 does); others go pair by pair.  The pairs kernel keeps a
+ * pair's column sums (8 bytes a column) in L1 and reads each row twice from there (its dot, then its column
+ * terms); past about 1,500 units that stops paying and the four-row groups (one pass, 16-bit products) win.
+ * Interleaved sweep on a quiet host (2026-12-07, one thread, 256 MiB of rows of n units from memory, the kernel's
+ * time / a memcpy of as many bytes, medians of 5; bench_digest_pub_rows, docs/digest.md), pairs / four rows: n =
+ * 256 0.71-0.75 / 1.58-1.64, 512 0.68-0.83 / 1.43-1.46, 1024 0.62-0.68 / 1.09-1.14, 1280 0.87 / 0.97, 1536 0.95 /
+ * 1.13, 1792 1.06 / 0.97, 2048 1.09-1.30 / 0.79-0.88, 4096 1.25 / 0.82-0.86, 8192 1.29-1.39 / 0.84-0.92.  (An
+ * earlier sweep on a loaded host had put the crossing at 160 units; the quiet host does not reproduce it.)  A
+ * variable, so that the sweep can move it. */
+uint64_t digest_pub_rows4_min_units = 1792;
 
 static bool pub_rows_fast(const refit_digest_key_t *k, uint64_t j, uint64_t n)
 {
-    return k->impl == REFIT_DIGEST_IMPL_AVX512 && n >= PUB_ROWS4_MIN_UNITS && (j & (KCOLS - 1)) + n <= KCOLS;
+    return k->impl == REFIT_DIGEST_IMPL_AVX512 && n >= digest_pub_rows4_min_units && (j & (KCOLS - 1)) + n <= KCOLS;
 }
 
 size_t digest_pub_scratch_bytes(const refit_digest_key_t *k, uint64_t n)

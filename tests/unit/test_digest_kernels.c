@@ -285,12 +285,8 @@ static void pub_case(refit_digest_key_t *keys[NIMPL], uint64_t nrows, uint64_t n
     free(got_g);
 }
 
-/* The publisher's row kernel (rows four at a time with AVX-512 from 160 units, in pairs otherwise): groups of 1 to 4 rows
- * left over, tails of 1 to 31 units, odd and unaligned addresses, padded strides, the int16 extremes, rows
- * starting in later key blocks and rows crossing a block boundary (taken pair by pair). */
-static void publisher_rows_agree(void **state)
+static void publisher_rows_shapes(void)
 {
-    (void)state;
     refit_digest_key_t *keys[NIMPL];
     keys_all(4, keys);
     const uint64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 9, 14};
@@ -306,10 +302,31 @@ static void publisher_rows_agree(void **state)
     pub_case(keys, 3, 65536, 0, 0, 0, 0);
     pub_case(keys, 5, 70001, 65536 - 3, 2, 1, 3);
     pub_case(keys, 600, 100, 0, 0, 2, 0);
+    /* around the default threshold (1792 units) */
+    pub_case(keys, 6, 1791, 0, 0, 1, 1);
+    pub_case(keys, 5, 1792, 3, 6, 0, 2);
+    pub_case(keys, 7, 1793, 0, 2, 3, 3);
+    pub_case(keys, 9, 2100, 65536 - 1000, 0, 0, 0);
     for (int r = 0; r < 200; r++)
         pub_case(keys, 1 + rnd() % 12, 1 + rnd() % 600, rnd() % 4 ? rnd() % 100 : rnd() % (3 * 65536), rnd() % 70,
                  (unsigned)(rnd() % 8), (int)(rnd() % 4));
     keys_free(keys);
+}
+
+/* The publisher's row kernel (rows four at a time with AVX-512 from digest_pub_rows4_min_units, in pairs otherwise):
+ * groups of 1 to 4 rows left over, tails of 1 to 31 units, odd and unaligned addresses, padded strides, the int16
+ * extremes, rows starting in later key blocks and rows crossing a block boundary (taken pair by pair).  Every
+ * shape twice: with the threshold at 160 units, so that the four-row kernel meets the short rows and their tails,
+ * and at its default. */
+static void publisher_rows_agree(void **state)
+{
+    (void)state;
+    uint64_t dflt = digest_pub_rows4_min_units;
+    for (int pass = 0; pass < 2; pass++) {
+        digest_pub_rows4_min_units = pass == 0 ? 160 : dflt;
+        publisher_rows_shapes();
+    }
+    digest_pub_rows4_min_units = dflt;
 }
 
 /* Forcing a kernel: AUTO resolves to one of the three; names; an unknown kernel is refused. */
