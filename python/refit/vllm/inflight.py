@@ -6,7 +6,8 @@ stage  (update_info {"version": N, "phase": "stage"}): returns at once; a thread
        (a new oneDNN / sgl-kernel handle per CPU linear and per CPU embedding holder, the CPU MoE experts
        prepacked into buffers of the live shape).  Nothing the engine reads is written: it keeps stepping.
 commit (update_info {"version": N, "phase": "commit"}, under vLLM's pause in "keep" mode, see commit() below):
-       local work only: every worker agrees that N is staged everywhere, then the staged bytes are copied into the
+       local work only: every worker checks that N is what all of them agreed on at the end of staging (Stager._agree;
+       where they did not, they agree here, naming who and why), then the staged bytes are copied into the
        live storage (same addresses: norms, embeddings, prepacked experts, CUDA parameters) and each CPU matmul
        handle's pointer is exchanged with its staged twin's (the handle object, its tensor and the closure vLLM
        calls stay the same objects; the old packed weights are released with the twin).
