@@ -92,20 +92,19 @@ def w_plain_copy_ms(worker, reps=3):
     return {"ms": sorted(ms)[len(ms) // 2], "bytes": n, "torch_threads": torch.get_num_threads()}
 
 
-def w_drop_staged_on(worker, rank):
-    """Drops the staged version on tensor-parallel worker `rank` only (the stager's abort); others keep theirs.  An
-    agreed version (every worker staged it) is refused: the others would commit it without asking."""
-    e = worker.weight_transfer_engine
-    if e.binding.geometry["rank"] == rank:
-        e.stager.abort()
-    return e.binding.geometry["rank"]
-
-
 def w_set_fault_on(worker, rank, fault):
     """Test hook on tensor-parallel worker `rank` only: its next stage or commit fails at `fault` (inflight.FAULTS)."""
     e = worker.weight_transfer_engine
     if e.binding.geometry["rank"] == rank:
         e.stager.fault = fault
+    return e.binding.geometry["rank"]
+
+
+def w_drop_staged_on(worker, rank):
+    """Drops the staged version on tensor-parallel worker `rank` only (the stager's abort); others keep theirs."""
+    e = worker.weight_transfer_engine
+    if e.binding.geometry["rank"] == rank:
+        e.stager.abort()
     return e.binding.geometry["rank"]
 
 
@@ -565,30 +564,17 @@ def main(cfg_path, out_path):
             st.step()
         res["requests"] = list(st.finished)  # those that finished before the faults (their commits are recorded)
 
-        # 4b. tp > 1: one worker without the staged version.  Every worker staged k and agreed on it: dropping it on
-        # the last worker alone is refused (agreed versions are frozen).  Then k is staged again and the last
-        # worker's staging fails (a post-load step raises there only): the staging threads do not agree, and the
-        # commit must be refused on every worker (its all_reduce sees a worker not ready and all gather the
-        # reasons), naming that worker, with no live byte written; then k staged again commits exactly.
+        # 4b. tp > 1: one worker without the staged version.  Every worker staged k, then the last one drops it; the
+        # commit must be refused on every worker (the agreement's fast all_reduce sees a worker not ready and all
+        # gather the reasons), naming that worker, with no live byte written; then k staged again commits exactly.
         if cfg.get("one_worker_refusal") and tp > 1:
             prev = ver_of(k)
             k += 1
             publish(k)
             stage_and_wait(k)
             staged_before = [x["staged"] for x in inflight.versions(llm)]
-            agreed_before = [x["agreed"] for x in inflight.versions(llm)]
-            try:
-                llm.collective_rpc(w_drop_staged_on, args=(tp - 1,))
-                drop_error = None
-            except Exception as e:
-                drop_error = f"{type(e).__name__}: {e}"
-                inflight._realign(llm)  # the refused call left vLLM 0.32's executor a reply behind
+            llm.collective_rpc(w_drop_staged_on, args=(tp - 1,))
             staged_after_drop = [x["staged"] for x in inflight.versions(llm)]
-            llm.collective_rpc(w_set_fault_on, args=(tp - 1, "stage-postload"))
-            stage_and_wait(k)
-            llm.collective_rpc(w_set_fault_on, args=(tp - 1, None))
-            staged_after_fault = [x["staged"] for x in inflight.versions(llm)]
-            agreed_after_fault = [x["agreed"] for x in inflight.versions(llm)]
             try:
                 inflight.commit(llm, k)
                 err = None
@@ -596,9 +582,7 @@ def main(cfg_path, out_path):
                 err = f"{type(e).__name__}: {e}"
             # every worker's reply to the next call is that call's (inflight.commit realigned vLLM's executor)
             probe = llm.collective_rpc(w_rank, args=("after-refusal",))
-            ow = {"staged_before": staged_before, "agreed_before": agreed_before, "drop_error": drop_error,
-                  "staged_after_drop": staged_after_drop, "staged_after_fault": staged_after_fault,
-                  "agreed_after_fault": agreed_after_fault, "error": err,
+            ow = {"staged_before": staged_before, "staged_after_drop": staged_after_drop, "error": err,
                   "probe_after_refusal": probe, "staged_after_refusal": [x["staged"] for x in inflight.versions(llm)],
                   "committed": [x["committed"] for x in inflight.versions(llm)],
                   "state_vs_previous": compare(dump(llm, "one-worker"), refs[prev], tp)["equal"]}
@@ -613,6 +597,40 @@ def main(cfg_path, out_path):
             ow["retry_verified"] = compare(dump(llm, "one-worker-retry"), refs[ver_of(k)], tp)["equal"]
             res["one_worker_refusal"] = ow
             note("one-worker refusal", **ow)
+
+            # 4c. every worker has k staged (so the workers do not agree under the pause), and the last one's commit
+            # raises before its live writes while the others commit: the workers hold different versions.  The
+            # commit must say so and keep the scheduler paused; staging k again everywhere and committing it mends it.
+            prev = ver_of(k)
+            k += 1
+            publish(k)
+            stage_and_wait(k)
+            llm.collective_rpc(w_set_fault_on, args=(tp - 1, "commit-postload"))
+            try:
+                inflight.commit(llm, k)
+                err = None
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"
+            llm.collective_rpc(w_set_fault_on, args=(tp - 1, None))
+            vv = inflight.versions(llm)
+            n0 = len(st.log)
+            for _ in range(3):
+                st.step()
+            sw = {"error": err, "committed": [x["committed"] for x in vv], "agreement": [
+                x["last_commit"].get("agreement") for x in vv], "tokens_while_split": sum(n for _, n in st.log[n0:])}
+            stage_and_wait(k)
+            c = inflight.commit(llm, k, pause=False)  # the scheduler is still paused from the failed commit
+            llm.wake_up(tags=["scheduling"])
+            res["commit_points"][str(k)] = dict(st.seen)
+            sw["retry_staged_everywhere"] = c["staged_everywhere"]
+            sw["retry_committed"] = [x["committed"] for x in inflight.versions(llm)]
+            sw["retry_verified"] = compare(dump(llm, "split-retry"), refs[ver_of(k)], tp)["equal"]
+            n0 = len(st.log)
+            for _ in range(3):
+                st.step()
+            sw["tokens_after_retry"] = sum(n for _, n in st.log[n0:])
+            res["split_commit"] = sw
+            note("split commit", **sw)
 
         # 5. faults
         if cfg.get("faults"):

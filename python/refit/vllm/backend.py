@@ -53,26 +53,6 @@ def _agree_fast(ok: bool, version):
     return int(t[0]) == 0 and int(t[1]) == -int(t[2]) == version, "all_reduce"
 
 
-def _agree_group(timeout_s: float):
-    """A gloo group of this worker's tensor-parallel ranks for the staging threads' agreement (Stager.agree_pg), or
-    None at tp=1 or where it cannot be made (the commit then agrees under the pause, on vLLM's own group).  Its own
-    group: the staging thread's collective runs while the engine's thread uses vLLM's groups for decoding.  Only the
-    members call it (use_local_synchronization), in the collective init_weight_transfer_engine."""
-    import datetime
-
-    import torch.distributed as dist
-    from vllm.distributed import get_tp_group
-    tp = get_tp_group()
-    if tp.world_size == 1 or not dist.is_initialized():
-        return None
-    try:
-        return dist.new_group(list(tp.ranks), backend="gloo", timeout=datetime.timedelta(seconds=timeout_s),
-                              use_local_synchronization=True)
-    except Exception as e:  # noqa: BLE001 - the commit's agreement under the pause still decides
-        logger.warning("refit: no group for the staging threads' agreement (%s); commits agree under the pause", e)
-        return None
-
-
 def _init_report(b: VllmBinding) -> dict:
     return {"layout": b.layout_str, "rank": b.geometry["rank"], "model": b.rmodel.name, "names": b.names,
             "platform": b.platform, "classes": b.classes,
@@ -110,17 +90,12 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         self.reports: List[dict] = []
         self._session: Optional[dict] = None
         self.stager = None  # inflight.Stager with init_info stage="host"
-        self._agree_pg, self._agree_pg_tried = None, False  # the staging threads' agreement group (_agree_group)
 
     def init_transfer_engine(self, init_info: RefitInitInfo) -> None:
         committed = self.stager.committed if self.stager is not None else None
-        epoch = self.stager.epoch if self.stager is not None else 0
         if self.rx is not None:
             self.shutdown()
         two = init_info.stage == "host"
-        if two and self._agree_pg is None and not self._agree_pg_tried:  # made once, by every worker's first init
-            self._agree_pg_tried = True  # with stage="host" (a re-init of one worker alone never makes it)
-            self._agree_pg = _agree_group(max(2 * init_info.timeout_ms / 1e3, 120.0))
         b = VllmBinding(self._default_model, self.vllm_config, init_info.model, stage_all=two,
                         staging_budget=init_info.staging_budget, staging_hugepages=init_info.staging_hugepages)
         rx = Receiver(b.manifest, registry=init_info.registry, job=init_info.job, group=init_info.group,
@@ -133,7 +108,6 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
                 self.stager = Stager(b, rx, self.vllm_config)
                 self.stager.copy_mode = init_info.commit_copy
                 self.stager.committed = committed  # a re-init does not change what the engine serves
-                self.stager.epoch, self.stager.agree_pg = epoch, self._agree_pg
             except BaseException:
                 rx.close()
                 raise
@@ -291,7 +265,7 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             st.start(u.version, self.info.timeout_ms, rank)
             return
         if u.phase == "abort":
-            st.abort(everywhere=True)
+            st.abort()
             return
         if u.phase == "update":  # stage here, then commit: today's single call, through the staging memory
             st.start(u.version, self.info.timeout_ms, rank, wait=True)
@@ -309,17 +283,19 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         te = time.perf_counter()
         mine = st.mixed["to"] if st.mixed is not None else st.staged
         bad = []
-        # The common case: the staging threads already agreed, every worker alike, that this version is staged
-        # everywhere (Stager._agree), and it is frozen since: no collective under the pause.  Not with EPLB, whose
-        # rebalancing can move one worker's experts after the agreement.  Else one small all_reduce here; any
-        # worker not ready, or versions that differ, and every worker gathers the outcomes to name who and why.
-        if st.agreed_for(u.version) and not self.binding.geometry["eplb"]:
-            if why is not None:  # cannot happen while the agreed version is frozen; named if it ever does
-                raise RefitVllmError(f"commit of version {u.version}: worker rank {rank} agreed to it while staging "
-                                     f"but now refuses it ({why}); the other workers may commit it: restart the "
-                                     "engine", "update_weights", -47)
-            agreed, how = True, "staged"
+        if u.staged_everywhere and not self.binding.geometry["eplb"]:
+            # inflight.commit read every worker's state just before the pause: all had this version staged and
+            # nothing staging, and nothing but this call has reached a worker since.  No collective under the
+            # pause.  (Not with EPLB: a rebalance can move one worker's experts in between.)
+            if why is not None:  # another caller between the read and this call; the others may commit
+                raise RefitVllmError(f"commit of version {u.version} ({self.binding.layout_str}, job {self.info.job})"
+                                     f": update_info said every worker had it staged, but worker rank {rank}: {why}; "
+                                     "the other workers may have committed it: stage it again on every worker and "
+                                     "commit it", "update_weights", -47)
+            agreed, how = True, "checked_before_pause"
         else:
+            # the common case in one small all_reduce; any worker not ready, or versions that differ, and every
+            # worker gathers the outcomes to name who and why
             agreed, how = _agree_fast(why is None, mine)
         if not agreed:
             how = "gather"

@@ -6,8 +6,8 @@ stage  (update_info {"version": N, "phase": "stage"}): returns at once; a thread
        (a new oneDNN / sgl-kernel handle per CPU linear and per CPU embedding holder, the CPU MoE experts
        prepacked into buffers of the live shape).  Nothing the engine reads is written: it keeps stepping.
 commit (update_info {"version": N, "phase": "commit"}, under vLLM's pause in "keep" mode, see commit() below):
-       local work only: every worker checks that N is what all of them agreed on at the end of staging (Stager._agree;
-       where they did not, they agree here, naming who and why), then the staged bytes are copied into the
+       local work only: the workers check that N is staged on all of them (commit() reads every worker's state
+       before the pause; a caller that did not makes them agree under it), then the staged bytes are copied into the
        live storage (same addresses: norms, embeddings, prepacked experts, CUDA parameters) and each CPU matmul
        handle's pointer is exchanged with its staged twin's (the handle object, its tensor and the closure vLLM
        calls stay the same objects; the old packed weights are released with the twin).
@@ -250,14 +250,6 @@ class Stager:
         self.last_commit: dict = {}
         self.fault: Optional[str] = None
         self.copy_mode = "torch"  # init_info commit_copy (COMMIT_COPIES)
-        # The staging threads' agreement (tp > 1): the last thing a staging thread does is one all_reduce on
-        # agree_pg (the engine's own gloo group of the tensor-parallel workers) saying whether every worker staged
-        # the same version in the same round (epoch: stages started, every worker alike).  When it says yes, agreed
-        # is (version, epoch) on every worker alike, and the commit needs no collective under the pause.  An agreed
-        # version is frozen: only calls every worker receives (stage, abort, commit) change it.
-        self.agree_pg = None
-        self.epoch = 0
-        self.agreed: Optional[tuple] = None
         for it in binding.items:  # refuse at init what commit could not exchange
             if it.path in ("linear-cpu",) or (it.path == "embedding" and binding.platform == "cpu"):
                 for mod in ([it.module] if it.path == "linear-cpu" else _holders(binding.model, it.param)):
@@ -273,7 +265,6 @@ class Stager:
                 "staging": self.staging if self.thread is not None and self.thread.is_alive() else None,
                 "pulling": self.pulling,
                 "error": self.error[1] if self.error else None, "mixed": self.mixed,
-                "agreed": self.agreed[0] if self.agreed else None,
                 "last_stage": self.last_stage, "last_commit": self.last_commit}
 
     def busy(self) -> bool:
@@ -289,8 +280,7 @@ class Stager:
             raise RefitVllmCommitIncomplete(
                 f"RefitVllmCommitIncomplete: worker rank {rank} holds a mix ({self.mixed}); commit version "
                 f"{self.mixed['to']} again before staging another", "update_weights", -47)
-        self.staged, self.steps, self.error, self.staging, self.agreed = None, [], None, version, None
-        self.epoch += 1
+        self.staged, self.steps, self.error, self.staging = None, [], None, version
         self.thread = threading.Thread(target=self._run, args=(version, timeout_ms, rank), daemon=True,
                                        name="refit-stage")
         self.thread.start()
@@ -331,38 +321,9 @@ class Stager:
             self.error = (-4, f"worker rank {rank}: staging version {version} failed in a post-load step: "
                               f"{type(e).__name__}: {e}; the live weights were not written")
         finally:
-            if self.agree_pg is not None:
-                self._agree(rec)
             self.last_stage = rec
             self.pulling = None
             self.staging = None
-
-    def _agree(self, rec: dict):
-        """Every tensor-parallel worker's staging thread ends here: one all_reduce(MAX) of [not staged, version,
-        -version, epoch, -epoch] on agree_pg.  All staged the same version in the same round: agreed on every
-        worker.  Otherwise (or if the collective fails) agreed stays None everywhere and the commit agrees under the
-        pause, naming who and why.  A failed collective also retires the group (its peers may be out of step)."""
-        t0 = time.perf_counter()
-        v = self.staged if isinstance(self.staged, int) and not isinstance(self.staged, bool) else -1
-        ok = self.error is None and self.staged is not None and 0 <= v < 2**62
-        try:
-            import torch.distributed as dist
-            t = torch.tensor([0 if ok else 1, v, -v, self.epoch, -self.epoch], dtype=torch.int64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.agree_pg)
-            yes = int(t[0]) == 0 and int(t[1]) == -int(t[2]) == v and int(t[3]) == -int(t[4]) == self.epoch
-            self.agreed = (v, self.epoch) if ok and yes else None
-            rec["agreed"] = self.agreed is not None
-        except Exception as e:  # noqa: BLE001 - a peer that never came, a broken socket: the commit decides
-            self.agree_pg, self.agreed = None, None
-            rec["agreed"], rec["agree_error"] = False, f"{type(e).__name__}: {e}"[:300]
-            logger.warning("refit: the staging threads' agreement failed (%s); commits agree under the pause", e)
-        rec["agree_ms"] = (time.perf_counter() - t0) * 1e3
-
-    def agreed_for(self, version) -> bool:
-        """The commit of `version` may skip the collective: this round's staged version was agreed by every worker
-        and is still what is staged here (frozen since: see abort)."""
-        return (self.agreed is not None and self.mixed is None and not self.busy()
-                and self.staged == self.agreed[0] and version in (self.staged, "newest"))
 
     def _prepare(self) -> List[_Step]:
         """vLLM's post-load steps on the staged bytes, into objects the engine does not read; the commit's steps."""
@@ -499,24 +460,17 @@ class Stager:
                             "handles_exchanged": sum(1 for s in todo if s.kind == "onednn"),
                             "derived": sum(1 for s in todo if s.kind == "derive"), "steps": len(todo),
                             "resumed_mixed": self.mixed is not None}
-        self.committed, self.staged, self.mixed, self.agreed = to, None, None, None
+        self.committed, self.staged, self.mixed = to, None, None
         self.retired, self.steps = self.steps, []  # not freed here: freeing the old handles is not commit work
         return self.last_commit
 
-    def abort(self, everywhere: bool = False):
-        """Drops what is staged.  everywhere: every worker drops it in the same call (update_info phase "abort");
-        a version agreed by every worker (agreed) is not dropped on one alone, since the others would commit it
-        without asking."""
-        if self.agreed is not None and not everywhere:
-            raise RefitVllmError(f"version {self.agreed[0]} is staged and agreed by every tensor-parallel worker; "
-                                 "drop it on every worker at once (update_info phase \"abort\"), not on one",
-                                 "update_weights", -47)
+    def abort(self):
         if self.busy():
             raise RefitVllmError("staging is in progress; it cannot be dropped before it ends", "update_weights", -47)
         if self.mixed is not None:
             raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: the engine holds a mix ({self.mixed}); "
                                             "commit it, do not drop it", "update_weights", -47)
-        self.staged, self.steps, self.agreed = None, [], None
+        self.staged, self.steps = None, []
 
 
 # ---------------------------------------------------------------- driver side (the process holding the LLM)
@@ -577,54 +531,90 @@ def stage(llm, version):
     _update(llm, {"version": version, "phase": "stage"})
 
 
+def _w_close_session(worker):
+    """After a failed call at tp >= 2: vLLM closes a worker's weight-update session only where update_weights raised
+    (or never opened it where start_weight_update raised), and a worker whose session stayed open refuses the next
+    start_weight_update; closes it.  Returns whether one was open."""
+    if getattr(worker, "_weight_update_active", False):
+        worker.finish_weight_update()
+        return True
+    return False
+
+
+def _staged_everywhere(vs: List[dict], version) -> bool:
+    """Every worker has `version` (the same one: "newest" is what they staged) staged, nothing staging, nothing
+    mixed."""
+    want = vs[0]["staged"] if version == "newest" else version
+    return want is not None and all(v["staged"] == want and v["staging"] is None and v["mixed"] is None for v in vs)
+
+
 def commit(llm, version, pause: bool = True) -> dict:
     """Commits the staged `version` under vLLM's pause in "keep" mode (LLM.sleep(level=0, mode="keep"): requests stay
     in flight with their KV cache; the scheduler runs no step), sets vLLM's weight version to str(version) (each
     request's output then names the versions that generated its tokens: CompletionOutput.weight_versions), and
-    resumes.  A commit that failed before any live write resumes and raises; one that left a mix keeps the
-    scheduler paused and raises RefitVllmCommitIncomplete (commit the same version again).  Returns pause_ms."""
+    resumes.  Before the pause it reads every worker's versions(): when all have `version` staged (and nothing
+    staging or mixed), the workers commit without agreeing among themselves under the pause (update_info
+    staged_everywhere); vLLM's start_weight_update is called before the pause too.  A commit that failed before any
+    live write resumes and raises; one that left a mix (a worker mid-copy, or workers that hold different versions)
+    keeps the scheduler paused and raises RefitVllmCommitIncomplete (stage the version again where needed and commit
+    it).  Returns pause_ms and its parts."""
+    tv = time.perf_counter()
+    everywhere = _staged_everywhere(versions(llm), version)
     tw = time.perf_counter()
-    llm.start_weight_update()  # opens vLLM's update session on every worker; nothing of the engine's state changes:
-    t0 = time.perf_counter()  # before the pause, so that the paused time holds one call less
+    slept = False
+    t0 = t1 = tb = tw
     try:
+        llm.start_weight_update()  # opens vLLM's update session on every worker; nothing the engine reads changes
+        t0 = time.perf_counter()
         if pause:
             llm.sleep(level=0, mode="keep")
-    except BaseException:
-        llm.finish_weight_update()  # the session must not stay open: the next start_weight_update would refuse
-        raise
-    t1 = ta = time.perf_counter()
-    try:
-        llm.update_weights({"update_info": {"version": version, "phase": "commit"}})
+            slept = True
+        t1 = time.perf_counter()
+        llm.update_weights({"update_info": {"version": version, "phase": "commit",
+                                            "staged_everywhere": everywhere}})
         tb = time.perf_counter()
         llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
     except Exception as e:
-        realigned = _realign(llm)
-        if realigned is None:
-            raise RefitVllmError(f"commit of version {version} failed ({e}); vLLM's executor could not be brought back "
-                                 "in step after the failed call (docs/vllm.md, known problem 4: the engine core in its "
-                                 "own process, or a worker that does not answer), so the workers' versions cannot be "
-                                 "read: the scheduler stays paused; restart the engine", "commit", -47) from e
-        try:
-            mixed = [v["mixed"] for v in versions(llm) if v["mixed"] is not None]
-        except Exception as e2:
-            raise RefitVllmError(f"commit of version {version} failed ({e}), and the workers' versions could not be "
-                                 f"read after it ({e2}): the scheduler stays paused; restart the engine", "commit",
-                                 -47) from e
-        if mixed:
-            raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: commit of version {version} stopped after "
-                                            f"live writes ({mixed}); the scheduler stays paused until version "
-                                            f"{version} is committed again: {e}", "commit", -47) from e
-        if pause:
-            llm.wake_up(tags=["scheduling"])
+        _after_failed_commit(llm, version, e, slept)
         raise
     t2 = time.perf_counter()
     if pause:
         llm.wake_up(tags=["scheduling"])
     t3 = time.perf_counter()
     return {"pause_ms": (t3 - t0) * 1e3, "enter_pause_ms": (t1 - t0) * 1e3, "commit_rpc_ms": (t2 - t1) * 1e3,
-            "start_ms": (t0 - tw) * 1e3, "start_before_pause": True, "update_ms": (tb - ta) * 1e3,
-            "finish_ms": (t2 - tb) * 1e3,
-            "resume_ms": (t3 - t2) * 1e3}
+            "update_ms": (tb - t1) * 1e3, "finish_ms": (t2 - tb) * 1e3, "resume_ms": (t3 - t2) * 1e3,
+            "before_pause": {"versions_ms": (tw - tv) * 1e3, "start_ms": (t0 - tw) * 1e3},
+            "staged_everywhere": everywhere}
+
+
+def _after_failed_commit(llm, version, e: Exception, slept: bool) -> None:
+    """The state after a failed commit call: raises where the engine must stay paused, else resumes (the caller
+    re-raises e)."""
+    realigned = _realign(llm)
+    if realigned is None:
+        raise RefitVllmError(f"commit of version {version} failed ({e}); vLLM's executor could not be brought back "
+                             "in step after the failed call (docs/vllm.md, known problem 4: the engine core in its "
+                             "own process, or a worker that does not answer), so the workers' versions cannot be "
+                             "read: the scheduler stays paused; restart the engine", "commit", -47) from e
+    try:
+        llm.collective_rpc(_w_close_session)
+        vs = versions(llm)
+    except Exception as e2:
+        raise RefitVllmError(f"commit of version {version} failed ({e}), and the workers' state could not be read "
+                             f"after it ({e2}): the scheduler stays paused; restart the engine", "commit", -47) from e
+    mixed = [v["mixed"] for v in vs if v["mixed"] is not None]
+    if mixed:
+        raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: commit of version {version} stopped after "
+                                        f"live writes ({mixed}); the scheduler stays paused until version "
+                                        f"{version} is committed again: {e}", "commit", -47) from e
+    held = [v["committed"] for v in vs]
+    if len(set(held)) > 1:  # some workers committed, others did not: the model is a mix across workers
+        raise RefitVllmCommitIncomplete(
+            f"RefitVllmCommitIncomplete: commit of version {version} failed on some workers after others had "
+            f"committed it: the workers hold versions {dict(enumerate(held))}; the scheduler stays paused until "
+            f"version {version} is staged again on every worker and committed: {e}", "commit", -47) from e
+    if slept:
+        llm.wake_up(tags=["scheduling"])
 
 
 def _w_set_commit_copy(worker, mode):

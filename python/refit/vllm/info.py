@@ -96,11 +96,19 @@ class RefitUpdateInfo(WeightTransferUpdateInfo):
     live), "abort" (drop what is staged)."""
     version: Union[int, str] = "newest"
     phase: str = "update"
+    # phase "commit": the caller read every worker's versions() right before this call and each had this version
+    # staged, nothing staging and nothing mixed (refit.vllm.inflight.commit does): the workers then commit without
+    # agreeing among themselves under the pause.  Without it (the default) they agree there first.
+    staged_everywhere: bool = False
 
     def __post_init__(self):
         v, call = self.version, "refit update_info"
         if self.phase not in PHASES:
             raise _arg_error(f"phase must be one of {', '.join(PHASES)}, not {self.phase!r}", call)
+        if not isinstance(self.staged_everywhere, bool):
+            raise _arg_error(f"staged_everywhere must be true or false, not {self.staged_everywhere!r}", call)
+        if self.staged_everywhere and self.phase != "commit":
+            raise _arg_error(f"staged_everywhere goes with phase \"commit\", not {self.phase!r}", call)
         if v == "newest":
             return
         what = "a positive integer or \"newest\""
