@@ -22,6 +22,8 @@ for ver, seed in (("v1", 1), ("v2", 2)):
                       hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
                       head_dim=64, num_experts=16, moe_intermediate_size=512)
 PY
+# QUIET_WAIT_AB='[true,false]': the driver waits for the commit's replies asleep or spinning (vLLM's default), one
+# per update in turn (an interleaved A/B; inflight.commit quiet_wait)
 # COMMIT_COPY_AB=memmove,torch: the commit's host copies alternate between the two ways, one per update (an
 # interleaved A/B in one engine; each pair's ratio is in the JSON)
 ab=null
@@ -32,7 +34,7 @@ for tp in ${TP:-1} ${TP2:+2}; do
 {"v1": "$work/v1/medium-qwen3-moe", "v2": "$work/v2/medium-qwen3-moe", "tp": $tp, "refit": "$build/refit",
  "work": "$work/run-$tp", "updates": ${UPDATES:-5}, "single": 3, "faults": false, "max_tokens": 64,
  "publisher_digest": false, "commit_copy_ab": $ab, "copy_probe": ${COPY_PROBE:-false},
- "hugepages_ab": ${HUGEPAGES_AB:-null}}
+ "hugepages_ab": ${HUGEPAGES_AB:-null}, "quiet_wait_ab": ${QUIET_WAIT_AB:-null}}
 JSON
   echo "inflight-bench: tp=$tp at $(uptime)" >&2
   "$py" tests/python/vllm_inflight_driver.py "$work/cfg-$tp.json" "$work/out-$tp.json" > "$work/log-$tp.txt" 2>&1 ||
@@ -47,7 +49,7 @@ mkdir -p "$(dirname "$out")"
 omp=""
 for v in GOMP_SPINCOUNT OMP_WAIT_POLICY; do [ -n "${!v:-}" ] && omp="$omp$v=${!v} "; done
 cmd="${omp}UPDATES=${UPDATES:-5} TP=${TP:-1} TP2=${TP2:-} COMMIT_COPY_AB=${COMMIT_COPY_AB:-} COPY_PROBE=${COPY_PROBE:-false}"
-cmd="$cmd HUGEPAGES_AB='${HUGEPAGES_AB:-}'"
+cmd="$cmd HUGEPAGES_AB='${HUGEPAGES_AB:-}' QUIET_WAIT_AB='${QUIET_WAIT_AB:-}'"
 cmd="$cmd bench/inflight-vllm-cpu.sh"
 "$py" - "$out" "$cmd" "$(uptime)" "${runs[@]}" <<'PY'
 import json, statistics, sys, time
@@ -88,6 +90,17 @@ for path in sys.argv[4:]:
             "copy_ratio_b_over_a": {"median": statistics.median(rc), "min": min(rc), "max": max(rc), "all": rc},
             "pause_over_copy": {str(m): [u["pause_over_copy"] for u in ups if u["staging_hugepages"] == m]
                                 for m in hab}}
+    qab = r["config"].get("quiet_wait_ab")
+    if qab:  # consecutive updates a (qab[0]), b (qab[1]): the pause ratio b / a per pair, and each arm's ratios
+        pairs = [ups[i:i + 2] for i in range(0, len(ups) - 1, 2)]
+        rp = [p[1]["pause_ms"] / p[0]["pause_ms"] for p in pairs]
+        out["runs"][-1]["quiet_wait_ab"] = {
+            "modes": qab, "pairs": len(pairs),
+            "pause_ratio_b_over_a": {"median": statistics.median(rp), "min": min(rp), "max": max(rp), "all": rp},
+            "pause_over_copy": {str(m): [u["pause_over_copy"] for u in ups if u["calls_ms"].get("quiet_wait") == m]
+                                for m in (True, False)},
+            "pause_over_workers_copy": {str(m): [u["pause_over_workers_copy"] for u in ups
+                                                 if u["calls_ms"].get("quiet_wait") == m] for m in (True, False)}}
     modes = r["config"].get("commit_copy_ab")
     if modes:  # consecutive updates a, b of one pair: pause and copy ratios b / a, and each against its local copy
         pairs = [ups[i:i + len(modes)] for i in range(0, len(ups) - len(modes) + 1, len(modes))]

@@ -516,7 +516,8 @@ def main(cfg_path, out_path):
             during_stage = st.tokens_between(t0, stg["prepare_end"])
             lc_before = local_copy_ms(rank_bytes)
             snap0, w0 = cpu_snapshot(), time.perf_counter()
-            c = inflight.commit(llm, k)
+            qab = cfg.get("quiet_wait_ab")  # an interleaved A/B of the driver's wait for the commit's replies
+            c = inflight.commit(llm, k, quiet_wait=qab[u % len(qab)] if qab else True)
             w1 = time.perf_counter()
             cpu_commit = cpu_between(snap0, cpu_snapshot(), w1 - w0)
             res["commit_points"][str(k)] = dict(st.seen)  # tokens each request had when k became live

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "data/digest.h"
+#include "data/digest_internal.h"
 #include "layout/manifest.h"
 #include "tool_local.h"
 #include "util/util.h"
@@ -455,9 +456,8 @@ static refit_status_t verify(const refit_digest_key_t *k, const refit_manifest_t
 /* Tables hold P[k] = D(rows [a, a+k) of the box) and Q[k] = D(columns [c, c+k)),
  * computed independently here; identical for any thread count and kernel,
  * including boxes split into several work items. */
-static void table_contents(void **state)
+static void table_contents_once(void)
 {
-    (void)state;
     const tspec_t ts[] = {{"big", REFIT_DTYPE_BF16, 2, {2100, 300}},
                           {"f32", REFIT_DTYPE_F32, 2, {40, 24}},
                           {"vec", REFIT_DTYPE_BF16, 1, {1000}},
@@ -528,6 +528,33 @@ static void table_contents(void **state)
     free(arena);
     refit_digest_key_destroy(k);
     refit_manifest_destroy(m);
+}
+
+/* The table's entries against sums computed unit by unit; twice: with the AVX-512 four-row publisher kernel taken
+ * from 160 units (the 260-unit rows then reach it) and at its default threshold (they go pair by pair). */
+static uint64_t rows4_default;
+
+static int rows4_keep(void **state)
+{
+    (void)state;
+    rows4_default = digest_pub_rows4_min_units;
+    return 0;
+}
+
+static int rows4_restore(void **state)
+{
+    (void)state;
+    digest_pub_rows4_min_units = rows4_default; /* also after a failed assertion left the test early */
+    return 0;
+}
+
+static void table_contents(void **state)
+{
+    (void)state;
+    digest_pub_rows4_min_units = 160;
+    table_contents_once();
+    digest_pub_rows4_min_units = rows4_default;
+    table_contents_once();
 }
 
 /* A box whose rows cross unit 65536 (an lm_head-like row of 140,000 units
@@ -1217,7 +1244,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(key_properties),   cmocka_unit_test(kernels_agree),      cmocka_unit_test(additivity),
-        cmocka_unit_test(long_rows),        cmocka_unit_test(table_contents),     cmocka_unit_test(long_row_tables),
+        cmocka_unit_test(long_rows),        cmocka_unit_test_setup_teardown(table_contents, rows4_keep, rows4_restore),     cmocka_unit_test(long_row_tables),
         cmocka_unit_test(layout_pairs),     cmocka_unit_test(fp8_arenas),         cmocka_unit_test(stale_source),
         cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases), cmocka_unit_test(fetch_shape),
         cmocka_unit_test(errors),           cmocka_unit_test(table_update),

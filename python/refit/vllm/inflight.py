@@ -548,7 +548,7 @@ def _staged_everywhere(vs: List[dict], version) -> bool:
     return want is not None and all(v["staged"] == want and v["staging"] is None and v["mixed"] is None for v in vs)
 
 
-def commit(llm, version, pause: bool = True) -> dict:
+def commit(llm, version, pause: bool = True, quiet_wait: bool = True) -> dict:
     """Commits the staged `version` under vLLM's pause in "keep" mode (LLM.sleep(level=0, mode="keep"): requests stay
     in flight with their KV cache; the scheduler runs no step), sets vLLM's weight version to str(version) (each
     request's output then names the versions that generated its tokens: CompletionOutput.weight_versions), and
@@ -557,11 +557,13 @@ def commit(llm, version, pause: bool = True) -> dict:
     staged_everywhere); vLLM's start_weight_update is called before the pause too.  A commit that failed before any
     live write resumes and raises; one that left a mix (a worker mid-copy, or workers that hold different versions)
     keeps the scheduler paused and raises RefitVllmCommitIncomplete (stage the version again where needed and commit
-    it).  Returns pause_ms and its parts."""
+    it).  quiet_wait: this process waits for the workers' commit replies asleep, not spinning beside their copies
+    (executor.quiet_reply_wait; tp > 1 with the engine core in this process).  Returns pause_ms and its parts."""
+    from .executor import quiet_reply_wait
     tv = time.perf_counter()
     everywhere = _staged_everywhere(versions(llm), version)
     tw = time.perf_counter()
-    slept = False
+    slept, quiet = False, None
     t0 = t1 = tb = tw
     try:
         llm.start_weight_update()  # opens vLLM's update session on every worker; nothing the engine reads changes
@@ -570,8 +572,15 @@ def commit(llm, version, pause: bool = True) -> dict:
             llm.sleep(level=0, mode="keep")
             slept = True
         t1 = time.perf_counter()
-        llm.update_weights({"update_info": {"version": version, "phase": "commit",
-                                            "staged_everywhere": everywhere}})
+        quiet = quiet_reply_wait(llm) if quiet_wait else None
+        if quiet is not None:
+            quiet.__enter__()
+        try:
+            llm.update_weights({"update_info": {"version": version, "phase": "commit",
+                                                "staged_everywhere": everywhere}})
+        finally:
+            if quiet is not None:
+                quiet.__exit__(None, None, None)
         tb = time.perf_counter()
         llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
     except Exception as e:
@@ -584,7 +593,7 @@ def commit(llm, version, pause: bool = True) -> dict:
     return {"pause_ms": (t3 - t0) * 1e3, "enter_pause_ms": (t1 - t0) * 1e3, "commit_rpc_ms": (t2 - t1) * 1e3,
             "update_ms": (tb - t1) * 1e3, "finish_ms": (t2 - tb) * 1e3, "resume_ms": (t3 - t2) * 1e3,
             "before_pause": {"versions_ms": (tw - tv) * 1e3, "start_ms": (t0 - tw) * 1e3},
-            "staged_everywhere": everywhere}
+            "staged_everywhere": everywhere, "quiet_wait": bool(quiet is not None and quiet.changed)}
 
 
 def _after_failed_commit(llm, version, e: Exception, slept: bool) -> None:
