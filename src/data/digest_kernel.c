@@ -556,13 +556,12 @@ static void pub_rows_pairs(const refit_digest_key_t *k, uint64_t tid, uint64_t r
 /* AVX-512 takes rows four at a time when they are long enough and their columns lie in one key block (every
  * row of at most 65,536 units that starts in block 0 does); others go pair by pair.  The pairs kernel keeps a
  * pair's column sums (8 bytes a column) in L1 and reads each row twice from there (its dot, then its column
- * terms); past about 1,500 units that stops paying and the four-row groups (one pass, 16-bit products) win.
- * Interleaved sweep on a quiet host (2026-12-07, one thread, 256 MiB of rows of n units from memory, the kernel's
- * time / a memcpy of as many bytes, medians of 5; bench_digest_pub_rows, docs/digest.md), pairs / four rows: n =
- * 256 0.71-0.75 / 1.58-1.64, 512 0.68-0.83 / 1.43-1.46, 1024 0.62-0.68 / 1.09-1.14, 1280 0.87 / 0.97, 1536 0.95 /
- * 1.13, 1792 1.06 / 0.97, 2048 1.09-1.30 / 0.79-0.88, 4096 1.25 / 0.82-0.86, 8192 1.29-1.39 / 0.84-0.92.  (An
- * earlier sweep on a loaded host had put the crossing at 160 units; the quiet host does not reproduce it.)  A
- * variable, so that the sweep can move it. */
+ * terms); on long rows that stops paying and the four-row groups (one pass, 16-bit products) win.  Measured on a
+ * quiet host (bench_digest_pub_rows, one thread, 256 MiB of rows from memory, kernel time / a memcpy of as many
+ * bytes; bench/results/digest-pub-rows): pairs 0.62-0.91 x up to 1,024 units against 1.03-1.64 x for the four-row
+ * kernel; from 2,048 units the four-row kernel 0.79-0.98 x against 1.06-1.39 x; between them (1,280-1,792) the two
+ * trade places from run to run.  (An earlier sweep on a loaded host had put the crossing at 160 units; the quiet
+ * host does not reproduce it.)  A variable, so that the benchmark and the tests can move it. */
 uint64_t digest_pub_rows4_min_units = 1792;
 
 static bool pub_rows_fast(const refit_digest_key_t *k, uint64_t j, uint64_t n)

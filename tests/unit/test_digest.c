@@ -1243,11 +1243,20 @@ static void table_update(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(key_properties),   cmocka_unit_test(kernels_agree),      cmocka_unit_test(additivity),
-        cmocka_unit_test(long_rows),        cmocka_unit_test_setup_teardown(table_contents, rows4_keep, rows4_restore),     cmocka_unit_test(long_row_tables),
-        cmocka_unit_test(layout_pairs),     cmocka_unit_test(fp8_arenas),         cmocka_unit_test(stale_source),
-        cmocka_unit_test(unusable_sources), cmocka_unit_test(unverifiable_cases), cmocka_unit_test(fetch_shape),
-        cmocka_unit_test(errors),           cmocka_unit_test(table_update),
+        cmocka_unit_test(key_properties),
+        cmocka_unit_test(kernels_agree),
+        cmocka_unit_test(additivity),
+        cmocka_unit_test(long_rows),
+        cmocka_unit_test_setup_teardown(table_contents, rows4_keep, rows4_restore),
+        cmocka_unit_test(long_row_tables),
+        cmocka_unit_test(layout_pairs),
+        cmocka_unit_test(fp8_arenas),
+        cmocka_unit_test(stale_source),
+        cmocka_unit_test(unusable_sources),
+        cmocka_unit_test(unverifiable_cases),
+        cmocka_unit_test(fetch_shape),
+        cmocka_unit_test(errors),
+        cmocka_unit_test(table_update),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -363,8 +363,11 @@ static void impl_choice(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(dots_agree),           cmocka_unit_test(copy_rows_agree), cmocka_unit_test(pieces_add_up),
-        cmocka_unit_test_setup_teardown(publisher_rows_agree, rows4_keep, rows4_restore), cmocka_unit_test(impl_choice),
+        cmocka_unit_test(dots_agree),
+        cmocka_unit_test(copy_rows_agree),
+        cmocka_unit_test(pieces_add_up),
+        cmocka_unit_test_setup_teardown(publisher_rows_agree, rows4_keep, rows4_restore),
+        cmocka_unit_test(impl_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -344,8 +344,10 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             return
         s, self._session = self._session, None
         s["total_ms"] = (time.perf_counter() - s.pop("start")) * 1e3
-        self.report = dict(self.report, session_ms=s["total_ms"])
         self.reports.append(s)
+        if not s["updates"]:  # a session that only started staging (or aborted): no update of its own to report
+            return
+        self.report = dict(self.report, session_ms=s["total_ms"])
         logger.info("refit: update done on rank %d: %s", self.binding.geometry["rank"], json.dumps(self.report))
 
     def shutdown(self) -> None:
