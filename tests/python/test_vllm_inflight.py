@@ -98,7 +98,7 @@ def test_tp2_split_commit_named_and_mended(run_tp2):
     sw = run_tp2["split_commit"]
     k = sw["retry_committed"][0]
     assert sw["error"] and "RefitVllmCommitIncomplete" in sw["error"], sw["error"]
-    assert f"the workers hold versions {{0: {k}, 1: {k - 1}}}" in sw["error"], sw["error"]
+    assert f"the workers hold different versions {{0: {k}, 1: {k - 1}}}" in sw["error"], sw["error"]
     assert sw["committed"] == [k, k - 1] and sw["agreement"][0] == "checked_before_pause"
     assert sw["tokens_while_split"] == 0  # the scheduler stayed paused
     assert sw["retry_staged_everywhere"] is True and sw["retry_committed"] == [k, k] and sw["retry_verified"]
@@ -176,3 +176,21 @@ def test_faults(run):
     assert not m["mixed_equals_previous"] and not m["mixed_equals_new"]  # really a mix, and named
     assert "RefitVllmCommitIncomplete" in m["stage_while_mixed"]
     assert m["retry_verified"] and m["tokens_after_retry"] > 0
+
+
+def test_commit_step_failure_marks_mixed():
+    """A live step that raises for a real reason (here a copy between tensors of different shapes), not only the
+    injected commit-copy fault, leaves the worker marked mixed with the steps done counted, and raises
+    RefitVllmCommitIncomplete: inflight.commit then keeps the scheduler paused (not run here: no engine)."""
+    import torch
+    from refit.vllm.inflight import RefitVllmCommitIncomplete, Stager, _Step
+    st = Stager.__new__(Stager)  # the commit's state only: no binding, no receiver
+    st.committed, st.staged, st.mixed, st.fault, st.copy_mode = 4, 5, None, None, "torch"
+    live, new = torch.zeros(8), torch.ones(8)
+    st.steps = [_Step("copy", "a", live, new), _Step("copy", "b", torch.zeros(4), torch.ones(3))]
+    with pytest.raises(RefitVllmCommitIncomplete) as ei:
+        st.commit(0)
+    assert st.mixed == {"from": 4, "to": 5, "done": 1, "steps": 2, "stopped_at": "b"}
+    assert torch.equal(live, new)  # the first step wrote its live bytes: a mix, and it says so
+    assert st.committed == 4 and st.staged == 5
+    assert "copy step of b raised" in str(ei.value) and "a mix of versions 4 and 5" in str(ei.value)

@@ -272,7 +272,8 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         self._commit(u)
 
     def _commit(self, u: RefitUpdateInfo) -> None:
-        """Every worker agrees that the version is staged everywhere before any writes a live byte."""
+        """No worker writes a live byte before the version is known to be staged on every worker: inflight.commit
+        read it before the pause (update_info staged_everywhere), or the workers agree here."""
         st, rank = self.stager, self.binding.geometry["rank"]
         t0 = time.perf_counter()
         st.wait(self.info.timeout_ms / 1e3)

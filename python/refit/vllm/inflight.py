@@ -451,7 +451,17 @@ class Stager:
                     f"(commit-copy) after {self.mixed['done']} of {len(self.steps)} steps; the engine holds a mix "
                     f"of versions {prev} and {to} until version {to} is committed again", "update_weights", -47)
             ts = time.perf_counter()
-            s.run(self.copy_mode)
+            try:
+                s.run(self.copy_mode)
+            except Exception as e:  # any step may have written live bytes: the engine holds a mix until N is again
+                if self.mixed is None:
+                    self.mixed = {"from": prev, "to": to, "done": sum(x.done for x in self.steps),
+                                  "steps": len(self.steps), "stopped_at": s.name}
+                raise RefitVllmCommitIncomplete(
+                    f"RefitVllmCommitIncomplete: worker rank {rank}: the commit's {s.kind} step of {s.name} raised "
+                    f"({type(e).__name__}: {e}) after {sum(x.done for x in self.steps)} of {len(self.steps)} steps; "
+                    f"the engine holds a mix of versions {prev} and {to} until version {to} is committed again",
+                    "update_weights", -47) from e
             kind_ms[s.kind] = kind_ms.get(s.kind, 0.0) + (time.perf_counter() - ts) * 1e3
             nbytes += s.nbytes()
         ms = (time.perf_counter() - t0) * 1e3
@@ -503,9 +513,19 @@ def is_committed(llm, version: int) -> bool:
 
 
 def _update(llm, info):
-    llm.start_weight_update()
-    llm.update_weights({"update_info": info})
-    llm.finish_weight_update()
+    """One stage or abort call through vLLM's update session; after a failure, vLLM's executor is brought back in
+    step and the sessions left open on the workers that did not raise are closed, so the next call is not refused."""
+    try:
+        llm.start_weight_update()
+        llm.update_weights({"update_info": info})
+        llm.finish_weight_update()
+    except BaseException:
+        if _realign(llm) is not None:
+            try:
+                llm.collective_rpc(_w_close_session)
+            except Exception as e2:  # noqa: BLE001 - the original error is the one to report
+                logger.warning("refit: closing the workers' update sessions after a failed call: %s", e2)
+        raise
 
 
 def _realign(llm) -> Optional[int]:
@@ -532,9 +552,9 @@ def stage(llm, version):
 
 
 def _w_close_session(worker):
-    """After a failed call at tp >= 2: vLLM closes a worker's weight-update session only where update_weights raised
-    (or never opened it where start_weight_update raised), and a worker whose session stayed open refuses the next
-    start_weight_update; closes it.  Returns whether one was open."""
+    """After a failed call: vLLM closes a worker's weight-update session only where update_weights raised (or never
+    opened it where start_weight_update raised); a session left open (the other workers', or every worker's when the
+    pause itself failed) makes the next start_weight_update refuse.  Closes it.  Returns whether one was open."""
     if getattr(worker, "_weight_update_active", False):
         worker.finish_weight_update()
         return True
@@ -561,7 +581,17 @@ def commit(llm, version, pause: bool = True, quiet_wait: bool = True) -> dict:
     (executor.quiet_reply_wait; tp > 1 with the engine core in this process).  Returns pause_ms and its parts."""
     from .executor import quiet_reply_wait
     tv = time.perf_counter()
-    everywhere = _staged_everywhere(versions(llm), version)
+    try:
+        vs = versions(llm)
+    except BaseException:
+        _realign(llm)  # nothing was opened or paused; later calls must not read this call's replies
+        raise
+    if not all(isinstance(v, dict) for v in vs):
+        raise RefitVllmError(f"commit of version {version}: the workers' versions() replies are not theirs ({vs!r}); "
+                             "nothing was paused or written", "commit", -47)
+    everywhere = _staged_everywhere(vs, version)
+    if everywhere and version == "newest":
+        version = vs[0]["staged"]  # what every worker has staged: the label says which version it is
     tw = time.perf_counter()
     slept, quiet = False, None
     t0 = t1 = tb = tw
@@ -569,8 +599,8 @@ def commit(llm, version, pause: bool = True, quiet_wait: bool = True) -> dict:
         llm.start_weight_update()  # opens vLLM's update session on every worker; nothing the engine reads changes
         t0 = time.perf_counter()
         if pause:
+            slept = True  # before the call: vLLM pauses the scheduler first, then may raise (a worker's sync)
             llm.sleep(level=0, mode="keep")
-            slept = True
         t1 = time.perf_counter()
         quiet = quiet_reply_wait(llm) if quiet_wait else None
         if quiet is not None:
@@ -583,7 +613,7 @@ def commit(llm, version, pause: bool = True, quiet_wait: bool = True) -> dict:
                 quiet.__exit__(None, None, None)
         tb = time.perf_counter()
         llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
-    except Exception as e:
+    except BaseException as e:
         _after_failed_commit(llm, version, e, slept)
         raise
     t2 = time.perf_counter()
@@ -593,7 +623,8 @@ def commit(llm, version, pause: bool = True, quiet_wait: bool = True) -> dict:
     return {"pause_ms": (t3 - t0) * 1e3, "enter_pause_ms": (t1 - t0) * 1e3, "commit_rpc_ms": (t2 - t1) * 1e3,
             "update_ms": (tb - t1) * 1e3, "finish_ms": (t2 - tb) * 1e3, "resume_ms": (t3 - t2) * 1e3,
             "before_pause": {"versions_ms": (tw - tv) * 1e3, "start_ms": (t0 - tw) * 1e3},
-            "staged_everywhere": everywhere, "quiet_wait": bool(quiet is not None and quiet.changed)}
+            "staged_everywhere": everywhere, "quiet_wait": bool(quiet is not None and quiet.changed),
+            "version": version}
 
 
 def _after_failed_commit(llm, version, e: Exception, slept: bool) -> None:
@@ -604,7 +635,9 @@ def _after_failed_commit(llm, version, e: Exception, slept: bool) -> None:
         raise RefitVllmError(f"commit of version {version} failed ({e}); vLLM's executor could not be brought back "
                              "in step after the failed call (docs/vllm.md, known problem 4: the engine core in its "
                              "own process, or a worker that does not answer), so the workers' versions cannot be "
-                             "read: the scheduler stays paused; restart the engine", "commit", -47) from e
+                             "read: " + ("the scheduler stays paused; restart the engine" if slept else
+                                         "nothing was paused; restart the engine before the next update"),
+                             "commit", -47) from e
     try:
         llm.collective_rpc(_w_close_session)
         vs = versions(llm)
@@ -619,8 +652,8 @@ def _after_failed_commit(llm, version, e: Exception, slept: bool) -> None:
     held = [v["committed"] for v in vs]
     if len(set(held)) > 1:  # some workers committed, others did not: the model is a mix across workers
         raise RefitVllmCommitIncomplete(
-            f"RefitVllmCommitIncomplete: commit of version {version} failed on some workers after others had "
-            f"committed it: the workers hold versions {dict(enumerate(held))}; the scheduler stays paused until "
+            f"RefitVllmCommitIncomplete: after a failed commit of version {version} the workers hold different "
+            f"versions {dict(enumerate(held))}; the scheduler stays paused until "
             f"version {version} is staged again on every worker and committed: {e}", "commit", -47) from e
     if slept:
         llm.wake_up(tags=["scheduling"])
