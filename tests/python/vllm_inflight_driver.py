@@ -472,8 +472,10 @@ def main(cfg_path, out_path):
                 if all(x["staging"] is None for x in v):
                     return v, t0, t_ret
                 st.step()
-                if time.time() - t0 > limit_s:
-                    raise TimeoutError(f"staging {k} did not end in {limit_s} s")
+                if time.time() - t0 > limit_s:  # say where each worker's staging thread stands, and since when
+                    raise TimeoutError(f"staging {k} did not end in {limit_s} s: " + "; ".join(
+                        f"worker {r}: {x.get('phase')} for {x.get('phase_s')} s" for r, x in enumerate(v)
+                        if x["staging"] is not None))
 
         ab = cfg.get("commit_copy_ab")  # an interleaved A/B of the commit's host copies: one mode per update in turn
         for u in range(int(cfg.get("updates", 4))):

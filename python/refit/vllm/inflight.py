@@ -241,6 +241,8 @@ class Stager:
         self.staged: Optional[int] = None
         self.staging: Optional[object] = None  # the version asked for while the thread runs
         self.pulling: Optional[object] = None  # set once the thread has begun the pull (it may wait there)
+        self.phase: Optional[str] = None  # where the staging thread is ("pull", "post-load NAME i/n"), for a stage
+        self.phase_since: Optional[float] = None  # that does not end: versions() says where it stands, since when
         self.error: Optional[tuple] = None  # (status, message) of the last failed stage
         self.mixed: Optional[dict] = None
         self.steps: List[_Step] = []
@@ -264,6 +266,8 @@ class Stager:
         return {"committed": self.committed, "staged": self.staged,
                 "staging": self.staging if self.thread is not None and self.thread.is_alive() else None,
                 "pulling": self.pulling,
+                "phase": self.phase if self.busy() else None,
+                "phase_s": round(time.time() - self.phase_since, 3) if self.busy() and self.phase_since else None,
                 "error": self.error[1] if self.error else None, "mixed": self.mixed,
                 "last_stage": self.last_stage, "last_commit": self.last_commit}
 
@@ -297,6 +301,7 @@ class Stager:
         rec = {"version_asked": version, "release_ms": (time.perf_counter() - t) * 1e3, "thread": prio,
                "pull_start": time.time()}
         self.pulling = version  # the pull has begun (it may be waiting for the version to be published)
+        self._at("pull")
         t0 = time.perf_counter()
         ru0 = _thread_usage()  # this thread's own counts only: with stage_threads=1 (the default) the copy runs here
         try:
@@ -325,10 +330,14 @@ class Stager:
             self.pulling = None
             self.staging = None
 
+    def _at(self, phase: str):
+        self.phase, self.phase_since = phase, time.time()
+
     def _prepare(self) -> List[_Step]:
         """vLLM's post-load steps on the staged bytes, into objects the engine does not read; the commit's steps."""
         b, steps, seen = self.b, [], set()
-        for it in b.items:
+        for i, it in enumerate(b.items):
+            self._at(f"post-load {it.name} ({it.path}) {i + 1}/{len(b.items)}")
             view = b.staged_views[it.name]
             if it.path == "direct":
                 steps.append(_Step("copy", it.name, it.param.data, view))
