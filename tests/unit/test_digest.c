@@ -17,6 +17,7 @@
 
 #include "data/digest.h"
 #include "data/digest_internal.h"
+#include "rows4_fixture.h"
 #include "layout/manifest.h"
 #include "tool_local.h"
 #include "util/util.h"
@@ -532,22 +533,6 @@ static void table_contents_once(void)
 
 /* The table's entries against sums computed unit by unit; twice: with the AVX-512 four-row publisher kernel taken
  * from 160 units (the 260-unit rows then reach it) and at its default threshold (they go pair by pair). */
-static uint64_t rows4_default;
-
-static int rows4_keep(void **state)
-{
-    (void)state;
-    rows4_default = digest_pub_rows4_min_units;
-    return 0;
-}
-
-static int rows4_restore(void **state)
-{
-    (void)state;
-    digest_pub_rows4_min_units = rows4_default; /* also after a failed assertion left the test early */
-    return 0;
-}
-
 static void table_contents(void **state)
 {
     (void)state;

@@ -13,6 +13,7 @@
 
 #include "data/digest.h"
 #include "data/digest_internal.h"
+#include "rows4_fixture.h"
 #include "util/util.h"
 
 static const refit_digest_impl_t g_impls[] = {REFIT_DIGEST_IMPL_SCALAR, REFIT_DIGEST_IMPL_AVX2,
@@ -318,22 +319,6 @@ static void publisher_rows_shapes(void)
  * extremes, rows starting in later key blocks and rows crossing a block boundary (taken pair by pair).  Two
  * passes: with the threshold at 160 units, so that the four-row kernel meets the short rows and their tails, and
  * at its default (the fixed shapes are the same in both; the random ones differ). */
-static uint64_t rows4_default;
-
-static int rows4_keep(void **state)
-{
-    (void)state;
-    rows4_default = digest_pub_rows4_min_units;
-    return 0;
-}
-
-static int rows4_restore(void **state)
-{
-    (void)state;
-    digest_pub_rows4_min_units = rows4_default; /* also after a failed assertion left the test early */
-    return 0;
-}
-
 static void publisher_rows_agree(void **state)
 {
     (void)state;
