@@ -652,7 +652,9 @@ def _after_failed_commit(llm, version, e: Exception, slept: bool) -> None:
         vs = versions(llm)
     except Exception as e2:
         raise RefitVllmError(f"commit of version {version} failed ({e}), and the workers' state could not be read "
-                             f"after it ({e2}): the scheduler stays paused; restart the engine", "commit", -47) from e
+                             f"after it ({e2}): " + ("the scheduler stays paused; restart the engine" if slept else
+                                                     "nothing was paused; restart the engine before the next update"),
+                             "commit", -47) from e
     mixed = [v["mixed"] for v in vs if v["mixed"] is not None]
     if mixed:
         raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: commit of version {version} stopped after "
