@@ -286,8 +286,9 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         bad = []
         if u.staged_everywhere and not self.binding.geometry["eplb"]:
             # inflight.commit read every worker's state just before the pause: all had this version staged and
-            # nothing staging, and nothing but this call has reached a worker since.  No collective under the
-            # pause.  (Not with EPLB: a rebalance can move one worker's experts in between.)
+            # nothing staging, and only vLLM's start and pause calls (which change nothing staged) have reached a
+            # worker since.  No collective under the pause.  (Not with EPLB: a rebalance can move one worker's
+            # experts in between.)
             if why is not None:  # another caller between the read and this call; the others may commit
                 raise RefitVllmError(f"commit of version {u.version} ({self.binding.layout_str}, job {self.info.job})"
                                      f": update_info said every worker had it staged, but worker rank {rank}: {why}; "
