@@ -66,25 +66,21 @@ static refit_status_t copy_bytes(exec_ctx_t *c, const refit_plan_region_t *r, ui
         memset(dst, 0, len);
         return REFIT_OK;
     }
-    const unsigned char *src = NULL;
-    if (o->copy && o->dmap) { /* hashed in place a piece at a time, while the piece is still in cache */
-        for (uint64_t done = 0; done < len;) {
-            uint64_t n = REFIT_MIN(len - done, (uint64_t)HASH_PIECE);
+    if (o->copy) { /* the caller's copy; with a digest map, hashed in place a piece at a time, while in cache */
+        uint64_t piece = o->dmap ? (uint64_t)HASH_PIECE : len, done = 0;
+        do {
+            uint64_t n = REFIT_MIN(len - done, piece);
             refit_status_t st = o->copy(o->user, r->src, r->src_region, so + done, dst + done, n);
             if (st) return st;
-            *hashed += refit_digest_map_copy(o->dmap, r->dst_region, dof + done, dst + done, NULL, n, o->dacc);
+            if (o->dmap)
+                *hashed += refit_digest_map_copy(o->dmap, r->dst_region, dof + done, dst + done, NULL, n, o->dacc);
             done += n;
-        }
+        } while (done < len);
         return REFIT_OK;
     }
-    if (o->copy) {
-        refit_status_t st = o->copy(o->user, r->src, r->src_region, so, dst, len);
-        if (st) return st;
-    } else {
-        src = (const unsigned char *)c->src_bases[r->src][r->src_region] + so;
-    }
+    const unsigned char *src = (const unsigned char *)c->src_bases[r->src][r->src_region] + so;
     if (o->dmap) *hashed += refit_digest_map_copy(o->dmap, r->dst_region, dof, dst, src, len, o->dacc);
-    else if (src) memcpy(dst, src, len);
+    else memcpy(dst, src, len);
     return REFIT_OK;
 }
 
