@@ -23,6 +23,7 @@ The memory: the arena (the rank's loader bytes) + the staged CPU handles (about 
 again) + the prepacked experts (the live experts' bytes); init_info staging_budget (bytes) bounds it, and the
 host's MemAvailable always does: RefitVllmStagingBudget names both figures at init.
 """
+import contextlib
 import ctypes
 import logging
 import os
@@ -611,15 +612,9 @@ def commit(llm, version, pause: bool = True, quiet_wait: bool = True) -> dict:
             slept = True  # before the call: vLLM pauses the scheduler first, then may raise (a worker's sync)
             llm.sleep(level=0, mode="keep")
         t1 = time.perf_counter()
-        quiet = quiet_reply_wait(llm) if quiet_wait else None
-        if quiet is not None:
-            quiet.__enter__()
-        try:
+        with quiet_reply_wait(llm) if quiet_wait else contextlib.nullcontext() as quiet:
             llm.update_weights({"update_info": {"version": version, "phase": "commit",
                                                 "staged_everywhere": everywhere}})
-        finally:
-            if quiet is not None:
-                quiet.__exit__(None, None, None)
         tb = time.perf_counter()
         llm.finish_weight_update(weight_version=str(version))  # vLLM's label of the tokens generated from now on
     except BaseException as e:
