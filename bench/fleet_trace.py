@@ -1,7 +1,9 @@
 """Reads the files of REFIT_FLEET_TRACE=DIR (docs/env.md) from one run of a fleet scenario and prints, per version:
 every receiver (its relay slot, the holder it read, when its last chunk landed), and for a reader of a relay the
 latency of each chunk behind that relay (the reader's `done` minus the relay's own `done` of the same chunk:
-p10/p50/p90/max), how many chunks it asked for before the relay had them, and the stalls: gaps of more than
+p10/p50/p90/max) split into the relay's answer (its UCX publisher's `post` of the reply after its own `done`), the
+wire (the reader's `arrive` after that `post`: the relay's socket, TCP, the links) and the reader's copy and hash
+(its `done` after `arrive`), how many chunks it asked for before the relay had them, and the stalls: gaps of more than
 --stall-ms between two of a receiver's chunk completions.  A chain of relays whose links all run at one rate cannot
 win back time a hop lost: a stall of one hop delays every hop after it to the end of the version.
 
@@ -17,18 +19,33 @@ import os
 import statistics
 
 
+# A relay's chunk flags follow its progress header (refit_progress_hdr_t, 8 words): a conditional
+# request's flag_off (the "post" and "arrive" lines' f<N>) names chunk N - PROGRESS_HDR.
+PROGRESS_HDR = 64
+
+
 def load(d):
     slot, holder, start, end, cpu = {}, {}, {}, {}, {}
     done = collections.defaultdict(dict)
     claim = collections.defaultdict(dict)
+    post = collections.defaultdict(dict)    # (v, relay pid) -> chunk -> when the relay answered it
+    arrive = collections.defaultdict(dict)  # (v, reader pid) -> chunk -> when its reply was in the reader
     for f in glob.glob(os.path.join(d, "fleet-*.txt")):
+        cur = None  # the version this process's receiver is on (a relay serves the one it receives)
         for line in open(f):
             p = line.split()
             if len(p) < 4:
                 continue
             t, pid, ev = float(p[0]), int(p[1]), p[2]
+            if ev in ("post", "arrive"):
+                if cur is not None:
+                    (post if ev == "post" else arrive)[(cur, pid)].setdefault(int(p[3][1:]) - PROGRESS_HDR, t)
+                continue
+            if ev == "sent":
+                continue
             v = int(p[3][1:])
             if ev == "start":
+                cur = v
                 slot[pid] = int(p[5])
                 holder[(v, pid)] = p[8].split("=", 1)[1]
                 start[(v, pid)] = t
@@ -39,7 +56,12 @@ def load(d):
                     cpu[(v, pid)][1] = float(p[7])
             elif ev in ("claim", "done"):
                 (claim if ev == "claim" else done)[(v, pid)].setdefault(int(p[4][1:]), t)
-    return slot, holder, start, end, cpu, done, claim
+    return slot, holder, start, end, cpu, done, claim, post, arrive
+
+
+def pcts(xs):
+    xs = sorted(xs)
+    return {"p50": round(q(xs, .5), 1), "p90": round(q(xs, .9), 1), "max": round(q(xs, 1), 1)} if xs else None
 
 
 def q(xs, f):
@@ -52,7 +74,7 @@ def main():
     ap.add_argument("--stall-ms", type=float, default=60)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    slot, holder, start, end, cpu, done, claim = load(a.dir)
+    slot, holder, start, end, cpu, done, claim, post, arrive = load(a.dir)
     pid_of = {s: p for p, s in slot.items()}
     out = []
     for v in sorted({k[0] for k in done}):
@@ -76,6 +98,13 @@ def main():
                 row["behind_relay_ms"] = {"p10": round(q(lat, .1), 1), "p50": round(q(lat, .5), 1),
                                           "p90": round(q(lat, .9), 1), "max": round(q(lat, 1), 1)}
                 row["asked_ahead"] = sum(1 for k in ds if k in ud and k in cl and cl[k] < ud[k])
+                # Where "behind" goes: the relay's answer after its own chunk landed, the reply's way to the
+                # reader (the relay's socket, its TCP, the links), the reader's copy and hash.
+                up_post, arr = post.get((v, up), {}), arrive.get((v, pid), {})
+                row["relay_answer_ms"] = pcts((up_post[k] - ud[k]) * 1e3 for k in ds  # chunks asked ahead only
+                                              if k in ud and k in up_post and k in cl and cl[k] < ud[k])
+                row["wire_ms"] = pcts((arr[k] - up_post[k]) * 1e3 for k in ds if k in up_post and k in arr)
+                row["reader_ms"] = pcts((ds[k] - arr[k]) * 1e3 for k in ds if k in arr)
             rows.append(row)
         out.append({"version": v, "receivers": rows})
     if a.json:
@@ -90,6 +119,11 @@ def main():
             if b:
                 line += (f", behind its relay p50 {b['p50']} p90 {b['p90']} max {b['max']} ms, "
                          f"{x['asked_ahead']}/{x['chunks']} asked ahead")
+            parts = [f"{name} p50 {x[key]['p50']} max {x[key]['max']}" for key, name in
+                     (("relay_answer_ms", "relay answers"), ("wire_ms", "wire"), ("reader_ms", "reader"))
+                     if x.get(key)]
+            if parts:
+                line += " (" + ", ".join(parts) + " ms)"
             if x["stalls"]:
                 line += ", stalls " + ", ".join(f"{s['ms']} ms at {s['at_ms']}" for s in x["stalls"])
             print(line)

@@ -367,6 +367,7 @@ int cmd_preflight(int argc, char **argv)
     check_shm(p, tmpdir);
     check_ucx(p, tmpdir);
     check_rdma(p);
+    check_tcp_cc(p);
     check_gpus(p);
     bool reachable = check_registry(p, tmpdir);
     check_auth(p, reachable);

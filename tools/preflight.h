@@ -68,6 +68,7 @@ void check_memory(pf_t *p);
 /* preflight_net.c */
 void check_ucx(pf_t *p, const char *tmpdir);
 void check_rdma(pf_t *p);
+void check_tcp_cc(pf_t *p);
 bool check_registry(pf_t *p, const char *tmpdir);
 void check_clock(pf_t *p, bool reachable);
 const char *pf_registry_url(const pf_t *p);

@@ -1,5 +1,6 @@
 /* refit preflight: the checks of the network (tools/preflight.h): UCX
- * listeners and lanes, RDMA devices, the registry, the secret, the clock. */
+ * listeners and lanes, RDMA devices, TCP congestion control, the registry,
+ * the secret, the clock. */
 #include "preflight.h"
 #ifdef REFIT_HAVE_REDIS
 #include <hiredis.h>
@@ -114,6 +115,43 @@ void check_rdma(pf_t *p)
         pf_remedy(
             p, "on an RDMA cluster, expose the NICs (RDMA device plugin, /dev/infiniband); otherwise expect TCP speed");
     }
+}
+
+/* ---- TCP congestion control ------------------------------------------------------------ */
+
+/* UCX's TCP lanes use the host's congestion control.  BBR (v1) cuts each
+ * connection to 4 packets for at least 200 ms whenever 10 s pass without a
+ * new minimum RTT (PROBE_RTT); behind a bottleneck whose queue never drains
+ * that is every 10 s, and a relay chain cannot win a hop's stall back
+ * (docs/measured.md: elastic versions 3-7% slower than with cubic). */
+void check_tcp_cc(pf_t *p)
+{
+    if (!p->want_ucx) {
+        pf_put(p, "tcp congestion", SKIP, "ucx is not among the transports");
+        return;
+    }
+    char cc[64] = "";
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
+    if (f) {
+        if (!fgets(cc, sizeof(cc), f)) cc[0] = 0;
+        cc[strcspn(cc, "\n")] = 0;
+        fclose(f);
+    }
+    if (!cc[0]) {
+        pf_put(p, "tcp congestion", SKIP, "/proc/sys/net/ipv4/tcp_congestion_control is not readable here");
+        return;
+    }
+    if (strncmp(cc, "bbr", 3)) {
+        pf_put(p, "tcp congestion", PASS, "net.ipv4.tcp_congestion_control=%s (UCX's TCP lanes)", cc);
+        return;
+    }
+    pf_put(p, "tcp congestion", WARN,
+           "net.ipv4.tcp_congestion_control=%s: every 10 s without a new minimum RTT (a link whose queue stays full) "
+           "BBR holds each connection to 4 packets for 200 ms (PROBE_RTT); a chain of relays over TCP loses that at "
+           "every hop",
+           cc);
+    pf_remedy(p, "for refits over TCP lanes at their line rate use cubic, Linux's default (sysctl -w "
+                 "net.ipv4.tcp_congestion_control=cubic on each node); RDMA lanes are not affected");
 }
 
 /* ---- the registry -------------------------------------------------------------------- */

@@ -51,6 +51,7 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
                                          {"versions", required_argument, 0, 'V'},
                                          {"threads", required_argument, 0, 'T'},
                                          {"queue-ms", required_argument, 0, 'Q'},
+                                         {"tcp-cc", required_argument, 0, 'C'},
                                          {"joiner-start", required_argument, 0, 'J'},
                                          {"joiner-prepare", required_argument, 0, 'P'},
                                          {"transport-options", required_argument, 0, 'X'},
@@ -75,6 +76,12 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
         case 'V': o->versions = (uint32_t)atoi(optarg); break;
         case 'T': o->threads = (unsigned)atoi(optarg); break;
         case 'Q': o->queue_ms = atof(optarg); break;
+        case 'C':
+            if (!*optarg || strlen(optarg) >= sizeof(o->ns.tcp_cc) ||
+                strspn(optarg, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(optarg))
+                return tool_usage("bench", "--tcp-cc is a congestion control's name (cubic, bbr, reno) or host");
+            o->tcp_cc = optarg;
+            break;
         case 'G': o->no_digest = true; break;
         case 'X':
             if (strlen(optarg) > 250) return tool_usage("bench", "--transport-options: at most 250 characters");
@@ -94,7 +101,7 @@ int nb_parse(int argc, char **argv, nb_opts_t *o, const char *src, const char *d
             return tool_usage(
                 "bench",
                 "fleet scenarios: --model M --receivers N --src L --dst L --max-readers N "
-                "--chunk-kb N --link-mbps X --queue-ms MS --net shm|netns --threads N --verify --runs N --out FILE "
+                "--chunk-kb N --link-mbps X --queue-ms MS --tcp-cc NAME|host --net shm|netns --threads N --verify --runs N --out FILE "
                 "--transport-options OPTS (e.g. ucx.tcp_eager=0) --no-digest "
                 "(delta: --fraction F --versions N; elastic: --joiner-start before|during --joiner-prepare yes|no)");
         }
@@ -146,6 +153,8 @@ bool nb_netns_possible(char *why, size_t n)
 bool nb_netns_up(nb_opts_t *o, uint32_t nodes, double mbps, char *why, size_t n)
 {
     o->ns.queue_ms = o->queue_ms;
+    const char *cc = o->tcp_cc ? o->tcp_cc : "cubic";
+    snprintf(o->ns.tcp_cc, sizeof(o->ns.tcp_cc), "%s", strcmp(cc, "host") ? cc : "");
     if (!tool_netns_up(&o->ns, nodes, mbps, why, n)) return false;
     o->netns = true;
     return true;
@@ -333,6 +342,12 @@ void nb_out_begin(out_t *j, const char *scenario, const nb_opts_t *o, const char
             o->receivers, o->max_readers, o->chunk_kb ? o->chunk_kb : 2048, o->link_mbps, o->verify ? "true" : "false",
             cpus, o->transport, o->netns ? "netns+tbf" : "shm", o->netns ? (o->queue_ms > 0 ? o->queue_ms : 50) : 0,
             o->no_digest ? "false" : "true", extra_config ? "," : "", extra_config ? extra_config : "");
+    if (o->netns) {
+        fprintf(c, ",\"tcp_cc\":");
+        tool_json_string(c, o->ns.tcp_cc[0] ? o->ns.tcp_cc : "unknown");
+        fprintf(c, ",\"tcp_cc_asked\":");
+        tool_json_string(c, o->tcp_cc ? o->tcp_cc : "cubic");
+    }
     if (o->topts) {
         fprintf(c, ",\"transport_options\":");
         tool_json_string(c, o->topts);

@@ -32,6 +32,11 @@ typedef struct {
     uint32_t receivers, max_readers, chunk_kb;
     double link_mbps; /* emulated per-link rate (0: none) */
     double queue_ms;  /* --queue-ms: the longest a packet waits in a port's tbf queue (0: 50) */
+    /* --tcp-cc NAME|host: the namespaces' TCP congestion control (NULL:
+     * cubic, Linux's default; "host": what a new namespace gets here, bbr on
+     * this VM, whose PROBE_RTT stalls each connection 200 ms every 10 s
+     * behind a full queue: bench/results/fleet-2026-12-07/bbr/) */
+    const char *tcp_cc;
     bool verify;
     char dir[64], url[96], job[48];
     const char *net; /* "shm" or "netns" (NULL: the scenario's default) */

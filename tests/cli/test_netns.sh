@@ -61,6 +61,8 @@ if REFIT_FLEET_TRACE="$tmp/trace" "$bench" --scenario fanout --net netns --runs 
 import json, sys
 o = json.load(open(sys.argv[1]))
 assert o['config']['net'] == 'netns+tbf' and o['config']['transport'] == 'ucx', o['config']
+# The namespaces run cubic unless --tcp-cc says otherwise (the VM's default, bbr, stalls links: docs/measured.md#bbr)
+assert o['config']['tcp_cc'] == 'cubic' and o['config']['tcp_cc_asked'] == 'cubic', o['config']
 first, rs = o['metrics']['first_receivers'], o['metrics']['receivers']
 assert len(first) == 3 and all(r['ok'] and r['version'] == 1 for r in first), first
 assert len(rs) == 3 and all(r['ok'] and r['version'] == 2 for r in rs), rs
@@ -82,7 +84,7 @@ PY
 else bad "fanout over netns: $(tail -5 "$tmp/fanout.log")"; fi
 # REFIT_FLEET_TRACE: every receiver's chunks of both versions, the two fed readers' hops read by bench/fleet_trace.py
 if python3 "$(dirname "$0")/../../bench/fleet_trace.py" "$tmp/trace" --json >"$tmp/trace.json" 2>"$tmp/trace.err" &&
-  python3 - "$tmp/trace.json" <<'PY'; then ok "REFIT_FLEET_TRACE: each receiver's chunks of both versions, the relays' readers behind them"
+  python3 - "$tmp/trace.json" <<'PY'; then ok "REFIT_FLEET_TRACE: each receiver's chunks of both versions, the relays' readers behind them, split into answer, wire and copy"
 import json, sys
 vs = json.load(open(sys.argv[1]))
 assert [v['version'] for v in vs] == [1, 2], vs
@@ -91,6 +93,12 @@ for v in vs:
     assert len(rs) == 4 and len({r['chunks'] for r in rs}) == 1 and rs[0]['chunks'] > 1, rs
     fed = [r for r in rs if (r['holder'] or '').startswith('relay:')]
     assert len(fed) == 2 and all(r['behind_relay_ms']['p50'] >= 0 and r['cpu_s'] > 0 for r in fed), rs
+    # the hop's latency split, for readers that asked chunks ahead of their relay (conditional requests; in the
+    # first version a reader may take its relay only once complete, above): the relay's answer after its own chunk
+    # landed ("post"), the reply's way to the reader ("arrive"), the reader's copy after it
+    ahead = [r for r in fed if r['asked_ahead']]
+    assert ahead and all(r['relay_answer_ms']['max'] >= 0 and r['wire_ms']['p50'] >= 0 and r['reader_ms']['p50'] >= 0
+                         for r in ahead), rs
 PY
 else bad "REFIT_FLEET_TRACE: $(cat "$tmp/trace.err" "$tmp/trace.json" 2>/dev/null | tail -5)"; fi
 echo "$pass passed, $fail failed"

@@ -98,6 +98,32 @@ if "$refit" version | grep -q "transports:.*ucx"; then
   expect listen_any "ucx listen" fail "every interface"
   run listen_lo -- "${P[@]}" --registry "file:$tmp/reg" --job pf --transports ucx --transport-options ucx.listen=lo
   expect listen_lo "ucx listen" pass "listen=lo"
+  # ---- TCP congestion control: this host's, then both verdicts in a namespace set to each -----
+  case $(cat /proc/sys/net/ipv4/tcp_congestion_control) in
+  bbr*) expect file_ok "tcp congestion" warn "PROBE_RTT" ;;
+  *) expect file_ok "tcp congestion" pass "tcp_congestion_control=" ;;
+  esac
+  ns=refit-pf-$$
+  if [ "$(id -u)" = 0 ] && ip netns add "$ns" 2>/dev/null; then
+    trap 'ip netns del "$ns" 2>/dev/null; cleanup' EXIT
+    ip -n "$ns" link set lo up
+    for cc in cubic bbr; do
+      if ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control=$cc 2>/dev/null; then
+        run cc_$cc -- ip netns exec "$ns" "${P[@]}" --registry "file:$tmp/reg" --job pf --transports ucx
+        if [ $cc = cubic ]; then expect cc_$cc "tcp congestion" pass "tcp_congestion_control=cubic"
+        else
+          expect cc_$cc "tcp congestion" warn "holds each connection to 4 packets for 200 ms (PROBE_RTT)"
+          grep -q "tcp_congestion_control=cubic on each node" "$tmp/cc_$cc.json" && ok "cc_bbr: the remedy names cubic" ||
+            bad "cc_bbr: remedy lacks cubic"
+        fi
+      else
+        echo "skip: congestion control $cc is not available here"
+      fi
+    done
+    ip netns del "$ns"
+  else
+    echo "skip: no network namespace (not root, or no ip): only this host's congestion control checked"
+  fi
   # ---- memlock: RDMA registration against a tiny limit, without CAP_IPC_LOCK ------------------
   nocap=(setpriv --bounding-set -ipc_lock --inh-caps -ipc_lock)
   if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then

@@ -85,10 +85,29 @@ bool tool_netns_up(tool_netns_t *t, uint32_t nodes, double mbps, char *why, size
                     g, i, g, i, bps * 8, burst, queue_ms(t)) &&
                  sh("tc qdisc add dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency %gms", g, i,
                     bps * 8, burst, queue_ms(t));
+        if (ok && t->tcp_cc[0] &&
+            !sh("ip netns exec rf%sn%u sysctl -qw net.ipv4.tcp_congestion_control=%s", g, i, t->tcp_cc)) {
+            snprintf(why, n,
+                     "TCP congestion control %s is not available (sysctl net.ipv4.tcp_available_congestion_control)",
+                     t->tcp_cc);
+            tool_netns_down(t);
+            return false;
+        }
         if (!ok) {
             snprintf(why, n, "setting up namespace %u failed", i);
             tool_netns_down(t);
             return false;
+        }
+    }
+    if (!t->tcp_cc[0]) { /* record the one a new namespace got */
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "ip netns exec rf%sn0 cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null",
+                 t->tag);
+        FILE *f = popen(cmd, "r");
+        if (f) {
+            if (!fgets(t->tcp_cc, sizeof(t->tcp_cc), f)) t->tcp_cc[0] = 0;
+            t->tcp_cc[strcspn(t->tcp_cc, "\n")] = 0;
+            pclose(f);
         }
     }
     return true;

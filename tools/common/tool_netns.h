@@ -19,6 +19,12 @@ typedef struct {
                         (veth) */
     uint32_t nodes;  /* namespaces up (0: none) */
     double queue_ms; /* set before tool_netns_up: the longest a packet waits in a port's tbf queue (0: 50 ms) */
+    /* Set before tool_netns_up: every namespace's TCP congestion control
+     * (net.ipv4.tcp_congestion_control, e.g. "cubic"); empty: whatever a new
+     * namespace gets on this host (this VM's default is bbr, whose PROBE_RTT
+     * stalls a connection for 200 ms every 10 s behind a full tbf queue:
+     * docs/measured.md).  tool_netns_up fills it with the one in force. */
+    char tcp_cc[16];
 } tool_netns_t;
 
 /* Whether namespaces can be made here (root, ip and tc); why not in `why`. */

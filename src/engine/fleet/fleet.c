@@ -369,6 +369,7 @@ static void *worker_main(void *arg)
         uint64_t bytes = 0, hashed = 0;
         refit_status_t st = run_chunk(S, h, &copy, rows, ahead, sums, &hashed, &bytes);
         double dt = refit_now() - t0;
+        refit_fleet_trace("pulled v%" PRIu64 " c%zu status %d", S->version, ci, (int)st);
         /* A holder's speed: for shm, the CPU time of the copy (wall time would
          * count the time this thread waited for a CPU, which says nothing about
          * the source); for network transports, the wall time, except for a

@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 #include "refit/experimental/fleet.h"
 #include "refit/experimental/plan.h"
+#include "util/trace.h"
 
 /* A relay's progress region (chunk-level availability): exposed like its
  * other memory, written by the relay's own transfer, read by its readers with
@@ -24,12 +25,6 @@ typedef struct {
 } refit_progress_hdr_t;
 #define REFIT_PROGRESS_BYTES (sizeof(refit_progress_hdr_t) + REFIT_PROGRESS_MAX_CHUNKS)
 
-/* REFIT_FLEET_TRACE (fleet_trace.c): one line per event ("start", "claim",
- * "done", "end" with their fields) into the process's trace file; nothing
- * when the variable is unset.  refit_fleet_tracing: whether it may be on
- * (false once found off), for callers whose fields cost something.  Any thread. */
-void refit_fleet_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-bool refit_fleet_tracing(void);
 
 /* One holder of bytes a receiver needs: a trainer rank, or a relay. */
 typedef struct {

@@ -34,6 +34,7 @@
 
 #include "transport/transport.h"
 #include "util/crypto.h"
+#include "util/trace.h"
 
 #define UCX_MAGIC 0x58554652u /* "RFUX" */
 #define UCX_DESC_VERSION 4    /* 3: requests carry strided runs (wire_run_t); 4: and a condition (wait_t) */

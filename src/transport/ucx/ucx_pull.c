@@ -269,6 +269,9 @@ ucs_status_t ucx_am_data_cb(void *arg, const void *hdr, size_t hdr_len, void *da
         mark_done(pl, s);
         return UCS_OK;
     }
+    if (s->hdr.wait_ms && refit_fleet_tracing()) /* a conditional request (a relay's chunk): its reply is here */
+        refit_fleet_trace("arrive f%" PRIu64 " n%zu rndv=%d", s->hdr.flag_off, len,
+                          !!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV));
     if (len != s->bytes || h.len != s->bytes) {
         s->status = UCS_ERR_MESSAGE_TRUNCATED;
         mark_done(pl, s);

@@ -215,6 +215,8 @@ static void job_sent_cb(void *request, ucs_status_t status, void *user)
     refit_transport_t *t = j->conn->t;
     if (status != UCS_OK) j->conn->failed = true;
     if (status == UCS_OK && j->type == AM_REQ) j->conn->progress_at = j->conn->read_at = refit_now(); /* it reads */
+    if (j->type == AM_REQ && j->req.wait_ms && refit_fleet_tracing())
+        refit_fleet_trace("sent f%" PRIu64 " status %d", j->req.flag_off, (int)status);
     ucx_job_free(t, j);
     ucp_request_free(request);
 }
@@ -558,6 +560,9 @@ static int serve_job(refit_transport_t *t, job_t *j, bool *stuck_checked)
                               .cb.send = job_sent_cb,
                               .user_data = j};
     void *req = ucp_am_send_nbx(c->ep, j->type == AM_HELLO ? AM_HELLO_REPLY : AM_DATA, hdr, hlen, buf, len, &rp);
+    if (j->type == AM_REQ && j->req.wait_ms && refit_fleet_tracing()) /* a conditional request answered */
+        refit_fleet_trace("post f%" PRIu64 " n%zu status %d after %.1f ms%s", j->req.flag_off, len,
+                          (int)j->hdr.data.status, (refit_now() - j->arrived) * 1e3, req == NULL ? " sent" : "");
     if (UCS_PTR_IS_ERR(req)) {
         c->failed = true;
         ucx_job_free(t, j);

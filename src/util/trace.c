@@ -1,6 +1,8 @@
 /* REFIT_FLEET_TRACE=DIR (docs/env.md): one line per fleet event appended to
  * DIR/fleet-<pid>.txt, for finding where a chain of relays loses time
- * (bench/fleet_trace.py reads them).  Each line: CLOCK_MONOTONIC seconds (one
+ * (bench/fleet_trace.py reads them): the receivers' chunk events
+ * (engine/fleet/fleet.c) and the UCX publisher's answers to conditional
+ * requests and the puller's arrivals (transport/ucx), hence in util/.  Each line: CLOCK_MONOTONIC seconds (one
  * clock for every process of the host), the pid, then the event.  Off (one
  * branch) when unset or the file cannot be opened. */
 #include <pthread.h>
@@ -9,8 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/fleet/fleet.h"
 #include "util/env.h"
+#include "util/trace.h"
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static FILE *g_file;
@@ -37,7 +39,7 @@ void refit_fleet_trace(const char *fmt, ...)
         va_start(ap, fmt);
         vfprintf(g_file, fmt, ap);
         va_end(ap);
-        fputc('\n', g_file);
+        fprintf(g_file, " tid=%d\n", (int)gettid());
         fflush(g_file);
     }
     pthread_mutex_unlock(&g_mu);
