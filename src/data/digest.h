@@ -349,8 +349,11 @@ void refit_digest_map_fold(const refit_digest_map_t *m, uint32_t region, uint64_
  * thread, and refit_digest_cursor_flush it before reading acc. */
 typedef struct {
     const void *seg;
-    uint64_t row;
+    uint64_t row;    /* UINT64_MAX: none kept */
+    uint64_t row_lo; /* the region byte where row `row` of seg starts (a unit in it needs no division) */
     uint32_t r[2];
+    uint64_t blk; /* 1 + the key block whose multipliers mb holds (0: none) */
+    uint32_t mb[2];
     refit_dsum_t *pacc; /* NULL: nothing pending */
     uint32_t ppl;       /* the placement of the pending sums */
     uint32_t pend[2];

@@ -219,10 +219,17 @@ static void updates(void **state)
         memcpy(want_mem, mem, size);
         refit_digest_cursor_t cur = {0};
         unsigned units = 0;
-        for (int i = 0; i < 4000; i++) {
+        uint64_t last = 0;
+        for (int i = 0; i < 8000; i++) {
             uint64_t kind = rnd() % 8, off, len;
-            if (kind < 5) { /* one aligned unit, often next to the last one */
+            if (kind < 2) { /* one aligned unit anywhere */
                 off = (rnd() % (size / 2)) * 2;
+                len = 2;
+                units++;
+            } else if (kind < 5) { /* a sparse delta's next change: ascending, a few units on (the same row, the
+                                      next rows, the next key block or segment: the cursor's kept row and block) */
+                off = last + 2 * (1 + rnd() % 48);
+                if (off + 2 > size) off = (rnd() % 64) * 2;
                 len = 2;
                 units++;
             } else if (kind < 7) { /* an odd-placed pair, a single byte */
@@ -235,6 +242,7 @@ static void updates(void **state)
             fill_random(news, len);
             memcpy(want_mem + off, news, len);
             refit_digest_map_update(map, &cur, 0, off, mem + off, news, len, acc);
+            last = off & ~(uint64_t)1;
             if (i == 2000) refit_digest_cursor_flush(&cur); /* a flush part-way changes nothing */
         }
         refit_digest_cursor_flush(&cur);
