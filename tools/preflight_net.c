@@ -123,7 +123,8 @@ void check_rdma(pf_t *p)
  * connection to 4 packets for at least 200 ms whenever 10 s pass without a
  * new minimum RTT (PROBE_RTT); behind a bottleneck whose queue never drains
  * that is every 10 s, and a relay chain cannot win a hop's stall back
- * (docs/measured.md: elastic versions 3-7% slower than with cubic). */
+ * (docs/measured.md#bbr: later elastic versions up to 6% slower than with
+ * cubic). */
 void check_tcp_cc(pf_t *p)
 {
     if (!p->want_ucx) {

@@ -35,7 +35,7 @@ typedef struct {
     /* --tcp-cc NAME|host: the namespaces' TCP congestion control (NULL:
      * cubic, Linux's default; "host": what a new namespace gets here, bbr on
      * this VM, whose PROBE_RTT stalls each connection 200 ms every 10 s
-     * behind a full queue: bench/results/fleet-2026-12-07/bbr/) */
+     * behind a full queue: bench/results/fleet-2026-12-07/tcp-cc/) */
     const char *tcp_cc;
     bool verify;
     char dir[64], url[96], job[48];

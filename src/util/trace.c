@@ -1,10 +1,11 @@
 /* REFIT_FLEET_TRACE=DIR (docs/env.md): one line per fleet event appended to
  * DIR/fleet-<pid>.txt, for finding where a chain of relays loses time
  * (bench/fleet_trace.py reads them): the receivers' chunk events
- * (engine/fleet/fleet.c) and the UCX publisher's answers to conditional
- * requests and the puller's arrivals (transport/ucx), hence in util/.  Each line: CLOCK_MONOTONIC seconds (one
- * clock for every process of the host), the pid, then the event.  Off (one
- * branch) when unset or the file cannot be opened. */
+ * (engine/fleet/fleet.c), the UCX publisher's answers to conditional requests
+ * and the puller's arrivals (transport/ucx), hence in util/.  Each line:
+ * CLOCK_MONOTONIC seconds (one clock for every process of the host), the pid,
+ * the event, then the thread id.  Off (one branch) when unset or the file
+ * cannot be opened. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -25,7 +25,6 @@ typedef struct {
 } refit_progress_hdr_t;
 #define REFIT_PROGRESS_BYTES (sizeof(refit_progress_hdr_t) + REFIT_PROGRESS_MAX_CHUNKS)
 
-
 /* One holder of bytes a receiver needs: a trainer rank, or a relay. */
 typedef struct {
     char name[96];       /* "trainer:3", "relay:2" */
