@@ -20,6 +20,8 @@
  * 2*RUN bytes of the source, packed in the destination (half the bytes; a
  * tensor-parallel column slice), and ucx_gbps counts the bytes moved.
  * Both sides' buffers are faulted in before timing; GB/s are 1e9 bytes/s.
+ * "tcp_cc" names the namespaces' TCP congestion control (the host's default,
+ * inherited; both arms run it).
  * The pulled bytes are checked against the pattern after the last rep.
  *
  * Helper modes (run by the above inside the namespaces):
@@ -313,9 +315,22 @@ int main(int argc, char **argv)
     for (int i = 0; i < ntcp; i++) printf("%s%.3f", i ? "," : "", tcp[i]);
     printf("],\"ucx_runs\":[");
     for (int i = 0; i < nucx; i++) printf("%s%.3f", i ? "," : "", ucx[i]);
+    /* Both arms' TCP congestion control: the namespaces' (the host's default, which they inherit; read here if
+     * tool_netns_up could not; docs/measured.md#bbr: bbr stalls links whose queue stays full). */
+    char cc[16] = "";
+    if (ns.tcp_cc[0]) snprintf(cc, sizeof(cc), "%s", ns.tcp_cc);
+    else {
+        FILE *f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
+        if (f) {
+            if (!fgets(cc, sizeof(cc), f)) cc[0] = 0;
+            cc[strcspn(cc, "\n")] = 0;
+            fclose(f);
+        }
+    }
     printf("],\"rows\":%" PRIu64 ",\"link\":\"%s\",\"mbps\":%g,\"ucx_opts\":\"%s\",\"pub_opts\":\"%s\","
-           "\"verified\":%s}\n",
-           rows, loopback ? "loopback" : "veth", mbps, ucx_opts, pub_opts, verified ? "true" : "false");
+           "\"tcp_cc\":\"%s\",\"verified\":%s}\n",
+           rows, loopback ? "loopback" : "veth", mbps, ucx_opts, pub_opts, cc[0] ? cc : "unknown",
+           verified ? "true" : "false");
     rc = verified ? 0 : 1;
 out:
     tool_netns_down(&ns);
