@@ -108,7 +108,7 @@ if "$refit" version | grep -q "transports:.*ucx"; then
     trap 'ip netns del "$ns" 2>/dev/null; cleanup' EXIT
     ip -n "$ns" link set lo up
     for cc in cubic bbr; do
-      if ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control=$cc 2>/dev/null; then
+      if ip netns exec "$ns" sh -c "echo $cc > /proc/sys/net/ipv4/tcp_congestion_control" 2>/dev/null; then
         run cc_$cc -- ip netns exec "$ns" "${P[@]}" --registry "file:$tmp/reg" --job pf --transports ucx
         if [ $cc = cubic ]; then expect cc_$cc "tcp congestion" pass "tcp_congestion_control=cubic"
         else

@@ -86,9 +86,9 @@ bool tool_netns_up(tool_netns_t *t, uint32_t nodes, double mbps, char *why, size
                  sh("tc qdisc add dev rf%sp%u root tbf rate %" PRIu64 "bit burst %" PRIu64 " latency %gms", g, i,
                     bps * 8, burst, queue_ms(t));
         if (ok && t->tcp_cc[0] &&
-            !sh("ip netns exec rf%sn%u sysctl -qw net.ipv4.tcp_congestion_control=%s", g, i, t->tcp_cc)) {
+            !sh("ip netns exec rf%sn%u sh -c 'echo %s > /proc/sys/net/ipv4/tcp_congestion_control'", g, i, t->tcp_cc)) {
             snprintf(why, n,
-                     "TCP congestion control %s is not available (sysctl net.ipv4.tcp_available_congestion_control)",
+                     "TCP congestion control %s is not available (/proc/sys/net/ipv4/tcp_available_congestion_control)",
                      t->tcp_cc);
             tool_netns_down(t);
             return false;
