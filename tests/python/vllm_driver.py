@@ -307,6 +307,28 @@ def _vllm_shm():
         return set()
 
 
+def _shm_in_use():
+    """The /dev/shm names some live process maps or holds open: a segment of another test's engine (ctest -j runs
+    vllm_engine beside vllm_mla, both through this driver) is in use while that engine runs, and must stay."""
+    used = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    i = line.find("/dev/shm/")
+                    if i >= 0:
+                        used.add(line[i + len("/dev/shm/"):].strip().split(" ")[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                t = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if t.startswith("/dev/shm/"):
+                    used.add(t[len("/dev/shm/"):].split(" ")[0])
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return used
+
+
 def update(llm, version, draft=False):
     """One update of the target; with draft, then one of the speculative draft model, same version."""
     t = time.perf_counter()
@@ -501,8 +523,10 @@ def main(cfg_path, out_path):
             p.wait()
         log.close()
         # vLLM 0.32's CPU shared-memory communicator (tp > 1) does not always unlink its segments at shutdown:
-        # remove the ones this run's engines left.
-        res["shm_segments_left_by_vllm"] = sorted(_vllm_shm() - shm_before)
+        # remove the ones left since this run started that no live process uses (an engine of a test running
+        # beside this one creates its own while this one ends: unlinking those failed its start, "open shm in
+        # SHMManager failed. errno: 2").
+        res["shm_segments_left_by_vllm"] = sorted(_vllm_shm() - shm_before - _shm_in_use())
         for name in res["shm_segments_left_by_vllm"]:
             try:
                 os.unlink(os.path.join("/dev/shm", name))
