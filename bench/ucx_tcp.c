@@ -315,21 +315,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < ntcp; i++) printf("%s%.3f", i ? "," : "", tcp[i]);
     printf("],\"ucx_runs\":[");
     for (int i = 0; i < nucx; i++) printf("%s%.3f", i ? "," : "", ucx[i]);
-    /* Both arms' TCP congestion control: the namespaces' (the host's default, which they inherit; read here if
-     * tool_netns_up could not; docs/measured.md#bbr: bbr stalls links whose queue stays full). */
-    char cc[16] = "";
-    if (ns.tcp_cc[0]) snprintf(cc, sizeof(cc), "%s", ns.tcp_cc);
-    else {
-        FILE *f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
-        if (f) {
-            if (!fgets(cc, sizeof(cc), f)) cc[0] = 0;
-            cc[strcspn(cc, "\n")] = 0;
-            fclose(f);
-        }
-    }
+    /* Both arms' TCP congestion control: the namespaces' (they inherit the host's default; docs/measured.md#bbr:
+     * bbr stalls links whose queue stays full), as tool_netns_up read it. */
     printf("],\"rows\":%" PRIu64 ",\"link\":\"%s\",\"mbps\":%g,\"ucx_opts\":\"%s\",\"pub_opts\":\"%s\","
            "\"tcp_cc\":\"%s\",\"verified\":%s}\n",
-           rows, loopback ? "loopback" : "veth", mbps, ucx_opts, pub_opts, cc[0] ? cc : "unknown",
+           rows, loopback ? "loopback" : "veth", mbps, ucx_opts, pub_opts, ns.tcp_cc[0] ? ns.tcp_cc : "unknown",
            verified ? "true" : "false");
     rc = verified ? 0 : 1;
 out:

@@ -453,15 +453,10 @@ class Stager:
         nbytes = 0
         kind_ms = {}
         for i, s in enumerate(todo):
-            if self.fault == "commit-copy" and i == len(todo) // 2 and self.mixed is None:
-                self.mixed = {"from": prev, "to": to, "done": sum(x.done for x in self.steps),
-                              "steps": len(self.steps), "stopped_at": s.name}
-                raise RefitVllmCommitIncomplete(
-                    f"RefitVllmCommitIncomplete: worker rank {rank}: injected fault: a live copy raised at {s.name} "
-                    f"(commit-copy) after {self.mixed['done']} of {len(self.steps)} steps; the engine holds a mix "
-                    f"of versions {prev} and {to} until version {to} is committed again", "update_weights", -47)
             ts = time.perf_counter()
             try:
+                if self.fault == "commit-copy" and i == len(todo) // 2 and self.mixed is None:
+                    raise RuntimeError("injected fault: a live copy raised (commit-copy)")
                 s.run(self.copy_mode)
             except Exception as e:  # any step may have written live bytes: the engine holds a mix until N is again
                 if self.mixed is None:
@@ -634,22 +629,20 @@ def commit(llm, version, pause: bool = True, quiet_wait: bool = True) -> dict:
 def _after_failed_commit(llm, version, e: Exception, slept: bool) -> None:
     """The state after a failed commit call: raises where the engine must stay paused, else resumes (the caller
     re-raises e)."""
+    restart = ("the scheduler stays paused; restart the engine" if slept else
+               "nothing was paused; restart the engine before the next update")
     realigned = _realign(llm)
     if realigned is None:
         raise RefitVllmError(f"commit of version {version} failed ({e}); vLLM's executor could not be brought back "
                              "in step after the failed call (docs/vllm.md, known problem 4: the engine core in its "
                              "own process, or a worker that does not answer), so the workers' versions cannot be "
-                             "read: " + ("the scheduler stays paused; restart the engine" if slept else
-                                         "nothing was paused; restart the engine before the next update"),
-                             "commit", -47) from e
+                             f"read: {restart}", "commit", -47) from e
     try:
         llm.collective_rpc(_w_close_session)
         vs = versions(llm)
     except Exception as e2:
         raise RefitVllmError(f"commit of version {version} failed ({e}), and the workers' state could not be read "
-                             f"after it ({e2}): " + ("the scheduler stays paused; restart the engine" if slept else
-                                                     "nothing was paused; restart the engine before the next update"),
-                             "commit", -47) from e
+                             f"after it ({e2}): {restart}", "commit", -47) from e
     mixed = [v["mixed"] for v in vs if v["mixed"] is not None]
     if mixed:
         raise RefitVllmCommitIncomplete(f"RefitVllmCommitIncomplete: commit of version {version} stopped after "
