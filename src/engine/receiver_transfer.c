@@ -99,10 +99,13 @@ static refit_status_t trainer_holders(pull_t *p, holders_t *hs)
 
 /* Chooses holders by refit_fleet_pick (fleet.h): relays with room first; the
  * trainer when there is no limit (with the relays), or while no relay holds
- * v and the trainer has room (alone; a receiver that read a relay last time
- * first waits REFIT_FLEET_STICKY_MS for it).  A joiner (no pull read a
- * holder yet) that knows relays of its layout alive (refit_receiver_prepare
- * read them, or an earlier look) takes nothing for that grace: the receivers
+ * v and the trainer has room (alone).  A receiver that read a relay last time
+ * first waits for it: REFIT_FLEET_STICKY_MS, and on while that relay is alive
+ * and has not begun v (it waits for its own upstream), up to
+ * REFIT_FLEET_STICKY_MAX_MS (a quarter of the time left at most).  A joiner
+ * (no pull read a holder yet) that knows relays of its layout alive
+ * (refit_receiver_prepare read them, or an earlier look) takes nothing for
+ * the same grace, on while some of them have not begun v: the receivers
  * already in the fleet take the holders they read last time, and it then
  * reads one with room, the trainer only if no relay holds v.  Waits (up to
  * the deadline) while every holder is full. */
@@ -111,17 +114,23 @@ static refit_status_t fleet_select(pull_t *p, holders_t *hs)
     refit_receiver_t *r = p->r;
     uint32_t cap = r->params.max_readers;
     double t0 = refit_now();
+    double longest = REFIT_MIN(REFIT_FLEET_STICKY_MAX_MS * 1e-3, (p->deadline - t0) / 4);
     /* Known before this pull looked (a relay found in this look is no fleet
      * that was there before us). */
     bool joiner = cap && refit_relays_upstream(r->relays) == REFIT_RELAYS_NONE &&
                   refit_relays_mirrors_alive(r->relays) > 0;
+    bool sticky = refit_relays_upstream(r->relays) >= 0 || joiner, looked = false;
     for (;;) {
         uint32_t holding = 0;
         /* Within the grace, only the relay read last time (see refit_fleet_pick); a joiner, none. */
-        bool defer = (refit_relays_upstream(r->relays) >= 0 || joiner) &&
-                     refit_now() - t0 < REFIT_FLEET_STICKY_MS * 1e-3;
+        double waited = refit_now() - t0;
+        bool upstream_coming = false;
+        uint32_t coming = looked ? refit_relays_coming(r->relays, &upstream_coming) : 0;
+        bool defer = sticky && (waited < REFIT_FLEET_STICKY_MS * 1e-3 ||
+                                (waited < longest && (joiner ? coming > 0 : upstream_coming)));
         hs->n = refit_relays_find(r->relays, &r->ts, p->v, p->s.origin, r->reader, r->params.lease_ms, hs->h,
                                   REFIT_MIN(hs->max, REFIT_MAX_RELAYS), &holding, defer);
+        looked = true;
         refit_log(REFIT_LOG_DEBUG, "%s: version %" PRIu64 ": %u relay(s) hold it, %u with room%s", r->reader, p->v,
                   holding, hs->n,
                   !defer   ? ""

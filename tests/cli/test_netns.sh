@@ -93,12 +93,16 @@ for v in vs:
     assert len(rs) == 4 and len({r['chunks'] for r in rs}) == 1 and rs[0]['chunks'] > 1, rs
     fed = [r for r in rs if (r['holder'] or '').startswith('relay:')]
     assert len(fed) == 2 and all(r['behind_relay_ms']['p50'] >= 0 and r['cpu_s'] > 0 for r in fed), rs
-    # the hop's latency split, for readers that asked chunks ahead of their relay (conditional requests; in the
-    # first version a reader may take its relay only once complete, above): the relay's answer after its own chunk
-    # landed ("post"), the reply's way to the reader ("arrive"), the reader's copy after it
+    # the hop's latency split, for readers that asked chunks ahead of their relay (conditional requests): the
+    # relay's answer after its own chunk landed ("post"), the reply's way to the reader ("arrive"), the reader's
+    # copy after it
     ahead = [r for r in fed if r['asked_ahead']]
-    assert ahead and all(r['relay_answer_ms']['max'] >= 0 and r['wire_ms']['p50'] >= 0 and r['reader_ms']['p50'] >= 0
-                         for r in ahead), rs
+    assert all(r['relay_answer_ms']['max'] >= 0 and r['wire_ms']['p50'] >= 0 and r['reader_ms']['p50'] >= 0
+               for r in ahead), rs
+# Some reader asked ahead, in one version at least: a reader asks ahead only while it keeps up with its relay (in
+# the first version one may take its relay only once complete, above; in one CI run, on a host so loaded that a
+# 64 KiB chunk spent ~180 ms on a 2 MB/s link, no reader of version 2 did).
+assert any(r['asked_ahead'] for v in vs for r in v['receivers'] if (r['holder'] or '').startswith('relay:')), vs
 PY
 else bad "REFIT_FLEET_TRACE: $(cat "$tmp/trace.err" "$tmp/trace.json" 2>/dev/null | tail -5)"; fi
 echo "$pass passed, $fail failed"

@@ -198,18 +198,43 @@ refit_receiver_t *relay_receiver(const relay_arg_t *x, void **base)
     return r;
 }
 
+/* Pulls `version` (NEWEST if 0), verifies it against the truth, answers
+ * "ok vN HOLDER,... MS" (the holders that served bytes, the pull's
+ * milliseconds) or "fail ERROR". */
+static refit_status_t relay_pull(const relay_arg_t *x, refit_receiver_t *r, void *base, uint64_t version, int resp)
+{
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    double t0 = refit_now();
+    refit_status_t st = refit_receiver_pull(r, version ? version : REFIT_VERSION_NEWEST, 10000, &rep);
+    if (!st) {
+        refit_manifest_t *m = t_manifest_named(x->model, x->layout, x->rank);
+        st = refit_truth_verify(m, (const void *const *)&base, rep.version, NULL);
+        refit_manifest_destroy(m);
+    }
+    char out[600];
+    int len = snprintf(out, sizeof(out), "fail %s\n", refit_last_error());
+    if (!st) {
+        refit_holder_stat_t hs[24] = {REFIT_HOLDER_STAT_INIT};
+        size_t nh = 0;
+        len = snprintf(out, sizeof(out), "ok v%llu ", (unsigned long long)rep.version);
+        if (!refit_receiver_holders(r, hs, sizeof(hs) / sizeof(hs[0]), &nh))
+            for (size_t i = 0; i < nh && len < 500; i++)
+                if (hs[i].bytes) len += snprintf(out + len, sizeof(out) - (size_t)len, "%s,", hs[i].name);
+        len += snprintf(out + len, sizeof(out) - (size_t)len, " %.0f\n", (refit_now() - t0) * 1e3);
+    }
+    return write(resp, out, (size_t)len) == len ? st : REFIT_ERR_IO;
+}
+
 static int relay_main(void *arg, int cmd, int resp)
 {
     const relay_arg_t *x = arg;
     void *base;
     refit_receiver_t *r = relay_receiver(x, &base);
     if (!r) return 3;
-    refit_status_t st = refit_receiver_pull(r, x->version ? x->version : REFIT_VERSION_NEWEST, 10000, NULL);
-    const char *ans = st ? "fail\n" : "ok\n";
-    if (write(resp, ans, strlen(ans)) < 0) return 4;
+    if (relay_pull(x, r, base, x->version, resp) == REFIT_ERR_IO) return 4;
     char c;
-    while (read(cmd, &c, 1) == 1 && c != 'q') {
-    }
+    while (read(cmd, &c, 1) == 1 && c != 'q')
+        if (c == 'n' && relay_pull(x, r, base, 0, resp) == REFIT_ERR_IO) return 4;
     refit_receiver_destroy(r);
     return 0;
 }

@@ -73,7 +73,9 @@ void expect_truth(const char *model, const char *layout, uint32_t rank, void *ba
 
 /* ---- relays: receivers in child processes that serve what they pulled ---- */
 
-typedef tool_proc_t relay_t; /* to_child: 'q' (quit), 'n' (pull the newest); from_child: answer lines */
+/* to_child: 'q' (quit), 'n' (pull the newest again, verify it, answer "ok vN HOLDER,... MS" or "fail ERROR");
+ * from_child: answer lines */
+typedef tool_proc_t relay_t;
 
 /* What a relay process is started with. */
 typedef struct {
@@ -89,7 +91,8 @@ typedef struct {
  * when it cannot be made. */
 refit_receiver_t *relay_receiver(const relay_arg_t *x, void **base);
 /* A receiver process (relay slot `slot`) that pulls `version` (NEWEST if 0),
- * verifies it, answers "ok"/"fail", then serves until "quit" or its death;
+ * verifies it, answers "ok vN HOLDER,... MS" / "fail ERROR", then serves
+ * (and pulls the newest again on 'n') until "quit" or its death;
  * relay_pulled waits for its answer. */
 relay_t relay_spawn(const reg_t *g, const char *model, const char *layout, uint32_t rank, int slot, uint64_t version,
                     uint32_t max_readers);

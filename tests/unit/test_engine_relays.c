@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "refit/experimental/fp8.h"
+#include "engine/fleet/fleet.h"
 #include "registry/registry.h"
 #include "util/util.h"
 
@@ -270,6 +271,70 @@ static void chain_survives_relay_death(void **state)
     t_rm_tree(g.dir);
 }
 
+/* Relay x's next answer: version v read from `from` alone ("relay:1," /
+ * "trainer:0,"), every byte checked against the truth; returns the pull's
+ * milliseconds. */
+static double relay_read_from(relay_t *x, uint64_t v, const char *from)
+{
+    char buf[800], got[600] = "";
+    unsigned long long ver = 0;
+    double ms = -1;
+    relay_answer(x, buf, sizeof(buf), "ok");
+    if (sscanf(buf, "ok v%llu %599s %lf", &ver, got, &ms) != 3 || ver != v || strcmp(got, from))
+        fail_msg("relay pid %d: \"%s\"; want version %llu from %s", (int)x->pid, buf, (unsigned long long)v, from);
+    return ms;
+}
+
+/* A chain keeps its order when it forms slowly.  Version 1 makes trainer ->
+ * A -> B -> C (one reader per holder).  In version 2 B begins 0.7 s after A
+ * and C, past the grace (REFIT_FLEET_STICKY_MS): C waits on for B (alive,
+ * not at version 2 yet) instead of taking A, which has room, and B reads A
+ * again.  (Before, C took A and B then read C: the chain reordered in a CI
+ * run where each hop took ~0.3 s to form.)  In version 3 B does not pull:
+ * C waits no longer than REFIT_FLEET_STICKY_MAX_MS, then reads A.  Every
+ * relay's bytes are checked against the truth. */
+static void chain_keeps_order_when_slow(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-dense", "megatron:tp=1", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 400, false, 0};
+    pub_t p = pub_start(&c, 0);
+    PUB_OK(&p, "publish 1");
+    relay_t a = relay_spawn(&g, "tiny-dense", "vllm:tp=1", 0, 0, 1, 1);
+    relay_read_from(&a, 1, "trainer:0,");
+    /* B reads A slowly (2 MB/s, ~0.3 s): C, started while B reads, finds A full and reads B. */
+    setenv("REFIT_TEST_THROTTLE", "relay:0=2", 1);
+    relay_t bb = relay_spawn(&g, "tiny-dense", "vllm:tp=1", 0, 1, 1, 1);
+    unsetenv("REFIT_TEST_THROTTLE");
+    wait_relay_serves(&g, "trainer.relay.r0.s1", 1);
+    relay_t cc = relay_spawn(&g, "tiny-dense", "vllm:tp=1", 0, 2, 1, 1);
+    relay_read_from(&bb, 1, "relay:0,");
+    relay_read_from(&cc, 1, "relay:1,");
+    PUB_OK(&p, "publish 2");
+    assert_int_equal(write(a.to_child, "n", 1), 1);
+    assert_int_equal(write(cc.to_child, "n", 1), 1);
+    t_msleep(700);
+    assert_int_equal(write(bb.to_child, "n", 1), 1);
+    relay_read_from(&a, 2, "trainer:0,");
+    relay_read_from(&bb, 2, "relay:0,");
+    double c_ms = relay_read_from(&cc, 2, "relay:1,");
+    assert_true(c_ms >= 700); /* it waited for B */
+    PUB_OK(&p, "publish 3");
+    assert_int_equal(write(a.to_child, "n", 1), 1);
+    assert_int_equal(write(cc.to_child, "n", 1), 1);
+    relay_read_from(&a, 3, "trainer:0,");
+    c_ms = relay_read_from(&cc, 3, "relay:0,");
+    if (c_ms < REFIT_FLEET_STICKY_MAX_MS || c_ms > REFIT_FLEET_STICKY_MAX_MS + 4000)
+        fail_msg("C waited %.0f ms for B, which never began version 3 (the most: %d ms)", c_ms,
+                 REFIT_FLEET_STICKY_MAX_MS);
+    relay_stop(&a, false);
+    relay_stop(&bb, false);
+    relay_stop(&cc, false);
+    pub_stop(&p);
+    t_rm_tree(g.dir);
+}
+
 /* A chain pipelines: relay A pulls slowly from the trainer (2 MB/s); B,
  * limited to one reader per holder, finds A holding the version while A is
  * still receiving it and reads A's chunks as they land, on a link as slow as
@@ -466,6 +531,7 @@ int main(void)
         cmocka_unit_test(relay_killed_trainer_resumes),
         cmocka_unit_test(relay_of_restarted_trainer_skipped),
         cmocka_unit_test(chain_survives_relay_death),
+        cmocka_unit_test(chain_keeps_order_when_slow),
         cmocka_unit_test(relay_chain_pipelines),
         cmocka_unit_test(slow_replica_chunks_stolen),
     };

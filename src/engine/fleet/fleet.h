@@ -187,8 +187,9 @@ int refit_fleet_direct_holder(const refit_fleet_holder_t *h, uint32_t nh, uint32
  * TRAINER_IF_ROOM: the trainer ranks, if a load token on them is free, else WAIT;
  * WAIT: until a holder has room.
  * defer_trainer: this receiver read a relay in its last pull; for a short
- * grace (REFIT_FLEET_STICKY_MS) it waits for that relay rather than race for
- * the trainer, so that a chain keeps its order and its connections from one
+ * grace (REFIT_FLEET_STICKY_MS, and on while that relay is alive and has not
+ * begun the version, up to REFIT_FLEET_STICKY_MAX_MS) it waits for that relay
+ * rather than race for the trainer, so that a chain keeps its order and its connections from one
  * version to the next (a new connection over a loaded link costs ~0.1 s per
  * hop, each hop after the one before it).  A joiner (its first pull, relays
  * of its layout alive) defers too, and takes nothing in the grace: a
@@ -204,6 +205,11 @@ typedef enum {
 refit_fleet_pick_t refit_fleet_pick(uint32_t max_readers, uint32_t relays_with_room, uint32_t relays_holding,
                                     bool defer_trainer);
 #define REFIT_FLEET_STICKY_MS 250
+/* ... and on while that relay is alive and has not begun the version (it
+ * waits for its own: a chain forms hop by hop, each hop a registry look and a
+ * connection; one CI run on this 2-core host took ~0.3 s per hop, past the
+ * grace, and the chain reordered), up to this. */
+#define REFIT_FLEET_STICKY_MAX_MS 2000
 
 /* The thresholds of the claim rules (fleet_rules.c), beside the grace above.
  * A holder is clearly slower than another (its share may be taken, and it

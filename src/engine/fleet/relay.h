@@ -51,6 +51,10 @@ bool refit_relays_trainer_token(refit_relays_t *R, uint64_t v, const char *reade
 #define REFIT_RELAYS_NONE (-1)
 void refit_relays_set_upstream(refit_relays_t *R, int upstream);
 int refit_relays_upstream(const refit_relays_t *R);
+/* At the last refit_relays_find(v): the other relays of our layout alive
+ * that did not hold v yet (receivers of the fleet that have not begun v);
+ * *upstream: the relay read last time is one of them. */
+uint32_t refit_relays_coming(const refit_relays_t *R, bool *upstream);
 /* Relay manifests fetched from the registry since open (pull reports count them). */
 uint32_t refit_relays_fetches(const refit_relays_t *R);
 /* Renews the leases on the relays being read (and the load tokens);

@@ -48,6 +48,11 @@ struct refit_relays {
     uint64_t trainer_version;
     double renewed;
     int upstream; /* refit_relays_upstream */
+    /* At the last refit_relays_find: other relays of our layout alive that
+     * did not hold its version yet, and whether the upstream is one of them
+     * (refit_relays_coming). */
+    uint32_t coming;
+    bool upstream_coming;
 };
 
 /* Relay slot `slot`'s group of our rank: "<group>.relay.r<rank>.s<slot>". */

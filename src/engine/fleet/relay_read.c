@@ -248,6 +248,17 @@ uint32_t refit_relays_find(refit_relays_t *R, const refit_tset_t *ts, uint64_t v
     heads_t H;
     if (!read_heads(R, &H)) return 0;
     R->mirrors_alive = count_mirrors(R, &H);
+    R->coming = 0;
+    R->upstream_coming = false;
+    for (uint32_t j = 0; j < REFIT_MAX_RELAYS; j++) {
+        /* A relay of our layout, alive, still at an older version (it has not begun v: a receiver that committed
+         * before, or withdrew its memory to receive again). */
+        if ((int)j == R->slot || !H.present[j] || !H.alive[j] || H.recs[j].version >= v ||
+            mirror_index(R, H.recs[j].signature) < 0)
+            continue;
+        R->coming++;
+        if ((int)j == R->upstream) R->upstream_coming = true;
+    }
     for (uint32_t k = 0; k < REFIT_MAX_RELAYS && nh < max; k++) {
         /* The relay read last time first (its connection is open). */
         uint32_t j = k;
@@ -300,6 +311,12 @@ void refit_relays_set_upstream(refit_relays_t *R, int upstream)
 }
 
 int refit_relays_upstream(const refit_relays_t *R) { return R ? R->upstream : REFIT_RELAYS_NONE; }
+
+uint32_t refit_relays_coming(const refit_relays_t *R, bool *upstream)
+{
+    *upstream = R && R->upstream_coming;
+    return R ? R->coming : 0;
+}
 
 uint32_t refit_relays_fetches(const refit_relays_t *R) { return R ? R->fetches : 0; }
 
