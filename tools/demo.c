@@ -47,6 +47,7 @@ typedef struct {
     uint32_t deltas;                         /* receivers that applied a delta */
     double digest_ms;                        /* max over receivers: checking against the publishers' digests */
     double pub_digest_ms;                    /* max over publishers: computing them (part of publish_ms) */
+    uint32_t tables_from_delta;              /* publishers whose table was the last one plus the delta's changes */
     uint64_t digest_bytes, unverified_bytes; /* sums over receivers */
     double stamp_ms;                         /* max over receivers: reading the sources' version stamps */
     uint32_t fused;                          /* receivers whose copies computed the digests as they wrote */
@@ -166,6 +167,8 @@ static void handle_line(child_t *c, const char *line, cycle_t *cycles, uint64_t 
             cy->publish_ms = TOOL_MAX(cy->publish_ms, num(o, "publish_ms"));
             cy->fill_ms = TOOL_MAX(cy->fill_ms, num(o, "fill_ms"));
             cy->pub_digest_ms = TOOL_MAX(cy->pub_digest_ms, num(o, "digest_ms"));
+            const char *dt = refit_json_string(refit_json_get(o, "digest_table"), &len);
+            cy->tables_from_delta += dt && len == 5 && !strncmp(dt, "delta", 5);
         }
     } else if (ev && !strcmp(ev, "prepared")) {
         g_prepare_ms = TOOL_MAX(g_prepare_ms, num(o, "prepare_ms"));
@@ -712,12 +715,13 @@ int cmd_demo(int argc, char **argv)
                    "\"connect_ms\":%.3f,\"launches\":%" PRIu64 ",\"requests\":%" PRIu64 ",\"publish_ms\":%.3f,"
                    "\"fill_ms\":%.3f,\"publish_to_commit_ms\":%.3f,\"delta_pulls\":%u,\"digest_ms\":%.3f,"
                    "\"publisher_digest_ms\":%.3f,\"digest_bytes\":%" PRIu64 ",\"unverified_bytes\":%" PRIu64
-                   ",\"stamp_ms\":%.3f}",
+                   ",\"stamp_ms\":%.3f,\"publisher_tables_from_delta\":%u}",
                    k ? "," : "", k + 1, cy[k].bytes, cy[k].discover, cy[k].plan, cy[k].transfer, cy[k].verify,
                    cy[k].total, cy[k].planned ? "true" : "false", (cy[k].end - cy[k].begin) * 1e3, cy[k].connect,
                    cy[k].launches, cy[k].requests, cy[k].publish_ms, cy[k].fill_ms,
                    cy[k].published > 0 ? (cy[k].end - cy[k].published) * 1e3 : 0, cy[k].deltas, cy[k].digest_ms,
-                   cy[k].pub_digest_ms, cy[k].digest_bytes, cy[k].unverified_bytes, cy[k].stamp_ms);
+                   cy[k].pub_digest_ms, cy[k].digest_bytes, cy[k].unverified_bytes, cy[k].stamp_ms,
+                   cy[k].tables_from_delta);
         printf("]}\n");
     } else {
         printf("%5s %14s %12s %10s %12s %11s %10s %8s %9s\n", "cycle", "bytes", "discover_ms", "plan_ms", "transfer_ms",

@@ -295,9 +295,13 @@ int cmd_publish(int argc, char **argv)
         if (o.json)
             printf("{\"event\":\"published\",\"rank\":%" PRIu64 ",\"version\":%" PRIu64
                    ",\"fill_ms\":%.3f,\"publish_ms\":%.3f,\"at_s\":%.6f,\"delta_base\":%" PRIu64
-                   ",\"delta_bytes\":%" PRIu64 ",\"delta_encode_ms\":%.3f,\"digest_ms\":%.3f}\n",
+                   ",\"delta_bytes\":%" PRIu64
+                   ",\"delta_encode_ms\":%.3f,\"digest_ms\":%.3f,\"digest_table\":\"%s\"}\n",
                    o.rank, v, (t1 - t0) * 1e3, (t2 - t1) * 1e3, t2, d.base_version, d.bytes, d.encode_ms,
-                   refit_publisher_digest_ms(p));
+                   refit_publisher_digest_ms(p),
+                   o.no_digest          ? "off"
+                   : d.table_from_delta ? "delta"
+                                        : "pass");
         else if (d.base_version)
             printf("rank %" PRIu64 " published version %" PRIu64 " (fill %.1f ms, publish %.2f ms; delta from %" PRIu64
                    ": %" PRIu64 " bytes, encoded in %.1f ms)\n",

@@ -43,7 +43,8 @@ static int delta_net_once(int argc, char **argv)
     delta = nb_spawn(&o, &(role_t){false, 0, -1, NULL, net ? (int)P + 1 : -1, false, 0, false});
     uint32_t V = o.versions;
     result_t rf[32], rd[32];
-    double enc[32] = {0}, pub[32] = {0};
+    double enc[32] = {0}, pub[32] = {0}, dig[32] = {0}, cpy[32] = {0};
+    uint32_t from_delta[32] = {0};
     uint64_t dbytes[32] = {0}, base[32] = {0};
     uint32_t verified = 0;
     bool ok = true;
@@ -52,15 +53,19 @@ static int delta_net_once(int argc, char **argv)
         for (uint32_t k = 0; k < P; k++) nb_send_cmd(&pubs[k], "publish %u", v);
         for (uint32_t k = 0; k < P; k++) {
             uint64_t b = 0, n = 0;
-            double e = 0, t = 0;
+            double e = 0, t = 0, dm = 0, cm = 0;
+            unsigned fd = 0;
             nb_reply(&pubs[k], 600000, buf, sizeof(buf));
-            if (sscanf(buf, "0 %" SCNu64 " %" SCNu64 " %lf %lf", &b, &n, &e, &t) != 4) {
+            if (sscanf(buf, "0 %" SCNu64 " %" SCNu64 " %lf %lf %lf %u %lf", &b, &n, &e, &t, &dm, &fd, &cm) != 7) {
                 fprintf(stderr, "refit bench delta: publisher %u: %s", k, buf[0] ? buf : "no answer\n");
                 ok = false;
                 continue;
             }
             if (e > enc[v]) enc[v] = e; /* the slowest rank sets the pace */
             if (t > pub[v]) pub[v] = t;
+            if (dm > dig[v]) dig[v] = dm;
+            if (cm > cpy[v]) cpy[v] = cm;
+            from_delta[v] += fd;
             dbytes[v] += n;
             base[v] = b;
         }
@@ -83,7 +88,8 @@ static int delta_net_once(int argc, char **argv)
     nb_netns_down(&o);
     if (!ok) return tool_fail(REFIT_ERR_PEER, "bench delta");
     /* Steady state: versions 2..V. */
-    double tf[32], td[32], te[32], tp[32];
+    double tf[32], td[32], te[32], tp[32], tg[32], tc[32];
+    uint32_t tables_from_delta = 0;
     uint64_t fb = 0, db = 0;
     bool all_delta = true;
     size_t n = 0;
@@ -92,6 +98,9 @@ static int delta_net_once(int argc, char **argv)
         td[n] = (rd[v].end - rd[v].begin) * 1e3;
         te[n] = enc[v];
         tp[n] = pub[v];
+        tg[n] = dig[v];
+        tc[n] = cpy[v];
+        tables_from_delta += from_delta[v];
         fb += rf[v].bytes;
         db += rd[v].bytes;
         all_delta &= rd[v].delta_base == v - 1 && rf[v].delta_base == 0;
@@ -128,6 +137,12 @@ static int delta_net_once(int argc, char **argv)
     nb_metric(&j, "unverified_bytes", "%" PRIu64, unverified);
     nb_metric(&j, "publisher_encode_ms", "%.3f", median_of(te, n));
     nb_metric(&j, "publisher_publish_ms", "%.3f", median_of(tp, n));
+    /* Its digest table: the time publish spent on it after the encoder (an update from the encoder's changes,
+     * whose notes are in encode_ms; or a fill), and a memcpy of the rank's bytes right after (the slowest rank
+     * of each, per version). */
+    nb_metric(&j, "publisher_digest_ms", "%.3f", median_of(tg, n));
+    nb_metric(&j, "publisher_memcpy_ms", "%.3f", median_of(tc, n));
+    nb_metric(&j, "publisher_tables_from_delta", "%u", tables_from_delta);
     fprintf(j.f, ",\"per_version\":[");
     for (uint32_t v = 1; v <= V; v++)
         fprintf(j.f,

@@ -205,6 +205,9 @@ typedef struct {
     uint64_t region_bytes;          /* the regions' bytes */
     uint64_t changed_units;         /* 2-byte units that differ from the base */
     double encode_ms;               /* wall time spent encoding inside publish */
+    uint32_t table_from_delta;      /* 1: this version's digest table is the base's plus the changes encoded
+                                       (no pass over the shard: docs/digest.md); 0: filled in a pass (the first
+                                       version, digests off, GPU memory, REFIT_DIGEST_TABLE=full) */
 } refit_publish_delta_t;
 #ifdef __cplusplus
 #define REFIT_PUBLISH_DELTA_INIT      \

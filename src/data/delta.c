@@ -66,6 +66,9 @@ typedef struct {
     unsigned char *upd;
     const unsigned char *a, *b;
     uint64_t nbytes, c0, c1;
+    refit_delta_changed_fn fn; /* refit_delta_encoder_watch */
+    void *ctx;
+    uint32_t region, worker;
     refit_delta_format_t fmt;
     uint32_t bb;
     unsigned char *tab;
@@ -145,6 +148,16 @@ static void *encode_range(void *arg)
                 }
         }
         w->o.len += cost;
+        if (w->fn && kind == K_DENSE) {
+            w->fn(w->ctx, w->worker, w->region, off, cb, w->b, w->a);
+        } else if (w->fn) { /* runs of changed units */
+            for (uint32_t k = 0; k < n;) {
+                uint32_t z = k + 1;
+                while (z < n && idx[z] == idx[z - 1] + 1) z++;
+                w->fn(w->ctx, w->worker, w->region, off + (uint64_t)idx[k] * 2, (uint64_t)(z - k) * 2, w->b, w->a);
+                k = z;
+            }
+        }
         if (w->upd) {
             unsigned char *z = w->upd + off;
             if (kind == K_SPARSE || kind == K_BLOCKS)
@@ -162,9 +175,16 @@ oom:
     return NULL;
 }
 
+/* What encode tells a watcher (refit_delta_encoder_watch): fn NULL for none. */
+typedef struct {
+    refit_delta_changed_fn fn;
+    void *ctx;
+    uint32_t region;
+} watch_t;
+
 static refit_status_t encode(unsigned char *upd, const void *base, const void *cur, uint64_t nbytes,
-                             uint64_t base_version, uint64_t version, const refit_delta_params_t *params, void **out,
-                             size_t *len)
+                             uint64_t base_version, uint64_t version, const refit_delta_params_t *params,
+                             const watch_t *watch, void **out, size_t *len)
 {
     if (!base || !cur || !out || !len || (nbytes & 1))
         return refit_error(REFIT_ERR_INVALID_ARG, "refit_delta_encode: NULL argument or odd size");
@@ -190,7 +210,11 @@ static refit_status_t encode(unsigned char *upd, const void *base, const void *c
                           .c1 = nchunks * (t + 1) / nt,
                           .fmt = fmt,
                           .bb = bb,
-                          .tab = hdr + HDR};
+                          .tab = hdr + HDR,
+                          .fn = watch ? watch->fn : NULL,
+                          .ctx = watch ? watch->ctx : NULL,
+                          .region = watch ? watch->region : 0,
+                          .worker = t};
     pthread_t tid[64];
     unsigned started = 0;
     for (unsigned t = 1; t < nt; t++)
@@ -243,7 +267,7 @@ done:
 refit_status_t refit_delta_encode(const void *base, const void *cur, uint64_t nbytes, uint64_t base_version,
                                   uint64_t version, const refit_delta_params_t *params, void **out, size_t *len)
 {
-    return encode(NULL, base, cur, nbytes, base_version, version, params, out, len);
+    return encode(NULL, base, cur, nbytes, base_version, version, params, NULL, out, len);
 }
 
 uint64_t refit_delta_table_bytes(uint64_t region_bytes) { return HDR + (region_bytes + CB - 1) / CB * ENTRY; }
@@ -776,7 +800,16 @@ struct refit_delta_encoder {
     unsigned char **copies;
     uint64_t version;
     refit_delta_params_t params;
+    refit_delta_changed_fn watch;
+    void *watch_ctx;
 };
+
+void refit_delta_encoder_watch(refit_delta_encoder_t *e, refit_delta_changed_fn fn, void *ctx)
+{
+    if (!e) return;
+    e->watch = fn;
+    e->watch_ctx = ctx;
+}
 
 refit_status_t refit_delta_encoder_create(const uint64_t *sizes, uint32_t n, const refit_delta_params_t *params,
                                           refit_delta_encoder_t **out)
@@ -827,8 +860,9 @@ refit_status_t refit_delta_encoder_publish(refit_delta_encoder_t *e, const void 
      * bytes are written); a failure part-way leaves copies of two versions,
      * so the encoder starts over (the next publish yields no delta). */
     for (uint32_t r = 0; r < e->n; r++) {
+        watch_t wt = {e->watch, e->watch_ctx, r};
         refit_status_t st = encode(e->copies[r], e->copies[r], bases[r], e->sizes[r], e->version, version, &e->params,
-                                   &deltas[r], &lens[r]);
+                                   &wt, &deltas[r], &lens[r]);
         if (st) {
             for (uint32_t k = 0; k < r; k++) {
                 free(deltas[k]);

@@ -1,4 +1,5 @@
-/* data/delta_hashed.h - a delta's apply that keeps the receiver's digests (internal). */
+/* data/delta_hashed.h - a delta's apply that keeps the receiver's digests, and an encoder that tells the
+ * publisher's digests what changed (internal). */
 #ifndef REFIT_DATA_DELTA_HASHED_H
 #define REFIT_DATA_DELTA_HASHED_H
 
@@ -13,5 +14,14 @@ refit_status_t refit_delta_apply_hashed(const refit_delta_index_t *ix, const voi
                                         uint64_t have_version, void *const *dst_bases, unsigned threads,
                                         refit_delta_apply_stats_t *stats, const refit_digest_map_t *map,
                                         refit_dsum_t *acc);
+
+/* The encoder's changed bytes, told as it finds them: before each chunk's kept copy is updated, fn gets the
+ * chunk's changed bytes of region `region` ([off, off + len), region-relative; runs of changed units, or the
+ * whole chunk when it is encoded dense) with that region's new memory (`now`) and the kept copy (`before`),
+ * from encoder thread `worker` (< the encoder's threads, at most 64; a worker's calls are in address order).
+ * fn NULL: none (the default). */
+typedef void (*refit_delta_changed_fn)(void *ctx, unsigned worker, uint32_t region, uint64_t off, uint64_t len,
+                                       const void *now, const void *before);
+void refit_delta_encoder_watch(refit_delta_encoder_t *e, refit_delta_changed_fn fn, void *ctx);
 
 #endif

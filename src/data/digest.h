@@ -205,6 +205,24 @@ refit_status_t refit_digest_table_update(const refit_digest_key_t *k, const refi
                                          const void *const *bases, const void *const *old_bases,
                                          const refit_digest_range_t *ranges, size_t nranges, void *table);
 
+/* The same sums kept across calls and workers, for a caller that meets the changed bytes in a pass of its own
+ * (a delta publisher's encoder: publisher.c).  create: for manifest m (kept, not copied).  note: bytes
+ * [off, off + len) of region `region` may differ; `now` and `before` are that region's two memories (its byte
+ * 0); worker w (< REFIT_DIGEST_CHANGES_WORKERS) is one thread's accumulator, a worker used by one thread at a
+ * time; notes of one worker in address order need no search.  Returns false, and the sums become unusable until
+ * the next apply or reset, on a range outside its region or out of memory.  apply: adds every worker's sums to
+ * `table` (the table of the memories `before`, as refit_digest_table_update), then clears them; errors as
+ * refit_digest_table_update's, the table unchanged on failure.  reset: drops the sums. */
+#define REFIT_DIGEST_CHANGES_WORKERS 64
+typedef struct refit_digest_changes refit_digest_changes_t;
+refit_status_t refit_digest_changes_create(const refit_digest_key_t *k, const refit_manifest_t *m,
+                                           refit_digest_changes_t **out);
+bool refit_digest_changes_note(refit_digest_changes_t *c, unsigned w, uint32_t region, uint64_t off, uint64_t len,
+                               const void *now, const void *before);
+refit_status_t refit_digest_changes_apply(refit_digest_changes_t *c, void *table);
+void refit_digest_changes_reset(refit_digest_changes_t *c);
+void refit_digest_changes_destroy(refit_digest_changes_t *c);
+
 /* ---- Receiver: the digest plan. ---- */
 
 /* Why a destination placement is or is not verifiable. */

@@ -12,7 +12,11 @@
  * inside a unit, and two ranges that share a unit add up.  Runs of whole units go through the kernels
  * (digest_pub_row_any: +r over the new bytes, -r over the old ones gives the column changes, and its dots the
  * row's), single units through a scalar path that keeps the segment, the row key and the block multiplier of
- * the unit before (a sparse delta's changes arrive in address order). */
+ * the unit before (a sparse delta's changes arrive in address order).
+ *
+ * The same sums are kept by a refit_digest_changes_t across calls and workers: a delta publisher's encoder
+ * notes each chunk's changed units while both versions' bytes are in its cache, one accumulator per encoder
+ * thread, and the publisher then applies them to the table of the version before (publisher.c). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,24 +38,33 @@ typedef struct {
 } seg_t;
 
 /* Per placement the changes met so far: dP[2 * i + l] (row terms, without prefix), dQ[l * n + t] (column
- * sums, before the column keys); NULL until a change meets it. */
+ * sums, before the column keys); allocated when a change first meets it, zeroed (not freed) once applied. */
 typedef struct {
     uint32_t *dP, *dQ;
+    bool touched; /* since the last apply or reset */
 } pdelta_t;
 
+/* One worker's sums and cursors. */
 typedef struct {
-    const refit_digest_key_t *k;
-    const refit_manifest_t *m;
-    const uint8_t *const *bases, *const *old;
-    cbox_t *boxes;
-    uint64_t *tids;
     pdelta_t *pd;
+    REFIT_VEC(uint32_t) touched; /* the placements with touched set */
+    const uint8_t *nw, *od;      /* the region of the note being summed: now, before */
     /* the scalar path's cursor: the row whose key is r, and the block whose multipliers are bm */
     uint32_t cur_pl;
     uint64_t cur_row, cur_blk;
     uint32_t r[2], bm[2];
-    bool oom;
+    size_t cur; /* the segment the last note ended in: notes in address order need no search */
+    bool failed;
 } upd_t;
+
+struct refit_digest_changes {
+    const refit_digest_key_t *k;
+    const refit_manifest_t *m;
+    cbox_t *boxes;
+    uint64_t *tids, *offs;
+    REFIT_VEC(seg_t) segs;
+    upd_t *w[REFIT_DIGEST_CHANGES_WORKERS];
+};
 
 static int seg_cmp(const void *a, const void *b)
 {
@@ -60,24 +73,27 @@ static int seg_cmp(const void *a, const void *b)
     return (x->start > y->start) - (x->start < y->start);
 }
 
-static bool touch(upd_t *U, uint32_t pl)
+static bool touch(const refit_digest_changes_t *C, upd_t *U, uint32_t pl)
 {
     pdelta_t *d = &U->pd[pl];
-    if (d->dP) return true;
-    d->dP = calloc(2 * REFIT_MAX(U->boxes[pl].nrows, 1), sizeof(uint32_t));
-    d->dQ = calloc(2 * REFIT_MAX(U->boxes[pl].n, 1), sizeof(uint32_t));
-    if (!d->dP || !d->dQ) {
-        U->oom = true;
+    if (d->touched) return true;
+    if (!d->dP) {
+        d->dP = calloc(2 * REFIT_MAX(C->boxes[pl].nrows, 1), sizeof(uint32_t));
+        d->dQ = calloc(2 * REFIT_MAX(C->boxes[pl].n, 1), sizeof(uint32_t));
+    }
+    if (!d->dP || !d->dQ || REFIT_VEC_PUSH(&U->touched, pl)) {
+        U->failed = true;
         return false;
     }
+    d->touched = true;
     return true;
 }
 
 /* Row key of row `row` (counted from the box's first) of placement pl, kept while the cursor stays there. */
-static void row_key(upd_t *U, uint32_t pl, uint64_t row)
+static void row_key(const refit_digest_changes_t *C, upd_t *U, uint32_t pl, uint64_t row)
 {
     if (U->cur_pl == pl && U->cur_row == row) return;
-    uint64_t h = row_hash(U->k, U->tids[U->m->placements.data[pl].canon], U->boxes[pl].a + row);
+    uint64_t h = row_hash(C->k, C->tids[C->m->placements.data[pl].canon], C->boxes[pl].a + row);
     U->r[0] = (uint32_t)h | 1;
     U->r[1] = (uint32_t)(h >> 32) | 1;
     U->cur_pl = pl;
@@ -85,40 +101,41 @@ static void row_key(upd_t *U, uint32_t pl, uint64_t row)
 }
 
 /* Adds a change of d to unit t of row `row` of placement pl. */
-static inline void unit_change(upd_t *U, uint32_t pl, uint64_t row, uint64_t t, uint32_t d)
+static inline void unit_change(const refit_digest_changes_t *C, upd_t *U, uint32_t pl, uint64_t row, uint64_t t,
+                               uint32_t d)
 {
-    const cbox_t *b = &U->boxes[pl];
+    const cbox_t *b = &C->boxes[pl];
     uint64_t j = b->c + t;
-    if (j >> KBITS != U->cur_blk) block_mult(U->k, U->cur_blk = j >> KBITS, U->bm);
+    if (j >> KBITS != U->cur_blk) block_mult(C->k, U->cur_blk = j >> KBITS, U->bm);
     pdelta_t *pd = &U->pd[pl];
     size_t jj = (size_t)(j & (KCOLS - 1));
     for (int l = 0; l < 2; l++) {
         uint32_t rd = U->r[l] * d;
-        pd->dP[2 * row + l] += rd * (U->bm[l] * (uint32_t)(int32_t)U->k->kc[l][jj]);
+        pd->dP[2 * row + l] += rd * (U->bm[l] * (uint32_t)(int32_t)C->k->kc[l][jj]);
         pd->dQ[l * b->n + t] += rd;
     }
 }
 
 /* The changes of bytes [x, e) of row `row` of segment s (offsets inside the row, x < e <= 2n). */
-static void row_piece(upd_t *U, const seg_t *s, uint64_t row, uint64_t x, uint64_t e)
+static void row_piece(const refit_digest_changes_t *C, upd_t *U, const seg_t *s, uint64_t row, uint64_t x, uint64_t e)
 {
     uint32_t pl = s->pl;
-    if (!touch(U, pl)) return;
-    row_key(U, pl, row);
+    if (!touch(C, U, pl)) return;
+    row_key(C, U, pl, row);
     uint64_t base = s->start + (row - s->row0) * s->stride;
-    const uint8_t *nw = U->bases[s->region] + base, *od = U->old[s->region] + base;
+    const uint8_t *nw = U->nw + base, *od = U->od + base;
     if (x & 1) { /* a unit's high byte alone */
-        unit_change(U, pl, row, x / 2, 256u * (uint32_t)((int32_t)(int8_t)nw[x] - (int32_t)(int8_t)od[x]));
+        unit_change(C, U, pl, row, x / 2, 256u * (uint32_t)((int32_t)(int8_t)nw[x] - (int32_t)(int8_t)od[x]));
         x++;
     }
     uint64_t u0 = x / 2, u1 = e / 2; /* whole units [u0, u1) */
     if (u1 > u0 && u1 - u0 >= UPDATE_KERNEL_UNITS) {
-        const cbox_t *b = &U->boxes[pl];
+        const cbox_t *b = &C->boxes[pl];
         pdelta_t *pd = &U->pd[pl];
         uint32_t sn[2] = {0, 0}, so[2] = {0, 0};
-        digest_pub_row_any(U->k, nw + 2 * u0, b->c + u0, u1 - u0, U->r[0], U->r[1], pd->dQ + u0, pd->dQ + b->n + u0,
+        digest_pub_row_any(C->k, nw + 2 * u0, b->c + u0, u1 - u0, U->r[0], U->r[1], pd->dQ + u0, pd->dQ + b->n + u0,
                            sn);
-        digest_pub_row_any(U->k, od + 2 * u0, b->c + u0, u1 - u0, 0u - U->r[0], 0u - U->r[1], pd->dQ + u0,
+        digest_pub_row_any(C->k, od + 2 * u0, b->c + u0, u1 - u0, 0u - U->r[0], 0u - U->r[1], pd->dQ + u0,
                            pd->dQ + b->n + u0, so);
         pd->dP[2 * row] += U->r[0] * (sn[0] - so[0]);
         pd->dP[2 * row + 1] += U->r[1] * (sn[1] - so[1]);
@@ -127,26 +144,262 @@ static void row_piece(upd_t *U, const seg_t *s, uint64_t row, uint64_t x, uint64
             uint16_t a, c;
             memcpy(&a, nw + 2 * t, 2);
             memcpy(&c, od + 2 * t, 2);
-            if (a != c) unit_change(U, pl, row, t, (uint32_t)((int32_t)(int16_t)a - (int32_t)(int16_t)c));
+            if (a != c) unit_change(C, U, pl, row, t, (uint32_t)((int32_t)(int16_t)a - (int32_t)(int16_t)c));
         }
     }
     if (e & 1) /* a unit's low byte alone */
-        unit_change(U, pl, row, e / 2, (uint32_t)((int32_t)nw[e - 1] - (int32_t)od[e - 1]));
+        unit_change(C, U, pl, row, e / 2, (uint32_t)((int32_t)nw[e - 1] - (int32_t)od[e - 1]));
 }
 
 /* The changes of region bytes [lo, hi) inside segment s. */
-static void seg_piece(upd_t *U, const seg_t *s, uint64_t lo, uint64_t hi)
+static void seg_piece(const refit_digest_changes_t *C, upd_t *U, const seg_t *s, uint64_t lo, uint64_t hi)
 {
-    uint64_t rowb = 2 * U->boxes[s->pl].n;
+    uint64_t rowb = 2 * C->boxes[s->pl].n;
     uint64_t row = s->row0 + (lo - s->start) / s->stride;
     for (uint64_t at = lo; at < hi && row < s->row0 + s->nrows; row++) {
         uint64_t rs = s->start + (row - s->row0) * s->stride;
         if (at < rs) at = rs; /* a gap between rows (stride > row bytes): not this placement's */
         if (at >= hi) break;
         uint64_t e = REFIT_MIN(hi, rs + rowb);
-        if (at < e) row_piece(U, s, row, at - rs, e - rs);
+        if (at < e) row_piece(C, U, s, row, at - rs, e - rs);
         at = rs + s->stride;
     }
+}
+
+void refit_digest_changes_destroy(refit_digest_changes_t *C)
+{
+    if (!C) return;
+    size_t np = C->m->placements.len;
+    for (uint32_t w = 0; w < REFIT_DIGEST_CHANGES_WORKERS; w++) {
+        upd_t *U = C->w[w];
+        if (!U) continue;
+        for (size_t i = 0; U->pd && i < np; i++) {
+            free(U->pd[i].dP);
+            free(U->pd[i].dQ);
+        }
+        free(U->pd);
+        REFIT_VEC_FREE(&U->touched);
+        free(U);
+    }
+    REFIT_VEC_FREE(&C->segs);
+    free(C->boxes);
+    free(C->tids);
+    free(C->offs);
+    free(C);
+}
+
+refit_status_t refit_digest_changes_create(const refit_digest_key_t *k, const refit_manifest_t *m,
+                                           refit_digest_changes_t **out)
+{
+    if (!k || !m || !out) return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_changes_create: NULL argument");
+    if (!m->finalized)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_changes_create: manifest is not finalized");
+    size_t np = m->placements.len;
+    refit_digest_changes_t *C = calloc(1, sizeof(*C));
+    if (!C) goto oom;
+    C->k = k;
+    C->m = m;
+    C->offs = malloc(REFIT_MAX(np, 1) * sizeof(*C->offs));
+    C->boxes = calloc(REFIT_MAX(np, 1), sizeof(*C->boxes));
+    C->tids = digest_tensor_ids(k, m);
+    if (!C->offs || !C->boxes || !C->tids) goto oom;
+    refit_digest_table_offsets(m, C->offs);
+    /* Segments: a box whose rows are contiguous is one, another a segment per row (rows of boxes side by
+     * side interleave in memory, whole rows never overlap). */
+    for (uint32_t i = 0; i < np; i++) {
+        if (C->offs[i] == UINT64_MAX) continue;
+        const refit_placement_t *p = &m->placements.data[i];
+        cbox_of(&m->canon.data[p->canon], p, &C->boxes[i]);
+        const cbox_t *b = &C->boxes[i];
+        if (!b->nrows || !b->n) continue;
+        uint64_t stride, off = digest_box_offset(m, p, &stride), rowb = 2 * b->n;
+        uint32_t region = m->locals.data[p->local].region;
+        if (b->nrows == 1 || stride == rowb) {
+            seg_t s = {off, off + b->nrows * rowb, rowb, 0, b->nrows, i, region};
+            if (REFIT_VEC_PUSH(&C->segs, s)) goto oom;
+        } else {
+            for (uint64_t r = 0; r < b->nrows; r++) {
+                seg_t s = {off + r * stride, off + r * stride + rowb, stride, r, 1, i, region};
+                if (REFIT_VEC_PUSH(&C->segs, s)) goto oom;
+            }
+        }
+    }
+    if (C->segs.len) qsort(C->segs.data, C->segs.len, sizeof(seg_t), seg_cmp);
+    *out = C;
+    return REFIT_OK;
+oom:
+    refit_digest_changes_destroy(C);
+    return refit_error(REFIT_ERR_NO_MEMORY, "digest changes of %s rank %u", m->layout, m->rank);
+}
+
+static upd_t *worker(refit_digest_changes_t *C, unsigned w)
+{
+    if (C->w[w]) return C->w[w];
+    upd_t *U = calloc(1, sizeof(*U));
+    if (U && !(U->pd = calloc(REFIT_MAX(C->m->placements.len, 1), sizeof(*U->pd)))) {
+        free(U);
+        U = NULL;
+    }
+    if (U) {
+        U->cur_pl = UINT32_MAX;
+        U->bm[0] = U->bm[1] = 1;
+    }
+    return C->w[w] = U;
+}
+
+bool refit_digest_changes_note(refit_digest_changes_t *C, unsigned w, uint32_t region, uint64_t off, uint64_t len,
+                               const void *now, const void *before)
+{
+    if (!C || w >= REFIT_DIGEST_CHANGES_WORKERS) return false;
+    upd_t *U = worker(C, w);
+    if (!U) return false;
+    if (region >= C->m->regions.len || off > C->m->regions.data[region] || len > C->m->regions.data[region] - off ||
+        (len && (!now || !before)))
+        U->failed = true;
+    if (U->failed || !len) return !U->failed;
+    U->nw = now;
+    U->od = before;
+    uint64_t lo = off, hi = off + len;
+    const seg_t *sg = C->segs.data;
+    size_t ns = C->segs.len, cur = U->cur;
+    if (!(cur < ns && sg[cur].region == region && sg[cur].start <= lo && lo < sg[cur].end)) {
+        /* the first segment of the region that ends after lo */
+        size_t a = 0, z = ns;
+        while (a < z) {
+            size_t mid = a + (z - a) / 2;
+            if (sg[mid].region < region || (sg[mid].region == region && sg[mid].end <= lo)) a = mid + 1;
+            else z = mid;
+        }
+        cur = a;
+    }
+    for (size_t y = cur; y < ns && sg[y].region == region && sg[y].start < hi && !U->failed; y++) {
+        if (sg[y].end <= lo) continue;
+        seg_piece(C, U, &sg[y], REFIT_MAX(lo, sg[y].start), REFIT_MIN(hi, sg[y].end));
+        cur = y;
+    }
+    U->cur = cur;
+    return !U->failed;
+}
+
+/* Every worker's sums dropped (the arrays stay, zeroed). */
+static void clear(refit_digest_changes_t *C)
+{
+    for (uint32_t w = 0; w < REFIT_DIGEST_CHANGES_WORKERS; w++) {
+        upd_t *U = C->w[w];
+        if (!U) continue;
+        for (size_t x = 0; x < U->touched.len; x++) {
+            uint32_t pl = U->touched.data[x];
+            pdelta_t *d = &U->pd[pl];
+            memset(d->dP, 0, 2 * REFIT_MAX(C->boxes[pl].nrows, 1) * sizeof(uint32_t));
+            memset(d->dQ, 0, 2 * REFIT_MAX(C->boxes[pl].n, 1) * sizeof(uint32_t));
+            d->touched = false;
+        }
+        U->touched.len = 0;
+        U->failed = false;
+        U->cur_pl = UINT32_MAX;
+        U->cur = 0;
+    }
+}
+
+void refit_digest_changes_reset(refit_digest_changes_t *C)
+{
+    if (C) clear(C);
+}
+
+/* Placement pl's changes, summed over every worker into the first that met it (its arrays); NULL if none. */
+static pdelta_t *gather(refit_digest_changes_t *C, uint32_t pl)
+{
+    pdelta_t *into = NULL;
+    size_t nr = 2 * REFIT_MAX(C->boxes[pl].nrows, 1), nq = 2 * REFIT_MAX(C->boxes[pl].n, 1);
+    for (uint32_t w = 0; w < REFIT_DIGEST_CHANGES_WORKERS; w++) {
+        upd_t *U = C->w[w];
+        if (!U || !U->pd[pl].touched) continue;
+        pdelta_t *d = &U->pd[pl];
+        if (!into) {
+            into = d;
+            continue;
+        }
+        for (size_t i = 0; i < nr; i++) into->dP[i] += d->dP[i];
+        for (size_t i = 0; i < nq; i++) into->dQ[i] += d->dQ[i];
+        memset(d->dP, 0, nr * sizeof(uint32_t));
+        memset(d->dQ, 0, nq * sizeof(uint32_t));
+    }
+    return into;
+}
+
+refit_status_t refit_digest_changes_apply(refit_digest_changes_t *C, void *table)
+{
+    if (!C || (!table && refit_digest_table_bytes(C->m)))
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_changes_apply: NULL argument");
+    if ((uintptr_t)table % 8)
+        return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_changes_apply: table not 8-byte aligned");
+    const refit_digest_key_t *k = C->k;
+    const refit_manifest_t *m = C->m;
+    size_t np = m->placements.len;
+    refit_status_t st = REFIT_OK;
+    for (uint32_t w = 0; w < REFIT_DIGEST_CHANGES_WORKERS; w++)
+        if (C->w[w] && C->w[w]->failed) {
+            st = refit_error(REFIT_ERR_NO_MEMORY,
+                             "digest changes of %s rank %u: a note failed (out of memory, or a range outside its "
+                             "region)",
+                             m->layout, m->rank);
+            goto done;
+        }
+    /* The changes' prefix sums into P and Q; the row and column totals of a placement agree (both are
+     * D(new) - D(old) of its box), else the memory changed while the changes were noted. */
+    for (uint32_t i = 0; i < np; i++) {
+        const pdelta_t *d = gather(C, i);
+        if (!d) continue;
+        const cbox_t *b = &C->boxes[i];
+        uint32_t s0 = 0, s1 = 0, q0 = 0, q1 = 0, bm[2] = {1, 1};
+        for (uint64_t r = 0; r < b->nrows; r++) {
+            s0 += d->dP[2 * r];
+            s1 += d->dP[2 * r + 1];
+        }
+        uint64_t blk = UINT64_MAX;
+        for (uint64_t t = 0; t < b->n; t++) {
+            uint64_t j = b->c + t;
+            if (j >> KBITS != blk) block_mult(k, blk = j >> KBITS, bm);
+            size_t jj = (size_t)(j & (KCOLS - 1));
+            q0 += bm[0] * (uint32_t)(int32_t)k->kc[0][jj] * d->dQ[t];
+            q1 += bm[1] * (uint32_t)(int32_t)k->kc[1][jj] * d->dQ[b->n + t];
+        }
+        if (q0 != s0 || q1 != s1) {
+            st = refit_error(REFIT_ERR_INTERNAL,
+                             "digest table update of %s rank %u: placement %u (%s) changes differently by rows and by "
+                             "columns: the memory changed during the update",
+                             m->layout, m->rank, i, m->canon.data[m->placements.data[i].canon].name);
+            goto done;
+        }
+    }
+    uint32_t *T = table;
+    for (uint32_t i = 0; i < np; i++) {
+        const pdelta_t *d = gather(C, i); /* gathered above: the first worker's arrays hold the sums */
+        if (!d) continue;
+        const cbox_t *b = &C->boxes[i];
+        uint32_t *P = T + C->offs[i] / 4, *Q = P + 2 * (b->nrows + 1);
+        uint32_t s0 = 0, s1 = 0, bm[2] = {1, 1};
+        for (uint64_t r = 0; r < b->nrows; r++) {
+            s0 += d->dP[2 * r];
+            s1 += d->dP[2 * r + 1];
+            P[2 * (r + 1)] += s0;
+            P[2 * (r + 1) + 1] += s1;
+        }
+        s0 = s1 = 0;
+        uint64_t blk = UINT64_MAX;
+        for (uint64_t t = 0; t < b->n; t++) {
+            uint64_t j = b->c + t;
+            if (j >> KBITS != blk) block_mult(k, blk = j >> KBITS, bm);
+            size_t jj = (size_t)(j & (KCOLS - 1));
+            s0 += bm[0] * (uint32_t)(int32_t)k->kc[0][jj] * d->dQ[t];
+            s1 += bm[1] * (uint32_t)(int32_t)k->kc[1][jj] * d->dQ[b->n + t];
+            Q[2 * (t + 1)] += s0;
+            Q[2 * (t + 1) + 1] += s1;
+        }
+    }
+done:
+    clear(C);
+    return st;
 }
 
 refit_status_t refit_digest_table_update(const refit_digest_key_t *k, const refit_manifest_t *m,
@@ -170,137 +423,20 @@ refit_status_t refit_digest_table_update(const refit_digest_key_t *k, const refi
         if (g->len && (!bases[g->region] || !old_bases[g->region]))
             return refit_error(REFIT_ERR_INVALID_ARG, "refit_digest_table_update: region %u has no memory", g->region);
     }
-    size_t np = m->placements.len;
-    refit_status_t st = REFIT_OK;
-    upd_t U = {.k = k,
-               .m = m,
-               .bases = (const uint8_t *const *)bases,
-               .old = (const uint8_t *const *)old_bases,
-               .cur_pl = UINT32_MAX,
-               .cur_blk = 0,
-               .bm = {1, 1}};
-    uint64_t *offs = malloc(REFIT_MAX(np, 1) * sizeof(*offs));
-    U.boxes = calloc(REFIT_MAX(np, 1), sizeof(*U.boxes));
-    U.pd = calloc(REFIT_MAX(np, 1), sizeof(*U.pd));
-    U.tids = digest_tensor_ids(k, m);
-    REFIT_VEC(seg_t) segs = {0};
-    if (!offs || !U.boxes || !U.pd || !U.tids) goto oom;
-    refit_digest_table_offsets(m, offs);
-    /* Segments: a box whose rows are contiguous is one, another a segment per row (rows of boxes side by
-     * side interleave in memory, whole rows never overlap). */
-    for (uint32_t i = 0; i < np; i++) {
-        if (offs[i] == UINT64_MAX) continue;
-        const refit_placement_t *p = &m->placements.data[i];
-        cbox_of(&m->canon.data[p->canon], p, &U.boxes[i]);
-        const cbox_t *b = &U.boxes[i];
-        if (!b->nrows || !b->n) continue;
-        uint64_t stride, off = digest_box_offset(m, p, &stride), rowb = 2 * b->n;
-        uint32_t region = m->locals.data[p->local].region;
-        if (b->nrows == 1 || stride == rowb) {
-            seg_t s = {off, off + b->nrows * rowb, rowb, 0, b->nrows, i, region};
-            if (REFIT_VEC_PUSH(&segs, s)) goto oom;
-        } else {
-            for (uint64_t r = 0; r < b->nrows; r++) {
-                seg_t s = {off + r * stride, off + r * stride + rowb, stride, r, 1, i, region};
-                if (REFIT_VEC_PUSH(&segs, s)) goto oom;
-            }
-        }
-    }
-    if (segs.len) qsort(segs.data, segs.len, sizeof(seg_t), seg_cmp);
-    size_t cur = 0; /* the segment the last range ended in: ranges in address order need no search */
-    for (size_t x = 0; x < nranges && !U.oom; x++) {
+    refit_digest_changes_t *C;
+    refit_status_t st = refit_digest_changes_create(k, m, &C);
+    if (st) return st;
+    const uint8_t *const *nb = (const uint8_t *const *)bases, *const *ob = (const uint8_t *const *)old_bases;
+    for (size_t x = 0; x < nranges; x++) {
         const refit_digest_range_t *g = &ranges[x];
-        uint64_t lo = g->off, hi = g->off + g->len;
         if (x + UPDATE_PREFETCH < nranges) { /* sparse changes miss the caches in both memories */
             const refit_digest_range_t *f = &ranges[x + UPDATE_PREFETCH];
-            __builtin_prefetch(U.bases[f->region] + f->off);
-            __builtin_prefetch(U.old[f->region] + f->off);
+            __builtin_prefetch(nb[f->region] + f->off);
+            __builtin_prefetch(ob[f->region] + f->off);
         }
-        if (lo == hi) continue;
-        if (!(cur < segs.len && segs.data[cur].region == g->region && segs.data[cur].start <= lo &&
-              lo < segs.data[cur].end)) {
-            /* the first segment of the region that ends after lo */
-            size_t a = 0, z = segs.len;
-            while (a < z) {
-                size_t mid = a + (z - a) / 2;
-                const seg_t *s = &segs.data[mid];
-                if (s->region < g->region || (s->region == g->region && s->end <= lo)) a = mid + 1;
-                else z = mid;
-            }
-            cur = a;
-        }
-        for (size_t y = cur; y < segs.len && segs.data[y].region == g->region && segs.data[y].start < hi; y++) {
-            const seg_t *s = &segs.data[y];
-            if (s->end <= lo) continue;
-            seg_piece(&U, s, REFIT_MAX(lo, s->start), REFIT_MIN(hi, s->end));
-            cur = y;
-        }
+        if (!refit_digest_changes_note(C, 0, g->region, g->off, g->len, nb[g->region], ob[g->region])) break;
     }
-    if (U.oom) goto oom;
-    /* The changes' prefix sums into P and Q; the row and column totals of a placement agree (both are
-     * D(new) - D(old) of its box), else the memory changed during the call. */
-    uint32_t *T = table;
-    for (uint32_t i = 0; i < np; i++) {
-        const pdelta_t *d = &U.pd[i];
-        if (!d->dP) continue;
-        const cbox_t *b = &U.boxes[i];
-        uint32_t s0 = 0, s1 = 0, q0 = 0, q1 = 0, bm[2] = {1, 1};
-        for (uint64_t r = 0; r < b->nrows; r++) {
-            s0 += d->dP[2 * r];
-            s1 += d->dP[2 * r + 1];
-        }
-        uint64_t blk = UINT64_MAX;
-        for (uint64_t t = 0; t < b->n; t++) {
-            uint64_t j = b->c + t;
-            if (j >> KBITS != blk) block_mult(k, blk = j >> KBITS, bm);
-            size_t jj = (size_t)(j & (KCOLS - 1));
-            q0 += bm[0] * (uint32_t)(int32_t)k->kc[0][jj] * d->dQ[t];
-            q1 += bm[1] * (uint32_t)(int32_t)k->kc[1][jj] * d->dQ[b->n + t];
-        }
-        if (q0 != s0 || q1 != s1) {
-            st = refit_error(REFIT_ERR_INTERNAL,
-                             "digest table update of %s rank %u: placement %u (%s) changes differently by rows and by "
-                             "columns: the memory changed during the update",
-                             m->layout, m->rank, i, m->canon.data[m->placements.data[i].canon].name);
-            goto done;
-        }
-    }
-    for (uint32_t i = 0; i < np; i++) {
-        const pdelta_t *d = &U.pd[i];
-        if (!d->dP) continue;
-        const cbox_t *b = &U.boxes[i];
-        uint32_t *P = T + offs[i] / 4, *Q = P + 2 * (b->nrows + 1);
-        uint32_t s0 = 0, s1 = 0, bm[2] = {1, 1};
-        for (uint64_t r = 0; r < b->nrows; r++) {
-            s0 += d->dP[2 * r];
-            s1 += d->dP[2 * r + 1];
-            P[2 * (r + 1)] += s0;
-            P[2 * (r + 1) + 1] += s1;
-        }
-        s0 = s1 = 0;
-        uint64_t blk = UINT64_MAX;
-        for (uint64_t t = 0; t < b->n; t++) {
-            uint64_t j = b->c + t;
-            if (j >> KBITS != blk) block_mult(k, blk = j >> KBITS, bm);
-            size_t jj = (size_t)(j & (KCOLS - 1));
-            s0 += bm[0] * (uint32_t)(int32_t)k->kc[0][jj] * d->dQ[t];
-            s1 += bm[1] * (uint32_t)(int32_t)k->kc[1][jj] * d->dQ[b->n + t];
-            Q[2 * (t + 1)] += s0;
-            Q[2 * (t + 1) + 1] += s1;
-        }
-    }
-    goto done;
-oom:
-    st = refit_error(REFIT_ERR_NO_MEMORY, "digest table update of %s rank %u", m->layout, m->rank);
-done:
-    for (size_t i = 0; U.pd && i < np; i++) {
-        free(U.pd[i].dP);
-        free(U.pd[i].dQ);
-    }
-    REFIT_VEC_FREE(&segs);
-    free(U.pd);
-    free(U.boxes);
-    free(U.tids);
-    free(offs);
+    st = refit_digest_changes_apply(C, table);
+    refit_digest_changes_destroy(C);
     return st;
 }

@@ -162,6 +162,7 @@ static const refit_abi_field_t g_layout[] = {
     ABI_FIELD(refit_publish_delta_t, region_bytes),
     ABI_FIELD(refit_publish_delta_t, changed_units),
     ABI_FIELD(refit_publish_delta_t, encode_ms),
+    ABI_FIELD(refit_publish_delta_t, table_from_delta),
 
     ABI_STRUCT(refit_fp8_relay_report_t),
     ABI_FIELD(refit_fp8_relay_report_t, size),

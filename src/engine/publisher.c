@@ -36,6 +36,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data/delta_hashed.h"
 #include "data/digest.h"
 #include "engine/engine.h"
 #include "engine/memdom.h"
@@ -78,9 +79,14 @@ struct refit_publisher {
     void *dtable[NBUF_SNAPSHOT];
     int dtable_owner[NBUF_SNAPSHOT];
     struct refit_gpu_digest *gdig[NBUF_SNAPSHOT]; /* GPU memory: the table's kernels over that buffer */
-    double digest_ms;                             /* filling the last version's table */
-    void *stamp[NBUF_SNAPSHOT];                   /* version stamps (host memory only; NULL otherwise) */
-    uint64_t stamped[NBUF_SNAPSHOT];              /* the version each stamp names (0: none) */
+    uint64_t table_version[NBUF_SNAPSHOT];        /* the version whose table dtable[b] holds (0: none) */
+    /* A delta publisher's table from the encoder's changes (REFIT_DIGEST_TABLE=full: none); made at the
+     * first publish, watching the encoder from then on. */
+    refit_digest_changes_t *dchg;
+    bool dchg_tried;
+    double digest_ms;                /* the last version's table: filled, or updated from the changes */
+    void *stamp[NBUF_SNAPSHOT];      /* version stamps (host memory only; NULL otherwise) */
+    uint64_t stamped[NBUF_SNAPSHOT]; /* the version each stamp names (0: none) */
     int stamp_owner[NBUF_SNAPSHOT];
     refit_version_record_t last_rec; /* under lock */
     /* Held across "last_rec := v, write v's record" and across the heartbeat's
@@ -232,6 +238,49 @@ static refit_status_t alloc_with(refit_publisher_t *p, uint64_t size, void **bas
     memset(mem, 0, size);
     *base = mem;
     return REFIT_OK;
+}
+
+static void note_change(void *ctx, unsigned worker, uint32_t region, uint64_t off, uint64_t len, const void *now,
+                        const void *before)
+{
+    (void)refit_digest_changes_note(ctx, worker, region, off, len, now, before); /* a failure shows at apply */
+}
+
+/* A delta publisher of host memory watches its encoder's changes from its first publish on, so that each
+ * table after the first is the one before plus what changed (docs/digest.md); off with REFIT_DIGEST_TABLE=full,
+ * or when the sums cannot be made (then every table is filled, as without delta). */
+static void watch_changes(refit_publisher_t *p)
+{
+    if (p->dchg_tried || !p->denc || !p->dkey || p->params.device >= 0) return;
+    p->dchg_tried = true;
+    const char *how = refit_diag()->digest_table;
+    if (how && !strcmp(how, "full")) return;
+    if (refit_digest_changes_create(p->dkey, p->m, &p->dchg)) {
+        refit_log(REFIT_LOG_WARN, "rank %u: digest tables are filled in full: %s", p->m->rank, refit_last_error());
+        return;
+    }
+    refit_delta_encoder_watch(p->denc, note_change, p->dchg);
+}
+
+/* Buffer b's table for `version` from the table of `base` plus the changes the encoder noted while it went from
+ * base to version; false (sums dropped) when it did not, no buffer holds base's table, or the apply failed: the
+ * caller fills the table. */
+static bool table_from_changes(refit_publisher_t *p, uint32_t b, uint64_t base, uint64_t version)
+{
+    if (!p->dchg) return false;
+    int from = -1;
+    for (uint32_t k = 0; k < NBUF_SNAPSHOT && base; k++)
+        if (p->table_version[k] == base) from = (int)k;
+    if (from < 0 || refit_delta_encoder_version(p->denc) != version) {
+        refit_digest_changes_reset(p->dchg);
+        return false;
+    }
+    if ((uint32_t)from != b) memcpy(p->dtable[b], p->dtable[from], p->dbytes);
+    refit_status_t st = refit_digest_changes_apply(p->dchg, p->dtable[b]);
+    if (st)
+        refit_log(REFIT_LOG_WARN, "rank %u: the digest table of version %" PRIu64 " is filled in full: %s", p->m->rank,
+                  version, refit_last_error());
+    return !st;
 }
 
 /* The digest table of buffer b from the memory src holds: the CPU's pass, or the GPU's kernels (their
@@ -621,15 +670,23 @@ static refit_status_t publish_version(refit_publisher_t *p, uint64_t version)
         p->next_buffer = (b + 1) % NBUF_SNAPSHOT;
         rec.buffer = b;
     } else refit_publisher_rewriting(p, 0); /* already so when the caller waited for its readers */
+    uint64_t base = p->denc ? refit_delta_encoder_version(p->denc) : 0;
+    watch_changes(p);
     if (p->denc) rec.delta_base = offer_delta(p, rec.buffer, version);
     if (p->dkey) {
         double t0 = refit_now();
         void *const *src = p->params.mode == REFIT_MODE_SNAPSHOT ? p->stage[rec.buffer] : p->mem;
-        if ((st = fill_table(p, rec.buffer, src))) {
-            refit_error_prefix("rank %u, digests of version %" PRIu64, p->m->rank, version);
-            return st;
+        bool updated = table_from_changes(p, rec.buffer, base, version);
+        if (!updated) {
+            p->table_version[rec.buffer] = 0; /* until the fill is done */
+            if ((st = fill_table(p, rec.buffer, src))) {
+                refit_error_prefix("rank %u, digests of version %" PRIu64, p->m->rank, version);
+                return st;
+            }
         }
+        p->table_version[rec.buffer] = version;
         p->digest_ms = (refit_now() - t0) * 1e3;
+        p->last_delta.table_from_delta = updated;
     }
     if (p->stamp[rec.buffer]) refit_stamp_set_version(p->stamp[rec.buffer], version);
     p->stamped[rec.buffer] = version;
@@ -715,6 +772,7 @@ void refit_publisher_destroy(refit_publisher_t *p)
 #ifdef REFIT_HAVE_CUDA
     for (uint32_t b = 0; b < NBUF_SNAPSHOT; b++) refit_gpu_digest_destroy(p->gdig[b]);
 #endif
+    refit_digest_changes_destroy(p->dchg);
     refit_digest_key_destroy(p->dkey);
     for (uint32_t b = 0; p->m && b < NBUF_SNAPSHOT; b++)
         for (uint32_t r = 0; r < p->nregions && r < 64; r++) {

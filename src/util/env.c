@@ -37,6 +37,7 @@ static void diag_read(void)
     g_diag.cuda_trace = copy_of("REFIT_CUDA_TRACE");
     g_diag.cuda_small = copy_of("REFIT_CUDA_SMALL");
     g_diag.digest_pass = copy_of("REFIT_DIGEST_PASS");
+    g_diag.digest_table = copy_of("REFIT_DIGEST_TABLE");
     g_diag.cuda_alloc_round = copy_of("REFIT_CUDA_ALLOC_ROUND");
     g_diag.digest_trace = copy_of("REFIT_DIGEST_TRACE");
     g_diag.digest_gpu = copy_of("REFIT_DIGEST_GPU");

@@ -52,6 +52,7 @@ typedef struct refit_diag {
     const char *cuda_trace;       /* REFIT_CUDA_TRACE: FILE for per-copy GPU times (transport/cuda/gpu.cu) */
     const char *cuda_small;       /* REFIT_CUDA_SMALL: after|before (transport/cuda/cuda_ipc_pull.cu) */
     const char *digest_pass;      /* REFIT_DIGEST_PASS: separate (engine/receiver.c: no hashing while copying) */
+    const char *digest_table;     /* REFIT_DIGEST_TABLE: full (engine/publisher.c: no table from a delta's changes) */
     const char *cuda_alloc_round; /* REFIT_CUDA_ALLOC_ROUND: bytes (transport/cuda/gpu_device.cu) */
     const char *digest_trace;     /* REFIT_DIGEST_TRACE: FILE for the phases of each digest check (receiver_verify.c) */
     const char *digest_gpu;       /* REFIT_DIGEST_GPU: host|separate (receiver_verify.c: the older GPU checks) */

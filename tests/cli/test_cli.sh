@@ -62,7 +62,7 @@ if [ $rc -eq 0 ]; then ok "demo exit"; else bad "demo exit $rc: $(tail -5 "$tmp/
 json_check "demo json" "o['verified'] is True and o['cycles']==3 and o['bytes_per_cycle']>0 and o['transport']=='shm' and o['memcpy_gbps']>0 and o['steady_transfer_gbps']>0 and 'steady_control_ms' in o and len(o['per_cycle'])==3 and o['per_cycle'][0]['planned'] and not o['per_cycle'][2]['planned']" "$tmp/demo.json"
 grep -q "cycle 3/3 verified" "$tmp/demo.err" && ok "demo progress" || bad "demo progress lines missing"
 "$refit" demo --model tiny-moe --src megatron:ep=2 --dst vllm:tp=2 --cycles 3 --delta 0.02 --json >"$tmp/delta.json" 2>/dev/null
-json_check "demo delta" "o['verified'] is True and [c['delta_pulls'] for c in o['per_cycle']]==[0,2,2] and o['per_cycle'][2]['bytes']*10 < o['per_cycle'][0]['bytes']" "$tmp/delta.json"
+json_check "demo delta" "o['verified'] is True and [c['delta_pulls'] for c in o['per_cycle']]==[0,2,2] and o['per_cycle'][2]['bytes']*10 < o['per_cycle'][0]['bytes'] and [c['publisher_tables_from_delta'] for c in o['per_cycle']]==[0,2,2]" "$tmp/delta.json"
 expect "demo delta range" 2 "--delta takes" -- "$refit" demo --model tiny-moe --delta 1.5
 "$refit" demo --model tiny-dense --src megatron:tp=2 --dst vllm:tp=1 --cycles 2 --mode snapshot --json >"$tmp/snap.json" 2>/dev/null
 json_check "demo snapshot" "o['verified'] is True" "$tmp/snap.json"

@@ -54,9 +54,9 @@ static int pub_main(void *arg, int cmd, int resp)
                 st = refit_error(REFIT_ERR_INTERNAL, "last delta is of version %llu", (unsigned long long)d.version);
             if (!st && c->delta > 0) { /* what it offered, for the test to check */
                 char out[128];
-                int len = snprintf(out, sizeof(out), "REFIT_OK base=%llu bytes=%llu of=%llu\n",
+                int len = snprintf(out, sizeof(out), "REFIT_OK base=%llu bytes=%llu of=%llu table=%s\n",
                                    (unsigned long long)d.base_version, (unsigned long long)d.bytes,
-                                   (unsigned long long)d.region_bytes);
+                                   (unsigned long long)d.region_bytes, d.table_from_delta ? "delta" : "pass");
                 if (write(resp, out, (size_t)len) != len) return 4;
                 continue;
             }

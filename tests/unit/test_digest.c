@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/delta_hashed.h"
 #include "data/digest.h"
 #include "data/digest_internal.h"
 #include "rows4_fixture.h"
@@ -1225,6 +1226,78 @@ static void table_update(void **state)
     refit_manifest_destroy(m);
 }
 
+/* The encoder's watcher: a failed note shows at the apply. */
+static void note_change(void *ctx, unsigned w, uint32_t region, uint64_t off, uint64_t len, const void *now,
+                        const void *before)
+{
+    (void)refit_digest_changes_note(ctx, w, region, off, len, now, before);
+}
+
+/* A delta publisher's table (publisher.c): the delta encoder, on 3 threads, tells a refit_digest_changes_t the
+ * bytes that changed as it encodes them; the table before plus those changes equals the fill of the new memory,
+ * version after version, with every kernel: single units spread over the region (sparse chunks), a long range
+ * of every byte (dense chunks, the kernels' path), a version with nothing changed, bytes in the padding.  A note
+ * outside its region fails, and so does the apply, leaving the table unchanged; a reset drops what was noted. */
+static void table_from_encoder(void **state)
+{
+    (void)state;
+    refit_manifest_t *m = update_manifest();
+    uint64_t size = refit_manifest_region_size(m, 0), tb = refit_digest_table_bytes(m);
+    uint8_t *mem = xmalloc(size), *alt = xmalloc(size), *keep = xmalloc(tb);
+    for (refit_digest_impl_t im = REFIT_DIGEST_IMPL_SCALAR; im <= REFIT_DIGEST_IMPL_AVX512; im++) {
+        if (!have_impl(im)) continue;
+        for (uint64_t i = 0; i < size; i++) mem[i] = (uint8_t)rnd();
+        refit_digest_key_t *k = key_impl(22, im);
+        refit_digest_changes_t *C;
+        REFIT_ASSERT_OK(refit_digest_changes_create(k, m, &C));
+        refit_delta_params_t dp = {REFIT_DELTA_SPARSE, 0, 3};
+        refit_delta_encoder_t *e;
+        REFIT_ASSERT_OK(refit_delta_encoder_create(&size, 1, &dp, &e));
+        refit_delta_encoder_watch(e, note_change, C);
+        const void *bases[1] = {mem};
+        void *d[1];
+        size_t len[1];
+        REFIT_ASSERT_OK(refit_delta_encoder_publish(e, bases, 1, d, len)); /* the first: a copy, no delta */
+        uint8_t *t = table_of(k, m, mem, 1);
+        for (uint64_t v = 2; v <= 5; v++) {
+            if (v == 2 || v == 5) /* single units, some in the padding */
+                for (int i = 0; i < 400; i++) mem[(rnd() % (size / 2)) * 2 + rnd() % 2] ^= (uint8_t)(1 + rnd() % 255);
+            if (v == 3) /* every byte of a long range: dense chunks, across the side-by-side rows and key block */
+                for (uint64_t i = 1001; i < size - 999; i++) mem[i] = (uint8_t)(mem[i] + 1 + rnd() % 255);
+            REFIT_ASSERT_OK(refit_delta_encoder_publish(e, bases, v, d, len));
+            free(d[0]);
+            REFIT_ASSERT_OK(refit_digest_changes_apply(C, t));
+            uint8_t *want = table_of(k, m, mem, 1);
+            assert_memory_equal(t, want, tb);
+            free(want);
+        }
+        memcpy(keep, t, tb);
+        assert_false(refit_digest_changes_note(C, 1, 0, size - 2, 8, mem, mem));
+        REFIT_ASSERT_ERR(refit_digest_changes_apply(C, t), REFIT_ERR_NO_MEMORY, "outside its region");
+        assert_memory_equal(t, keep, tb);
+        memcpy(alt, mem, size);
+        alt[24064 + 10] ^= 0x5a; /* a unit of the vector */
+        assert_true(refit_digest_changes_note(C, 2, 0, 24064 + 10, 1, alt, mem));
+        refit_digest_changes_reset(C);
+        REFIT_ASSERT_OK(refit_digest_changes_apply(C, t));
+        assert_memory_equal(t, keep, tb);
+        assert_true(refit_digest_changes_note(C, 2, 0, 24064 + 10, 1, alt, mem)); /* and applied, it counts */
+        REFIT_ASSERT_OK(refit_digest_changes_apply(C, t));
+        assert_memory_not_equal(t, keep, tb);
+        uint8_t *want = table_of(k, m, alt, 1);
+        assert_memory_equal(t, want, tb);
+        free(want);
+        free(t);
+        refit_delta_encoder_destroy(e);
+        refit_digest_changes_destroy(C);
+        refit_digest_key_destroy(k);
+    }
+    free(keep);
+    free(alt);
+    free(mem);
+    refit_manifest_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1242,6 +1315,7 @@ int main(void)
         cmocka_unit_test(fetch_shape),
         cmocka_unit_test(errors),
         cmocka_unit_test(table_update),
+        cmocka_unit_test(table_from_encoder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

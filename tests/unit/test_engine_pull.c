@@ -364,6 +364,10 @@ static void expect_truth_delta(const char *model, const char *layout, uint32_t r
     refit_manifest_destroy(m);
 }
 
+/* How each rank's digest table of the last publish_delta was made: "delta" (the base's plus the changes the
+ * encoder noted) or "pass" (refit_publish_delta_t.table_from_delta). */
+static char g_table[2][8];
+
 /* Publishes v on both ranks; returns the delta base rank 0 offered. */
 static unsigned long long publish_delta(pub_t p[2], uint64_t v)
 {
@@ -372,11 +376,18 @@ static unsigned long long publish_delta(pub_t p[2], uint64_t v)
         const char *r = pub_cmd(&p[k], "publish %llu", (unsigned long long)v);
         if (strncmp(r, "REFIT_OK", 8)) fail_msg("publisher said: %s", r);
         unsigned long long b2;
-        assert_int_equal(sscanf(r, "REFIT_OK base=%llu bytes=%llu of=%llu", &b2, &bytes, &of), 3);
+        assert_int_equal(sscanf(r, "REFIT_OK base=%llu bytes=%llu of=%llu table=%7s", &b2, &bytes, &of, g_table[k]), 4);
         if (k == 0) base = b2;
         else assert_int_equal(b2, base);
     }
     return base;
+}
+
+/* Both ranks' tables of the last publish_delta were made `how`. */
+static void expect_table(const char *how)
+{
+    for (uint32_t k = 0; k < 2; k++)
+        if (strcmp(g_table[k], how)) fail_msg("rank %u's digest table: %s, want %s", k, g_table[k], how);
 }
 
 #define DM "tiny-moe", "vllm:tp=2"
@@ -392,8 +403,10 @@ static void delta_refit(void **state)
     void *b0, *b1;
     refit_receiver_t *r0 = delta_receiver(DM, 0, &g, f, "d0", &b0), *r1 = delta_receiver(DM, 1, &g, f, "d1", &b1);
     refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
-    /* Version 1: nothing to take a delta from. */
+    /* Version 1: nothing to take a delta from; its digest table is a pass over the shard, every later one the
+     * one before plus the encoder's changes, checked by every pull below (the receivers' digests). */
     assert_int_equal(publish_delta(p, 1), 0);
+    expect_table("pass");
     REFIT_ASSERT_OK(refit_receiver_pull(r0, 1, 10000, &rep));
     assert_int_equal(rep.delta_base, 0);
     uint64_t full_bytes = rep.bytes;
@@ -401,6 +414,7 @@ static void delta_refit(void **state)
     for (uint64_t v = 2; v <= 4; v++) {
         for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait %llu 5000", (unsigned long long)(v - 1));
         assert_int_equal(publish_delta(p, v), v - 1);
+        expect_table("delta");
         /* r0 takes every version as a delta: a few percent of the bytes. */
         REFIT_ASSERT_OK(refit_receiver_pull(r0, v, 10000, &rep));
         assert_int_equal(rep.delta_base, v - 1);
@@ -439,8 +453,10 @@ static void delta_refit(void **state)
     for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
     for (uint32_t k = 0; k < 2; k++) p[k] = pub_start(&c, k);
     assert_int_equal(publish_delta(p, 5), 0);
+    expect_table("pass"); /* a new publisher: its first table is a pass */
     for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "wait 5 5000");
     assert_int_equal(publish_delta(p, 6), 5);
+    expect_table("delta");
     REFIT_ASSERT_OK(refit_receiver_pull(r0, 6, 10000, &rep));
     assert_int_equal(rep.delta_base, 0);
     expect_truth_delta(DM, 0, b0, 6, f);
@@ -473,6 +489,7 @@ static void delta_fallbacks(void **state)
     refit_receiver_t *r = delta_receiver(DM, 0, &g, 0.3, "big", &b);
     for (uint64_t v = 1; v <= 2; v++) {
         assert_int_equal(publish_delta(p, v), 0);
+        expect_table(v == 1 ? "pass" : "delta"); /* not offered, but encoded: the table follows the changes */
         REFIT_ASSERT_OK(refit_receiver_pull(r, v, 10000, &rep));
         assert_int_equal(rep.delta_base, 0);
         expect_truth_delta(DM, 0, b, v, 0.3);
@@ -511,6 +528,7 @@ static void delta_fallbacks(void **state)
     r = delta_receiver("tiny-dense", "vllm:tp=1", 0, &g, 0.02, "snap", &b);
     for (uint64_t v = 1; v <= 4; v++) {
         assert_int_equal(publish_delta(p, v), v - 1);
+        expect_table(v == 1 ? "pass" : "delta"); /* from the other buffer's table */
         for (uint32_t k = 0; k < 2; k++) PUB_OK(&p[k], "scribble 99");
         REFIT_ASSERT_OK(refit_receiver_pull(r, v, 10000, &rep));
         assert_int_equal(rep.delta_base, v - 1);
