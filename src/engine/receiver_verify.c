@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine/receiver_internal.h"
+#include "engine/test_hooks.h"
 
 /* Forgets the digest fetch's read regions (fetch_regions makes them again). */
 static void drop_fetch_regions(cached_plan_t *cp)
@@ -450,6 +451,20 @@ static refit_status_t moved_on(pull_t *p, uint32_t k, uint64_t now, const char *
     return refit_error(REFIT_ERR_REPLAY, "%s", detail);
 }
 
+/* After the transfer, source k's connection failed (a holder the fleet dropped after it had served chunks,
+ * its other chunks read from its replicas): connect to it again, so that its stamp can still be read. */
+static refit_status_t reconnect(pull_t *p, uint32_t k)
+{
+    refit_receiver_t *r = p->r;
+    refit_log(REFIT_LOG_INFO, "%s: stamp of source rank %u after the transfer: %s; connecting again", r->reader, k,
+              refit_last_error());
+    refit_rx_drop_peers(r, &r->src[k]);
+    p->tix[k] = -1;
+    refit_status_t st = refit_rx_connect_recorded(r, &p->s, k, &p->tix[k]);
+    if (st) refit_error_prefix("source rank %u served bytes of this pull, then its connection failed", k);
+    return st;
+}
+
 refit_status_t refit_rx_check_stamps(pull_t *p, bool after)
 {
     refit_receiver_t *r = p->r;
@@ -491,15 +506,32 @@ refit_status_t refit_rx_check_stamps(pull_t *p, bool after)
     }
     refit_pull_report_t scratch = {0};
     void *bufs[1] = {buf};
-    if (n && (st = refit_rx_raw_pull(p, regs, n, bufs, &scratch)) && !after) {
-        /* Before: a source that died since it was last connected (a
-         * replica the transfer can do without) is left to the transfer's
-         * failover, as it was before stamps; the others are read one by one. */
+    int broken = after ? refit_test_stamp_broken() : -1; /* a test: this source's connection failed */
+    if (n && broken < 0) st = refit_rx_raw_pull(p, regs, n, bufs, &scratch);
+    if (n && (st || broken >= 0)) {
+        /* One by one.  Before: a source that died since it was last
+         * connected (a replica the transfer can do without) is left to the
+         * transfer's failover, as it was before stamps.  After: a source whose
+         * connection failed during the transfer (a DP replica the fleet
+         * dropped after it had served chunks; seen once over UCX/TCP on a
+         * loaded host) is connected again and read: a publisher clears its
+         * stamp before it rewrites, so the stamp read now still covers what
+         * it served; one that cannot be read fails the pull. */
         uint32_t kept = 0;
-        for (uint32_t i = 0; i < n; i++) {
+        st = REFIT_OK;
+        for (uint32_t i = 0; i < n && !st; i++) {
             refit_plan_region_t one = regs[i];
             one.dst_offset = (uint64_t)kept * REFIT_STAMP_BYTES;
-            if (refit_rx_raw_pull(p, &one, 1, bufs, &scratch)) {
+            refit_status_t e = (int64_t)one.src == broken
+                                   ? refit_error(REFIT_ERR_PEER, "its connection failed (a test hook)")
+                                   : refit_rx_raw_pull(p, &one, 1, bufs, &scratch);
+            if (e == REFIT_ERR_PEER && after && !(e = reconnect(p, one.src)))
+                e = refit_rx_raw_pull(p, &one, 1, bufs, &scratch);
+            if (e && after) {
+                st = e;
+                break;
+            }
+            if (e) {
                 refit_log(REFIT_LOG_INFO, "%s: stamp of source rank %u %s: %s", r->reader, one.src, when,
                           refit_last_error());
                 continue;
@@ -507,7 +539,6 @@ refit_status_t refit_rx_check_stamps(pull_t *p, bool after)
             regs[kept++] = one;
         }
         n = kept;
-        st = REFIT_OK;
     }
     if (st) {
         refit_error_prefix("reading the version stamps %s", when);

@@ -52,6 +52,12 @@ unsigned refit_test_pause_ms(void)
 
 bool refit_test_corrupt_delta(void) { return getenv("REFIT_TEST_CORRUPT_DELTA") != NULL; }
 
+int refit_test_stamp_broken(void)
+{
+    const char *k = getenv("REFIT_TEST_STAMP_BROKEN");
+    return k && k[0] ? atoi(k) : -1;
+}
+
 const char *refit_test_unsafe_rma(void) { return getenv("REFIT_UNSAFE_RMA"); }
 
 #else /* the shipped library: every hook off */
@@ -73,6 +79,8 @@ double refit_test_read_delay(const char *kind, uint32_t index)
 unsigned refit_test_pause_ms(void) { return 0; }
 
 bool refit_test_corrupt_delta(void) { return false; }
+
+int refit_test_stamp_broken(void) { return -1; }
 
 const char *refit_test_unsafe_rma(void) { return NULL; }
 

@@ -6,6 +6,7 @@
  * (and creates the file REFIT_TEST_PAUSE_FILE names as the pause begins),
  * REFIT_TEST_READ_DELAY_MS holds a holder's chunk reads back,
  * REFIT_TEST_CORRUPT_DELTA makes a delta publisher offer broken deltas,
+ * REFIT_TEST_STAMP_BROKEN fails a source's stamp read after a transfer,
  * REFIT_UNSAFE_RMA=1 lets the UCX transport take rma=emulated (docs/env.md,
  * "Test flavour only").
  *
@@ -39,6 +40,10 @@ double refit_test_read_delay(const char *kind, uint32_t index);
 unsigned refit_test_pause_ms(void);
 /* REFIT_TEST_CORRUPT_DELTA: whether a delta publisher corrupts what it offers. */
 bool refit_test_corrupt_delta(void);
+/* REFIT_TEST_STAMP_BROKEN=K: the source rank whose stamp read after a
+ * transfer fails as a failed connection's would (the receiver connects to it
+ * again); -1 when unset. */
+int refit_test_stamp_broken(void);
 /* REFIT_UNSAFE_RMA: its value (the UCX transport accepts rma=emulated only
  * for "1"); NULL when unset and always in the shipped flavour. */
 const char *refit_test_unsafe_rma(void);

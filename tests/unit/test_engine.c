@@ -429,6 +429,37 @@ static void scribble_during_read_refused(void **state)
     t_rm_tree(g.dir);
 }
 
+/* A source whose connection failed during the transfer, after it had served bytes (a DP replica the fleet
+ * dropped; seen once over UCX/TCP on a loaded host, where the pull then failed reading its stamp): the receiver
+ * connects to it again and reads its stamp, which still covers what it served.  REFIT_TEST_STAMP_BROKEN makes
+ * the first stamp read after the transfer fail as such a connection's does (shm connections do not fail that
+ * way).  Two versions, bytes checked against the truth; without the reconnect the pull fails (checked). */
+static void stamp_read_reconnects(void **state)
+{
+    (void)state;
+    reg_t g;
+    reg_file(&g);
+    pubcfg_t c = {"tiny-moe", "megatron:tp=2", g.url, g.job, "shm", NULL, REFIT_MODE_IN_PLACE, 0, false, 0};
+    pub_t p[2] = {pub_start(&c, 0), pub_start(&c, 1)};
+    void *b;
+    refit_receiver_t *r = receiver("tiny-moe", "vllm:tp=1", 0, &g, "shm", 0, &b);
+    refit_pull_report_t rep = REFIT_PULL_REPORT_INIT;
+    setenv("REFIT_TEST_STAMP_BROKEN", "1", 1);
+    for (uint64_t v = 1; v <= 2; v++) {
+        for (uint32_t k = 0; k < 2; k++) {
+            if (v > 1) PUB_OK(&p[k], "wait %llu 5000", (unsigned long long)(v - 1));
+            PUB_OK(&p[k], "publish %llu", (unsigned long long)v);
+        }
+        REFIT_ASSERT_OK(refit_receiver_pull(r, v, 10000, &rep));
+        assert_int_equal(rep.version, v);
+        expect_truth("tiny-moe", "vllm:tp=1", 0, b, v);
+    }
+    unsetenv("REFIT_TEST_STAMP_BROKEN");
+    refit_receiver_destroy(r);
+    for (uint32_t k = 0; k < 2; k++) pub_stop(&p[k]);
+    t_rm_tree(g.dir);
+}
+
 /* A registry on a full filesystem: the receiver's error says so (the
  * issue saw "0 of 1 receivers committed" from the driver instead). */
 static void registry_disk_full_said(void **state)
@@ -694,7 +725,7 @@ int main(void)
         cmocka_unit_test(lease_lost_mid_read_not_committed),      cmocka_unit_test(lease_replayed_mid_read_refused),
         cmocka_unit_test(registry_lost_mid_read_fenced),          cmocka_unit_test(late_heartbeat_is_not_data_loss),
         cmocka_unit_test(scribble_during_read_refused),           cmocka_unit_test(registry_disk_full_said),
-        cmocka_unit_test(relay_rewritten_under_reader_fenced),
+        cmocka_unit_test(relay_rewritten_under_reader_fenced),    cmocka_unit_test(stamp_read_reconnects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
