@@ -148,16 +148,7 @@ static void *encode_range(void *arg)
                 }
         }
         w->o.len += cost;
-        if (w->fn && kind == K_DENSE) {
-            w->fn(w->ctx, w->worker, w->region, off, cb, w->b, w->a);
-        } else if (w->fn) { /* runs of changed units */
-            for (uint32_t k = 0; k < n;) {
-                uint32_t z = k + 1;
-                while (z < n && idx[z] == idx[z - 1] + 1) z++;
-                w->fn(w->ctx, w->worker, w->region, off + (uint64_t)idx[k] * 2, (uint64_t)(z - k) * 2, w->b, w->a);
-                k = z;
-            }
-        }
+        if (w->fn) w->fn(w->ctx, w->worker, w->region, off, cb, kind == K_DENSE ? NULL : idx, n, w->b, w->a);
         if (w->upd) {
             unsigned char *z = w->upd + off;
             if (kind == K_SPARSE || kind == K_BLOCKS)

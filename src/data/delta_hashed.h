@@ -16,12 +16,12 @@ refit_status_t refit_delta_apply_hashed(const refit_delta_index_t *ix, const voi
                                         refit_dsum_t *acc);
 
 /* The encoder's changed bytes, told as it finds them: before each chunk's kept copy is updated, fn gets the
- * chunk's changed bytes of region `region` ([off, off + len), region-relative; runs of changed units, or the
- * whole chunk when it is encoded dense) with that region's new memory (`now`) and the kept copy (`before`),
- * from encoder thread `worker` (< the encoder's threads, at most 64; a worker's calls are in address order).
- * fn NULL: none (the default). */
+ * chunk of region `region` that starts at region byte `off`, with that region's new memory (`now`) and the kept
+ * copy (`before`), from encoder thread `worker` (< the encoder's threads, at most 64; a worker's calls are in
+ * address order): units NULL when the chunk is encoded dense (its len bytes may all differ), else the n 2-byte
+ * units at off + 2 * units[i] (ascending) that differ.  fn NULL: none (the default). */
 typedef void (*refit_delta_changed_fn)(void *ctx, unsigned worker, uint32_t region, uint64_t off, uint64_t len,
-                                       const void *now, const void *before);
+                                       const uint16_t *units, uint32_t n, const void *now, const void *before);
 void refit_delta_encoder_watch(refit_delta_encoder_t *e, refit_delta_changed_fn fn, void *ctx);
 
 #endif

@@ -199,8 +199,9 @@ typedef struct {
  * plus one pass over the table entries of the placements they meet.  The same table as a fill of the new
  * memory, bit for bit.  Neither memory may change during the call.  Errors: REFIT_ERR_INVALID_ARG (NULL
  * argument, manifest not finalized, table not 8-byte aligned, a range outside its region or in a region with
- * no memory), REFIT_ERR_NO_MEMORY, REFIT_ERR_INTERNAL (a placement's row and column totals disagree: the
- * memory changed during the call); on failure the table is unchanged. */
+ * no memory), REFIT_ERR_NO_MEMORY (the table unchanged), REFIT_ERR_INTERNAL (a placement's row and column totals
+ * disagree: the memory changed during the call; the placements before it were updated, so the table must be
+ * filled again). */
 refit_status_t refit_digest_table_update(const refit_digest_key_t *k, const refit_manifest_t *m,
                                          const void *const *bases, const void *const *old_bases,
                                          const refit_digest_range_t *ranges, size_t nranges, void *table);
@@ -212,13 +213,17 @@ refit_status_t refit_digest_table_update(const refit_digest_key_t *k, const refi
  * time; notes of one worker in address order need no search.  Returns false, and the sums become unusable until
  * the next apply or reset, on a range outside its region or out of memory.  apply: adds every worker's sums to
  * `table` (the table of the memories `before`, as refit_digest_table_update), then clears them; errors as
- * refit_digest_table_update's, the table unchanged on failure.  reset: drops the sums. */
+ * refit_digest_table_update's (a failed note: REFIT_ERR_NO_MEMORY, the table unchanged).  reset: drops the sums. */
 #define REFIT_DIGEST_CHANGES_WORKERS 64
 typedef struct refit_digest_changes refit_digest_changes_t;
 refit_status_t refit_digest_changes_create(const refit_digest_key_t *k, const refit_manifest_t *m,
                                            refit_digest_changes_t **out);
 bool refit_digest_changes_note(refit_digest_changes_t *c, unsigned w, uint32_t region, uint64_t off, uint64_t len,
                                const void *now, const void *before);
+/* note for changed units: the n 2-byte units at region bytes off + 2 * units[i] (off even; units ascending) may
+ * differ, the encoder's list of a sparse chunk (one call per chunk, not per unit). */
+bool refit_digest_changes_note_units(refit_digest_changes_t *c, unsigned w, uint32_t region, uint64_t off,
+                                     const uint16_t *units, uint32_t n, const void *now, const void *before);
 refit_status_t refit_digest_changes_apply(refit_digest_changes_t *c, void *table);
 void refit_digest_changes_reset(refit_digest_changes_t *c);
 void refit_digest_changes_destroy(refit_digest_changes_t *c);

@@ -281,6 +281,121 @@ bool refit_digest_changes_note(refit_digest_changes_t *C, unsigned w, uint32_t r
     return !U->failed;
 }
 
+/* The segment of `region` that holds byte o, from the cursor *cur on (a few steps forward, else a search);
+ * NULL when no segment does (padding, a placement no digest covers). */
+static const seg_t *seg_at(const refit_digest_changes_t *C, uint32_t region, uint64_t o, size_t *cur)
+{
+    const seg_t *sg = C->segs.data;
+    size_t ns = C->segs.len, c = *cur;
+    for (size_t step = 0; step < 4 && c < ns; step++, c++) {
+        if (sg[c].region != region || sg[c].start > o) break;
+        if (o < sg[c].end) {
+            *cur = c;
+            return &sg[c];
+        }
+    }
+    size_t a = 0, z = ns;
+    while (a < z) {
+        size_t mid = a + (z - a) / 2;
+        if (sg[mid].region < region || (sg[mid].region == region && sg[mid].end <= o)) a = mid + 1;
+        else z = mid;
+    }
+    if (a < ns && sg[a].region == region && sg[a].start <= o) {
+        *cur = a;
+        return &sg[a];
+    }
+    return NULL;
+}
+
+bool refit_digest_changes_note_units(refit_digest_changes_t *C, unsigned w, uint32_t region, uint64_t off,
+                                     const uint16_t *units, uint32_t n, const void *now, const void *before)
+{
+    if (!C || w >= REFIT_DIGEST_CHANGES_WORKERS) return false;
+    upd_t *U = worker(C, w);
+    if (!U) return false;
+    if (!n || U->failed) return !U->failed;
+    if (!units || !now || !before || region >= C->m->regions.len || (off & 1) || off > C->m->regions.data[region] ||
+        2 * ((uint64_t)units[n - 1] + 1) > C->m->regions.data[region] - off) {
+        U->failed = true;
+        return false;
+    }
+    U->nw = now;
+    U->od = before;
+    const uint8_t *nw = now, *od = before;
+    const int16_t *kc0 = C->k->kc[0], *kc1 = C->k->kc[1];
+    const seg_t *s = NULL;
+    uint64_t rs = 1, re = 0, row = 0; /* the row being summed: bytes [rs, re) of the region (re = rs: none) */
+    pdelta_t *pd = NULL;              /* its placement's sums; its row terms kept in a0, a1 until it ends */
+    uint32_t a0 = 0, a1 = 0, *dq0 = NULL, *dq1 = NULL;
+    uint64_t c0 = 0;
+    size_t cur = U->cur;
+#define FLUSH_ROW()                    \
+    do {                               \
+        if (pd) {                      \
+            pd->dP[2 * row] += a0;     \
+            pd->dP[2 * row + 1] += a1; \
+        }                              \
+        pd = NULL;                     \
+        a0 = a1 = 0;                   \
+    } while (0)
+    for (uint32_t i = 0; i < n && !U->failed; i++) {
+        uint64_t o = off + 2 * (uint64_t)units[i];
+        if (o < rs || o >= re) {
+            FLUSH_ROW();
+            uint64_t at;
+            if (s && rs <= o && o < s->end && o - rs < 8 * s->stride) { /* a few rows on: step (no division) */
+                at = rs;
+                while (o >= at + s->stride) {
+                    at += s->stride;
+                    row++;
+                }
+            } else {
+                if (!s || o < s->start || o >= s->end) {
+                    if (!(s = seg_at(C, region, o, &cur))) {
+                        rs = 1, re = 0;
+                        continue;
+                    }
+                    if ((s->start | s->stride) & 1) { /* units that straddle the encoder's: byte by byte */
+                        seg_piece(C, U, s, o, o + 2);
+                        s = NULL;
+                        rs = 1, re = 0;
+                        continue;
+                    }
+                }
+                row = s->row0 + (o - s->start) / s->stride;
+                at = s->start + (row - s->row0) * s->stride;
+            }
+            rs = at; /* the row's first byte, even where o is past its end (a gap of a strided box) */
+            re = at;
+            if (o >= at + 2 * C->boxes[s->pl].n) continue; /* between two rows of a strided box: not its */
+            if (!touch(C, U, s->pl)) break;
+            row_key(C, U, s->pl, row);
+            re = at + 2 * C->boxes[s->pl].n;
+            pd = &U->pd[s->pl];
+            dq0 = pd->dQ;
+            dq1 = pd->dQ + C->boxes[s->pl].n;
+            c0 = C->boxes[s->pl].c;
+        }
+        uint16_t a, c;
+        memcpy(&a, nw + o, 2);
+        memcpy(&c, od + o, 2);
+        if (a == c) continue;
+        uint32_t d = (uint32_t)((int32_t)(int16_t)a - (int32_t)(int16_t)c);
+        uint64_t t = (o - rs) / 2, j = c0 + t;
+        if (j >> KBITS != U->cur_blk) block_mult(C->k, U->cur_blk = j >> KBITS, U->bm);
+        size_t jj = (size_t)(j & (KCOLS - 1));
+        uint32_t r0 = U->r[0] * d, r1 = U->r[1] * d;
+        a0 += r0 * (U->bm[0] * (uint32_t)(int32_t)kc0[jj]);
+        a1 += r1 * (U->bm[1] * (uint32_t)(int32_t)kc1[jj]);
+        dq0[t] += r0;
+        dq1[t] += r1;
+    }
+    FLUSH_ROW();
+#undef FLUSH_ROW
+    U->cur = cur;
+    return !U->failed;
+}
+
 /* Every worker's sums dropped (the arrays stay, zeroed). */
 static void clear(refit_digest_changes_t *C)
 {
@@ -290,6 +405,7 @@ static void clear(refit_digest_changes_t *C)
         for (size_t x = 0; x < U->touched.len; x++) {
             uint32_t pl = U->touched.data[x];
             pdelta_t *d = &U->pd[pl];
+            if (!d->touched) continue; /* applied: zeroed then */
             memset(d->dP, 0, 2 * REFIT_MAX(C->boxes[pl].nrows, 1) * sizeof(uint32_t));
             memset(d->dQ, 0, 2 * REFIT_MAX(C->boxes[pl].n, 1) * sizeof(uint32_t));
             d->touched = false;
@@ -323,6 +439,7 @@ static pdelta_t *gather(refit_digest_changes_t *C, uint32_t pl)
         for (size_t i = 0; i < nq; i++) into->dQ[i] += d->dQ[i];
         memset(d->dP, 0, nr * sizeof(uint32_t));
         memset(d->dQ, 0, nq * sizeof(uint32_t));
+        d->touched = false;
     }
     return into;
 }
@@ -345,10 +462,12 @@ refit_status_t refit_digest_changes_apply(refit_digest_changes_t *C, void *table
                              m->layout, m->rank);
             goto done;
         }
-    /* The changes' prefix sums into P and Q; the row and column totals of a placement agree (both are
-     * D(new) - D(old) of its box), else the memory changed while the changes were noted. */
+    /* Per placement: the column sums times their keys (in place), the row and column totals, which agree (both
+     * are D(new) - D(old) of its box) unless the memory changed while the changes were noted; then their prefix
+     * sums into P and Q, zeroing the sums as they are read (one pass over them while they are in cache). */
+    uint32_t *T = table;
     for (uint32_t i = 0; i < np; i++) {
-        const pdelta_t *d = gather(C, i);
+        pdelta_t *d = gather(C, i);
         if (!d) continue;
         const cbox_t *b = &C->boxes[i];
         uint32_t s0 = 0, s1 = 0, q0 = 0, q1 = 0, bm[2] = {1, 1};
@@ -361,8 +480,8 @@ refit_status_t refit_digest_changes_apply(refit_digest_changes_t *C, void *table
             uint64_t j = b->c + t;
             if (j >> KBITS != blk) block_mult(k, blk = j >> KBITS, bm);
             size_t jj = (size_t)(j & (KCOLS - 1));
-            q0 += bm[0] * (uint32_t)(int32_t)k->kc[0][jj] * d->dQ[t];
-            q1 += bm[1] * (uint32_t)(int32_t)k->kc[1][jj] * d->dQ[b->n + t];
+            q0 += d->dQ[t] *= bm[0] * (uint32_t)(int32_t)k->kc[0][jj];
+            q1 += d->dQ[b->n + t] *= bm[1] * (uint32_t)(int32_t)k->kc[1][jj];
         }
         if (q0 != s0 || q1 != s1) {
             st = refit_error(REFIT_ERR_INTERNAL,
@@ -371,31 +490,24 @@ refit_status_t refit_digest_changes_apply(refit_digest_changes_t *C, void *table
                              m->layout, m->rank, i, m->canon.data[m->placements.data[i].canon].name);
             goto done;
         }
-    }
-    uint32_t *T = table;
-    for (uint32_t i = 0; i < np; i++) {
-        const pdelta_t *d = gather(C, i); /* gathered above: the first worker's arrays hold the sums */
-        if (!d) continue;
-        const cbox_t *b = &C->boxes[i];
         uint32_t *P = T + C->offs[i] / 4, *Q = P + 2 * (b->nrows + 1);
-        uint32_t s0 = 0, s1 = 0, bm[2] = {1, 1};
+        s0 = s1 = 0;
         for (uint64_t r = 0; r < b->nrows; r++) {
             s0 += d->dP[2 * r];
             s1 += d->dP[2 * r + 1];
+            d->dP[2 * r] = d->dP[2 * r + 1] = 0;
             P[2 * (r + 1)] += s0;
             P[2 * (r + 1) + 1] += s1;
         }
         s0 = s1 = 0;
-        uint64_t blk = UINT64_MAX;
         for (uint64_t t = 0; t < b->n; t++) {
-            uint64_t j = b->c + t;
-            if (j >> KBITS != blk) block_mult(k, blk = j >> KBITS, bm);
-            size_t jj = (size_t)(j & (KCOLS - 1));
-            s0 += bm[0] * (uint32_t)(int32_t)k->kc[0][jj] * d->dQ[t];
-            s1 += bm[1] * (uint32_t)(int32_t)k->kc[1][jj] * d->dQ[b->n + t];
+            s0 += d->dQ[t];
+            s1 += d->dQ[b->n + t];
+            d->dQ[t] = d->dQ[b->n + t] = 0;
             Q[2 * (t + 1)] += s0;
             Q[2 * (t + 1) + 1] += s1;
         }
+        d->touched = false;
     }
 done:
     clear(C);

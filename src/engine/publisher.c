@@ -240,10 +240,12 @@ static refit_status_t alloc_with(refit_publisher_t *p, uint64_t size, void **bas
     return REFIT_OK;
 }
 
-static void note_change(void *ctx, unsigned worker, uint32_t region, uint64_t off, uint64_t len, const void *now,
-                        const void *before)
+static void note_change(void *ctx, unsigned worker, uint32_t region, uint64_t off, uint64_t len, const uint16_t *units,
+                        uint32_t n, const void *now, const void *before)
 {
-    (void)refit_digest_changes_note(ctx, worker, region, off, len, now, before); /* a failure shows at apply */
+    /* a failure shows at the apply */
+    if (units) (void)refit_digest_changes_note_units(ctx, worker, region, off, units, n, now, before);
+    else (void)refit_digest_changes_note(ctx, worker, region, off, len, now, before);
 }
 
 /* A delta publisher of host memory watches its encoder's changes from its first publish on, so that each

@@ -1227,10 +1227,11 @@ static void table_update(void **state)
 }
 
 /* The encoder's watcher: a failed note shows at the apply. */
-static void note_change(void *ctx, unsigned w, uint32_t region, uint64_t off, uint64_t len, const void *now,
-                        const void *before)
+static void note_change(void *ctx, unsigned w, uint32_t region, uint64_t off, uint64_t len, const uint16_t *units,
+                        uint32_t n, const void *now, const void *before)
 {
-    (void)refit_digest_changes_note(ctx, w, region, off, len, now, before);
+    if (units) (void)refit_digest_changes_note_units(ctx, w, region, off, units, n, now, before);
+    else (void)refit_digest_changes_note(ctx, w, region, off, len, now, before);
 }
 
 /* A delta publisher's table (publisher.c): the delta encoder, on 3 threads, tells a refit_digest_changes_t the
