@@ -66,6 +66,10 @@ struct refit_digest_changes {
     upd_t *w[REFIT_DIGEST_CHANGES_WORKERS];
 };
 
+/* The lengths of a placement's dP and dQ (two lanes each). */
+static inline size_t dp_len(const cbox_t *b) { return 2 * REFIT_MAX(b->nrows, 1); }
+static inline size_t dq_len(const cbox_t *b) { return 2 * REFIT_MAX(b->n, 1); }
+
 static int seg_cmp(const void *a, const void *b)
 {
     const seg_t *x = a, *y = b;
@@ -78,8 +82,8 @@ static bool touch(const refit_digest_changes_t *C, upd_t *U, uint32_t pl)
     pdelta_t *d = &U->pd[pl];
     if (d->touched) return true;
     if (!d->dP) {
-        d->dP = calloc(2 * REFIT_MAX(C->boxes[pl].nrows, 1), sizeof(uint32_t));
-        d->dQ = calloc(2 * REFIT_MAX(C->boxes[pl].n, 1), sizeof(uint32_t));
+        d->dP = calloc(dp_len(&C->boxes[pl]), sizeof(uint32_t));
+        d->dQ = calloc(dq_len(&C->boxes[pl]), sizeof(uint32_t));
     }
     if (!d->dP || !d->dQ || REFIT_VEC_PUSH(&U->touched, pl)) {
         U->failed = true;
@@ -232,6 +236,20 @@ oom:
     return refit_error(REFIT_ERR_NO_MEMORY, "digest changes of %s rank %u", m->layout, m->rank);
 }
 
+/* The index of the first segment of `region` that ends after byte o (segments are sorted by region, then
+ * start, and do not overlap); the number of segments when none does. */
+static size_t first_ending_after(const refit_digest_changes_t *C, uint32_t region, uint64_t o)
+{
+    const seg_t *sg = C->segs.data;
+    size_t a = 0, z = C->segs.len;
+    while (a < z) {
+        size_t mid = a + (z - a) / 2;
+        if (sg[mid].region < region || (sg[mid].region == region && sg[mid].end <= o)) a = mid + 1;
+        else z = mid;
+    }
+    return a;
+}
+
 static upd_t *worker(refit_digest_changes_t *C, unsigned w)
 {
     if (C->w[w]) return C->w[w];
@@ -262,16 +280,8 @@ bool refit_digest_changes_note(refit_digest_changes_t *C, unsigned w, uint32_t r
     uint64_t lo = off, hi = off + len;
     const seg_t *sg = C->segs.data;
     size_t ns = C->segs.len, cur = U->cur;
-    if (!(cur < ns && sg[cur].region == region && sg[cur].start <= lo && lo < sg[cur].end)) {
-        /* the first segment of the region that ends after lo */
-        size_t a = 0, z = ns;
-        while (a < z) {
-            size_t mid = a + (z - a) / 2;
-            if (sg[mid].region < region || (sg[mid].region == region && sg[mid].end <= lo)) a = mid + 1;
-            else z = mid;
-        }
-        cur = a;
-    }
+    if (!(cur < ns && sg[cur].region == region && sg[cur].start <= lo && lo < sg[cur].end))
+        cur = first_ending_after(C, region, lo);
     for (size_t y = cur; y < ns && sg[y].region == region && sg[y].start < hi && !U->failed; y++) {
         if (sg[y].end <= lo) continue;
         seg_piece(C, U, &sg[y], REFIT_MAX(lo, sg[y].start), REFIT_MIN(hi, sg[y].end));
@@ -294,12 +304,7 @@ static const seg_t *seg_at(const refit_digest_changes_t *C, uint32_t region, uin
             return &sg[c];
         }
     }
-    size_t a = 0, z = ns;
-    while (a < z) {
-        size_t mid = a + (z - a) / 2;
-        if (sg[mid].region < region || (sg[mid].region == region && sg[mid].end <= o)) a = mid + 1;
-        else z = mid;
-    }
+    size_t a = first_ending_after(C, region, o);
     if (a < ns && sg[a].region == region && sg[a].start <= o) {
         *cur = a;
         return &sg[a];
@@ -406,8 +411,8 @@ static void clear(refit_digest_changes_t *C)
             uint32_t pl = U->touched.data[x];
             pdelta_t *d = &U->pd[pl];
             if (!d->touched) continue; /* applied: zeroed then */
-            memset(d->dP, 0, 2 * REFIT_MAX(C->boxes[pl].nrows, 1) * sizeof(uint32_t));
-            memset(d->dQ, 0, 2 * REFIT_MAX(C->boxes[pl].n, 1) * sizeof(uint32_t));
+            memset(d->dP, 0, dp_len(&C->boxes[pl]) * sizeof(uint32_t));
+            memset(d->dQ, 0, dq_len(&C->boxes[pl]) * sizeof(uint32_t));
             d->touched = false;
         }
         U->touched.len = 0;
@@ -426,7 +431,7 @@ void refit_digest_changes_reset(refit_digest_changes_t *C)
 static pdelta_t *gather(refit_digest_changes_t *C, uint32_t pl)
 {
     pdelta_t *into = NULL;
-    size_t nr = 2 * REFIT_MAX(C->boxes[pl].nrows, 1), nq = 2 * REFIT_MAX(C->boxes[pl].n, 1);
+    size_t nr = dp_len(&C->boxes[pl]), nq = dq_len(&C->boxes[pl]);
     for (uint32_t w = 0; w < REFIT_DIGEST_CHANGES_WORKERS; w++) {
         upd_t *U = C->w[w];
         if (!U || !U->pd[pl].touched) continue;
