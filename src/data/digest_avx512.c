@@ -462,3 +462,100 @@ AVX512 void digest_pub_rows_avx512(const refit_digest_key_t *k, uint64_t tid, ui
     }
 }
 #endif
+
+#if DIGEST_HAVE_AVX512
+/* ---------------------------------------------------------------- a delta publisher's changed units
+ *
+ * digest_unit_note for 16 units at a time: the row by a double multiply and a correction, the row's keys by
+ * refit_mix64 in 64-bit lanes (DQ's mullo), both versions' units and the column keys by 32-bit gathers, the
+ * four products in 32-bit lanes; then the 16 units' sums are added one by one (two units of a vector may share
+ * a row or a column). */
+
+#define AVX512DQ_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), always_inline)) static inline
+
+bool digest_cpu_has_avx512dq(void)
+{
+    unsigned a, b, c, d;
+    return digest_cpu_has_avx512() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_AVX512DQ);
+}
+
+AVX512DQ_INLINE __m512i mix64_512(__m512i x)
+{
+    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+    x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)0x7fb5d329728ea185ULL));
+    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 27));
+    x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)0x81dadef4bc2dd44dULL));
+    return _mm512_xor_si512(x, _mm512_srli_epi64(x, 33));
+}
+
+/* Rows of 8 units (32-bit lanes) as 64-bit lanes' keys refit_mix64(h0 + rr * golden). */
+AVX512DQ_INLINE __m512i row_keys8(__m256i rr, __m512i h0)
+{
+    __m512i x = _mm512_mullo_epi64(_mm512_cvtepu32_epi64(rr), _mm512_set1_epi64((long long)DIGEST_ROW_GOLDEN));
+    return mix64_512(_mm512_add_epi64(x, h0));
+}
+
+/* 16 lanes from two 256-bit halves. */
+AVX512DQ_INLINE __m512i join256(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void digest_units_avx512(const digest_units_t *j,
+                                                                                       const uint16_t *units,
+                                                                                       uint32_t n)
+{
+    const __m512i one = _mm512_set1_epi32(1), bnv = _mm512_set1_epi32((int32_t)j->bn);
+    const __m512i u0 = _mm512_set1_epi32((int32_t)j->u0), h0 = _mm512_set1_epi64((long long)j->h0);
+    const __m512i bm0 = _mm512_set1_epi32((int32_t)j->bm[0]), bm1 = _mm512_set1_epi32((int32_t)j->bm[1]);
+    const __m512d inv = _mm512_set1_pd(j->inv);
+    /* The 32-bit words that end with each unit (the unit in their high half), and that begin with each
+     * column key (lane 0's last word reads lane 1's first key, lane 1's the key's seeds). */
+    const uint8_t *nw = j->nwo - 2, *od = j->odo - 2;
+    const uint8_t *k0 = (const uint8_t *)j->K0, *k1 = (const uint8_t *)j->K1;
+    uint32_t *dP = j->dP, *dq0 = j->dq0, *dq1 = j->dq1;
+    uint32_t R[16] __attribute__((aligned(64))), T[16] __attribute__((aligned(64)));
+    uint32_t P0[16] __attribute__((aligned(64))), P1[16] __attribute__((aligned(64)));
+    uint32_t Q0[16] __attribute__((aligned(64))), Q1[16] __attribute__((aligned(64)));
+    for (uint32_t x = 0; x < n; x += 16) {
+        uint32_t cnt = n - x < 16 ? n - x : 16;
+        __mmask16 m = (__mmask16)(cnt == 16 ? 0xffffu : (1u << cnt) - 1);
+        __m512i uo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, units + x)); /* units[x] */
+        __m512i u = _mm512_add_epi32(uo, u0);
+        __m256i ra = _mm512_cvttpd_epi32(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(u)), inv));
+        __m256i rb = _mm512_cvttpd_epi32(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(u, 1)), inv));
+        __m512i rr = join256(ra, rb);
+        __m512i t = _mm512_sub_epi32(u, _mm512_mullo_epi32(rr, bnv));
+        __mmask16 over = _mm512_cmpge_epu32_mask(t, bnv);
+        rr = _mm512_mask_add_epi32(rr, over, rr, one);
+        t = _mm512_mask_sub_epi32(t, over, t, bnv);
+        __m512i ha = row_keys8(_mm512_castsi512_si256(rr), h0), hb = row_keys8(_mm512_extracti64x4_epi64(rr, 1), h0);
+        __m512i r0 = _mm512_or_si512(join256(_mm512_cvtepi64_epi32(ha), _mm512_cvtepi64_epi32(hb)), one);
+        __m512i r1 = _mm512_or_si512(
+            join256(_mm512_cvtepi64_epi32(_mm512_srli_epi64(ha, 32)), _mm512_cvtepi64_epi32(_mm512_srli_epi64(hb, 32))),
+            one);
+        __m512i bo = _mm512_slli_epi32(uo, 1);
+        __m512i a = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bo, nw, 1);
+        __m512i c = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bo, od, 1);
+        __m512i d = _mm512_sub_epi32(_mm512_srai_epi32(a, 16), _mm512_srai_epi32(c, 16));
+        __m512i to = _mm512_slli_epi32(t, 1);
+        __m512i ka = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, to, k0, 1);
+        __m512i kb = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, to, k1, 1);
+        ka = _mm512_srai_epi32(_mm512_slli_epi32(ka, 16), 16);
+        kb = _mm512_srai_epi32(_mm512_slli_epi32(kb, 16), 16);
+        __m512i q0 = _mm512_mullo_epi32(r0, d), q1 = _mm512_mullo_epi32(r1, d);
+        _mm512_store_si512(R, rr);
+        _mm512_store_si512(T, t);
+        _mm512_store_si512(Q0, q0);
+        _mm512_store_si512(Q1, q1);
+        _mm512_store_si512(P0, _mm512_mullo_epi32(q0, _mm512_mullo_epi32(bm0, ka)));
+        _mm512_store_si512(P1, _mm512_mullo_epi32(q1, _mm512_mullo_epi32(bm1, kb)));
+        for (uint32_t y = 0; y < cnt; y++) {
+            dP[2 * (size_t)R[y]] += P0[y];
+            dP[2 * (size_t)R[y] + 1] += P1[y];
+            dq0[T[y]] += Q0[y];
+            dq1[T[y]] += Q1[y];
+        }
+    }
+}
+#endif

@@ -4,6 +4,8 @@
 #ifndef REFIT_DATA_DIGEST_INTERNAL_H
 #define REFIT_DATA_DIGEST_INTERNAL_H
 
+#include <string.h>
+
 #include "data/digest.h"
 #include "layout/manifest.h"
 #include "util/util.h"
@@ -82,6 +84,46 @@ extern uint64_t digest_pub_rows4_min_units;
 /* How a fused kernel stores: not at all (hash only), plain stores, or streaming past the caches. */
 enum { STORE_NONE = 0, STORE_PLAIN = 1, STORE_STREAM = 2 };
 
+/* One segment's changed units for the notes of a delta publisher's encoder (digest_update.c): unit x of a
+ * note is unit u = u0 + units[x] of a segment whose rows of bn units are contiguous and whose columns stay in
+ * one key block; its row rr = u / bn (from the segment's first), its column t = u - rr * bn, its row's keys
+ * the two halves of refit_mix64(h0 + rr * golden) (odd), its change d = now - before.  It adds r_l * d *
+ * bm_l * K_l[t] to dP[2 * rr + l] and r_l * d to dq_l[t].  inv is 1.0 / bn: a unit's row is
+ * (u * inv) truncated, which is u / bn or, at an exact multiple, one less (then corrected); never more, for
+ * u < 2^50.  A unit that did not change adds 0. */
+typedef struct {
+    const uint8_t *nwo, *odo; /* now and before at the note's offset: unit x's bytes at 2 * units[x] */
+    int64_t u0;
+    uint64_t bn, h0;
+    double inv;
+    uint32_t bm[2];
+    const int16_t *K0, *K1; /* the block's column keys from the box's first column */
+    uint32_t *dP, *dq0, *dq1;
+} digest_units_t;
+
+#define DIGEST_ROW_GOLDEN 0x9e3779b97f4a7c15ULL
+
+/* The scalar note of unit units[x]: the reference the AVX-512 kernel matches, bit for bit. */
+static inline void digest_unit_note(const digest_units_t *j, uint16_t unit)
+{
+    int64_t u = j->u0 + unit, bn = (int64_t)j->bn;
+    int64_t rr = (int64_t)((double)u * j->inv), t = u - rr * bn;
+    if (t >= bn) {
+        rr++;
+        t -= bn;
+    }
+    uint64_t h = refit_mix64(j->h0 + (uint64_t)rr * DIGEST_ROW_GOLDEN);
+    int16_t a, c;
+    memcpy(&a, j->nwo + 2 * (size_t)unit, 2);
+    memcpy(&c, j->odo + 2 * (size_t)unit, 2);
+    uint32_t d = (uint32_t)((int32_t)a - (int32_t)c);
+    uint32_t rd0 = ((uint32_t)h | 1) * d, rd1 = ((uint32_t)(h >> 32) | 1) * d;
+    j->dP[2 * rr] += rd0 * (j->bm[0] * (uint32_t)(int32_t)j->K0[t]);
+    j->dP[2 * rr + 1] += rd1 * (j->bm[1] * (uint32_t)(int32_t)j->K1[t]);
+    j->dq0[t] += rd0;
+    j->dq1[t] += rd1;
+}
+
 /* The AVX-512 (F + BW + VL) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
  * Call them only when digest_cpu_has_avx512() (CPUID and the OS's ZMM state, XGETBV). */
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -101,6 +143,11 @@ void digest_pub_rows2_avx512(const refit_digest_key_t *k, const uint8_t *pa, con
 size_t digest_pub_scratch_avx512(uint64_t n);
 void digest_pub_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t row, uint64_t nrows, uint64_t j,
                             const uint8_t *p, uint64_t stride, uint64_t n, uint32_t *P, uint32_t *g, void *scratch);
+/* digest_unit_note for units[0, n), 16 at a time; needs AVX-512 DQ as well (digest_cpu_has_avx512dq), units
+ * whose segment index u0 + units[x] is below 2^31, and 2 readable bytes before unit units[0] in both memories
+ * (it gathers 32-bit words that end with each unit). */
+bool digest_cpu_has_avx512dq(void);
+void digest_units_avx512(const digest_units_t *j, const uint16_t *units, uint32_t n);
 #else
 #define DIGEST_HAVE_AVX512 0
 #endif

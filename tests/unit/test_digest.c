@@ -1226,6 +1226,63 @@ static void table_update(void **state)
     refit_manifest_destroy(m);
 }
 
+/* The notes of changed units (refit_digest_changes_note_units), called as the encoder calls them (chunks of
+ * 4096 units, offsets from the chunk), with every kernel: a row from (double) u * (1 / n) is one less than u / n
+ * at some exact multiples (n = 49: u = 49, 98, ...), which the notes correct; rows of 1, 3, 49 and 1000 units;
+ * every 5th unit, the region's first and last; the table equals a fill of the new memory. */
+static void notes_of_units(void **state)
+{
+    (void)state;
+    refit_manifest_identity_t id = {"m", "hand-notes", 0, 1};
+    refit_manifest_t *m = NULL;
+    REFIT_ASSERT_OK(refit_manifest_create(&id, &m));
+    const uint64_t shape[4][2] = {{97, 49}, {50, 3}, {7, 1}, {33, 1000}};
+    uint64_t off = 0;
+    uint32_t region;
+    REFIT_ASSERT_OK(refit_manifest_add_region(m, 2 * (97 * 49 + 50 * 3 + 7 + 33 * 1000), &region));
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "t%d", i);
+        refit_tensor_info_t t = {name, REFIT_DTYPE_BF16, 2, {shape[i][0], shape[i][1]}};
+        uint32_t l, c;
+        REFIT_ASSERT_OK(refit_manifest_add_local(m, &t, region, off, &l));
+        REFIT_ASSERT_OK(refit_manifest_add_canonical(m, &t, &c));
+        refit_placement_t p = {.canon = c, .local = l, .ndim = 2, .extent = {shape[i][0], shape[i][1]}};
+        REFIT_ASSERT_OK(refit_manifest_add_placement(m, &p));
+        off += 2 * shape[i][0] * shape[i][1];
+    }
+    REFIT_ASSERT_OK(refit_manifest_finalize(m));
+    uint64_t units = off / 2, tb = refit_digest_table_bytes(m);
+    uint16_t *before = xmalloc(off), *now = xmalloc(off), *list = xmalloc(4096 * sizeof(uint16_t));
+    for (refit_digest_impl_t im = REFIT_DIGEST_IMPL_SCALAR; im <= REFIT_DIGEST_IMPL_AVX512; im++) {
+        if (!have_impl(im)) continue;
+        for (uint64_t u = 0; u < units; u++) before[u] = now[u] = (uint16_t)rnd();
+        refit_digest_key_t *k = key_impl(23, im);
+        refit_digest_changes_t *C;
+        REFIT_ASSERT_OK(refit_digest_changes_create(k, m, &C));
+        uint8_t *t = table_of(k, m, before, 1);
+        for (uint64_t u = 0; u < units; u++)
+            if (u % 5 == 0 || u == units - 1) now[u] = (uint16_t)(now[u] + 1 + rnd() % 65535);
+        for (uint64_t c0 = 0; c0 < units; c0 += 4096) {
+            uint32_t n = 0;
+            for (uint64_t u = c0; u < units && u < c0 + 4096; u++)
+                if (now[u] != before[u]) list[n++] = (uint16_t)(u - c0);
+            assert_true(refit_digest_changes_note_units(C, 0, 0, 2 * c0, list, n, now, before));
+        }
+        REFIT_ASSERT_OK(refit_digest_changes_apply(C, t));
+        uint8_t *want = table_of(k, m, now, 1);
+        assert_memory_equal(t, want, tb);
+        free(want);
+        free(t);
+        refit_digest_changes_destroy(C);
+        refit_digest_key_destroy(k);
+    }
+    free(list);
+    free(now);
+    free(before);
+    refit_manifest_destroy(m);
+}
+
 /* The encoder's watcher: a failed note shows at the apply. */
 static void note_change(void *ctx, unsigned w, uint32_t region, uint64_t off, uint64_t len, const uint16_t *units,
                         uint32_t n, const void *now, const void *before)
@@ -1237,7 +1294,8 @@ static void note_change(void *ctx, unsigned w, uint32_t region, uint64_t off, ui
 /* A delta publisher's table (publisher.c): the delta encoder, on 3 threads, tells a refit_digest_changes_t the
  * bytes that changed as it encodes them; the table before plus those changes equals the fill of the new memory,
  * version after version, with every kernel: single units spread over the region (sparse chunks), a long range
- * of every byte (dense chunks, the kernels' path), a version with nothing changed, bytes in the padding.  A note
+ * of every byte (dense chunks, the kernels' path), a version with nothing changed, bytes in the padding, every
+ * 7th unit with the region's first and last (full vectors of the AVX-512 notes, units sharing rows).  A note
  * outside its region fails, and so does the apply, leaving the table unchanged; a reset drops what was noted. */
 static void table_from_encoder(void **state)
 {
@@ -1260,11 +1318,15 @@ static void table_from_encoder(void **state)
         size_t len[1];
         REFIT_ASSERT_OK(refit_delta_encoder_publish(e, bases, 1, d, len)); /* the first: a copy, no delta */
         uint8_t *t = table_of(k, m, mem, 1);
-        for (uint64_t v = 2; v <= 5; v++) {
+        for (uint64_t v = 2; v <= 6; v++) {
             if (v == 2 || v == 5) /* single units, some in the padding */
                 for (int i = 0; i < 400; i++) mem[(rnd() % (size / 2)) * 2 + rnd() % 2] ^= (uint8_t)(1 + rnd() % 255);
             if (v == 3) /* every byte of a long range: dense chunks, across the side-by-side rows and key block */
                 for (uint64_t i = 1001; i < size - 999; i++) mem[i] = (uint8_t)(mem[i] + 1 + rnd() % 255);
+            if (v == 6) /* every 7th unit, the region's first and last: still sparse chunks, full vectors of units
+                           that share rows, columns a row apart, and the units at the region's two ends */
+                for (uint64_t u = 0; u < size / 2; u++)
+                    if (u % 7 == 0 || u == size / 2 - 1) mem[2 * u + rnd() % 2] ^= (uint8_t)(1 + rnd() % 255);
             REFIT_ASSERT_OK(refit_delta_encoder_publish(e, bases, v, d, len));
             free(d[0]);
             REFIT_ASSERT_OK(refit_digest_changes_apply(C, t));
@@ -1316,6 +1378,7 @@ int main(void)
         cmocka_unit_test(fetch_shape),
         cmocka_unit_test(errors),
         cmocka_unit_test(table_update),
+        cmocka_unit_test(notes_of_units),
         cmocka_unit_test(table_from_encoder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
