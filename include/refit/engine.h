@@ -207,7 +207,8 @@ typedef struct {
     double encode_ms;               /* wall time spent encoding inside publish */
     uint32_t table_from_delta;      /* 1: this version's digest table is the base's plus the changes encoded
                                        (no pass over the shard: docs/digest.md); 0: filled in a pass (the first
-                                       version, digests off, GPU memory, REFIT_DIGEST_TABLE=full) */
+                                       version, one after a version that changed over 3% of its units, digests
+                                       off, GPU memory, REFIT_DIGEST_TABLE=full) */
 } refit_publish_delta_t;
 #ifdef __cplusplus
 #define REFIT_PUBLISH_DELTA_INIT      \

@@ -84,6 +84,7 @@ struct refit_publisher {
      * first publish, watching the encoder from then on. */
     refit_digest_changes_t *dchg;
     bool dchg_tried;
+    bool dchg_watching;              /* this version's changes are noted (watch_changes) */
     double digest_ms;                /* the last version's table: filled, or updated from the changes */
     void *stamp[NBUF_SNAPSHOT];      /* version stamps (host memory only; NULL otherwise) */
     uint64_t stamped[NBUF_SNAPSHOT]; /* the version each stamp names (0: none) */
@@ -248,20 +249,33 @@ static void note_change(void *ctx, unsigned worker, uint32_t region, uint64_t of
     else (void)refit_digest_changes_note(ctx, worker, region, off, len, now, before);
 }
 
+/* Above this share of changed units (per mille, of the last version) a delta publisher fills its next table:
+ * the notes cost ~5-6 ns a changed unit on one thread and a fill ~0.19 ns a unit of the shard, so at 1% the
+ * table from the changes cost 0.5 x a fill and at 4% 1.15 x (the rank of refit-bench --scenario delta, one
+ * thread, 2026-12-07; docs/digest.md). */
+#define DIGEST_CHANGES_MAX_PERMILLE 30
+
 /* A delta publisher of host memory watches its encoder's changes from its first publish on, so that each
  * table after the first is the one before plus what changed (docs/digest.md); off with REFIT_DIGEST_TABLE=full,
- * or when the sums cannot be made (then every table is filled, as without delta). */
+ * or when the sums cannot be made (then every table is filled, as without delta).  A version that follows one
+ * which changed more than DIGEST_CHANGES_MAX_PERMILLE of its units is not watched: its table is filled. */
 static void watch_changes(refit_publisher_t *p)
 {
-    if (p->dchg_tried || !p->denc || !p->dkey || p->params.device >= 0) return;
-    p->dchg_tried = true;
-    const char *how = refit_diag()->digest_table;
-    if (how && !strcmp(how, "full")) return;
-    if (refit_digest_changes_create(p->dkey, p->m, &p->dchg)) {
-        refit_log(REFIT_LOG_WARN, "rank %u: digest tables are filled in full: %s", p->m->rank, refit_last_error());
-        return;
+    if (!p->dchg_tried && p->denc && p->dkey && p->params.device < 0) {
+        p->dchg_tried = true;
+        const char *how = refit_diag()->digest_table;
+        if (how && !strcmp(how, "full")) return;
+        if (refit_digest_changes_create(p->dkey, p->m, &p->dchg)) {
+            refit_log(REFIT_LOG_WARN, "rank %u: digest tables are filled in full: %s", p->m->rank, refit_last_error());
+            return;
+        }
     }
-    refit_delta_encoder_watch(p->denc, note_change, p->dchg);
+    if (!p->dchg) return;
+    const refit_publish_delta_t *d = &p->last_delta;
+    bool many = d->version && d->region_bytes &&
+                d->changed_units * 2 * 1000 > d->region_bytes * (uint64_t)DIGEST_CHANGES_MAX_PERMILLE;
+    p->dchg_watching = !many;
+    refit_delta_encoder_watch(p->denc, many ? NULL : note_change, many ? NULL : p->dchg);
 }
 
 /* Buffer b's table for `version` from the table of `base` plus the changes the encoder noted while it went from
@@ -269,7 +283,7 @@ static void watch_changes(refit_publisher_t *p)
  * caller fills the table. */
 static bool table_from_changes(refit_publisher_t *p, uint32_t b, uint64_t base, uint64_t version)
 {
-    if (!p->dchg) return false;
+    if (!p->dchg || !p->dchg_watching) return false;
     int from = -1;
     for (uint32_t k = 0; k < NBUF_SNAPSHOT && base; k++)
         if (p->table_version[k] == base) from = (int)k;
