@@ -393,6 +393,11 @@ typedef struct {
  * src must not be NULL. */
 void refit_digest_map_update(const refit_digest_map_t *m, refit_digest_cursor_t *c, uint32_t region, uint64_t off,
                              void *dst, const void *src, uint64_t len, refit_dsum_t *acc);
+/* refit_digest_map_update of n 2-byte units: unit x's new value vals[x] (host order) at byte offs[x] of region
+ * `region`, whose memory starts at dst.  The units of one segment are summed together, 16 at a time with the
+ * AVX-512 kernel (a sparse delta's apply, docs/digest.md). */
+void refit_digest_map_update_units(const refit_digest_map_t *m, refit_digest_cursor_t *c, uint32_t region, uint8_t *dst,
+                                   const uint64_t *offs, const uint16_t *vals, uint32_t n, refit_dsum_t *acc);
 /* Adds the sums c holds into their acc (atomically); c stays usable. */
 void refit_digest_cursor_flush(refit_digest_cursor_t *c);
 

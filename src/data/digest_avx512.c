@@ -471,6 +471,7 @@ AVX512 void digest_pub_rows_avx512(const refit_digest_key_t *k, uint64_t tid, ui
  * four products in 32-bit lanes; then the 16 units' sums are added one by one (two units of a vector may share
  * a row or a column). */
 
+#define AVX512DQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define AVX512DQ_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), always_inline)) static inline
 
 bool digest_cpu_has_avx512dq(void)
@@ -501,55 +502,66 @@ AVX512DQ_INLINE __m512i join256(__m256i lo, __m256i hi)
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void digest_units_avx512(const digest_units_t *j,
-                                                                                       const uint16_t *units,
-                                                                                       uint32_t n)
+/* Of 16 units u (lanes in m) of j's segment: their rows rr, columns t, row keys r0, r1 and column keys k0, k1
+ * times the block's multipliers. */
+AVX512DQ_INLINE void units16(const digest_units_t *j, __m512i u, __mmask16 m, __m512i *rr, __m512i *t, __m512i *r0,
+                             __m512i *r1, __m512i *k0, __m512i *k1)
 {
     const __m512i one = _mm512_set1_epi32(1), bnv = _mm512_set1_epi32((int32_t)j->bn);
-    const __m512i u0 = _mm512_set1_epi32((int32_t)j->u0), h0 = _mm512_set1_epi64((long long)j->h0);
-    const __m512i bm0 = _mm512_set1_epi32((int32_t)j->bm[0]), bm1 = _mm512_set1_epi32((int32_t)j->bm[1]);
+    const __m512i h0 = _mm512_set1_epi64((long long)j->h0);
     const __m512d inv = _mm512_set1_pd(j->inv);
-    /* The 32-bit words that end with each unit (the unit in their high half), and that begin with each
-     * column key (lane 0's last word reads lane 1's first key, lane 1's the key's seeds). */
+    __m256i ra = _mm512_cvttpd_epi32(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(u)), inv));
+    __m256i rb = _mm512_cvttpd_epi32(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(u, 1)), inv));
+    __m512i r = join256(ra, rb);
+    __m512i c = _mm512_sub_epi32(u, _mm512_mullo_epi32(r, bnv));
+    __mmask16 over = _mm512_cmpge_epu32_mask(c, bnv);
+    r = _mm512_mask_add_epi32(r, over, r, one);
+    c = _mm512_mask_sub_epi32(c, over, c, bnv);
+    __m512i ha = row_keys8(_mm512_castsi512_si256(r), h0), hb = row_keys8(_mm512_extracti64x4_epi64(r, 1), h0);
+    __m512i lo = join256(_mm512_cvtepi64_epi32(ha), _mm512_cvtepi64_epi32(hb));
+    __m512i hi = join256(_mm512_cvtepi64_epi32(_mm512_srli_epi64(ha, 32)),
+                         _mm512_cvtepi64_epi32(_mm512_srli_epi64(hb, 32)));
+    *r0 = _mm512_or_si512(lo, one);
+    *r1 = _mm512_or_si512(hi, one);
+    /* The 32-bit words that begin with each column key (lane 0's last word reads lane 1's first key, lane 1's
+     * the key's seeds), their low halves sign-extended. */
+    __m512i to = _mm512_slli_epi32(c, 1);
+    __m512i ka = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, to, (const void *)j->K0, 1);
+    __m512i kb = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, to, (const void *)j->K1, 1);
+    *k0 = _mm512_mullo_epi32(_mm512_set1_epi32((int32_t)j->bm[0]), _mm512_srai_epi32(_mm512_slli_epi32(ka, 16), 16));
+    *k1 = _mm512_mullo_epi32(_mm512_set1_epi32((int32_t)j->bm[1]), _mm512_srai_epi32(_mm512_slli_epi32(kb, 16), 16));
+    *rr = r;
+    *t = c;
+}
+
+AVX512DQ_INLINE __mmask16 mask16(uint32_t cnt) { return (__mmask16)(cnt >= 16 ? 0xffffu : (1u << cnt) - 1); }
+
+AVX512DQ void digest_units_avx512(const digest_units_t *j, const uint16_t *units, uint32_t n)
+{
+    const __m512i u0 = _mm512_set1_epi32((int32_t)j->u0);
+    /* The 32-bit words that end with each unit: the unit in their high half. */
     const uint8_t *nw = j->nwo - 2, *od = j->odo - 2;
-    const uint8_t *k0 = (const uint8_t *)j->K0, *k1 = (const uint8_t *)j->K1;
     uint32_t *dP = j->dP, *dq0 = j->dq0, *dq1 = j->dq1;
     uint32_t R[16] __attribute__((aligned(64))), T[16] __attribute__((aligned(64)));
     uint32_t P0[16] __attribute__((aligned(64))), P1[16] __attribute__((aligned(64)));
     uint32_t Q0[16] __attribute__((aligned(64))), Q1[16] __attribute__((aligned(64)));
     for (uint32_t x = 0; x < n; x += 16) {
         uint32_t cnt = n - x < 16 ? n - x : 16;
-        __mmask16 m = (__mmask16)(cnt == 16 ? 0xffffu : (1u << cnt) - 1);
+        __mmask16 m = mask16(cnt);
         __m512i uo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, units + x)); /* units[x] */
-        __m512i u = _mm512_add_epi32(uo, u0);
-        __m256i ra = _mm512_cvttpd_epi32(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(u)), inv));
-        __m256i rb = _mm512_cvttpd_epi32(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(u, 1)), inv));
-        __m512i rr = join256(ra, rb);
-        __m512i t = _mm512_sub_epi32(u, _mm512_mullo_epi32(rr, bnv));
-        __mmask16 over = _mm512_cmpge_epu32_mask(t, bnv);
-        rr = _mm512_mask_add_epi32(rr, over, rr, one);
-        t = _mm512_mask_sub_epi32(t, over, t, bnv);
-        __m512i ha = row_keys8(_mm512_castsi512_si256(rr), h0), hb = row_keys8(_mm512_extracti64x4_epi64(rr, 1), h0);
-        __m512i r0 = _mm512_or_si512(join256(_mm512_cvtepi64_epi32(ha), _mm512_cvtepi64_epi32(hb)), one);
-        __m512i r1 = _mm512_or_si512(
-            join256(_mm512_cvtepi64_epi32(_mm512_srli_epi64(ha, 32)), _mm512_cvtepi64_epi32(_mm512_srli_epi64(hb, 32))),
-            one);
+        __m512i rr, t, r0, r1, k0, k1;
+        units16(j, _mm512_add_epi32(uo, u0), m, &rr, &t, &r0, &r1, &k0, &k1);
         __m512i bo = _mm512_slli_epi32(uo, 1);
         __m512i a = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bo, nw, 1);
         __m512i c = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bo, od, 1);
         __m512i d = _mm512_sub_epi32(_mm512_srai_epi32(a, 16), _mm512_srai_epi32(c, 16));
-        __m512i to = _mm512_slli_epi32(t, 1);
-        __m512i ka = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, to, k0, 1);
-        __m512i kb = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, to, k1, 1);
-        ka = _mm512_srai_epi32(_mm512_slli_epi32(ka, 16), 16);
-        kb = _mm512_srai_epi32(_mm512_slli_epi32(kb, 16), 16);
         __m512i q0 = _mm512_mullo_epi32(r0, d), q1 = _mm512_mullo_epi32(r1, d);
         _mm512_store_si512(R, rr);
         _mm512_store_si512(T, t);
         _mm512_store_si512(Q0, q0);
         _mm512_store_si512(Q1, q1);
-        _mm512_store_si512(P0, _mm512_mullo_epi32(q0, _mm512_mullo_epi32(bm0, ka)));
-        _mm512_store_si512(P1, _mm512_mullo_epi32(q1, _mm512_mullo_epi32(bm1, kb)));
+        _mm512_store_si512(P0, _mm512_mullo_epi32(q0, k0));
+        _mm512_store_si512(P1, _mm512_mullo_epi32(q1, k1));
         for (uint32_t y = 0; y < cnt; y++) {
             dP[2 * (size_t)R[y]] += P0[y];
             dP[2 * (size_t)R[y] + 1] += P1[y];
@@ -557,5 +569,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void digest_units_
             dq1[T[y]] += Q1[y];
         }
     }
+}
+
+AVX512DQ void digest_units_sum_avx512(const digest_units_t *j, const uint32_t *u, const int32_t *d, uint32_t n,
+                                      uint32_t s[2])
+{
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    for (uint32_t x = 0; x < n; x += 16) {
+        __mmask16 m = mask16(n - x);
+        __m512i rr, t, r0, r1, k0, k1;
+        units16(j, _mm512_maskz_loadu_epi32(m, u + x), m, &rr, &t, &r0, &r1, &k0, &k1);
+        __m512i dv = _mm512_maskz_loadu_epi32(m, d + x); /* 0 in the lanes past n: they add nothing */
+        s0 = _mm512_add_epi32(s0, _mm512_mullo_epi32(_mm512_mullo_epi32(r0, k0), dv));
+        s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(_mm512_mullo_epi32(r1, k1), dv));
+    }
+    s[0] += hsum512(s0);
+    s[1] += hsum512(s1);
 }
 #endif

@@ -103,25 +103,49 @@ typedef struct {
 
 #define DIGEST_ROW_GOLDEN 0x9e3779b97f4a7c15ULL
 
-/* The scalar note of unit units[x]: the reference the AVX-512 kernel matches, bit for bit. */
-static inline void digest_unit_note(const digest_units_t *j, uint16_t unit)
+/* Unit u of j's segment: its row (from the segment's first), its column and its row's keys. */
+static inline void digest_unit_at(const digest_units_t *j, int64_t u, int64_t *row, int64_t *col, uint32_t r[2])
 {
-    int64_t u = j->u0 + unit, bn = (int64_t)j->bn;
+    int64_t bn = (int64_t)j->bn;
     int64_t rr = (int64_t)((double)u * j->inv), t = u - rr * bn;
     if (t >= bn) {
         rr++;
         t -= bn;
     }
     uint64_t h = refit_mix64(j->h0 + (uint64_t)rr * DIGEST_ROW_GOLDEN);
+    r[0] = (uint32_t)h | 1;
+    r[1] = (uint32_t)(h >> 32) | 1;
+    *row = rr;
+    *col = t;
+}
+
+/* The scalar note of one unit (offset `unit` from the note's): the reference digest_units_avx512 matches, bit for
+ * bit. */
+static inline void digest_unit_note(const digest_units_t *j, uint16_t unit)
+{
+    int64_t rr, t;
+    uint32_t r[2];
+    digest_unit_at(j, j->u0 + unit, &rr, &t, r);
     int16_t a, c;
     memcpy(&a, j->nwo + 2 * (size_t)unit, 2);
     memcpy(&c, j->odo + 2 * (size_t)unit, 2);
     uint32_t d = (uint32_t)((int32_t)a - (int32_t)c);
-    uint32_t rd0 = ((uint32_t)h | 1) * d, rd1 = ((uint32_t)(h >> 32) | 1) * d;
+    uint32_t rd0 = r[0] * d, rd1 = r[1] * d;
     j->dP[2 * rr] += rd0 * (j->bm[0] * (uint32_t)(int32_t)j->K0[t]);
     j->dP[2 * rr + 1] += rd1 * (j->bm[1] * (uint32_t)(int32_t)j->K1[t]);
     j->dq0[t] += rd0;
     j->dq1[t] += rd1;
+}
+
+/* What a change of d to unit u of j's segment adds to its digest (a receiver's delta apply), into s: the
+ * reference digest_units_sum_avx512 matches. */
+static inline void digest_unit_sum(const digest_units_t *j, uint32_t u, int32_t d, uint32_t s[2])
+{
+    int64_t rr, t;
+    uint32_t r[2];
+    digest_unit_at(j, u, &rr, &t, r);
+    s[0] += r[0] * (j->bm[0] * (uint32_t)(int32_t)j->K0[t]) * (uint32_t)d;
+    s[1] += r[1] * (j->bm[1] * (uint32_t)(int32_t)j->K1[t]) * (uint32_t)d;
 }
 
 /* The AVX-512 (F + BW + VL) kernels, digest_avx512.c: the same contracts as the scalar ones in digest_kernel.c.
@@ -148,6 +172,8 @@ void digest_pub_rows_avx512(const refit_digest_key_t *k, uint64_t tid, uint64_t 
  * (it gathers 32-bit words that end with each unit). */
 bool digest_cpu_has_avx512dq(void);
 void digest_units_avx512(const digest_units_t *j, const uint16_t *units, uint32_t n);
+/* digest_unit_sum of units u[0, n) (below 2^31) with changes d, 16 at a time; needs DQ as well. */
+void digest_units_sum_avx512(const digest_units_t *j, const uint32_t *u, const int32_t *d, uint32_t n, uint32_t s[2]);
 #else
 #define DIGEST_HAVE_AVX512 0
 #endif

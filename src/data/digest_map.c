@@ -33,6 +33,7 @@ struct refit_digest_map {
     size_t *rstart; /* nregions + 1: the segments of region r are [rstart[r], rstart[r+1]) */
     uint32_t nregions;
     uint64_t bytes;
+    bool avx512; /* the key's kernel is AVX-512 and the CPU has DQ: digest_units_sum_avx512 */
 };
 
 static int cmp_seg(const void *x, const void *y)
@@ -98,6 +99,9 @@ refit_status_t refit_digest_map_create(const refit_digest_key_t *k, const refit_
     }
     if (v.len) qsort(v.data, v.len, sizeof(seg_t), cmp_seg);
     m->k = k;
+#if DIGEST_HAVE_AVX512
+    m->avx512 = refit_digest_key_impl(k) == REFIT_DIGEST_IMPL_AVX512 && digest_cpu_has_avx512dq();
+#endif
     m->segs = v.data;
     m->nsegs = v.len;
     m->nregions = (uint32_t)dst->regions.len;
@@ -367,6 +371,67 @@ void refit_digest_map_update(const refit_digest_map_t *m, refit_digest_cursor_t 
     }
     c->pend[0] += c->r[0] * k0 * d;
     c->pend[1] += c->r[1] * k1 * d;
+}
+
+/* Units of one segment whose sums refit_digest_map_update_units gathers before it adds them: their indices in the
+ * segment and their changes. */
+enum { UNITS_BATCH = 64 };
+
+/* The sums of a run of units of segment s (index u[x], change d[x]) into c's pending sums. */
+static void units_sum(const refit_digest_map_t *m, refit_digest_cursor_t *c, const seg_t *s, const uint32_t *u,
+                      const int32_t *d, uint32_t n, refit_dsum_t *acc)
+{
+    const refit_digest_key_t *k = m->k;
+    digest_units_t j = {
+        .bn = s->rowb / 2,
+        .h0 = (s->tid ^ k->row_seed) + s->row * DIGEST_ROW_GOLDEN,
+        .inv = 1.0 / (double)(s->rowb / 2),
+        .K0 = k->kc[0] + (s->unit & (KCOLS - 1)),
+        .K1 = k->kc[1] + (s->unit & (KCOLS - 1)),
+    };
+    block_mult(k, s->unit >> KBITS, j.bm);
+    uint32_t sum[2] = {0, 0};
+#if DIGEST_HAVE_AVX512
+    if (m->avx512) digest_units_sum_avx512(&j, u, d, n, sum);
+    else
+#endif
+        for (uint32_t x = 0; x < n; x++) digest_unit_sum(&j, u[x], d[x], sum);
+    if (c->pacc != acc || c->ppl != s->pl) {
+        refit_digest_cursor_flush(c);
+        c->pacc = acc;
+        c->ppl = s->pl;
+    }
+    c->pend[0] += sum[0];
+    c->pend[1] += sum[1];
+}
+
+void refit_digest_map_update_units(const refit_digest_map_t *m, refit_digest_cursor_t *c, uint32_t region, uint8_t *dst,
+                                   const uint64_t *offs, const uint16_t *vals, uint32_t n, refit_dsum_t *acc)
+{
+    uint32_t U[UNITS_BATCH];
+    int32_t D[UNITS_BATCH];
+    for (uint32_t i = 0; i < n;) {
+        uint64_t off = offs[i];
+        const seg_t *s = seg_at(m, c, region, off);
+        /* A segment whose units the batch takes: its columns in one key block, its units countable in 31 bits,
+         * this unit whole in one of its rows; anything else goes alone. */
+        if (!s || ((off - s->off) & 1) || (s->unit >> KBITS) != ((s->unit + s->rowb / 2 - 1) >> KBITS) ||
+            seg_end(s) - s->off >= (2ull << 31)) {
+            refit_digest_map_update(m, c, region, off, dst + off, &vals[i], 2, acc);
+            i++;
+            continue;
+        }
+        uint64_t end = seg_end(s);
+        uint32_t nb = 0;
+        for (; i < n && nb < UNITS_BATCH && offs[i] >= s->off && offs[i] < end && !((offs[i] - s->off) & 1); i++) {
+            int16_t was, now = (int16_t)vals[i];
+            memcpy(&was, dst + offs[i], 2);
+            memcpy(dst + offs[i], &vals[i], 2);
+            U[nb] = (uint32_t)((offs[i] - s->off) / 2);
+            D[nb++] = (int32_t)now - (int32_t)was;
+        }
+        units_sum(m, c, s, U, D, nb, acc);
+    }
 }
 
 void refit_digest_cursor_flush(refit_digest_cursor_t *c)

@@ -264,6 +264,85 @@ static void updates(void **state)
     refit_manifest_destroy(m);
 }
 
+/* A wide tensor whose rows cross a column-key block (its columns from 1000 on) and rows of 49 units (a row from
+ * (double) u * (1 / 49) is one less at some exact multiples). */
+static refit_manifest_t *wide_manifest(void)
+{
+    refit_manifest_identity_t id = {"mapped", "wide", 0, 1};
+    refit_manifest_t *m = NULL;
+    REFIT_ASSERT_OK(refit_manifest_create(&id, &m));
+    uint32_t region, c[2], l[2];
+    REFIT_ASSERT_OK(refit_manifest_add_region(m, 2 * (2 * 69000 + 97 * 49) + 64, &region));
+    uint64_t sw[2] = {2, 70000}, lw[2] = {2, 69000}, sn[2] = {97, 49}, z[2] = {0, 0}, cw[2] = {0, 1000};
+    add_tensor(m, "w", REFIT_DTYPE_BF16, 2, sw, &c[0]);
+    add_tensor(m, "n", REFIT_DTYPE_BF16, 2, sn, &c[1]);
+    add_local(m, "w", REFIT_DTYPE_BF16, 2, lw, 0, &l[0]);
+    add_local(m, "n", REFIT_DTYPE_BF16, 2, sn, 2 * 2 * 69000 + 64, &l[1]);
+    place(m, c[0], l[0], 2, cw, lw, z);
+    place(m, c[1], l[1], 2, z, sn, z);
+    REFIT_ASSERT_OK(refit_manifest_finalize(m));
+    return m;
+}
+
+/* refit_digest_map_update_units (a sparse delta's apply in batches): runs of ascending units, a few at odd
+ * offsets or outside every placement, written through the map, keep the sums equal to refit_digest_local of the
+ * memory as it is now, with every kernel (the AVX-512 one 16 units at a time), in the mixed manifest's segments
+ * and in rows that cross a key block or have 49 units. */
+static void update_units(void **state)
+{
+    (void)state;
+    refit_manifest_t *ms[2] = {mixed_manifest(), wide_manifest()};
+    refit_digest_impl_t impls[] = {REFIT_DIGEST_IMPL_SCALAR, REFIT_DIGEST_IMPL_AVX2, REFIT_DIGEST_IMPL_AVX512};
+    enum { B = 300 };
+    uint64_t offs[B];
+    uint16_t vals[B];
+    for (int mi = 0; mi < 2; mi++) {
+        refit_manifest_t *m = ms[mi];
+        uint64_t size = refit_manifest_region_size(m, 0);
+        uint32_t np = refit_manifest_num_placements(m);
+        uint8_t *mem = malloc(size), *want_mem = malloc(size);
+        refit_dsum_t *acc = calloc(np, sizeof(*acc)), *want = calloc(np, sizeof(*want));
+        for (size_t ki = 0; ki < REFIT_ARRAY_LEN(impls); ki++) {
+            refit_digest_key_t *k = key_impl(impls[ki]);
+            if (!k) continue;
+            refit_digest_map_t *map = NULL;
+            REFIT_ASSERT_OK(refit_digest_map_create(k, m, &map));
+            fill_random(mem, size);
+            REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&mem, acc, 1));
+            memcpy(want_mem, mem, size);
+            refit_digest_cursor_t cur = {0};
+            for (int i = 0; i < 400; i++) {
+                uint32_t n = 1 + (uint32_t)(rnd() % B);
+                uint64_t off = (rnd() % (size / 2)) * 2;
+                uint32_t got = 0;
+                for (; got < n && off + 2 <= size; got++) {
+                    offs[got] = rnd() % 20 || !off ? off : off - 1; /* one in 20 at an odd offset */
+                    vals[got] = (uint16_t)rnd();
+                    memcpy(want_mem + offs[got], &vals[got], 2);
+                    off += 2 * (1 + rnd() % (rnd() % 2 ? 3 : 60));
+                }
+                refit_digest_map_update_units(map, &cur, 0, mem, offs, vals, got, acc);
+                if (i == 100) refit_digest_cursor_flush(&cur); /* a flush part-way changes nothing */
+            }
+            refit_digest_cursor_flush(&cur);
+            assert_memory_equal(mem, want_mem, size);
+            REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&mem, want, 1));
+            for (uint32_t i = 0; i < np; i++)
+                if (memcmp(&acc[i], &want[i], sizeof(acc[i])))
+                    fail_msg("%s, manifest %d: placement %u: %08x%08x, refit_digest_local %08x%08x",
+                             refit_digest_impl_name(impls[ki]), mi, i, acc[i].lane[0], acc[i].lane[1], want[i].lane[0],
+                             want[i].lane[1]);
+            refit_digest_map_destroy(map);
+            refit_digest_key_destroy(k);
+        }
+        free(mem);
+        free(want_mem);
+        free(acc);
+        free(want);
+        refit_manifest_destroy(m);
+    }
+}
+
 typedef struct {
     const void *const *const *bases;
 } pvm_t;
@@ -485,8 +564,8 @@ static void errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(mixed_cuts),    cmocka_unit_test(updates), cmocka_unit_test(executor_pairs),
-        cmocka_unit_test(small_regions), cmocka_unit_test(errors),
+        cmocka_unit_test(mixed_cuts),     cmocka_unit_test(updates),       cmocka_unit_test(update_units),
+        cmocka_unit_test(executor_pairs), cmocka_unit_test(small_regions), cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
