@@ -249,10 +249,10 @@ static void note_change(void *ctx, unsigned worker, uint32_t region, uint64_t of
     else (void)refit_digest_changes_note(ctx, worker, region, off, len, now, before);
 }
 
-/* Above this share of changed units (per mille, of the last version) a delta publisher fills its next table:
- * the notes cost ~5-6 ns a changed unit on one thread and a fill ~0.19 ns a unit of the shard, so at 1% the
- * table from the changes cost 0.5 x a fill and at 4% 1.15 x (the rank of refit-bench --scenario delta, one
- * thread, 2026-12-07; docs/digest.md). */
+/* Above this share of changed units (per mille, of the last version) a delta publisher fills its next table.
+ * The notes cost 5-7 ns a changed unit, a fill about a memcpy of the shard: the table from the changes cost 0.47
+ * x a memcpy at 1%, 0.75 x at 2%, 1.19 x at 4%, a fill 0.97-1.09 x (bench_digest_notes, one rank of the
+ * benchmark's delta scenario, one thread, 2026-12-08; docs/digest.md). */
 #define DIGEST_CHANGES_MAX_PERMILLE 30
 
 /* A delta publisher of host memory watches its encoder's changes from its first publish on, so that each
@@ -283,7 +283,11 @@ static void watch_changes(refit_publisher_t *p)
  * caller fills the table. */
 static bool table_from_changes(refit_publisher_t *p, uint32_t b, uint64_t base, uint64_t version)
 {
-    if (!p->dchg || !p->dchg_watching) return false;
+    if (!p->dchg) return false;
+    if (!p->dchg_watching) { /* nothing was noted; nothing older may stay */
+        refit_digest_changes_reset(p->dchg);
+        return false;
+    }
     int from = -1;
     for (uint32_t k = 0; k < NBUF_SNAPSHOT && base; k++)
         if (p->table_version[k] == base) from = (int)k;
