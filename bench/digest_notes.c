@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 #include "data/digest.h"
+#include "data/digest_internal.h"
 #include "layout/manifest.h"
 #include "refit/layout.h"
 
@@ -65,6 +66,11 @@ int main(int argc, char **argv)
         nshare = 0;
         for (int i = 2; i < argc && nshare < MAX_SHARES; i++) share[nshare++] = atof(argv[i]);
     }
+    for (int f = 0; f < nshare; f++)
+        if (!(share[f] > 0 && share[f] < 1)) {
+            fprintf(stderr, "bench_digest_notes: a share must be in (0, 1)\n");
+            return 2;
+        }
     if (rounds < 1 || rounds > MAX_ROUNDS) {
         fprintf(stderr, "bench_digest_notes: ROUNDS must be 1..%d\n", MAX_ROUNDS);
         return 2;
@@ -85,7 +91,8 @@ int main(int argc, char **argv)
     refit_digest_key_t *k[2] = {NULL, NULL};
     bool on[2];
     for (int a = 0; a < 2; a++) on[a] = !refit_digest_key_create_impl(seed, arm_impl[a], &k[a]);
-    static double ns_unit[MAX_SHARES][2][MAX_ROUNDS], apply_ms[MAX_SHARES][2][MAX_ROUNDS];
+    static double ns_unit[MAX_SHARES][2][MAX_ROUNDS], notes_ms[MAX_SHARES][2][MAX_ROUNDS],
+        apply_ms[MAX_SHARES][2][MAX_ROUNDS];
     static double fill_ms[MAX_SHARES][2][MAX_ROUNDS], memcpy_ms[MAX_SHARES][2][MAX_ROUNDS];
     static uint64_t changed[MAX_SHARES];
     for (int r = 0; r < rounds; r++)
@@ -132,21 +139,27 @@ int main(int argc, char **argv)
                 refit_digest_changes_destroy(C);
                 changed[f] = nu;
                 ns_unit[f][a][r] = notes * 1e6 / (double)(nu ? nu : 1);
+                notes_ms[f][a][r] = notes;
                 apply_ms[f][a][r] = t1 - t0;
                 fill_ms[f][a][r] = t2 - t1;
                 memcpy_ms[f][a][r] = t3 - t2;
             }
+#if DIGEST_HAVE_AVX512
+    bool vec = on[0] && digest_cpu_has_avx512dq();
+#else
+    bool vec = false;
+#endif
     printf("{\n  \"bench\": \"digest_notes\", \"model\": \"qwen3-30b-a3b-mini\", \"layout\": \"megatron:ep=2\", "
-           "\"rank\": 0, \"bytes\": %" PRIu64 ", \"rounds\": %d, \"threads\": 1,\n  \"shares\": [\n",
-           size, rounds);
+           "\"rank\": 0, \"bytes\": %" PRIu64 ", \"rounds\": %d, \"threads\": 1, \"avx512_notes_vectorised\": %s,\n"
+           "  \"shares\": [\n",
+           size, rounds, vec ? "true" : "false");
     for (int f = 0; f < nshare; f++) {
         printf("    {\"share\": %g, \"changed_units\": %" PRIu64, share[f], changed[f]);
         for (int a = 0; a < 2; a++) {
             if (!on[a]) continue;
             double ratio[MAX_ROUNDS], fr[MAX_ROUNDS];
             for (int r = 0; r < rounds; r++) {
-                double notes_ms = ns_unit[f][a][r] * (double)changed[f] / 1e6;
-                ratio[r] = (notes_ms + apply_ms[f][a][r]) / memcpy_ms[f][a][r];
+                ratio[r] = (notes_ms[f][a][r] + apply_ms[f][a][r]) / memcpy_ms[f][a][r];
                 fr[r] = fill_ms[f][a][r] / memcpy_ms[f][a][r];
             }
             printf(",\n     \"%s\": {\"notes_ns_per_unit\": %.2f, \"apply_ms\": %.2f, \"fill_ms\": %.2f, "

@@ -654,10 +654,11 @@ static uint64_t apply_sparse(const ireg_t *g, const piece_t *pc, uint64_t c0, co
     /* The tight loop: the row is [so, end) and a change at pos lands at
      * dst + shift + pos (shift = dof - so wraps as unsigned; the sum is the
      * destination offset).  Each change's destination line is asked for
-     * SPARSE_AHEAD changes before it is written: a change is one unit in a
-     * line of its own, and with digests its write reads the old unit first,
-     * a miss that stalled every change (140-170 ms for 2.8 M changes, 60-80
-     * without digests; docs/digest.md). */
+     * SPARSE_AHEAD changes before it is written (with digests, 32 to 63 in
+     * apply_sparse_hashed's batches): a change is one unit in a line of its
+     * own, and with digests its write reads the old unit first, a miss that
+     * stalled every change (140-170 ms for 2.8 M changes, 60-80 without
+     * digests; docs/digest.md). */
     if (h) return apply_sparse_hashed(g, pc, c0, idx, vals, count, L, cur, dst, h);
     uint64_t so = cur.so, end = so + g->run, shift = cur.dof - so;
     uint64_t at[SPARSE_AHEAD];

@@ -539,8 +539,9 @@ AVX512DQ_INLINE __mmask16 mask16(uint32_t cnt) { return (__mmask16)(cnt >= 16 ? 
 AVX512DQ void digest_units_avx512(const digest_units_t *j, const uint16_t *units, uint32_t n)
 {
     const __m512i u0 = _mm512_set1_epi32((int32_t)j->u0);
-    /* The 32-bit words that end with each unit: the unit in their high half. */
-    const uint8_t *nw = j->nwo - 2, *od = j->odo - 2;
+    /* The 32-bit words that end with each unit (signed indices 2 * units[x] - 2): the unit in their high half. */
+    const uint8_t *nw = j->nwo, *od = j->odo;
+    const __m512i two = _mm512_set1_epi32(2);
     uint32_t *dP = j->dP, *dq0 = j->dq0, *dq1 = j->dq1;
     uint32_t R[16] __attribute__((aligned(64))), T[16] __attribute__((aligned(64)));
     uint32_t P0[16] __attribute__((aligned(64))), P1[16] __attribute__((aligned(64)));
@@ -551,7 +552,7 @@ AVX512DQ void digest_units_avx512(const digest_units_t *j, const uint16_t *units
         __m512i uo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, units + x)); /* units[x] */
         __m512i rr, t, r0, r1, k0, k1;
         units16(j, _mm512_add_epi32(uo, u0), m, &rr, &t, &r0, &r1, &k0, &k1);
-        __m512i bo = _mm512_slli_epi32(uo, 1);
+        __m512i bo = _mm512_sub_epi32(_mm512_slli_epi32(uo, 1), two);
         __m512i a = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bo, nw, 1);
         __m512i c = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bo, od, 1);
         __m512i d = _mm512_sub_epi32(_mm512_srai_epi32(a, 16), _mm512_srai_epi32(c, 16));

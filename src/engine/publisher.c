@@ -250,15 +250,15 @@ static void note_change(void *ctx, unsigned worker, uint32_t region, uint64_t of
 }
 
 /* Above this share of changed units (per mille, of the last version) a delta publisher fills its next table.
- * The notes cost 5-7 ns a changed unit, a fill about a memcpy of the shard: the table from the changes cost 0.47
- * x a memcpy at 1%, 0.75 x at 2%, 1.19 x at 4%, a fill 0.97-1.09 x (bench_digest_notes, one rank of the
+ * The notes cost 5-7 ns a changed unit, a fill about a memcpy of the shard: the table from the changes cost about
+ * 0.5 x a memcpy at 1%, 0.8 x at 2%, 1.2-1.3 x at 4%, a fill 0.95-1.15 x (bench_digest_notes, one rank of the
  * benchmark's delta scenario, one thread, 2026-12-08; docs/digest.md). */
 #define DIGEST_CHANGES_MAX_PERMILLE 30
 
 /* A delta publisher of host memory watches its encoder's changes from its first publish on, so that each
  * table after the first is the one before plus what changed (docs/digest.md); off with REFIT_DIGEST_TABLE=full,
  * or when the sums cannot be made (then every table is filled, as without delta).  A version that follows one
- * which changed more than DIGEST_CHANGES_MAX_PERMILLE of its units is not watched: its table is filled. */
+ * which changed more than DIGEST_CHANGES_MAX_PERMILLE per mille of its units is not watched: its table is filled. */
 static void watch_changes(refit_publisher_t *p)
 {
     if (!p->dchg_tried && p->denc && p->dkey && p->params.device < 0) {

@@ -1228,7 +1228,8 @@ static void table_update(void **state)
 
 /* The notes of changed units (refit_digest_changes_note_units), called as the encoder calls them (chunks of
  * 4096 units, offsets from the chunk), with every kernel: a row from (double) u * (1 / n) is one less than u / n
- * at some exact multiples (n = 49: u = 49, 98, ...), which the notes correct; rows of 1, 3, 49 and 1000 units;
+ * at some exact multiples (n = 49: u = 49, 98, ...), which the notes correct; rows of 1, 3, 49 and 1000 units,
+ * a segment of 147,000 units (indices past 65,536, notes that start inside it);
  * every 5th unit, the region's first and last; the table equals a fill of the new memory. */
 static void notes_of_units(void **state)
 {
@@ -1236,11 +1237,11 @@ static void notes_of_units(void **state)
     refit_manifest_identity_t id = {"m", "hand-notes", 0, 1};
     refit_manifest_t *m = NULL;
     REFIT_ASSERT_OK(refit_manifest_create(&id, &m));
-    const uint64_t shape[4][2] = {{97, 49}, {50, 3}, {7, 1}, {33, 1000}};
+    const uint64_t shape[5][2] = {{97, 49}, {50, 3}, {7, 1}, {33, 1000}, {3000, 49}};
     uint64_t off = 0;
     uint32_t region;
-    REFIT_ASSERT_OK(refit_manifest_add_region(m, 2 * (97 * 49 + 50 * 3 + 7 + 33 * 1000), &region));
-    for (int i = 0; i < 4; i++) {
+    REFIT_ASSERT_OK(refit_manifest_add_region(m, 2 * (97 * 49 + 50 * 3 + 7 + 33 * 1000 + 3000 * 49), &region));
+    for (int i = 0; i < 5; i++) {
         char name[8];
         snprintf(name, sizeof name, "t%d", i);
         refit_tensor_info_t t = {name, REFIT_DTYPE_BF16, 2, {shape[i][0], shape[i][1]}};
@@ -1254,6 +1255,10 @@ static void notes_of_units(void **state)
     REFIT_ASSERT_OK(refit_manifest_finalize(m));
     uint64_t units = off / 2, tb = refit_digest_table_bytes(m);
     uint16_t *before = xmalloc(off), *now = xmalloc(off), *list = xmalloc(4096 * sizeof(uint16_t));
+#if DIGEST_HAVE_AVX512
+    if (have_impl(REFIT_DIGEST_IMPL_AVX512) && !digest_cpu_has_avx512dq())
+        print_message("notes_of_units: no AVX-512 DQ here: the AVX-512 key's notes take the scalar path\n");
+#endif
     for (refit_digest_impl_t im = REFIT_DIGEST_IMPL_SCALAR; im <= REFIT_DIGEST_IMPL_AVX512; im++) {
         if (!have_impl(im)) continue;
         for (uint64_t u = 0; u < units; u++) before[u] = now[u] = (uint16_t)rnd();
