@@ -492,7 +492,7 @@ AVX512DQ_INLINE __m512i mix64_512(__m512i x)
 /* Rows of 8 units (32-bit lanes) as 64-bit lanes' keys refit_mix64(h0 + rr * golden). */
 AVX512DQ_INLINE __m512i row_keys8(__m256i rr, __m512i h0)
 {
-    __m512i x = _mm512_mullo_epi64(_mm512_cvtepu32_epi64(rr), _mm512_set1_epi64((long long)DIGEST_ROW_GOLDEN));
+    __m512i x = _mm512_mullo_epi64(_mm512_cvtepu32_epi64(rr), _mm512_set1_epi64((long long)DIGEST_GOLDEN));
     return mix64_512(_mm512_add_epi64(x, h0));
 }
 

@@ -24,6 +24,9 @@ struct refit_digest_key {
     refit_digest_impl_t impl;
 };
 
+/* The odd 64-bit constant that spreads rows and key blocks before refit_mix64. */
+#define DIGEST_GOLDEN 0x9e3779b97f4a7c15ULL
+
 /* The block multipliers m_0(b), m_1(b) (odd): 1 for block 0, so rows of up to
  * KCOLS units keep the digests they had before blocks were keyed, and the
  * kernels skip the multiply there; a keyed mix of b for every other block. */
@@ -33,14 +36,14 @@ static inline void block_mult(const refit_digest_key_t *k, uint64_t b, uint32_t 
         m[0] = m[1] = 1;
         return;
     }
-    uint64_t h = refit_mix64(k->blk_seed + b * 0x9e3779b97f4a7c15ULL);
+    uint64_t h = refit_mix64(k->blk_seed + b * DIGEST_GOLDEN);
     m[0] = (uint32_t)h | 1;
     m[1] = (uint32_t)(h >> 32) | 1;
 }
 
 static inline uint64_t row_hash(const refit_digest_key_t *k, uint64_t tid, uint64_t row)
 {
-    return refit_mix64((tid ^ k->row_seed) + row * 0x9e3779b97f4a7c15ULL);
+    return refit_mix64((tid ^ k->row_seed) + row * DIGEST_GOLDEN);
 }
 
 /* Adds the keyed dot products of nrows rows (stride bytes apart) of n units starting at column j into acc,
@@ -101,7 +104,21 @@ typedef struct {
     uint32_t *dP, *dq0, *dq1;
 } digest_units_t;
 
-#define DIGEST_ROW_GOLDEN 0x9e3779b97f4a7c15ULL
+/* Whether units [col, col + n) of a row share one column-key block (the segments the unit kernels take). */
+static inline bool digest_one_key_block(uint64_t col, uint64_t n) { return col >> KBITS == (col + n - 1) >> KBITS; }
+
+/* j's terms for rows of n units of tensor tid whose first is canonical row `row`, from canonical column col
+ * (digest_one_key_block(col, n)): row_hash(k, tid, row + rr) = refit_mix64(h0 + rr * golden). */
+static inline void digest_units_init(digest_units_t *j, const refit_digest_key_t *k, uint64_t tid, uint64_t row,
+                                     uint64_t col, uint64_t n)
+{
+    j->bn = n;
+    j->inv = 1.0 / (double)n;
+    j->h0 = (tid ^ k->row_seed) + row * DIGEST_GOLDEN;
+    j->K0 = k->kc[0] + (col & (KCOLS - 1));
+    j->K1 = k->kc[1] + (col & (KCOLS - 1));
+    block_mult(k, col >> KBITS, j->bm);
+}
 
 /* Unit u of j's segment: its row (from the segment's first), its column and its row's keys. */
 static inline void digest_unit_at(const digest_units_t *j, int64_t u, int64_t *row, int64_t *col, uint32_t r[2])
@@ -112,7 +129,7 @@ static inline void digest_unit_at(const digest_units_t *j, int64_t u, int64_t *r
         rr++;
         t -= bn;
     }
-    uint64_t h = refit_mix64(j->h0 + (uint64_t)rr * DIGEST_ROW_GOLDEN);
+    uint64_t h = refit_mix64(j->h0 + (uint64_t)rr * DIGEST_GOLDEN);
     r[0] = (uint32_t)h | 1;
     r[1] = (uint32_t)(h >> 32) | 1;
     *row = rr;
@@ -177,6 +194,17 @@ void digest_units_sum_avx512(const digest_units_t *j, const uint32_t *u, const i
 #else
 #define DIGEST_HAVE_AVX512 0
 #endif
+
+/* Whether a key's changed units go through the AVX-512 unit kernels: its kernel is AVX-512 and the CPU has DQ. */
+static inline bool digest_units_vectorised(const refit_digest_key_t *k)
+{
+#if DIGEST_HAVE_AVX512
+    return refit_digest_key_impl(k) == REFIT_DIGEST_IMPL_AVX512 && digest_cpu_has_avx512dq();
+#else
+    (void)k;
+    return false;
+#endif
+}
 
 /* A placement's box in canonical units: rows [a, a+nrows), units [c, c+n)
  * of a tensor of R rows by U units. */

@@ -112,7 +112,7 @@ refit_status_t refit_digest_key_create_impl(const uint8_t key[32], refit_digest_
     k->blk_seed = refit_hash64(key, 32, 0x6469676573742d62ULL);
     uint64_t cs = refit_hash64(key, 32, 0x6469676573742d63ULL);
     for (uint32_t j = 0; j < KCOLS; j++) {
-        uint64_t x = refit_mix64(cs + (uint64_t)(j + 1) * 0x9e3779b97f4a7c15ULL);
+        uint64_t x = refit_mix64(cs + (uint64_t)(j + 1) * DIGEST_GOLDEN);
         k->kc[0][j] = (int16_t)(uint16_t)((x & 0xffff) | 1);
         k->kc[1][j] = (int16_t)(uint16_t)(((x >> 32) & 0xffff) | 1);
     }

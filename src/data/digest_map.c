@@ -99,9 +99,7 @@ refit_status_t refit_digest_map_create(const refit_digest_key_t *k, const refit_
     }
     if (v.len) qsort(v.data, v.len, sizeof(seg_t), cmp_seg);
     m->k = k;
-#if DIGEST_HAVE_AVX512
-    m->avx512 = refit_digest_key_impl(k) == REFIT_DIGEST_IMPL_AVX512 && digest_cpu_has_avx512dq();
-#endif
+    m->avx512 = digest_units_vectorised(k);
     m->segs = v.data;
     m->nsegs = v.len;
     m->nregions = (uint32_t)dst->regions.len;
@@ -381,15 +379,8 @@ enum { UNITS_BATCH = 64 };
 static void units_sum(const refit_digest_map_t *m, refit_digest_cursor_t *c, const seg_t *s, const uint32_t *u,
                       const int32_t *d, uint32_t n, refit_dsum_t *acc)
 {
-    const refit_digest_key_t *k = m->k;
-    digest_units_t j = {
-        .bn = s->rowb / 2,
-        .h0 = (s->tid ^ k->row_seed) + s->row * DIGEST_ROW_GOLDEN,
-        .inv = 1.0 / (double)(s->rowb / 2),
-        .K0 = k->kc[0] + (s->unit & (KCOLS - 1)),
-        .K1 = k->kc[1] + (s->unit & (KCOLS - 1)),
-    };
-    block_mult(k, s->unit >> KBITS, j.bm);
+    digest_units_t j = {0};
+    digest_units_init(&j, m->k, s->tid, s->row, s->unit, s->rowb / 2);
     uint32_t sum[2] = {0, 0};
 #if DIGEST_HAVE_AVX512
     if (m->avx512) digest_units_sum_avx512(&j, u, d, n, sum);
@@ -415,7 +406,7 @@ void refit_digest_map_update_units(const refit_digest_map_t *m, refit_digest_cur
         const seg_t *s = seg_at(m, c, region, off);
         /* A segment whose units the batch takes: its columns in one key block, its units countable in 31 bits,
          * this unit whole in one of its rows; anything else goes alone. */
-        if (!s || ((off - s->off) & 1) || (s->unit >> KBITS) != ((s->unit + s->rowb / 2 - 1) >> KBITS) ||
+        if (!s || ((off - s->off) & 1) || !digest_one_key_block(s->unit, s->rowb / 2) ||
             seg_end(s) - s->off >= (2ull << 31)) {
             refit_digest_map_update(m, c, region, off, dst + off, &vals[i], 2, acc);
             i++;

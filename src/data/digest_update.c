@@ -203,9 +203,7 @@ refit_status_t refit_digest_changes_create(const refit_digest_key_t *k, const re
     refit_digest_changes_t *C = calloc(1, sizeof(*C));
     if (!C) goto oom;
     C->k = k;
-#if DIGEST_HAVE_AVX512
-    C->avx512 = refit_digest_key_impl(k) == REFIT_DIGEST_IMPL_AVX512 && digest_cpu_has_avx512dq();
-#endif
+    C->avx512 = digest_units_vectorised(k);
     C->m = m;
     C->offs = malloc(REFIT_MAX(np, 1) * sizeof(*C->offs));
     C->boxes = calloc(REFIT_MAX(np, 1), sizeof(*C->boxes));
@@ -329,8 +327,7 @@ static void seg_units(const refit_digest_changes_t *C, upd_t *U, const seg_t *s,
     const cbox_t *b = &C->boxes[pl];
     const uint8_t *nw = U->nw, *od = U->od;
     uint64_t bn = b->n;
-    double inv = 1.0 / (double)bn;
-    if (b->c >> KBITS != (b->c + bn - 1) >> KBITS) { /* its columns cross a key block: unit by unit */
+    if (!digest_one_key_block(b->c, bn)) { /* its columns cross a key block: unit by unit */
         for (uint32_t x = 0; x < n; x++) {
             uint64_t o = off + 2 * (uint64_t)units[x], u = (o - s->start) / 2, row = s->row0 + u / bn;
             int16_t a, c;
@@ -345,16 +342,11 @@ static void seg_units(const refit_digest_changes_t *C, upd_t *U, const seg_t *s,
         .nwo = nw + off,
         .odo = od + off,
         .u0 = ((int64_t)off - (int64_t)s->start) / 2,
-        .bn = bn,
-        .h0 = (C->tids[C->m->placements.data[pl].canon] ^ C->k->row_seed) + (b->a + s->row0) * DIGEST_ROW_GOLDEN,
-        .inv = inv,
-        .K0 = C->k->kc[0] + (b->c & (KCOLS - 1)),
-        .K1 = C->k->kc[1] + (b->c & (KCOLS - 1)),
         .dP = U->pd[pl].dP + 2 * s->row0,
         .dq0 = U->pd[pl].dQ,
         .dq1 = U->pd[pl].dQ + bn,
     };
-    block_mult(C->k, b->c >> KBITS, j.bm);
+    digest_units_init(&j, C->k, C->tids[C->m->placements.data[pl].canon], b->a + s->row0, b->c, bn);
     uint32_t x = 0;
 #if DIGEST_HAVE_AVX512
     /* The kernel reads the 2 bytes before each unit: the region's first unit goes alone. */

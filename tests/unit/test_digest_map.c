@@ -198,6 +198,18 @@ static void mixed_cuts(void **state)
     refit_manifest_destroy(m);
 }
 
+/* The sums kept through updates (acc) equal refit_digest_local of the memory, placement by placement (want:
+ * scratch of as many entries). */
+static void expect_sums(const refit_digest_key_t *k, const refit_manifest_t *m, uint8_t *mem, const refit_dsum_t *acc,
+                        refit_dsum_t *want, const char *what)
+{
+    REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&mem, want, 1));
+    for (uint32_t i = 0; i < refit_manifest_num_placements(m); i++)
+        if (memcmp(&acc[i], &want[i], sizeof(acc[i])))
+            fail_msg("%s: placement %u: %08x%08x, refit_digest_local %08x%08x", what, i, acc[i].lane[0], acc[i].lane[1],
+                     want[i].lane[0], want[i].lane[1]);
+}
+
 /* Updates (a delta's apply): single units, odd-placed pairs and ranges overwritten through the map keep the
  * sums equal to refit_digest_local of the memory as it is now, with every kernel. */
 static void updates(void **state)
@@ -247,12 +259,9 @@ static void updates(void **state)
         }
         refit_digest_cursor_flush(&cur);
         assert_memory_equal(mem, want_mem, size);
-        REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&mem, want, 1));
-        for (uint32_t i = 0; i < np; i++)
-            if (memcmp(&acc[i], &want[i], sizeof(acc[i])))
-                fail_msg("%s: placement %u after %u unit updates: %08x%08x, refit_digest_local %08x%08x",
-                         refit_digest_impl_name(impls[ki]), i, units, acc[i].lane[0], acc[i].lane[1], want[i].lane[0],
-                         want[i].lane[1]);
+        char what[64];
+        snprintf(what, sizeof what, "%s, after %u unit updates", refit_digest_impl_name(impls[ki]), units);
+        expect_sums(k, m, mem, acc, want, what);
         refit_digest_map_destroy(map);
         refit_digest_key_destroy(k);
     }
@@ -326,12 +335,9 @@ static void update_units(void **state)
             }
             refit_digest_cursor_flush(&cur);
             assert_memory_equal(mem, want_mem, size);
-            REFIT_ASSERT_OK(refit_digest_local(k, m, (const void *const *)&mem, want, 1));
-            for (uint32_t i = 0; i < np; i++)
-                if (memcmp(&acc[i], &want[i], sizeof(acc[i])))
-                    fail_msg("%s, manifest %d: placement %u: %08x%08x, refit_digest_local %08x%08x",
-                             refit_digest_impl_name(impls[ki]), mi, i, acc[i].lane[0], acc[i].lane[1], want[i].lane[0],
-                             want[i].lane[1]);
+            char what[64];
+            snprintf(what, sizeof what, "%s, manifest %d", refit_digest_impl_name(impls[ki]), mi);
+            expect_sums(k, m, mem, acc, want, what);
             refit_digest_map_destroy(map);
             refit_digest_key_destroy(k);
         }
